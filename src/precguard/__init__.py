@@ -1,0 +1,60 @@
+"""precguard: find where and why a model computes different numbers on another backend.
+
+The public API, nothing else; everything heavy is imported on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "monitor": "precguard.capture.api",
+    "record": "precguard.capture.api",
+    "precision_monitor": "precguard.capture.api",
+    "unmonitor": "precguard.capture.api",
+    "MonitorHandle": "precguard.capture.api",
+    "CaptureOptions": "precguard.capture.options",
+    "load_run": "precguard.dump.reader",
+    "Run": "precguard.dump.reader",
+    "Record": "precguard.dump.schema",
+    "Manifest": "precguard.dump.schema",
+    "Target": "precguard.target",
+    "load_target": "precguard.target",
+    "record_target": "precguard.runner",
+    "Backend": "precguard.backend",
+    "hookimpl": "precguard.plugins",
+    "PrecguardError": "precguard.errors",
+    "NonFiniteError": "precguard.errors",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+if TYPE_CHECKING:
+    from precguard.backend import Backend
+    from precguard.capture.api import (
+        MonitorHandle,
+        monitor,
+        precision_monitor,
+        record,
+        unmonitor,
+    )
+    from precguard.capture.options import CaptureOptions
+    from precguard.dump.reader import Run, load_run
+    from precguard.dump.schema import Manifest, Record
+    from precguard.errors import NonFiniteError, PrecguardError
+    from precguard.plugins import hookimpl
+    from precguard.runner import record_target
+    from precguard.target import Target, load_target
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'precguard' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,49 @@
+"""Capture options shared by ``monitor``, ``record`` and ``precision_monitor``."""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+OnNonFinite = Literal["record", "save", "raise"]
+ParamPolicy = Literal["first_step", "every_step", "never"]
+
+
+class CaptureOptions(BaseModel):
+    """What to capture. Unknown options are an error, so a typo is never a silent default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tensors: bool | list[str] = Field(
+        default=False,
+        description="Save full tensors: True for every module, or glob patterns on module "
+        "names (e.g. ['model.layers.3.*']).",
+    )
+    backward: bool = Field(
+        default=True,
+        description="Record gradients of module outputs and of parameters in backward.",
+    )
+    on_nonfinite: OnNonFinite = Field(
+        default="record",
+        description="'record': mark and log the origin; 'save': also write the origin's "
+        "inputs; 'raise': raise NonFiniteError at the origin.",
+    )
+    params: ParamPolicy = Field(
+        default="first_step",
+        description="Record parameter statistics at each module's first call of the first "
+        "step, of every step (training), or never.",
+    )
+
+    def saves(self, module_name: str) -> bool:
+        """Return True if full tensors of ``module_name`` are to be saved.
+
+        ``a.b.*`` selects ``a.b`` itself and everything below it.
+        """
+        if isinstance(self.tensors, bool):
+            return self.tensors
+        return any(
+            fnmatch.fnmatchcase(module_name, pat) or fnmatch.fnmatchcase(module_name + ".", pat)
+            for pat in self.tensors
+        )

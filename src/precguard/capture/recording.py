@@ -1,0 +1,294 @@
+"""The sink every capture writes into: step bookkeeping, statistics, NaN/Inf origin, flushing.
+
+A :class:`Recording` knows nothing about hooks. ``monitor`` and
+``precision_monitor`` call :meth:`Recording.begin_call` and
+:meth:`Recording.add` from their hooks; the recording numbers calls and
+steps, queues statistics without host syncs, and writes one batch of
+records per flush (the end of each root forward, and each step boundary).
+Without an output directory it only watches for NaN/Inf and logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from precguard._logging import get_logger
+from precguard.capture.options import CaptureOptions
+from precguard.capture.stats import StatsBuffer, capture_scope, has_stats
+from precguard.dump.writer import RunWriter, prepare_run_dir, write_json_atomic
+from precguard.errors import NonFiniteError
+
+logger = get_logger(__name__)
+
+
+def dist_rank_world() -> tuple[int, int]:
+    """Return ``(rank, world_size)`` of the default process group, or ``(0, 1)``."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """Copy ``t`` to a plain, contiguous CPU tensor for saving.
+
+    Device plugins hook in here (``precguard_to_host``) for layouts the CPU
+    cannot read directly (e.g. Ascend's internal NZ format).
+    """
+    from precguard import plugins
+
+    converted = plugins.to_host(t)
+    if converted is not None:
+        return converted
+    return t.detach().to("cpu", copy=True).contiguous()
+
+
+class Recording:
+    """One rank's recording in progress (or a watch-only sink when ``out`` is None)."""
+
+    def __init__(
+        self,
+        out: str | os.PathLike[str] | None,
+        options: CaptureOptions | None = None,
+        *,
+        overwrite: bool = False,
+        device: str | None = None,
+        dtype: str | None = None,
+        model: str | None = None,
+        target: str | None = None,
+        fingerprint: dict[str, Any] | None = None,
+    ) -> None:
+        self.options = options or CaptureOptions()
+        self.rank, world_size = dist_rank_world()
+        self.path: Path | None = None
+        self.writer: RunWriter | None = None
+        if out is not None:
+            # Every rank writes its own rank{R}/ below the same run directory;
+            # only rank 0 checks emptiness (the others would see rank 0's files).
+            self.path = (
+                prepare_run_dir(out, overwrite=overwrite) if self.rank == 0 else Path(out)
+            )
+            self.writer = RunWriter(
+                self.path,
+                rank=self.rank,
+                world_size=world_size,
+                device=device or "cpu",
+                dtype=dtype,
+                model=model,
+                target=target,
+                options=self.options.model_dump(mode="json"),
+                fingerprint=fingerprint,
+            )
+        self.step_index = 0
+        self.closed = False
+        self.covered: set[int] = set()  # ids of modules hooked by monitor() into this sink
+        self._seq = 0
+        self._stats = StatsBuffer()
+        self._pending: list[tuple[dict[str, Any], int | None]] = []
+        self._tensors: dict[str, torch.Tensor] = {}
+        self._calls: dict[int, int] = {}
+        self._step_owner: int | None = None
+        self._explicit_steps = False
+        self._inputs_finite: dict[tuple[str, int], bool] = {}
+        self._origin_seen: set[str] = set()  # phases whose origin this step was found
+        self._nonfinite_acted = False
+        self.steps_seen = 0
+
+    # -- steps and calls ---------------------------------------------------------------
+
+    def begin_call(self, obj: object, *, root: bool) -> int:
+        """Count one call of ``obj`` in this step and return its 0-based call index.
+
+        A root call opens a step; the same root called again starts the next
+        step unless steps are explicit (:meth:`step` was called).
+        """
+        key = id(obj)
+        if root and not self._explicit_steps:
+            if self._step_owner is None:
+                self._step_owner = key
+            elif self._step_owner == key and self._calls.get(key, 0) > 0:
+                self._advance()
+                self._step_owner = key
+        call = self._calls.get(key, 0)
+        self._calls[key] = call + 1
+        self.steps_seen = max(self.steps_seen, self.step_index + 1)
+        return call
+
+    def step(self) -> None:
+        """End the current step explicitly; from now on steps advance only here."""
+        self._explicit_steps = True
+        self._advance()
+
+    def _advance(self) -> None:
+        self.flush()
+        self.step_index += 1
+        self._calls.clear()
+        self._inputs_finite.clear()
+        self._origin_seen.clear()
+        self._nonfinite_acted = False
+        self._stats.clear()
+
+    # -- capture -----------------------------------------------------------------------
+
+    def add(
+        self,
+        module: str,
+        module_type: str,
+        call: int,
+        phase: str,
+        role: str,
+        items: list[tuple[str, torch.Tensor]],
+        *,
+        save: bool = False,
+        need_finite: bool = False,
+        first_index: int = 0,
+    ) -> bool | None:
+        """Queue one record per tensor in ``items``; return whether all were finite.
+
+        The return value is None when finiteness is unknown without a host
+        sync (accelerators, unless ``need_finite``).
+        """
+        all_finite: bool | None = True
+        for offset, (name, t) in enumerate(items):
+            index = first_index + offset
+            key = f"{module}.{call}.{phase}.{role}.{index}"
+            slot: int | None = None
+            if has_stats(t):
+                slot, finite = self._stats.add(t, need_finite=need_finite)
+                if finite is None:
+                    all_finite = None
+                elif not finite and all_finite is not None:
+                    all_finite = False
+            rec: dict[str, Any] = {
+                "key": key,
+                "module": module,
+                "module_type": module_type,
+                "call": call,
+                "phase": phase,
+                "role": role,
+                "index": index,
+                "name": name,
+                "step": self.step_index,
+                "rank": self.rank,
+                "seq": self._seq,
+                "dtype": str(t.dtype).removeprefix("torch."),
+                "shape": list(t.shape),
+            }
+            self._seq += 1
+            if save and self.writer is not None:
+                with capture_scope():
+                    self._tensors[key] = to_host(t)
+                rec["tensor"] = True
+            self._pending.append((rec, slot))
+        return all_finite
+
+    # -- non-finite origin -------------------------------------------------------------
+
+    def on_nonfinite_origin(
+        self,
+        module: str,
+        module_type: str,
+        call: int,
+        inputs: list[tuple[str, torch.Tensor]],
+    ) -> None:
+        """Act on an origin found in a hook (``save`` / ``raise``), once per step."""
+        if self._nonfinite_acted or self.options.on_nonfinite == "record":
+            return
+        self._nonfinite_acted = True
+        if self.options.on_nonfinite == "save":
+            self._save_origin_inputs(module, module_type, call, inputs)
+            return
+        raise NonFiniteError(
+            f"non-finite output first produced by {module} ({module_type}), call {call}, "
+            f"step {self.step_index}, rank {self.rank}: its inputs were finite",
+            module=module,
+            step=self.step_index,
+            key=f"{module}.{call}.forward.output",
+        )
+
+    def _save_origin_inputs(
+        self, module: str, module_type: str, call: int, inputs: list[tuple[str, torch.Tensor]]
+    ) -> None:
+        from safetensors.torch import save_file
+
+        base = (self.path / f"rank{self.rank}") if self.path else Path("precguard-nonfinite")
+        folder = base / f"nonfinite-step{self.step_index:06d}-{module.replace('/', '_')}"
+        folder.mkdir(parents=True, exist_ok=True)
+        with capture_scope():
+            tensors = {name: to_host(t) for name, t in inputs}
+        save_file(tensors, str(folder / "inputs.safetensors"))
+        note = {
+            "module": module,
+            "module_type": module_type,
+            "call": call,
+            "step": self.step_index,
+            "rank": self.rank,
+            "inputs": {n: {"dtype": str(t.dtype), "shape": list(t.shape)} for n, t in inputs},
+            "stack": traceback.format_stack()[:-3],
+        }
+        write_json_atomic(folder / "note.json", json.dumps(note, indent=2))
+        logger.warning("nonfinite_inputs_saved", module=module, path=str(folder))
+
+    def _scan_nonfinite(self, records: list[dict[str, Any]]) -> None:
+        """Mark the NaN/Inf origin among ``records`` (in capture order) and log it."""
+        for rec in records:
+            stats = rec.get("stats")
+            bad = stats is not None and (stats["nan"] or stats["inf"])
+            phase = rec["phase"]
+            if phase == "forward":
+                group = (rec["module"], rec["call"])
+                if rec["role"] == "input":
+                    self._inputs_finite[group] = self._inputs_finite.get(group, True) and not bad
+                    continue
+                if rec["role"] != "output" or not bad:
+                    continue
+                if not self._inputs_finite.get(group, True) or "forward" in self._origin_seen:
+                    continue
+            elif not bad or phase in self._origin_seen:
+                continue
+            self._origin_seen.add(phase)
+            rec["nonfinite_origin"] = True
+            logger.warning(
+                "nonfinite_origin",
+                module=rec["module"],
+                module_type=rec["module_type"],
+                key=rec["key"],
+                phase=phase,
+                step=rec["step"],
+                rank=rec["rank"],
+                nan=stats["nan"],
+                inf=stats["inf"],
+            )
+
+    # -- output ------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Materialize queued statistics (one host transfer) and write the records."""
+        if not self._pending:
+            return
+        stats = self._stats.materialize()
+        records = []
+        for rec, slot in self._pending:
+            rec["stats"] = stats[slot] if slot is not None else None
+            records.append(rec)
+        self._pending = []
+        self._scan_nonfinite(records)
+        tensors, self._tensors = self._tensors, {}
+        if self.writer is not None:
+            self.writer.write(records, tensors, self.step_index)
+
+    def close(self) -> None:
+        """Flush what is left and close the files. Idempotent."""
+        if self.closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self.closed = True
+            if self.writer is not None:
+                self.writer.close(steps=self.steps_seen)

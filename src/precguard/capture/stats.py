@@ -1,0 +1,214 @@
+"""Tensor statistics without a host sync per tensor.
+
+On accelerators every statistic (``var_mean``, ``aminmax``, ``vector_norm``,
+``count_nonzero``, NaN and Inf counts) stays on the device as a 0-d tensor,
+and all tensors' statistics of a step come to the host in one transfer.
+
+On the CPU, reading a scalar is free, so the code branches: sum, norm,
+aminmax and count_nonzero (four fast multi-threaded passes), NaN/Inf counts
+only when min or max is not finite (any NaN or Inf makes one of them so),
+and a two-pass std only when the one-pass formula would cancel.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+_FLOAT_TYPES = (torch.float32, torch.float64)
+_STATE = threading.local()
+
+
+def in_capture() -> bool:
+    """Return True while precguard computes statistics on this thread.
+
+    Op-intercepting modes (the ``emu:`` emulator, a user's dispatch mode)
+    check this to let precguard's own reductions through unchanged.
+    """
+    return getattr(_STATE, "depth", 0) > 0
+
+
+@contextmanager
+def capture_scope() -> Iterator[None]:
+    """Mark precguard's own tensor work on this thread (see :func:`in_capture`)."""
+    _STATE.depth = getattr(_STATE, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _STATE.depth -= 1
+
+
+def has_stats(t: torch.Tensor) -> bool:
+    """Return True for tensors whose statistics precguard records (real, non-empty)."""
+    return t.numel() > 0 and not t.is_complex() and t.dtype not in (torch.quint8, torch.qint8)
+
+
+class StatsBuffer:
+    """Accumulates statistics of many tensors and materializes them in one transfer.
+
+    ``add`` returns a slot; a tensor seen again unchanged (same object, same
+    version counter) reuses its slot, so a module's input that is the
+    previous module's output costs nothing.
+
+    On the CPU a slot holds Python numbers (reading a CPU scalar costs no
+    sync); on accelerators it holds two small device tensors, fetched for
+    all slots together in :meth:`materialize`.
+    """
+
+    _CACHE_SIZE = 32
+
+    def __init__(self) -> None:
+        # per slot: (min, max, mean, std, l2, nonzero, nan, inf) as numbers, or None
+        self._host: list[tuple[float, ...] | None] = []
+        # per device slot: [min, max, mean, std, l2] and [nonzero, nan, inf]
+        self._dev_floats: list[torch.Tensor] = []
+        self._dev_counts: list[torch.Tensor] = []
+        self._dev_slots: list[int] = []
+        self._numel: list[int] = []
+        self._cache: OrderedDict[tuple[int, int], tuple[torch.Tensor, int, bool | None]] = (
+            OrderedDict()
+        )
+
+    def __len__(self) -> int:
+        return len(self._numel)
+
+    def add(self, t: torch.Tensor, *, need_finite: bool = False) -> tuple[int, bool | None]:
+        """Queue statistics of ``t``; return ``(slot, finite)``.
+
+        ``finite`` is True/False when known without a host sync (always on
+        the CPU, or when ``need_finite`` forces the sync), else None.
+        """
+        cache_key = (id(t), t._version)
+        hit = self._cache.get(cache_key)
+        if hit is not None and hit[0] is t:
+            self._cache.move_to_end(cache_key)
+            slot, finite = hit[1], hit[2]
+            if finite is None and need_finite:
+                finite = self.finite(slot)
+            return slot, finite
+        with torch.no_grad(), capture_scope():
+            x = t.detach()
+            if x.dtype not in _FLOAT_TYPES:
+                # low-precision floats in fp32; integers and bools exactly in fp64
+                x = x.float() if x.is_floating_point() else x.double()
+            slot = len(self._numel)
+            self._numel.append(x.numel())
+            if x.device.type == "cpu":
+                finite = self._add_host(x)
+            else:
+                finite = self._add_device(x, slot, need_finite)
+        self._cache[cache_key] = (t, slot, finite)
+        if len(self._cache) > self._CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return slot, finite
+
+    def _add_host(self, x: torch.Tensor) -> bool:
+        # sum, norm, aminmax and count_nonzero are multi-threaded single passes
+        # on the CPU; var_mean is ~10x slower than all four together.
+        n = x.numel()
+        mn_t, mx_t = torch.aminmax(x)
+        mn, mx = mn_t.item(), mx_t.item()
+        total = x.sum().item()
+        l2 = torch.linalg.vector_norm(x).item()
+        nonzero = int(torch.count_nonzero(x).item())
+        mean = total / n
+        finite = math.isfinite(mn) and math.isfinite(mx)
+        if finite:
+            nan = inf = 0
+            sq = l2 * l2
+            if n > 1 and n * mean * mean > 0.999 * sq:
+                # var = (sum x^2 - n mean^2)/(n-1) cancels when |mean| >> std: use two passes
+                std = torch.std(x).item()
+            else:
+                std = math.sqrt(max(sq - n * mean * mean, 0.0) / max(n - 1, 1))
+        else:
+            nan = int(torch.isnan(x).sum().item())
+            inf = int(torch.isinf(x).sum().item())
+            std = torch.std(x, correction=1 if n > 1 else 0).item()
+        self._host.append((mn, mx, mean, std, l2, nonzero, nan, inf))
+        return finite
+
+    def _add_device(self, x: torch.Tensor, slot: int, need_finite: bool) -> bool | None:
+        n = x.numel()
+        var, mean = torch.var_mean(x, correction=1 if n > 1 else 0)
+        mn, mx = torch.aminmax(x)
+        l2 = torch.linalg.vector_norm(x)
+        counts = torch.stack(
+            [torch.count_nonzero(x), torch.isnan(x).sum(), torch.isinf(x).sum()]
+        )
+        self._host.append(None)
+        self._dev_slots.append(slot)
+        self._dev_floats.append(torch.stack([mn, mx, mean, var.sqrt(), l2]))
+        self._dev_counts.append(counts)
+        return int(counts[1:].sum().item()) == 0 if need_finite else None
+
+    def finite(self, slot: int) -> bool:
+        """Return whether the tensor in ``slot`` was all finite (syncs on accelerators)."""
+        host = self._host[slot]
+        if host is not None:
+            return host[6] == 0 and host[7] == 0
+        counts = self._dev_counts[self._dev_slots.index(slot)]
+        return int(counts[1:].sum().item()) == 0
+
+    def materialize(self) -> list[dict[str, Any]]:
+        """Return the statistics of every slot, in slot order, and empty the buffer.
+
+        One transfer per device holding statistics.
+        """
+        rows = list(self._host)
+        if self._dev_slots:
+            floats = _gather(self._dev_floats, torch.float64).tolist()
+            counts = _gather(self._dev_counts, torch.int64).tolist()
+            for i, slot in enumerate(self._dev_slots):
+                rows[slot] = (*floats[i], *counts[i])
+        out = []
+        for row, numel in zip(rows, self._numel, strict=True):
+            assert row is not None
+            mn, mx, mean, std, l2, nonzero, nan, inf = row
+            out.append(
+                {
+                    "min": mn,
+                    "max": mx,
+                    "mean": mean,
+                    "std": std,
+                    "absmax": max(abs(mn), abs(mx)) if mn == mn and mx == mx else math.nan,
+                    "l2": l2,
+                    "nan": int(nan),
+                    "inf": int(inf),
+                    "zeros": numel - int(nonzero),
+                    "numel": numel,
+                }
+            )
+        self.clear()
+        return out
+
+    def clear(self) -> None:
+        """Drop everything queued, including the reuse cache."""
+        self._host.clear()
+        self._dev_floats.clear()
+        self._dev_counts.clear()
+        self._dev_slots.clear()
+        self._numel.clear()
+        self._cache.clear()
+
+
+def _gather(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """Stack equally shaped small tensors living on any devices into one CPU tensor.
+
+    One transfer per (device, dtype) group, so a step costs one sync per device.
+    """
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, p in enumerate(parts):
+        groups.setdefault((p.device, p.dtype), []).append(i)
+    if len(groups) == 1:
+        return torch.stack(parts).to("cpu", dtype)
+    out = torch.empty((len(parts), *parts[0].shape), dtype=dtype)
+    for idx in groups.values():
+        out[idx] = torch.stack([parts[i] for i in idx]).to("cpu", dtype)
+    return out

@@ -1,0 +1,51 @@
+"""The ``precguard`` command line: a thin layer over the API.
+
+Exit codes everywhere: 0 match / all checks pass, 1 divergence or a failed
+check, 2 unusable input or usage (one line on stderr; ``--debug`` shows the
+traceback).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+
+from precguard.cli._app import app, state
+
+#: command modules; each registers its commands on ``app`` when imported
+COMMAND_MODULES: tuple[str, ...] = (
+    "precguard.cli.record",
+    "precguard.cli.schema",
+)
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(_name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    from precguard.errors import PrecguardError
+
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args or os.environ.get("PRECGUARD_DEBUG", "") not in ("", "0")
+    try:
+        app(args=args, prog_name="precguard", standalone_mode=True)
+    except PrecguardError as exc:
+        if debug or state.debug:
+            traceback.print_exc()
+        print(f"precguard: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        print("precguard: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:
+        if debug or state.debug:
+            traceback.print_exc()
+        print(
+            f"precguard: internal error: {type(exc).__name__}: {exc} "
+            "(rerun with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        sys.exit(2)

@@ -1,0 +1,76 @@
+"""The Typer application and the logging set-up every command shares."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import typer
+
+
+@dataclass
+class _State:
+    debug: bool = False
+
+
+state = _State()
+
+app = typer.Typer(
+    name="precguard",
+    help="Find where and why a model computes different numbers on one backend than on "
+    "a trusted reference.\n\nExit codes: 0 match / checks pass, 1 divergence or failed "
+    "check, 2 unusable input.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+
+class _StructlogFormatter(logging.Formatter):
+    """Render precguard's log records with structlog's console or JSON renderer."""
+
+    def __init__(self, json_output: bool) -> None:
+        super().__init__()
+        import structlog
+
+        self._renderer: Any = (
+            structlog.processors.JSONRenderer()
+            if json_output
+            else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        )
+
+    def format(self, record: logging.LogRecord) -> str:
+        event = getattr(record, "precguard_event", None) or record.getMessage()
+        data = dict(getattr(record, "precguard_data", {}) or {})
+        event_dict = {"event": event, "level": record.levelname.lower(), **data}
+        if record.exc_info and state.debug:
+            event_dict["exception"] = self.formatException(record.exc_info)
+        return str(self._renderer(None, record.levelname.lower(), event_dict))
+
+
+def configure_logging(level: str) -> None:
+    """Send precguard's events to stderr: console renderer on a TTY, JSON lines otherwise."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_StructlogFormatter(json_output=not sys.stderr.isatty()))
+    root = logging.getLogger("precguard")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+@app.callback()
+def _main(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
+    log_level: str = typer.Option(
+        "warning", "--log-level", help="Log level on stderr: debug, info, warning, error."
+    ),
+) -> None:
+    state.debug = debug
+    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        from precguard.errors import UsageError
+
+        raise UsageError(f"--log-level: expected debug, info, warning or error, got {log_level!r}")
+    configure_logging(log_level)

@@ -1,0 +1,49 @@
+"""``precguard record``: run a target on a device and write a recording."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from precguard.cli._app import app
+
+
+@app.command()
+def record(
+    target: str = typer.Option(
+        "tiny-llama", "--target", "-t", help="Built-in name, path/file.py[:fn] or pkg.mod[:fn]."
+    ),
+    device: str = typer.Option("cpu", "--device", "-d", help="cpu, cuda[:N], npu, emu:PROFILE…"),
+    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
+    out: Path = typer.Option(..., "--out", "-o", help="Recording directory to create."),
+    steps: int = typer.Option(1, "--steps", "-n", help="Number of steps."),
+    train: bool = typer.Option(False, "--train", help="Forward, backward and optimizer step."),
+    tensors: list[str] = typer.Option(
+        [], "--tensors", help="Save full tensors of modules matching this glob ('*' for all)."
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing recording."),
+) -> None:
+    """Record a target's per-layer statistics (and chosen tensors) on one device."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from precguard.runner import record_target
+
+    save: bool | list[str] = True if tensors == ["*"] else list(tensors)
+    console = Console(stderr=True)
+    with Progress(console=console, transient=True, disable=not sys.stderr.isatty()) as bar:
+        task = bar.add_task(f"recording {target} on {device}", total=steps)
+        path = record_target(
+            target,
+            device=device,
+            dtype=dtype,
+            out=out,
+            steps=steps,
+            train=train,
+            tensors=save,
+            overwrite=overwrite,
+            on_step=lambda _s: bar.advance(task),
+        )
+    typer.echo(f"recorded {steps} step(s) of {target} on {device} ({dtype}) -> {path}")

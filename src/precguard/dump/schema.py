@@ -1,0 +1,131 @@
+"""The recording format: pydantic models for ``manifest.json`` and each JSONL record.
+
+A run is a directory::
+
+    RUN/
+      manifest.json                  Manifest
+      rank{R}/records.jsonl          one Record per line, appended, flushed per step
+      rank{R}/tensors-*.safetensors  full tensors, only when asked for
+
+Non-finite floats are written as the JSON strings ``"NaN"``, ``"Infinity"``
+and ``"-Infinity"`` so every file is strict JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+Phase = Literal["forward", "backward"]
+Role = Literal["input", "output", "param", "grad"]
+
+_FROZEN = ConfigDict(frozen=True, extra="ignore", ser_json_inf_nan="strings")
+
+
+class Stats(BaseModel):
+    """Summary statistics of one tensor, computed in float32 or wider over all elements.
+
+    ``min``/``max``/``mean``/``std``/``absmax``/``l2`` are NaN when the tensor holds NaN.
+    """
+
+    model_config = _FROZEN
+
+    min: float = Field(description="Smallest element.")
+    max: float = Field(description="Largest element.")
+    mean: float = Field(description="Arithmetic mean.")
+    std: float = Field(description="Standard deviation (unbiased; 0 for one element).")
+    absmax: float = Field(description="Largest absolute value.")
+    l2: float = Field(description="Euclidean norm of all elements.")
+    nan: int = Field(description="Number of NaN elements.")
+    inf: int = Field(description="Number of +Inf or -Inf elements.")
+    zeros: int = Field(description="Number of elements equal to zero.")
+    numel: int = Field(description="Number of elements.")
+
+    @property
+    def nonfinite(self) -> int:
+        """NaN plus Inf count."""
+        return self.nan + self.inf
+
+
+STAT_FIELDS: tuple[str, ...] = tuple(Stats.model_fields)
+
+
+class TensorRef(BaseModel):
+    """Where a saved full tensor lives, relative to the rank directory."""
+
+    model_config = _FROZEN
+
+    file: str = Field(description="safetensors file name inside rank{R}/.")
+    name: str = Field(description="Tensor name inside that file (the record key).")
+
+
+class Record(BaseModel):
+    """One captured tensor."""
+
+    model_config = _FROZEN
+
+    key: str = Field(
+        description="Stable id across devices: {module}.{call}.{phase}.{role}.{index}; "
+        "the root module is written 'root'."
+    )
+    module: str = Field(description="Qualified module name ('root' for the root module).")
+    module_type: str = Field(description="Class name of the module (or 'function').")
+    call: int = Field(description="0-based count of this module's calls within the step.")
+    phase: Phase = Field(description="forward or backward.")
+    role: Role = Field(
+        description="input/output of the module in forward; in backward 'output' is the "
+        "gradient w.r.t. an output, 'grad' the gradient of a parameter; 'param' a weight."
+    )
+    index: int = Field(description="Position among the tensors of this role, in flatten order.")
+    name: str = Field(
+        default="",
+        description="Where the tensor sat: 'args.0', 'kwargs.hidden_states', "
+        "'output.logits', or a parameter name.",
+    )
+    step: int = Field(description="Step number (0-based).")
+    rank: int = Field(description="Distributed rank that recorded it.")
+    seq: int = Field(description="Order of capture within the rank, over the whole run.")
+    dtype: str = Field(description="torch dtype without the 'torch.' prefix.")
+    shape: list[int] = Field(description="Tensor shape.")
+    stats: Stats | None = Field(
+        default=None, description="Statistics; absent for empty or non-numeric tensors."
+    )
+    tensor: TensorRef | None = Field(default=None, description="Saved full tensor, if any.")
+    nonfinite_origin: bool = Field(
+        default=False,
+        description="True on the first non-finite output of the module that introduced "
+        "NaN/Inf (its inputs were finite).",
+    )
+
+
+class Manifest(BaseModel):
+    """Run-level metadata, written at start and rewritten when the run closes."""
+
+    model_config = ConfigDict(extra="ignore", ser_json_inf_nan="strings")
+
+    schema_version: int = Field(default=SCHEMA_VERSION, description="Format version.")
+    precguard_version: str = Field(description="precguard version that wrote the run.")
+    torch_version: str = Field(description="torch version that wrote the run.")
+    device: str = Field(description="Device string, e.g. 'cpu', 'cuda:0', 'emu:fp16'.")
+    dtype: str | None = Field(default=None, description="Model dtype if known.")
+    model: str | None = Field(default=None, description="Class name of the root model.")
+    target: str | None = Field(default=None, description="Target spec the run was made from.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Capture options.")
+    fingerprint: dict[str, Any] = Field(
+        default_factory=dict, description="Environment fingerprint (versions, numerics flags)."
+    )
+    world_size: int = Field(default=1, description="Number of ranks.")
+    created: str = Field(description="ISO 8601 time the run started.")
+    complete: bool = Field(default=False, description="True once the run closed cleanly.")
+    steps: int | None = Field(default=None, description="Steps recorded, once complete.")
+
+
+def schemas() -> dict[str, Any]:
+    """Return the JSON Schemas of the manifest and the record."""
+    return {
+        "manifest": Manifest.model_json_schema(),
+        "record": Record.model_json_schema(),
+    }

@@ -1,0 +1,149 @@
+"""Run a target on a device under ``monitor``: what ``precguard record`` does."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from precguard import plugins
+from precguard._logging import get_logger
+from precguard.backend import Backend
+from precguard.capture.api import monitor
+from precguard.errors import DeviceUnavailableError, TargetError, UsageError
+from precguard.target import Target, call_model, load_target, move_batch
+
+logger = get_logger(__name__)
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "float64": torch.float64,
+    "fp64": torch.float64,
+}
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    """Return the torch dtype for ``name`` (``float32``, ``bf16``, ...)."""
+    if isinstance(name, torch.dtype):
+        return name
+    dtype = DTYPES.get(name.lower().removeprefix("torch."))
+    if dtype is None:
+        raise UsageError(f"unknown dtype {name!r}; expected one of: float32, bfloat16, float16")
+    return dtype
+
+
+def resolve_backend(device: str) -> Backend:
+    """Return the usable backend for ``device`` or raise DeviceUnavailableError saying why."""
+    backend = plugins.get_backend(device)
+    if backend is None:
+        known = sorted({t for ts in plugins.load_plugins().hook.precguard_device_types() for t in ts})
+        raise DeviceUnavailableError(
+            f"unknown device {device!r}: no plugin claims it (known device types: "
+            f"{', '.join(known)})"
+        )
+    ok, reason = backend.availability()
+    if not ok:
+        raise DeviceUnavailableError(f"device {device!r} is unavailable: {reason}")
+    return backend
+
+
+def build_model(target: Target, backend: Backend, dtype: torch.dtype) -> torch.nn.Module:
+    """Seed, build the target's model on the CPU, then move it to the device and dtype.
+
+    Initialising on the CPU gives identical weights on every device.
+    """
+    backend.manual_seed(target.seed)
+    try:
+        model = target.model()
+    except Exception as exc:
+        raise TargetError(
+            f"target {target.name!r}: building the model raised {type(exc).__name__}: {exc}"
+        ) from exc
+    return model.to(device=backend.torch_device(), dtype=dtype)
+
+
+def record_target(
+    target: str | Target,
+    *,
+    device: str = "cpu",
+    dtype: str | torch.dtype = "float32",
+    out: str | os.PathLike[str],
+    steps: int = 1,
+    train: bool = False,
+    tensors: bool | list[str] = False,
+    overwrite: bool = False,
+    on_step: Callable[[int], None] | None = None,
+    prepare: Callable[[torch.nn.Module], Any] | None = None,
+) -> Path:
+    """Record ``steps`` steps of ``target`` on ``device`` into ``out`` and return the path.
+
+    Forward only by default; with ``train`` each step is forward, backward and
+    an optimizer step. ``prepare(model)`` may alter the built model before
+    recording (tests and the demo use it to plant faults).
+    """
+    if steps < 1:
+        raise UsageError(f"--steps must be at least 1, got {steps}")
+    torch_dtype = parse_dtype(dtype)
+    target_obj = load_target(target)
+    if train and target_obj.loss is None:
+        raise UsageError(f"target {target_obj.name!r} has no loss; --train needs one")
+    backend = resolve_backend(device)
+    model = build_model(target_obj, backend, torch_dtype)
+    if prepare is not None:
+        prepare(model)
+    tdev = backend.torch_device()
+    optimizer = None
+    if train:
+        model.train()
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = (
+            target_obj.optimizer(params)
+            if target_obj.optimizer
+            else torch.optim.SGD(params, lr=1e-3)
+        )
+    else:
+        model.eval()
+    fingerprint = plugins.fingerprint(device)
+    grad_ctx = contextlib.nullcontext() if train else torch.no_grad()
+    handle = monitor(
+        model,
+        out,
+        tensors=tensors,
+        backward=train,
+        params="every_step" if train else "first_step",
+        overwrite=overwrite,
+        device=device,
+        target=target_obj.name,
+        fingerprint=fingerprint,
+    )
+    with handle, backend.numerics(), grad_ctx:
+        handle.recording.writer.update_manifest(dtype=str(torch_dtype).removeprefix("torch."))
+        for step in range(steps):
+            try:
+                batch = move_batch(target_obj.batch(step), tdev)
+            except Exception as exc:
+                raise TargetError(
+                    f"target {target_obj.name!r}: batch({step}) raised {type(exc).__name__}: {exc}"
+                ) from exc
+            output = call_model(model, batch)
+            if train:
+                assert optimizer is not None and target_obj.loss is not None
+                loss = target_obj.loss(output, batch)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            backend.synchronize()
+            handle.step()
+            if on_step is not None:
+                on_step(step)
+    logger.info("recording_written", path=str(out), steps=steps, device=device)
+    return Path(out)
