@@ -1,0 +1,98 @@
+"""What a check is, what it returns, and what it gets to work with.
+
+Checks are registered through the ``precguard_register_checks`` plugin hook;
+built-in ones the same way as a vendor plugin's. A check is a function
+``(ctx, **params) -> Finding | list[Finding]`` wrapped in :class:`Check`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from precguard.backend import Backend
+    from precguard.target import Target
+
+Status = Literal["pass", "warn", "fail", "skip", "error"]
+
+FAMILIES: tuple[str, ...] = (
+    "env",
+    "rng",
+    "data",
+    "tokenizer",
+    "norm",
+    "rope",
+    "attention",
+    "ops",
+    "amp",
+    "grads",
+    "loss",
+    "reduce",
+    "layerwise",
+)
+
+
+class Finding(BaseModel):
+    """One result of one check."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
+
+    id: str = Field(description="Check id, 'family.name'.")
+    status: Status = Field(description="pass, warn, fail, skip (not applicable) or error.")
+    summary: str = Field(description="One sentence: what was found.")
+    evidence: dict[str, Any] = Field(
+        default_factory=dict, description="Numbers, module names, file paths behind the finding."
+    )
+    remedy: str = Field(default="", description="What to change, concretely.")
+
+    @property
+    def family(self) -> str:
+        """The part of the id before the first dot."""
+        return self.id.split(".", 1)[0]
+
+
+@dataclass
+class CheckContext:
+    """What a check runs against. The checklist runner builds it once per run."""
+
+    device: str
+    reference: str = "cpu"
+    target: Target | None = None
+    golden: Path | None = None
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    def backend(self, device: str | None = None) -> Backend:
+        """Return the usable backend for ``device`` (default: the device under test)."""
+        from precguard.runner import resolve_backend
+
+        return resolve_backend(device or self.device)
+
+
+CheckFunc = Callable[..., "Finding | list[Finding]"]
+
+
+@dataclass(frozen=True)
+class Check:
+    """A registered check: id ``family.name``, a one-line description, the function."""
+
+    id: str
+    description: str
+    func: CheckFunc
+    needs_target: bool = True
+
+    @property
+    def family(self) -> str:
+        """The part of the id before the first dot."""
+        return self.id.split(".", 1)[0]
+
+    def __post_init__(self) -> None:
+        family = self.id.split(".", 1)[0]
+        if "." not in self.id or family not in FAMILIES:
+            raise ValueError(
+                f"check id {self.id!r}: expected 'family.name' with family in {', '.join(FAMILIES)}"
+            )
