@@ -74,8 +74,10 @@ def main() -> None:
         n_records = sum(1 for _ in precguard.load_run(out).records())
 
     ratio = statistics.median(monitored) / statistics.median(plain)
-    print(f"model: LlamaForCausalLM hidden={args.hidden} layers={args.layers} "
-          f"batch={args.batch}x{args.seq} threads={torch.get_num_threads()}")
+    print(
+        f"model: LlamaForCausalLM hidden={args.hidden} layers={args.layers} "
+        f"batch={args.batch}x{args.seq} threads={torch.get_num_threads()}"
+    )
     print(f"plain forward median:     {statistics.median(plain) * 1e3:8.1f} ms")
     print(f"monitored forward median: {statistics.median(monitored) * 1e3:8.1f} ms")
     print(f"overhead ratio:           {ratio:8.3f}x  (goal <= 1.25x)")

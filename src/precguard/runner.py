@@ -45,7 +45,9 @@ def resolve_backend(device: str) -> Backend:
     """Return the usable backend for ``device`` or raise DeviceUnavailableError saying why."""
     backend = plugins.get_backend(device)
     if backend is None:
-        known = sorted({t for ts in plugins.load_plugins().hook.precguard_device_types() for t in ts})
+        known = sorted(
+            {t for ts in plugins.load_plugins().hook.precguard_device_types() for t in ts}
+        )
         raise DeviceUnavailableError(
             f"unknown device {device!r}: no plugin claims it (known device types: "
             f"{', '.join(known)})"
@@ -124,6 +126,7 @@ def record_target(
         device=device,
         target=target_obj.name,
         fingerprint=fingerprint,
+        auto_step=False,
     )
     with handle, backend.numerics(), grad_ctx:
         handle.recording.writer.update_manifest(dtype=str(torch_dtype).removeprefix("torch."))

@@ -85,6 +85,7 @@ def monitor(
     device: str | None = None,
     target: str | None = None,
     fingerprint: dict[str, Any] | None = None,
+    auto_step: bool = True,
 ) -> MonitorHandle:
     """Instrument every submodule of ``model`` and record into ``out``.
 
@@ -97,10 +98,12 @@ def monitor(
         or ``"raise"`` (:class:`~precguard.errors.NonFiniteError` at the origin).
     :param params: parameter statistics at ``"first_step"``, ``"every_step"`` or ``"never"``.
     :param device: device string for the manifest (default: the model's device type).
+    :param auto_step: each call of ``model`` starts a new step until ``handle.step()``
+        is first called; False makes steps explicit from the start (several
+        forwards per step, e.g. gradient accumulation).
     :returns: a :class:`MonitorHandle`; use it as a context manager so the
         hooks are removed also when the body raises.
 
-    Each call of ``model`` starts a new step unless ``handle.step()`` is used.
 
     >>> with precguard.monitor(model, out="runs/golden"):   # doctest: +SKIP
     ...     model(input_ids)
@@ -121,6 +124,7 @@ def monitor(
         model=type(model).__name__,
         target=target,
         fingerprint=fingerprint,
+        auto_step=auto_step,
     )
     return MonitorHandle(Monitor(model, recording, options), recording)
 
@@ -159,6 +163,7 @@ def record(
     overwrite: bool = False,
     device: str = "cpu",
     fingerprint: dict[str, Any] | None = None,
+    auto_step: bool = True,
 ) -> Iterator[RecordingHandle]:
     """Open a recording that ``@precision_monitor`` modules and functions write into.
 
@@ -172,7 +177,12 @@ def record(
         tensors=tensors, backward=backward, on_nonfinite=on_nonfinite, params=params
     )
     recording = Recording(
-        out, options, overwrite=overwrite, device=device, fingerprint=fingerprint
+        out,
+        options,
+        overwrite=overwrite,
+        device=device,
+        fingerprint=fingerprint,
+        auto_step=auto_step,
     )
     _ACTIVE.append(recording)
     try:
@@ -287,9 +297,15 @@ def _decorate_function(
             immediate = opts.on_nonfinite != "record"
             save = opts.saves(label)
             in_finite = sink.add(
-                label, "function", call, "forward", "input", items,
-                save=save, need_finite=immediate,
-            )  # fmt: skip
+                label,
+                "function",
+                call,
+                "forward",
+                "input",
+                items,
+                save=save,
+                need_finite=immediate,
+            )
         except Exception as exc:
             logger.error("hook_failed", module=label, hook="function_pre", error=str(exc))
             return fn(*args, **kwargs)
@@ -297,9 +313,15 @@ def _decorate_function(
         try:
             outs = named_tensors(result, "output")
             out_finite = sink.add(
-                label, "function", call, "forward", "output", outs,
-                save=save, need_finite=immediate,
-            )  # fmt: skip
+                label,
+                "function",
+                call,
+                "forward",
+                "output",
+                outs,
+                save=save,
+                need_finite=immediate,
+            )
             if immediate and out_finite is False and in_finite is not False:
                 sink.on_nonfinite_origin(label, "function", call, items)
             if sink.writer is None:

@@ -189,9 +189,15 @@ class Monitor:
         try:
             items = named_tensors(output, "output")
             finite = sink.add(
-                name, mtype, frame.call, "forward", "output", items,
-                save=save, need_finite=self._immediate,
-            )  # fmt: skip
+                name,
+                mtype,
+                frame.call,
+                "forward",
+                "output",
+                items,
+                save=save,
+                need_finite=self._immediate,
+            )
             if self._immediate and finite is False and frame.inputs_finite is not False:
                 sink.on_nonfinite_origin(name, mtype, frame.call, frame.inputs or [])
             if self.options.backward and torch.is_grad_enabled():
@@ -251,4 +257,3 @@ class Monitor:
         if self._fixed_sink is not None:
             for mod in self.names:
                 self._fixed_sink.covered.discard(id(mod))
-

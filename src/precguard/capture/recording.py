@@ -62,6 +62,7 @@ class Recording:
         model: str | None = None,
         target: str | None = None,
         fingerprint: dict[str, Any] | None = None,
+        auto_step: bool = True,
     ) -> None:
         self.options = options or CaptureOptions()
         self.rank, world_size = dist_rank_world()
@@ -70,9 +71,7 @@ class Recording:
         if out is not None:
             # Every rank writes its own rank{R}/ below the same run directory;
             # only rank 0 checks emptiness (the others would see rank 0's files).
-            self.path = (
-                prepare_run_dir(out, overwrite=overwrite) if self.rank == 0 else Path(out)
-            )
+            self.path = prepare_run_dir(out, overwrite=overwrite) if self.rank == 0 else Path(out)
             self.writer = RunWriter(
                 self.path,
                 rank=self.rank,
@@ -93,7 +92,7 @@ class Recording:
         self._tensors: dict[str, torch.Tensor] = {}
         self._calls: dict[int, int] = {}
         self._step_owner: int | None = None
-        self._explicit_steps = False
+        self._explicit_steps = not auto_step
         self._inputs_finite: dict[tuple[str, int], bool] = {}
         self._origin_seen: set[str] = set()  # phases whose origin this step was found
         self._nonfinite_acted = False

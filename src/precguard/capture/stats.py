@@ -139,9 +139,7 @@ class StatsBuffer:
         var, mean = torch.var_mean(x, correction=1 if n > 1 else 0)
         mn, mx = torch.aminmax(x)
         l2 = torch.linalg.vector_norm(x)
-        counts = torch.stack(
-            [torch.count_nonzero(x), torch.isnan(x).sum(), torch.isinf(x).sum()]
-        )
+        counts = torch.stack([torch.count_nonzero(x), torch.isnan(x).sum(), torch.isinf(x).sum()])
         self._host.append(None)
         self._dev_slots.append(slot)
         self._dev_floats.append(torch.stack([mn, mx, mean, var.sqrt(), l2]))

@@ -1,0 +1,5 @@
+"""``python -m precguard``: the command line."""
+
+from precguard.cli import main
+
+main()
