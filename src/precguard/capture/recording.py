@@ -69,9 +69,15 @@ class Recording:
         self.path: Path | None = None
         self.writer: RunWriter | None = None
         if out is not None:
-            # Every rank writes its own rank{R}/ below the same run directory;
-            # only rank 0 checks emptiness (the others would see rank 0's files).
-            self.path = prepare_run_dir(out, overwrite=overwrite) if self.rank == 0 else Path(out)
+            # Every rank writes its own rank{R}/ below the same run directory.
+            # Rank 0 alone checks and prepares it; the others wait for that, or
+            # rank 0 would find their files and refuse a "non-empty" directory.
+            if self.rank == 0:
+                self.path = prepare_run_dir(out, overwrite=overwrite)
+            if world_size > 1:
+                torch.distributed.barrier()
+            if self.rank != 0:
+                self.path = Path(out)
             self.writer = RunWriter(
                 self.path,
                 rank=self.rank,
