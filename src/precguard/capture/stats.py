@@ -116,7 +116,7 @@ class StatsBuffer:
         mn, mx = mn_t.item(), mx_t.item()
         total = x.sum().item()
         l2 = torch.linalg.vector_norm(x).item()
-        nonzero = int(torch.count_nonzero(x).item())
+        nonzero = _count_nonzero_host(x)
         mean = total / n
         finite = math.isfinite(mn) and math.isfinite(mx)
         if finite:
@@ -194,6 +194,26 @@ class StatsBuffer:
         self._dev_slots.clear()
         self._numel.clear()
         self._cache.clear()
+
+
+_BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
+
+
+def _count_nonzero_host(x: torch.Tensor) -> int:
+    """Count non-zero elements of a float32/float64 CPU tensor (``-0.0`` counts as zero).
+
+    Counting non-zero *bit patterns* is ~3x faster than comparing floats. Only
+    ``-0.0`` has a non-zero pattern while being zero; its pattern is the
+    smallest integer of that width, so one cheap integer ``min`` tells
+    whether the slower float count is needed.
+    """
+    bits = _BITS.get(x.dtype)
+    if bits is None:
+        return int(torch.count_nonzero(x).item())
+    xi = x.view(bits)
+    if xi.min().item() == torch.iinfo(bits).min:  # a -0.0 is present
+        return int(torch.count_nonzero(x).item())
+    return int(torch.count_nonzero(xi).item())
 
 
 def _gather(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
