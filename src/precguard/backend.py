@@ -1,19 +1,73 @@
-"""The backend interface a device plugin implements."""
+"""The backend interface a device plugin implements, and helpers for writing one.
+
+A backend is what precguard needs from one device: whether it can be used
+here (and why not), synchronisation, seeding and RNG state of the device's
+own generator, a determinism switch that restores what it changed, the
+environment fingerprint, and the context the model runs in
+(:meth:`Backend.numerics`, which the ``emu:`` emulator uses to intercept ops).
+
+>>> class ChipBackend(Backend):                  # doctest: +SKIP
+...     device_type = "chip"
+...     def availability(self):
+...         return (False, "chip_sdk is not installed") if sdk is None else (True, "")
+"""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import os
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 
+def parse_device(device: str) -> tuple[str, int | None]:
+    """Split ``"npu:1"`` into ``("npu", 1)`` and ``"npu"`` into ``("npu", None)``.
+
+    The part after the colon of ``emu:PROFILE`` is not an index; ask for the
+    type only (``device.split(":", 1)[0]``) there.
+    """
+    kind, sep, rest = device.partition(":")
+    if sep and rest.isdigit():
+        return kind, int(rest)
+    return kind, None
+
+
+def env_facts(names: Iterable[str]) -> dict[str, str | None]:
+    """Return ``{"env.NAME": value or None}`` for each variable, unset ones included.
+
+    Listing unset variables too makes two fingerprints comparable: a variable
+    set on one machine and absent on the other shows up as a difference.
+    """
+    return {f"env.{name}": os.environ.get(name) for name in names}
+
+
+@contextlib.contextmanager
+def scoped_env(values: Mapping[str, str | None]) -> Iterator[None]:
+    """Set (or with None, unset) environment variables; restore the previous values on exit."""
+    before = {name: os.environ.get(name) for name in values}
+    try:
+        for name, value in values.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 class Backend:
     """What precguard needs from a device. Subclass it in a device plugin.
 
-    The defaults suit a device whose tensors torch handles natively; override
-    what differs. ``device`` is the string the user asked for (``"cuda:1"``).
+    The defaults suit a device whose tensors torch handles natively and whose
+    generator ``torch.manual_seed`` reaches; override what differs.
+    ``device`` is the string the user asked for (``"cuda:1"``).
     """
 
     #: device type this backend serves, e.g. ``"cuda"``
@@ -21,6 +75,9 @@ class Backend:
 
     def __init__(self, device: str) -> None:
         self.device = device
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.device!r})"
 
     def availability(self) -> tuple[bool, str]:
         """Return ``(usable, reason)``; reason says why not, e.g. "torch_npu is not installed"."""
@@ -34,7 +91,12 @@ class Backend:
         """Wait for queued work on the device to finish."""
 
     def manual_seed(self, seed: int) -> None:
-        """Seed torch's generators and this device's generators."""
+        """Seed torch's CPU generator and this device's generators with ``seed``.
+
+        This is the one call that makes a run on this device repeat itself:
+        on several accelerators ``torch.manual_seed`` alone does not reach
+        the device's generator.
+        """
         torch.manual_seed(seed)
 
     def get_rng_state(self) -> torch.Tensor:
@@ -57,7 +119,10 @@ class Backend:
             torch.use_deterministic_algorithms(before, warn_only=warn_only)
 
     def fingerprint(self) -> dict[str, Any]:
-        """Return the device's numerics-relevant facts (versions, flags, env vars)."""
+        """Return the device's numerics-relevant facts (versions, flags, env vars).
+
+        Flat dotted keys with JSON values; see :func:`env_facts` for variables.
+        """
         return {}
 
     @contextlib.contextmanager

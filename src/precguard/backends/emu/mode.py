@@ -1,0 +1,260 @@
+"""The op interceptor: a TorchDispatchMode that runs every aten op with a profile's numerics.
+
+It sits below autograd, so forward, backward and optimizer ops are all
+emulated. For each op with float tensors it:
+
+1. passes it through unchanged when precguard itself is computing
+   statistics (:func:`precguard.capture.stats.in_capture`), for views and
+   metadata ops, for uninitialised allocations and for float64 work (fp64
+   references stay exact);
+2. rounds float inputs to the op's storage dtype (as float32 values);
+3. runs the op in float32 (matmul and sum/mean through the emulator's own
+   accumulation and order when the profile asks for it);
+4. rounds float results the same way and casts them to the dtype the op
+   would have returned. In-place and ``out=`` ops are rounded in place.
+
+Random ops draw from the emulated device's generator when the profile has a
+``rng_stream``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from precguard.backends.emu import numerics
+from precguard.backends.emu.numerics import OpNumerics
+from precguard.backends.emu.profile import EmuProfile
+from precguard.capture.stats import in_capture
+
+aten = torch.ops.aten
+
+_LOW = (torch.float16, torch.bfloat16)
+_EMULATED = (torch.float32, torch.float16, torch.bfloat16)
+_UNINITIALISED = frozenset(
+    {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_"}
+)
+_MATMUL = frozenset({"mm", "bmm", "addmm", "baddbmm"})
+_SUM = frozenset({"sum", "mean"})
+
+
+def rules_for(profile: EmuProfile) -> tuple[OpNumerics, dict[str, OpNumerics]]:
+    """Return the default rules of ``profile`` and the per-op overrides, by aten op name."""
+
+    def make(dtype_name: str) -> OpNumerics:
+        return OpNumerics(
+            storage=numerics.DTYPES[dtype_name],
+            saturate=profile.overflow == "saturate",
+            nan_to_zero=profile.nan_to_zero,
+            flush_to_zero=profile.flush_to_zero,
+            accumulate=numerics.DTYPES[profile.accumulate_dtype],
+            block=profile.accumulate_block,
+            shuffle_seed=profile.shuffle_seed if profile.shuffle_reductions else None,
+        )
+
+    default = make(profile.compute_dtype)
+    return default, {op: make(dt) for op, dt in profile.aten_dtypes().items()}
+
+
+class EmuMode(TorchDispatchMode):
+    """Run aten ops with the numerics of ``profile``; ``generator`` serves random ops.
+
+    >>> with EmuMode(profile):                    # doctest: +SKIP
+    ...     y = model(x)        # every op rounded as the profile says
+    """
+
+    def __init__(self, profile: EmuProfile, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        self.profile = profile
+        self.generator = generator
+        self.default_rules, self.op_rules = rules_for(profile)
+
+    # -- dispatch ------------------------------------------------------------------------
+
+    def __torch_dispatch__(
+        self,
+        func: torch._ops.OpOverload,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = dict(kwargs or {})
+        if in_capture() or func.is_view or torch.Tag.inplace_view in func.tags:
+            return func(*args, **kwargs)
+        name = func.overloadpacket.__name__
+        if name in _UNINITIALISED:
+            return func(*args, **kwargs)
+        if self.generator is not None and torch.Tag.nondeterministic_seeded in func.tags:
+            if func is aten.native_dropout.default:
+                return self._dropout(*args, **kwargs)
+            if _takes_generator(func) and kwargs.get("generator") is None:
+                kwargs["generator"] = self.generator
+        rules = self.op_rules.get(name, self.default_rules)
+        if not rules.changes_values:
+            return func(*args, **kwargs)
+        flat, _ = tree_flatten((args, kwargs))
+        if any(isinstance(t, torch.Tensor) and t.dtype == torch.float64 for t in flat):
+            return func(*args, **kwargs)
+        if func._schema.is_mutable:
+            return self._mutating(func, args, kwargs, rules)
+        return self._computing(func, name, args, kwargs, rules)
+
+    # -- out-of-place ops ----------------------------------------------------------------
+
+    def _computing(
+        self,
+        func: torch._ops.OpOverload,
+        name: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        rules: OpNumerics,
+    ) -> Any:
+        seen: set[torch.dtype] = set()
+
+        def prepare(x: Any) -> Any:
+            if isinstance(x, torch.Tensor) and x.dtype in _EMULATED:
+                seen.add(x.dtype)
+                return numerics.to_storage(x.float(), rules)
+            return x
+
+        args, kwargs = tree_map(prepare, (args, kwargs))
+        # the dtype the op would have returned, when it is not float32
+        target: torch.dtype | None = None
+        requested = kwargs.get("dtype")
+        if isinstance(requested, torch.dtype) and requested.is_floating_point:
+            if requested in _LOW:
+                kwargs["dtype"] = torch.float32
+                target = requested
+        elif name in ("_softmax", "_log_softmax") and len(args) > 2 and args[2]:
+            args = (*args[:2], False)  # half_to_float: the input is float32 already
+        elif torch.float32 not in seen and len(seen) == 1:
+            target = next(iter(seen))  # fp16 in, fp16 out
+        if rules.changes_reductions and name in _MATMUL | _SUM:
+            out = self._reduction(func, name, args, kwargs, rules)
+        else:
+            out = func(*args, **kwargs)
+
+        def finish(y: Any) -> Any:
+            if isinstance(y, torch.Tensor) and y.dtype in _EMULATED:
+                y = numerics.to_storage(y.float(), rules)
+                return y.to(target) if target is not None else y
+            return y
+
+        return tree_map(finish, out)
+
+    def _reduction(
+        self,
+        func: torch._ops.OpOverload,
+        name: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        rules: OpNumerics,
+    ) -> torch.Tensor:
+        bound = _bind(func, args, kwargs)
+        if name in ("mm", "bmm"):
+            return numerics.matmul(bound["self"], bound["mat2"], rules)
+        if name in ("addmm", "baddbmm"):
+            a, b = (
+                (bound["mat1"], bound["mat2"])
+                if name == "addmm"
+                else (
+                    bound["batch1"],
+                    bound["batch2"],
+                )
+            )
+            return numerics.addmm(
+                bound["self"], a, b, rules, beta=bound.get("beta", 1), alpha=bound.get("alpha", 1)
+            )
+        x = bound["self"]
+        if not x.is_floating_point():
+            return func(*args, **kwargs)
+        dims = bound.get("dim")
+        return numerics.reduce_sum(
+            x,
+            list(dims) if dims else None,
+            bool(bound.get("keepdim", False)),
+            rules,
+            mean=name == "mean",
+        )
+
+    # -- in-place and out= ops -----------------------------------------------------------
+
+    def _mutating(
+        self,
+        func: torch._ops.OpOverload,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        rules: OpNumerics,
+    ) -> Any:
+        written: set[str] = {
+            a.name
+            for a in func._schema.arguments
+            if a.alias_info is not None and a.alias_info.is_write
+        }
+        work: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(work copy) -> (orig, work)
+
+        def writable(x: Any) -> Any:
+            if isinstance(x, torch.Tensor) and x.dtype in _LOW:
+                w = x.float()
+                work[id(w)] = (x, w)
+                return w
+            if isinstance(x, torch.Tensor) and x.dtype == torch.float32:
+                work[id(x)] = (x, x)
+            return x
+
+        def readable(x: Any) -> Any:
+            if isinstance(x, torch.Tensor) and x.dtype in _EMULATED:
+                return numerics.to_storage(x.float(), rules)
+            return x
+
+        new_args = []
+        for i, value in enumerate(args):
+            arg_name = func._schema.arguments[i].name if i < len(func._schema.arguments) else ""
+            new_args.append(tree_map(writable if arg_name in written else readable, value))
+        new_kwargs = {
+            k: tree_map(writable if k in written else readable, v) for k, v in kwargs.items()
+        }
+        out = func(*new_args, **new_kwargs)
+        for orig, w in work.values():
+            orig.copy_(numerics.to_storage(w.float(), rules))
+
+        def finish(y: Any) -> Any:
+            if not isinstance(y, torch.Tensor):
+                return y
+            hit = work.get(id(y))
+            if hit is not None:
+                return hit[0]
+            if y.dtype in _EMULATED:
+                return numerics.to_storage(y.float(), rules).to(y.dtype)
+            return y
+
+        return tree_map(finish, out)
+
+    # -- random ops ----------------------------------------------------------------------
+
+    def _dropout(
+        self, x: torch.Tensor, p: float, train: bool | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not train or p == 0:
+            return x.clone(), torch.ones_like(x, dtype=torch.bool)
+        keep = torch.empty_like(x, dtype=torch.float32).bernoulli_(1 - p, generator=self.generator)
+        scale = 0.0 if p >= 1 else 1.0 / (1 - p)
+        return (x * keep * scale).to(x.dtype), keep.bool()
+
+
+def _takes_generator(func: torch._ops.OpOverload) -> bool:
+    return any(a.name == "generator" for a in func._schema.arguments)
+
+
+def _bind(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict:
+    """Map an op's arguments to their schema names (positional and keyword)."""
+    bound: dict[str, Any] = {}
+    for i, arg in enumerate(func._schema.arguments):
+        if i < len(args):
+            bound[arg.name] = args[i]
+        elif arg.name in kwargs:
+            bound[arg.name] = kwargs[arg.name]
+    return bound
