@@ -1,0 +1,179 @@
+"""The Ascend NPU backend: availability, seeding, determinism and the numerics fingerprint."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from precguard.backend import Backend, env_facts, parse_device, scoped_env
+from precguard_ascend import sdk
+
+#: environment variables that change numbers (or their reproducibility) on Ascend
+ASCEND_ENV: tuple[str, ...] = (
+    "INF_NAN_MODE_ENABLE",
+    "INF_NAN_MODE_FORCE_DISABLE",
+    "HCCL_DETERMINISTIC",
+    "ASCEND_LAUNCH_BLOCKING",
+    "TORCH_NPU_FALLBACK_CPU_DISABLE",
+    "TORCH_NPU_USE_COMPATIBLE_IMPL",
+    "TORCH_NPU_LEGACY_IMPL_LIST",
+    "CLOSE_MATMUL_K_SHIFT",
+    "ASCEND_RT_VISIBLE_DEVICES",
+)
+
+#: torch_npu formats a CPU tensor can mirror directly (NCHW, NHWC, ND, NDHWC, NCDHW)
+PLAIN_FORMATS = frozenset({0, 1, 2, 27, 30})
+FORMAT_ND = 2
+
+
+class AscendBackend(Backend):
+    """One Ascend NPU through ``torch_npu`` (imported lazily)."""
+
+    device_type = "npu"
+
+    def availability(self) -> tuple[bool, str]:
+        """Usable when torch_npu imports, an NPU is visible and the index exists."""
+        npu = sdk.torch_npu()
+        if npu is None:
+            return False, sdk.NOT_INSTALLED
+        version = getattr(npu, "__version__", "?")
+        if not sdk.read(npu.npu.is_available):
+            return False, (
+                f"torch_npu {version} is installed but no NPU is visible "
+                "(check the driver, CANN and ASCEND_RT_VISIBLE_DEVICES)"
+            )
+        _, index = parse_device(self.device)
+        count = sdk.read(npu.npu.device_count) or 0
+        if index is not None and index >= count:
+            return False, f"{self.device} requested but only {count} NPU(s) are visible"
+        return True, ""
+
+    def _sdk(self) -> Any:
+        npu = sdk.torch_npu()
+        if npu is None:
+            from precguard.errors import DeviceUnavailableError
+
+            raise DeviceUnavailableError(
+                f"device {self.device!r} is unavailable: {sdk.NOT_INSTALLED}"
+            )
+        return npu
+
+    def torch_device(self) -> torch.device:
+        """The ``npu`` torch device (torch_npu registers the type on import)."""
+        self._sdk()
+        return torch.device(self.device)
+
+    def synchronize(self) -> None:
+        """Wait for the NPU's queued work."""
+        self._sdk().npu.synchronize()
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed the CPU generator and every NPU's generator (torch_npu.npu.manual_seed_all)."""
+        torch.manual_seed(seed)
+        self._sdk().npu.manual_seed_all(seed)
+
+    def get_rng_state(self) -> torch.Tensor:
+        """This NPU's generator state."""
+        return self._sdk().npu.get_rng_state(self.device)
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        """Restore this NPU's generator state."""
+        self._sdk().npu.set_rng_state(state, self.device)
+
+    @contextlib.contextmanager
+    def deterministic(self) -> Iterator[None]:
+        """Deterministic algorithms (ACL ops) and HCCL collectives; restored on exit.
+
+        ``HCCL_DETERMINISTIC`` is read when communicators are created: set it in
+        the environment before ``init_process_group`` for full effect.
+        """
+        npu = self._sdk()
+        before = (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        )
+        level = sdk.read(lambda: npu.npu._get_deterministic_level())
+        with scoped_env({"HCCL_DETERMINISTIC": "true"}):
+            torch.use_deterministic_algorithms(True)
+            if level is not None and hasattr(npu.npu, "set_deterministic_level"):
+                npu.npu.set_deterministic_level(1)
+            try:
+                yield
+            finally:
+                torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+                if level is not None and hasattr(npu.npu, "set_deterministic_level"):
+                    npu.npu.set_deterministic_level(level)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """torch_npu version, HF32, precision/impl modes, overflow mode, formats, env."""
+        facts: dict[str, Any] = {}
+        npu = sdk.torch_npu()
+        usable, reason = self.availability()
+        facts["npu.available"] = usable
+        if not usable:
+            facts["npu.unavailable_reason"] = reason
+        facts["npu.torch_npu_version"] = getattr(npu, "__version__", None) if npu else None
+        keys = (
+            "npu.matmul.allow_hf32",
+            "npu.conv.allow_hf32",
+            "npu.matmul.cube_math_type",
+            "npu.precision_mode",
+            "npu.op_select_impl_mode",
+            "npu.inf_nan_mode",
+            "npu.allow_internal_format",
+            "npu.deterministic_level",
+            "npu.jit_compile",
+            "npu.device_name",
+        )
+        facts.update(dict.fromkeys(keys))
+        if npu is not None:
+            mod = npu.npu
+            inf_nan = sdk.read(lambda: mod.utils.is_support_inf_nan())
+            jit_false = sdk.read(mod.is_jit_compile_false)
+            facts.update(
+                {
+                    "npu.matmul.allow_hf32": sdk.read(lambda: mod.matmul.allow_hf32),
+                    "npu.conv.allow_hf32": sdk.read(lambda: mod.conv.allow_hf32),
+                    "npu.matmul.cube_math_type": sdk.read(lambda: mod.matmul.cube_math_type),
+                    "npu.precision_mode": sdk.get_option(npu, "ACL_PRECISION_MODE"),
+                    "npu.op_select_impl_mode": sdk.get_option(npu, "ACL_OP_SELECT_IMPL_MODE"),
+                    "npu.inf_nan_mode": None if inf_nan is None else bool(inf_nan),
+                    "npu.allow_internal_format": sdk.read(lambda: mod.config.allow_internal_format),
+                    "npu.deterministic_level": sdk.read(mod._get_deterministic_level),
+                    "npu.jit_compile": None if jit_false is None else not jit_false,
+                }
+            )
+            if usable:
+                _, index = parse_device(self.device)
+                facts["npu.device_name"] = sdk.read(lambda: mod.get_device_name(index or 0))
+        facts.update(env_facts(ASCEND_ENV))
+        return facts
+
+    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Copy an NPU tensor to the CPU, casting internal formats (NZ, 5HD...) to ND first."""
+        npu = self._sdk()
+        t = tensor.detach()
+        fmt = sdk.read(lambda: npu.get_npu_format(t))
+        if fmt is not None and fmt not in PLAIN_FORMATS:
+            t = npu.npu_format_cast(t, FORMAT_ND)
+        return t.to("cpu").contiguous()
+
+    def overflow_state(self) -> dict[str, Any] | None:
+        """In saturation mode, read and clear the float-status overflow flag; else None.
+
+        Saturation clamps overflow to ±max and NaN to 0, so the flag register is
+        the only sign that a step overflowed.
+        """
+        npu = sdk.torch_npu()
+        if npu is None or not self.availability()[0]:
+            return None
+        utils = npu.npu.utils
+        if sdk.read(utils.is_support_inf_nan):
+            return None  # INF_NAN mode: overflow shows up as inf/NaN in the records
+        flag = sdk.read(lambda: utils.npu_check_overflow(0.0))
+        with contextlib.suppress(Exception):
+            npu.npu.clear_npu_overflow_flag()
+        return {"inf_nan_mode": False, "overflow_flag": None if flag is None else bool(flag)}

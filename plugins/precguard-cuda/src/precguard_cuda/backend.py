@@ -1,0 +1,134 @@
+"""The CUDA backend: availability, seeding, determinism and the numerics fingerprint."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from precguard.backend import Backend, env_facts, parse_device, scoped_env
+
+#: environment variables that change numbers (or their reproducibility) on NVIDIA GPUs
+CUDA_ENV: tuple[str, ...] = (
+    "CUBLAS_WORKSPACE_CONFIG",
+    "NVIDIA_TF32_OVERRIDE",
+    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+    "CUDA_LAUNCH_BLOCKING",
+    "CUDA_VISIBLE_DEVICES",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+)
+
+
+def _read(getter: Callable[[], Any]) -> Any:
+    """Read one flag; None when this torch build does not have it."""
+    try:
+        value = getter()
+    except Exception:
+        return None
+    return value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
+
+
+class CudaBackend(Backend):
+    """One NVIDIA GPU, through torch's own CUDA support (no extra SDK)."""
+
+    device_type = "cuda"
+
+    def availability(self) -> tuple[bool, str]:
+        """Usable when torch has CUDA, a GPU is visible and the index exists."""
+        if not torch.backends.cuda.is_built():
+            return False, f"torch {torch.__version__} was built without CUDA"
+        if not torch.cuda.is_available():
+            return False, "no CUDA device is visible (check the driver and CUDA_VISIBLE_DEVICES)"
+        _, index = parse_device(self.device)
+        count = torch.cuda.device_count()
+        if index is not None and index >= count:
+            return False, f"{self.device} requested but only {count} CUDA device(s) are visible"
+        return True, ""
+
+    def synchronize(self) -> None:
+        """Wait for this GPU's queued kernels."""
+        torch.cuda.synchronize(self.torch_device())
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed the CPU generator and every GPU's generator."""
+        torch.manual_seed(seed)
+        torch.cuda.manual_seed_all(seed)
+
+    def get_rng_state(self) -> torch.Tensor:
+        """This GPU's generator state."""
+        return torch.cuda.get_rng_state(self.torch_device())
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        """Restore this GPU's generator state."""
+        torch.cuda.set_rng_state(state, self.torch_device())
+
+    @contextlib.contextmanager
+    def deterministic(self) -> Iterator[None]:
+        """Deterministic algorithms, deterministic cuDNN without autotuning, and a fixed
+        cuBLAS workspace; everything restored on exit.
+
+        ``CUBLAS_WORKSPACE_CONFIG`` only takes effect before the first cuBLAS
+        call of the process: set it in the environment for full effect.
+        """
+        before = (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+            torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.benchmark,
+        )
+        workspace = (
+            {}
+            if os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+            else {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+        )
+        with scoped_env(workspace):
+            torch.use_deterministic_algorithms(True)
+            torch.backends.cudnn.deterministic = True
+            torch.backends.cudnn.benchmark = False
+            try:
+                yield
+            finally:
+                torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+                torch.backends.cudnn.deterministic = before[2]
+                torch.backends.cudnn.benchmark = before[3]
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Versions, TF32 and reduced-precision switches, cuDNN flags, SDPA backends, env."""
+        cuda = torch.backends.cuda
+        cudnn = torch.backends.cudnn
+        facts: dict[str, Any] = {
+            "cuda.available": self.availability()[0],
+            "cuda.torch_cuda_version": torch.version.cuda,
+            "cuda.cudnn_version": _read(cudnn.version),
+            "cuda.matmul.allow_tf32": _read(lambda: cuda.matmul.allow_tf32),
+            "cuda.matmul.fp32_precision": _read(lambda: cuda.matmul.fp32_precision),
+            "cuda.matmul.allow_fp16_reduced_precision_reduction": _read(
+                lambda: cuda.matmul.allow_fp16_reduced_precision_reduction
+            ),
+            "cuda.matmul.allow_bf16_reduced_precision_reduction": _read(
+                lambda: cuda.matmul.allow_bf16_reduced_precision_reduction
+            ),
+            "cuda.matmul.allow_fp16_accumulation": _read(
+                lambda: cuda.matmul.allow_fp16_accumulation
+            ),
+            "cuda.cudnn.enabled": _read(lambda: cudnn.enabled),
+            "cuda.cudnn.allow_tf32": _read(lambda: cudnn.allow_tf32),
+            "cuda.cudnn.deterministic": _read(lambda: cudnn.deterministic),
+            "cuda.cudnn.benchmark": _read(lambda: cudnn.benchmark),
+            "cuda.sdp.flash": _read(cuda.flash_sdp_enabled),
+            "cuda.sdp.mem_efficient": _read(cuda.mem_efficient_sdp_enabled),
+            "cuda.sdp.math": _read(cuda.math_sdp_enabled),
+            "cuda.sdp.cudnn": _read(cuda.cudnn_sdp_enabled),
+        }
+        if facts["cuda.available"]:
+            dev = self.torch_device()
+            facts["cuda.device_name"] = _read(lambda: torch.cuda.get_device_name(dev))
+            facts["cuda.capability"] = _read(
+                lambda: ".".join(map(str, torch.cuda.get_device_capability(dev)))
+            )
+        facts.update(env_facts(CUDA_ENV))
+        return facts
