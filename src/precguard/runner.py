@@ -145,6 +145,7 @@ def record_target(
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             backend.synchronize()
+            plugins.vendor_dump(device, step, out, rank=handle.recording.rank)
             handle.step()
             if on_step is not None:
                 on_step(step)
