@@ -65,6 +65,9 @@ class CheckContext:
     target: Target | None = None
     golden: Path | None = None
     cache: dict[str, Any] = field(default_factory=dict)
+    #: dtype the model's parameters are cast to on the device under test
+    #: (``float32`` by default: an ``emu:`` device or autocast lowers the compute dtype)
+    dtype: str = "float32"
 
     def backend(self, device: str | None = None) -> Backend:
         """Return the usable backend for ``device`` (default: the device under test)."""

@@ -1,0 +1,367 @@
+"""Checklists: load them, run their checks, and build one :class:`Diagnosis`.
+
+A checklist is a YAML file (shipped ones live in ``precguard/checklists/``)::
+
+    name: quick
+    description: seconds, for CI
+    checks:
+      - env.fingerprint                  # a check id ...
+      - id: norm.extreme_inputs          # ... or an id with parameters
+        params: {tolerance: 0.05}
+      - env.*                            # a glob: every registered env check
+
+Checks come from the ``precguard_register_checks`` plugin hook (the built-in
+ones through :mod:`precguard.checks.builtin`). A check that raises becomes an
+``error`` finding and the run goes on; one that cannot apply is ``skip`` with
+the reason.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from precguard._logging import get_logger
+from precguard.checks.base import FAMILIES, Check, CheckContext, Finding
+from precguard.errors import UsageError
+
+logger = get_logger(__name__)
+
+SCHEMA_VERSION = 1
+
+#: families in the order their failures are blamed: a cause upstream (environment,
+#: seeds, data, tokens) explains every numeric symptom downstream of it.
+ROOT_CAUSE_ORDER: tuple[str, ...] = (
+    "env",
+    "rng",
+    "data",
+    "tokenizer",
+    "norm",
+    "rope",
+    "attention",
+    "ops",
+    "amp",
+    "layerwise",
+    "grads",
+    "loss",
+    "reduce",
+)
+_STATUS_RANK = {"fail": 0, "error": 1, "warn": 2}
+
+
+class ChecklistError(UsageError):
+    """A checklist file is missing, malformed, or names checks nobody registered."""
+
+
+class ChecklistEntry(BaseModel):
+    """One line of a checklist: a check id (or glob) and its parameters."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(description="Check id 'family.name', or a glob such as 'env.*'.")
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments passed to the check."
+    )
+
+    @field_validator("id")
+    @classmethod
+    def _family_known(cls, value: str) -> str:
+        family = value.split(".", 1)[0]
+        if "." not in value or family not in FAMILIES:
+            raise ValueError(f"expected 'family.name' with family in {', '.join(FAMILIES)}")
+        return value
+
+
+class Checklist(BaseModel):
+    """A named list of checks, as written in a checklist YAML file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: int = Field(default=SCHEMA_VERSION, description="Checklist format version.")
+    name: str = Field(description="Checklist name, e.g. 'llama-finetune'.")
+    description: str = Field(description="What the checklist is for.")
+    checks: list[ChecklistEntry] = Field(description="Checks to run, in order.")
+
+    @field_validator("checks", mode="before")
+    @classmethod
+    def _strings_are_ids(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [{"id": v} if isinstance(v, str) else v for v in value]
+        return value
+
+
+class Diagnosis(BaseModel):
+    """Everything one checklist run found, most likely root cause first."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
+
+    schema_version: int = Field(default=SCHEMA_VERSION, description="Diagnosis format version.")
+    checklist: str = Field(description="Name of the checklist that ran.")
+    target: str | None = Field(description="Target the checks ran on.")
+    device: str = Field(description="Device under test.")
+    reference: str = Field(description="Reference device.")
+    dtype: str = Field(description="Dtype of the model's parameters on the device.")
+    compute_dtype: str | None = Field(
+        default=None, description="Precision the device was found to compute in (by experiment)."
+    )
+    golden: str | None = Field(default=None, description="Golden recording, if one was given.")
+    verdict: Literal["pass", "fail"] = Field(
+        description="'fail' when any finding failed or errored, else 'pass'."
+    )
+    counts: dict[str, int] = Field(description="Number of findings per status.")
+    root_causes: list[Finding] = Field(
+        description="Failed, errored and warned findings, the most likely root cause first "
+        "(fail before error before warn; upstream families such as env, rng, data and "
+        "tokenizer before the numeric symptoms they cause)."
+    )
+    findings: list[Finding] = Field(description="Every finding, in checklist order.")
+    durations: dict[str, float] = Field(description="Seconds each check took.")
+    duration_s: float = Field(description="Seconds the whole run took.")
+    created: str = Field(description="ISO 8601 time the run started.")
+
+    @property
+    def root_cause(self) -> Finding | None:
+        """The most likely root cause, or None when nothing failed or warned."""
+        return self.root_causes[0] if self.root_causes else None
+
+    @property
+    def exit_code(self) -> int:
+        """0 when nothing failed, 1 otherwise (the CLI's exit code)."""
+        return 0 if self.verdict == "pass" else 1
+
+
+# -- loading ----------------------------------------------------------------
+
+
+def builtin_checklists() -> list[str]:
+    """Names of the checklists shipped with precguard."""
+    folder = resources.files("precguard") / "checklists"
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_checklist(spec: str | Path) -> Checklist:
+    """Load a checklist by shipped name (``llama-finetune``) or path to a YAML file.
+
+    Raises :class:`ChecklistError` naming the file and the offending field.
+    """
+    path = Path(spec)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ChecklistError(f"checklist {spec}: no such file")
+        text, where = path.read_text(encoding="utf-8"), str(path)
+    else:
+        shipped = resources.files("precguard") / "checklists" / f"{spec}.yaml"
+        if not shipped.is_file():
+            raise ChecklistError(
+                f"unknown checklist {str(spec)!r}: not a file and not one of "
+                f"{', '.join(builtin_checklists())}"
+            )
+        text, where = shipped.read_text(encoding="utf-8"), f"checklist {spec}"
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ChecklistError(f"{where}: not valid YAML ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise ChecklistError(f"{where}: expected a mapping with name, description, checks")
+    try:
+        return Checklist.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise ChecklistError(f"{where}: field '{loc}': {err['msg']}") from exc
+
+
+def registered_checks() -> dict[str, Check]:
+    """Every check registered through the plugin hook, by id (first registration wins)."""
+    from precguard import plugins
+
+    found: dict[str, Check] = {}
+
+    def register(check: Check) -> None:
+        if not isinstance(check, Check):
+            raise TypeError(f"register() expects a precguard Check, got {type(check).__name__}")
+        if check.id in found:
+            logger.warning("duplicate_check_ignored", check=check.id)
+            return
+        found[check.id] = check
+
+    plugins.load_plugins().hook.precguard_register_checks(register=register)
+    return found
+
+
+def _matches(check_id: str, patterns: Sequence[str]) -> bool:
+    for pattern in patterns:
+        full = pattern if "." in pattern else f"{pattern}.*"  # a bare family name
+        if fnmatch.fnmatchcase(check_id, full):
+            return True
+    return False
+
+
+def plan(
+    checklist: Checklist,
+    available: dict[str, Check],
+    only: Sequence[str] = (),
+    skip: Sequence[str] = (),
+) -> list[tuple[Check, dict[str, Any]]]:
+    """Resolve a checklist's entries to registered checks, honouring ``only`` and ``skip``."""
+    steps: list[tuple[Check, dict[str, Any]]] = []
+    seen: set[str] = set()
+    for entry in checklist.checks:
+        if any(c in entry.id for c in "*?["):
+            ids = sorted(i for i in available if fnmatch.fnmatchcase(i, entry.id))
+        elif entry.id in available:
+            ids = [entry.id]
+        else:
+            raise ChecklistError(
+                f"checklist {checklist.name}: no check {entry.id!r} is registered "
+                f"(known: {', '.join(sorted(available))})"
+            )
+        for check_id in ids:
+            if check_id in seen:
+                continue
+            if only and not _matches(check_id, only):
+                continue
+            if skip and _matches(check_id, skip):
+                continue
+            seen.add(check_id)
+            steps.append((available[check_id], dict(entry.params)))
+    for pattern in only:
+        if not any(_matches(c.id, [pattern]) for c, _ in steps):
+            raise ChecklistError(f"--only {pattern}: matches no check of {checklist.name}")
+    return steps
+
+
+# -- running ----------------------------------------------------------------
+
+
+def run_check(check: Check, ctx: CheckContext, params: dict[str, Any]) -> list[Finding]:
+    """Run one check; turn "not applicable" into ``skip`` and any exception into ``error``."""
+    from precguard.checks._lab import NotApplicable, finding
+
+    if check.needs_target and ctx.target is None:
+        return [finding(check.id, "skip", "needs a target (--target)")]
+    try:
+        result = check.func(ctx, **params)
+    except NotApplicable as exc:
+        return [finding(check.id, "skip", f"not applicable: {exc}")]
+    except TypeError as exc:
+        if "unexpected keyword argument" in str(exc) and params:
+            return [_error(check, exc, hint=f"parameters given: {sorted(params)}")]
+        return [_error(check, exc)]
+    except Exception as exc:
+        return [_error(check, exc)]
+    items = [result] if isinstance(result, Finding) else list(result or [])
+    if not items:
+        return [finding(check.id, "error", "the check returned no finding")]
+    return items
+
+
+def _error(check: Check, exc: BaseException, hint: str = "") -> Finding:
+    from precguard.checks._lab import finding
+
+    logger.warning("check_raised", check=check.id, error=f"{type(exc).__name__}: {exc}")
+    tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    evidence: dict[str, Any] = {"exception": f"{type(exc).__name__}: {exc}", "traceback": tb[-3:]}
+    if hint:
+        evidence["hint"] = hint
+    return finding(
+        check.id,
+        "error",
+        f"the check could not run: {type(exc).__name__}: {exc}",
+        evidence,
+        "This is a problem running the check, not a verdict on the model; rerun with "
+        "--debug --log-level debug and report it if the target is fine.",
+    )
+
+
+def rank_root_causes(findings: Sequence[Finding]) -> list[Finding]:
+    """Failures first, then errors, then warnings; within each, upstream families first."""
+    order = {f: i for i, f in enumerate(ROOT_CAUSE_ORDER)}
+    flagged = [(i, f) for i, f in enumerate(findings) if f.status in _STATUS_RANK]
+    flagged.sort(key=lambda p: (_STATUS_RANK[p[1].status], order.get(p[1].family, 99), p[0]))
+    return [f for _, f in flagged]
+
+
+def check(
+    checklist: str | Path | Checklist = "llama-finetune",
+    target: Any = "tiny-llama",
+    *,
+    device: str = "cpu",
+    reference: str = "cpu",
+    golden: str | Path | None = None,
+    dtype: str = "float32",
+    only: Sequence[str] = (),
+    skip: Sequence[str] = (),
+    on_progress: Callable[[str, int, int], None] | None = None,
+) -> Diagnosis:
+    """Run a checklist on a target, device under test against reference; return the Diagnosis.
+
+    :param checklist: shipped name, YAML path, or a :class:`Checklist`.
+    :param target: target spec (``tiny-llama``, ``file.py:fn``) or a ``Target``; None runs
+        only the checks that need none.
+    :param golden: a golden recording for the ``layerwise``, ``data`` and ``env`` checks.
+    :param only: run only these check ids, globs or family names; ``skip``: leave these out.
+    :param on_progress: called as ``(check_id, index, total)`` before each check.
+
+    >>> d = precguard.check("quick", "tiny-llama", device="emu:fp16")   # doctest: +SKIP
+    >>> d.verdict, d.root_cause
+    """
+    from precguard.runner import parse_dtype, resolve_backend
+    from precguard.target import load_target
+
+    started = time.perf_counter()
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    spec = checklist if isinstance(checklist, Checklist) else load_checklist(checklist)
+    parse_dtype(dtype)
+    resolve_backend(device)
+    resolve_backend(reference)
+    golden_path = Path(golden) if golden is not None else None
+    if golden_path is not None and not (golden_path / "manifest.json").is_file():
+        raise UsageError(f"--golden {golden_path}: not a precguard recording (no manifest.json)")
+    target_obj = load_target(target) if target is not None else None
+    steps = plan(spec, registered_checks(), only, skip)
+    ctx = CheckContext(
+        device=device, reference=reference, target=target_obj, golden=golden_path, dtype=dtype
+    )
+    findings: list[Finding] = []
+    durations: dict[str, float] = {}
+    for index, (chk, params) in enumerate(steps):
+        if on_progress is not None:
+            on_progress(chk.id, index, len(steps))
+        t0 = time.perf_counter()
+        results = run_check(chk, ctx, params)
+        durations[chk.id] = round(time.perf_counter() - t0, 3)
+        logger.info("check_done", check=chk.id, statuses=[f.status for f in results])
+        findings.extend(results)
+    counts = {
+        s: sum(f.status == s for f in findings) for s in ("pass", "warn", "fail", "skip", "error")
+    }
+    bench = ctx.cache.get("lab")
+    compute = None
+    if bench is not None and "compute_dtype" in bench._cache:
+        compute = str(bench.compute_dtype).removeprefix("torch.")
+    return Diagnosis(
+        checklist=spec.name,
+        target=target_obj.name if target_obj is not None else None,
+        device=device,
+        reference=reference,
+        dtype=str(parse_dtype(dtype)).removeprefix("torch."),
+        compute_dtype=compute,
+        golden=str(golden_path) if golden_path is not None else None,
+        verdict="fail" if counts["fail"] or counts["error"] else "pass",
+        counts=counts,
+        root_causes=rank_root_causes(findings),
+        findings=findings,
+        durations=durations,
+        duration_s=round(time.perf_counter() - started, 3),
+        created=created,
+    )

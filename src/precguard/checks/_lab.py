@@ -1,0 +1,416 @@
+"""The shared experiment bench of one checklist run.
+
+Every check works on *copies* of the user's model: the reference copy is built
+once (seeded, on the CPU, fp32) and cached in ``ctx.cache``; a check that
+needs to change weights, dtypes or modes takes :meth:`Lab.copy`. Nothing here
+ever alters a model the user handed in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import math
+import random
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from precguard._logging import get_logger
+from precguard.backend import Backend
+from precguard.checks.base import CheckContext, Finding, Status
+from precguard.target import Target, call_model, move_batch
+
+logger = get_logger(__name__)
+
+On = Literal["device", "reference", "fp64"]
+
+
+class NotApplicable(Exception):
+    """Raised inside a check when it cannot apply; the runner turns it into ``skip``."""
+
+
+def finding(
+    check_id: str,
+    status: Status,
+    summary: str,
+    evidence: dict[str, Any] | None = None,
+    remedy: str = "",
+) -> Finding:
+    """Build a :class:`Finding` with JSON-friendly evidence (floats rounded, tuples as lists)."""
+    return Finding(
+        id=check_id, status=status, summary=summary, evidence=_plain(evidence or {}), remedy=remedy
+    )
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set):
+        return [_plain(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return _plain(value.tolist()) if value.numel() <= 64 else f"tensor{list(value.shape)}"
+    if isinstance(value, float):
+        if math.isfinite(value) and value != 0.0:
+            return float(f"{value:.4g}")
+        return value
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    return value
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float16`` -> ``float16``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def tensor_hash(tensor: torch.Tensor) -> str:
+    """A short content hash of a tensor (dtype, shape and bytes)."""
+    t = tensor.detach().to("cpu").contiguous()
+    h = hashlib.sha256(f"{t.dtype}{list(t.shape)}".encode())
+    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+def value_hash(value: Any) -> str:
+    """Hash every tensor and plain value in a nested batch (dict/tuple/list/tensor)."""
+    h = hashlib.sha256()
+    for path, leaf in flatten(value):
+        h.update(path.encode())
+        h.update(
+            tensor_hash(leaf).encode() if isinstance(leaf, torch.Tensor) else repr(leaf).encode()
+        )
+    return h.hexdigest()[:16]
+
+
+def flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Flatten a nested dict/tuple/list into ``(path, leaf)`` pairs in a stable order."""
+    if isinstance(value, dict):
+        return [p for k in sorted(value, key=str) for p in flatten(value[k], f"{prefix}.{k}")]
+    if isinstance(value, list | tuple):
+        return [p for i, v in enumerate(value) for p in flatten(v, f"{prefix}[{i}]")]
+    if hasattr(value, "to_tuple") and callable(value.to_tuple):  # transformers ModelOutput
+        return flatten(dict(value.items()), prefix)
+    return [(prefix or "value", value)]
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    """The main tensor of a model output: ``.logits``, the first tensor, or the output itself."""
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    for _, leaf in flatten(output):
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+            return leaf
+    raise NotApplicable(f"the model output ({type(output).__name__}) holds no floating tensor")
+
+
+def cast_floats(value: Any, dtype: torch.dtype, device: torch.device | None = None) -> Any:
+    """Cast every floating tensor in a nested value to ``dtype`` (and move all to ``device``)."""
+    if isinstance(value, torch.Tensor):
+        v = value.to(device) if device is not None else value
+        return v.to(dtype) if v.is_floating_point() else v
+    if isinstance(value, dict):
+        return {k: cast_floats(v, dtype, device) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(cast_floats(v, dtype, device) for v in value)
+    if isinstance(value, list):
+        return [cast_floats(v, dtype, device) for v in value]
+    return value
+
+
+def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Relative L2 error of ``actual`` against ``expected`` (both cast to fp64 on the CPU)."""
+    a = actual.detach().to("cpu", torch.float64)
+    e = expected.detach().to("cpu", torch.float64)
+    if not torch.isfinite(a).all():
+        return math.inf
+    denom = e.norm().item()
+    diff = (a - e).norm().item()
+    return diff / denom if denom > 0 else diff
+
+
+def seed_everything(backend: Backend, seed: int) -> None:
+    """Seed torch (through the backend), Python's ``random`` and NumPy the way a script would."""
+    backend.manual_seed(seed)
+    random.seed(seed)
+    with contextlib.suppress(ImportError):
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+
+
+def probe_compute_dtype(backend: Backend) -> torch.dtype:
+    """Find the precision the device computes fp32 arithmetic in, by experiment.
+
+    Inside ``backend.numerics()``: ``1 + 2**-12`` survives only in fp32;
+    ``1 + 2**-9`` survives in fp16 but not in bf16.
+    """
+    dev = backend.torch_device()
+    one = torch.ones(4, device=dev)
+    with backend.numerics(), torch.no_grad():
+        fine = ((one + torch.full_like(one, 2.0**-12)) - one).abs().max().item()
+        coarse = ((one + torch.full_like(one, 2.0**-9)) - one).abs().max().item()
+    if fine > 0:
+        return torch.float32
+    return torch.float16 if coarse > 0 else torch.bfloat16
+
+
+class Lab:
+    """Models, batches and captured inputs shared by the checks of one run.
+
+    Get it with :func:`lab`; it is cached in ``ctx.cache["lab"]``.
+    """
+
+    def __init__(self, ctx: CheckContext) -> None:
+        if ctx.target is None:
+            raise NotApplicable("no target given")
+        from precguard.runner import parse_dtype
+
+        self.ctx = ctx
+        self.target: Target = ctx.target
+        self.device: Backend = ctx.backend()
+        self.reference: Backend = ctx.backend(ctx.reference)
+        self.dtype: torch.dtype = parse_dtype(ctx.dtype)
+        self._cache: dict[str, Any] = {}
+
+    # -- facts -------------------------------------------------------------
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The lowest precision the device computes in: the model dtype or the emulated one."""
+        if "compute_dtype" not in self._cache:
+            probed = probe_compute_dtype(self.device)
+            choices = [self.dtype, probed]
+            self._cache["compute_dtype"] = max(choices, key=lambda d: torch.finfo(d).eps)
+        return self._cache["compute_dtype"]
+
+    @property
+    def eps(self) -> float:
+        """Machine epsilon of :attr:`compute_dtype`."""
+        return float(torch.finfo(self.compute_dtype).eps)
+
+    @property
+    def dev(self) -> torch.device:
+        """The torch device of the device under test."""
+        return self.device.torch_device()
+
+    # -- models ------------------------------------------------------------
+
+    def reference_model(self) -> nn.Module:
+        """The model built once from the target's seed on the CPU in fp32, in eval mode.
+
+        Shared: never modify it; take :meth:`copy` instead.
+        """
+        if "reference_model" not in self._cache:
+            from precguard.runner import build_model
+
+            model = build_model(self.target, self.reference, torch.float32).to("cpu")
+            model.eval()
+            self._cache["reference_model"] = model
+        return self._cache["reference_model"]
+
+    def copy(self, on: On = "device") -> nn.Module:
+        """A private copy of the reference model placed for ``on`` (device, reference, fp64)."""
+        model = copy.deepcopy(self.reference_model())
+        if on == "device":
+            return model.to(device=self.dev, dtype=self.dtype)
+        if on == "fp64":
+            return model.to(dtype=torch.float64)
+        return model
+
+    def build_fresh(self, backend: Backend) -> nn.Module:
+        """Seed through ``backend`` and build a brand-new model (for init experiments)."""
+        seed_everything(backend, self.target.seed)
+        return self.target.model()
+
+    # -- data --------------------------------------------------------------
+
+    def batch(self, step: int = 0) -> Any:
+        """The target's batch for ``step`` on the CPU (cached: the same object every time)."""
+        key = f"batch{step}"
+        if key not in self._cache:
+            seed_everything(self.reference, self.target.seed)
+            self._cache[key] = self.target.batch(step)
+        return self._cache[key]
+
+    def place(self, batch: Any, on: On) -> Any:
+        """Move a CPU batch where ``on`` runs (fp64 casts floating inputs)."""
+        if on == "device":
+            return cast_floats(move_batch(batch, self.dev), self.dtype)
+        if on == "fp64":
+            return cast_floats(batch, torch.float64)
+        return batch
+
+    @contextlib.contextmanager
+    def numerics(self, on: On) -> Iterator[None]:
+        """The device's numerics context for ``on == "device"``; nothing otherwise."""
+        if on == "device":
+            with self.device.numerics():
+                yield
+        else:
+            yield
+
+    def forward(
+        self,
+        model: nn.Module,
+        on: On,
+        batch: Any | None = None,
+        *,
+        grad: bool = False,
+        inner: contextlib.AbstractContextManager[Any] | None = None,
+    ) -> Any:
+        """Run ``model`` on ``batch`` (default: batch 0) with the numerics of ``on``.
+
+        ``inner`` is entered inside the numerics context (an op watcher there
+        sees the device's results).
+        """
+        placed = self.place(self.batch(0) if batch is None else batch, on)
+        ctx = contextlib.nullcontext() if grad else torch.no_grad()
+        with ctx, self.numerics(on), inner or contextlib.nullcontext():
+            out = call_model(model, placed)
+        if on == "device":
+            self.device.synchronize()
+        return out
+
+    def reference_logits(self) -> torch.Tensor:
+        """Logits (main output) of the reference model on batch 0, fp32."""
+        if "reference_logits" not in self._cache:
+            self._cache["reference_logits"] = logits_of(
+                self.forward(self.reference_model(), "reference")
+            ).detach()
+        return self._cache["reference_logits"]
+
+    def gradients(self, on: On, scale: float = 1.0) -> tuple[float, dict[str, torch.Tensor]]:
+        """Loss and parameter gradients of one backward on batch 0 (cached per ``on``/``scale``).
+
+        The model copy is in eval mode (no dropout, so device and reference see the
+        same function); the loss is multiplied by ``scale`` before backward (loss
+        scaling) and the gradients divided by it afterwards, in fp64 on the CPU.
+        Parameters without a gradient map to None-free zero tensors.
+        """
+        key = f"grads:{on}:{scale}"
+        if key not in self._cache:
+            if self.target.loss is None:
+                raise NotApplicable(f"target {self.target.name!r} gives no loss (Target(loss=...))")
+            model = self.copy(on)
+            model.eval()
+            batch = self.place(self.batch(0), on)
+            with self.numerics(on):
+                out = call_model(model, batch)
+                loss = self.target.loss(out, batch)
+                (loss * scale).backward()
+            grads = {
+                name: (
+                    p.grad.detach().to("cpu", torch.float64) / scale
+                    if p.grad is not None
+                    else torch.zeros(p.shape, dtype=torch.float64)
+                )
+                for name, p in model.named_parameters()
+                if p.requires_grad
+            }
+            self._cache[key] = (float(loss.detach()), grads)
+        return self._cache[key]
+
+    def module_inputs(self) -> dict[str, tuple[nn.Module, tuple, dict]]:
+        """Inputs of each module's first call in a reference forward of batch 0.
+
+        Maps qualified name -> (module of the reference model, args, kwargs).
+        """
+        if "module_inputs" not in self._cache:
+            model = self.reference_model()
+            captured: dict[str, tuple[nn.Module, tuple, dict]] = {}
+            handles = []
+            for name, mod in model.named_modules():
+
+                def pre(m: nn.Module, args: tuple, kwargs: dict, _name: str = name) -> None:
+                    if _name not in captured:
+                        captured[_name] = (m, _detach(args), _detach(kwargs))
+
+                handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+            try:
+                self.forward(model, "reference")
+            finally:
+                for h in handles:
+                    h.remove()
+            self._cache["module_inputs"] = {(k or "root"): v for k, v in captured.items()}
+        return self._cache["module_inputs"]
+
+    def embedding_size(self) -> int | None:
+        """Rows of the model's input embedding, if it has one."""
+        model = self.reference_model()
+        get = getattr(model, "get_input_embeddings", None)
+        emb = get() if callable(get) else None
+        if emb is None:
+            emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+        return int(emb.num_embeddings) if emb is not None else None
+
+    def max_positions(self) -> int | None:
+        """The model's maximum sequence length from its config, if it says."""
+        config = getattr(self.reference_model(), "config", None)
+        for attr in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+            value = getattr(config, attr, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    def tokenizer(self) -> Any:
+        """The target's tokenizer (built once), or NotApplicable when it has none."""
+        if self.target.tokenizer is None:
+            raise NotApplicable(
+                f"target {self.target.name!r} gives no tokenizer (Target(tokenizer=...))"
+            )
+        if "tokenizer" not in self._cache:
+            self._cache["tokenizer"] = self.target.tokenizer()
+        return self._cache["tokenizer"]
+
+
+def _detach(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _detach(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_detach(v) for v in value)
+    if isinstance(value, list):
+        return [_detach(v) for v in value]
+    return value
+
+
+def lab(ctx: CheckContext) -> Lab:
+    """The :class:`Lab` of this run (created on first use)."""
+    bench = ctx.cache.get("lab")
+    if bench is None:
+        bench = Lab(ctx)
+        ctx.cache["lab"] = bench
+    return bench
+
+
+def run_module(
+    module: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    numerics: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+) -> Any:
+    """Run a private copy of ``module`` at ``dtype`` on ``device`` with the given numerics."""
+    mod = copy.deepcopy(module).to(device=device, dtype=dtype)
+    a = cast_floats(args, dtype, device)
+    k = cast_floats(kwargs, dtype, device)
+    with torch.no_grad(), numerics() if numerics else contextlib.nullcontext():
+        return mod(*a, **k)
+
+
+def first_tensor(value: Any) -> torch.Tensor | None:
+    """The first floating tensor in a nested output, or None."""
+    for _, leaf in flatten(value):
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+            return leaf
+    return None

@@ -1,0 +1,168 @@
+"""``data`` checks: both runs must see the same batches, in the same order, padded the same way.
+
+A different batch order or a shuffled sampler seeded from the clock makes
+two runs disagree from the first step, and no amount of numerics work will
+make them match.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import torch
+
+from precguard.checks._lab import finding, flatten, lab, seed_everything, tensor_hash, value_hash
+from precguard.checks.base import Check, CheckContext, Finding
+
+_PAD_KEYS = ("attention_mask", "padding_mask")
+
+
+def _sample_hashes(batch: Any) -> list[str]:
+    """One hash per sample (row 0 of every tensor leaf) of a batch."""
+    leaves = [(p, t) for p, t in flatten(batch) if isinstance(t, torch.Tensor) and t.dim() > 0]
+    if not leaves:
+        return []
+    n = min(t.shape[0] for _, t in leaves)
+    return ["".join(tensor_hash(t[i]) for _, t in leaves) for i in range(n)]
+
+
+def _pass_of(ctx: CheckContext, batches: int) -> list[Any]:
+    bench = lab(ctx)
+    seed_everything(bench.reference, bench.target.seed)
+    return [bench.target.batch(step) for step in range(batches)]
+
+
+def _classify(first: list[Any], second: list[Any]) -> tuple[str, list[int]]:
+    differing = [
+        i
+        for i, (a, b) in enumerate(zip(first, second, strict=True))
+        if value_hash(a) != value_hash(b)
+    ]
+    if not differing:
+        return "identical", []
+    samples_a = Counter(h for b in first for h in _sample_hashes(b))
+    samples_b = Counter(h for b in second for h in _sample_hashes(b))
+    if samples_a and samples_a == samples_b:
+        return "order", differing
+    pads_differ = False
+    for i in differing:
+        a = dict(flatten(first[i]))
+        b = dict(flatten(second[i]))
+        for path in a:
+            if any(k in path for k in _PAD_KEYS) and path in b:
+                pads_differ |= not torch.equal(a[path], b[path])
+    return ("padding" if pads_differ else "content"), differing
+
+
+def batches(ctx: CheckContext, batches: int = 4) -> Finding:
+    """Hash the first N batches in two seeded passes; with a golden, compare its root inputs."""
+    bench = lab(ctx)
+    cid = "data.batches"
+    first = _pass_of(ctx, batches)
+    second = _pass_of(ctx, batches)
+    kind, differing = _classify(first, second)
+    evidence: dict[str, Any] = {
+        "batches": batches,
+        "hashes_first_pass": [value_hash(b) for b in first],
+        "hashes_second_pass": [value_hash(b) for b in second],
+    }
+    if kind != "identical":
+        evidence["differing_batches"] = differing
+        evidence["difference"] = kind
+        what = {
+            "order": "the same samples arrive in a different order",
+            "padding": "the padding (attention mask) differs",
+            "content": "the batch contents differ",
+        }[kind]
+        return finding(
+            cid,
+            "fail",
+            f"two passes with seed {bench.target.seed} give different batches {differing}: {what}",
+            evidence,
+            "Make the data pipeline a function of the seed: shuffle with a seeded "
+            "torch.Generator (DataLoader(generator=torch.Generator().manual_seed(seed)), "
+            "seed worker processes with worker_init_fn), never random.Random() or the clock; "
+            "pad to a fixed length on one side (tokenizer.padding_side) in both runs.",
+        )
+    golden_note = ""
+    if ctx.golden is not None:
+        mismatch, compared = _against_golden(ctx, first)
+        evidence["golden_steps_compared"] = compared
+        if mismatch:
+            evidence["golden_mismatch"] = mismatch
+            return finding(
+                cid,
+                "fail",
+                f"the batches differ from the golden recording's inputs at step "
+                f"{mismatch[0]['step']} ({mismatch[0]['input']})",
+                evidence,
+                "Feed both runs the same data: same dataset revision, tokenizer, order and "
+                "padding; record the golden and the run under test from the same target.",
+            )
+        golden_note = f"; they match the golden's root inputs for {compared} step(s)"
+    return finding(
+        cid,
+        "pass",
+        f"the first {batches} batches are identical across two seeded passes{golden_note}",
+        evidence,
+    )
+
+
+def _stats(t: torch.Tensor) -> dict[str, float]:
+    x = t.detach().to("cpu", torch.float64).flatten()
+    return {
+        "min": x.min().item(),
+        "max": x.max().item(),
+        "mean": x.mean().item(),
+        "l2": x.norm().item(),
+        "numel": float(x.numel()),
+    }
+
+
+def _against_golden(ctx: CheckContext, batches: list[Any]) -> tuple[list[dict[str, Any]], int]:
+    from precguard.capture.flatten import named_tensors
+    from precguard.dump.reader import load_run
+
+    assert ctx.golden is not None
+    run = load_run(ctx.golden)
+    wanted: dict[tuple[int, str], Any] = {}
+    for rec in run.records():
+        if (
+            rec.module == "root"
+            and rec.phase == "forward"
+            and rec.role == "input"
+            and rec.call == 0
+        ) and rec.step < len(batches) and rec.stats is not None:
+            wanted[(rec.step, rec.name)] = rec.stats
+    mismatch: list[dict[str, Any]] = []
+    steps = sorted({s for s, _ in wanted})
+    for step in steps:
+        b = batches[step]
+        if isinstance(b, dict):
+            items = named_tensors(b, "kwargs")
+        else:
+            items = named_tensors(b if isinstance(b, tuple) else (b,), "args")
+        for name, t in items:
+            stats = wanted.get((step, name))
+            if stats is None:
+                continue
+            mine = _stats(t)
+            for key, value in mine.items():
+                theirs = float(getattr(stats, key))
+                if not math.isclose(value, theirs, rel_tol=1e-5, abs_tol=1e-6):
+                    mismatch.append(
+                        {"step": step, "input": name, "stat": key, "golden": theirs, "now": value}
+                    )
+                    break
+    return mismatch, len(steps)
+
+
+CHECKS = [
+    Check(
+        "data.batches",
+        "The first N batches are identical across two seeded passes (and equal the golden's).",
+        batches,
+    ),
+]

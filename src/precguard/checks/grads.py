@@ -1,0 +1,206 @@
+"""``grads`` checks: first-batch gradients per layer, device vs reference; where NaN starts.
+
+The first backward is where a numerics problem shows before the optimizer
+smears it: a layer whose gradient norm differs from the reference, gradients
+that explode or vanish, or a NaN born in one module's backward.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from precguard.checks._lab import finding, first_tensor, flatten, lab
+from precguard.checks.base import Check, CheckContext, Finding
+
+
+def _layer_of(param: str) -> str:
+    """``model.layers.3.mlp.down_proj.weight`` -> ``model.layers.3``; else the owning module."""
+    parts = param.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return ".".join(parts[:-1]) or "root"
+
+
+def _per_layer(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    layers: dict[str, list[torch.Tensor]] = {}
+    for name, g in grads.items():
+        layers.setdefault(_layer_of(name), []).append(g.flatten())
+    return {k: torch.cat(v) for k, v in layers.items()}
+
+
+def first_batch(
+    ctx: CheckContext,
+    explode: float = 1e3,
+    vanish: float = 1e-8,
+    ratio_tolerance: float = 0.1,
+) -> Finding:
+    """Per-layer gradient norm and direction on the device vs the reference for batch 0."""
+    bench = lab(ctx)
+    cid = "grads.first_batch"
+    _, ref = bench.gradients("reference")
+    _, dev = bench.gradients("device")
+    ref_layers, dev_layers = _per_layer(ref), _per_layer(dev)
+    rows: dict[str, dict[str, float]] = {}
+    bad: list[str] = []
+    min_cos = 1 - 64 * bench.eps
+    for layer, r in ref_layers.items():
+        d = dev_layers[layer]
+        rn, dn = float(r.norm()), float(d.norm())
+        cos = float(torch.nn.functional.cosine_similarity(r, d, dim=0)) if rn and dn else 1.0
+        rows[layer] = {"reference_norm": rn, "device_norm": dn, "cosine": cos}
+        if not math.isfinite(dn):
+            bad.append(f"{layer}: non-finite gradient")
+        elif rn > 0 and (abs(dn / rn - 1) > ratio_tolerance or cos < min_cos):
+            bad.append(f"{layer}: norm {dn:.3g} vs {rn:.3g}, cosine {cos:.4f}")
+    total = math.sqrt(sum(v["device_norm"] ** 2 for v in rows.values()))
+    vanished = [k for k, v in rows.items() if v["reference_norm"] > 0 and v["device_norm"] < vanish]
+    evidence = {
+        "compute_dtype": bench.compute_dtype,
+        "total_device_norm": total,
+        "min_cosine_allowed": min_cos,
+        "layers": rows,
+    }
+    remedy = (
+        "Find the first layer (from the loss backwards) whose gradient departs and check its "
+        "forward numerics (norm, RoPE, attention) with the other checks; keep master weights "
+        "and the optimizer state in fp32, and scale the loss in fp16."
+    )
+    if bad or vanished:
+        what = bad[0] if bad else f"{vanished[0]}: gradient vanished"
+        return finding(
+            cid,
+            "fail",
+            f"first-batch gradients differ from the reference in {len(bad) + len(vanished)} "
+            f"layer(s): {what}",
+            {**evidence, "differing": bad[:10], "vanished": vanished[:10]},
+            remedy,
+        )
+    if total > explode:
+        return finding(
+            cid,
+            "warn",
+            f"the first-batch gradient norm is {total:.3g} (> {explode:g})",
+            evidence,
+            remedy,
+        )
+    return finding(
+        cid,
+        "pass",
+        f"first-batch gradients of {len(rows)} layer(s) match the reference (norm within "
+        f"{ratio_tolerance:.0%}, cosine >= {min_cos:.4f}); total norm {total:.3g}",
+        evidence,
+    )
+
+
+def nonfinite_origin(ctx: CheckContext) -> Finding:
+    """Run forward and backward on the device; name the module where NaN/Inf first appears."""
+    bench = lab(ctx)
+    cid = "grads.nonfinite_origin"
+    if bench.target.loss is None:
+        from precguard.checks._lab import NotApplicable
+
+        raise NotApplicable("target gives no loss")
+    model = bench.copy("device")
+    model.eval()
+    forward_origin: list[str] = []
+    backward_seen: list[tuple[str, bool]] = []
+    handles = []
+
+    def finite(value: Any) -> bool:
+        return all(
+            bool(torch.isfinite(t).all())
+            for _, t in flatten(value)
+            if isinstance(t, torch.Tensor) and t.is_floating_point()
+        )
+
+    for name, mod in model.named_modules():
+        qual = name or "root"
+
+        def post(_m: nn.Module, args: Any, out: Any, _q: str = qual) -> None:
+            if not forward_origin and finite(args) and not finite(out):
+                forward_origin.append(_q)
+            t = first_tensor(out)
+            if t is not None and t.requires_grad:
+                t.register_hook(
+                    lambda g, _q=_q: backward_seen.append((_q, bool(torch.isfinite(g).all())))
+                )
+
+        handles.append(mod.register_forward_hook(post))
+    batch = bench.place(bench.batch(0), "device")
+    try:
+        from precguard.target import call_model
+
+        with bench.numerics("device"):
+            out = call_model(model, batch)
+            loss = bench.target.loss(out, batch)
+            loss.backward()
+    finally:
+        for h in handles:
+            h.remove()
+    bad_params = [
+        n
+        for n, p in model.named_parameters()
+        if p.grad is not None and not torch.isfinite(p.grad).all()
+    ]
+    evidence: dict[str, Any] = {
+        "loss": float(loss.detach()),
+        "nonfinite_params": bad_params[:10],
+        "forward_origin": forward_origin[0] if forward_origin else None,
+    }
+    remedy = (
+        "Look at the named module: an fp16 overflow (use fp32 for its reductions or scale the "
+        "loss less), a division by a zero norm (add eps), a log of zero, or saturation mode "
+        "hiding the overflow until the backward; rerun `precguard record --device ... --train` "
+        "with on_nonfinite='raise' to stop at it."
+    )
+    if forward_origin:
+        return finding(
+            cid,
+            "fail",
+            f"NaN/Inf first appears in the forward output of {forward_origin[0]}",
+            evidence,
+            remedy,
+        )
+    first_bad = next((i for i, (_, ok) in enumerate(backward_seen) if not ok), None)
+    if first_bad is not None:
+        module = backward_seen[first_bad][0]
+        producer = backward_seen[first_bad - 1][0] if first_bad else "the loss"
+        evidence["backward_order"] = [m for m, _ in backward_seen[: first_bad + 1]][-5:]
+        return finding(
+            cid,
+            "fail",
+            f"NaN/Inf is born in the backward: the gradient reaching {module}'s output is "
+            f"non-finite, produced by the backward of {producer}",
+            evidence,
+            remedy,
+        )
+    if bad_params or not math.isfinite(evidence["loss"]):
+        return finding(
+            cid, "fail", f"non-finite gradients in {', '.join(bad_params[:3])}", evidence, remedy
+        )
+    return finding(
+        cid,
+        "pass",
+        f"forward and backward on {ctx.device} stay finite ({len(backward_seen)} module "
+        "gradients watched)",
+        evidence,
+    )
+
+
+CHECKS = [
+    Check(
+        "grads.first_batch",
+        "First-batch gradient norm and direction per layer, device vs reference.",
+        first_batch,
+    ),
+    Check(
+        "grads.nonfinite_origin",
+        "The module where NaN/Inf first appears in forward or backward on the device.",
+        nonfinite_origin,
+    ),
+]

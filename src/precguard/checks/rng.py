@@ -1,0 +1,282 @@
+"""``rng`` checks: the same seed must give the same weights, dropout masks and outputs.
+
+Randomness is the first suspect when two runs disagree: an unseeded or
+clock-seeded generator makes every later number differ, and a device whose
+generator produces another stream under the same seed gives other dropout
+masks and another init than the reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from precguard.checks._lab import finding, first_tensor, lab, seed_everything, tensor_hash
+from precguard.checks.base import Check, CheckContext, Finding
+
+_RANDOM_OPS = {
+    "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like",
+    "normal", "bernoulli", "multinomial", "poisson", "normal_", "uniform_", "bernoulli_",
+    "random_", "exponential_", "geometric_", "cauchy_", "log_normal_", "dropout",
+    "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
+    "native_dropout", "rrelu",
+}  # fmt: skip
+
+SEEDING_REMEDY = (
+    "Seed every generator from the run's seed, never from the clock: torch.manual_seed(seed) "
+    "(seeds the CPU and the registered accelerator), the device's own API where it has one "
+    "(torch.cuda.manual_seed_all, torch_npu.npu.manual_seed_all, torch_mlu.mlu.manual_seed_all), "
+    "random.seed and numpy.random.seed; a module that needs its own stream should take a "
+    "torch.Generator seeded from the run's seed, not time.time()."
+)
+
+
+@dataclass
+class RandomCall:
+    """One call of a random op seen during a forward pass."""
+
+    op: str
+    module: str
+    own_generator: bool
+
+
+@dataclass
+class _Tracer:
+    calls: list[RandomCall] = field(default_factory=list)
+    stack: list[str] = field(default_factory=list)
+
+
+class _RandomOpMode(TorchFunctionMode):
+    """Notes each random op and the module running it; computes exactly as without it."""
+
+    def __init__(self, tracer: _Tracer) -> None:
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in _RANDOM_OPS and _consumes(name, args, kwargs):
+            gen = kwargs.get("generator")
+            self.tracer.calls.append(
+                RandomCall(
+                    op=name,
+                    module=self.tracer.stack[-1] if self.tracer.stack else "root",
+                    own_generator=gen is not None,
+                )
+            )
+        return func(*args, **kwargs)
+
+
+def _consumes(name: str, args: tuple, kwargs: dict) -> bool:
+    if "dropout" not in name:
+        return True
+    p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+    training = kwargs.get("training", args[2] if len(args) > 2 else True)
+    return bool(training) and float(p) > 0.0
+
+
+@contextmanager
+def trace_forward(
+    model: nn.Module,
+) -> Iterator[tuple[_Tracer, list[tuple[str, str]], TorchFunctionMode]]:
+    """Trace random ops per module and hash each module's output, in execution order.
+
+    Yields the tracer, the output hashes and the op-watching mode, which the
+    caller enters inside the device's numerics (``Lab.forward(inner=mode)``).
+    """
+    tracer = _Tracer()
+    outputs: list[tuple[str, str]] = []
+    handles = []
+    for name, mod in model.named_modules():
+        qual = name or "root"
+
+        def pre(_m: nn.Module, _a: Any, _qual: str = qual) -> None:
+            tracer.stack.append(_qual)
+
+        def post(_m: nn.Module, _a: Any, out: Any, _qual: str = qual) -> None:
+            if tracer.stack:
+                tracer.stack.pop()
+            t = first_tensor(out)
+            outputs.append((_qual, tensor_hash(t) if t is not None else "-"))
+
+        handles.append(mod.register_forward_pre_hook(pre))
+        handles.append(mod.register_forward_hook(post))
+    try:
+        yield tracer, outputs, _RandomOpMode(tracer)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _param_diff(a: nn.Module, b: nn.Module) -> list[str]:
+    sb = b.state_dict()
+    return [k for k, v in a.state_dict().items() if k not in sb or not torch.equal(v, sb[k])]
+
+
+def _owners(names: list[str]) -> list[str]:
+    return sorted({n.rsplit(".", 1)[0] if "." in n else "root" for n in names})
+
+
+def same_seed(ctx: CheckContext, runs: int = 2) -> Finding:
+    """Two runs with the same seed on the device: bitwise-identical init and outputs."""
+    bench = lab(ctx)
+    cid = "rng.same_seed"
+    first = bench.build_fresh(bench.device)
+    second = bench.build_fresh(bench.device)
+    init_diff = _param_diff(first, second)
+    hashes, traces = [], []
+    for _ in range(max(2, runs)):
+        model = bench.copy("device")
+        model.train()
+        seed_everything(bench.device, bench.target.seed)
+        with trace_forward(model) as (tracer, outputs, mode):
+            out = bench.forward(model, "device", inner=mode)
+        hashes.append(tensor_hash(first_tensor(out)))
+        traces.append((tracer, outputs))
+    random_calls = _summarise_calls(traces[0][0].calls)
+    evidence: dict[str, Any] = {"output_hashes": hashes, "random_calls": random_calls}
+    if init_diff:
+        evidence["init_differs"] = init_diff[:10]
+        return finding(
+            cid,
+            "fail",
+            f"two builds with seed {bench.target.seed} give different initial weights in "
+            f"{', '.join(_owners(init_diff)[:5])}",
+            evidence,
+            "The model's init draws from an unseeded or clock-seeded generator. " + SEEDING_REMEDY,
+        )
+    if len(set(hashes)) == 1:
+        return finding(
+            cid,
+            "pass",
+            f"{len(hashes)} runs with seed {bench.target.seed} gave bitwise-identical initial "
+            "weights and outputs (train mode)",
+            evidence,
+        )
+    culprit = _first_divergent(traces[0][1], traces[1][1])
+    suspects = [c for c in traces[0][0].calls if c.module == culprit] if culprit else []
+    evidence["first_divergent_module"] = culprit
+    where = f" first at module {culprit!r}" if culprit else ""
+    if suspects:
+        own = any(c.own_generator for c in suspects)
+        ops = sorted({c.op for c in suspects})
+        evidence["random_ops_in_module"] = ops
+        where += f", which calls {', '.join(ops)}" + (
+            " with its own torch.Generator (seeded outside the run's seed, e.g. from the clock)"
+            if own
+            else ""
+        )
+    return finding(
+        cid,
+        "fail",
+        f"two runs with the same seed differ{where}",
+        evidence,
+        SEEDING_REMEDY,
+    )
+
+
+def _summarise_calls(calls: list[RandomCall]) -> dict[str, list[str]]:
+    summary: dict[str, set[str]] = {}
+    for c in calls:
+        summary.setdefault(c.module, set()).add(
+            c.op + (" (own generator)" if c.own_generator else "")
+        )
+    return {k: sorted(v) for k, v in summary.items()}
+
+
+def _first_divergent(a: list[tuple[str, str]], b: list[tuple[str, str]]) -> str | None:
+    for (name_a, hash_a), (name_b, hash_b) in zip(a, b, strict=False):
+        if name_a != name_b:
+            return name_a
+        if hash_a != hash_b:
+            return name_a
+    return None
+
+
+def cross_device(ctx: CheckContext, numel: int = 4096, p: float = 0.5) -> Finding:
+    """Same seed on device and reference: same initial weights and the same dropout masks."""
+    bench = lab(ctx)
+    cid = "rng.cross_device"
+    init_diff = _param_diff(bench.build_fresh(bench.device), bench.build_fresh(bench.reference))
+    masks = []
+    for backend in (bench.device, bench.reference):
+        dev = backend.torch_device()
+        ones = torch.ones(numel, device=dev)
+        with backend.numerics():
+            backend.manual_seed(bench.target.seed)
+            masks.append((torch.nn.functional.dropout(ones, p, training=True) != 0).cpu())
+    mask_agreement = float((masks[0] == masks[1]).float().mean())
+    model = bench.copy("reference")
+    model.train()
+    with trace_forward(model) as (tracer, _, mode):
+        bench.forward(model, "reference", inner=mode)
+    consumers = _summarise_calls(tracer.calls)
+    evidence = {
+        "init_params_differing": init_diff[:10],
+        "dropout_mask_agreement": mask_agreement,
+        "random_ops_in_forward": consumers,
+    }
+    remedy = (
+        f"Build and initialise the model on the CPU with torch.manual_seed({bench.target.seed}) "
+        "and move it to the device (or load one checkpoint on both); for parity runs turn "
+        "dropout off (model.eval() or p=0) or create masks on the CPU with a seeded "
+        "torch.Generator and move them. Seed the device with its own API "
+        "(torch_npu.npu.manual_seed_all, torch_mlu.mlu.manual_seed_all, "
+        "torch.cuda.manual_seed_all)."
+    )
+    if init_diff:
+        return finding(
+            cid,
+            "fail",
+            f"the same seed gives different initial weights on {ctx.device} and {ctx.reference} "
+            f"({len(init_diff)} tensors differ)",
+            evidence,
+            remedy,
+        )
+    if mask_agreement < 1.0 and consumers:
+        return finding(
+            cid,
+            "fail",
+            f"the same seed gives different dropout masks on {ctx.device} and {ctx.reference} "
+            f"({mask_agreement:.0%} agree) and the model draws random numbers in "
+            f"{', '.join(sorted(consumers)[:4])}",
+            evidence,
+            remedy,
+        )
+    if mask_agreement < 1.0:
+        return finding(
+            cid,
+            "pass",
+            f"{ctx.device} draws a different random stream than {ctx.reference} under the same "
+            "seed, but the model's forward consumes no randomness",
+            evidence,
+            "Keep dropout off in parity runs; if you enable it, " + remedy[0].lower() + remedy[1:],
+        )
+    return finding(
+        cid,
+        "pass",
+        f"the same seed gives the same initial weights and dropout masks on {ctx.device} "
+        f"and {ctx.reference}",
+        evidence,
+    )
+
+
+CHECKS = [
+    Check(
+        "rng.same_seed",
+        "Two same-seed runs on the device give identical init and outputs.",
+        same_seed,
+    ),
+    Check(
+        "rng.cross_device",
+        "The same seed gives the same init and dropout masks on the device and the reference.",
+        cross_device,
+    ),
+]

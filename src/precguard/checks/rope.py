@@ -1,0 +1,217 @@
+"""``rope`` checks: rotary embeddings swept over positions against fp64.
+
+Rotary angles are ``position * inv_freq``: computed in bf16 (8 significant
+bits) the angle at position 300 is off by about one radian, so cos/sin are
+garbage exactly where long inputs need them. The error of a correct
+implementation stays flat over positions; a low-precision one grows with the
+position. That is what these checks look for.
+
+Rotary modules are found by class name (``*Rotary*``, ``*RoPE*``) and must
+follow the HF convention ``forward(x, position_ids) -> (cos, sin)``; declare
+others that follow it with the checklist parameter ``modules: [glob, ...]``.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+from typing import Any
+
+import torch
+from torch import nn
+
+from precguard.checks._lab import Lab, NotApplicable, cast_floats, finding, lab
+from precguard.checks.base import Check, CheckContext, Finding
+
+_BINS = 8
+
+
+def rotary_modules(
+    bench: Lab, patterns: list[str] | None = None
+) -> dict[str, tuple[nn.Module, tuple, dict]]:
+    """Rotary modules with their captured call: by class name, or by ``patterns`` (globs)."""
+    found = {}
+    for name, (mod, args, kwargs) in bench.module_inputs().items():
+        cls = type(mod).__name__.lower()
+        declared = patterns and any(fnmatch.fnmatchcase(name, p) for p in patterns)
+        if declared or (not patterns and ("rotary" in cls or "rope" in cls)):
+            found[name] = (mod, args, kwargs)
+    return found
+
+
+def _call(mod: nn.Module, x: torch.Tensor, positions: torch.Tensor, kwargs: dict) -> Any:
+    if "position_ids" in kwargs:
+        return mod(x, **{**kwargs, "position_ids": positions})
+    return mod(x, positions)
+
+
+def _cos_sin(out: Any, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if (
+        isinstance(out, tuple | list)
+        and len(out) >= 2
+        and all(isinstance(t, torch.Tensor) for t in out[:2])
+    ):
+        return out[0], out[1]
+    raise NotApplicable(
+        f"{name} does not follow forward(x, position_ids) -> (cos, sin); "
+        f"it returned {type(out).__name__}"
+    )
+
+
+def _analytic(
+    mod: nn.Module, positions: torch.Tensor, width: int
+) -> tuple[torch.Tensor, ...] | None:
+    """cos/sin in fp64 from the module's ``inv_freq`` (HF layout), or None if not HF-like."""
+    inv = getattr(mod, "inv_freq", None)
+    if not isinstance(inv, torch.Tensor) or 2 * inv.numel() != width:
+        return None
+    scale = float(getattr(mod, "attention_scaling", 1.0) or 1.0)
+    freqs = positions.double()[..., None] * inv.detach().double().cpu()
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos() * scale, emb.sin() * scale
+
+
+def _errors(
+    bench: Lab, name: str, mod: nn.Module, args: tuple, kwargs: dict, positions: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    x = args[0] if args else kwargs.get("x")
+    if not isinstance(x, torch.Tensor):
+        raise NotApplicable(f"{name} was not called with a tensor first argument")
+    ref64 = copy.deepcopy(mod).double()
+    with torch.no_grad():
+        cos64, sin64 = _cos_sin(_call(ref64, x.double(), positions, kwargs), name)
+    exact = _analytic(mod, positions, cos64.shape[-1])
+    if exact is not None and (exact[0] - cos64).abs().max() < 1e-3:
+        cos64, sin64 = exact  # the module's own fp64 run may hide an internal .float()
+    runs = {
+        "device": (bench.dtype, bench.dev, bench.device.numerics),
+        "reference": (torch.float32, torch.device("cpu"), bench.reference.numerics),
+    }
+    errors = {}
+    for label, (dtype, dev, numerics) in runs.items():
+        m = copy.deepcopy(mod).to(device=dev, dtype=dtype)
+        with torch.no_grad(), numerics():
+            cos, sin = _cos_sin(
+                _call(
+                    m,
+                    cast_floats(x, dtype, dev),
+                    positions.to(dev),
+                    cast_floats(kwargs, dtype, dev),
+                ),
+                name,
+            )
+        err = torch.maximum(
+            (cos.detach().cpu().double() - cos64).abs(), (sin.detach().cpu().double() - sin64).abs()
+        )
+        err = torch.nan_to_num(err, nan=float("inf"))
+        errors[label] = err.reshape(-1, positions.shape[-1], err.shape[-1]).amax(dim=(0, 2))
+    return errors
+
+
+def sweep(
+    ctx: CheckContext,
+    max_position: int | None = None,
+    points: int = 512,
+    modules: list[str] | None = None,
+    check_id: str = "rope.position_sweep",
+) -> Finding:
+    """Sweep positions 0..max_position on device and reference; fail when error grows."""
+    bench = lab(ctx)
+    found = rotary_modules(bench, modules)
+    if not found:
+        raise NotApplicable(
+            "no rotary embedding module found (class name *Rotary*/*RoPE*); declare yours with "
+            "the checklist parameter `modules: [name glob]`"
+        )
+    limit = max_position or bench.max_positions() or 4096
+    count = min(points, limit)
+    positions = torch.linspace(0, limit - 1, count).round().long().unique()[None, :]
+    tol = 4 * bench.eps
+    per_module: dict[str, Any] = {}
+    failures: list[str] = []
+    for name, (mod, args, kwargs) in found.items():
+        errs = _errors(bench, name, mod, args, kwargs, positions)
+        dev_bins = [float(b.max()) for b in errs["device"].tensor_split(_BINS)]
+        ref_bins = [float(b.max()) for b in errs["reference"].tensor_split(_BINS)]
+        edges = [int(b[0]) for b in positions[0].tensor_split(_BINS)]
+        first, last = dev_bins[0], dev_bins[-1]
+        growth = last / max(first, bench.eps / 2)
+        allowed = max(tol, 2 * ref_bins[-1])
+        per_module[name] = {
+            "type": type(mod).__name__,
+            "bin_start_positions": edges,
+            "device_max_abs_error": dev_bins,
+            "reference_max_abs_error": ref_bins,
+            "growth_first_to_last_bin": growth,
+        }
+        if last > allowed and growth > 4:
+            failures.append(
+                f"{name}: cos/sin error grows with position from {first:.2g} (positions "
+                f"{edges[0]}-{edges[1] - 1}) to {last:.2g} (from position {edges[-1]})"
+            )
+        elif last > allowed and first > allowed:
+            failures.append(
+                f"{name}: cos/sin error {last:.2g} at all positions (allowed {allowed:.2g})"
+            )
+    evidence = {
+        "compute_dtype": bench.compute_dtype,
+        "max_position": limit,
+        "positions_tested": positions.shape[-1],
+        "tolerance": tol,
+        "modules": per_module,
+    }
+    if failures:
+        return finding(
+            check_id,
+            "fail",
+            failures[0],
+            {**evidence, "failures": failures},
+            "Compute the rotary angles in fp32 (or fp64 for very long contexts) and cast only "
+            "cos/sin to the activation dtype: `freqs = position_ids[..., None].float() * "
+            "inv_freq.float()` with autocast disabled around it "
+            "(`with torch.autocast(device_type, enabled=False):`), then "
+            "`emb.cos().to(x.dtype)`; keep inv_freq an fp32 buffer that model.half()/bf16 casts "
+            "do not touch (re-create it after casting).",
+        )
+    worst = max((v["device_max_abs_error"][-1] for v in per_module.values()), default=0.0)
+    return finding(
+        check_id,
+        "pass",
+        f"cos/sin of {len(found)} rotary module(s) stay within {max(tol, worst):.2g} of fp64 up "
+        f"to position {limit - 1} without growing with position",
+        evidence,
+    )
+
+
+def position_sweep(
+    ctx: CheckContext,
+    max_position: int | None = None,
+    points: int = 512,
+    modules: list[str] | None = None,
+) -> Finding:
+    """Sweep the rotary modules up to the model's maximum length (its config)."""
+    return sweep(ctx, max_position, points, modules, "rope.position_sweep")
+
+
+def long_context(
+    ctx: CheckContext,
+    max_position: int = 32768,
+    points: int = 512,
+    modules: list[str] | None = None,
+) -> Finding:
+    """Sweep the rotary modules far beyond short prompts (default 32k positions)."""
+    return sweep(ctx, max_position, points, modules, "rope.long_context")
+
+
+CHECKS = [
+    Check(
+        "rope.position_sweep",
+        "Rotary cos/sin vs fp64 over positions up to the model's max length; fails if error grows.",
+        position_sweep,
+    ),
+    Check(
+        "rope.long_context",
+        "Rotary cos/sin vs fp64 up to 32k positions (long-context inference).",
+        long_context,
+    ),
+]
