@@ -27,6 +27,8 @@ _EXPORTS: dict[str, str] = {
     "hookimpl": "precguard.plugins",
     "PrecguardError": "precguard.errors",
     "NonFiniteError": "precguard.errors",
+    "compare": "precguard.compare",
+    "Comparison": "precguard.compare",
 }
 
 __all__ = ["__version__", *_EXPORTS]

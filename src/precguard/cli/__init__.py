@@ -18,6 +18,7 @@ from precguard.cli._app import app, state
 COMMAND_MODULES: tuple[str, ...] = (
     "precguard.cli.record",
     "precguard.cli.schema",
+    "precguard.cli.compare",
     "precguard.cli.plugins_cmd",
 )
 

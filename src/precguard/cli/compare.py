@@ -1,0 +1,134 @@
+"""``precguard compare`` and ``precguard replay``: find and confirm the layer that diverged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from precguard.cli._app import app
+
+_COMPARE_HELP = """Compare ACTUAL with GOLDEN and name the layer that introduced the error.
+
+Records are paired by key (then by order within the same parent module), measured
+(full tensors when both runs saved them, else statistics, a weaker test) and judged
+against the tolerance profile of the golden's dtype.
+
+[bold]Reading the verdict[/bold]
+
+[green]match[/green] (exit 0): every paired record is within tolerance.
+
+[red]diverged[/red] (exit 1): some record is not. [bold]first divergence[/bold] names the first
+module, in execution order, that made error [italic]itself[/italic] (local): its inputs matched but
+its output did not, its output error is >= 10x its input error (the amplification), or
+its weights differ. Everything after it that fails only passed the error on
+(propagated). [bold]suspects[/bold] lists other modules that made error of their own.
+
+Exit 2: unusable input (missing or corrupt recording, different models), one line on stderr.
+
+Profiles: default (rel-L2 <= k x assert_close rtol, cosine >= 0.99), strict (every element
+as torch.testing.assert_close), msprobe (Ascend msprobe's lax verdict). See docs/compare.md.
+"""
+
+
+@app.command(help=_COMPARE_HELP)
+def compare(
+    golden: Path = typer.Argument(..., help="Golden (reference) recording directory."),
+    actual: Path = typer.Argument(..., help="Recording under test."),
+    json_out: Path | None = typer.Option(
+        None, "--json", help="Write the full Comparison as JSON to this file ('-' for stdout)."
+    ),
+    profile: str = typer.Option("default", "--profile", help="default, strict or msprobe."),
+    rtol: float | None = typer.Option(None, "--rtol", help="Override the relative tolerance."),
+    atol: float | None = typer.Option(None, "--atol", help="Override the absolute tolerance."),
+    rank: int | None = typer.Option(None, "--rank", help="Compare only this rank."),
+    step: int | None = typer.Option(None, "--step", help="Compare only this step."),
+    top: int = typer.Option(10, "--top", help="Rows in the top-N table by error."),
+    tolerance_dtype: str = typer.Option(
+        "golden",
+        "--tolerance-dtype",
+        help="golden: hold the run to the golden's dtype; actual: to the less precise dtype.",
+    ),
+) -> None:
+    from rich.console import Console
+
+    from precguard.compare import compare as run_compare
+    from precguard.compare.render import render
+
+    if top < 0:
+        from precguard.errors import UsageError
+
+        raise UsageError(f"--top must be >= 0, got {top}")
+    result = run_compare(
+        golden,
+        actual,
+        profile=profile,
+        rtol=rtol,
+        atol=atol,
+        rank=rank,
+        step=step,
+        tolerance_dtype=tolerance_dtype,
+    )
+    payload = result.model_dump_json(indent=2)
+    if json_out is not None and str(json_out) == "-":
+        typer.echo(payload)
+    else:
+        if json_out is not None:
+            _write(json_out, payload)
+        render(result, Console(), top=top)
+    if result.verdict != "match":
+        raise typer.Exit(1)
+
+
+@app.command()
+def replay(
+    golden: Path = typer.Argument(..., help="Golden recording with full tensors of the module."),
+    module: str = typer.Option(..., "--module", "-m", help="Qualified module name to replay."),
+    target: str | None = typer.Option(
+        None, "--target", "-t", help="Target to take weights from (default: the golden's)."
+    ),
+    device: str = typer.Option("cpu", "--device", "-d", help="Device to run the module on."),
+    dtype: str | None = typer.Option(
+        None, "--dtype", help="dtype to run in (default: the golden's)."
+    ),
+    call: int = typer.Option(0, "--call", help="Which call of the module (0-based)."),
+    step: int = typer.Option(0, "--step", help="Which step's inputs to replay."),
+    rank: int = typer.Option(0, "--rank", help="Which rank's inputs to replay."),
+    profile: str = typer.Option("default", "--profile", help="Tolerance profile."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the result as JSON."),
+) -> None:
+    """Run one module alone on DEVICE with the golden's recorded inputs: its local error.
+
+    The golden must hold full tensors of the module's inputs and outputs
+    (record it with --tensors 'NAME' or --tensors '*'). Exit 0 when the module's
+    own output is within tolerance, 1 when it is not, 2 on unusable input.
+    """
+    from rich.console import Console
+
+    from precguard.localize.replay import render_replay, replay_module
+
+    result = replay_module(
+        golden,
+        module,
+        target=target,
+        device=device,
+        dtype=dtype,
+        call=call,
+        step=step,
+        rank=rank,
+        profile=profile,
+    )
+    if json_out is not None:
+        _write(json_out, result.model_dump_json(indent=2))
+    render_replay(result, Console())
+    if result.verdict != "match":
+        raise typer.Exit(1)
+
+
+def _write(path: Path, payload: str) -> None:
+    from precguard.errors import UsageError
+
+    try:
+        path.write_text(payload + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--json {path}: cannot write ({exc.strerror or exc})") from exc

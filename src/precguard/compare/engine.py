@@ -1,0 +1,312 @@
+"""``precguard.compare``: stream two recordings, pair their records, judge, localize.
+
+Records are read one step at a time from both recordings (``records.jsonl``
+is written in step order), so memory holds one step's metadata and one pair
+of chunks of tensor data, whatever the size of the run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from itertools import groupby
+from typing import Any
+
+from precguard._logging import get_logger
+from precguard.compare.align import align
+from precguard.compare.divergence import Candidate, fallback, rank_suspects, step_candidates
+from precguard.compare.metrics import (
+    exact_metrics,
+    full_metrics,
+    is_float_dtype,
+    stats_metrics,
+    tolerance_dtype,
+)
+from precguard.compare.report import Comparison, Counts, Metrics, RecordResult, Unmatched
+from precguard.compare.tensors import TensorStore
+from precguard.compare.tolerance import Profile, get_profile, judge
+from precguard.dump.reader import Run, load_run
+from precguard.dump.schema import Record
+from precguard.errors import PrecguardError, UsageError
+
+logger = get_logger(__name__)
+
+#: share of records that must align before two recordings count as the same model
+MIN_ALIGNED_SHARE = 0.5
+
+
+class IncomparableRunsError(PrecguardError):
+    """The two recordings are not of the same model (or share no rank or step)."""
+
+
+def compare(
+    golden: str | os.PathLike[str] | Run,
+    actual: str | os.PathLike[str] | Run,
+    *,
+    profile: str | Profile = "default",
+    rtol: float | None = None,
+    atol: float | None = None,
+    rank: int | None = None,
+    step: int | None = None,
+    suspects: int = 5,
+    tolerance_dtype: str = "golden",
+) -> Comparison:
+    """Compare an ``actual`` recording with a ``golden`` one and name where they diverge.
+
+    :param profile: tolerance profile name (``default``, ``strict``, ``msprobe``) or object.
+    :param rtol: override the profile's relative tolerance for every dtype
+        (``rel_l2`` keeps its ratio to ``rtol``).
+    :param atol: override the absolute tolerance.
+    :param rank: compare only this rank (default: every rank both recorded).
+    :param step: compare only this step (default: every step).
+    :param suspects: how many further suspects to list.
+    :param tolerance_dtype: ``"golden"``: judge each pair by the golden's dtype
+        (a bf16 run must match an fp32 golden to fp32 tolerances);
+        ``"actual"``: by the less precise dtype (is the run as good as bf16 allows?).
+    :raises IncomparableRunsError: the recordings are of different models.
+    :raises DumpFormatError: a recording is missing, corrupt or of a newer schema.
+
+    >>> result = precguard.compare("runs/cpu", "runs/npu")      # doctest: +SKIP
+    >>> result.verdict, result.first_divergence.module          # doctest: +SKIP
+    ('diverged', 'model.layers.3.mlp')
+    """
+    g_run = golden if isinstance(golden, Run) else load_run(golden)
+    a_run = actual if isinstance(actual, Run) else load_run(actual)
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    prof = prof.with_overrides(rtol, atol)
+    if tolerance_dtype not in ("golden", "actual"):
+        raise UsageError(f"tolerance_dtype must be 'golden' or 'actual', got {tolerance_dtype!r}")
+    warnings = _check_models(g_run, a_run)
+    ranks = _ranks(g_run, a_run, rank, warnings)
+    results: list[RecordResult] = []
+    golden_only: list[str] = []
+    actual_only: list[str] = []
+    candidates: list[Candidate] = []
+    firsts: list[Candidate] = []
+    g_store, a_store = TensorStore(g_run.path), TensorStore(a_run.path)
+    steps_seen = 0
+    try:
+        for r in ranks:
+            for s, g_recs, a_recs in _paired_steps(g_run, a_run, r, step, warnings):
+                steps_seen += 1
+                step_results = _compare_step(
+                    g_recs, a_recs, g_store, a_store, prof, tolerance_dtype
+                )
+                results.extend(step_results.results)
+                golden_only.extend(step_results.golden_only)
+                actual_only.extend(step_results.actual_only)
+                found = step_candidates(step_results.results, prof)
+                candidates.extend(found)
+                first = found[0] if found else fallback(step_results.results)
+                if first is not None:
+                    firsts.append(first)
+                logger.debug("step_compared", rank=r, step=s, records=len(step_results.results))
+    finally:
+        g_store.close()
+        a_store.close()
+    if step is not None and steps_seen == 0:
+        raise UsageError(f"step {step} is in neither recording (or in only one of them)")
+    matched = sum(1 for x in results if x.status != "missing")
+    if matched < MIN_ALIGNED_SHARE * max(len(golden_only), len(actual_only)):
+        raise IncomparableRunsError(
+            f"{a_run.path} does not look like a recording of the same model as {g_run.path}: "
+            f"only {matched} records align, {len(golden_only)} are only in golden and "
+            f"{len(actual_only)} only in actual"
+        )
+    first = min(firsts, key=lambda c: c.order) if firsts else None
+    if golden_only or actual_only:
+        warnings.append(
+            f"{len(golden_only)} golden and {len(actual_only)} actual records have no "
+            "counterpart (listed under 'unmatched')"
+        )
+    return Comparison(
+        golden=str(g_run.path),
+        actual=str(a_run.path),
+        profile=prof.name,
+        tolerances={k: v.model_dump() for k, v in prof.dtypes.items()}
+        | {"amplification": prof.amplification},
+        verdict="diverged" if any(x.status in ("fail", "nonfinite") for x in results) else "match",
+        first_divergence=first.divergence() if first is not None else None,
+        suspects=rank_suspects(candidates, first, suspects),
+        counts=_counts(results),
+        records=results,
+        unmatched=Unmatched(golden_only=golden_only, actual_only=actual_only),
+        fingerprint_diff=fingerprint_diff(g_run.manifest.fingerprint, a_run.manifest.fingerprint),
+        warnings=warnings,
+    )
+
+
+def fingerprint_diff(golden: dict[str, Any], actual: dict[str, Any]) -> dict[str, list[Any]]:
+    """Keys whose values differ between two environment fingerprints: key -> [golden, actual]."""
+    out: dict[str, list[Any]] = {}
+    for key in sorted(set(golden) | set(actual)):
+        g, a = golden.get(key), actual.get(key)
+        if g != a:
+            out[key] = [g, a]
+    return out
+
+
+def _check_models(g_run: Run, a_run: Run) -> list[str]:
+    warnings: list[str] = []
+    gm, am = g_run.manifest, a_run.manifest
+    if gm.model and am.model and gm.model != am.model:
+        raise IncomparableRunsError(
+            f"{a_run.path / 'manifest.json'}: recording of model {am.model!r}, but golden "
+            f"{g_run.path} recorded {gm.model!r}"
+        )
+    for run in (g_run, a_run):
+        if not run.manifest.complete:
+            warnings.append(f"{run.path}: recording did not close cleanly (killed?)")
+    return warnings
+
+
+def _ranks(g_run: Run, a_run: Run, rank: int | None, warnings: list[str]) -> list[int]:
+    g_ranks, a_ranks = set(g_run.ranks), set(a_run.ranks)
+    if rank is not None:
+        for run, ranks in ((g_run, g_ranks), (a_run, a_ranks)):
+            if rank not in ranks:
+                raise UsageError(
+                    f"{run.path}: has no rank {rank} (ranks: {sorted(ranks) or 'none'})"
+                )
+        return [rank]
+    common = sorted(g_ranks & a_ranks)
+    if not common:
+        for run, ranks in ((g_run, g_ranks), (a_run, a_ranks)):
+            if not ranks:
+                raise PrecguardError(f"{run.path}: no rank*/records.jsonl found; empty recording")
+        raise IncomparableRunsError(
+            f"the recordings share no rank: golden has {sorted(g_ranks)}, actual {sorted(a_ranks)}"
+        )
+    if g_ranks != a_ranks:
+        warnings.append(
+            f"ranks differ (golden {sorted(g_ranks)}, actual {sorted(a_ranks)}); comparing {common}"
+        )
+    return common
+
+
+def _steps(run: Run, rank: int, only: int | None) -> Iterator[tuple[int, list[Record]]]:
+    for s, group in groupby(run.records(rank), key=lambda rec: rec.step):
+        if only is None or s == only:
+            yield s, list(group)
+        elif s > only:
+            return
+
+
+def _paired_steps(
+    g_run: Run, a_run: Run, rank: int, only: int | None, warnings: list[str]
+) -> Iterator[tuple[int, list[Record], list[Record]]]:
+    """Yield (step, golden records, actual records) for steps both recorded, in order."""
+    g_iter, a_iter = _steps(g_run, rank, only), _steps(a_run, rank, only)
+    g_next, a_next = next(g_iter, None), next(a_iter, None)
+    while g_next is not None and a_next is not None:
+        if g_next[0] == a_next[0]:
+            yield g_next[0], g_next[1], a_next[1]
+            g_next, a_next = next(g_iter, None), next(a_iter, None)
+        elif g_next[0] < a_next[0]:
+            warnings.append(f"rank {rank} step {g_next[0]}: only in golden")
+            g_next = next(g_iter, None)
+        else:
+            warnings.append(f"rank {rank} step {a_next[0]}: only in actual")
+            a_next = next(a_iter, None)
+    for rest, side in ((g_next, "golden"), (a_next, "actual")):
+        if rest is not None:
+            warnings.append(f"rank {rank}: steps from {rest[0]} on are only in {side}")
+
+
+class _StepResults:
+    def __init__(self) -> None:
+        self.results: list[RecordResult] = []
+        self.golden_only: list[str] = []
+        self.actual_only: list[str] = []
+
+
+def _compare_step(
+    g_recs: list[Record],
+    a_recs: list[Record],
+    g_store: TensorStore,
+    a_store: TensorStore,
+    profile: Profile,
+    tol_mode: str,
+) -> _StepResults:
+    out = _StepResults()
+    alignment = align(g_recs, a_recs)
+    for g, a in alignment.pairs:
+        metrics = pair_metrics(g, a, g_store, a_store, profile, tol_mode)
+        out.results.append(_result(g, a, judge(metrics, profile), metrics))
+    for g in alignment.golden_only:
+        out.golden_only.append(g.key)
+        out.results.append(_result(g, None, "missing", None))
+    for a in alignment.actual_only:
+        out.actual_only.append(a.key)
+        out.results.append(_result(a, None, "missing", None))
+    out.results.sort(key=lambda x: (x.seq, x.status == "missing"))
+    return out
+
+
+def _result(g: Record, a: Record | None, status: Any, metrics: Metrics | None) -> RecordResult:
+    return RecordResult(
+        key=g.key,
+        actual_key=a.key if a is not None and a.key != g.key else None,
+        module=g.module,
+        module_type=g.module_type,
+        golden_dtype=g.dtype,
+        actual_dtype=a.dtype if a is not None else None,
+        shape=list(g.shape),
+        phase=g.phase,
+        role=g.role,
+        step=g.step,
+        rank=g.rank,
+        seq=g.seq,
+        status=status,
+        metrics=metrics,
+    )
+
+
+def pair_metrics(
+    g: Record,
+    a: Record,
+    g_store: TensorStore,
+    a_store: TensorStore,
+    profile: Profile,
+    tol_mode: str = "golden",
+) -> Metrics:
+    """Metrics for one aligned pair: full tensors when both were saved, else statistics."""
+    dtype = tolerance_dtype(g.dtype, a.dtype, tol_mode)
+    numel_g = math.prod(g.shape)
+    numel_a = math.prod(a.shape)
+    if numel_g != numel_a:
+        return Metrics(
+            level="none",
+            dtype=dtype,
+            error=math.inf,
+            note=f"shapes differ: golden {g.shape}, actual {a.shape}",
+        )
+    if g.tensor is not None and a.tensor is not None:
+        gt, at = g_store.tensor(g), a_store.tensor(a)
+        if is_float_dtype(g.dtype) or is_float_dtype(a.dtype):
+            tol = profile.for_dtype(dtype)
+            rms = None
+            if g.stats is not None and g.stats.numel and math.isfinite(g.stats.l2):
+                rms = g.stats.l2 / math.sqrt(g.stats.numel)
+            return full_metrics(gt, at, dtype=dtype, rtol=tol.rtol, atol=tol.atol, golden_rms=rms)
+        return exact_metrics(gt, at)
+    return stats_metrics(g, a, dtype=dtype)
+
+
+def _counts(results: list[RecordResult]) -> Counts:
+    c = {"pass": 0, "fail": 0, "nonfinite": 0, "missing": 0}
+    full = stats = 0
+    for r in results:
+        c[r.status] += 1
+        if r.metrics is not None:
+            full += r.metrics.level in ("full", "exact")
+            stats += r.metrics.level == "stats"
+    return Counts(
+        passed=c["pass"],
+        failed=c["fail"],
+        nonfinite=c["nonfinite"],
+        missing=c["missing"],
+        full=full,
+        stats_only=stats,
+    )

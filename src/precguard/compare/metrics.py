@@ -1,0 +1,318 @@
+"""Error metrics for one pair of records, computed in bounded memory.
+
+Full tensors are walked in chunks of :data:`CHUNK` elements: each chunk is
+cast to float32 (float64 stays float64), differenced and reduced, and only
+running sums survive between chunks. The inputs are memory-mapped views, so
+the pages of a tensor are read once and memory stays bounded by the chunk.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from precguard.compare.report import Metrics
+from precguard.dump.schema import STAT_FIELDS, Record
+
+#: elements per chunk: 256 KiB of float32 keeps the working set in cache
+CHUNK = 1 << 16
+#: relative-error bands reported as shares (msprobe's 1% / 0.1% / 0.01%)
+REL_BANDS: tuple[float, ...] = (1e-2, 1e-3, 1e-4)
+#: guard for relative errors: the denominator is at least this share of rms(golden)
+REL_FLOOR = 1e-3
+
+STATS_NOTE = (
+    "statistics only: equal statistics do not prove equal tensors; record full tensors "
+    "(--tensors) of this module for a conclusive test"
+)
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# float dtype -> (same-size int dtype, wider numpy int for differences, bits below the sign)
+_BITS = {
+    torch.float32: (torch.int32, np.int64, 0x7FFFFFFF),
+    torch.float16: (torch.int16, np.int32, 0x7FFF),
+    torch.bfloat16: (torch.int16, np.int32, 0x7FFF),
+    torch.float64: (torch.int64, np.float64, 0x7FFFFFFFFFFFFFFF),
+}
+
+
+def tolerance_dtype(golden: str, actual: str, mode: str = "golden") -> str:
+    """The dtype whose tolerances judge a pair.
+
+    ``mode="golden"`` (default): the golden's dtype, so a bf16 run is held to
+    the fp32 reference it is compared with. ``mode="actual"``: the less precise
+    of the two, asking "is this run as good as its own dtype allows?".
+    """
+    if mode == "golden" and is_float_dtype(golden):
+        return golden
+    order = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3}
+    g, a = order.get(golden), order.get(actual)
+    if g is None or a is None:
+        return actual if a is not None else golden
+    # bf16 has fewer mantissa bits than fp16, so it is the less precise of the two
+    return golden if g > a else actual
+
+
+def is_float_dtype(name: str) -> bool:
+    """True for the floating dtypes compare measures with error metrics."""
+    return name in ("float16", "bfloat16", "float32", "float64")
+
+
+@dataclass
+class _Acc:
+    n: int = 0
+    sum_abs: float = 0.0
+    sum_sq: float = 0.0
+    gg: float = 0.0
+    aa: float = 0.0
+    ga: float = 0.0
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    max_ulp: int = 0
+    not_close: int = 0
+    nan_mismatch: int = 0
+    inf_mismatch: int = 0
+    bands: list[int] = field(default_factory=lambda: [0] * len(REL_BANDS))
+
+    def merge(self, part: _Acc) -> None:
+        self.n += part.n
+        self.sum_abs += part.sum_abs
+        self.sum_sq += part.sum_sq
+        self.gg += part.gg
+        self.aa += part.aa
+        self.ga += part.ga
+        self.max_abs = max(self.max_abs, part.max_abs)
+        self.max_rel = max(self.max_rel, part.max_rel)
+        self.max_ulp = max(self.max_ulp, part.max_ulp)
+        self.not_close += part.not_close
+        self.nan_mismatch += part.nan_mismatch
+        self.inf_mismatch += part.inf_mismatch
+        self.bands = [x + y for x, y in zip(self.bands, part.bands, strict=True)]
+
+
+@dataclass(frozen=True)
+class _Params:
+    work: torch.dtype
+    ulp_dtype: torch.dtype
+    floor: float
+    rtol: float
+    atol: float
+
+
+def _pool() -> ThreadPoolExecutor | None:
+    global _POOL
+    workers = max(1, min(torch.get_num_threads(), 8))
+    if workers == 1:
+        return None
+    if _POOL is None or _POOL[0] != workers:
+        _POOL = (workers, ThreadPoolExecutor(workers, thread_name_prefix="precguard-compare"))
+    return _POOL[1]
+
+
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def full_metrics(
+    golden: torch.Tensor,
+    actual: torch.Tensor,
+    *,
+    dtype: str,
+    rtol: float,
+    atol: float,
+    ulp_dtype: str | None = None,
+    golden_rms: float | None = None,
+    chunk: int = CHUNK,
+) -> Metrics:
+    """Compare two full tensors of equal element count, chunk by chunk.
+
+    ``dtype`` names the dtype whose tolerances apply (reported on the metrics);
+    ULPs are counted in ``ulp_dtype`` (default: the actual tensor's float dtype,
+    golden rounded to it first); ``rtol``/``atol`` define the element-wise
+    closeness test reported as ``close_share``; ``golden_rms`` (from the recorded
+    statistics) sets the relative-error floor without an extra pass. Chunks are spread over
+    ``torch.get_num_threads()`` threads (numpy releases the GIL).
+    """
+    g_flat = golden.reshape(-1)
+    a_flat = actual.reshape(-1)
+    numel = g_flat.numel()
+    work = torch.float64 if torch.float64 in (golden.dtype, actual.dtype) else torch.float32
+    if golden_rms is None or not math.isfinite(golden_rms):
+        golden_rms = _rms(g_flat, work, chunk)
+    params = _Params(
+        work=work,
+        ulp_dtype=_ulp_dtype(ulp_dtype, actual.dtype, golden.dtype),
+        floor=max(REL_FLOOR * golden_rms, torch.finfo(work).tiny),
+        rtol=rtol,
+        atol=max(atol, rtol * golden_rms),
+    )
+    acc = _Acc()
+    starts = range(0, numel, chunk)
+    pool = _pool() if numel > 2 * chunk else None
+
+    def one(start: int) -> _Acc:
+        return _chunk(g_flat[start : start + chunk], a_flat[start : start + chunk], params)
+
+    parts = map(one, starts) if pool is None else pool.map(one, starts)
+    for part in parts:
+        acc.merge(part)
+    return _finish(acc, dtype, numel)
+
+
+def _ulp_dtype(name: str | None, actual: torch.dtype, golden: torch.dtype) -> torch.dtype:
+    if name is not None:
+        return getattr(torch, name)
+    return actual if actual in _FLOATS else (golden if golden in _FLOATS else torch.float32)
+
+
+def _rms(flat: torch.Tensor, work: torch.dtype, chunk: int) -> float:
+    total = 0.0
+    for start in range(0, flat.numel(), chunk):
+        c = flat[start : start + chunk].to(work)
+        c = torch.nan_to_num(c, nan=0.0, posinf=0.0, neginf=0.0)
+        total += float(torch.dot(c, c))
+    return math.sqrt(total / max(flat.numel(), 1))
+
+
+def _ordered_bits(x: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    """Map floats to integers whose differences count representable values between them."""
+    int_dtype, np_int, mask = _BITS[dtype]
+    bits = x.to(dtype).view(int_dtype).numpy()
+    ordered = bits ^ ((bits >> (bits.itemsize * 8 - 1)) & mask)
+    return ordered.astype(np_int)
+
+
+def _as_numpy(t: torch.Tensor, work: torch.dtype) -> np.ndarray:
+    if t.dtype is not work:
+        t = t.to(work)
+    return t.numpy()
+
+
+def _chunk(g_t: torch.Tensor, a_t: torch.Tensor, p: _Params) -> _Acc:
+    acc = _Acc()
+    g, a = _as_numpy(g_t, p.work), _as_numpy(a_t, p.work)
+    with np.errstate(all="ignore"):
+        d = a - g
+        finite = bool(np.isfinite(np.dot(d, d))) if d.size else True
+        if not finite:
+            # Slow path, only for chunks holding NaN/Inf (or overflowing):
+            # count mismatches, then measure the elements finite on both sides.
+            g_nan, a_nan = np.isnan(g), np.isnan(a)
+            acc.nan_mismatch = int(np.count_nonzero(g_nan != a_nan))
+            g_inf, a_inf = np.isinf(g), np.isinf(a)
+            acc.inf_mismatch = int(np.count_nonzero((g_inf | a_inf) & (g != a) & ~(g_nan | a_nan)))
+            both = np.isfinite(g) & np.isfinite(a)
+            g = np.where(both, g, 0.0).astype(g.dtype)
+            a = np.where(both, a, 0.0).astype(a.dtype)
+            g_t, a_t = torch.from_numpy(g), torch.from_numpy(a)
+            d = a - g
+        acc.n = d.size
+        acc.sum_sq = float(np.dot(d, d))
+        acc.gg = float(np.dot(g, g))
+        acc.aa = float(np.dot(a, a))
+        acc.ga = float(np.dot(g, a))
+        if d.size:
+            ulp = _ordered_bits(a_t, p.ulp_dtype) - _ordered_bits(g_t, p.ulp_dtype)
+            acc.max_ulp = int(max(ulp.max(), -ulp.min()))
+        np.abs(d, out=d)
+        acc.max_abs = float(d.max()) if d.size else 0.0
+        acc.sum_abs = float(d.sum(dtype=np.float64))
+        gabs = np.abs(g)
+        thresh = gabs * p.rtol
+        thresh += p.atol
+        acc.not_close = int(np.count_nonzero(d > thresh))
+        np.maximum(gabs, p.floor, out=gabs)
+        d /= gabs
+        acc.max_rel = float(d.max()) if d.size else 0.0
+        acc.bands = [int(np.count_nonzero(d > band)) for band in REL_BANDS]
+    return acc
+
+
+def _finish(acc: _Acc, dtype: str, numel: int) -> Metrics:
+    n = max(acc.n, 1)
+    g_norm, a_norm = math.sqrt(acc.gg), math.sqrt(acc.aa)
+    err_norm = math.sqrt(acc.sum_sq)
+    rel_l2 = err_norm / g_norm if g_norm > 0 else (0.0 if err_norm == 0 else math.inf)
+    if g_norm > 0 and a_norm > 0:
+        cosine = max(-1.0, min(1.0, acc.ga / (g_norm * a_norm)))
+    else:
+        cosine = 1.0 if g_norm == a_norm else 0.0
+    total = max(numel, 1)
+    return Metrics(
+        level="full",
+        dtype=dtype,
+        error=rel_l2,
+        max_abs_err=acc.max_abs,
+        mean_abs_err=acc.sum_abs / n,
+        max_rel_err=acc.max_rel,
+        rmse=math.sqrt(acc.sum_sq / n),
+        rel_l2=rel_l2,
+        cosine=cosine,
+        max_ulp=float(acc.max_ulp),
+        rel_err_share={
+            f"{band:.0e}".replace("e-0", "e-"): c / total
+            for band, c in zip(REL_BANDS, acc.bands, strict=True)
+        },
+        close_share=acc.not_close / total,
+        nan_mismatch=acc.nan_mismatch,
+        inf_mismatch=acc.inf_mismatch,
+    )
+
+
+def exact_metrics(golden: torch.Tensor, actual: torch.Tensor, *, chunk: int = CHUNK) -> Metrics:
+    """Compare integer or boolean tensors element by element for equality."""
+    g_flat, a_flat = golden.reshape(-1), actual.reshape(-1)
+    mismatched = 0
+    for start in range(0, g_flat.numel(), chunk):
+        g = g_flat[start : start + chunk]
+        a = a_flat[start : start + chunk].to(g.dtype)
+        mismatched += int(torch.count_nonzero(g != a))
+    total = max(g_flat.numel(), 1)
+    return Metrics(
+        level="exact",
+        dtype=str(golden.dtype).removeprefix("torch."),
+        error=mismatched / total,
+        mismatched=mismatched,
+    )
+
+
+def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
+    """Compare the recorded statistics of two records (the weaker, stats-only test).
+
+    Each statistic's difference is divided by ``max(|golden value|, rms(golden))``
+    so that statistics near zero (a mean of a centred tensor) are judged against
+    the tensor's scale rather than blowing up.
+    """
+    gs, as_ = golden.stats, actual.stats
+    if gs is None or as_ is None:
+        return Metrics(level="none", dtype=dtype, error=0.0, note="no statistics recorded")
+    rms = gs.l2 / math.sqrt(gs.numel) if gs.numel and math.isfinite(gs.l2) else 0.0
+    diffs: dict[str, float] = {}
+    for name in ("min", "max", "mean", "std", "absmax", "l2"):
+        gv, av = getattr(gs, name), getattr(as_, name)
+        if not (math.isfinite(gv) and math.isfinite(av)):
+            diffs[name] = 0.0 if (gv == av or (math.isnan(gv) and math.isnan(av))) else math.inf
+            continue
+        den = max(abs(gv), rms, 1e-30)
+        diffs[name] = abs(av - gv) / den
+    if gs.numel and as_.numel:
+        diffs["zeros"] = abs(as_.zeros - gs.zeros) / max(gs.numel, 1)
+    error = max(diffs.values()) if diffs else 0.0
+    if not is_float_dtype(golden.dtype) and not is_float_dtype(actual.dtype):
+        level_note = "statistics only (integer tensor): equal statistics suggest equal values"
+    else:
+        level_note = STATS_NOTE
+    return Metrics(
+        level="stats",
+        dtype=dtype,
+        error=error,
+        stat_rel_diff=diffs,
+        nan_mismatch=abs(as_.nan - gs.nan),
+        inf_mismatch=abs(as_.inf - gs.inf),
+        note=level_note,
+    )
+
+
+assert set(STAT_FIELDS) >= {"min", "max", "mean", "std", "absmax", "l2", "nan", "inf", "zeros"}

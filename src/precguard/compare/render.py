@@ -1,0 +1,131 @@
+"""Render a :class:`Comparison` for the terminal with rich."""
+
+from __future__ import annotations
+
+import math
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from precguard.compare.report import Comparison, Metrics, RecordResult
+
+_STATUS_STYLE = {
+    "pass": "green",
+    "fail": "bold red",
+    "nonfinite": "bold magenta",
+    "missing": "yellow",
+}
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    return f"{x:.3g}"
+
+
+def metric_line(m: Metrics) -> str:
+    """One line with the metrics that matter for a record."""
+    if m.level == "full":
+        return (
+            f"rel_l2 {_num(m.rel_l2)}  cosine {_num(m.cosine)}  max_abs {_num(m.max_abs_err)}  "
+            f"max_rel {_num(m.max_rel_err)}  max_ulp {_num(m.max_ulp)}"
+            + (
+                f"  nan/inf mismatch {m.nan_mismatch}/{m.inf_mismatch}"
+                if m.nan_mismatch or m.inf_mismatch
+                else ""
+            )
+        )
+    if m.level == "stats":
+        worst = max((m.stat_rel_diff or {}).items(), key=lambda kv: kv[1], default=("-", 0.0))
+        return f"stats only: largest difference {worst[0]} {_num(worst[1])} (weaker test)"
+    if m.level == "exact":
+        return f"{m.mismatched} unequal elements"
+    return m.note or "not comparable"
+
+
+def render(result: Comparison, console: Console, *, top: int = 10) -> None:
+    """Print the verdict, the first divergence, suspects, the top-N records and counts."""
+    if result.verdict == "match":
+        head = Text("MATCH", style="bold green")
+    else:
+        head = Text("DIVERGED", style="bold red")
+    head.append(
+        f"  {result.actual}  vs golden  {result.golden}  (profile {result.profile})",
+        style="default",
+    )
+    console.print(head)
+    fd = result.first_divergence
+    if fd is not None:
+        local = {
+            True: "yes: this module made the error",
+            False: "no: error came from upstream",
+            None: "undecided",
+        }[fd.local]
+        body = Group(
+            Text.assemble(("module  ", "bold"), (fd.module, "bold red"), f"  ({fd.module_type})"),
+            Text(f"record  {fd.key}   step {fd.step}  rank {fd.rank}  {fd.phase}"),
+            Text(
+                f"local   {local}"
+                + (f"   amplification {_num(fd.amplification)}x" if fd.amplification else "")
+            ),
+            Text(f"error   {metric_line(fd.metrics)}"),
+            Text(f"why     {fd.reason}"),
+        )
+        console.print(Panel(body, title="first divergence", border_style="red", expand=False))
+    if result.suspects:
+        table = Table(title="other suspects (made error of their own)", title_justify="left")
+        for col in ("module", "type", "amplification", "error", "step"):
+            table.add_column(col)
+        for s in result.suspects:
+            amp = "weights differ" if s.amplification is None else f"{_num(s.amplification)}x"
+            table.add_row(s.module, s.module_type, amp, _num(s.error), str(s.step))
+        console.print(table)
+    if top > 0:
+        _top_table(result.records, console, top)
+    c = result.counts
+    console.print(
+        f"records: [green]{c.passed} pass[/]  [red]{c.failed} fail[/]  "
+        f"[magenta]{c.nonfinite} nonfinite[/]  [yellow]{c.missing} missing[/]   "
+        f"compared on full tensors {c.full}, on statistics only {c.stats_only}"
+    )
+    if c.stats_only:
+        console.print(
+            "[dim]statistics-only pairs are a weaker test: record full tensors (--tensors) "
+            "of the suspect modules for a conclusive one[/]"
+        )
+    if result.fingerprint_diff:
+        diffs = ", ".join(f"{k}: {g!r} -> {a!r}" for k, (g, a) in result.fingerprint_diff.items())
+        console.print(f"environment differs: {diffs}")
+    for w in result.warnings:
+        console.print(f"[yellow]warning:[/] {w}")
+
+
+def _top_table(records: list[RecordResult], console: Console, top: int) -> None:
+    scored = [r for r in records if r.metrics is not None and r.status != "missing"]
+    scored.sort(key=lambda r: (r.status == "pass", -_finite(r.metrics.error)))  # type: ignore[union-attr]
+    rows = scored[:top]
+    if not rows:
+        return
+    table = Table(title=f"top {len(rows)} records by error", title_justify="left")
+    for col in ("status", "key", "level", "error", "cosine", "max_abs"):
+        table.add_column(col)
+    for r in rows:
+        m = r.metrics
+        assert m is not None
+        table.add_row(
+            Text(r.status, style=_STATUS_STYLE[r.status]),
+            r.key,
+            m.level,
+            _num(m.error),
+            _num(m.cosine),
+            _num(m.max_abs_err),
+        )
+    console.print(table)
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else 1e300

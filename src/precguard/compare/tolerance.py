@@ -1,0 +1,202 @@
+"""Named tolerance profiles, keyed by dtype, and the pass/fail test of one record.
+
+Every number here has a source; docs/compare.md repeats them in a table.
+
+- ``rtol``/``atol``: ``torch.testing.assert_close``'s defaults per dtype
+  (fp16 1e-3/1e-5, bf16 1.6e-2/1e-5, fp32 1.3e-6/1e-5, fp64 1e-7/1e-7).
+- ``min_cosine`` 0.99 and ``max_abs`` 1e-3: the NPU-vs-GPU accuracy rule of
+  Ascend's msprobe (a record fails when cosine < 0.99 and max-abs-err > 1e-3).
+- ``rel_l2``: the error a tensor may carry relative to its own norm. The
+  default profile takes it as ``k x rtol`` with k = 2 for fp32/fp64 and 3 for
+  fp16/bf16: torch dynamo's accuracy check allows a compiled run 2x (fp32) or
+  3x (fp16/bf16) the reference's own RMSE, and assert_close's rtol is the
+  error one correctly rounded computation in that dtype is allowed.
+- ``amplification`` 10: an output error at least ten times its input error
+  (an order of magnitude) counts as made by the module itself (precguard's
+  choice; it sits far above the 1-3x a correct layer amplifies rounding
+  error, and far below the 1e3-1e5x of a planted 0.1% fault in fp32).
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from precguard.compare.report import Metrics, Status
+from precguard.errors import UsageError
+
+
+class DtypeTolerance(BaseModel):
+    """Thresholds for one dtype."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rtol: float = Field(description="Relative tolerance (assert_close).")
+    atol: float = Field(description="Absolute tolerance (assert_close).")
+    rel_l2: float = Field(description="Largest allowed ||a-g|| / ||g||.")
+    min_cosine: float = Field(description="Smallest allowed cosine similarity.")
+    max_abs: float | None = Field(
+        default=None,
+        description="msprobe rule: fail only when cosine < min_cosine AND max-abs-err > this; "
+        "None disables the cosine rule's max-abs escape.",
+    )
+    stats_rtol: float = Field(description="Largest allowed statistic difference (stats level).")
+
+
+class Profile(BaseModel):
+    """A named set of per-dtype thresholds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="Profile name.")
+    description: str = Field(description="What it is for and where its numbers come from.")
+    rule: str = Field(description="'rel_l2' (precguard default) or 'msprobe'.")
+    dtypes: dict[str, DtypeTolerance] = Field(description="Thresholds per dtype name.")
+    amplification: float = Field(
+        default=10.0, description="Output/input error ratio from which a module is 'local'."
+    )
+
+    def for_dtype(self, dtype: str) -> DtypeTolerance:
+        """Thresholds for ``dtype`` (float32's for dtypes the profile does not list)."""
+        return self.dtypes.get(dtype) or self.dtypes["float32"]
+
+    def with_overrides(self, rtol: float | None, atol: float | None) -> Profile:
+        """A copy with ``rtol``/``atol`` replaced in every dtype (``--rtol``/``--atol``).
+
+        ``rel_l2`` and ``stats_rtol`` follow ``rtol`` with the same factor as before.
+        """
+        if rtol is None and atol is None:
+            return self
+        for name, value in (("rtol", rtol), ("atol", atol)):
+            if value is not None and not (value >= 0 and math.isfinite(value)):
+                raise UsageError(f"--{name} must be a finite number >= 0, got {value}")
+        dtypes = {}
+        for name, tol in self.dtypes.items():
+            update: dict[str, float] = {}
+            if rtol is not None:
+                scale = rtol / tol.rtol if tol.rtol else 1.0
+                update.update(
+                    rtol=rtol, rel_l2=tol.rel_l2 * scale, stats_rtol=tol.stats_rtol * scale
+                )
+            if atol is not None:
+                update["atol"] = atol
+            dtypes[name] = tol.model_copy(update=update)
+        return self.model_copy(update={"dtypes": dtypes, "name": f"{self.name}+custom"})
+
+
+# assert_close's per-dtype (rtol, atol)
+_ASSERT_CLOSE = {
+    "float16": (1e-3, 1e-5),
+    "bfloat16": (1.6e-2, 1e-5),
+    "float32": (1.3e-6, 1e-5),
+    "float64": (1e-7, 1e-7),
+}
+# dynamo's k: a run may carry k times the reference's own error
+_DYNAMO_K = {"float16": 3.0, "bfloat16": 3.0, "float32": 2.0, "float64": 2.0}
+
+
+def _default() -> Profile:
+    dtypes = {}
+    for name, (rtol, atol) in _ASSERT_CLOSE.items():
+        k = _DYNAMO_K[name]
+        dtypes[name] = DtypeTolerance(
+            rtol=rtol,
+            atol=atol,
+            rel_l2=k * rtol,
+            min_cosine=0.99,
+            max_abs=None,
+            stats_rtol=k * rtol,
+        )
+    return Profile(
+        name="default",
+        description="Fail when ||a-g||/||g|| > k*rtol (rtol from torch.testing.assert_close, "
+        "k from torch dynamo's accuracy check: 2 for fp32/fp64, 3 for fp16/bf16), when "
+        "cosine < 0.99 (msprobe), or when NaN/Inf differ.",
+        rule="rel_l2",
+        dtypes=dtypes,
+    )
+
+
+def _strict() -> Profile:
+    dtypes = {
+        name: DtypeTolerance(
+            rtol=rtol, atol=atol, rel_l2=rtol, min_cosine=0.99, max_abs=None, stats_rtol=rtol
+        )
+        for name, (rtol, atol) in _ASSERT_CLOSE.items()
+    }
+    return Profile(
+        name="strict",
+        description="torch.testing.assert_close semantics: every element within "
+        "atol + rtol*|golden| (atol raised to rtol*rms(golden) for small-scale tensors), and "
+        "||a-g||/||g|| <= rtol.",
+        rule="strict",
+        dtypes=dtypes,
+    )
+
+
+def _msprobe() -> Profile:
+    dtypes = {
+        name: DtypeTolerance(
+            rtol=rtol,
+            atol=atol,
+            rel_l2=math.inf,
+            min_cosine=0.99,
+            max_abs=1e-3,
+            stats_rtol=_DYNAMO_K[name] * rtol,
+        )
+        for name, (rtol, atol) in _ASSERT_CLOSE.items()
+    }
+    return Profile(
+        name="msprobe",
+        description="Ascend msprobe's compare verdict: fail when cosine < 0.99 and "
+        "max-abs-err > 1e-3, or cosine < 0.9, or max-abs-err > 1, or NaN/Inf appear. Lax: "
+        "it passes many real faults; use it to reproduce msprobe's result.",
+        rule="msprobe",
+        dtypes=dtypes,
+    )
+
+
+PROFILES: dict[str, Profile] = {p.name: p for p in (_default(), _strict(), _msprobe())}
+
+
+def get_profile(name: str) -> Profile:
+    """Return the built-in profile ``name`` or raise UsageError listing the known ones."""
+    profile = PROFILES.get(name)
+    if profile is None:
+        raise UsageError(
+            f"unknown tolerance profile {name!r}; expected one of: {', '.join(PROFILES)}"
+        )
+    return profile
+
+
+def judge(metrics: Metrics, profile: Profile) -> Status:
+    """Return ``pass``, ``fail`` or ``nonfinite`` for one compared pair."""
+    if metrics.nan_mismatch or metrics.inf_mismatch:
+        return "nonfinite"
+    tol = profile.for_dtype(metrics.dtype)
+    if metrics.level == "exact":
+        return "fail" if metrics.mismatched else "pass"
+    if metrics.level == "stats":
+        return "fail" if metrics.error > tol.stats_rtol else "pass"
+    if metrics.level != "full":
+        return "pass"
+    assert metrics.cosine is not None and metrics.max_abs_err is not None
+    if profile.rule == "msprobe":
+        bad = (
+            (metrics.cosine < tol.min_cosine and metrics.max_abs_err > (tol.max_abs or 0.0))
+            or metrics.cosine < 0.9
+            or metrics.max_abs_err > 1.0
+        )
+        return "fail" if bad else "pass"
+    if metrics.error > tol.rel_l2 or metrics.cosine < tol.min_cosine:
+        return "fail"
+    if profile.rule == "strict" and (metrics.close_share or 0.0) > 0:
+        return "fail"
+    return "pass"
+
+
+def unit_roundoff(dtype: str) -> float:
+    """Half the machine epsilon of ``dtype`` (float32's for non-float dtypes)."""
+    bits = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}.get(dtype, 24)
+    return 2.0**-bits

@@ -1,0 +1,1 @@
+"""Localize an error: replay one module on the device under test with golden inputs."""

@@ -1,0 +1,282 @@
+"""Replay one module alone: golden inputs in, compare its output with the golden output.
+
+Compare tells which module *seems* to introduce error; replay confirms it.
+The module runs by itself on the device under test, fed the exact tensors
+it received in the golden run, so every difference in its output is error
+it makes itself (its *local error*), with no upstream error mixed in.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from precguard._logging import get_logger
+from precguard.capture.flatten import named_tensors
+from precguard.compare.metrics import exact_metrics, full_metrics, is_float_dtype, tolerance_dtype
+from precguard.compare.report import Metrics, Status
+from precguard.compare.tensors import TensorStore
+from precguard.compare.tolerance import get_profile, judge
+from precguard.dump.reader import load_run
+from precguard.dump.schema import Record
+from precguard.errors import DumpFormatError, PrecguardError, UsageError
+
+logger = get_logger(__name__)
+
+_FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
+
+
+class ReplayOutput(BaseModel):
+    """One output of the replayed module against the golden output."""
+
+    model_config = _FROZEN
+
+    key: str = Field(description="Golden record key of this output.")
+    name: str = Field(description="Where the tensor sits in the output ('output', 'output.0').")
+    status: Status = Field(description="pass, fail, nonfinite, or missing (not produced).")
+    metrics: Metrics | None = Field(default=None, description="Local error metrics.")
+
+
+class ReplayResult(BaseModel):
+    """The local error of one module replayed on a device."""
+
+    model_config = _FROZEN
+
+    golden: str = Field(description="Golden recording directory.")
+    module: str = Field(description="Qualified module name.")
+    module_type: str = Field(description="Its class name.")
+    device: str = Field(description="Device the module ran on.")
+    dtype: str = Field(description="dtype the module ran in.")
+    step: int = Field(description="Step whose inputs were replayed.")
+    call: int = Field(description="Call of the module that was replayed.")
+    profile: str = Field(description="Tolerance profile.")
+    verdict: Literal["match", "diverged"] = Field(
+        description="'match' when every output is within tolerance: the module is not at fault."
+    )
+    local_error: float = Field(description="Largest output error (relative L2 for full tensors).")
+    outputs: list[ReplayOutput] = Field(description="Each output of the module.")
+    warnings: list[str] = Field(default_factory=list, description="Caveats.")
+
+
+def replay_module(
+    golden: str | os.PathLike[str],
+    module: str,
+    *,
+    target: str | None = None,
+    device: str = "cpu",
+    dtype: str | None = None,
+    call: int = 0,
+    step: int = 0,
+    rank: int = 0,
+    profile: str = "default",
+) -> ReplayResult:
+    """Run ``module`` of ``target`` alone on ``device`` with the golden's inputs.
+
+    The golden must hold full tensors of the module's inputs and outputs
+    (recorded with ``tensors=["NAME"]`` or ``tensors=True``); a missing tensor
+    is named in the error. Weights come from the target, built the way
+    ``precguard record`` builds it (seeded, on the CPU, then moved).
+
+    >>> r = replay_module("runs/cpu", "model.layers.3.mlp", device="npu")  # doctest: +SKIP
+    >>> r.verdict, r.local_error                                           # doctest: +SKIP
+    ('diverged', 0.0031)
+    """
+    from precguard.runner import build_model, parse_dtype, resolve_backend
+    from precguard.target import load_target
+
+    run = load_run(golden)
+    prof = get_profile(profile)
+    if rank not in run.ranks:
+        raise UsageError(f"{run.path}: has no rank {rank} (ranks: {run.ranks or 'none'})")
+    records = _module_records(run.records(rank), module, call, step)
+    if not records:
+        raise UsageError(
+            f"{run.path}: no forward records of module {module!r} (call {call}, step {step}, "
+            f"rank {rank}); check the name with the golden's records.jsonl"
+        )
+    inputs = [r for r in records if r.role == "input"]
+    outputs = [r for r in records if r.role == "output"]
+    params = [r for r in records if r.role == "param"]
+    missing = [r.key for r in inputs + outputs if r.tensor is None]
+    if missing:
+        raise DumpFormatError(
+            f"{run.path}: no full tensors for {', '.join(missing)}; record the golden with "
+            f"--tensors '{module}' to replay it"
+        )
+    target_spec = target or run.manifest.target
+    if not target_spec:
+        raise UsageError(f"{run.path}: the manifest names no target; pass --target")
+    torch_dtype = parse_dtype(dtype or run.manifest.dtype or "float32")
+    backend = resolve_backend(device)
+    target_obj = load_target(target_spec)
+    model = build_model(target_obj, backend, torch_dtype)
+    model.eval()
+    try:
+        sub = model if module == "root" else model.get_submodule(module)
+    except AttributeError as exc:
+        raise UsageError(f"target {target_spec!r} has no module {module!r}") from exc
+    store = TensorStore(run.path)
+    warnings = _check_weights(sub, params, store)
+    tdev = backend.torch_device()
+    try:
+        args, kwargs = _rebuild_call(inputs, store, tdev, torch_dtype, warnings)
+        with backend.numerics(), torch.no_grad():
+            produced = sub(*args, **kwargs)
+            backend.synchronize()
+        got = dict(named_tensors(produced, "output"))
+        results = [_judge_output(o, got.get(o.name), store, prof) for o in outputs]
+    finally:
+        store.close()
+    errors = [r.metrics.error for r in results if r.metrics is not None]
+    verdict = "match" if all(r.status == "pass" for r in results) else "diverged"
+    return ReplayResult(
+        golden=str(run.path),
+        module=module,
+        module_type=records[0].module_type,
+        device=device,
+        dtype=str(torch_dtype).removeprefix("torch."),
+        step=step,
+        call=call,
+        profile=prof.name,
+        verdict=verdict,
+        local_error=max(errors, default=0.0),
+        outputs=results,
+        warnings=warnings,
+    )
+
+
+def _module_records(records: Any, module: str, call: int, step: int) -> list[Record]:
+    found: list[Record] = []
+    for rec in records:
+        if rec.step > step and found:
+            break
+        if (rec.module, rec.call, rec.step, rec.phase) == (module, call, step, "forward"):
+            found.append(rec)
+    return found
+
+
+def _check_weights(sub: torch.nn.Module, params: list[Record], store: TensorStore) -> list[str]:
+    """Warn when the target's weights are not the golden's: the replay would mislead."""
+    warnings: list[str] = []
+    own = dict(sub.named_parameters(recurse=False))
+    for rec in params:
+        p = own.get(rec.name)
+        if p is None or rec.tensor is None:
+            continue
+        mine = p.detach().to("cpu")
+        # the golden rounded to the replay dtype: a dtype cast alone is not a difference
+        if not torch.equal(store.tensor(rec).to(mine.dtype), mine):
+            warnings.append(
+                f"parameter {rec.name!r} of the target differs from the golden's: the replay "
+                "measures different weights"
+            )
+    return warnings
+
+
+def _rebuild_call(
+    inputs: list[Record],
+    store: TensorStore,
+    device: torch.device,
+    dtype: torch.dtype,
+    warnings: list[str],
+) -> tuple[list[Any], dict[str, Any]]:
+    """Rebuild ``(args, kwargs)`` from input record names (``kwargs.position_embeddings.0``)."""
+    tree: dict[str, Any] = {"args": {}, "kwargs": {}}
+    for rec in inputs:
+        t = store.tensor(rec).clone()
+        if t.is_floating_point():
+            t = t.to(dtype)
+        parts = rec.name.split(".")
+        if parts[0] not in tree or len(parts) < 2:
+            raise DumpFormatError(f"input record {rec.key}: unexpected name {rec.name!r}")
+        node = tree[parts[0]]
+        for part in parts[1:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = t.to(device)
+    args_tree = tree["args"]
+    n_args = max((int(k) + 1 for k in args_tree), default=0)
+    if len(args_tree) < n_args:
+        warnings.append("some positional inputs were not tensors and are replayed as None")
+    args = [_materialize(args_tree.get(str(i))) for i in range(n_args)]
+    kwargs = {k: _materialize(v) for k, v in tree["kwargs"].items()}
+    return args, kwargs
+
+
+def _materialize(node: Any) -> Any:
+    """Turn ``{"0": a, "1": b}`` into ``(a, b)``; other dicts stay dicts."""
+    if not isinstance(node, dict):
+        return node
+    if node and all(k.isdigit() for k in node):
+        return tuple(_materialize(node.get(str(i))) for i in range(max(int(k) for k in node) + 1))
+    return {k: _materialize(v) for k, v in node.items()}
+
+
+def _judge_output(
+    rec: Record, tensor: torch.Tensor | None, store: TensorStore, profile: Any
+) -> ReplayOutput:
+    if tensor is None:
+        return ReplayOutput(key=rec.key, name=rec.name, status="missing")
+    golden = store.tensor(rec)
+    actual = tensor.detach().to("cpu")
+    if golden.numel() != actual.numel():
+        raise PrecguardError(
+            f"replayed output {rec.name} has shape {list(actual.shape)}, golden {rec.shape}"
+        )
+    a_dtype = str(actual.dtype).removeprefix("torch.")
+    if is_float_dtype(rec.dtype) or is_float_dtype(a_dtype):
+        dt = tolerance_dtype(rec.dtype, a_dtype)
+        tol = profile.for_dtype(dt)
+        metrics = full_metrics(golden, actual, dtype=dt, rtol=tol.rtol, atol=tol.atol)
+    else:
+        metrics = exact_metrics(golden, actual)
+    return ReplayOutput(key=rec.key, name=rec.name, status=judge(metrics, profile), metrics=metrics)
+
+
+def render_replay(result: ReplayResult, console: Console) -> None:
+    """Print a replay result: verdict, then one row per output."""
+    style = "bold green" if result.verdict == "match" else "bold red"
+    word = "MATCH" if result.verdict == "match" else "DIVERGED"
+    console.print(
+        Text.assemble(
+            (word, style),
+            f"  {result.module} ({result.module_type}) replayed alone on {result.device} "
+            f"({result.dtype}) with golden inputs: local error {result.local_error:.3g}",
+        )
+    )
+    table = Table()
+    for col in ("output", "status", "rel_l2", "cosine", "max_abs"):
+        table.add_column(col)
+    for o in result.outputs:
+        m = o.metrics
+        table.add_row(
+            o.name,
+            o.status,
+            _num(m.rel_l2 if m else None),
+            _num(m.cosine if m else None),
+            _num(m.max_abs_err if m else None),
+        )
+    console.print(table)
+    if result.verdict == "match":
+        console.print(
+            "the module itself is within tolerance: its error in compare came from upstream"
+        )
+    else:
+        console.print("the module itself is outside tolerance on this device: the error is local")
+    for w in result.warnings:
+        console.print(f"[yellow]warning:[/] {w}")
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.3g}" if math.isfinite(x) else str(x)
+
+
+__all__ = ["ReplayOutput", "ReplayResult", "render_replay", "replay_module"]
