@@ -29,6 +29,8 @@ _EXPORTS: dict[str, str] = {
     "NonFiniteError": "precguard.errors",
     "compare": "precguard.compare",
     "Comparison": "precguard.compare",
+    "check": "precguard.checklist",
+    "Diagnosis": "precguard.checklist",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
         unmonitor,
     )
     from precguard.capture.options import CaptureOptions
+    from precguard.checklist import Diagnosis, check
     from precguard.dump.reader import Run, load_run
     from precguard.dump.schema import Manifest, Record
     from precguard.errors import NonFiniteError, PrecguardError

@@ -181,9 +181,16 @@ def load_checklist(spec: str | Path) -> Checklist:
 
 
 def registered_checks() -> dict[str, Check]:
-    """Every check registered through the plugin hook, by id (first registration wins)."""
+    """Every check registered through the plugin hook, by id.
+
+    Uses the plugin manager's ``collect_checks`` (a plugin installed later can
+    replace a check by registering the same id) where it exists.
+    """
     from precguard import plugins
 
+    collect = getattr(plugins, "collect_checks", None)
+    if callable(collect):
+        return dict(collect())
     found: dict[str, Check] = {}
 
     def register(check: Check) -> None:

@@ -48,7 +48,11 @@ pm = pluggy.PluginManager("precguard")
 pm.add_hookspecs(hookspecs)
 
 #: built-in plugin modules, registered under the last part of their name
-DEFAULT_PLUGINS: tuple[str, ...] = ("precguard.backends.cpu", "precguard.backends.emu")
+DEFAULT_PLUGINS: tuple[str, ...] = (
+    "precguard.backends.cpu",
+    "precguard.backends.emu",
+    "precguard.checks.builtin",
+)
 ENTRY_POINT_GROUP = "precguard"
 
 #: plugin name -> "ExceptionType: message" for plugins that could not be loaded

@@ -54,13 +54,70 @@ def causal_lm_loss(output: Any, batch: Any) -> torch.Tensor:
     )
 
 
+class CharTokenizer:
+    """A deterministic character tokenizer (HF-style API) that needs no download.
+
+    Ids: 0 PAD, 1 BOS, 2 EOS, 3 UNK, then printable ASCII, tab and newline
+    (101 ids in all, inside tiny-llama's 256-row embedding).
+    """
+
+    pad_token_id = 0
+    bos_token_id = 1
+    eos_token_id = 2
+    unk_token_id = 3
+    padding_side = "right"
+    _FIRST = 4
+
+    def __init__(self) -> None:
+        chars = "\t\n" + "".join(chr(c) for c in range(32, 127))
+        self._ids = {ch: self._FIRST + i for i, ch in enumerate(chars)}
+        self._chars = {i: ch for ch, i in self._ids.items()}
+
+    def __len__(self) -> int:
+        return self._FIRST + len(self._ids)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, specials included."""
+        return len(self)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text`` (BOS first when ``add_special_tokens``)."""
+        ids = [self._ids.get(ch, self.unk_token_id) for ch in text]
+        return [self.bos_token_id, *ids] if add_special_tokens else ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        """Text of ``ids``; special tokens are dropped with ``skip_special_tokens``."""
+        names = {0: "<pad>", 1: "<s>", 2: "</s>", 3: "<unk>"}
+        out = []
+        for i in ids:
+            if i in self._chars:
+                out.append(self._chars[i])
+            elif not skip_special_tokens:
+                out.append(names.get(int(i), "<unk>"))
+        return "".join(out)
+
+
+TINY_LLAMA_TEXTS: list[str] = [
+    "The quick brown fox jumps over the lazy dog.",
+    "  leading and trailing spaces  ",
+    "Numbers 3.14159, 2**16 = 65536; tabs\tand\nnewlines.",
+    "def f(x):\n    return x ** 2  # code",
+]
+
+
 def tiny_llama() -> Target:
-    """The ``tiny-llama`` built-in target: 4 layers, hidden 64, vocab 256, 2×32 tokens."""
+    """The ``tiny-llama`` built-in target: 4 layers, hidden 64, vocab 256, 2×32 tokens.
+
+    It also gives a character tokenizer and sample texts for the tokenizer checks.
+    """
     return Target(
         model=build_tiny_llama,
         batch=lm_batch,
         loss=causal_lm_loss,
         optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3),
+        tokenizer=CharTokenizer,
+        texts=list(TINY_LLAMA_TEXTS),
         seed=0,
         name="tiny-llama",
     )

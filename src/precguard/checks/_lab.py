@@ -191,6 +191,11 @@ class Lab:
         return self._cache["compute_dtype"]
 
     @property
+    def cname(self) -> str:
+        """:attr:`compute_dtype` without the ``torch.`` prefix, for messages."""
+        return dtype_name(self.compute_dtype)
+
+    @property
     def eps(self) -> float:
         """Machine epsilon of :attr:`compute_dtype`."""
         return float(torch.finfo(self.compute_dtype).eps)
@@ -316,6 +321,27 @@ class Lab:
             }
             self._cache[key] = (float(loss.detach()), grads)
         return self._cache[key]
+
+    def training_gradients(self, on: On) -> tuple[float, dict[str, torch.Tensor]]:
+        """Gradients as the target's training computes them on ``on``.
+
+        With a ``grad_scaler`` factory on the target, the loss is scaled by the
+        scaler's initial scale, halved after each overflow as a dynamic scaler
+        does (at most 8 times); otherwise unscaled.
+        """
+        factory = getattr(self.target, "grad_scaler", None)
+        if on != "device" or factory is None:
+            return self.gradients(on)
+        scaler = factory()
+        if hasattr(scaler, "is_enabled") and not scaler.is_enabled():
+            return self.gradients(on)
+        scale = float(scaler.get_scale()) if hasattr(scaler, "get_scale") else 2.0**16
+        for _ in range(8):
+            loss, grads = self.gradients(on, scale)
+            if all(bool(torch.isfinite(g).all()) for g in grads.values()):
+                break
+            scale /= 2
+        return loss, grads
 
     def module_inputs(self) -> dict[str, tuple[nn.Module, tuple, dict]]:
         """Inputs of each module's first call in a reference forward of batch 0.

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from precguard.checks._lab import Lab, NotApplicable, finding, lab
+from precguard.checks._lab import Lab, NotApplicable, dtype_name, finding, lab
 from precguard.checks._trace import watch_ops
 from precguard.checks.base import Check, CheckContext, Finding
 
@@ -91,6 +91,15 @@ def loss_scaling(
         "most_affected_param_unscaled": worst_plain,
         "threshold": threshold,
     }
+    if not _finite(plain):
+        return finding(
+            cid,
+            "warn",
+            f"gradients are NaN/Inf on {ctx.device} before any loss scaling, so scaling cannot "
+            "be judged; the cause is upstream (see grads.nonfinite_origin)",
+            evidence,
+            "Fix the non-finite backward first; then rerun this check.",
+        )
     probe = scale if scale is not None else 2.0**16
     skipped = 0
     while True:
@@ -125,7 +134,7 @@ def loss_scaling(
         return finding(
             cid,
             "fail",
-            f"no loss scaling in {bench.compute_dtype}: {share_plain:.1%} of nonzero gradient "
+            f"no loss scaling in {bench.cname}: {share_plain:.1%} of nonzero gradient "
             f"elements underflow to zero (worst {worst_plain}); scaling by {probe:g} leaves "
             f"{share_scaled:.2%}",
             evidence,
@@ -184,7 +193,7 @@ def grad_clipping(ctx: CheckContext, max_norm: float = 1.0) -> Finding:
     bench = lab(ctx)
     cid = "amp.grad_clipping"
     _, ref = bench.gradients("reference")
-    _, dev = bench.gradients("device")
+    _, dev = bench.training_gradients("device")
     ref_norm, dev_norm = _total_norm(ref), _total_norm(dev)
     evidence = {
         "max_norm": max_norm,
@@ -200,7 +209,12 @@ def grad_clipping(ctx: CheckContext, max_norm: float = 1.0) -> Finding:
     )
     if not math.isfinite(dev_norm):
         return finding(
-            cid, "fail", f"the gradient norm on {ctx.device} is {dev_norm}", evidence, remedy
+            cid,
+            "warn",
+            f"the gradient norm on {ctx.device} is {dev_norm}: clipping would turn every "
+            "gradient into NaN (the cause is upstream, see grads.nonfinite_origin)",
+            evidence,
+            remedy,
         )
     if (ref_norm > max_norm) != (dev_norm > max_norm):
         return finding(
@@ -253,7 +267,7 @@ def autocast_ops(ctx: CheckContext, dtype: str | None = None) -> Finding:
         autocast = torch.autocast(device_type=device_type, dtype=low)
     except RuntimeError as exc:
         raise NotApplicable(
-            f"torch.autocast does not support {low} on {device_type}: {exc}"
+            f"torch.autocast does not support {dtype_name(low)} on {device_type}: {exc}"
         ) from exc
     with autocast:
         bench.forward(model, "device", inner=watch_ops(model, None, seen))
@@ -268,8 +282,9 @@ def autocast_ops(ctx: CheckContext, dtype: str | None = None) -> Finding:
         return finding(
             cid,
             "warn",
-            f"under autocast to {low}, precision-sensitive op(s) {', '.join(sorted(sensitive))} "
-            f"run in {low} (e.g. {op} in {sensitive[op][0]})",
+            f"under autocast to {dtype_name(low)}, precision-sensitive op(s) "
+            f"{', '.join(sorted(sensitive))} run in {dtype_name(low)} "
+            f"(e.g. {op} in {sensitive[op][0]})",
             evidence,
             "Keep reductions, norms, softmax and exp/log in fp32 under autocast: call them on "
             "x.float() (autocast leaves explicit fp32 inputs of these ops alone) or wrap the "
@@ -279,7 +294,7 @@ def autocast_ops(ctx: CheckContext, dtype: str | None = None) -> Finding:
     return finding(
         cid,
         "pass",
-        f"under autocast to {low}, only matmul-like ops run in {low} "
+        f"under autocast to {dtype_name(low)}, only matmul-like ops run in {dtype_name(low)} "
         f"({', '.join(sorted(lowered)) or 'none'}); norms, softmax and reductions keep fp32",
         evidence,
     )

@@ -87,7 +87,7 @@ def softmax_overflow(ctx: CheckContext) -> Finding:
             cid,
             "fail",
             f"attention scores reach {worst['score_absmax']:.3g} in {worst['module']}, beyond "
-            f"{bench.compute_dtype}'s max {limit:.3g}",
+            f"{bench.cname}'s max {limit:.3g}",
             evidence,
             remedy,
         )
@@ -96,14 +96,14 @@ def softmax_overflow(ctx: CheckContext) -> Finding:
             cid,
             "warn",
             f"attention scores reach {worst['score_absmax']:.3g} in {worst['module']}, within "
-            f"16x of {bench.compute_dtype}'s max",
+            f"16x of {bench.cname}'s max",
             evidence,
             remedy,
         )
     return finding(
         cid,
         "pass",
-        f"attention scores peak at {worst['score_absmax']:.3g}, far below {bench.compute_dtype}'s "
+        f"attention scores peak at {worst['score_absmax']:.3g}, far below {bench.cname}'s "
         f"max {limit:.3g}; no NaN/Inf after softmax on {ctx.device}",
         evidence,
     )

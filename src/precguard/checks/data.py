@@ -130,11 +130,15 @@ def _against_golden(ctx: CheckContext, batches: list[Any]) -> tuple[list[dict[st
     wanted: dict[tuple[int, str], Any] = {}
     for rec in run.records():
         if (
-            rec.module == "root"
-            and rec.phase == "forward"
-            and rec.role == "input"
-            and rec.call == 0
-        ) and rec.step < len(batches) and rec.stats is not None:
+            (
+                rec.module == "root"
+                and rec.phase == "forward"
+                and rec.role == "input"
+                and rec.call == 0
+            )
+            and rec.step < len(batches)
+            and rec.stats is not None
+        ):
             wanted[(rec.step, rec.name)] = rec.stats
     mismatch: list[dict[str, Any]] = []
     steps = sorted({s for s, _ in wanted})

@@ -43,7 +43,7 @@ def first_batch(
     bench = lab(ctx)
     cid = "grads.first_batch"
     _, ref = bench.gradients("reference")
-    _, dev = bench.gradients("device")
+    _, dev = bench.training_gradients("device")
     ref_layers, dev_layers = _per_layer(ref), _per_layer(dev)
     rows: dict[str, dict[str, float]] = {}
     bad: list[str] = []

@@ -47,14 +47,14 @@ def logits_range(ctx: CheckContext, headroom: float = 16.0) -> Finding:
         return finding(
             cid,
             "fail",
-            f"logits reach {absmax:.3g}, within {headroom:g}x of {bench.compute_dtype}'s max",
+            f"logits reach {absmax:.3g}, within {headroom:g}x of {bench.cname}'s max",
             evidence,
             remedy,
         )
     return finding(
         cid,
         "pass",
-        f"logits peak at {absmax:.3g} on {ctx.device}, far below {bench.compute_dtype}'s max",
+        f"logits peak at {absmax:.3g} on {ctx.device}, far below {bench.cname}'s max",
         evidence,
     )
 

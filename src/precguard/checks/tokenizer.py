@@ -115,7 +115,7 @@ def special_tokens(ctx: CheckContext, padding_side: str | None = None) -> Findin
             "model never learns to stop"
         )
     if padding_side is not None and side is not None and side != padding_side:
-        problems.append(f"padding side is {side!r}, expected {padding_side!r}")
+        warnings.append(f"padding side is {side!r}, expected {padding_side!r}")
     remedy = (
         "Set the special tokens explicitly and identically in both runs: "
         "tokenizer.pad_token = <a dedicated token> (resize the embedding if new), "

@@ -20,6 +20,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "precguard.cli.schema",
     "precguard.cli.compare",
     "precguard.cli.plugins_cmd",
+    "precguard.cli.check",
 )
 
 for _name in COMMAND_MODULES:

@@ -1,0 +1,105 @@
+"""``precguard check``: walk a checklist of known failure patterns and print one diagnosis."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from precguard.cli._app import app
+
+_HELP = """Run a checklist of known precision failure patterns on a target and diagnose.
+
+Each check runs a few experiments on copies of the target's model, on DEVICE against
+REFERENCE: seeding, data order, tokenizer, norms and RoPE against fp64, attention, custom
+ops, loss scaling, gradients, the loss, reduction-order noise, and (with --golden) the
+first divergent layer against a golden recording. Failures are ranked most likely root
+cause first (environment, randomness, data and tokens before numerics).
+
+Checklists: llama-finetune, llama-inference, quick, or a path to your own YAML.
+
+Exit codes: 0 nothing failed, 1 a check failed (or could not run), 2 unusable input.
+"""
+
+
+@app.command(help=_HELP)
+def check(
+    checklist: str = typer.Option(
+        "llama-finetune", "--checklist", "-c", help="Shipped checklist name or a YAML path."
+    ),
+    target: str = typer.Option(
+        "tiny-llama", "--target", "-t", help="Built-in name, path/file.py[:fn] or pkg.mod[:fn]."
+    ),
+    device: str = typer.Option("cpu", "--device", "-d", help="Device under test: cpu, emu:fp16…"),
+    reference: str = typer.Option("cpu", "--reference", help="Trusted reference device."),
+    dtype: str = typer.Option(
+        "float32", "--dtype", help="Model dtype on the device: float32, bfloat16 or float16."
+    ),
+    golden: Path | None = typer.Option(
+        None, "--golden", help="Golden recording (for layerwise, data and env checks)."
+    ),
+    only: list[str] = typer.Option(
+        [], "--only", help="Run only these check ids, globs or families (repeatable)."
+    ),
+    skip: list[str] = typer.Option(
+        [], "--skip", help="Leave out these check ids, globs or families (repeatable)."
+    ),
+    json_out: Path | None = typer.Option(
+        None, "--json", help="Write the Diagnosis as JSON to this file ('-' for stdout)."
+    ),
+    html_out: Path | None = typer.Option(None, "--html", help="Write an HTML report here."),
+    list_checks: bool = typer.Option(
+        False, "--list", help="List the registered checks and the shipped checklists, then exit."
+    ),
+) -> None:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from precguard import checklist as cl
+    from precguard.report.diagnosis import as_json, render_html, render_terminal
+
+    out = Console(highlight=False, soft_wrap=False)
+    if list_checks:
+        for check_id, chk in sorted(cl.registered_checks().items()):
+            out.print(f"{check_id:34} {chk.description}", markup=False)
+        out.print(f"\nchecklists: {', '.join(cl.builtin_checklists())}", markup=False)
+        return
+    err = Console(stderr=True)
+    progress = Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not sys.stderr.isatty(),
+    )
+    with progress:
+        task = progress.add_task(f"{checklist} on {device}", total=None)
+
+        def on_progress(check_id: str, index: int, total: int) -> None:
+            progress.update(task, total=total, completed=index, description=check_id)
+
+        diagnosis = cl.check(
+            checklist,
+            target,
+            device=device,
+            reference=reference,
+            golden=golden,
+            dtype=dtype,
+            only=only,
+            skip=skip,
+            on_progress=on_progress,
+        )
+    if json_out is not None:
+        if str(json_out) == "-":
+            typer.echo(as_json(diagnosis))
+        else:
+            json_out.write_text(as_json(diagnosis) + "\n", encoding="utf-8")
+    if html_out is not None:
+        html_out.write_text(render_html(diagnosis), encoding="utf-8")
+    if json_out is None or str(json_out) != "-":
+        render_terminal(diagnosis, out)
+    if diagnosis.exit_code:
+        raise typer.Exit(diagnosis.exit_code)
