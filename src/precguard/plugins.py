@@ -270,8 +270,9 @@ def fingerprint(device: str) -> dict[str, Any]:
 def collect_checks() -> dict[str, Check]:
     """Return every check the plugins register, by check id.
 
-    A second check with an id already taken is dropped with a warning naming
-    both plugins.
+    Plugins are asked in pluggy's order (the last registered first), so a
+    plugin installed later can replace a check by registering the same id; the
+    check it displaces is dropped with a ``check_id_taken`` warning naming both.
     """
     checks: dict[str, Check] = {}
     owners: dict[str, str] = {}
