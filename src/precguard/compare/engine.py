@@ -275,6 +275,11 @@ def pair_metrics(
     dtype = tolerance_dtype(g.dtype, a.dtype, tol_mode)
     numel_g = math.prod(g.shape)
     numel_a = math.prod(a.shape)
+    if g.role == "param" and g.shape != a.shape:
+        raise IncomparableRunsError(
+            f"recordings of different models: parameter {g.key} ({g.name}) has shape "
+            f"{g.shape} in golden and {a.shape} in actual"
+        )
     if numel_g != numel_a:
         return Metrics(
             level="none",

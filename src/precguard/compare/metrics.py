@@ -26,8 +26,8 @@ REL_BANDS: tuple[float, ...] = (1e-2, 1e-3, 1e-4)
 REL_FLOOR = 1e-3
 
 STATS_NOTE = (
-    "statistics only: equal statistics do not prove equal tensors; record full tensors "
-    "(--tensors) of this module for a conclusive test"
+    "statistics only, a weaker test: equal statistics do not prove equal tensors; record full "
+    "tensors (--tensors) of this module for a conclusive test"
 )
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # float dtype -> (same-size int dtype, wider numpy int for differences, bits below the sign)

@@ -1,0 +1,217 @@
+"""Metrics, alignment, tolerances and report details, on small hand-made inputs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import precguard
+from conftest import FAULTS, record, run_cli
+from precguard.compare.align import align
+from precguard.compare.metrics import exact_metrics, full_metrics, stats_metrics
+from precguard.compare.tolerance import get_profile, judge
+from precguard.dump.schema import Record, Stats
+
+
+def test_identical_tensors_have_zero_error() -> None:
+    g = torch.randn(1000)
+    m = full_metrics(g, g.clone(), dtype="float32", rtol=1.3e-6, atol=1e-5)
+    assert m.error == 0 and m.max_abs_err == 0 and m.max_ulp == 0
+    assert m.cosine == pytest.approx(1.0)
+    assert judge(m, get_profile("default")) == "pass"
+
+
+def test_metrics_of_a_known_drift() -> None:
+    g = torch.linspace(1.0, 2.0, 10_000, dtype=torch.float64)
+    a = g * 1.001
+    m = full_metrics(g, a, dtype="float64", rtol=1e-7, atol=1e-7)
+    assert m.rel_l2 == pytest.approx(1e-3, rel=1e-6)
+    assert m.max_rel_err == pytest.approx(1e-3, rel=1e-6)
+    assert m.max_abs_err == pytest.approx(2e-3, rel=1e-6)
+    assert m.rel_err_share == {"1e-2": 0.0, "1e-3": pytest.approx(0.0, abs=1e-3), "1e-4": 1.0}
+    assert m.close_share == 1.0
+    assert judge(m, get_profile("default")) == "fail"
+
+
+def test_chunked_equals_whole() -> None:
+    gen = torch.Generator().manual_seed(0)
+    g = torch.randn(100_003, generator=gen)
+    a = g + 1e-4 * torch.randn(100_003, generator=gen)
+    whole = full_metrics(g, a, dtype="float32", rtol=1e-3, atol=1e-5, chunk=1 << 20)
+    chunked = full_metrics(g, a, dtype="float32", rtol=1e-3, atol=1e-5, chunk=1000)
+    for field in ("max_abs_err", "max_rel_err", "max_ulp", "close_share"):
+        assert getattr(chunked, field) == getattr(whole, field)
+    assert chunked.rel_l2 == pytest.approx(whole.rel_l2, rel=1e-5)
+    assert chunked.cosine == pytest.approx(whole.cosine, rel=1e-9)
+
+
+def test_ulps_are_counted_in_the_actual_dtype() -> None:
+    g = torch.tensor([1.0, 2.0, -3.0, 0.5])
+    a = g.to(torch.bfloat16)
+    a_bits = a.view(torch.int16).clone()
+    a_bits[1] += 3  # three bf16 steps away
+    a = a_bits.view(torch.bfloat16)
+    m = full_metrics(g, a, dtype="float32", rtol=1.3e-6, atol=1e-5)
+    assert m.max_ulp == 3
+
+
+def test_nan_and_inf_mismatches_are_counted() -> None:
+    g = torch.tensor([1.0, 2.0, float("inf"), 4.0, float("nan")])
+    a = torch.tensor([1.0, float("nan"), float("inf"), float("-inf"), float("nan")])
+    m = full_metrics(g, a, dtype="float32", rtol=1.3e-6, atol=1e-5)
+    assert m.nan_mismatch == 1 and m.inf_mismatch == 1
+    assert judge(m, get_profile("default")) == "nonfinite"
+    assert math.isfinite(m.error)
+
+
+def test_exact_metrics_for_integer_tensors() -> None:
+    m = exact_metrics(torch.tensor([1, 2, 3]), torch.tensor([1, 5, 3]))
+    assert m.level == "exact" and m.mismatched == 1
+    assert judge(m, get_profile("default")) == "fail"
+
+
+def _stats(**kw: float) -> Stats:
+    base = dict(min=-1.0, max=1.0, mean=0.0, std=0.5, absmax=1.0, l2=10.0, nan=0, inf=0,
+                zeros=0, numel=100)  # fmt: skip
+    base.update(kw)
+    return Stats(**base)
+
+
+def _rec(key: str, seq: int, *, shape=(2, 3), dtype="float32", stats=None, module=None) -> Record:
+    module_name, call, phase, role, index = key.rsplit(".", 4)
+    return Record(
+        key=key, module=module or module_name, module_type="Linear", call=int(call),
+        phase=phase, role=role, index=int(index), step=0, rank=0, seq=seq, dtype=dtype,
+        shape=list(shape), stats=stats,
+    )  # fmt: skip
+
+
+def test_stats_metrics_judge_against_the_tensor_scale() -> None:
+    g = _rec("m.0.forward.output.0", 0, stats=_stats())
+    a = _rec("m.0.forward.output.0", 0, stats=_stats(mean=1e-4, l2=10.01))
+    m = stats_metrics(g, a, dtype="float32")
+    assert m.level == "stats"
+    # mean is judged against rms = l2 / sqrt(numel) = 1, not against |mean| = 0
+    assert m.stat_rel_diff["mean"] == pytest.approx(1e-4)
+    assert m.stat_rel_diff["l2"] == pytest.approx(1e-3)
+    assert m.error == pytest.approx(1e-3)
+    assert "weaker" in (m.note or "")
+
+
+def test_alignment_pairs_renamed_modules_by_order_and_lists_leftovers() -> None:
+    golden = [
+        _rec("net.fc1.0.forward.output.0", 0),
+        _rec("net.act.0.forward.output.0", 1),
+        _rec("net.fc2.0.forward.output.0", 2, shape=(2, 5)),
+        _rec("net.fc2.1.forward.output.0", 3, shape=(2, 5)),
+    ]
+    actual = [
+        _rec("net.fc1.0.forward.output.0", 0),
+        _rec("net.activation.0.forward.output.0", 1),  # renamed
+        _rec("net.fc2.0.forward.output.0", 2, shape=(2, 5)),
+        _rec("net.extra.0.forward.output.0", 3, shape=(9,)),  # no partner of that shape
+    ]
+    result = align(golden, actual)
+    pairs = {g.key: a.key for g, a in result.pairs}
+    assert pairs["net.act.0.forward.output.0"] == "net.activation.0.forward.output.0"
+    assert [r.key for r in result.golden_only] == ["net.fc2.1.forward.output.0"]
+    assert [r.key for r in result.actual_only] == ["net.extra.0.forward.output.0"]
+
+
+def test_alignment_prefers_same_dtype_among_same_shape() -> None:
+    golden = [_rec("p.a.0.forward.output.0", 0, dtype="bfloat16")]
+    actual = [
+        _rec("p.b.0.forward.output.0", 0, dtype="float32"),
+        _rec("p.c.0.forward.output.0", 1, dtype="bfloat16"),
+    ]
+    result = align(golden, actual)
+    assert result.pairs[0][1].key == "p.c.0.forward.output.0"
+
+
+@pytest.fixture(scope="module")
+def rmsnorm_fault(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    base = tmp_path_factory.mktemp("rms")
+    fault = FAULTS[0]
+    return record(base / "g"), record(base / "a", fault=fault)
+
+
+def test_msprobe_profile_misses_the_fp16_rmsnorm_that_default_catches(rmsnorm_fault) -> None:
+    golden, actual = rmsnorm_fault
+    assert precguard.compare(golden, actual).verdict == "diverged"
+    assert precguard.compare(golden, actual, profile="msprobe").verdict == "match"
+
+
+def test_rtol_override_loosens_every_dtype(rmsnorm_fault) -> None:
+    golden, actual = rmsnorm_fault
+    loose = precguard.compare(golden, actual, rtol=1e-2)
+    assert loose.verdict == "match"
+    assert loose.profile == "default+custom"
+    assert loose.tolerances["float32"]["rtol"] == 1e-2
+
+
+def test_fingerprint_diff_is_reported(rmsnorm_fault, tmp_path: Path) -> None:
+    import shutil
+
+    golden, actual = rmsnorm_fault
+    changed = tmp_path / "changed"
+    shutil.copytree(actual, changed)
+    manifest = json.loads((changed / "manifest.json").read_text())
+    manifest["fingerprint"]["torch.float32_matmul_precision"] = "medium"
+    manifest["fingerprint"]["env.NVIDIA_TF32_OVERRIDE"] = "0"
+    (changed / "manifest.json").write_text(json.dumps(manifest))
+
+    result = precguard.compare(golden, changed)
+
+    assert result.fingerprint_diff["torch.float32_matmul_precision"] == ["highest", "medium"]
+    assert result.fingerprint_diff["env.NVIDIA_TF32_OVERRIDE"] == [None, "0"]
+
+
+def test_json_report_has_the_documented_shape(rmsnorm_fault, tmp_path: Path, capsys) -> None:
+    golden, actual = rmsnorm_fault
+    out = tmp_path / "r.json"
+    code, _, _ = run_cli(["compare", str(golden), str(actual), "--json", str(out)], capsys)
+    assert code == 1
+    data = json.loads(out.read_text())
+    assert data["schema_version"] == 1
+    assert {"golden", "actual", "verdict", "first_divergence", "records", "unmatched"} <= set(data)
+    fd = data["first_divergence"]
+    assert {"key", "module", "module_type", "step", "rank", "metrics", "local", "reason"} <= set(fd)
+    assert fd["module"] == "model.layers.0.input_layernorm"
+    assert fd["module_type"] == "LlamaRMSNorm"
+    assert set(data["unmatched"]) == {"golden_only", "actual_only"}
+    assert {"key", "module", "status", "metrics"} <= set(data["records"][0])
+    assert "fingerprint_diff" in data
+
+
+def test_step_filter_and_multi_step_runs(tmp_path: Path) -> None:
+    fault = next(f for f in FAULTS if f.name == "output-drift-0.1pct")
+    golden = record(tmp_path / "g", steps=2, tensors=False)
+    actual = record(tmp_path / "a", steps=2, tensors=False, fault=fault)
+
+    both = precguard.compare(golden, actual)
+    step1 = precguard.compare(golden, actual, step=1)
+
+    assert {r.step for r in both.records} == {0, 1}
+    assert both.first_divergence is not None and both.first_divergence.step == 0
+    assert {r.step for r in step1.records} == {1}
+    assert step1.first_divergence is not None and step1.first_divergence.step == 1
+    assert step1.first_divergence.module == fault.module
+
+
+def test_training_step_gradients_are_compared(tmp_path: Path) -> None:
+    golden = record(tmp_path / "g", train=True, tensors=False)
+    actual = record(tmp_path / "a", train=True, tensors=False)
+    result = precguard.compare(golden, actual)
+    assert result.verdict == "match"
+    assert any(r.phase == "backward" for r in result.records)
+
+
+def test_compare_is_also_reachable_after_importing_the_subpackage(rmsnorm_fault) -> None:
+    import precguard.compare as subpackage
+
+    assert callable(subpackage)
+    assert precguard.compare(*rmsnorm_fault).verdict == "diverged"
