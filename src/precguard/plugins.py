@@ -26,6 +26,8 @@ import importlib
 import json
 import os
 import sys
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -75,6 +77,9 @@ class PluginSource:
 
 _sources: dict[str, PluginSource] = {}
 _loaded = False
+_loading = False
+_lock = threading.RLock()
+_undo_monitoring: Callable[[], None] | None = None
 
 
 def _env_on(name: str) -> bool:
@@ -96,10 +101,25 @@ def load_plugins() -> pluggy.PluginManager:
     :func:`reset` first to load again (tests do, after changing the
     environment variables above).
     """
-    global _loaded
+    global _loaded, _loading, _undo_monitoring
     if _loaded:
         return pm
-    _loaded = True
+    with _lock:
+        if _loaded or _loading:  # _loading: a plugin's import asked again (same thread)
+            return pm
+        _loading = True
+        try:
+            _load_all()
+        finally:
+            _loading = False
+        if _tracing():
+            _undo_monitoring = pm.add_hookcall_monitoring(_trace_before, _trace_after)
+        _loaded = True
+    return pm
+
+
+def _load_all() -> None:
+    """Register the built-ins, then (unless disabled) the entry points."""
     for module_name in DEFAULT_PLUGINS:
         name = module_name.rsplit(".", 1)[-1]
         if pm.get_plugin(name) is not None:
@@ -112,9 +132,6 @@ def load_plugins() -> pluggy.PluginManager:
         _register(module, PluginSource(name=name, builtin=True, module=module_name))
     if not _env_on("PRECGUARD_DISABLE_PLUGIN_AUTOLOAD"):
         _load_entry_points()
-    if _tracing():
-        pm.add_hookcall_monitoring(_trace_before, _trace_after)
-    return pm
 
 
 def _record_load_error(name: str, exc: BaseException) -> None:
@@ -172,13 +189,17 @@ def reset() -> None:
 
     For tests and long-lived hosts that change the plugin environment variables.
     """
-    global _loaded
-    for name, plugin in list(pm.list_name_plugin()):
-        pm.unregister(plugin=plugin, name=name)
-    _sources.clear()
-    load_errors.clear()
-    hook_errors.clear()
-    _loaded = False
+    global _loaded, _undo_monitoring
+    with _lock:
+        if _undo_monitoring is not None:
+            _undo_monitoring()
+            _undo_monitoring = None
+        for name, plugin in list(pm.list_name_plugin()):
+            pm.unregister(plugin=plugin, name=name)
+        _sources.clear()
+        load_errors.clear()
+        hook_errors.clear()
+        _loaded = False
 
 
 def sources() -> dict[str, PluginSource]:

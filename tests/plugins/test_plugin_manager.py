@@ -138,6 +138,9 @@ def test_trace_hooks_names_the_answering_plugin(
     err = capsys.readouterr().err
     assert "precguard_backend(device='emu:fp16')" in err
     assert "emu -> EmuBackend('emu:fp16')" in err
+    plugins.load_plugins().hook.precguard_device_types()  # direct pluggy calls are traced too
+    err = capsys.readouterr().err
+    assert "precguard_device_types() asks [" in err and "'npu'" in err
 
 
 def test_a_later_plugin_overrides_a_check_id(caplog: pytest.LogCaptureFixture) -> None:
