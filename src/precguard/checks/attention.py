@@ -8,6 +8,7 @@ accumulate differently from the math path.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -242,21 +243,24 @@ def kv_cache(ctx: CheckContext, new_tokens: int = 4) -> Finding:
     full = logits_of(bench.forward(model, "device", {"input_ids": ids})).detach()
     dev = bench.dev
     prompt = ids[:, :-new_tokens].to(dev)
+    # transformers 5 calls the cache ``cache``; 4.x called it ``past_key_values``
+    params = inspect.signature(model.forward).parameters
+    cache_arg = "cache" if "cache" in params else "past_key_values"
     with torch.no_grad(), bench.device.numerics():
         try:
             out = model(input_ids=prompt, use_cache=True)
         except TypeError as exc:
             raise NotApplicable(f"the model does not take use_cache ({exc})") from exc
-        past = getattr(out, "past_key_values", None)
+        past = getattr(out, cache_arg, None)
         if past is None:
-            raise NotApplicable("the model returned no past_key_values")
+            raise NotApplicable("the model returned no KV cache")
         steps = []
         for i in range(new_tokens):
             pos = ids.shape[1] - new_tokens + i
             step = model(
-                input_ids=ids[:, pos : pos + 1].to(dev), past_key_values=past, use_cache=True
+                input_ids=ids[:, pos : pos + 1].to(dev), **{cache_arg: past}, use_cache=True
             )
-            past = step.past_key_values
+            past = getattr(step, cache_arg)
             steps.append(step.logits[:, -1].detach())
     incremental = torch.stack(steps, dim=1)
     err = rel_error(incremental, full[:, -new_tokens:])

@@ -1,0 +1,133 @@
+"""Targets that each plant one known failure pattern (used as ``tests/checks/planted.py:NAME``).
+
+Each is the built-in tiny-llama (or a small MLP) with exactly one thing wrong,
+the way it goes wrong in real ports.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+import precguard
+from precguard.targets import CharTokenizer, build_tiny_llama, lm_batch, tiny_llama
+
+
+# -- rng: a clock-seeded noise source ------------------------------------------------------
+class NoisyMLP(nn.Module):
+    """Adds "regularising" noise from a generator seeded with the clock."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(time.time_ns())
+        return self.inner(x) + 1e-3 * torch.randn(x.shape, generator=gen)
+
+
+def _noisy_model() -> nn.Module:
+    model = build_tiny_llama()
+    model.model.layers[1].mlp = NoisyMLP(model.model.layers[1].mlp)
+    return model
+
+
+def clock_noise() -> precguard.Target:
+    t = tiny_llama()
+    t.model = _noisy_model
+    return t
+
+
+# -- norm: a LayerNorm without eps ----------------------------------------------------------
+def _eps0_model() -> nn.Module:
+    model = build_tiny_llama()
+    model.model.norm = nn.LayerNorm(64, eps=0.0)
+    return model
+
+
+def layernorm_eps0() -> precguard.Target:
+    t = tiny_llama()
+    t.model = _eps0_model
+    return t
+
+
+# -- rope: rotary angles computed in the activation dtype ----------------------------------
+class ActivationDtypeRotary(LlamaRotaryEmbedding):
+    """Computes position * inv_freq in x.dtype (bf16/fp16) instead of fp32."""
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor):  # type: ignore[override]
+        freqs = position_ids[..., None].to(x.dtype) * self.inv_freq.to(x.dtype)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+
+def _low_rope_model() -> nn.Module:
+    model = build_tiny_llama()
+    model.model.rotary_emb = ActivationDtypeRotary(model.config)
+    return model
+
+
+def rope_activation_dtype() -> precguard.Target:
+    t = tiny_llama()
+    t.model = _low_rope_model
+    return t
+
+
+# -- tokenizer: ids beyond the embedding ----------------------------------------------------
+class ShiftedTokenizer(CharTokenizer):
+    """A tokenizer from a larger vocabulary: ids start at 200, the embedding has 256 rows."""
+
+    _FIRST = 200
+
+
+def tokenizer_too_big() -> precguard.Target:
+    t = tiny_llama()
+    t.tokenizer = ShiftedTokenizer
+    return t
+
+
+# -- data: a batch order that changes from run to run --------------------------------------
+def shuffled_batches() -> precguard.Target:
+    pool = lm_batch(0, batch=8)["input_ids"]
+    epoch: dict[str, list[int]] = {}
+
+    def batch(step: int) -> dict:
+        if step == 0 or "order" not in epoch:
+            # A sampler that shuffles each epoch with an unseeded generator (os.urandom).
+            epoch["order"] = random.Random().sample(range(8), 8)
+        rows = epoch["order"][2 * (step % 4) : 2 * (step % 4) + 2]
+        return {"input_ids": pool[rows]}
+
+    t = tiny_llama()
+    t.batch = batch
+    return t
+
+
+# -- amp: fp16 training without loss scaling -------------------------------------------------
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 10))
+
+
+def _mlp_batch(step: int) -> tuple:
+    gen = torch.Generator().manual_seed(step)
+    return (torch.randn(64, 32, generator=gen),)
+
+
+def _accumulated_loss(output: torch.Tensor, batch: tuple) -> torch.Tensor:
+    # Cross-entropy averaged over 16384 micro-batches of gradient accumulation.
+    labels = torch.arange(output.shape[0]) % 10
+    return nn.functional.cross_entropy(output, labels) / 16384
+
+
+def fp16_no_loss_scaling() -> precguard.Target:
+    return precguard.Target(model=_mlp, batch=_mlp_batch, loss=_accumulated_loss, seed=0)
+
+
+def fp16_with_loss_scaling() -> precguard.Target:
+    t = fp16_no_loss_scaling()
+    t.grad_scaler = lambda: torch.amp.GradScaler("cpu", init_scale=2.0**16)  # type: ignore[attr-defined]
+    return t

@@ -1,0 +1,96 @@
+"""Each planted fault makes its own family fail, named as the most likely root cause.
+
+The story of every test: a user runs ``precguard check --checklist
+llama-finetune`` on a model with one known porting bug, gets exit 1, and the
+diagnosis names the family of that bug first.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.checks.conftest import planted
+
+
+@pytest.mark.parametrize(
+    ("target", "device", "check_id"),
+    [
+        ("clock_noise", "cpu", "rng.same_seed"),
+        ("layernorm_eps0", "cpu", "norm.extreme_inputs"),
+        ("rope_activation_dtype", "emu:bf16", "rope.position_sweep"),
+        ("tokenizer_too_big", "cpu", "tokenizer.vocab_range"),
+        ("shuffled_batches", "cpu", "data.batches"),
+        ("fp16_no_loss_scaling", "emu:fp16", "amp.loss_scaling"),
+    ],
+)
+def test_planted_fault_fails_its_family_first(run_check, target, device, check_id):
+    run = run_check(
+        "--checklist", "llama-finetune", "--target", planted(target), "--device", device
+    )
+    assert run.code == 1, run.out
+    assert run.finding(check_id)["status"] == "fail"
+    assert run.root_cause == check_id
+    assert run.statuses("error") == []
+    assert run.finding(check_id)["remedy"]
+
+
+def test_clock_seeded_noise_is_traced_to_its_module(run_check):
+    run = run_check("--target", planted("clock_noise"), "--only", "rng.same_seed")
+    found = run.finding("rng.same_seed")
+    assert found["evidence"]["first_divergent_module"] == "model.layers.1.mlp"
+    assert "own torch.Generator" in found["summary"]
+    assert "torch.manual_seed" in found["remedy"]
+
+
+def test_layernorm_without_eps_is_named(run_check):
+    run = run_check("--target", planted("layernorm_eps0"), "--only", "norm")
+    found = run.finding("norm.extreme_inputs")
+    assert "model.norm" in found["summary"]
+    assert found["evidence"]["modules"]["model.norm"]["constant_rows"] == "nonfinite"
+
+
+def test_rope_error_growing_with_position_is_found(run_check):
+    """fp32 rope is flat over positions; angles in bf16 grow with the position."""
+    clean = run_check("--target", "tiny-llama", "--only", "rope")
+    bad = run_check(
+        "--target", planted("rope_activation_dtype"), "--device", "emu:bf16", "--only", "rope"
+    )
+    assert clean.code == 0, clean.out
+    assert bad.code == 1
+    curve = bad.finding("rope.position_sweep")["evidence"]["modules"]["model.rotary_emb"]
+    errors = curve["device_max_abs_error"]
+    assert errors[-1] > 4 * errors[0]
+    assert max(curve["reference_max_abs_error"]) < 1e-4
+
+
+def test_casting_the_model_to_bf16_rounds_inv_freq(run_check):
+    """model.to(bfloat16) also casts HF's inv_freq buffer: the angles drift with position.
+
+    A real pitfall, not a false alarm: the fp32 buffer is what keeps HF's rope exact.
+    """
+    run = run_check("--target", "tiny-llama", "--dtype", "bfloat16", "--only", "rope")
+    assert run.code == 1
+    assert "grows with position" in run.finding("rope.position_sweep")["summary"]
+
+
+def test_shuffled_batches_are_reported_as_order(run_check):
+    run = run_check("--target", planted("shuffled_batches"), "--only", "data")
+    assert run.finding("data.batches")["evidence"]["difference"] == "order"
+
+
+def test_loss_scaling_declared_on_the_target_passes(run_check):
+    run = run_check("--target", planted("fp16_with_loss_scaling"), "--device", "emu:fp16")
+    assert run.finding("amp.loss_scaling")["status"] == "pass"
+    assert run.code == 0, run.out
+    bad = run_check(
+        "--target", planted("fp16_no_loss_scaling"), "--device", "emu:fp16", "--only", "amp"
+    )
+    ev = bad.finding("amp.loss_scaling")["evidence"]
+    assert ev["underflow_share_unscaled"] > 0.01 > ev["underflow_share_scaled"]
+
+
+def test_tokenizer_out_of_range_ids_are_listed(run_check):
+    run = run_check("--target", planted("tokenizer_too_big"), "--only", "tokenizer")
+    ev = run.finding("tokenizer.vocab_range")["evidence"]
+    assert ev["embedding_rows"] == 256
+    assert min(ev["ids_out_of_range"]) >= 256
