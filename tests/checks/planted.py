@@ -131,3 +131,17 @@ def fp16_with_loss_scaling() -> precguard.Target:
     t = fp16_no_loss_scaling()
     t.grad_scaler = lambda: torch.amp.GradScaler("cpu", init_scale=2.0**16)  # type: ignore[attr-defined]
     return t
+
+
+# -- data vs golden: the same model fed other data ------------------------------------------
+def other_data() -> precguard.Target:
+    t = tiny_llama()
+    t.batch = lambda step: lm_batch(step, seed=1)
+    return t
+
+
+# -- rng across devices: a model that uses dropout -------------------------------------------
+def with_dropout() -> precguard.Target:
+    t = tiny_llama()
+    t.model = lambda: build_tiny_llama(attention_dropout=0.1)
+    return t

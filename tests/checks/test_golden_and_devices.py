@@ -1,0 +1,105 @@
+"""Checks that need a golden recording or a particular emulated device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import precguard
+from precguard.runner import record_target
+from tests.checks.conftest import planted
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny-llama recorded forward-only on the CPU for two steps."""
+    out = tmp_path_factory.mktemp("golden") / "cpu"
+    return record_target("tiny-llama", device="cpu", out=out, steps=2)
+
+
+def test_same_device_matches_the_golden_layer_by_layer(run_check, golden):
+    run = run_check(
+        "--target", "tiny-llama", "--golden", str(golden), "--only", "layerwise", "--only", "data"
+    )
+    assert run.code == 0, run.out
+    assert run.finding("layerwise.first_divergence")["status"] == "pass"
+    assert run.finding("data.batches")["evidence"]["golden_steps_compared"] == 2
+
+
+def test_bf16_device_diverges_from_the_golden_at_a_named_layer(run_check, golden):
+    run = run_check(
+        "--target",
+        "tiny-llama",
+        "--device",
+        "emu:bf16",
+        "--golden",
+        str(golden),
+        "--only",
+        "layerwise",
+    )
+    assert run.code == 1
+    found = run.finding("layerwise.first_divergence")
+    assert found["status"] == "fail"
+    assert found["evidence"]["module"] == "model.embed_tokens"
+    assert "precguard replay" in found["remedy"]
+
+
+def test_other_data_than_the_golden_is_a_data_failure_first(run_check, golden):
+    run = run_check(
+        "--target",
+        planted("other_data"),
+        "--golden",
+        str(golden),
+        "--only",
+        "data",
+        "--only",
+        "layerwise",
+    )
+    assert run.code == 1
+    assert run.root_cause == "data.batches"
+    assert (
+        run.finding("data.batches")["evidence"]["golden_mismatch"][0]["input"] == "kwargs.input_ids"
+    )
+
+
+def test_golden_must_be_a_recording(run_check, tmp_path):
+    run = run_check("--golden", str(tmp_path))
+    assert run.code == 2
+    assert "not a precguard recording" in run.err
+
+
+def test_shuffled_reduction_order_is_recognised_as_order_noise():
+    d = precguard.check("llama-finetune", "tiny-llama", device="emu:fp32-shuffled", only=["reduce"])
+    (found,) = d.findings
+    assert found.status == "pass"
+    assert found.evidence["device_vs_reference_rel"] > 0
+    assert "order noise" in found.summary
+
+
+def test_a_different_rng_stream_matters_only_when_the_model_draws_random_numbers():
+    clean = precguard.check(
+        "llama-finetune", "tiny-llama", device="emu:fp32-rng", only=["rng.cross_device"]
+    )
+    (found,) = clean.findings
+    assert found.status == "pass"
+    assert found.evidence["dropout_mask_agreement"] < 1
+    dropout = precguard.check(
+        "llama-finetune", planted("with_dropout"), device="emu:fp32-rng", only=["rng.cross_device"]
+    )
+    (found,) = dropout.findings
+    assert found.status == "fail"
+    assert "dropout masks" in found.summary
+    assert "manual_seed" in found.remedy
+
+
+def test_saturation_mode_keeps_the_padding_mask_finite():
+    """fp32's min rounds to -inf in fp16 (NaN after softmax); saturation clamps it to -65504."""
+    ieee = precguard.check(
+        "llama-finetune", "tiny-llama", device="emu:fp16", only=["attention.masking"]
+    )
+    saturating = precguard.check(
+        "llama-finetune", "tiny-llama", device="emu:fp16-saturate", only=["attention.masking"]
+    )
+    assert ieee.findings[0].status == "fail"
+    assert saturating.findings[0].status == "pass"
