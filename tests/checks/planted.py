@@ -14,7 +14,15 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 import precguard
-from precguard.targets import CharTokenizer, build_tiny_llama, lm_batch, tiny_llama
+from precguard.targets import CharTokenizer, build_tiny_llama, lm_batch
+from precguard.targets import tiny_llama as _tiny_llama
+
+
+def tiny_llama() -> precguard.Target:
+    """tiny-llama, unnamed so the diagnosis shows the planted target's own spec."""
+    t = _tiny_llama()
+    t.name = ""
+    return t
 
 
 # -- rng: a clock-seeded noise source ------------------------------------------------------

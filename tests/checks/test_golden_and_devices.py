@@ -103,3 +103,35 @@ def test_saturation_mode_keeps_the_padding_mask_finite():
     )
     assert ieee.findings[0].status == "fail"
     assert saturating.findings[0].status == "pass"
+
+
+def test_fingerprints_next_to_the_golden_catch_order_and_tokenizer(run_check, tmp_path):
+    from precguard.cli import main
+
+    golden = record_target("tiny-llama", device="cpu", out=tmp_path / "golden")
+    with pytest.raises(SystemExit) as exc:
+        main(["check", "--target", "tiny-llama", "--fingerprints-out", str(golden)])
+    assert exc.value.code == 0
+    assert (golden / "fingerprints.json").is_file()
+
+    same = run_check(
+        "--target", "tiny-llama", "--golden", str(golden), "--only", "data", "--only", "tokenizer"
+    )
+    assert same.code == 0, same.out
+    assert same.finding("tokenizer.matches_golden")["status"] == "pass"
+    assert same.finding("data.batches")["evidence"]["golden_fingerprints_compared"] == 4
+
+    other_tokens = run_check(
+        "--target",
+        planted("tokenizer_too_big"),
+        "--golden",
+        str(golden),
+        "--only",
+        "tokenizer.matches_golden",
+    )
+    assert other_tokens.finding("tokenizer.matches_golden")["status"] == "fail"
+
+    reordered = run_check(
+        "--target", planted("other_data"), "--golden", str(golden), "--only", "data"
+    )
+    assert reordered.finding("data.batches")["evidence"]["golden_difference"] == "content"

@@ -13,19 +13,43 @@ from typing import Any
 
 import torch
 
+from precguard.checks import fingerprints
 from precguard.checks._lab import finding, flatten, lab, seed_everything, tensor_hash, value_hash
 from precguard.checks.base import Check, CheckContext, Finding
 
 _PAD_KEYS = ("attention_mask", "padding_mask")
 
 
-def _sample_hashes(batch: Any) -> list[str]:
+def sample_hashes(batch: Any) -> list[str]:
     """One hash per sample (row 0 of every tensor leaf) of a batch."""
     leaves = [(p, t) for p, t in flatten(batch) if isinstance(t, torch.Tensor) and t.dim() > 0]
     if not leaves:
         return []
     n = min(t.shape[0] for _, t in leaves)
     return ["".join(tensor_hash(t[i]) for _, t in leaves) for i in range(n)]
+
+
+_WHAT = {
+    "order": "the same samples arrive in a different order",
+    "padding": "the padding (attention mask) differs",
+    "content": "the batch contents differ",
+}
+_GOLDEN_REMEDY = (
+    "Feed both runs the same data: same dataset revision, tokenizer, order and padding; "
+    "record the golden and the run under test from the same target and seed."
+)
+
+
+def _against_fingerprints(
+    stored: fingerprints.Fingerprints, batches: list[Any]
+) -> tuple[str, list[int]]:
+    n = min(len(stored.batches), len(batches))
+    differing = [i for i in range(n) if stored.batches[i] != value_hash(batches[i])]
+    if not differing:
+        return "identical", []
+    ours = Counter(h for b in batches[:n] for h in sample_hashes(b))
+    theirs = Counter(h for hs in stored.samples[:n] for h in hs)
+    return ("order" if ours == theirs else "content"), differing
 
 
 def _pass_of(ctx: CheckContext, batches: int) -> list[Any]:
@@ -42,8 +66,8 @@ def _classify(first: list[Any], second: list[Any]) -> tuple[str, list[int]]:
     ]
     if not differing:
         return "identical", []
-    samples_a = Counter(h for b in first for h in _sample_hashes(b))
-    samples_b = Counter(h for b in second for h in _sample_hashes(b))
+    samples_a = Counter(h for b in first for h in sample_hashes(b))
+    samples_b = Counter(h for b in second for h in sample_hashes(b))
     if samples_a and samples_a == samples_b:
         return "order", differing
     pads_differ = False
@@ -71,11 +95,7 @@ def batches(ctx: CheckContext, batches: int = 4) -> Finding:
     if kind != "identical":
         evidence["differing_batches"] = differing
         evidence["difference"] = kind
-        what = {
-            "order": "the same samples arrive in a different order",
-            "padding": "the padding (attention mask) differs",
-            "content": "the batch contents differ",
-        }[kind]
+        what = _WHAT[kind]
         return finding(
             cid,
             "fail",
@@ -87,7 +107,23 @@ def batches(ctx: CheckContext, batches: int = 4) -> Finding:
             "pad to a fixed length on one side (tokenizer.padding_side) in both runs.",
         )
     golden_note = ""
-    if ctx.golden is not None:
+    stored = fingerprints.read(ctx.golden)
+    if stored is not None:
+        golden_kind, golden_diff = _against_fingerprints(stored, first)
+        evidence["golden_fingerprints_compared"] = min(len(stored.batches), len(first))
+        if golden_kind != "identical":
+            evidence["golden_differing_batches"] = golden_diff
+            evidence["golden_difference"] = golden_kind
+            return finding(
+                cid,
+                "fail",
+                f"batches {golden_diff} differ from the golden's fingerprints "
+                f"({fingerprints.FILE_NAME}): {_WHAT[golden_kind]}",
+                evidence,
+                _GOLDEN_REMEDY,
+            )
+        golden_note = f"; they equal the golden's fingerprints for {len(stored.batches)} batch(es)"
+    elif ctx.golden is not None:
         mismatch, compared = _against_golden(ctx, first)
         evidence["golden_steps_compared"] = compared
         if mismatch:
@@ -98,8 +134,7 @@ def batches(ctx: CheckContext, batches: int = 4) -> Finding:
                 f"the batches differ from the golden recording's inputs at step "
                 f"{mismatch[0]['step']} ({mismatch[0]['input']})",
                 evidence,
-                "Feed both runs the same data: same dataset revision, tokenizer, order and "
-                "padding; record the golden and the run under test from the same target.",
+                _GOLDEN_REMEDY,
             )
         golden_note = f"; they match the golden's root inputs for {compared} step(s)"
     return finding(

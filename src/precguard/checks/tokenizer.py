@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from precguard.checks._lab import finding, lab
+from precguard.checks._lab import NotApplicable, finding, lab
 from precguard.checks.base import Check, CheckContext, Finding
 
 SAMPLE_TEXTS: tuple[str, ...] = (
@@ -26,7 +26,7 @@ def _texts(ctx: CheckContext) -> list[str]:
     return list(target.texts) or list(SAMPLE_TEXTS)
 
 
-def _encode(tok: Any, text: str, **kwargs: Any) -> list[int]:
+def encode(tok: Any, text: str, **kwargs: Any) -> list[int]:
     ids = tok.encode(text, **kwargs)
     if hasattr(ids, "ids"):  # a `tokenizers` Encoding
         ids = ids.ids
@@ -42,7 +42,7 @@ def _decode(tok: Any, ids: list[int]) -> str:
         return str(tok.decode(ids))
 
 
-def _special(tok: Any) -> dict[str, int | None]:
+def special_ids(tok: Any) -> dict[str, int | None]:
     return {name: getattr(tok, f"{name}_token_id", None) for name in ("bos", "eos", "pad", "unk")}
 
 
@@ -51,9 +51,9 @@ def round_trip(ctx: CheckContext) -> Finding:
     tok = lab(ctx).tokenizer()
     cid = "tokenizer.round_trip"
     exact, normalised, broken = 0, [], []
-    special = {v for v in _special(tok).values() if v is not None}
+    special = {v for v in special_ids(tok).values() if v is not None}
     for text in _texts(ctx):
-        ids = [i for i in _encode(tok, text) if i not in special]
+        ids = [i for i in encode(tok, text) if i not in special]
         back = _decode(tok, ids)
         if back == text:
             exact += 1
@@ -91,7 +91,7 @@ def special_tokens(ctx: CheckContext, padding_side: str | None = None) -> Findin
     """BOS/EOS/PAD ids set and distinct, BOS added once, padding on the expected side."""
     tok = lab(ctx).tokenizer()
     cid = "tokenizer.special_tokens"
-    ids = _special(tok)
+    ids = special_ids(tok)
     side = getattr(tok, "padding_side", None)
     evidence: dict[str, Any] = {
         **{f"{k}_token_id": v for k, v in ids.items()},
@@ -100,7 +100,7 @@ def special_tokens(ctx: CheckContext, padding_side: str | None = None) -> Findin
     problems: list[str] = []
     warnings: list[str] = []
     text = _texts(ctx)[0]
-    encoded = _encode(tok, text)
+    encoded = encode(tok, text)
     if ids["bos"] is not None:
         evidence["starts_with_bos"] = bool(encoded) and encoded[0] == ids["bos"]
         if encoded[:2] == [ids["bos"], ids["bos"]]:
@@ -138,8 +138,8 @@ def vocab_range(ctx: CheckContext) -> Finding:
     rows = bench.embedding_size()
     if rows is None:
         return finding(cid, "skip", "not applicable: the model has no input embedding to index")
-    produced = [i for text in _texts(ctx) for i in _encode(tok, text)]
-    specials = [v for v in _special(tok).values() if v is not None]
+    produced = [i for text in _texts(ctx) for i in encode(tok, text)]
+    specials = [v for v in special_ids(tok).values() if v is not None]
     size = len(tok) if hasattr(tok, "__len__") else getattr(tok, "vocab_size", None)
     top = max([*produced, *specials], default=-1)
     evidence = {
@@ -179,6 +179,76 @@ def vocab_range(ctx: CheckContext) -> Finding:
     )
 
 
+def matches_golden(ctx: CheckContext) -> Finding:
+    """Token ids of the golden's texts and the special tokens equal the golden's fingerprints."""
+    from precguard.checks import fingerprints
+
+    cid = "tokenizer.matches_golden"
+    if ctx.golden is None:
+        raise NotApplicable("no golden recording given (--golden DIR)")
+    stored = fingerprints.read(ctx.golden)
+    if stored is None or stored.tokenizer is None:
+        raise NotApplicable(
+            f"the golden has no tokenizer fingerprints ({fingerprints.FILE_NAME}); write them "
+            "with `precguard check --target T --fingerprints-out GOLDEN_DIR`"
+        )
+    tok = lab(ctx).tokenizer()
+    golden = stored.tokenizer
+    differing = []
+    for text, ids in zip(golden.texts, golden.ids, strict=True):
+        now = encode(tok, text)
+        if now != ids:
+            first = next(
+                (i for i, (a, b) in enumerate(zip(now, ids, strict=False)) if a != b), None
+            )
+            differing.append(
+                {
+                    "text": text[:60],
+                    "first_difference_at": first,
+                    "now": now[:12],
+                    "golden": ids[:12],
+                }
+            )
+    special_now = special_ids(tok)
+    special_diff = {
+        k: [special_now.get(k), v] for k, v in golden.special.items() if special_now.get(k) != v
+    }
+    side = getattr(tok, "padding_side", None)
+    evidence: dict[str, Any] = {
+        "texts": len(golden.texts),
+        "differing_texts": differing[:5],
+        "special_now_vs_golden": special_diff,
+        "padding_side_now_vs_golden": [side, golden.padding_side],
+    }
+    remedy = (
+        "Load the exact tokenizer files of the golden run (same revision: tokenizer.json, "
+        "vocab/merges, special_tokens_map, tokenizer_config) and the same padding side."
+    )
+    if differing or special_diff:
+        what = (
+            f"{len(differing)} of {len(golden.texts)} texts encode to other ids"
+            if differing
+            else f"special tokens differ: {special_diff}"
+        )
+        return finding(
+            cid, "fail", f"the tokenizer differs from the golden's: {what}", evidence, remedy
+        )
+    if side != golden.padding_side:
+        return finding(
+            cid,
+            "warn",
+            f"padding side {side!r} differs from the golden's {golden.padding_side!r}",
+            evidence,
+            remedy,
+        )
+    return finding(
+        cid,
+        "pass",
+        f"the {len(golden.texts)} golden texts encode to the golden's ids; special tokens match",
+        evidence,
+    )
+
+
 CHECKS = [
     Check("tokenizer.round_trip", "Encode/decode of sample texts gives the text back.", round_trip),
     Check(
@@ -190,5 +260,10 @@ CHECKS = [
         "tokenizer.vocab_range",
         "Every produced id is below the model's embedding size.",
         vocab_range,
+    ),
+    Check(
+        "tokenizer.matches_golden",
+        "With --golden and its fingerprints.json: the same token ids and special tokens.",
+        matches_golden,
     ),
 ]

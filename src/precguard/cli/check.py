@@ -49,6 +49,12 @@ def check(
         None, "--json", help="Write the Diagnosis as JSON to this file ('-' for stdout)."
     ),
     html_out: Path | None = typer.Option(None, "--html", help="Write an HTML report here."),
+    fingerprints_out: Path | None = typer.Option(
+        None,
+        "--fingerprints-out",
+        help="Write the target's data and tokenizer fingerprints (fingerprints.json) into this "
+        "directory, e.g. a golden recording, and exit.",
+    ),
     list_checks: bool = typer.Option(
         False, "--list", help="List the registered checks and the shipped checklists, then exit."
     ),
@@ -64,6 +70,13 @@ def check(
         for check_id, chk in sorted(cl.registered_checks().items()):
             out.print(f"{check_id:34} {chk.description}", markup=False)
         out.print(f"\nchecklists: {', '.join(cl.builtin_checklists())}", markup=False)
+        return
+    if fingerprints_out is not None:
+        from precguard.checks import fingerprints
+        from precguard.target import load_target
+
+        path = fingerprints.write(fingerprints_out, load_target(target))
+        typer.echo(f"wrote the data and tokenizer fingerprints of {target} to {path}")
         return
     err = Console(stderr=True)
     progress = Progress(
