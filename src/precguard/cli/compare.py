@@ -19,10 +19,11 @@ against the tolerance profile of the golden's dtype.
 [green]match[/green] (exit 0): every paired record is within tolerance.
 
 [red]diverged[/red] (exit 1): some record is not. [bold]first divergence[/bold] names the first
-module, in execution order, that made error [italic]itself[/italic] (local): its inputs matched but
-its output did not, its output error is >= 10x its input error (the amplification), or
-its weights differ. Everything after it that fails only passed the error on
-(propagated). [bold]suspects[/bold] lists other modules that made error of their own.
+module, in execution order, that made error [italic]itself[/italic] (local): its inputs matched and
+it at least doubled their error, or its output error is >= 10x its input error (the
+amplification), or its own weights differ. Records after it that fail only passed the
+error on (propagated). [bold]suspects[/bold] lists other modules that made error of their own.
+Pairs compared on statistics only (no full tensors) are a weaker test and are counted.
 
 Exit 2: unusable input (missing or corrupt recording, different models), one line on stderr.
 

@@ -149,6 +149,7 @@ def step_candidates(results: list[RecordResult], profile: Profile) -> list[Candi
             reason = (
                 f"{call.module} ({call.module_type}): inputs match (error {_fmt(in_err)}) but "
                 f"its output does not (error {_fmt(out_err)}, {_fmt(amp)}x amplification)"
+                + _glue_note(call, in_records, first, forward)
             )
         elif amp >= profile.amplification:
             reason = (
@@ -163,6 +164,24 @@ def step_candidates(results: list[RecordResult], profile: Profile) -> list[Candi
         c.order = (c.result.step, 0, c.result.seq, c.result.rank)
     found.sort(key=lambda c: c.order)
     return _drop_explained(found)
+
+
+def _glue_note(
+    call: _Call, in_records: list[RecordResult], first: RecordResult, forward: list[RecordResult]
+) -> str:
+    """Say so when the error first shows in a submodule's input: the module's own code made it."""
+    start = min((r.seq for r in in_records), default=-1)
+    prefix = call.module + "."
+    for r in forward:
+        if not start < r.seq < first.seq or r.status not in _BAD:
+            continue
+        if r.role == "input" and (call.module == "root" or r.module.startswith(prefix)):
+            return (
+                f"; it first shows in the input of {r.module}, so {call.module}'s own code "
+                "between its submodules made it"
+            )
+        return ""
+    return ""
 
 
 def _drop_explained(found: list[Candidate]) -> list[Candidate]:

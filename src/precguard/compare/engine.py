@@ -294,7 +294,22 @@ def pair_metrics(
             rms = None
             if g.stats is not None and g.stats.numel and math.isfinite(g.stats.l2):
                 rms = g.stats.l2 / math.sqrt(g.stats.numel)
-            return full_metrics(gt, at, dtype=dtype, rtol=tol.rtol, atol=tol.atol, golden_rms=rms)
+            g_release = g_store.releaser(g, gt.element_size())
+            a_release = a_store.releaser(a, at.element_size())
+
+            def release(start: int, end: int) -> None:
+                g_release(start, end)
+                a_release(start, end)
+
+            return full_metrics(
+                gt,
+                at,
+                dtype=dtype,
+                rtol=tol.rtol,
+                atol=tol.atol,
+                golden_rms=rms,
+                release=release,
+            )
         return exact_metrics(gt, at)
     return stats_metrics(g, a, dtype=dtype)
 

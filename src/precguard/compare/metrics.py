@@ -9,6 +9,7 @@ the pages of a tensor are read once and memory stays bounded by the chunk.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -125,6 +126,7 @@ def full_metrics(
     ulp_dtype: str | None = None,
     golden_rms: float | None = None,
     chunk: int = CHUNK,
+    release: Callable[[int, int], None] | None = None,
 ) -> Metrics:
     """Compare two full tensors of equal element count, chunk by chunk.
 
@@ -133,7 +135,9 @@ def full_metrics(
     golden rounded to it first); ``rtol``/``atol`` define the element-wise
     closeness test reported as ``close_share``; ``golden_rms`` (from the recorded
     statistics) sets the relative-error floor without an extra pass. Chunks are spread over
-    ``torch.get_num_threads()`` threads (numpy releases the GIL).
+    ``torch.get_num_threads()`` threads (numpy releases the GIL);
+    ``release(start, end)``, if given, is called once each chunk's elements
+    are no longer needed (the tensor store gives their pages back).
     """
     g_flat = golden.reshape(-1)
     a_flat = actual.reshape(-1)
@@ -153,7 +157,10 @@ def full_metrics(
     pool = _pool() if numel > 2 * chunk else None
 
     def one(start: int) -> _Acc:
-        return _chunk(g_flat[start : start + chunk], a_flat[start : start + chunk], params)
+        part = _chunk(g_flat[start : start + chunk], a_flat[start : start + chunk], params)
+        if release is not None:
+            release(start, min(start + chunk, numel))
+        return part
 
     parts = map(one, starts) if pool is None else pool.map(one, starts)
     for part in parts:
@@ -184,6 +191,18 @@ def _ordered_bits(x: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
     return ordered.astype(np_int)
 
 
+def _max_ulp(g: np.ndarray, a: np.ndarray, g_t: torch.Tensor, a_t: torch.Tensor, p: _Params) -> int:
+    if p.ulp_dtype is p.work is torch.float32:
+        # Same sign (the common case): the bit patterns are ordered like the values, so
+        # their int32 difference is the ULP distance and cannot overflow.
+        gi, ai = g.view(np.int32), a.view(np.int32)
+        if not np.any((gi ^ ai) < 0):
+            diff = ai - gi
+            return int(max(diff.max(), -diff.min()))
+    ulp = _ordered_bits(a_t, p.ulp_dtype) - _ordered_bits(g_t, p.ulp_dtype)
+    return int(max(ulp.max(), -ulp.min()))
+
+
 def _as_numpy(t: torch.Tensor, work: torch.dtype) -> np.ndarray:
     if t.dtype is not work:
         t = t.to(work)
@@ -193,10 +212,12 @@ def _as_numpy(t: torch.Tensor, work: torch.dtype) -> np.ndarray:
 def _chunk(g_t: torch.Tensor, a_t: torch.Tensor, p: _Params) -> _Acc:
     acc = _Acc()
     g, a = _as_numpy(g_t, p.work), _as_numpy(a_t, p.work)
+    if g.size == 0:
+        return acc
     with np.errstate(all="ignore"):
         d = a - g
-        finite = bool(np.isfinite(np.dot(d, d))) if d.size else True
-        if not finite:
+        acc.sum_sq = float(np.dot(d, d))
+        if not math.isfinite(acc.sum_sq):
             # Slow path, only for chunks holding NaN/Inf (or overflowing):
             # count mismatches, then measure the elements finite on both sides.
             g_nan, a_nan = np.isnan(g), np.isnan(a)
@@ -208,24 +229,22 @@ def _chunk(g_t: torch.Tensor, a_t: torch.Tensor, p: _Params) -> _Acc:
             a = np.where(both, a, 0.0).astype(a.dtype)
             g_t, a_t = torch.from_numpy(g), torch.from_numpy(a)
             d = a - g
+            acc.sum_sq = float(np.dot(d, d))
         acc.n = d.size
-        acc.sum_sq = float(np.dot(d, d))
         acc.gg = float(np.dot(g, g))
         acc.aa = float(np.dot(a, a))
         acc.ga = float(np.dot(g, a))
-        if d.size:
-            ulp = _ordered_bits(a_t, p.ulp_dtype) - _ordered_bits(g_t, p.ulp_dtype)
-            acc.max_ulp = int(max(ulp.max(), -ulp.min()))
+        acc.max_ulp = _max_ulp(g, a, g_t, a_t, p)
         np.abs(d, out=d)
-        acc.max_abs = float(d.max()) if d.size else 0.0
-        acc.sum_abs = float(d.sum(dtype=np.float64))
+        acc.max_abs = float(d.max())
+        acc.sum_abs = float(d.sum())
         gabs = np.abs(g)
         thresh = gabs * p.rtol
         thresh += p.atol
         acc.not_close = int(np.count_nonzero(d > thresh))
         np.maximum(gabs, p.floor, out=gabs)
         d /= gabs
-        acc.max_rel = float(d.max()) if d.size else 0.0
+        acc.max_rel = float(d.max())
         acc.bands = [int(np.count_nonzero(d > band)) for band in REL_BANDS]
     return acc
 

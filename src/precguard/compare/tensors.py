@@ -4,8 +4,10 @@
 reads every tensor of two recordings once, in chunks, so it maps the file
 itself: the safetensors header (8-byte length, then JSON) says where each
 tensor's bytes lie, and :func:`torch.frombuffer` views them without a copy.
-Only the pages being compared are resident, so peak memory does not grow
-with the size of a recording or of a tensor.
+Pages already compared are given back with ``madvise(MADV_DONTNEED)``
+(the data stays in the page cache; only this process's mapping lets go), so
+resident memory stays bounded by a few chunks, not by the size of a tensor
+or of a recording.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import mmap
 import struct
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,10 @@ _DTYPES: dict[str, torch.dtype] = {
     "BOOL": torch.bool,
 }
 _MAX_HEADER = 100 * 1024 * 1024
+_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
+
+#: ``release(first_element, end_element)``: the caller is done with those elements
+Release = Callable[[int, int], None]
 
 
 class _MappedFile:
@@ -66,6 +73,21 @@ class _MappedFile:
         self.size = size
         self.data_start = 8 + hlen
         self.header: dict[str, Any] = header
+
+    def span(self, name: str) -> tuple[int, int]:
+        """Absolute byte offsets ``(start, end)`` of tensor ``name`` in the file."""
+        start, end = self.header[name]["data_offsets"]
+        return self.data_start + start, self.data_start + end
+
+    def release(self, start: int, end: int) -> None:
+        """Drop this process's pages of bytes ``[start, end)`` (whole pages inside only)."""
+        if _DONTNEED is None:
+            return
+        first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+        last = (end // mmap.PAGESIZE) * mmap.PAGESIZE
+        if last > first:
+            with contextlib.suppress(OSError, ValueError):
+                self._map.madvise(_DONTNEED, first, last - first)
 
     def tensor(self, name: str) -> torch.Tensor:
         info = self.header.get(name)
@@ -102,6 +124,16 @@ class TensorStore:
         self.root = root
         self._files: OrderedDict[Path, _MappedFile] = OrderedDict()
         self._keep = keep_open
+
+    def releaser(self, record: Record, itemsize: int) -> Release:
+        """A callback that gives back the pages of elements ``[a, b)`` of ``record``'s tensor.
+
+        Call it only once nothing reads those elements any more.
+        """
+        assert record.tensor is not None
+        mapped = self._files[self.root / f"rank{record.rank}" / record.tensor.file]
+        base, _ = mapped.span(record.tensor.name)
+        return lambda a, b: mapped.release(base + a * itemsize, base + b * itemsize)
 
     def tensor(self, record: Record) -> torch.Tensor:
         """Return a zero-copy view of the tensor saved for ``record``."""
