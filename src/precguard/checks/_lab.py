@@ -227,7 +227,7 @@ class Lab:
             return model.to(device=self.dev, dtype=self.dtype)
         if on == "fp64":
             return model.to(dtype=torch.float64)
-        return model
+        return model.to(device=self.reference.torch_device())
 
     def build_fresh(self, backend: Backend) -> nn.Module:
         """Seed through ``backend`` and build a brand-new model (for init experiments)."""
@@ -250,16 +250,16 @@ class Lab:
             return cast_floats(move_batch(batch, self.dev), self.dtype)
         if on == "fp64":
             return cast_floats(batch, torch.float64)
-        return batch
+        return move_batch(batch, self.reference.torch_device())
 
     @contextlib.contextmanager
     def numerics(self, on: On) -> Iterator[None]:
-        """The device's numerics context for ``on == "device"``; nothing otherwise."""
-        if on == "device":
-            with self.device.numerics():
-                yield
-        else:
+        """The numerics context of the device or the reference; nothing for fp64."""
+        if on == "fp64":
             yield
+        else:
+            with (self.device if on == "device" else self.reference).numerics():
+                yield
 
     def forward(
         self,
@@ -279,16 +279,15 @@ class Lab:
         ctx = contextlib.nullcontext() if grad else torch.no_grad()
         with ctx, self.numerics(on), inner or contextlib.nullcontext():
             out = call_model(model, placed)
-        if on == "device":
-            self.device.synchronize()
+        (self.device if on == "device" else self.reference).synchronize()
         return out
 
     def reference_logits(self) -> torch.Tensor:
         """Logits (main output) of the reference model on batch 0, fp32."""
         if "reference_logits" not in self._cache:
-            self._cache["reference_logits"] = logits_of(
-                self.forward(self.reference_model(), "reference")
-            ).detach()
+            self._cache["reference_logits"] = (
+                logits_of(self.forward(self.copy("reference"), "reference")).detach().cpu()
+            )
         return self._cache["reference_logits"]
 
     def gradients(self, on: On, scale: float = 1.0) -> tuple[float, dict[str, torch.Tensor]]:
@@ -344,9 +343,11 @@ class Lab:
         return loss, grads
 
     def module_inputs(self) -> dict[str, tuple[nn.Module, tuple, dict]]:
-        """Inputs of each module's first call in a reference forward of batch 0.
+        """Inputs of each module's first call in a forward of batch 0 on the CPU in fp32.
 
         Maps qualified name -> (module of the reference model, args, kwargs).
+        The hooks are on the shared reference model only for this one call and
+        are removed after it; they return nothing, so the forward is unchanged.
         """
         if "module_inputs" not in self._cache:
             model = self.reference_model()
@@ -360,7 +361,8 @@ class Lab:
 
                 handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
             try:
-                self.forward(model, "reference")
+                with torch.no_grad():  # on the CPU in fp32: the captures are the exact inputs
+                    call_model(model, self.batch(0))
             finally:
                 for h in handles:
                     h.remove()

@@ -85,7 +85,7 @@ def _errors(
         cos64, sin64 = exact  # the module's own fp64 run may hide an internal .float()
     runs = {
         "device": (bench.dtype, bench.dev, bench.device.numerics),
-        "reference": (torch.float32, torch.device("cpu"), bench.reference.numerics),
+        "reference": (torch.float32, bench.reference.torch_device(), bench.reference.numerics),
     }
     errors = {}
     for label, (dtype, dev, numerics) in runs.items():
