@@ -215,3 +215,68 @@ def test_compare_is_also_reachable_after_importing_the_subpackage(rmsnorm_fault)
 
     assert callable(subpackage)
     assert precguard.compare(*rmsnorm_fault).verdict == "diverged"
+
+
+def _nan_in_one_element(model: torch.nn.Module) -> None:
+    def hook(_m, _args, out):
+        out = out.clone()
+        out[0, 0, 0] = float("nan")
+        return out
+
+    model.get_submodule("model.layers.2.mlp.act_fn").register_forward_hook(hook)
+
+
+def test_nan_introduced_by_one_module_is_named(tiny_golden: Path, tmp_path: Path) -> None:
+    actual = precguard.record_target(
+        "tiny-llama", out=tmp_path / "nan", tensors=True, prepare=_nan_in_one_element
+    )
+    result = precguard.compare(tiny_golden, actual)
+    fd = result.first_divergence
+    assert result.verdict == "diverged"
+    assert fd is not None and fd.module == "model.layers.2.mlp.act_fn"
+    assert fd.metrics.nan_mismatch == 1
+    assert "NaN/Inf" in fd.reason
+    assert result.counts.nonfinite > 0
+
+
+def _as_rank(src: Path, dst: Path, rank: int) -> None:
+    """Copy rank0/ of ``src`` into ``dst``/rank{rank}/, rewriting each record's rank."""
+    import shutil
+
+    out = dst / f"rank{rank}"
+    shutil.copytree(src / "rank0", out)
+    lines = (out / "records.jsonl").read_text().splitlines()
+    records = [json.loads(line) | {"rank": rank} for line in lines]
+    (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_ranks_are_compared_separately_and_named(tiny_golden: Path, tmp_path: Path) -> None:
+    import shutil
+
+    fault = next(f for f in FAULTS if f.name == "rope-fp16")
+    faulty = record(tmp_path / "faulty", fault=fault)
+    golden, actual = tmp_path / "g2", tmp_path / "a2"
+    shutil.copytree(tiny_golden, golden)
+    _as_rank(tiny_golden, golden, 1)
+    shutil.copytree(tiny_golden, actual)
+    _as_rank(faulty, actual, 1)  # only rank 1 carries the fault
+
+    result = precguard.compare(golden, actual)
+    rank0 = precguard.compare(golden, actual, rank=0)
+
+    assert result.verdict == "diverged"
+    assert result.first_divergence is not None
+    assert result.first_divergence.rank == 1
+    assert result.first_divergence.module == fault.module
+    assert {r.rank for r in result.records} == {0, 1}
+    assert rank0.verdict == "match"
+
+
+def test_activation_shape_mismatch_fails_the_record() -> None:
+    from precguard.compare.engine import pair_metrics
+
+    g = _rec("m.0.forward.output.0", 0, shape=(2, 3), stats=_stats(numel=6))
+    a = _rec("m.0.forward.output.0", 0, shape=(2, 4), stats=_stats(numel=8))
+    m = pair_metrics(g, a, None, None, get_profile("default"))  # type: ignore[arg-type]
+    assert m.level == "none" and "shapes differ" in (m.note or "")
+    assert judge(m, get_profile("default")) == "fail"

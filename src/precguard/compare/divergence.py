@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from precguard.compare.report import FirstDivergence, Metrics, RecordResult, Suspect
+from precguard.compare.report import FirstDivergence, RecordResult, Suspect
 from precguard.compare.tolerance import Profile, unit_roundoff
 
 _BAD = ("fail", "nonfinite")
@@ -236,6 +236,3 @@ def rank_suspects(cands: list[Candidate], first: Candidate | None, top: int) -> 
     rest = [c for c in cands if c is not first]
     rest.sort(key=lambda c: (c.amplification is None, -(c.amplification or 0.0), c.order))
     return [c.suspect() for c in rest[:top]]
-
-
-__all__ = ["Candidate", "Metrics", "fallback", "rank_suspects", "step_candidates"]
