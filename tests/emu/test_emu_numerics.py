@@ -170,3 +170,12 @@ def test_rounding_helpers() -> None:
     blocked = numerics._block_products(a, b, 8)
     assert len(blocked) == 5
     torch.testing.assert_close(sum(blocked), a @ b)
+
+
+def test_gathers_and_casts_round_their_result() -> None:
+    table = torch.tensor([[1e5, 1.0 + 2**-12], [-3.0, 2e-8]])
+    rows = emulate("fp16-saturate", F.embedding, torch.tensor([0, 1]), table)
+    assert rows[0].tolist() == [65504.0, 1.0] and rows[1, 0].item() == -3.0
+    assert rows[1, 1].item() == torch.tensor(2e-8).half().float().item()
+    assert emulate("fp16-saturate", lambda t: t.half(), table)[0, 0].item() == 65504.0
+    assert torch.isinf(emulate("fp16", lambda t: t.half(), table)[0, 0])

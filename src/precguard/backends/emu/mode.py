@@ -38,6 +38,14 @@ _UNINITIALISED = frozenset(
     {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_"}
 )
 _MATMUL = frozenset({"mm", "bmm", "addmm", "baddbmm"})
+# Ops that only move or select elements: rounding is elementwise, so rounding their
+# result equals rounding their inputs, and is much cheaper for a gather from a large
+# table (embedding) or a copy.
+_MOVE_ONLY = frozenset(
+    {"embedding", "index_select", "gather", "index", "cat", "stack", "clone", "_to_copy",
+     "constant_pad_nd", "repeat", "flip", "roll", "where", "masked_fill", "_unsafe_view",
+     "slice_scatter", "select_scatter", "expand_copy", "permute_copy", "narrow_copy"}
+)  # fmt: skip
 _SUM = frozenset({"sum", "mean"})
 
 
@@ -113,11 +121,12 @@ class EmuMode(TorchDispatchMode):
         rules: OpNumerics,
     ) -> Any:
         seen: set[torch.dtype] = set()
+        round_inputs = name not in _MOVE_ONLY
 
         def prepare(x: Any) -> Any:
             if isinstance(x, torch.Tensor) and x.dtype in _EMULATED:
                 seen.add(x.dtype)
-                return numerics.to_storage(x.float(), rules)
+                return numerics.to_storage(x.float(), rules) if round_inputs else x.float()
             return x
 
         args, kwargs = tree_map(prepare, (args, kwargs))
