@@ -161,6 +161,12 @@ def test_model_weights_are_untouched_and_training_works() -> None:
 def test_rounding_helpers() -> None:
     rules = numerics.OpNumerics(storage=torch.float16, saturate=True)
     assert numerics.to_storage(torch.tensor([7e4]), rules).item() == 65504.0
+    # a float32 model's mask value is the same model's fp16 mask value, not -inf
+    mask_value = torch.finfo(torch.float32).min
+    ieee = numerics.OpNumerics(storage=torch.float16)
+    assert numerics.to_storage(torch.tensor([mask_value, 7e4]), ieee).tolist() == [
+        -65504.0, float("inf"),
+    ]  # fmt: skip
     assert not numerics.OpNumerics(storage=torch.float32).changes_values
     perm = numerics.reduction_order(10, numerics.OpNumerics(torch.float32, shuffle_seed=1))
     assert perm is not None and sorted(perm.tolist()) == list(range(10))

@@ -15,6 +15,8 @@ from functools import lru_cache
 
 import torch
 
+_FLT_MAX = torch.finfo(torch.float32).max
+
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float16": torch.float16,
@@ -59,7 +61,8 @@ def to_storage(
     ``dtype`` defaults to the rules' storage dtype. Saturation clamps to the
     dtype's ±max *before* rounding (so ±inf becomes ±max as well); NaN stays
     NaN unless ``nan_to_zero``; flush-to-zero zeroes magnitudes below the
-    dtype's smallest normal number.
+    dtype's smallest normal number. Exactly ±FLT_MAX (float32's
+    ``finfo.min``/``max``, a common mask value) maps to the dtype's ±max.
     """
     dtype = dtype or rules.storage
     info = torch.finfo(dtype)
@@ -68,7 +71,18 @@ def to_storage(
     if rules.nan_to_zero:
         x = torch.nan_to_num(x, nan=0.0, posinf=float("inf"), neginf=float("-inf"))
     if dtype != torch.float32:
-        x = x.to(dtype).to(torch.float32)
+        y = x.to(dtype)
+        if not rules.saturate:
+            # ±FLT_MAX is torch.finfo(torch.float32).min/max, the mask value a float32
+            # model uses; the same model at ``dtype`` would use finfo(dtype): map it there
+            # rather than to inf, which a real low-precision run would not produce.
+            overflow = torch.isinf(y)
+            if overflow.any():
+                sentinel = overflow & (x.abs() == _FLT_MAX)
+                y = y.masked_fill(sentinel & (x > 0), info.max).masked_fill(
+                    sentinel & (x < 0), -info.max
+                )
+        x = y.to(torch.float32)
     if rules.flush_to_zero:
         x = x.masked_fill(x.abs() < info.tiny, 0.0)
     return x
