@@ -19,9 +19,11 @@ class CpuBackend(Backend):
     device_type = "cpu"
 
     def torch_device(self) -> torch.device:
+        """Always ``cpu``."""
         return torch.device("cpu")
 
     def fingerprint(self) -> dict[str, Any]:
+        """Thread count (it changes reduction order), ISA level, oneDNN, thread env vars."""
         facts: dict[str, Any] = {
             "cpu.num_threads": torch.get_num_threads(),
             "cpu.capability": torch.backends.cpu.get_cpu_capability(),
@@ -35,6 +37,7 @@ class CpuBackend(Backend):
 
 @hookimpl
 def precguard_backend(device: str) -> Backend | None:
+    """Claim ``cpu``."""
     if device == "cpu":
         return CpuBackend(device)
     return None
@@ -42,17 +45,20 @@ def precguard_backend(device: str) -> Backend | None:
 
 @hookimpl
 def precguard_device_types() -> list[str]:
+    """The host CPU's one device type."""
     return ["cpu"]
 
 
 @hookimpl
 def precguard_fingerprint(device: str) -> dict[str, Any] | None:
+    """torch's version and global numerics flags for every device; CPU facts for ``cpu``
+    and for ``emu:`` devices, which run on the CPU."""
     facts: dict[str, Any] = {
         "torch.version": torch.__version__,
         "torch.deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "torch.float32_matmul_precision": torch.get_float32_matmul_precision(),
         "torch.default_dtype": str(torch.get_default_dtype()),
     }
-    if device == "cpu":
-        facts.update(CpuBackend(device).fingerprint())
+    if device == "cpu" or device == "emu" or device.startswith("emu:"):
+        facts.update(CpuBackend("cpu").fingerprint())
     return facts
