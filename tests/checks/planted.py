@@ -153,3 +153,21 @@ def with_dropout() -> precguard.Target:
     t = tiny_llama()
     t.model = lambda: build_tiny_llama(attention_dropout=0.1)
     return t
+
+
+# -- attention: a wrapper that drops the attention mask --------------------------------------
+class DropsMask(nn.Module):
+    """Forwards input_ids but silently drops attention_mask (a classic port bug)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = build_tiny_llama()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kw):
+        return self.inner(input_ids=input_ids, **kw)
+
+
+def ignores_padding_mask() -> precguard.Target:
+    t = tiny_llama()
+    t.model = DropsMask
+    return t

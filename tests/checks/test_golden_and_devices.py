@@ -93,16 +93,16 @@ def test_a_different_rng_stream_matters_only_when_the_model_draws_random_numbers
     assert "manual_seed" in found.remedy
 
 
-def test_saturation_mode_keeps_the_padding_mask_finite():
-    """fp32's min rounds to -inf in fp16 (NaN after softmax); saturation clamps it to -65504."""
-    ieee = precguard.check(
-        "llama-finetune", "tiny-llama", device="emu:fp16", only=["attention.masking"]
+def test_a_dropped_padding_mask_leaks_probability_onto_padding(run_check):
+    clean = run_check(
+        "--target", "tiny-llama", "--device", "emu:fp16", "--only", "attention.masking"
     )
-    saturating = precguard.check(
-        "llama-finetune", "tiny-llama", device="emu:fp16-saturate", only=["attention.masking"]
-    )
-    assert ieee.findings[0].status == "fail"
-    assert saturating.findings[0].status == "pass"
+    assert clean.code == 0, clean.out
+    bad = run_check("--target", planted("ignores_padding_mask"), "--only", "attention.masking")
+    assert bad.code == 1
+    found = bad.finding("attention.masking")
+    assert found["evidence"]["max_probability_on_masked_keys"] > 0.01
+    assert "receive probability" in found["summary"]
 
 
 def test_fingerprints_next_to_the_golden_catch_order_and_tokenizer(run_check, tmp_path):
@@ -135,3 +135,20 @@ def test_fingerprints_next_to_the_golden_catch_order_and_tokenizer(run_check, tm
         "--target", planted("other_data"), "--golden", str(golden), "--only", "data"
     )
     assert reordered.finding("data.batches")["evidence"]["golden_difference"] == "content"
+
+
+@pytest.mark.parametrize(
+    ("device", "status", "op"),
+    [
+        ("cpu", "pass", None),
+        ("emu:fp16", "pass", None),
+        ("emu:softmax-fp16", "fail", "softmax"),
+        ("emu:fp16-lowacc", "fail", "sum_4096"),
+    ],
+)
+def test_single_ops_below_the_device_precision_are_named(device, status, op):
+    d = precguard.check("llama-finetune", "tiny-llama", device=device, only=["ops.op_precision"])
+    (found,) = d.findings
+    assert found.status == status, found.summary
+    if op:
+        assert op in found.evidence["lowered"]

@@ -67,6 +67,16 @@ def _eps_of(mod: nn.Module) -> float | None:
     return None
 
 
+CASE_LABELS = {
+    "typical": "typical rows (standard normal)",
+    "constant_rows": "constant rows (variance 0)",
+    "large": "large rows (|x| ~ 1e3; x**2 overflows fp16)",
+    "near_dtype_max": "rows holding values near the dtype's max",
+    "small": "small rows (|x| ~ 1e-4; x**2 underflows fp16)",
+    "tiny": "tiny rows (near the dtype's smallest normal)",
+}
+
+
 def extreme_inputs(dtype: torch.dtype, sample: torch.Tensor) -> dict[str, torch.Tensor]:
     """Hand-made inputs shaped like ``sample``, exactly representable in ``dtype``."""
     gen = torch.Generator().manual_seed(1234)
@@ -121,16 +131,17 @@ def extreme_inputs_check(ctx: CheckContext, tolerance: float | None = None) -> F
                 )
             )
             assert ref is not None and got is not None
+            label = CASE_LABELS.get(case, case)
             if not torch.isfinite(got).all():
                 result[case] = "nonfinite"
-                failures.append(f"{name}: NaN/Inf on {case.replace('_', ' ')} inputs")
+                failures.append(f"{name}: NaN/Inf on {label}")
                 continue
             err = rel_error(got, ref)
             result[case] = err
             if err > 8 * tol:
-                failures.append(f"{name}: error {err:.2g} vs fp64 on {case.replace('_', ' ')}")
+                failures.append(f"{name}: error {err:.2g} vs fp64 on {label}")
             elif err > tol:
-                warnings.append(f"{name}: error {err:.2g} vs fp64 on {case.replace('_', ' ')}")
+                warnings.append(f"{name}: error {err:.2g} vs fp64 on {label}")
         per_module[name] = result
     evidence = {
         "compute_dtype": bench.compute_dtype,

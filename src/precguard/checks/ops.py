@@ -86,10 +86,101 @@ def custom_modules(ctx: CheckContext, tolerance: float | None = None, limit: int
     )
 
 
+#: op -> function of one fp32 (or fp64) tensor; each is precision-sensitive
+PROBED_OPS: dict[str, Any] = {
+    "softmax": lambda x: torch.softmax(x, dim=-1),
+    "log_softmax": lambda x: torch.log_softmax(x, dim=-1),
+    "layer_norm": lambda x: torch.nn.functional.layer_norm(x, x.shape[-1:]),
+    "exp": torch.exp,
+    "log": lambda x: torch.log(x.abs() + 1),
+    "rsqrt": lambda x: torch.rsqrt(x.abs() + 1),
+    "pow": lambda x: x.pow(2),
+    "sum": lambda x: x.sum(-1),
+    "mean": lambda x: x.mean(-1),
+    "cumsum": lambda x: x.cumsum(-1),
+    "matmul": lambda x: x @ x.transpose(-1, -2),
+    "sin": torch.sin,
+    "cos": torch.cos,
+    # long reductions expose low-precision accumulation, not just rounding
+    "sum_4096": lambda x: x.reshape(-1, 4096).sum(-1),
+    "matmul_k4096": lambda x: x.reshape(-1, 4096) @ x.reshape(-1, 4096).transpose(0, 1),
+}
+
+
+_UNIT = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8, "below bfloat16": 1.0}
+
+
+def effective_precision(err: float) -> str:
+    """Name the precision a relative error vs fp64 points to (fp32, fp16, bf16 or worse)."""
+    if err < 2e-6:
+        return "float32"
+    if err < 2e-3:
+        return "float16"
+    if err < 2e-2:
+        return "bfloat16"
+    return "below bfloat16"
+
+
+def op_precision(ctx: CheckContext) -> Finding:
+    """Probe single ops on the device against fp64: which run below the device's precision."""
+    bench = lab(ctx)
+    cid = "ops.op_precision"
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(16, 1024, generator=gen)
+    expected = effective_precision(0.5 * bench.eps) if bench.eps > 1e-6 else "float32"
+    results: dict[str, Any] = {}
+    lowered: list[str] = []
+    for name, fn in PROBED_OPS.items():
+        want = fn(x.double())
+        with torch.no_grad(), bench.device.numerics():
+            got = fn(x.to(device=bench.dev, dtype=bench.dtype))
+        err = rel_error(got, want)
+        precision = effective_precision(err)
+        flushed = int(((got.detach().cpu() == 0) & (want != 0)).sum())
+        results[name] = {"rel_error_vs_fp64": err, "behaves_like": precision, "flushed": flushed}
+        if _UNIT[precision] > _UNIT[expected]:
+            lowered.append(name)
+    evidence = {"device_compute_dtype": bench.compute_dtype, "ops": results}
+    if lowered:
+        worst = lowered[0]
+        return finding(
+            cid,
+            "fail",
+            f"{', '.join(lowered)} {'loses' if len(lowered) == 1 else 'lose'} more precision "
+            f"on {ctx.device} than {expected} rounding explains (behaving like "
+            f"{results[worst]['behaves_like']}"
+            + ("; long reductions point to low-precision accumulation" if "4096" in worst else "")
+            + (
+                f"; {results[worst]['flushed']} small results flushed to zero"
+                if results[worst]["flushed"]
+                else ""
+            )
+            + ")",
+            {**evidence, "lowered": lowered},
+            "An op runs below the precision of the rest of the device: a vendor precision mode "
+            "(Ascend ACL_PRECISION_MODE=allow_fp32_to_fp16 / cube_math_type, TF32/HF32 "
+            "switches) or an op implementation chosen for speed (ACL_OP_SELECT_IMPL_MODE="
+            "high_precision). Set the mode that keeps the dtype (must_keep_origin_dtype) or run "
+            "that op in fp32 explicitly.",
+        )
+    return finding(
+        cid,
+        "pass",
+        f"{len(results)} precision-sensitive ops run at the device's own {expected} precision",
+        evidence,
+    )
+
+
 CHECKS = [
     Check(
         "ops.custom_modules",
         "Every custom (non-torch.nn) leaf module on its captured inputs: device vs fp64.",
         custom_modules,
+    ),
+    Check(
+        "ops.op_precision",
+        "Single precision-sensitive ops (softmax, norms, exp/log, reductions) vs fp64 on the "
+        "device: which run below the device's precision.",
+        op_precision,
     ),
 ]
