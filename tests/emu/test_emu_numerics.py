@@ -185,3 +185,21 @@ def test_gathers_and_casts_round_their_result() -> None:
     assert rows[1, 1].item() == torch.tensor(2e-8).half().float().item()
     assert emulate("fp16-saturate", lambda t: t.half(), table)[0, 0].item() == 65504.0
     assert torch.isinf(emulate("fp16", lambda t: t.half(), table)[0, 0])
+
+
+def test_low_precision_accumulation_covers_addmm_and_baddbmm() -> None:
+    gen = torch.Generator().manual_seed(7)
+    x, w, bias = (
+        torch.randn(2, 3, 40, generator=gen),
+        torch.randn(40, 5, generator=gen),
+        torch.randn(5, generator=gen),
+    )
+    y = emulate("fp16-lowacc", F.linear, x, w.t(), bias)
+    torch.testing.assert_close(y, x @ w + bias, rtol=2e-2, atol=2e-2)
+    assert torch.equal(y, y.half().float())
+    base = torch.randn(2, 3, 3, generator=gen)
+    z = emulate(
+        "fp16-lowacc",
+        lambda: torch.baddbmm(base, x, x.transpose(1, 2), beta=0.5, alpha=2.0),
+    )
+    torch.testing.assert_close(z, 0.5 * base + 2 * (x @ x.transpose(1, 2)), rtol=2e-2, atol=0.1)

@@ -166,14 +166,10 @@ class EmuMode(TorchDispatchMode):
         if name in ("mm", "bmm"):
             return numerics.matmul(bound["self"], bound["mat2"], rules)
         if name in ("addmm", "baddbmm"):
-            a, b = (
-                (bound["mat1"], bound["mat2"])
-                if name == "addmm"
-                else (
-                    bound["batch1"],
-                    bound["batch2"],
-                )
-            )
+            if name == "addmm":
+                a, b = bound["mat1"], bound["mat2"]
+            else:
+                a, b = bound["batch1"], bound["batch2"]
             return numerics.addmm(
                 bound["self"], a, b, rules, beta=bound.get("beta", 1), alpha=bound.get("alpha", 1)
             )
