@@ -107,7 +107,7 @@ def make_fake_torch_npu(state: FakeSdkState) -> types.ModuleType:
         clear_npu_overflow_flag=clear_flag,
         matmul=types.SimpleNamespace(allow_hf32=False, cube_math_type=0),
         conv=types.SimpleNamespace(allow_hf32=True),  # torch_npu's documented default
-        config=types.SimpleNamespace(allow_internal_format=False),
+        config=types.SimpleNamespace(allow_internal_format=True),  # default before Atlas A3
         utils=types.SimpleNamespace(
             is_support_inf_nan=lambda: state.inf_nan, npu_check_overflow=check_overflow
         ),

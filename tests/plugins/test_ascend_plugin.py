@@ -82,7 +82,7 @@ def test_fingerprint_records_the_numerics_switches(npu_sdk, monkeypatch) -> None
     assert facts["npu.conv.allow_hf32"] is True
     assert facts["npu.matmul.allow_hf32"] is False
     assert facts["npu.inf_nan_mode"] is False
-    assert facts["npu.allow_internal_format"] is False
+    assert facts["npu.allow_internal_format"] is True
     assert facts["npu.jit_compile"] is False
     assert facts["npu.device_name"] == "Ascend910B-FAKE"
     assert facts["env.INF_NAN_MODE_ENABLE"] == "0"
@@ -102,7 +102,7 @@ def test_checks_name_the_pitfalls(npu_sdk) -> None:
     saturation = checks["env.npu_saturation_mode"].func(ctx)
     assert saturation.status == "warn" and "emu:fp16-saturate" in saturation.remedy
     assert checks["env.npu_cpu_fallback"].func(ctx).status == "warn"
-    assert checks["env.npu_internal_format"].func(ctx).status == "pass"
+    assert checks["env.npu_internal_format"].func(ctx).status == "warn"
     npu_sdk.options["ACL_PRECISION_MODE"] = "must_keep_origin_dtype"
     assert checks["env.ascend_precision_mode"].func(ctx).status == "pass"
 
