@@ -80,11 +80,15 @@ class _MappedFile:
         return self.data_start + start, self.data_start + end
 
     def release(self, start: int, end: int) -> None:
-        """Drop this process's pages of bytes ``[start, end)`` (whole pages inside only)."""
+        """Drop this process's pages covering bytes ``[start, end)``.
+
+        Rounding outward is safe: the mapping is never written, so a dropped page
+        that a neighbouring chunk still reads is simply read again from the file.
+        """
         if _DONTNEED is None:
             return
-        first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
-        last = (end // mmap.PAGESIZE) * mmap.PAGESIZE
+        first = (start // mmap.PAGESIZE) * mmap.PAGESIZE
+        last = min(-(-end // mmap.PAGESIZE) * mmap.PAGESIZE, self.size)
         if last > first:
             with contextlib.suppress(OSError, ValueError):
                 self._map.madvise(_DONTNEED, first, last - first)
