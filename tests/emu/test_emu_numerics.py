@@ -203,3 +203,14 @@ def test_low_precision_accumulation_covers_addmm_and_baddbmm() -> None:
         lambda: torch.baddbmm(base, x, x.transpose(1, 2), beta=0.5, alpha=2.0),
     )
     torch.testing.assert_close(z, 0.5 * base + 2 * (x @ x.transpose(1, 2)), rtol=2e-2, atol=0.1)
+
+
+def test_nested_numerics_round_once() -> None:
+    backend = plugins.get_backend("emu:fp16-lowacc")
+    a = torch.randn(4, 256, generator=torch.Generator().manual_seed(8))
+    b = torch.randn(256, 4, generator=torch.Generator().manual_seed(9))
+    with backend.numerics():
+        once = a @ b
+        with backend.numerics():
+            nested = a @ b
+    assert torch.equal(once, nested)

@@ -101,12 +101,19 @@ class EmuBackend(Backend):
 
     @contextlib.contextmanager
     def numerics(self) -> Iterator[None]:
-        """Run the enclosed ops with the profile's numerics (see :mod:`.mode`)."""
+        """Run the enclosed ops with the profile's numerics (see :mod:`.mode`).
+
+        Nested inside another emulator's ``numerics()`` on the same thread, it
+        adds nothing: the outer profile stays in charge (ops are never rounded twice).
+        """
         if self.profile is None:
             raise EmuProfileError(self._error)
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
         from precguard.backends.emu.mode import EmuMode
 
-        if self.profile.is_identity() and self.generator is None:
+        nested = any(isinstance(m, EmuMode) for m in _get_current_dispatch_mode_stack())
+        if nested or (self.profile.is_identity() and self.generator is None):
             yield
             return
         with EmuMode(self.profile, self.generator):
