@@ -238,14 +238,21 @@ def _chunk(g_t: torch.Tensor, a_t: torch.Tensor, p: _Params) -> _Acc:
         np.abs(d, out=d)
         acc.max_abs = float(d.max())
         acc.sum_abs = float(d.sum())
+        if acc.max_abs == 0:
+            return acc
         gabs = np.abs(g)
-        thresh = gabs * p.rtol
-        thresh += p.atol
-        acc.not_close = int(np.count_nonzero(d > thresh))
+        if acc.max_abs > p.atol:  # otherwise every element is within atol: none is "not close"
+            thresh = gabs * p.rtol
+            thresh += p.atol
+            acc.not_close = int(np.count_nonzero(d > thresh))
         np.maximum(gabs, p.floor, out=gabs)
         d /= gabs
         acc.max_rel = float(d.max())
-        acc.bands = [int(np.count_nonzero(d > band)) for band in REL_BANDS]
+        # bands are nested (1e-2 > 1e-3 > 1e-4): stop at the first that no element exceeds
+        for i, band in sorted(enumerate(REL_BANDS), key=lambda ib: ib[1]):
+            if acc.max_rel <= band:
+                break
+            acc.bands[i] = int(np.count_nonzero(d > band))
     return acc
 
 
