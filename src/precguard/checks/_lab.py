@@ -21,16 +21,12 @@ from torch import nn
 
 from precguard._logging import get_logger
 from precguard.backend import Backend
-from precguard.checks.base import CheckContext, Finding, Status
+from precguard.checks.base import CheckContext, Finding, NotApplicable, Status
 from precguard.target import Target, call_model, move_batch
 
 logger = get_logger(__name__)
 
 On = Literal["device", "reference", "fp64"]
-
-
-class NotApplicable(Exception):
-    """Raised inside a check when it cannot apply; the runner turns it into ``skip``."""
 
 
 def finding(

@@ -37,6 +37,13 @@ FAMILIES: tuple[str, ...] = (
 )
 
 
+class NotApplicable(Exception):
+    """Raise inside a check that cannot apply here; the runner records ``skip`` with the reason.
+
+    >>> raise NotApplicable("target gives no tokenizer")   # doctest: +SKIP
+    """
+
+
 class Finding(BaseModel):
     """One result of one check."""
 

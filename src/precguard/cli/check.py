@@ -68,8 +68,8 @@ def check(
     out = Console(highlight=False, soft_wrap=False)
     if list_checks:
         for check_id, chk in sorted(cl.registered_checks().items()):
-            out.print(f"{check_id:34} {chk.description}", markup=False)
-        out.print(f"\nchecklists: {', '.join(cl.builtin_checklists())}", markup=False)
+            typer.echo(f"{check_id:36} {chk.description}")
+        typer.echo(f"\nchecklists: {', '.join(cl.builtin_checklists())}")
         return
     if fingerprints_out is not None:
         from precguard.checks import fingerprints
