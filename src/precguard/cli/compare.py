@@ -51,7 +51,10 @@ def compare(
         help="golden: hold the run to the golden's dtype; actual: to the less precise dtype.",
     ),
 ) -> None:
+    import sys
+
     from rich.console import Console
+    from rich.progress import Progress
 
     from precguard.compare import compare as run_compare
     from precguard.compare.render import render
@@ -60,16 +63,20 @@ def compare(
         from precguard.errors import UsageError
 
         raise UsageError(f"--top must be >= 0, got {top}")
-    result = run_compare(
-        golden,
-        actual,
-        profile=profile,
-        rtol=rtol,
-        atol=atol,
-        rank=rank,
-        step=step,
-        tolerance_dtype=tolerance_dtype,
-    )
+    stderr = Console(stderr=True)
+    with Progress(console=stderr, transient=True, disable=not sys.stderr.isatty()) as bar:
+        task = bar.add_task(f"comparing {actual} with {golden}", total=None)
+        result = run_compare(
+            golden,
+            actual,
+            profile=profile,
+            rtol=rtol,
+            atol=atol,
+            rank=rank,
+            step=step,
+            tolerance_dtype=tolerance_dtype,
+            on_step=lambda r, s: bar.update(task, advance=1, description=f"rank {r} step {s}"),
+        )
     payload = result.model_dump_json(indent=2)
     if json_out is not None and str(json_out) == "-":
         typer.echo(payload)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import groupby
 from typing import Any
 
@@ -51,6 +51,7 @@ def compare(
     step: int | None = None,
     suspects: int = 5,
     tolerance_dtype: str = "golden",
+    on_step: Callable[[int, int], None] | None = None,
 ) -> Comparison:
     """Compare an ``actual`` recording with a ``golden`` one and name where they diverge.
 
@@ -64,6 +65,8 @@ def compare(
     :param tolerance_dtype: ``"golden"``: judge each pair by the golden's dtype
         (a bf16 run must match an fp32 golden to fp32 tolerances);
         ``"actual"``: by the less precise dtype (is the run as good as bf16 allows?).
+    :param on_step: called as ``on_step(rank, step)`` after each step is compared
+        (the CLI's progress bar).
     :raises IncomparableRunsError: the recordings are of different models.
     :raises DumpFormatError: a recording is missing, corrupt or of a newer schema.
 
@@ -102,6 +105,8 @@ def compare(
                 if first is not None:
                     firsts.append(first)
                 logger.debug("step_compared", rank=r, step=s, records=len(step_results.results))
+                if on_step is not None:
+                    on_step(r, s)
     finally:
         g_store.close()
         a_store.close()
