@@ -49,7 +49,8 @@ hookimpl = pluggy.HookimplMarker("precguard")
 pm = pluggy.PluginManager("precguard")
 pm.add_hookspecs(hookspecs)
 
-#: built-in plugin modules, registered under the last part of their name
+#: built-in plugin modules, registered under the last part of their name (the package's
+#: name for a module called ``builtin``: ``precguard.checks.builtin`` is ``checks``)
 DEFAULT_PLUGINS: tuple[str, ...] = (
     "precguard.backends.cpu",
     "precguard.backends.emu",
@@ -121,7 +122,7 @@ def load_plugins() -> pluggy.PluginManager:
 def _load_all() -> None:
     """Register the built-ins, then (unless disabled) the entry points."""
     for module_name in DEFAULT_PLUGINS:
-        name = module_name.rsplit(".", 1)[-1]
+        name = builtin_name(module_name)
         if pm.get_plugin(name) is not None:
             continue
         try:
@@ -132,6 +133,14 @@ def _load_all() -> None:
         _register(module, PluginSource(name=name, builtin=True, module=module_name))
     if not _env_on("PRECGUARD_DISABLE_PLUGIN_AUTOLOAD"):
         _load_entry_points()
+
+
+def builtin_name(module_name: str) -> str:
+    """The plugin name of a built-in module: ``precguard.backends.cpu`` -> ``cpu``."""
+    parts = module_name.split(".")
+    if parts[-1] == "builtin" and len(parts) > 1:
+        return parts[-2]
+    return parts[-1]
 
 
 def _record_load_error(name: str, exc: BaseException) -> None:
