@@ -171,3 +171,10 @@ def ignores_padding_mask() -> precguard.Target:
     t = tiny_llama()
     t.model = DropsMask
     return t
+
+
+def rmsnorm_eps_below_fp16() -> precguard.Target:
+    """RMSNorm eps 1e-9: fine in fp32, exactly 0 once stored in fp16."""
+    t = tiny_llama()
+    t.model = lambda: build_tiny_llama(rms_norm_eps=1e-9)
+    return t

@@ -94,3 +94,13 @@ def test_tokenizer_out_of_range_ids_are_listed(run_check):
     ev = run.finding("tokenizer.vocab_range")["evidence"]
     assert ev["embedding_rows"] == 256
     assert min(ev["ids_out_of_range"]) >= 256
+
+
+def test_an_eps_that_rounds_to_zero_in_fp16_is_named(run_check):
+    fp32 = run_check("--target", planted("rmsnorm_eps_below_fp16"), "--only", "norm")
+    fp16 = run_check(
+        "--target", planted("rmsnorm_eps_below_fp16"), "--device", "emu:fp16", "--only", "norm"
+    )
+    assert fp32.code == 0, fp32.out
+    failures = fp16.finding("norm.extreme_inputs")["evidence"]["failures"]
+    assert any("rounds to 0 in float16" in f for f in failures)

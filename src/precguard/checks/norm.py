@@ -114,8 +114,14 @@ def extreme_inputs_check(ctx: CheckContext, tolerance: float | None = None) -> F
     for name, (mod, sample, how) in modules.items():
         eps = _eps_of(mod)
         result: dict[str, Any] = {"type": type(mod).__name__, "found_by": how, "eps": eps}
+        smallest = float(
+            torch.finfo(bench.compute_dtype).tiny * torch.finfo(bench.compute_dtype).eps
+        )
         if eps is not None and eps <= 0:
             failures.append(f"{name}: eps = {eps}")
+        elif eps is not None and eps < smallest / 2:
+            # below the smallest subnormal: eps itself rounds to 0 in the compute dtype
+            failures.append(f"{name}: eps = {eps:g} rounds to 0 in {bench.cname}")
         for case, x in extreme_inputs(bench.compute_dtype, sample).items():
             ref = first_tensor(
                 run_module(mod, (x,), {}, dtype=torch.float64, device=torch.device("cpu"))
