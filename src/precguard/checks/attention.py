@@ -125,7 +125,12 @@ def masking(ctx: CheckContext, pad: int = 4) -> Finding:
     bench = lab(ctx)
     cid = "attention.masking"
     padded = _padded_batch(bench, pad)
-    calls, out = _softmax_calls(bench, "device", padded)
+    try:
+        calls, out = _softmax_calls(bench, "device", padded)
+    except TypeError as exc:
+        if "attention_mask" not in str(exc):
+            raise
+        raise NotApplicable(f"the model does not take an attention_mask ({exc})") from exc
     logits = logits_of(out).detach().float().cpu()
     leaked = 0.0
     for c in calls:
