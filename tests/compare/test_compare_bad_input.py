@@ -134,3 +134,15 @@ def test_bad_options(args: list[str], needle: str, pair, capsys) -> None:
     code, _, err = run_cli(["compare", str(pair[0]), str(pair[1]), *args], capsys)
     line = _one_line_error(code, err)
     assert needle in line
+
+
+def test_recordings_that_share_no_step(tmp_path: Path, pair, capsys) -> None:
+    later = _copy(pair[1], tmp_path / "later")
+    path = later / "rank0" / "records.jsonl"
+    records = [json.loads(line) | {"step": 5} for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    code, _, err = run_cli(["compare", str(pair[0]), str(later)], capsys)
+
+    line = _one_line_error(code, err)
+    assert "share no step" in line

@@ -23,16 +23,24 @@ from precguard.compare.metrics import (
     stats_metrics,
     tolerance_dtype,
 )
-from precguard.compare.report import Comparison, Counts, Metrics, RecordResult, Unmatched
+from precguard.compare.report import (
+    Comparison,
+    Counts,
+    Metrics,
+    RecordResult,
+    Status,
+    Unmatched,
+)
 from precguard.compare.tensors import TensorStore
 from precguard.compare.tolerance import Profile, get_profile, judge
 from precguard.dump.reader import Run, load_run
 from precguard.dump.schema import Record
-from precguard.errors import PrecguardError, UsageError
+from precguard.errors import DumpFormatError, PrecguardError, UsageError
 
 logger = get_logger(__name__)
 
-#: share of records that must align before two recordings count as the same model
+#: aligned pairs must number at least this share of the unmatched records of either
+#: side, or the recordings are taken to be of different models
 MIN_ALIGNED_SHARE = 0.5
 
 
@@ -112,6 +120,10 @@ def compare(
         a_store.close()
     if step is not None and steps_seen == 0:
         raise UsageError(f"step {step} is in neither recording (or in only one of them)")
+    if steps_seen == 0:
+        raise IncomparableRunsError(
+            f"{g_run.path} and {a_run.path} share no step of any rank: nothing to compare"
+        )
     matched = sum(1 for x in results if x.status != "missing")
     if matched < MIN_ALIGNED_SHARE * max(len(golden_only), len(actual_only)):
         raise IncomparableRunsError(
@@ -179,7 +191,7 @@ def _ranks(g_run: Run, a_run: Run, rank: int | None, warnings: list[str]) -> lis
     if not common:
         for run, ranks in ((g_run, g_ranks), (a_run, a_ranks)):
             if not ranks:
-                raise PrecguardError(f"{run.path}: no rank*/records.jsonl found; empty recording")
+                raise DumpFormatError(f"{run.path}: no rank*/records.jsonl found; empty recording")
         raise IncomparableRunsError(
             f"the recordings share no rank: golden has {sorted(g_ranks)}, actual {sorted(a_ranks)}"
         )
@@ -249,7 +261,7 @@ def _compare_step(
     return out
 
 
-def _result(g: Record, a: Record | None, status: Any, metrics: Metrics | None) -> RecordResult:
+def _result(g: Record, a: Record | None, status: Status, metrics: Metrics | None) -> RecordResult:
     return RecordResult(
         key=g.key,
         actual_key=a.key if a is not None and a.key != g.key else None,
@@ -278,14 +290,12 @@ def pair_metrics(
 ) -> Metrics:
     """Metrics for one aligned pair: full tensors when both were saved, else statistics."""
     dtype = tolerance_dtype(g.dtype, a.dtype, tol_mode)
-    numel_g = math.prod(g.shape)
-    numel_a = math.prod(a.shape)
     if g.role == "param" and g.shape != a.shape:
         raise IncomparableRunsError(
             f"recordings of different models: parameter {g.key} ({g.name}) has shape "
             f"{g.shape} in golden and {a.shape} in actual"
         )
-    if numel_g != numel_a:
+    if _squeezed(g.shape) != _squeezed(a.shape):
         return Metrics(
             level="none",
             dtype=dtype,
@@ -317,6 +327,11 @@ def pair_metrics(
             )
         return exact_metrics(gt, at)
     return stats_metrics(g, a, dtype=dtype)
+
+
+def _squeezed(shape: list[int]) -> list[int]:
+    """The shape without size-1 dimensions: [1, 32, 16] and [32, 16] hold the same layout."""
+    return [s for s in shape if s != 1]
 
 
 def _counts(results: list[RecordResult]) -> Counts:
