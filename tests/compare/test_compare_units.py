@@ -280,3 +280,17 @@ def test_activation_shape_mismatch_fails_the_record() -> None:
     m = pair_metrics(g, a, None, None, get_profile("default"))  # type: ignore[arg-type]
     assert m.level == "none" and "shapes differ" in (m.note or "")
     assert judge(m, get_profile("default")) == "fail"
+
+
+def test_different_input_data_is_reported_as_such(tiny_golden: Path, tmp_path: Path) -> None:
+    from precguard.targets import lm_batch, tiny_llama
+
+    other_data = tiny_llama()
+    other_data.batch = lambda step: lm_batch(step, seed=1)
+    actual = precguard.record_target(other_data, out=tmp_path / "data", tensors=True)
+
+    result = precguard.compare(tiny_golden, actual)
+
+    fd = result.first_divergence
+    assert fd is not None and fd.local is False
+    assert fd.module == "root" and "different data" in fd.reason

@@ -212,7 +212,9 @@ def fallback(results: list[RecordResult]) -> Candidate | None:
                     "lack input gradients, so local vs propagated is not decided"
                 )
                 local: bool | None = None
-            elif r.role == "input":
+            elif r.role == "input" and (
+                r.module == "root" or (r.metrics is not None and r.metrics.level == "exact")
+            ):
                 reason = (
                     f"the input of {r.module} ({r.module_type}) already differs and no module "
                     "made error of its own: the two runs were probably fed different data"
