@@ -55,3 +55,14 @@ def test_chip_running_softmax_in_fp16_is_traced_to_attention(
     assert fd is not None and fd.module == "model.layers.0.self_attn" and fd.local
     # softmax is not a module: the attention module's own code made the error
     assert "own code between its submodules" in fd.reason
+
+
+def test_replay_on_the_emulated_chip_confirms_the_attention_module(tiny_golden: Path) -> None:
+    _needs("emu:softmax-fp16")
+    from precguard.localize.replay import replay_module
+
+    attention = replay_module(tiny_golden, "model.layers.2.self_attn", device="emu:softmax-fp16")
+    mlp = replay_module(tiny_golden, "model.layers.2.mlp", device="emu:softmax-fp16")
+
+    assert attention.verdict == "diverged" and attention.local_error > 1e-5
+    assert mlp.verdict == "match"
