@@ -27,11 +27,16 @@ def _num(x: float | None) -> str:
     return f"{x:.3g}"
 
 
+def _cos(x: float | None) -> str:
+    """Cosine with enough digits to tell 0.999999 from 1."""
+    return "-" if x is None else f"{x:.6f}"
+
+
 def metric_line(m: Metrics) -> str:
     """One line with the metrics that matter for a record."""
     if m.level == "full":
         return (
-            f"rel_l2 {_num(m.rel_l2)}  cosine {_num(m.cosine)}  max_abs {_num(m.max_abs_err)}  "
+            f"rel_l2 {_num(m.rel_l2)}  cosine {_cos(m.cosine)}  max_abs {_num(m.max_abs_err)}  "
             f"max_rel {_num(m.max_rel_err)}  max_ulp {_num(m.max_ulp)}"
             + (
                 f"  nan/inf mismatch {m.nan_mismatch}/{m.inf_mismatch}"
@@ -98,10 +103,21 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
             "of the suspect modules for a conclusive one[/]"
         )
     if result.fingerprint_diff:
-        diffs = ", ".join(f"{k}: {g!r} -> {a!r}" for k, (g, a) in result.fingerprint_diff.items())
-        console.print(f"environment differs: {diffs}")
+        _fingerprint_table(result, console)
     for w in result.warnings:
         console.print(f"[yellow]warning:[/] {w}")
+
+
+def _fingerprint_table(result: Comparison, console: Console, limit: int = 8) -> None:
+    items = list(result.fingerprint_diff.items())
+    table = Table(title="environment differs (fingerprint)", title_justify="left")
+    for col in ("key", "golden", "actual"):
+        table.add_column(col)
+    for key, (g, a) in items[:limit]:
+        table.add_row(key, repr(g), repr(a))
+    console.print(table)
+    if len(items) > limit:
+        console.print(f"[dim]... and {len(items) - limit} more (see --json)[/]")
 
 
 def _top_table(records: list[RecordResult], console: Console, top: int) -> None:
@@ -111,17 +127,23 @@ def _top_table(records: list[RecordResult], console: Console, top: int) -> None:
     if not rows:
         return
     table = Table(title=f"top {len(rows)} records by error", title_justify="left")
-    for col in ("status", "key", "level", "error", "cosine", "max_abs"):
-        table.add_column(col)
+    for col in ("status", "module", "record", "step", "error", "cosine", "max_abs"):
+        table.add_column(col, overflow="fold")
     for r in rows:
         m = r.metrics
         assert m is not None
+        what = f"{r.role} {r.key.rsplit('.', 1)[-1]}"
+        if r.phase == "backward":
+            what += " (bwd)"
+        if m.level == "stats":
+            what += " [stats]"
         table.add_row(
             Text(r.status, style=_STATUS_STYLE[r.status]),
-            r.key,
-            m.level,
+            r.module,
+            what,
+            str(r.step),
             _num(m.error),
-            _num(m.cosine),
+            _cos(m.cosine),
             _num(m.max_abs_err),
         )
     console.print(table)

@@ -259,7 +259,7 @@ def render_replay(result: ReplayResult, console: Console) -> None:
             o.name,
             o.status,
             _num(m.rel_l2 if m else None),
-            _num(m.cosine if m else None),
+            f"{m.cosine:.6f}" if m and m.cosine is not None else "-",
             _num(m.max_abs_err if m else None),
         )
     console.print(table)
