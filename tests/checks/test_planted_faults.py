@@ -70,7 +70,9 @@ def test_casting_the_model_to_bf16_rounds_inv_freq(run_check):
     """
     run = run_check("--target", "tiny-llama", "--dtype", "bfloat16", "--only", "rope")
     assert run.code == 1
-    assert "grows with position" in run.finding("rope.position_sweep")["summary"]
+    summary = run.finding("rope.position_sweep")["summary"]
+    assert "grows with position" in summary
+    assert "inv_freq buffer is bfloat16" in summary
 
 
 def test_shuffled_batches_are_reported_as_order(run_check):

@@ -73,7 +73,8 @@ def _analytic(
 
 def _errors(
     bench: Lab, name: str, mod: nn.Module, args: tuple, kwargs: dict, positions: torch.Tensor
-) -> dict[str, torch.Tensor]:
+) -> dict[str, Any]:
+    """Max abs error of cos/sin per position on device and reference (and inv_freq's dtype)."""
     x = args[0] if args else kwargs.get("x")
     if not isinstance(x, torch.Tensor):
         raise NotApplicable(f"{name} was not called with a tensor first argument")
@@ -87,9 +88,12 @@ def _errors(
         "device": (bench.dtype, bench.dev, bench.device.numerics),
         "reference": (torch.float32, bench.reference.torch_device(), bench.reference.numerics),
     }
-    errors = {}
+    errors: dict[str, Any] = {}
     for label, (dtype, dev, numerics) in runs.items():
         m = copy.deepcopy(mod).to(device=dev, dtype=dtype)
+        inv = getattr(m, "inv_freq", None)
+        if label == "device" and isinstance(inv, torch.Tensor):
+            errors["inv_freq_dtype"] = inv.dtype
         with torch.no_grad(), numerics():
             cos, sin = _cos_sin(
                 _call(
@@ -144,14 +148,22 @@ def sweep(
             "reference_max_abs_error": ref_bins,
             "growth_first_to_last_bin": growth,
         }
+        inv_dtype = errs.get("inv_freq_dtype")
+        hint = ""
+        if inv_dtype is not None and inv_dtype not in (torch.float32, torch.float64):
+            per_module[name]["inv_freq_dtype"] = inv_dtype
+            inv_name = str(inv_dtype).removeprefix("torch.")
+            hint = f"; its inv_freq buffer is {inv_name} after the dtype cast"
         if last > allowed and growth > 4:
             failures.append(
                 f"{name}: cos/sin error grows with position from {first:.2g} (positions "
-                f"{edges[0]}-{edges[1] - 1}) to {last:.2g} (from position {edges[-1]})"
+                f"{edges[0]}-{edges[1] - 1}) to {last:.2g} (from position {edges[-1]}){hint}"
             )
         elif last > allowed and first > allowed:
             failures.append(
-                f"{name}: cos/sin error {last:.2g} at all positions (allowed {allowed:.2g})"
+                f"{name}: cos/sin error {first:.2g} already at positions {edges[0]}-"
+                f"{edges[1] - 1}, {last:.2g} from position {edges[-1]} (allowed "
+                f"{allowed:.2g}){hint}"
             )
     evidence = {
         "compute_dtype": bench.compute_dtype,
