@@ -294,3 +294,23 @@ def test_different_input_data_is_reported_as_such(tiny_golden: Path, tmp_path: P
     fd = result.first_divergence
     assert fd is not None and fd.local is False
     assert fd.module == "root" and "different data" in fd.reason
+
+
+def test_every_failing_output_is_classified_local_or_propagated(
+    tiny_golden: Path, tmp_path: Path
+) -> None:
+    fault = next(f for f in FAULTS if f.name == "output-drift-0.1pct")
+    actual = record(tmp_path / "drift", fault=fault)
+
+    result = precguard.compare(tiny_golden, actual)
+
+    failing = {
+        r.module: r
+        for r in result.records
+        if r.status == "fail" and r.role == "output" and r.phase == "forward"
+    }
+    assert all(r.local is not None and r.amplification is not None for r in failing.values())
+    assert failing[fault.module].local is True
+    assert failing[fault.module].amplification > 1000
+    assert failing["model.layers.2.mlp"].local is False
+    assert failing["lm_head"].local is False

@@ -101,8 +101,19 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
-def step_candidates(results: list[RecordResult], profile: Profile) -> list[Candidate]:
-    """Local candidates of one rank and step, in execution order (see the module doc)."""
+#: record key -> (local, amplification) for every failing forward output and parameter
+Classification = dict[str, tuple[bool, float | None]]
+
+
+def step_candidates(
+    results: list[RecordResult], profile: Profile, classified: Classification | None = None
+) -> list[Candidate]:
+    """Local candidates of one rank and step, in execution order (see the module doc).
+
+    ``classified``, if given, receives the local/propagated decision and the
+    amplification of every failing forward output and parameter record.
+    """
+    classified = {} if classified is None else classified
     forward = [r for r in results if r.phase == "forward" and r.metrics is not None]
     calls: dict[tuple[str, int], _Call] = {}
     for r in forward:
@@ -114,6 +125,8 @@ def step_candidates(results: list[RecordResult], profile: Profile) -> list[Candi
     found: list[Candidate] = []
     for call in calls.values():
         bad_params = [p for p in call.params if p.status in _BAD]
+        for p in bad_params:
+            classified[p.key] = (True, None)
         for p in bad_params[:1]:
             cast = (
                 f", stored as {p.actual_dtype} where golden has {p.golden_dtype}"
@@ -140,6 +153,11 @@ def step_candidates(results: list[RecordResult], profile: Profile) -> list[Candi
         out_err = max(_err(o) for o in call.outputs)
         inputs_bad = any(r.status in _BAD for r in in_records)
         amp = out_err / max(in_err, unit_roundoff(tol_dtype))
+        local = (not inputs_bad and amp >= MIN_LOCAL_GROWTH) or amp >= profile.amplification
+        if first.status == "nonfinite" and not any(r.status == "nonfinite" for r in in_records):
+            local = True
+        for o in bad_outputs:
+            classified[o.key] = (local, amp)
         if first.status == "nonfinite" and not any(r.status == "nonfinite" for r in in_records):
             reason = (
                 f"{call.module} ({call.module_type}) produced NaN/Inf where golden has none "

@@ -104,10 +104,11 @@ def compare(
                 step_results = _compare_step(
                     g_recs, a_recs, g_store, a_store, prof, tolerance_dtype
                 )
-                results.extend(step_results.results)
+                classified: dict[str, tuple[bool, float | None]] = {}
+                found = step_candidates(step_results.results, prof, classified)
+                results.extend(_annotate(step_results.results, classified))
                 golden_only.extend(step_results.golden_only)
                 actual_only.extend(step_results.actual_only)
-                found = step_candidates(step_results.results, prof)
                 candidates.extend(found)
                 first = found[0] if found else fallback(step_results.results)
                 if first is not None:
@@ -258,6 +259,19 @@ def _compare_step(
         out.actual_only.append(a.key)
         out.results.append(_result(a, None, "missing", None))
     out.results.sort(key=lambda x: (x.seq, x.status == "missing"))
+    return out
+
+
+def _annotate(
+    results: list[RecordResult], classified: dict[str, tuple[bool, float | None]]
+) -> list[RecordResult]:
+    """Copy the local/propagated decision onto the failing records it was made for."""
+    out = []
+    for r in results:
+        decision = classified.get(r.key) if r.status in ("fail", "nonfinite") else None
+        if decision is not None:
+            r = r.model_copy(update={"local": decision[0], "amplification": decision[1]})
+        out.append(r)
     return out
 
 

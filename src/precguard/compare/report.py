@@ -95,6 +95,15 @@ class RecordResult(BaseModel):
     seq: int = Field(description="Golden capture order (execution order).")
     status: Status = Field(description="pass, fail, missing (no counterpart) or nonfinite.")
     metrics: Metrics | None = Field(default=None, description="None when missing.")
+    local: bool | None = Field(
+        default=None,
+        description="On failing forward outputs and parameters: True when the module made "
+        "this error itself, False when it only passed it on; None elsewhere.",
+    )
+    amplification: float | None = Field(
+        default=None,
+        description="On failing forward outputs: the module's output error / input error.",
+    )
 
 
 class FirstDivergence(BaseModel):
