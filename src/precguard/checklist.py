@@ -19,6 +19,7 @@ the reason.
 from __future__ import annotations
 
 import fnmatch
+import inspect
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -240,11 +241,31 @@ def plan(
             if skip and _matches(check_id, skip):
                 continue
             seen.add(check_id)
+            _check_params(available[check_id], entry.params, checklist.name)
             steps.append((available[check_id], dict(entry.params)))
     for pattern in only:
         if not any(_matches(c.id, [pattern]) for c, _ in steps):
             raise ChecklistError(f"--only {pattern}: matches no check of {checklist.name}")
     return steps
+
+
+def _check_params(chk: Check, params: dict[str, Any], where: str) -> None:
+    """Reject parameters the check's function does not take (a typo is an error)."""
+    if not params:
+        return
+    try:
+        sig = inspect.signature(chk.func)
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
+        return
+    accepted = list(sig.parameters)[1:]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ChecklistError(
+            f"checklist {where}: check {chk.id} has no parameter {', '.join(unknown)} "
+            f"(it takes: {', '.join(accepted) or 'none'})"
+        )
 
 
 # -- running ----------------------------------------------------------------

@@ -197,3 +197,46 @@ def test_json_to_stdout(tmp_path, capsys):
     assert exc.value.code == 0
     data = json.loads(capsys.readouterr().out)
     assert data["checklist"] == "quick" and data["verdict"] == "pass"
+
+
+def test_a_misspelt_check_parameter_is_an_error(tmp_path):
+    spec = tmp_path / "list.yaml"
+    spec.write_text(
+        "name: x\ndescription: y\nchecks:\n  - id: rope.position_sweep\n    params: {max_pos: 8}\n"
+    )
+    with pytest.raises(ChecklistError, match=r"max_pos.*takes: max_position"):
+        plan(load_checklist(spec), registered_checks())
+
+
+def test_list_shows_builtin_and_vendor_checks(capsys):
+    from precguard.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["check", "--list"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "rope.position_sweep" in out and "env.ascend_precision_mode" in out
+    assert "checklists: llama-finetune, llama-inference, quick" in out
+
+
+def test_html_escapes_what_the_model_names():
+    from precguard.report.diagnosis import render_html
+
+    finding = Finding(id="ops.custom_modules", status="fail", summary="<script>x</script>")
+    d = Diagnosis(
+        checklist="c",
+        target="t",
+        device="cpu",
+        reference="cpu",
+        dtype="float32",
+        verdict="fail",
+        counts={"fail": 1},
+        root_causes=[finding],
+        findings=[finding],
+        durations={},
+        duration_s=0.0,
+        created="now",
+    )
+    page = render_html(d)
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert d.root_cause is finding and d.exit_code == 1
