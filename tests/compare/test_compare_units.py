@@ -314,3 +314,11 @@ def test_every_failing_output_is_classified_local_or_propagated(
     assert failing[fault.module].amplification > 1000
     assert failing["model.layers.2.mlp"].local is False
     assert failing["lm_head"].local is False
+
+
+def test_comparison_json_round_trips_with_non_finite_numbers(rmsnorm_fault) -> None:
+    from precguard.compare import Comparison
+
+    result = precguard.compare(*rmsnorm_fault)
+    again = Comparison.model_validate_json(result.model_dump_json())
+    assert again == result
