@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     )
     from precguard.capture.options import CaptureOptions
     from precguard.checklist import Diagnosis, check
+    from precguard.compare import Comparison, compare
     from precguard.dump.reader import Run, load_run
     from precguard.dump.schema import Manifest, Record
     from precguard.errors import NonFiniteError, PrecguardError
