@@ -14,6 +14,7 @@ import hashlib
 import math
 import random
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -286,13 +287,14 @@ class Lab:
             )
         return self._cache["reference_logits"]
 
-    def gradients(self, on: On, scale: float = 1.0) -> tuple[float, dict[str, torch.Tensor]]:
+    def gradients(self, on: On, scale: float = 1.0) -> Gradients:
         """Loss and parameter gradients of one backward on batch 0 (cached per ``on``/``scale``).
 
         The model copy is in eval mode (no dropout, so device and reference see the
         same function); the loss is multiplied by ``scale`` before backward (loss
-        scaling) and the gradients divided by it afterwards, in fp64 on the CPU.
-        Parameters without a gradient map to None-free zero tensors.
+        scaling) and the gradients divided by it afterwards. Each parameter's
+        gradient norm is exact; its values are kept (fp64, on the CPU) for the
+        first :data:`GRAD_SAMPLE` elements, which bounds memory on large models.
         """
         key = f"grads:{on}:{scale}"
         if key not in self._cache:
@@ -305,19 +307,23 @@ class Lab:
                 out = call_model(model, batch)
                 loss = self.target.loss(out, batch)
                 (loss * scale).backward()
-            grads = {
-                name: (
-                    p.grad.detach().to("cpu", torch.float64) / scale
-                    if p.grad is not None
-                    else torch.zeros(p.shape, dtype=torch.float64)
-                )
-                for name, p in model.named_parameters()
-                if p.requires_grad
-            }
-            self._cache[key] = (float(loss.detach()), grads)
+            sample: dict[str, torch.Tensor] = {}
+            norms: dict[str, float] = {}
+            for name, p in model.named_parameters():
+                if not p.requires_grad:
+                    continue
+                if p.grad is None:
+                    sample[name] = torch.zeros(min(p.numel(), GRAD_SAMPLE), dtype=torch.float64)
+                    norms[name] = 0.0
+                    continue
+                g = p.grad.detach()
+                norms[name] = float(g.double().norm()) / scale
+                sample[name] = g.flatten()[:GRAD_SAMPLE].to("cpu", torch.float64) / scale
+            self._cache[key] = Gradients(float(loss.detach()), sample, norms)
+            del model
         return self._cache[key]
 
-    def training_gradients(self, on: On) -> tuple[float, dict[str, torch.Tensor]]:
+    def training_gradients(self, on: On) -> Gradients:
         """Gradients as the target's training computes them on ``on``.
 
         With a ``grad_scaler`` factory on the target, the loss is scaled by the
@@ -331,12 +337,13 @@ class Lab:
         if hasattr(scaler, "is_enabled") and not scaler.is_enabled():
             return self.gradients(on)
         scale = float(scaler.get_scale()) if hasattr(scaler, "get_scale") else 2.0**16
+        grads = self.gradients(on, scale)
         for _ in range(8):
-            loss, grads = self.gradients(on, scale)
-            if all(bool(torch.isfinite(g).all()) for g in grads.values()):
+            if grads.finite:
                 break
             scale /= 2
-        return loss, grads
+            grads = self.gradients(on, scale)
+        return grads
 
     def module_inputs(self) -> dict[str, tuple[nn.Module, tuple, dict]]:
         """Inputs of each module's first call in a forward of batch 0 on the CPU in fp32.
@@ -404,6 +411,29 @@ def _detach(value: Any) -> Any:
     if isinstance(value, list):
         return [_detach(v) for v in value]
     return value
+
+
+#: gradient elements kept per parameter for element-wise comparisons
+GRAD_SAMPLE = 65536
+
+
+@dataclass(frozen=True)
+class Gradients:
+    """One backward's loss, exact per-parameter gradient norms, and a sample of the values."""
+
+    loss: float
+    sample: dict[str, torch.Tensor]
+    norms: dict[str, float]
+
+    @property
+    def finite(self) -> bool:
+        """True when the loss and every gradient norm are finite."""
+        return math.isfinite(self.loss) and all(math.isfinite(n) for n in self.norms.values())
+
+    @property
+    def total_norm(self) -> float:
+        """The global gradient norm (what clip_grad_norm_ measures)."""
+        return math.sqrt(sum(n * n for n in self.norms.values()))
 
 
 def lab(ctx: CheckContext) -> Lab:

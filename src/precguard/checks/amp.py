@@ -65,10 +65,6 @@ def _underflow(dev: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> tu
     return (lost / total if total else 0.0), worst
 
 
-def _finite(grads: dict[str, torch.Tensor]) -> bool:
-    return all(bool(torch.isfinite(g).all()) for g in grads.values())
-
-
 def loss_scaling(
     ctx: CheckContext,
     loss_scale: float | str | None = None,
@@ -81,9 +77,9 @@ def loss_scaling(
     if bench.compute_dtype == torch.float32:
         raise NotApplicable(f"{ctx.device} computes in float32 (no reduced-precision training)")
     mode, scale = _declared_scale(bench, loss_scale)
-    _, ref = bench.gradients("reference")
-    _, plain = bench.gradients("device")
-    share_plain, worst_plain = _underflow(plain, ref)
+    ref = bench.gradients("reference")
+    plain = bench.gradients("device")
+    share_plain, worst_plain = _underflow(plain.sample, ref.sample)
     evidence: dict[str, Any] = {
         "compute_dtype": bench.compute_dtype,
         "declared_loss_scaling": mode,
@@ -91,7 +87,7 @@ def loss_scaling(
         "most_affected_param_unscaled": worst_plain,
         "threshold": threshold,
     }
-    if not _finite(plain):
+    if not plain.finite:
         return finding(
             cid,
             "warn",
@@ -103,12 +99,12 @@ def loss_scaling(
     probe = scale if scale is not None else 2.0**16
     skipped = 0
     while True:
-        _, scaled = bench.gradients("device", probe)
-        if _finite(scaled) or skipped >= max_skips:
+        scaled = bench.gradients("device", probe)
+        if scaled.finite or skipped >= max_skips:
             break
         skipped += 1
         probe /= 2  # what a dynamic scaler does after an overflow
-    share_scaled, _ = _underflow(scaled, ref)
+    share_scaled, _ = _underflow(scaled.sample, ref.sample)
     evidence.update(
         {
             "scale_tried": probe,
@@ -184,17 +180,12 @@ def loss_scaling(
     )
 
 
-def _total_norm(grads: dict[str, torch.Tensor]) -> float:
-    return math.sqrt(sum(float(g.pow(2).sum()) for g in grads.values()))
-
-
 def grad_clipping(ctx: CheckContext, max_norm: float = 1.0) -> Finding:
     """Gradient norm vs the clipping threshold on device and reference."""
     bench = lab(ctx)
     cid = "amp.grad_clipping"
-    _, ref = bench.gradients("reference")
-    _, dev = bench.training_gradients("device")
-    ref_norm, dev_norm = _total_norm(ref), _total_norm(dev)
+    ref_norm = bench.gradients("reference").total_norm
+    dev_norm = bench.training_gradients("device").total_norm
     evidence = {
         "max_norm": max_norm,
         "reference_grad_norm": ref_norm,

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from precguard.checks._lab import finding, first_tensor, flatten, lab
+from precguard.checks._lab import Gradients, finding, first_tensor, flatten, lab
 from precguard.checks.base import Check, CheckContext, Finding
 
 
@@ -26,11 +26,15 @@ def _layer_of(param: str) -> str:
     return ".".join(parts[:-1]) or "root"
 
 
-def _per_layer(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    layers: dict[str, list[torch.Tensor]] = {}
-    for name, g in grads.items():
-        layers.setdefault(_layer_of(name), []).append(g.flatten())
-    return {k: torch.cat(v) for k, v in layers.items()}
+def _per_layer(grads: Gradients) -> dict[str, tuple[float, torch.Tensor]]:
+    """Layer -> (exact gradient norm, concatenated sample of its gradient values)."""
+    squares: dict[str, float] = {}
+    values: dict[str, list[torch.Tensor]] = {}
+    for name, g in grads.sample.items():
+        layer = _layer_of(name)
+        squares[layer] = squares.get(layer, 0.0) + grads.norms[name] ** 2
+        values.setdefault(layer, []).append(g.flatten())
+    return {k: (math.sqrt(squares[k]), torch.cat(v)) for k, v in values.items()}
 
 
 def first_batch(
@@ -42,18 +46,21 @@ def first_batch(
     """Per-layer gradient norm and direction on the device vs the reference for batch 0."""
     bench = lab(ctx)
     cid = "grads.first_batch"
-    _, ref = bench.gradients("reference")
-    _, dev = bench.training_gradients("device")
-    ref_layers, dev_layers = _per_layer(ref), _per_layer(dev)
+    ref_layers = _per_layer(bench.gradients("reference"))
+    dev_layers = _per_layer(bench.training_gradients("device"))
     rows: dict[str, dict[str, float]] = {}
     bad: list[str] = []
     min_cos = max(1 - 64 * bench.eps, 0.99)  # msprobe: cosine >= 0.99 for fp16/bf16
-    for layer, r in ref_layers.items():
-        d = dev_layers[layer]
-        rn, dn = float(r.norm()), float(d.norm())
-        cos = float(torch.nn.functional.cosine_similarity(r, d, dim=0)) if rn and dn else 1.0
+    for layer, (rn, r) in ref_layers.items():
+        dn, d = dev_layers[layer]
+        finite = math.isfinite(dn) and bool(torch.isfinite(d).all())
+        cos = (
+            float(torch.nn.functional.cosine_similarity(r, d, dim=0))
+            if finite and r.norm() > 0 and d.norm() > 0
+            else 1.0
+        )
         rows[layer] = {"reference_norm": rn, "device_norm": dn, "cosine": cos}
-        if not math.isfinite(dn):
+        if not finite:
             bad.append(f"{layer}: non-finite gradient")
         elif rn > 0 and (abs(dn / rn - 1) > ratio_tolerance or cos < min_cos):
             bad.append(f"{layer}: norm {dn:.3g} vs {rn:.3g}, cosine {cos:.4f}")

@@ -63,8 +63,8 @@ def init_value(ctx: CheckContext, max_gap: float = 0.02) -> Finding:
     """Loss on device vs reference (relative gap), and the reference loss vs ln(vocab)."""
     bench = lab(ctx)
     cid = "loss.init_value"
-    ref_loss, _ = bench.gradients("reference")
-    dev_loss, _ = bench.gradients("device")
+    ref_loss = bench.gradients("reference").loss
+    dev_loss = bench.gradients("device").loss
     vocab = bench.reference_logits().shape[-1]
     uniform = math.log(vocab)
     gap = abs(dev_loss - ref_loss) / max(abs(ref_loss), 1e-12)
