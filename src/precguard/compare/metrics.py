@@ -170,7 +170,8 @@ def full_metrics(
 
 def _ulp_dtype(name: str | None, actual: torch.dtype, golden: torch.dtype) -> torch.dtype:
     if name is not None:
-        return getattr(torch, name)
+        chosen: torch.dtype = getattr(torch, name)
+        return chosen
     return actual if actual in _FLOATS else (golden if golden in _FLOATS else torch.float32)
 
 
@@ -188,7 +189,8 @@ def _ordered_bits(x: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
     int_dtype, np_int, mask = _BITS[dtype]
     bits = x.to(dtype).view(int_dtype).numpy()
     ordered = bits ^ ((bits >> (bits.itemsize * 8 - 1)) & mask)
-    return ordered.astype(np_int)
+    wide: np.ndarray = ordered.astype(np_int)
+    return wide
 
 
 def _max_ulp(g: np.ndarray, a: np.ndarray, g_t: torch.Tensor, a_t: torch.Tensor, p: _Params) -> int:

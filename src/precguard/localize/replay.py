@@ -135,7 +135,9 @@ def replay_module(
     finally:
         store.close()
     errors = [r.metrics.error for r in results if r.metrics is not None]
-    verdict = "match" if all(r.status == "pass" for r in results) else "diverged"
+    verdict: Literal["match", "diverged"] = (
+        "match" if all(r.status == "pass" for r in results) else "diverged"
+    )
     return ReplayResult(
         golden=str(run.path),
         module=module,
