@@ -102,7 +102,8 @@ def test_recordings_of_different_models(tmp_path: Path, pair, capsys) -> None:
     code, _, err = run_cli(["compare", str(pair[0]), str(other)], capsys)
 
     line = _one_line_error(code, err)
-    assert "different models" in line and "model.embed_tokens" in line
+    assert "different model" in line and "model.embed_tokens" in line
+    assert "other/rank0/records.jsonl" in line
 
 
 def test_recordings_of_different_model_classes(tmp_path: Path, pair, capsys) -> None:

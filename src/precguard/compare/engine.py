@@ -306,8 +306,8 @@ def pair_metrics(
     dtype = tolerance_dtype(g.dtype, a.dtype, tol_mode)
     if g.role == "param" and g.shape != a.shape:
         raise IncomparableRunsError(
-            f"recordings of different models: parameter {g.key} ({g.name}) has shape "
-            f"{g.shape} in golden and {a.shape} in actual"
+            f"{a_store.root / f'rank{a.rank}' / 'records.jsonl'}: a recording of a different "
+            f"model: parameter {g.key} ({g.name}) has shape {a.shape}, golden {g.shape}"
         )
     if _squeezed(g.shape) != _squeezed(a.shape):
         return Metrics(
