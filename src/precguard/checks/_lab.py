@@ -348,19 +348,33 @@ class Lab:
     def module_inputs(self) -> dict[str, tuple[nn.Module, tuple, dict]]:
         """Inputs of each module's first call in a forward of batch 0 on the CPU in fp32.
 
-        Maps qualified name -> (module of the reference model, args, kwargs).
-        The hooks are on the shared reference model only for this one call and
-        are removed after it; they return nothing, so the forward is unchanged.
+        Maps qualified name -> (module of the reference model, args, kwargs), for
+        the modules checks re-run alone: leaf modules that are the model's own
+        code or norms, and rotary embeddings. Once the captures pass
+        :data:`CAPTURE_BUDGET` bytes, only the first module of each class is
+        kept (on a large model, layer 0's RMSNorm stands for the others). The
+        hooks sit on the shared reference model for this one call only and
+        return nothing, so the forward is unchanged.
         """
         if "module_inputs" not in self._cache:
             model = self.reference_model()
             captured: dict[str, tuple[nn.Module, tuple, dict]] = {}
+            classes: set[type] = set()
+            used = [0]
             handles = []
             for name, mod in model.named_modules():
+                if not _worth_capturing(mod):
+                    continue
 
                 def pre(m: nn.Module, args: tuple, kwargs: dict, _name: str = name) -> None:
-                    if _name not in captured:
-                        captured[_name] = (m, _detach(args), _detach(kwargs))
+                    if _name in captured:
+                        return
+                    if used[0] > CAPTURE_BUDGET and type(m) in classes:
+                        return
+                    a, k = _detach(args), _detach(kwargs)
+                    used[0] += sum(t.numel() * t.element_size() for _, t in _tensors(a, k))
+                    classes.add(type(m))
+                    captured[_name] = (m, a, k)
 
                 handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
             try:
@@ -399,6 +413,26 @@ class Lab:
         if "tokenizer" not in self._cache:
             self._cache["tokenizer"] = self.target.tokenizer()
         return self._cache["tokenizer"]
+
+
+#: bytes of captured module inputs after which only one module per class is kept
+CAPTURE_BUDGET = 1 << 30
+
+_NORM_TYPES: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
+
+
+def _worth_capturing(mod: nn.Module) -> bool:
+    """Leaf modules of the model's own code or norms, and anything named rotary/RoPE."""
+    cls = type(mod).__name__.lower()
+    if "rotary" in cls or "rope" in cls:
+        return True
+    if any(True for _ in mod.children()):
+        return False
+    return not type(mod).__module__.startswith("torch.") or isinstance(mod, _NORM_TYPES)
+
+
+def _tensors(*values: Any) -> list[tuple[str, torch.Tensor]]:
+    return [(p, t) for v in values for p, t in flatten(v) if isinstance(t, torch.Tensor)]
 
 
 def _detach(value: Any) -> Any:

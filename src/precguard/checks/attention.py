@@ -21,23 +21,37 @@ _SOFTMAX = {"softmax", "_softmax"}
 _MASK_FLOOR = -1e4  # scores below this are mask values, not data
 
 
-def _softmax_calls(bench: Lab, on: str, batch: Any = None) -> tuple[list[dict[str, Any]], Any]:
+def _softmax_calls(
+    bench: Lab, on: str, batch: Any = None, pad: int = 0
+) -> tuple[list[dict[str, Any]], Any]:
+    """Scalars about every softmax in one forward (no probabilities are kept).
+
+    With ``pad``: the largest probability that real queries of sample 0 put on
+    its first ``pad`` (padded) key positions.
+    """
     model = bench.copy("device" if on == "device" else "reference")
     calls: list[dict[str, Any]] = []
+    seq = None
+    if pad and isinstance(batch, dict) and "input_ids" in batch:
+        seq = batch["input_ids"].shape[1]
 
     def seen(_op: str, args: tuple, _kwargs: dict, result: Any, module: str) -> None:
         x = args[0] if args and isinstance(args[0], torch.Tensor) else None
         if x is None or not isinstance(result, torch.Tensor):
             return
-        xd = x.detach().float()
-        real = xd[torch.isfinite(xd) & (xd > _MASK_FLOOR)]
+        xd = x.detach()
+        real = torch.where(torch.isfinite(xd) & (xd > _MASK_FLOOR), xd, 0).abs()
+        leaked = 0.0
+        p = result.detach()
+        if seq is not None and p.dim() >= 3 and p.shape[-1] == seq and p.shape[-2] > pad:
+            leaked = float(torch.nan_to_num(p[0, ..., pad:, :pad].float(), nan=0.0).max())
         calls.append(
             {
                 "module": module,
                 "input_dtype": x.dtype,
-                "score_absmax": float(real.abs().max()) if real.numel() else 0.0,
-                "output_nonfinite": int((~torch.isfinite(result.detach())).sum()),
-                "probs": result.detach().float().cpu(),
+                "score_absmax": float(real.max()) if real.numel() else 0.0,
+                "output_nonfinite": int((~torch.isfinite(p)).sum()),
+                "leaked": leaked,
             }
         )
 
@@ -126,17 +140,13 @@ def masking(ctx: CheckContext, pad: int = 4) -> Finding:
     cid = "attention.masking"
     padded = _padded_batch(bench, pad)
     try:
-        calls, out = _softmax_calls(bench, "device", padded)
+        calls, out = _softmax_calls(bench, "device", padded, pad=pad)
     except TypeError as exc:
         if "attention_mask" not in str(exc):
             raise
         raise NotApplicable(f"the model does not take an attention_mask ({exc})") from exc
     logits = logits_of(out).detach().float().cpu()
-    leaked = 0.0
-    for c in calls:
-        p = c["probs"]
-        if p.dim() >= 3 and p.shape[-1] == padded["input_ids"].shape[1] and p.shape[-2] > pad:
-            leaked = max(leaked, float(torch.nan_to_num(p[0, ..., pad:, :pad], nan=0.0).max()))
+    leaked = max((c["leaked"] for c in calls), default=0.0)
     real_nonfinite = int((~torch.isfinite(logits[:, pad:])).sum())
     padded_nonfinite = int((~torch.isfinite(logits[0, :pad])).sum())
     evidence = {
