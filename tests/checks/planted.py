@@ -178,3 +178,18 @@ def rmsnorm_eps_below_fp16() -> precguard.Target:
     t = tiny_llama()
     t.model = lambda: build_tiny_llama(rms_norm_eps=1e-9)
     return t
+
+
+# -- rng: an init that ignores the seed ------------------------------------------------------
+def _clock_init_model() -> nn.Module:
+    model = build_tiny_llama()
+    gen = torch.Generator().manual_seed(time.time_ns())
+    with torch.no_grad():
+        model.model.layers[2].mlp.up_proj.weight.normal_(0, 0.02, generator=gen)
+    return model
+
+
+def unseeded_init() -> precguard.Target:
+    t = tiny_llama()
+    t.model = _clock_init_model
+    return t

@@ -106,3 +106,11 @@ def test_an_eps_that_rounds_to_zero_in_fp16_is_named(run_check):
     assert fp32.code == 0, fp32.out
     failures = fp16.finding("norm.extreme_inputs")["evidence"]["failures"]
     assert any("rounds to 0 in float16" in f for f in failures)
+
+
+def test_an_init_that_ignores_the_seed_names_the_weights(run_check):
+    run = run_check("--target", planted("unseeded_init"), "--only", "rng.same_seed")
+    assert run.code == 1
+    found = run.finding("rng.same_seed")
+    assert "model.layers.2.mlp.up_proj" in found["summary"]
+    assert found["evidence"]["init_differs"] == ["model.layers.2.mlp.up_proj.weight"]

@@ -115,9 +115,19 @@ def trace_forward(
             h.remove()
 
 
-def _param_diff(a: nn.Module, b: nn.Module) -> list[str]:
-    sb = b.state_dict()
-    return [k for k, v in a.state_dict().items() if k not in sb or not torch.equal(v, sb[k])]
+def _init_hashes(bench: Any, backend: Any) -> dict[str, str]:
+    """Build the model fresh (seeded through ``backend``) and hash each tensor; free the model.
+
+    Hashes, not models, are kept, so comparing two builds holds one model at a time.
+    """
+    model = bench.build_fresh(backend)
+    hashes = {k: tensor_hash(v) for k, v in model.state_dict().items()}
+    del model
+    return hashes
+
+
+def _param_diff(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    return [k for k, h in a.items() if b.get(k) != h]
 
 
 def _owners(names: list[str]) -> list[str]:
@@ -128,9 +138,8 @@ def same_seed(ctx: CheckContext, runs: int = 2) -> Finding:
     """Two runs with the same seed on the device: bitwise-identical init and outputs."""
     bench = lab(ctx)
     cid = "rng.same_seed"
-    first = bench.build_fresh(bench.device)
-    second = bench.build_fresh(bench.device)
-    init_diff = _param_diff(first, second)
+    first = _init_hashes(bench, bench.device)
+    init_diff = _param_diff(first, _init_hashes(bench, bench.device))
     hashes, traces = [], []
     for _ in range(max(2, runs)):
         model = bench.copy("device")
@@ -204,7 +213,7 @@ def cross_device(ctx: CheckContext, numel: int = 4096, p: float = 0.5) -> Findin
     """Same seed on device and reference: same initial weights and the same dropout masks."""
     bench = lab(ctx)
     cid = "rng.cross_device"
-    init_diff = _param_diff(bench.build_fresh(bench.device), bench.build_fresh(bench.reference))
+    init_diff = _param_diff(_init_hashes(bench, bench.device), _init_hashes(bench, bench.reference))
     masks = []
     for backend in (bench.device, bench.reference):
         dev = backend.torch_device()
