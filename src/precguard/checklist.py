@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from precguard._logging import get_logger
 from precguard.checks.base import FAMILIES, Check, CheckContext, Finding
-from precguard.errors import UsageError
+from precguard.errors import PrecguardError, UsageError
 
 logger = get_logger(__name__)
 
@@ -272,7 +272,11 @@ def _check_params(chk: Check, params: dict[str, Any], where: str) -> None:
 
 
 def run_check(check: Check, ctx: CheckContext, params: dict[str, Any]) -> list[Finding]:
-    """Run one check; turn "not applicable" into ``skip`` and any exception into ``error``."""
+    """Run one check; turn "not applicable" into ``skip`` and any exception into ``error``.
+
+    A :class:`~precguard.errors.PrecguardError` (the target cannot be built, the
+    golden is corrupt) is not the check's result but unusable input: it propagates.
+    """
     from precguard.checks._lab import NotApplicable, finding
 
     if check.needs_target and ctx.target is None:
@@ -281,6 +285,8 @@ def run_check(check: Check, ctx: CheckContext, params: dict[str, Any]) -> list[F
         result = check.func(ctx, **params)
     except NotApplicable as exc:
         return [finding(check.id, "skip", f"not applicable: {exc}")]
+    except PrecguardError:
+        raise  # unusable input (a target that cannot be built, a corrupt golden): exit 2
     except TypeError as exc:
         if "unexpected keyword argument" in str(exc) and params:
             return [_error(check, exc, hint=f"parameters given: {sorted(params)}")]

@@ -193,3 +193,13 @@ def unseeded_init() -> precguard.Target:
     t = tiny_llama()
     t.model = _clock_init_model
     return t
+
+
+def broken_model() -> precguard.Target:
+    t = tiny_llama()
+
+    def build() -> nn.Module:
+        raise RuntimeError("checkpoint shard 3 is missing")
+
+    t.model = build
+    return t

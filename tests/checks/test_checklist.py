@@ -240,3 +240,12 @@ def test_html_escapes_what_the_model_names():
     page = render_html(d)
     assert "<script>" not in page and "&lt;script&gt;" in page
     assert d.root_cause is finding and d.exit_code == 1
+
+
+def test_a_target_that_cannot_be_built_is_unusable_input(run_check):
+    from tests.checks.conftest import planted
+
+    run = run_check("--target", planted("broken_model"))
+    assert run.code == 2
+    lines = run.err.strip().splitlines()
+    assert len(lines) == 1 and "checkpoint shard 3 is missing" in lines[0]

@@ -228,8 +228,16 @@ class Lab:
 
     def build_fresh(self, backend: Backend) -> nn.Module:
         """Seed through ``backend`` and build a brand-new model (for init experiments)."""
+        from precguard.errors import TargetError
+
         seed_everything(backend, self.target.seed)
-        return self.target.model()
+        try:
+            return self.target.model()
+        except Exception as exc:
+            raise TargetError(
+                f"target {self.target.name!r}: building the model raised "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
 
     # -- data --------------------------------------------------------------
 
