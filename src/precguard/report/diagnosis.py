@@ -45,6 +45,8 @@ def _counts(d: Diagnosis) -> str:
 def _evidence_line(f: Finding, limit: int = 4) -> str:
     items = []
     for k, v in f.evidence.items():
+        if v in (None, [], {}, ""):
+            continue
         if isinstance(v, dict | list) and len(json.dumps(v, default=str)) > 80:
             continue
         items.append(f"{k}={v}")
