@@ -21,7 +21,7 @@ _PAD_KEYS = ("attention_mask", "padding_mask")
 
 
 def sample_hashes(batch: Any) -> list[str]:
-    """One hash per sample (row 0 of every tensor leaf) of a batch."""
+    """One hash per sample of a batch (row i of every tensor leaf, for each i)."""
     leaves = [(p, t) for p, t in flatten(batch) if isinstance(t, torch.Tensor) and t.dim() > 0]
     if not leaves:
         return []
