@@ -203,3 +203,26 @@ def broken_model() -> precguard.Target:
 
     t.model = build
     return t
+
+
+# -- data: the same tokens padded on the other side ------------------------------------------
+def _padded(step: int, side: str) -> dict:
+    ids = lm_batch(step)["input_ids"]
+    mask = torch.ones_like(ids)
+    if side == "left":
+        mask[:, :4] = 0
+    else:
+        mask[:, -4:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def right_padded() -> precguard.Target:
+    t = tiny_llama()
+    t.batch = lambda step: _padded(step, "right")
+    return t
+
+
+def left_padded() -> precguard.Target:
+    t = tiny_llama()
+    t.batch = lambda step: _padded(step, "left")
+    return t

@@ -152,3 +152,14 @@ def test_single_ops_below_the_device_precision_are_named(device, status, op):
     assert found.status == status, found.summary
     if op:
         assert op in found.evidence["lowered"]
+
+
+def test_padding_on_the_other_side_than_the_golden_is_named(run_check, tmp_path):
+    from precguard.checks import fingerprints
+    from precguard.target import load_target
+
+    golden = record_target(planted("right_padded"), device="cpu", out=tmp_path / "golden")
+    fingerprints.write(golden, load_target(planted("right_padded")))
+    run = run_check("--target", planted("left_padded"), "--golden", str(golden), "--only", "data")
+    assert run.code == 1
+    assert run.finding("data.batches")["evidence"]["golden_difference"] == "padding"

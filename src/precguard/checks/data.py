@@ -29,6 +29,16 @@ def sample_hashes(batch: Any) -> list[str]:
     return ["".join(tensor_hash(t[i]) for _, t in leaves) for i in range(n)]
 
 
+def padding_hash(batch: Any) -> str:
+    """A hash of the batch's attention/padding masks, or '' when it has none."""
+    masks = [
+        t
+        for p, t in flatten(batch)
+        if isinstance(t, torch.Tensor) and any(k in p for k in _PAD_KEYS)
+    ]
+    return "".join(tensor_hash(m) for m in masks)
+
+
 _WHAT = {
     "order": "the same samples arrive in a different order",
     "padding": "the padding (attention mask) differs",
@@ -49,7 +59,13 @@ def _against_fingerprints(
         return "identical", []
     ours = Counter(h for b in batches[:n] for h in sample_hashes(b))
     theirs = Counter(h for hs in stored.samples[:n] for h in hs)
-    return ("order" if ours == theirs else "content"), differing
+    if ours == theirs:
+        return "order", differing
+    if stored.padding and any(
+        i < len(stored.padding) and stored.padding[i] != padding_hash(batches[i]) for i in differing
+    ):
+        return "padding", differing
+    return "content", differing
 
 
 def _pass_of(ctx: CheckContext, batches: int) -> list[Any]:

@@ -48,6 +48,10 @@ class Fingerprints(BaseModel):
     seed: int = Field(description="Seed the batches were drawn with.")
     batches: list[str] = Field(description="Content hash of each of the first batches.")
     samples: list[list[str]] = Field(description="Per batch, a hash of each sample (row).")
+    padding: list[str] = Field(
+        default_factory=list,
+        description="Per batch, a hash of its attention/padding masks ('' when it has none).",
+    )
     tokenizer: TokenizerFingerprint | None = Field(
         default=None, description="Token ids of the sample texts, when the target has a tokenizer."
     )
@@ -56,7 +60,7 @@ class Fingerprints(BaseModel):
 def take(target: Any, batches: int = 4) -> Fingerprints:
     """Fingerprint a target's first ``batches`` batches (seeded) and its tokenizer."""
     from precguard.checks._lab import seed_everything, value_hash
-    from precguard.checks.data import sample_hashes
+    from precguard.checks.data import padding_hash, sample_hashes
     from precguard.checks.tokenizer import SAMPLE_TEXTS, encode, special_ids
     from precguard.runner import resolve_backend
 
@@ -77,6 +81,7 @@ def take(target: Any, batches: int = 4) -> Fingerprints:
         seed=target.seed,
         batches=[value_hash(b) for b in drawn],
         samples=[sample_hashes(b) for b in drawn],
+        padding=[padding_hash(b) for b in drawn],
         tokenizer=tok_fp,
     )
 
