@@ -249,3 +249,18 @@ def test_a_target_that_cannot_be_built_is_unusable_input(run_check):
     assert run.code == 2
     lines = run.err.strip().splitlines()
     assert len(lines) == 1 and "checkpoint shard 3 is missing" in lines[0]
+
+
+def test_the_example_script_and_checklist_run(tmp_path):
+    import importlib.util
+
+    path = Path(__file__).parents[2] / "examples" / "checklist" / "diagnose.py"
+    spec = importlib.util.spec_from_file_location("diagnose_example", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "d.json"
+    assert module.main("emu:bf16", str(out)) == 1
+    d = Diagnosis.model_validate_json(out.read_text())
+    assert d.root_cause is not None and d.root_cause.id == "rope.position_sweep"
+    assert module.main("cpu") == 0
