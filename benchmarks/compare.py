@@ -9,7 +9,8 @@ removed afterwards. Goal: >= 1 GB/s on 2 cores, peak memory independent of
 the recording size (try ``--gb 0.25`` and ``--gb 2``).
 
 The files were just written, so they are read from the page cache: the figure
-is compare's own speed, not the disk's.
+is compare's own speed, not the disk's. Compare runs on one thread unless
+``PRECGUARD_COMPARE_THREADS`` says otherwise.
 
     .venv/bin/python benchmarks/compare.py [--gb 1.0] [--tensor-mb 64] [--dtype float32]
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -129,10 +131,11 @@ def main() -> None:
             text=True,
         )
         res = json.loads(child.stdout.strip().splitlines()[-1])
+        threads = os.environ.get("PRECGUARD_COMPARE_THREADS", "1")
         seconds = res["seconds"]
         print(
             f"compared {res['records']} record pairs in {seconds:.2f} s "
-            f"(verdict {res['verdict']}, {torch.get_num_threads()} threads)"
+            f"(verdict {res['verdict']}, {threads} compare thread(s))"
         )
         print(
             f"throughput: {2 * per_run / seconds / 1e9:.2f} GB/s read (both recordings), "

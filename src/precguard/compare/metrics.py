@@ -9,6 +9,7 @@ the pages of a tensor are read once and memory stays bounded by the chunk.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -104,8 +105,20 @@ class _Params:
 
 
 def _pool() -> ThreadPoolExecutor | None:
+    """A thread pool when ``PRECGUARD_COMPARE_THREADS`` asks for more than one thread.
+
+    One thread is the default: each chunk is ~30 short numpy calls, and on a
+    busy machine a thread descheduled while it holds the GIL stalls the others
+    for a whole time slice (measured: 1.5 GB/s on one thread, 0.05-0.1 GB/s on
+    two threads of a loaded 2-core machine). On a quiet many-core host, threads
+    pay off.
+    """
     global _POOL
-    workers = max(1, min(torch.get_num_threads(), 8))
+    try:
+        workers = int(os.environ.get("PRECGUARD_COMPARE_THREADS", "1"))
+    except ValueError:
+        workers = 1
+    workers = max(1, min(workers, 64))
     if workers == 1:
         return None
     if _POOL is None or _POOL[0] != workers:
@@ -134,8 +147,8 @@ def full_metrics(
     ULPs are counted in ``ulp_dtype`` (default: the actual tensor's float dtype,
     golden rounded to it first); ``rtol``/``atol`` define the element-wise
     closeness test reported as ``close_share``; ``golden_rms`` (from the recorded
-    statistics) sets the relative-error floor without an extra pass. Chunks are spread over
-    ``torch.get_num_threads()`` threads (numpy releases the GIL);
+    statistics) sets the relative-error floor without an extra pass. Chunks run on
+    one thread, or on ``PRECGUARD_COMPARE_THREADS`` threads (numpy releases the GIL);
     ``release(start, end)``, if given, is called once each chunk's elements
     are no longer needed (the tensor store gives their pages back).
     """
@@ -175,19 +188,59 @@ def _ulp_dtype(name: str | None, actual: torch.dtype, golden: torch.dtype) -> to
     return actual if actual in _FLOATS else (golden if golden in _FLOATS else torch.float32)
 
 
+# The hot loop stays in numpy: a torch kernel on a 64 Ki chunk wakes torch's
+# intra-op threads, which on a busy 2-core machine cost 20x more than the work.
+
+
+def _raw(t: torch.Tensor) -> np.ndarray:
+    """The elements of ``t`` as numpy without running a torch kernel (bf16 as uint16 bits)."""
+    if t.dtype is torch.bfloat16:
+        raw: np.ndarray = t.view(torch.int16).numpy().view(np.uint16)
+        return raw
+    return t.numpy()
+
+
+def _as_numpy(t: torch.Tensor, work: torch.dtype) -> np.ndarray:
+    """``t`` as a numpy array of the working dtype (float32 or float64), exact upcasts only."""
+    target = np.float64 if work is torch.float64 else np.float32
+    raw = _raw(t)
+    if t.dtype is torch.bfloat16:
+        raw = (raw.astype(np.uint32) << 16).view(np.float32)
+    return raw.astype(target, copy=False)
+
+
 def _rms(flat: torch.Tensor, work: torch.dtype, chunk: int) -> float:
+    """Root mean square of the finite elements, in float64 (masks hold float32's min)."""
     total = 0.0
     for start in range(0, flat.numel(), chunk):
-        c = flat[start : start + chunk].to(work)
-        c = torch.nan_to_num(c, nan=0.0, posinf=0.0, neginf=0.0)
-        total += float(torch.dot(c, c))
+        c = _as_numpy(flat[start : start + chunk], torch.float64)
+        # in place on a fresh upcast; copy when c still views the recording
+        c = np.nan_to_num(c, copy=c.base is not None, nan=0.0, posinf=0.0, neginf=0.0)
+        total += float(np.dot(c, c))
     return math.sqrt(total / max(flat.numel(), 1))
 
 
-def _ordered_bits(x: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+def _bits(x: np.ndarray, original: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    """Bit patterns of ``x`` rounded (to nearest even) to ``dtype``, as signed integers."""
+    if dtype is torch.bfloat16:
+        if original.dtype is torch.bfloat16:
+            bf: np.ndarray = _raw(original).view(np.int16)
+            return bf
+        f = x.astype(np.float32, copy=False).view(np.uint32)
+        rounded = (f + np.uint32(0x7FFF) + ((f >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+        out: np.ndarray = rounded.astype(np.uint16).view(np.int16)
+        return out
+    if dtype is torch.float16:
+        return x.astype(np.float16, copy=False).view(np.int16)
+    if dtype is torch.float64:
+        return x.astype(np.float64, copy=False).view(np.int64)
+    return x.astype(np.float32, copy=False).view(np.int32)
+
+
+def _ordered_bits(x: np.ndarray, original: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
     """Map floats to integers whose differences count representable values between them."""
-    int_dtype, np_int, mask = _BITS[dtype]
-    bits = x.to(dtype).view(int_dtype).numpy()
+    _, np_int, mask = _BITS[dtype]
+    bits = _bits(x, original, dtype)
     ordered = bits ^ ((bits >> (bits.itemsize * 8 - 1)) & mask)
     wide: np.ndarray = ordered.astype(np_int)
     return wide
@@ -201,14 +254,8 @@ def _max_ulp(g: np.ndarray, a: np.ndarray, g_t: torch.Tensor, a_t: torch.Tensor,
         if not np.any((gi ^ ai) < 0):
             diff = ai - gi
             return int(max(diff.max(), -diff.min()))
-    ulp = _ordered_bits(a_t, p.ulp_dtype) - _ordered_bits(g_t, p.ulp_dtype)
+    ulp = _ordered_bits(a, a_t, p.ulp_dtype) - _ordered_bits(g, g_t, p.ulp_dtype)
     return int(max(ulp.max(), -ulp.min()))
-
-
-def _as_numpy(t: torch.Tensor, work: torch.dtype) -> np.ndarray:
-    if t.dtype is not work:
-        t = t.to(work)
-    return t.numpy()
 
 
 def _chunk(g_t: torch.Tensor, a_t: torch.Tensor, p: _Params) -> _Acc:
@@ -234,6 +281,10 @@ def _chunk(g_t: torch.Tensor, a_t: torch.Tensor, p: _Params) -> _Acc:
             acc.sum_sq = float(np.dot(d, d))
         acc.n = d.size
         acc.gg = float(np.dot(g, g))
+        if acc.sum_sq == 0 and not np.any(d):
+            # Bitwise equal chunk (weights, exact layers): nothing else to measure.
+            acc.aa = acc.ga = acc.gg
+            return acc
         acc.aa = float(np.dot(a, a))
         acc.ga = float(np.dot(g, a))
         acc.max_ulp = _max_ulp(g, a, g_t, a_t, p)
@@ -294,9 +345,9 @@ def exact_metrics(golden: torch.Tensor, actual: torch.Tensor, *, chunk: int = CH
     g_flat, a_flat = golden.reshape(-1), actual.reshape(-1)
     mismatched = 0
     for start in range(0, g_flat.numel(), chunk):
-        g = g_flat[start : start + chunk]
-        a = a_flat[start : start + chunk].to(g.dtype)
-        mismatched += int(torch.count_nonzero(g != a))
+        g = _raw(g_flat[start : start + chunk])
+        a = _raw(a_flat[start : start + chunk])
+        mismatched += int(np.count_nonzero(g != a))
     total = max(g_flat.numel(), 1)
     return Metrics(
         level="exact",
