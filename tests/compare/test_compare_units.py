@@ -322,3 +322,24 @@ def test_comparison_json_round_trips_with_non_finite_numbers(rmsnorm_fault) -> N
     result = precguard.compare(*rmsnorm_fault)
     again = Comparison.model_validate_json(result.model_dump_json())
     assert again == result
+
+
+def _scale_mlp_input_grad(model: torch.nn.Module) -> None:
+    mlp = model.get_submodule("model.layers.2.mlp")
+    mlp.register_full_backward_hook(lambda _m, grad_in, _out: tuple(g * 1.01 for g in grad_in))
+
+
+def test_backward_only_divergence_is_located_but_not_classified(tmp_path: Path) -> None:
+    golden = record(tmp_path / "g", train=True, tensors=False)
+    actual = precguard.record_target(
+        "tiny-llama", out=tmp_path / "a", train=True, prepare=_scale_mlp_input_grad
+    )
+
+    result = precguard.compare(golden, actual)
+
+    fd = result.first_divergence
+    assert result.verdict == "diverged"
+    assert fd is not None and fd.phase == "backward" and fd.local is None
+    # the gradient the faulty MLP sends back is the gradient of its input's producer
+    assert fd.module == "model.layers.2.post_attention_layernorm"
+    assert all(r.status == "pass" for r in result.records if r.phase == "forward")
