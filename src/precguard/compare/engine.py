@@ -141,6 +141,8 @@ def compare(
     return Comparison(
         golden=str(g_run.path),
         actual=str(a_run.path),
+        devices=[g_run.manifest.device, a_run.manifest.device],
+        dtypes=[g_run.manifest.dtype, a_run.manifest.dtype],
         profile=prof.name,
         tolerances={k: v.model_dump() for k, v in prof.dtypes.items()}
         | {"amplification": prof.amplification},

@@ -58,8 +58,11 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
         head = Text("MATCH", style="bold green")
     else:
         head = Text("DIVERGED", style="bold red")
+    g_dev, a_dev = [*result.devices, "?", "?"][:2]
+    g_dt, a_dt = [*result.dtypes, None, None][:2]
     head.append(
-        f"  {result.actual}  vs golden  {result.golden}  (profile {result.profile})",
+        f"  {result.actual} ({a_dev}, {a_dt or '?'})  vs golden  {result.golden} "
+        f"({g_dev}, {g_dt or '?'})  profile {result.profile}",
         style="default",
     )
     console.print(head)

@@ -177,6 +177,12 @@ class Comparison(BaseModel):
     )
     golden: str = Field(description="Golden recording directory.")
     actual: str = Field(description="Actual recording directory.")
+    devices: list[str] = Field(
+        default_factory=list, description="[golden device, actual device] from the manifests."
+    )
+    dtypes: list[str | None] = Field(
+        default_factory=list, description="[golden model dtype, actual model dtype]."
+    )
     profile: str = Field(description="Tolerance profile used.")
     tolerances: dict[str, Any] = Field(description="The numbers the profile applied, per dtype.")
     verdict: Verdict = Field(
