@@ -84,6 +84,13 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
             Text(f"why     {fd.reason}"),
         )
         console.print(Panel(body, title="first divergence", border_style="red", expand=False))
+        if fd.phase == "forward" and fd.metrics.level == "full" and fd.module != "root":
+            device = result.devices[1] if len(result.devices) > 1 else "DEVICE"
+            console.print(
+                f"[dim]confirm it alone: precguard replay {result.golden} --module {fd.module} "
+                f"--device {device}[/]",
+                soft_wrap=True,  # a command to copy: never broken over lines
+            )
     if result.suspects:
         table = Table(title="other suspects (made error of their own)", title_justify="left")
         for col in ("module", "type", "amplification", "error", "step"):
