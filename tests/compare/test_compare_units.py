@@ -343,3 +343,14 @@ def test_backward_only_divergence_is_located_but_not_classified(tmp_path: Path) 
     # the gradient the faulty MLP sends back is the gradient of its input's producer
     assert fd.module == "model.layers.2.post_attention_layernorm"
     assert all(r.status == "pass" for r in result.records if r.phase == "forward")
+
+
+def test_fp32_ulps_same_sign_and_across_zero() -> None:
+    g = torch.tensor([1.0, -2.0, 3.0])
+    a = g.clone()
+    a[0] = torch.nextafter(torch.nextafter(a[0], torch.tensor(2.0)), torch.tensor(2.0))
+    assert full_metrics(g, a, dtype="float32", rtol=1.3e-6, atol=1e-5).max_ulp == 2
+    tiny = torch.tensor([1e-45, 5.0])  # the smallest subnormal, one step above +0
+    flipped = torch.tensor([-1e-45, 5.0])
+    # +tiny to -tiny: one step down to +0, (-0 counts as the same value), one more to -tiny
+    assert full_metrics(tiny, flipped, dtype="float32", rtol=1.3e-6, atol=1e-5).max_ulp == 2

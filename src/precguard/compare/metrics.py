@@ -238,10 +238,15 @@ def _bits(x: np.ndarray, original: torch.Tensor, dtype: torch.dtype) -> np.ndarr
 
 
 def _ordered_bits(x: np.ndarray, original: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
-    """Map floats to integers whose differences count representable values between them."""
+    """Map floats to integers whose differences count representable values between them.
+
+    The bit patterns are sign-magnitude; negating the magnitude of negative values
+    turns them into ordered integers on which -0.0 and +0.0 coincide.
+    """
     _, np_int, mask = _BITS[dtype]
     bits = _bits(x, original, dtype)
-    ordered = bits ^ ((bits >> (bits.itemsize * 8 - 1)) & mask)
+    sign = bits >> (bits.itemsize * 8 - 1)  # -1 for negative values, 0 otherwise
+    ordered = ((bits & mask) ^ sign) - sign  # no overflow: |magnitude| < 2**(width-1)
     wide: np.ndarray = ordered.astype(np_int)
     return wide
 
@@ -251,9 +256,10 @@ def _max_ulp(g: np.ndarray, a: np.ndarray, g_t: torch.Tensor, a_t: torch.Tensor,
         # Same sign (the common case): the bit patterns are ordered like the values, so
         # their int32 difference is the ULP distance and cannot overflow.
         gi, ai = g.view(np.int32), a.view(np.int32)
-        if not np.any((gi ^ ai) < 0):
+        if (gi ^ ai).min() >= 0:  # no sign bit differs
             diff = ai - gi
-            return int(max(diff.max(), -diff.min()))
+            np.abs(diff, out=diff)
+            return int(diff.max())
     ulp = _ordered_bits(a, a_t, p.ulp_dtype) - _ordered_bits(g, g_t, p.ulp_dtype)
     return int(max(ulp.max(), -ulp.min()))
 
