@@ -85,3 +85,15 @@ def test_requires_grad_tensor_builds_no_graph():
     buf.add(y)
     assert y.grad_fn is not None and y.grad_fn.next_functions  # unchanged graph
     assert buf.materialize()[0]["numel"] == 5
+
+
+def test_reuse_cache_keeps_no_tensor_alive():
+    import weakref
+
+    buf = StatsBuffer()
+    t = torch.randn(1000)
+    buf.add(t)
+    ref = weakref.ref(t)
+    del t
+    assert ref() is None
+    assert buf.materialize()[0]["numel"] == 1000

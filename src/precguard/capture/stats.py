@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -61,7 +62,9 @@ class StatsBuffer:
     all slots together in :meth:`materialize`.
     """
 
-    _CACHE_SIZE = 32
+    # Entries hold weak references: the cache must never keep an activation
+    # alive (on a 70B model one activation can be hundreds of MB of device memory).
+    _CACHE_SIZE = 256
 
     def __init__(self) -> None:
         # per slot: (min, max, mean, std, l2, nonzero, nan, inf) as numbers, or None
@@ -71,9 +74,9 @@ class StatsBuffer:
         self._dev_counts: list[torch.Tensor] = []
         self._dev_slots: list[int] = []
         self._numel: list[int] = []
-        self._cache: OrderedDict[tuple[int, int], tuple[torch.Tensor, int, bool | None]] = (
-            OrderedDict()
-        )
+        self._cache: OrderedDict[
+            tuple[int, int], tuple[weakref.ref[torch.Tensor], int, bool | None]
+        ] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._numel)
@@ -86,7 +89,7 @@ class StatsBuffer:
         """
         cache_key = (id(t), t._version)
         hit = self._cache.get(cache_key)
-        if hit is not None and hit[0] is t:
+        if hit is not None and hit[0]() is t:
             self._cache.move_to_end(cache_key)
             slot, finite = hit[1], hit[2]
             if finite is None and need_finite:
@@ -103,7 +106,7 @@ class StatsBuffer:
                 finite = self._add_host(x)
             else:
                 finite = self._add_device(x, slot, need_finite)
-        self._cache[cache_key] = (t, slot, finite)
+        self._cache[cache_key] = (weakref.ref(t), slot, finite)
         if len(self._cache) > self._CACHE_SIZE:
             self._cache.popitem(last=False)
         return slot, finite
