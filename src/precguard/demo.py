@@ -64,9 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         f"\nplanted fault: [bold]{planted}[/]   first divergence found: [bold]{found}[/]  "
         + ("[green]✓ localized[/]" if found == planted else "[red]✗ missed[/]")
     )
+    exe = Path(sys.executable).parent / "precguard"
+    cli = str(exe) if exe.exists() else "precguard"
     console.print(
         f"recordings: {golden}/ and {actual}/\n"
-        f"reproduce:  precguard compare {golden} {actual} --json diff.json"
+        f"reproduce:  {cli} compare {golden} {actual} --json diff.json"
     )
     return 0 if found == planted else 1
 
