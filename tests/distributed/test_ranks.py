@@ -20,7 +20,7 @@ def test_two_ranks_record_into_one_run(tmp_path):
             "-m",
             "torch.distributed.run",
             "--nproc_per_node=2",
-            "--master_port=29533",
+            "--standalone",
             str(script),
             str(out),
         ],
