@@ -87,6 +87,13 @@ class Backend:
         """Return the torch device that tensors and models are moved to."""
         return torch.device(self.device)
 
+    def model_dtype(self) -> torch.dtype | None:
+        """Return the dtype models are cast to on this device when the user names none.
+
+        None means float32. An emulated mixed-precision chip returns its storage dtype.
+        """
+        return None
+
     def synchronize(self) -> None:
         """Wait for queued work on the device to finish."""
 

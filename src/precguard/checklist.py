@@ -332,7 +332,7 @@ def check(
     device: str = "cpu",
     reference: str = "cpu",
     golden: str | Path | None = None,
-    dtype: str = "float32",
+    dtype: str | None = None,
     only: Sequence[str] = (),
     skip: Sequence[str] = (),
     on_progress: Callable[[str, int, int], None] | None = None,
@@ -343,6 +343,8 @@ def check(
     :param target: target spec (``tiny-llama``, ``file.py:fn``) or a ``Target``; None runs
         only the checks that need none.
     :param golden: a golden recording for the ``layerwise``, ``data`` and ``env`` checks.
+    :param dtype: model dtype on the device; None means float32, or the storage dtype
+        of a mixed-precision device (``emu:fp16-mixed``).
     :param only: run only these check ids, globs or family names; ``skip``: leave these out.
     :param on_progress: called as ``(check_id, index, total)`` before each check.
 
@@ -355,8 +357,11 @@ def check(
     started = time.perf_counter()
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     spec = checklist if isinstance(checklist, Checklist) else load_checklist(checklist)
+    device_backend = resolve_backend(device)
+    if dtype is None:
+        native = device_backend.model_dtype()
+        dtype = str(native).removeprefix("torch.") if native is not None else "float32"
     parse_dtype(dtype)
-    resolve_backend(device)
     resolve_backend(reference)
     golden_path = Path(golden) if golden is not None else None
     if golden_path is not None and not (golden_path / "manifest.json").is_file():

@@ -77,7 +77,7 @@ def record_target(
     target: str | Target,
     *,
     device: str = "cpu",
-    dtype: str | torch.dtype = "float32",
+    dtype: str | torch.dtype | None = None,
     out: str | os.PathLike[str],
     steps: int = 1,
     train: bool = False,
@@ -90,15 +90,17 @@ def record_target(
 
     Forward only by default; with ``train`` each step is forward, backward and
     an optimizer step. ``prepare(model)`` may alter the built model before
-    recording (tests and the demo use it to plant faults).
+    recording (tests and the demo use it to plant faults). ``dtype`` None means
+    float32, or the storage dtype of a mixed-precision device (``emu:fp16-mixed``).
     """
     if steps < 1:
         raise UsageError(f"--steps must be at least 1, got {steps}")
-    torch_dtype = parse_dtype(dtype)
+    requested = parse_dtype(dtype) if dtype is not None else None
     target_obj = load_target(target)
     if train and target_obj.loss is None:
         raise UsageError(f"target {target_obj.name!r} has no loss; --train needs one")
     backend = resolve_backend(device)
+    torch_dtype = requested or backend.model_dtype() or torch.float32
     model = build_model(target_obj, backend, torch_dtype)
     if prepare is not None:
         prepare(model)

@@ -33,8 +33,11 @@ def check(
     ),
     device: str = typer.Option("cpu", "--device", "-d", help="Device under test: cpu, emu:fp16…"),
     reference: str = typer.Option("cpu", "--reference", help="Trusted reference device."),
-    dtype: str = typer.Option(
-        "float32", "--dtype", help="Model dtype on the device: float32, bfloat16 or float16."
+    dtype: str | None = typer.Option(
+        None,
+        "--dtype",
+        help="Model dtype on the device: float32, bfloat16 or float16 [default: float32, or "
+        "the storage dtype of a mixed-precision emu: profile].",
     ),
     golden: Path | None = typer.Option(
         None, "--golden", help="Golden recording (for layerwise, data and env checks)."

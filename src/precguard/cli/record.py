@@ -16,7 +16,12 @@ def record(
         "tiny-llama", "--target", "-t", help="Built-in name, path/file.py[:fn] or pkg.mod[:fn]."
     ),
     device: str = typer.Option("cpu", "--device", "-d", help="cpu, cuda[:N], npu, emu:PROFILE…"),
-    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
+    dtype: str | None = typer.Option(
+        None,
+        "--dtype",
+        help="float32, bfloat16 or float16 [default: float32, or the storage dtype of a "
+        "mixed-precision emu: profile].",
+    ),
     out: Path = typer.Option(..., "--out", "-o", help="Recording directory to create."),
     steps: int = typer.Option(1, "--steps", "-n", help="Number of steps."),
     train: bool = typer.Option(False, "--train", help="Forward, backward and optimizer step."),
@@ -46,4 +51,7 @@ def record(
             overwrite=overwrite,
             on_step=lambda _s: bar.advance(task),
         )
-    typer.echo(f"recorded {steps} step(s) of {target} on {device} ({dtype}) -> {path}")
+    from precguard.dump.reader import load_run
+
+    used = load_run(path).manifest.dtype
+    typer.echo(f"recorded {steps} step(s) of {target} on {device} ({used}) -> {path}")

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from precguard.backend import Backend
+from precguard.backends.emu import numerics
 from precguard.backends.emu.profile import EmuProfile, EmuProfileError, load_profile
 
 _MASK64 = (1 << 63) - 1
@@ -68,6 +69,12 @@ class EmuBackend(Backend):
     def torch_device(self) -> torch.device:
         """Emulated devices keep their tensors on the CPU."""
         return torch.device("cpu")
+
+    def model_dtype(self) -> torch.dtype | None:
+        """The storage dtype for mixed-precision profiles (``keep_float32``), else None."""
+        if self.profile is not None and self.profile.keep_float32:
+            return numerics.DTYPES[self.profile.compute_dtype]
+        return None
 
     def manual_seed(self, seed: int) -> None:
         """Seed the CPU generator, and the emulated device generator on its own stream."""

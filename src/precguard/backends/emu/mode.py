@@ -5,8 +5,9 @@ emulated. For each op with float tensors it:
 
 1. passes it through unchanged when precguard itself is computing
    statistics (:func:`precguard.capture.stats.in_capture`), for views and
-   metadata ops, for uninitialised allocations and for float64 work (fp64
-   references stay exact);
+   metadata ops, for uninitialised allocations, for float64 work (fp64
+   references stay exact) and, with ``keep_float32``, for ops on float32
+   tensors only (the fp32 islands of a mixed-precision model);
 2. rounds float inputs to the op's storage dtype (as float32 values);
 3. runs the op in float32 (matmul and sum/mean through the emulator's own
    accumulation and order when the profile asks for it);
@@ -106,6 +107,10 @@ class EmuMode(TorchDispatchMode):
         flat, _ = tree_flatten((args, kwargs))
         if any(isinstance(t, torch.Tensor) and t.dtype == torch.float64 for t in flat):
             return func(*args, **kwargs)
+        if self.profile.keep_float32 and not any(
+            isinstance(t, torch.Tensor) and t.dtype in _LOW for t in flat
+        ):
+            return func(*args, **kwargs)  # an fp32 island of a mixed-precision model
         if func._schema.is_mutable:
             return self._mutating(func, args, kwargs, rules)
         return self._computing(func, name, args, kwargs, rules)

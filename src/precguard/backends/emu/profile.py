@@ -93,6 +93,14 @@ class EmuProfile(BaseModel):
         "emulated device's own generator, seeded only through backend.manual_seed, with a "
         "stream that differs from the CPU's under the same seed.",
     )
+    keep_float32: bool = Field(
+        False,
+        description="Mixed precision: ops whose float tensors are all float32 run unrounded, "
+        "so a model stored in compute_dtype keeps the fp32 islands its code asks for "
+        "(`x.float()` in RMSNorm, fp32 softmax, fp32 rotary angles), as on a GPU or an "
+        "Ascend chip in must_keep_origin_dtype mode. The model is cast to compute_dtype "
+        "unless --dtype says otherwise.",
+    )
     op_dtypes: dict[str, DType] = Field(
         default_factory=dict,
         description="Per-op storage dtype overrides: {'softmax': 'float16'}. Keys are aliases "
