@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -41,6 +41,22 @@ def env_facts(names: Iterable[str]) -> dict[str, str | None]:
     set on one machine and absent on the other shows up as a difference.
     """
     return {f"env.{name}": os.environ.get(name) for name in names}
+
+
+def read_flag(getter: Callable[[], Any]) -> bool | int | float | str | None:
+    """Return a vendor flag's value for a fingerprint, or None when reading it fails.
+
+    Flags move between SDK versions; a fingerprint must never break on a missing
+    one. Non-scalar values are recorded as their ``str``.
+
+    >>> read_flag(lambda: torch.backends.cuda.matmul.allow_tf32)   # doctest: +SKIP
+    False
+    """
+    try:
+        value = getter()
+    except Exception:
+        return None
+    return value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
 
 
 @contextlib.contextmanager

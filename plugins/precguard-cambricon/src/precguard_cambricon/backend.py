@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from precguard.backend import Backend, env_facts, parse_device
+from precguard.backend import Backend, env_facts, parse_device, read_flag
 
 NOT_INSTALLED = "torch_mlu is not installed"
 
@@ -32,14 +32,6 @@ def torch_mlu() -> ModuleType | None:
         return None
 
 
-def _read(getter: Callable[[], Any]) -> Any:
-    try:
-        value = getter()
-    except Exception:
-        return None
-    return value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
-
-
 class CambriconBackend(Backend):
     """One Cambricon MLU through ``torch_mlu`` (imported lazily)."""
 
@@ -50,13 +42,13 @@ class CambriconBackend(Backend):
         mlu = torch_mlu()
         if mlu is None:
             return False, NOT_INSTALLED
-        if not _read(mlu.mlu.is_available):
+        if not read_flag(mlu.mlu.is_available):
             return False, (
                 f"torch_mlu {getattr(mlu, '__version__', '?')} is installed but no MLU is "
                 "visible (check the driver and MLU_VISIBLE_DEVICES)"
             )
         _, index = parse_device(self.device)
-        count = _read(mlu.mlu.device_count) or 0
+        count = read_flag(mlu.mlu.device_count) or 0
         if index is not None and index >= count:
             return False, f"{self.device} requested but only {count} MLU(s) are visible"
         return True, ""
@@ -114,14 +106,14 @@ class CambriconBackend(Backend):
         facts.update(
             {
                 # torch_mlu installs torch.backends.mlu and torch.backends.cnnl on import
-                "mlu.matmul.allow_tf32": _read(lambda: backends.mlu.matmul.allow_tf32),
-                "mlu.custom.allow_tf32": _read(lambda: backends.mlu.custom.allow_tf32),
-                "mlu.cnnl.allow_tf32": _read(lambda: backends.cnnl.allow_tf32),
+                "mlu.matmul.allow_tf32": read_flag(lambda: backends.mlu.matmul.allow_tf32),
+                "mlu.custom.allow_tf32": read_flag(lambda: backends.mlu.custom.allow_tf32),
+                "mlu.cnnl.allow_tf32": read_flag(lambda: backends.cnnl.allow_tf32),
                 "mlu.device_name": None,
             }
         )
         if usable and mlu is not None:
             _, index = parse_device(self.device)
-            facts["mlu.device_name"] = _read(lambda: mlu.mlu.get_device_name(index or 0))
+            facts["mlu.device_name"] = read_flag(lambda: mlu.mlu.get_device_name(index or 0))
         facts.update(env_facts(MLU_ENV))
         return facts

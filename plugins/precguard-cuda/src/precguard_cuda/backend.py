@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from precguard.backend import Backend, env_facts, parse_device, scoped_env
+from precguard.backend import Backend, env_facts, parse_device, read_flag, scoped_env
 
 #: environment variables that change numbers (or their reproducibility) on NVIDIA GPUs
 CUDA_ENV: tuple[str, ...] = (
@@ -21,15 +21,6 @@ CUDA_ENV: tuple[str, ...] = (
     "NCCL_ALGO",
     "NCCL_PROTO",
 )
-
-
-def _read(getter: Callable[[], Any]) -> Any:
-    """Read one flag; None when this torch build does not have it."""
-    try:
-        value = getter()
-    except Exception:
-        return None
-    return value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
 
 
 class CudaBackend(Backend):
@@ -103,31 +94,31 @@ class CudaBackend(Backend):
         facts: dict[str, Any] = {
             "cuda.available": self.availability()[0],
             "cuda.torch_cuda_version": torch.version.cuda,
-            "cuda.cudnn_version": _read(cudnn.version),
-            "cuda.matmul.allow_tf32": _read(lambda: cuda.matmul.allow_tf32),
-            "cuda.matmul.fp32_precision": _read(lambda: cuda.matmul.fp32_precision),
-            "cuda.matmul.allow_fp16_reduced_precision_reduction": _read(
+            "cuda.cudnn_version": read_flag(cudnn.version),
+            "cuda.matmul.allow_tf32": read_flag(lambda: cuda.matmul.allow_tf32),
+            "cuda.matmul.fp32_precision": read_flag(lambda: cuda.matmul.fp32_precision),
+            "cuda.matmul.allow_fp16_reduced_precision_reduction": read_flag(
                 lambda: cuda.matmul.allow_fp16_reduced_precision_reduction
             ),
-            "cuda.matmul.allow_bf16_reduced_precision_reduction": _read(
+            "cuda.matmul.allow_bf16_reduced_precision_reduction": read_flag(
                 lambda: cuda.matmul.allow_bf16_reduced_precision_reduction
             ),
-            "cuda.matmul.allow_fp16_accumulation": _read(
+            "cuda.matmul.allow_fp16_accumulation": read_flag(
                 lambda: cuda.matmul.allow_fp16_accumulation
             ),
-            "cuda.cudnn.enabled": _read(lambda: cudnn.enabled),
-            "cuda.cudnn.allow_tf32": _read(lambda: cudnn.allow_tf32),
-            "cuda.cudnn.deterministic": _read(lambda: cudnn.deterministic),
-            "cuda.cudnn.benchmark": _read(lambda: cudnn.benchmark),
-            "cuda.sdp.flash": _read(cuda.flash_sdp_enabled),
-            "cuda.sdp.mem_efficient": _read(cuda.mem_efficient_sdp_enabled),
-            "cuda.sdp.math": _read(cuda.math_sdp_enabled),
-            "cuda.sdp.cudnn": _read(cuda.cudnn_sdp_enabled),
+            "cuda.cudnn.enabled": read_flag(lambda: cudnn.enabled),
+            "cuda.cudnn.allow_tf32": read_flag(lambda: cudnn.allow_tf32),
+            "cuda.cudnn.deterministic": read_flag(lambda: cudnn.deterministic),
+            "cuda.cudnn.benchmark": read_flag(lambda: cudnn.benchmark),
+            "cuda.sdp.flash": read_flag(cuda.flash_sdp_enabled),
+            "cuda.sdp.mem_efficient": read_flag(cuda.mem_efficient_sdp_enabled),
+            "cuda.sdp.math": read_flag(cuda.math_sdp_enabled),
+            "cuda.sdp.cudnn": read_flag(cuda.cudnn_sdp_enabled),
         }
         if facts["cuda.available"]:
             dev = self.torch_device()
-            facts["cuda.device_name"] = _read(lambda: torch.cuda.get_device_name(dev))
-            facts["cuda.capability"] = _read(
+            facts["cuda.device_name"] = read_flag(lambda: torch.cuda.get_device_name(dev))
+            facts["cuda.capability"] = read_flag(
                 lambda: ".".join(map(str, torch.cuda.get_device_capability(dev)))
             )
         facts.update(env_facts(CUDA_ENV))
