@@ -184,26 +184,12 @@ def load_checklist(spec: str | Path) -> Checklist:
 def registered_checks() -> dict[str, Check]:
     """Every check registered through the plugin hook, by id.
 
-    Uses the plugin manager's ``collect_checks`` (a plugin installed later can
-    replace a check by registering the same id) where it exists.
+    A plugin installed later can replace a check by registering the same id
+    (see :func:`precguard.plugins.collect_checks`).
     """
     from precguard import plugins
 
-    collect = getattr(plugins, "collect_checks", None)
-    if callable(collect):
-        return dict(collect())
-    found: dict[str, Check] = {}
-
-    def register(check: Check) -> None:
-        if not isinstance(check, Check):
-            raise TypeError(f"register() expects a precguard Check, got {type(check).__name__}")
-        if check.id in found:
-            logger.warning("duplicate_check_ignored", check=check.id)
-            return
-        found[check.id] = check
-
-    plugins.load_plugins().hook.precguard_register_checks(register=register)
-    return found
+    return plugins.collect_checks()
 
 
 def _matches(check_id: str, patterns: Sequence[str]) -> bool:
