@@ -151,37 +151,49 @@ def step_candidates(
         in_records = call.inputs + call.params
         in_err = max((_err(r) for r in in_records), default=0.0)
         out_err = max(_err(o) for o in call.outputs)
-        inputs_bad = any(r.status in _BAD for r in in_records)
         amp = out_err / max(in_err, unit_roundoff(tol_dtype))
-        local = (not inputs_bad and amp >= MIN_LOCAL_GROWTH) or amp >= profile.amplification
-        if first.status == "nonfinite" and not any(r.status == "nonfinite" for r in in_records):
-            local = True
+        reason = _local_reason(call, in_records, first, forward, in_err, out_err, amp, profile)
         for o in bad_outputs:
-            classified[o.key] = (local, amp)
-        if first.status == "nonfinite" and not any(r.status == "nonfinite" for r in in_records):
-            reason = (
-                f"{call.module} ({call.module_type}) produced NaN/Inf where golden has none "
-                "(or the reverse) from inputs without such a mismatch"
-            )
-        elif not inputs_bad and amp >= MIN_LOCAL_GROWTH:
-            reason = (
-                f"{call.module} ({call.module_type}): inputs match (error {_fmt(in_err)}) but "
-                f"its output does not (error {_fmt(out_err)}, {_fmt(amp)}x amplification)"
-                + _glue_note(call, in_records, first, forward)
-            )
-        elif amp >= profile.amplification:
-            reason = (
-                f"{call.module} ({call.module_type}) amplified the error of its inputs "
-                f"{_fmt(amp)}x ({_fmt(in_err)} -> {_fmt(out_err)}), threshold "
-                f"{_fmt(profile.amplification)}x"
-            )
-        else:
+            classified[o.key] = (reason is not None, amp)
+        if reason is None:
             continue
         found.append(Candidate(first, True, amp, in_err, reason))
     for c in found:
         c.order = (c.result.step, 0, c.result.seq, c.result.rank)
     found.sort(key=lambda c: c.order)
     return _drop_explained(found)
+
+
+def _local_reason(
+    call: _Call,
+    in_records: list[RecordResult],
+    first: RecordResult,
+    forward: list[RecordResult],
+    in_err: float,
+    out_err: float,
+    amp: float,
+    profile: Profile,
+) -> str | None:
+    """Why ``call`` made error of its own, or None when it only passed error on."""
+    if first.status == "nonfinite" and not any(r.status == "nonfinite" for r in in_records):
+        return (
+            f"{call.module} ({call.module_type}) produced NaN/Inf where golden has none "
+            "(or the reverse) from inputs without such a mismatch"
+        )
+    inputs_bad = any(r.status in _BAD for r in in_records)
+    if not inputs_bad and amp >= MIN_LOCAL_GROWTH:
+        return (
+            f"{call.module} ({call.module_type}): inputs match (error {_fmt(in_err)}) but "
+            f"its output does not (error {_fmt(out_err)}, {_fmt(amp)}x amplification)"
+            + _glue_note(call, in_records, first, forward)
+        )
+    if amp >= profile.amplification:
+        return (
+            f"{call.module} ({call.module_type}) amplified the error of its inputs "
+            f"{_fmt(amp)}x ({_fmt(in_err)} -> {_fmt(out_err)}), threshold "
+            f"{_fmt(profile.amplification)}x"
+        )
+    return None
 
 
 def _glue_note(

@@ -15,7 +15,13 @@ from typing import Any
 
 from precguard._logging import get_logger
 from precguard.compare.align import align
-from precguard.compare.divergence import Candidate, fallback, rank_suspects, step_candidates
+from precguard.compare.divergence import (
+    Candidate,
+    Classification,
+    fallback,
+    rank_suspects,
+    step_candidates,
+)
 from precguard.compare.metrics import (
     exact_metrics,
     full_metrics,
@@ -104,7 +110,7 @@ def compare(
                 step_results = _compare_step(
                     g_recs, a_recs, g_store, a_store, prof, tolerance_dtype
                 )
-                classified: dict[str, tuple[bool, float | None]] = {}
+                classified: Classification = {}
                 found = step_candidates(step_results.results, prof, classified)
                 results.extend(_annotate(step_results.results, classified))
                 golden_only.extend(step_results.golden_only)
@@ -264,9 +270,7 @@ def _compare_step(
     return out
 
 
-def _annotate(
-    results: list[RecordResult], classified: dict[str, tuple[bool, float | None]]
-) -> list[RecordResult]:
+def _annotate(results: list[RecordResult], classified: Classification) -> list[RecordResult]:
     """Copy the local/propagated decision onto the failing records it was made for."""
     out = []
     for r in results:
