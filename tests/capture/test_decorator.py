@@ -105,3 +105,19 @@ def test_decorated_module_inside_monitor_is_recorded_once(tmp_path):
     modules = {r.module for r in precguard.load_run(tmp_path / "run").records()}
     assert "first.proj" in modules
     assert not any(m.startswith("Block#") for m in modules)
+
+
+def test_decorator_policy_applies_inside_a_recording(tmp_path):
+    @precguard.precision_monitor(on_nonfinite="raise")
+    def log_of(x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x)
+
+    with (
+        precguard.record(tmp_path / "run"),  # the recording itself only records NaN/Inf
+        pytest.raises(NonFiniteError, match="log_of"),
+    ):
+        log_of(torch.tensor([1.0, -1.0]))
+    origins = [r for r in precguard.load_run(tmp_path / "run").records() if r.nonfinite_origin]
+    assert [r.module for r in origins] == [
+        "test_decorator_policy_applies_inside_a_recording.<locals>.log_of"
+    ]

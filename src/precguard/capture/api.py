@@ -17,6 +17,7 @@ from precguard.capture.flatten import named_tensors
 from precguard.capture.monitor import Monitor
 from precguard.capture.options import CaptureOptions
 from precguard.capture.recording import Recording
+from precguard.errors import NonFiniteError
 
 logger = get_logger(__name__)
 
@@ -287,50 +288,33 @@ def _decorate_function(
 ) -> Callable[..., Any]:
     label = name or getattr(fn, "__qualname__", getattr(fn, "__name__", "function"))
     sinks = _WatchSinks(opts)
+    save = opts.saves(label)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         sink = sinks()
         try:
-            call = sink.begin_call(wrapper, root=False)
             items = named_tensors(args, "args") + named_tensors(kwargs, "kwargs")
-            immediate = opts.on_nonfinite != "record"
-            save = opts.saves(label)
-            in_finite = sink.add(
+            frame = sink.enter(
+                wrapper,
                 label,
                 "function",
-                call,
-                "forward",
-                "input",
                 items,
+                root=False,
                 save=save,
-                need_finite=immediate,
+                on_nonfinite=opts.on_nonfinite,
             )
         except Exception as exc:
             logger.error("hook_failed", module=label, hook="function_pre", error=str(exc))
             return fn(*args, **kwargs)
         result = fn(*args, **kwargs)
         try:
-            outs = named_tensors(result, "output")
-            out_finite = sink.add(
-                label,
-                "function",
-                call,
-                "forward",
-                "output",
-                outs,
-                save=save,
-                need_finite=immediate,
-            )
-            if immediate and out_finite is False and in_finite is not False:
-                sink.on_nonfinite_origin(label, "function", call, items)
+            sink.leave(frame, named_tensors(result, "output"))
             if sink.writer is None:
-                sink.flush()
+                sink.flush()  # watch-only: scan for NaN/Inf now, nothing is written
+        except NonFiniteError:
+            raise
         except Exception as exc:
-            from precguard.errors import NonFiniteError
-
-            if isinstance(exc, NonFiniteError):
-                raise
             logger.error("hook_failed", module=label, hook="function", error=str(exc))
         return result
 

@@ -21,7 +21,7 @@ from torch.utils.hooks import RemovableHandle
 from precguard._logging import get_logger
 from precguard.capture.flatten import named_tensors
 from precguard.capture.options import CaptureOptions
-from precguard.capture.recording import Recording
+from precguard.capture.recording import CallFrame, Recording
 from precguard.errors import NonFiniteError
 
 logger = get_logger(__name__)
@@ -44,22 +44,6 @@ def module_names(root: nn.Module, root_name: str = "root") -> dict[nn.Module, st
         else:
             names[mod] = name if root_name == "root" else f"{root_name}.{name}"
     return names
-
-
-class _Frame:
-    __slots__ = ("call", "inputs", "inputs_finite", "sink")
-
-    def __init__(
-        self,
-        sink: Recording,
-        call: int,
-        inputs_finite: bool | None,
-        inputs: list[tuple[str, torch.Tensor]] | None,
-    ) -> None:
-        self.sink = sink
-        self.call = call
-        self.inputs_finite = inputs_finite
-        self.inputs = inputs
 
 
 class Monitor:
@@ -85,14 +69,11 @@ class Monitor:
         )
         self._fixed_sink = sink if isinstance(sink, Recording) else None
         self._handles: list[RemovableHandle] = []
-        self._frames: dict[int, list[_Frame]] = {}
+        # per module: a stack of open calls (None where the call is not recorded)
+        self._frames: dict[int, list[tuple[Recording, CallFrame] | None]] = {}
         self._failed: set[tuple[str, str]] = set()
-        self._params_done: set[tuple[int, int]] = set()  # (module id, step) pairs
         self.removed = False
-        self.root = root
         self.names = module_names(root, root_name)
-        immediate = options.on_nonfinite != "record"
-        self._immediate = immediate
         for mod, name in self.names.items():
             if isinstance(mod, _CONTAINERS):
                 continue
@@ -139,38 +120,39 @@ class Monitor:
         name, mtype, save, is_root, skip_covered = info
         if self.removed:
             return
+        opened: tuple[Recording, CallFrame] | None = None
         try:
             sink = self._resolve(module, skip_covered)
-            if sink is None:
-                self._frames.setdefault(id(module), []).append(None)  # type: ignore[arg-type]
-                return
-            call = sink.begin_call(module, root=is_root)
-            self._record_params(sink, module, name, mtype, call, save)
-            items = named_tensors(args, "args") + named_tensors(kwargs, "kwargs")
-            finite = sink.add(
-                name, mtype, call, "forward", "input", items, save=save, need_finite=self._immediate
-            )
-            keep = items if self.options.on_nonfinite == "save" else None
-            self._frames.setdefault(id(module), []).append(_Frame(sink, call, finite, keep))
+            if sink is not None:
+                items = named_tensors(args, "args") + named_tensors(kwargs, "kwargs")
+                frame = sink.enter(
+                    module,
+                    name,
+                    mtype,
+                    items,
+                    root=is_root,
+                    save=save,
+                    on_nonfinite=self.options.on_nonfinite,
+                )
+                opened = (sink, frame)
+                self._record_params(sink, module, frame)
         except Exception as exc:
-            self._frames.setdefault(id(module), []).append(None)  # type: ignore[arg-type]
             self._report_failure(name, "forward_pre", exc)
+        # always push, so that the post-hook pops the frame of its own call
+        self._frames.setdefault(id(module), []).append(opened)
 
-    def _record_params(
-        self, sink: Recording, module: nn.Module, name: str, mtype: str, call: int, save: bool
-    ) -> None:
+    def _record_params(self, sink: Recording, module: nn.Module, frame: CallFrame) -> None:
+        # call 0 happens once per module and step, so each step records them at most once
         policy = self.options.params
-        if policy == "never" or call != 0:
+        if policy == "never" or frame.call != 0:
             return
         if policy == "first_step" and sink.step_index != 0:
             return
-        key = (id(module), sink.step_index)
-        if key in self._params_done:
-            return
-        self._params_done.add(key)
-        params = [(pname, p) for pname, p in module.named_parameters(recurse=False)]
+        params = list(module.named_parameters(recurse=False))
         if params:
-            sink.add(name, mtype, call, "forward", "param", params, save=save)
+            sink.add(
+                frame.module, frame.module_type, 0, "forward", "param", params, save=frame.save
+            )
 
     def _post(
         self,
@@ -180,26 +162,15 @@ class Monitor:
         kwargs: dict[str, Any],
         output: Any,
     ) -> None:
-        name, mtype, save, is_root, _ = info
+        name, mtype, _, is_root, _ = info
         stack = self._frames.get(id(module))
-        frame = stack.pop() if stack else None
-        if frame is None or self.removed:
+        opened = stack.pop() if stack else None
+        if opened is None or self.removed:
             return
-        sink = frame.sink
+        sink, frame = opened
         try:
             items = named_tensors(output, "output")
-            finite = sink.add(
-                name,
-                mtype,
-                frame.call,
-                "forward",
-                "output",
-                items,
-                save=save,
-                need_finite=self._immediate,
-            )
-            if self._immediate and finite is False and frame.inputs_finite is not False:
-                sink.on_nonfinite_origin(name, mtype, frame.call, frame.inputs or [])
+            sink.leave(frame, items)
             if self.options.backward and torch.is_grad_enabled():
                 for index, (tname, t) in enumerate(items):
                     if t.requires_grad:

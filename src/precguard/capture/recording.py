@@ -1,8 +1,9 @@
 """The sink every capture writes into: step bookkeeping, statistics, NaN/Inf origin, flushing.
 
 A :class:`Recording` knows nothing about hooks. ``monitor`` and
-``precision_monitor`` call :meth:`Recording.begin_call` and
-:meth:`Recording.add` from their hooks; the recording numbers calls and
+``precision_monitor`` call :meth:`Recording.enter` and
+:meth:`Recording.leave` around each call (and :meth:`Recording.add` for
+parameters and gradients) from their hooks; the recording numbers calls and
 steps, queues statistics without host syncs, and writes one batch of
 records per flush (the end of each root forward, and each step boundary).
 Without an output directory it only watches for NaN/Inf and logs.
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 
 from precguard._logging import get_logger
-from precguard.capture.options import CaptureOptions
+from precguard.capture.options import CaptureOptions, OnNonFinite
 from precguard.capture.stats import StatsBuffer, capture_scope, has_stats
 from precguard.dump.writer import RunWriter, prepare_run_dir, write_json_atomic
 from precguard.errors import NonFiniteError
@@ -46,6 +47,23 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
     if converted is not None:
         return converted
     return t.detach().to("cpu", copy=True).contiguous()
+
+
+class CallFrame:
+    """One module (or decorated function) call between its inputs and its outputs."""
+
+    __slots__ = ("call", "inputs", "inputs_finite", "module", "module_type", "on_nonfinite", "save")
+
+    def __init__(
+        self, module: str, module_type: str, call: int, save: bool, on_nonfinite: OnNonFinite
+    ) -> None:
+        self.module = module
+        self.module_type = module_type
+        self.call = call
+        self.save = save
+        self.on_nonfinite = on_nonfinite
+        self.inputs_finite: bool | None = True
+        self.inputs: list[tuple[str, torch.Tensor]] = []
 
 
 class Recording:
@@ -130,13 +148,64 @@ class Recording:
         self._advance()
 
     def _advance(self) -> None:
-        self.flush()
+        self.flush()  # also empties the statistics buffer
         self.step_index += 1
         self._calls.clear()
         self._inputs_finite.clear()
         self._origin_seen.clear()
         self._nonfinite_acted = False
-        self._stats.clear()
+
+    def enter(
+        self,
+        obj: object,
+        module: str,
+        module_type: str,
+        inputs: list[tuple[str, torch.Tensor]],
+        *,
+        root: bool,
+        save: bool,
+        on_nonfinite: OnNonFinite,
+    ) -> CallFrame:
+        """Start a call of ``obj``: count it, record its inputs, return its frame.
+
+        ``on_nonfinite`` is the caller's policy: with ``"save"``/``"raise"``
+        finiteness is checked at once (a host sync on accelerators), and with
+        ``"save"`` the inputs are kept until :meth:`leave`.
+        """
+        frame = CallFrame(module, module_type, self.begin_call(obj, root=root), save, on_nonfinite)
+        frame.inputs_finite = self.add(
+            module,
+            module_type,
+            frame.call,
+            "forward",
+            "input",
+            inputs,
+            save=save,
+            need_finite=on_nonfinite != "record",
+        )
+        if on_nonfinite == "save":
+            frame.inputs = inputs
+        return frame
+
+    def leave(self, frame: CallFrame, outputs: list[tuple[str, torch.Tensor]]) -> None:
+        """Record the outputs of ``frame``'s call; act on a NaN/Inf born in it.
+
+        Raises :class:`NonFiniteError` when the frame's policy is ``"raise"``
+        and this call is the step's first origin.
+        """
+        immediate = frame.on_nonfinite != "record"
+        finite = self.add(
+            frame.module,
+            frame.module_type,
+            frame.call,
+            "forward",
+            "output",
+            outputs,
+            save=frame.save,
+            need_finite=immediate,
+        )
+        if immediate and finite is False and frame.inputs_finite is not False:
+            self._on_nonfinite_origin(frame)
 
     # -- capture -----------------------------------------------------------------------
 
@@ -194,26 +263,20 @@ class Recording:
 
     # -- non-finite origin -------------------------------------------------------------
 
-    def on_nonfinite_origin(
-        self,
-        module: str,
-        module_type: str,
-        call: int,
-        inputs: list[tuple[str, torch.Tensor]],
-    ) -> None:
+    def _on_nonfinite_origin(self, frame: CallFrame) -> None:
         """Act on an origin found in a hook (``save`` / ``raise``), once per step."""
-        if self._nonfinite_acted or self.options.on_nonfinite == "record":
+        if self._nonfinite_acted:
             return
         self._nonfinite_acted = True
-        if self.options.on_nonfinite == "save":
-            self._save_origin_inputs(module, module_type, call, inputs)
+        if frame.on_nonfinite == "save":
+            self._save_origin_inputs(frame.module, frame.module_type, frame.call, frame.inputs)
             return
         raise NonFiniteError(
-            f"non-finite output first produced by {module} ({module_type}), call {call}, "
-            f"step {self.step_index}, rank {self.rank}: its inputs were finite",
-            module=module,
+            f"non-finite output first produced by {frame.module} ({frame.module_type}), call "
+            f"{frame.call}, step {self.step_index}, rank {self.rank}: its inputs were finite",
+            module=frame.module,
             step=self.step_index,
-            key=f"{module}.{call}.forward.output",
+            key=f"{frame.module}.{frame.call}.forward.output",
         )
 
     def _save_origin_inputs(
