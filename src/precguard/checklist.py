@@ -39,23 +39,6 @@ logger = get_logger(__name__)
 
 SCHEMA_VERSION = 1
 
-#: families in the order their failures are blamed: a cause upstream (environment,
-#: seeds, data, tokens) explains every numeric symptom downstream of it.
-ROOT_CAUSE_ORDER: tuple[str, ...] = (
-    "env",
-    "rng",
-    "data",
-    "tokenizer",
-    "norm",
-    "rope",
-    "attention",
-    "ops",
-    "amp",
-    "layerwise",
-    "grads",
-    "loss",
-    "reduce",
-)
 _STATUS_RANK = {"fail": 0, "error": 1, "warn": 2}
 
 
@@ -304,8 +287,8 @@ def _error(check: Check, exc: BaseException, hint: str = "") -> Finding:
 
 
 def rank_root_causes(findings: Sequence[Finding]) -> list[Finding]:
-    """Failures first, then errors, then warnings; within each, upstream families first."""
-    order = {f: i for i, f in enumerate(ROOT_CAUSE_ORDER)}
+    """Failures first, then errors, then warnings; within each, in the order of ``FAMILIES``."""
+    order = {f: i for i, f in enumerate(FAMILIES)}
     flagged = [(i, f) for i, f in enumerate(findings) if f.status in _STATUS_RANK]
     flagged.sort(key=lambda p: (_STATUS_RANK[p[1].status], order.get(p[1].family, 99), p[0]))
     return [f for _, f in flagged]

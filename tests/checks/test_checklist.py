@@ -132,6 +132,19 @@ def test_only_and_skip_select_checks():
         plan(spec, checks, only=["rope.long_context"])
 
 
+def test_each_family_is_one_module_of_its_own_checks():
+    """FAMILIES is the one list: it names the built-in modules and orders the root causes."""
+    import importlib
+
+    from precguard.checks.base import FAMILIES
+    from precguard.checks.builtin import FAMILY_MODULES
+
+    assert len(FAMILY_MODULES) == len(FAMILIES)
+    for family, module in zip(FAMILIES, FAMILY_MODULES, strict=True):
+        checks = importlib.import_module(module).CHECKS
+        assert checks and {c.family for c in checks} == {family}, module
+
+
 def _f(check_id: str, status: str) -> Finding:
     return Finding(id=check_id, status=status, summary="s")
 

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 
 Status = Literal["pass", "warn", "fail", "skip", "error"]
 
+#: the check families, in the order their failures are blamed (the Diagnosis ranks root
+#: causes by it): a cause upstream (environment, seeds, data, tokens) explains every
+#: numeric symptom downstream of it, and a layer the golden names explains the gradient,
+#: loss and reduction-order symptoms after it.
 FAMILIES: tuple[str, ...] = (
     "env",
     "rng",
@@ -30,10 +34,10 @@ FAMILIES: tuple[str, ...] = (
     "attention",
     "ops",
     "amp",
+    "layerwise",
     "grads",
     "loss",
     "reduce",
-    "layerwise",
 )
 
 

@@ -5,24 +5,11 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
+from precguard.checks.base import FAMILIES
 from precguard.plugins import hookimpl
 
-#: one module per family; each exposes ``CHECKS``
-FAMILY_MODULES: tuple[str, ...] = (
-    "precguard.checks.env",
-    "precguard.checks.rng",
-    "precguard.checks.data",
-    "precguard.checks.tokenizer",
-    "precguard.checks.norm",
-    "precguard.checks.rope",
-    "precguard.checks.attention",
-    "precguard.checks.ops",
-    "precguard.checks.amp",
-    "precguard.checks.grads",
-    "precguard.checks.loss",
-    "precguard.checks.reduce",
-    "precguard.checks.layerwise",
-)
+#: one module per family, named after it; each exposes ``CHECKS``
+FAMILY_MODULES: tuple[str, ...] = tuple(f"precguard.checks.{family}" for family in FAMILIES)
 
 
 @hookimpl
