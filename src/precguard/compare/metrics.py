@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from precguard.compare.report import Metrics
+from precguard.compare.tolerance import SIGNIFICAND_BITS
 from precguard.dump.schema import STAT_FIELDS, Record
 
 #: elements per chunk: 256 KiB of float32 keeps the working set in cache
@@ -50,17 +51,16 @@ def tolerance_dtype(golden: str, actual: str, mode: str = "golden") -> str:
     """
     if mode == "golden" and is_float_dtype(golden):
         return golden
-    order = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3}
-    g, a = order.get(golden), order.get(actual)
+    g, a = SIGNIFICAND_BITS.get(golden), SIGNIFICAND_BITS.get(actual)
     if g is None or a is None:
         return actual if a is not None else golden
     # bf16 has fewer mantissa bits than fp16, so it is the less precise of the two
-    return golden if g > a else actual
+    return golden if g < a else actual
 
 
 def is_float_dtype(name: str) -> bool:
     """True for the floating dtypes compare measures with error metrics."""
-    return name in ("float16", "bfloat16", "float32", "float64")
+    return name in SIGNIFICAND_BITS
 
 
 @dataclass

@@ -26,6 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from precguard.compare.report import Metrics, Status
 from precguard.errors import UsageError
 
+#: the floating dtypes compare measures with error metrics, and their precision in bits
+#: (significand including the implicit bit): fewer bits is less precise
+SIGNIFICAND_BITS: dict[str, int] = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}
+
 
 class DtypeTolerance(BaseModel):
     """Thresholds for one dtype."""
@@ -198,5 +202,4 @@ def judge(metrics: Metrics, profile: Profile) -> Status:
 
 def unit_roundoff(dtype: str) -> float:
     """Half the machine epsilon of ``dtype`` (float32's for non-float dtypes)."""
-    bits = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}.get(dtype, 24)
-    return 2.0**-bits
+    return 2.0 ** -SIGNIFICAND_BITS.get(dtype, SIGNIFICAND_BITS["float32"])
