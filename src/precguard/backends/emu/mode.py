@@ -20,11 +20,13 @@ Random ops draw from the emulated device's generator when the profile has a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
 
 from precguard.backends.emu import numerics
 from precguard.backends.emu.numerics import OpNumerics
@@ -33,8 +35,8 @@ from precguard.capture.stats import in_capture
 
 aten = torch.ops.aten
 
-_LOW = (torch.float16, torch.bfloat16)
-_EMULATED = (torch.float32, torch.float16, torch.bfloat16)
+_LOW = frozenset({torch.float16, torch.bfloat16})
+_EMULATED = frozenset({torch.float32, torch.float16, torch.bfloat16})
 _UNINITIALISED = frozenset(
     {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_"}
 )
@@ -48,6 +50,42 @@ _MOVE_ONLY = frozenset(
      "slice_scatter", "select_scatter", "expand_copy", "permute_copy", "narrow_copy"}
 )  # fmt: skip
 _SUM = frozenset({"sum", "mean"})
+_REDUCTIONS = _MATMUL | _SUM
+
+
+@dataclass(frozen=True)
+class _OpFacts:
+    """What the dispatcher needs to know about one op overload, read once from its schema."""
+
+    name: str  # aten name without overload: "mm", "add_"
+    passthrough: bool  # views, metadata and uninitialised allocations: never emulated
+    seeded: bool  # draws random numbers
+    takes_generator: bool
+    mutable: bool  # in-place or out=
+    written: frozenset[str]  # names of the arguments it writes to
+
+
+@cache
+def _op_facts(func: torch._ops.OpOverload) -> _OpFacts:
+    # Every aten op passes through __torch_dispatch__; reading the schema and tags once
+    # per overload instead of once per call keeps the per-op Python work small.
+    name = func.overloadpacket.__name__
+    schema = func._schema
+    return _OpFacts(
+        name=name,
+        passthrough=func.is_view or torch.Tag.inplace_view in func.tags or name in _UNINITIALISED,
+        seeded=torch.Tag.nondeterministic_seeded in func.tags,
+        takes_generator=any(a.name == "generator" for a in schema.arguments),
+        mutable=schema.is_mutable,
+        written=frozenset(
+            a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write
+        ),
+    )
+
+
+def _map_tensors(fn: Any, out: Any) -> Any:
+    """``tree_map(fn, out)``, without pytree for the common single-tensor result."""
+    return fn(out) if isinstance(out, torch.Tensor) else tree_map(fn, out)
 
 
 def rules_for(profile: EmuProfile) -> tuple[OpNumerics, dict[str, OpNumerics]]:
@@ -91,29 +129,28 @@ class EmuMode(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = dict(kwargs or {})
-        if in_capture() or func.is_view or torch.Tag.inplace_view in func.tags:
+        if in_capture():
             return func(*args, **kwargs)
-        name = func.overloadpacket.__name__
-        if name in _UNINITIALISED:
+        op = _op_facts(func)
+        if op.passthrough:
             return func(*args, **kwargs)
-        if self.generator is not None and torch.Tag.nondeterministic_seeded in func.tags:
+        if self.generator is not None and op.seeded:
             if func is aten.native_dropout.default:
                 return self._dropout(*args, **kwargs)
-            if _takes_generator(func) and kwargs.get("generator") is None:
+            if op.takes_generator and kwargs.get("generator") is None:
                 kwargs["generator"] = self.generator
-        rules = self.op_rules.get(name, self.default_rules)
+        rules = self.op_rules.get(op.name, self.default_rules)
         if not rules.changes_values:
             return func(*args, **kwargs)
-        flat, _ = tree_flatten((args, kwargs))
-        if any(isinstance(t, torch.Tensor) and t.dtype == torch.float64 for t in flat):
+        flat, spec = tree_flatten((args, kwargs))
+        dtypes = {t.dtype for t in flat if isinstance(t, torch.Tensor)}
+        if torch.float64 in dtypes:
             return func(*args, **kwargs)
-        if self.profile.keep_float32 and not any(
-            isinstance(t, torch.Tensor) and t.dtype in _LOW for t in flat
-        ):
+        if self.profile.keep_float32 and dtypes.isdisjoint(_LOW):
             return func(*args, **kwargs)  # an fp32 island of a mixed-precision model
-        if func._schema.is_mutable:
-            return self._mutating(func, args, kwargs, rules)
-        return self._computing(func, name, args, kwargs, rules)
+        if op.mutable:
+            return self._mutating(func, op, args, kwargs, rules)
+        return self._computing(func, op.name, flat, spec, dtypes, rules)
 
     # -- out-of-place ops ----------------------------------------------------------------
 
@@ -121,20 +158,21 @@ class EmuMode(TorchDispatchMode):
         self,
         func: torch._ops.OpOverload,
         name: str,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        flat: list[Any],
+        spec: TreeSpec,
+        dtypes: set[torch.dtype],
         rules: OpNumerics,
     ) -> Any:
-        seen: set[torch.dtype] = set()
+        """Run ``func`` on its flattened ``(args, kwargs)``; ``dtypes`` are its tensors' dtypes."""
+        seen = dtypes & _EMULATED
         round_inputs = name not in _MOVE_ONLY
 
         def prepare(x: Any) -> Any:
             if isinstance(x, torch.Tensor) and x.dtype in _EMULATED:
-                seen.add(x.dtype)
                 return numerics.to_storage(x.float(), rules) if round_inputs else x.float()
             return x
 
-        args, kwargs = tree_map(prepare, (args, kwargs))
+        args, kwargs = tree_unflatten([prepare(x) for x in flat], spec)
         # the dtype the op would have returned, when it is not float32
         target: torch.dtype | None = None
         requested = kwargs.get("dtype")
@@ -146,7 +184,7 @@ class EmuMode(TorchDispatchMode):
             args = (*args[:2], False)  # half_to_float: the input is float32 already
         elif torch.float32 not in seen and len(seen) == 1:
             target = next(iter(seen))  # fp16 in, fp16 out
-        if rules.changes_reductions and name in _MATMUL | _SUM:
+        if rules.changes_reductions and name in _REDUCTIONS:
             out = self._reduction(func, name, args, kwargs, rules)
         else:
             out = func(*args, **kwargs)
@@ -157,7 +195,7 @@ class EmuMode(TorchDispatchMode):
                 return y.to(target) if target is not None else y
             return y
 
-        return tree_map(finish, out)
+        return _map_tensors(finish, out)
 
     def _reduction(
         self,
@@ -195,15 +233,12 @@ class EmuMode(TorchDispatchMode):
     def _mutating(
         self,
         func: torch._ops.OpOverload,
+        op: _OpFacts,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         rules: OpNumerics,
     ) -> Any:
-        written: set[str] = {
-            a.name
-            for a in func._schema.arguments
-            if a.alias_info is not None and a.alias_info.is_write
-        }
+        written = op.written
         work: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(work copy) -> (orig, work)
 
         def writable(x: Any) -> Any:
@@ -241,7 +276,7 @@ class EmuMode(TorchDispatchMode):
                 return numerics.to_storage(y.float(), rules).to(y.dtype)
             return y
 
-        return tree_map(finish, out)
+        return _map_tensors(finish, out)
 
     # -- random ops ----------------------------------------------------------------------
 
@@ -253,10 +288,6 @@ class EmuMode(TorchDispatchMode):
         keep = torch.empty_like(x, dtype=torch.float32).bernoulli_(1 - p, generator=self.generator)
         scale = 0.0 if p >= 1 else 1.0 / (1 - p)
         return (x * keep * scale).to(x.dtype), keep.bool()
-
-
-def _takes_generator(func: torch._ops.OpOverload) -> bool:
-    return any(a.name == "generator" for a in func._schema.arguments)
 
 
 def _bind(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict:
