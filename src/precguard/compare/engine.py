@@ -22,13 +22,7 @@ from precguard.compare.divergence import (
     rank_suspects,
     step_candidates,
 )
-from precguard.compare.metrics import (
-    exact_metrics,
-    full_metrics,
-    is_float_dtype,
-    stats_metrics,
-    tolerance_dtype,
-)
+from precguard.compare.metrics import golden_rms, stats_metrics, tensor_metrics, tolerance_dtype
 from precguard.compare.report import (
     Comparison,
     Counts,
@@ -324,28 +318,23 @@ def pair_metrics(
         )
     if g.tensor is not None and a.tensor is not None:
         gt, at = g_store.tensor(g), a_store.tensor(a)
-        if is_float_dtype(g.dtype) or is_float_dtype(a.dtype):
-            tol = profile.for_dtype(dtype)
-            rms = None
-            if g.stats is not None and g.stats.numel and math.isfinite(g.stats.l2):
-                rms = g.stats.l2 / math.sqrt(g.stats.numel)
-            g_release = g_store.releaser(g, gt.element_size())
-            a_release = a_store.releaser(a, at.element_size())
+        g_release = g_store.releaser(g, gt.element_size())
+        a_release = a_store.releaser(a, at.element_size())
 
-            def release(start: int, end: int) -> None:
-                g_release(start, end)
-                a_release(start, end)
+        def release(start: int, end: int) -> None:
+            g_release(start, end)
+            a_release(start, end)
 
-            return full_metrics(
-                gt,
-                at,
-                dtype=dtype,
-                rtol=tol.rtol,
-                atol=tol.atol,
-                golden_rms=rms,
-                release=release,
-            )
-        return exact_metrics(gt, at)
+        return tensor_metrics(
+            gt,
+            at,
+            golden_dtype=g.dtype,
+            actual_dtype=a.dtype,
+            profile=profile,
+            tol_mode=tol_mode,
+            golden_rms=golden_rms(g.stats),
+            release=release,
+        )
     return stats_metrics(g, a, dtype=dtype)
 
 

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from precguard.compare.report import Metrics
-from precguard.compare.tolerance import SIGNIFICAND_BITS
-from precguard.dump.schema import STAT_FIELDS, Record
+from precguard.compare.tolerance import SIGNIFICAND_BITS, Profile
+from precguard.dump.schema import STAT_FIELDS, Record, Stats
 
 #: elements per chunk: 256 KiB of float32 keeps the working set in cache
 CHUNK = 1 << 16
@@ -61,6 +61,44 @@ def tolerance_dtype(golden: str, actual: str, mode: str = "golden") -> str:
 def is_float_dtype(name: str) -> bool:
     """True for the floating dtypes compare measures with error metrics."""
     return name in SIGNIFICAND_BITS
+
+
+def golden_rms(stats: Stats | None) -> float | None:
+    """Root mean square of a tensor from its recorded statistics (None if they cannot say)."""
+    if stats is None or not stats.numel or not math.isfinite(stats.l2):
+        return None
+    return stats.l2 / math.sqrt(stats.numel)
+
+
+def tensor_metrics(
+    golden: torch.Tensor,
+    actual: torch.Tensor,
+    *,
+    golden_dtype: str,
+    actual_dtype: str,
+    profile: Profile,
+    tol_mode: str = "golden",
+    golden_rms: float | None = None,
+    release: Callable[[int, int], None] | None = None,
+) -> Metrics:
+    """Compare two full tensors as compare and replay do: error metrics under the tolerance
+    of :func:`tolerance_dtype` when either side is a float, equality otherwise.
+
+    ``golden_rms`` and ``release`` are passed on to :func:`full_metrics`.
+    """
+    if not (is_float_dtype(golden_dtype) or is_float_dtype(actual_dtype)):
+        return exact_metrics(golden, actual)
+    dtype = tolerance_dtype(golden_dtype, actual_dtype, tol_mode)
+    tol = profile.for_dtype(dtype)
+    return full_metrics(
+        golden,
+        actual,
+        dtype=dtype,
+        rtol=tol.rtol,
+        atol=tol.atol,
+        golden_rms=golden_rms,
+        release=release,
+    )
 
 
 @dataclass
@@ -373,7 +411,7 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
     gs, as_ = golden.stats, actual.stats
     if gs is None or as_ is None:
         return Metrics(level="none", dtype=dtype, error=0.0, note="no statistics recorded")
-    rms = gs.l2 / math.sqrt(gs.numel) if gs.numel and math.isfinite(gs.l2) else 0.0
+    rms = golden_rms(gs) or 0.0
     diffs: dict[str, float] = {}
     for name in ("min", "max", "mean", "std", "absmax", "l2"):
         gv, av = getattr(gs, name), getattr(as_, name)

@@ -20,10 +20,10 @@ from rich.text import Text
 
 from precguard._logging import get_logger
 from precguard.capture.flatten import named_tensors
-from precguard.compare.metrics import exact_metrics, full_metrics, is_float_dtype, tolerance_dtype
+from precguard.compare.metrics import golden_rms, tensor_metrics
 from precguard.compare.report import Metrics, Status
 from precguard.compare.tensors import TensorStore
-from precguard.compare.tolerance import get_profile, judge
+from precguard.compare.tolerance import Profile, get_profile, judge
 from precguard.dump.reader import load_run
 from precguard.dump.schema import Record
 from precguard.errors import DumpFormatError, PrecguardError, UsageError
@@ -221,7 +221,7 @@ def _materialize(node: Any) -> Any:
 
 
 def _judge_output(
-    rec: Record, tensor: torch.Tensor | None, store: TensorStore, profile: Any
+    rec: Record, tensor: torch.Tensor | None, store: TensorStore, profile: Profile
 ) -> ReplayOutput:
     if tensor is None:
         return ReplayOutput(key=rec.key, name=rec.name, status="missing")
@@ -231,13 +231,14 @@ def _judge_output(
         raise PrecguardError(
             f"replayed output {rec.name} has shape {list(actual.shape)}, golden {rec.shape}"
         )
-    a_dtype = str(actual.dtype).removeprefix("torch.")
-    if is_float_dtype(rec.dtype) or is_float_dtype(a_dtype):
-        dt = tolerance_dtype(rec.dtype, a_dtype)
-        tol = profile.for_dtype(dt)
-        metrics = full_metrics(golden, actual, dtype=dt, rtol=tol.rtol, atol=tol.atol)
-    else:
-        metrics = exact_metrics(golden, actual)
+    metrics = tensor_metrics(
+        golden,
+        actual,
+        golden_dtype=rec.dtype,
+        actual_dtype=str(actual.dtype).removeprefix("torch."),
+        profile=profile,
+        golden_rms=golden_rms(rec.stats),
+    )
     return ReplayOutput(key=rec.key, name=rec.name, status=judge(metrics, profile), metrics=metrics)
 
 
