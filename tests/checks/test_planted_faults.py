@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+import precguard
 from tests.checks.conftest import planted
 
 
@@ -114,3 +115,21 @@ def test_an_init_that_ignores_the_seed_names_the_weights(run_check):
     found = run.finding("rng.same_seed")
     assert "model.layers.2.mlp.up_proj" in found["summary"]
     assert found["evidence"]["init_differs"] == ["model.layers.2.mlp.up_proj.weight"]
+
+
+def test_a_static_loss_scale_that_overflows_is_halved_like_a_dynamic_scaler():
+    from precguard.checklist import Checklist
+
+    spec = Checklist.model_validate(
+        {
+            "name": "static-scale",
+            "description": "a static loss scale 16x too large for fp16",
+            "checks": [{"id": "amp.loss_scaling", "params": {"loss_scale": 2.0**20}}],
+        }
+    )
+    d = precguard.check(spec, planted("fp16_no_loss_scaling"), device="emu:fp16")
+    (found,) = d.findings
+    assert found.status == "fail" and "overflows the gradients" in found.summary
+    # halved until the gradients are finite, as torch.amp.GradScaler would skip steps
+    assert found.evidence["overflow_skips_before_finite"] == 5
+    assert found.evidence["scale_tried"] == pytest.approx(2.0**15, rel=1e-3)

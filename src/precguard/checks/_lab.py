@@ -335,23 +335,27 @@ class Lab:
         """Gradients as the target's training computes them on ``on``.
 
         With a ``grad_scaler`` factory on the target, the loss is scaled by the
-        scaler's initial scale, halved after each overflow as a dynamic scaler
-        does (at most 8 times); otherwise unscaled.
+        scaler's initial scale as :meth:`scaled_gradients` does; otherwise unscaled.
         """
-        factory = getattr(self.target, "grad_scaler", None)
-        if on != "device" or factory is None:
+        scale = declared_loss_scale(self.target) if on == "device" else None
+        if scale is None:
             return self.gradients(on)
-        scaler = factory()
-        if hasattr(scaler, "is_enabled") and not scaler.is_enabled():
-            return self.gradients(on)
-        scale = float(scaler.get_scale()) if hasattr(scaler, "get_scale") else 2.0**16
-        grads = self.gradients(on, scale)
-        for _ in range(8):
-            if grads.finite:
-                break
+        return self.scaled_gradients(scale)[0]
+
+    def scaled_gradients(self, scale: float, max_skips: int = 8) -> tuple[Gradients, float, int]:
+        """Device gradients with the loss scaled by ``scale``, as a dynamic scaler finds them.
+
+        After each overflow (non-finite gradients) the scale is halved, at most
+        ``max_skips`` times. Returns the gradients, the last scale tried and the
+        number of overflow skips.
+        """
+        grads = self.gradients("device", scale)
+        skips = 0
+        while not grads.finite and skips < max_skips:
+            skips += 1
             scale /= 2
-            grads = self.gradients(on, scale)
-        return grads
+            grads = self.gradients("device", scale)
+        return grads, scale, skips
 
     def module_inputs(self) -> dict[str, tuple[nn.Module, tuple, dict]]:
         """Inputs of each module's first call in a forward of batch 0 on the CPU in fp32.
@@ -476,6 +480,17 @@ class Gradients:
     def total_norm(self) -> float:
         """The global gradient norm (what clip_grad_norm_ measures)."""
         return math.sqrt(sum(n * n for n in self.norms.values()))
+
+
+def declared_loss_scale(target: Target) -> float | None:
+    """Initial scale of the target's ``grad_scaler`` factory; None without one or disabled."""
+    factory = getattr(target, "grad_scaler", None)
+    if factory is None:
+        return None
+    scaler = factory()
+    if hasattr(scaler, "is_enabled") and not scaler.is_enabled():
+        return None
+    return float(scaler.get_scale()) if hasattr(scaler, "get_scale") else 2.0**16
 
 
 def lab(ctx: CheckContext) -> Lab:

@@ -18,7 +18,14 @@ from typing import Any
 
 import torch
 
-from precguard.checks._lab import Lab, NotApplicable, dtype_name, finding, lab
+from precguard.checks._lab import (
+    Lab,
+    NotApplicable,
+    declared_loss_scale,
+    dtype_name,
+    finding,
+    lab,
+)
 from precguard.checks._trace import watch_ops
 from precguard.checks.base import Check, CheckContext, Finding
 
@@ -33,14 +40,8 @@ SENSITIVE_OPS = {
 def _declared_scale(bench: Lab, loss_scale: float | str | None) -> tuple[str, float | None]:
     """("none"|"static"|"dynamic", initial scale) from the parameter or the target."""
     if loss_scale is None:
-        factory = getattr(bench.target, "grad_scaler", None)
-        if factory is None:
-            return "none", None
-        scaler = factory()
-        enabled = getattr(scaler, "is_enabled", lambda: True)()
-        if not enabled:
-            return "none", None
-        return "dynamic", float(scaler.get_scale() if hasattr(scaler, "get_scale") else 2.0**16)
+        scale = declared_loss_scale(bench.target)
+        return ("none", None) if scale is None else ("dynamic", scale)
     if isinstance(loss_scale, str):
         if loss_scale == "none":
             return "none", None
@@ -96,14 +97,9 @@ def loss_scaling(
             evidence,
             "Fix the non-finite backward first; then rerun this check.",
         )
-    probe = scale if scale is not None else 2.0**16
-    skipped = 0
-    while True:
-        scaled = bench.gradients("device", probe)
-        if scaled.finite or skipped >= max_skips:
-            break
-        skipped += 1
-        probe /= 2  # what a dynamic scaler does after an overflow
+    scaled, probe, skipped = bench.scaled_gradients(
+        scale if scale is not None else 2.0**16, max_skips
+    )
     share_scaled, _ = _underflow(scaled.sample, ref.sample)
     evidence.update(
         {
