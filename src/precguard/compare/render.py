@@ -19,7 +19,8 @@ _STATUS_STYLE = {
 }
 
 
-def _num(x: float | None) -> str:
+def format_number(x: float | None) -> str:
+    """Three significant digits; '-' for None, 'inf'/'nan' spelled out."""
     if x is None:
         return "-"
     if isinstance(x, float) and not math.isfinite(x):
@@ -27,7 +28,7 @@ def _num(x: float | None) -> str:
     return f"{x:.3g}"
 
 
-def _cos(x: float | None) -> str:
+def format_cosine(x: float | None) -> str:
     """Cosine with enough digits to tell 0.999999 from 1."""
     return "-" if x is None else f"{x:.6f}"
 
@@ -36,8 +37,9 @@ def metric_line(m: Metrics) -> str:
     """One line with the metrics that matter for a record."""
     if m.level == "full":
         return (
-            f"rel_l2 {_num(m.rel_l2)}  cosine {_cos(m.cosine)}  max_abs {_num(m.max_abs_err)}  "
-            f"max_rel {_num(m.max_rel_err)}  max_ulp {_num(m.max_ulp)}"
+            f"rel_l2 {format_number(m.rel_l2)}  cosine {format_cosine(m.cosine)}  "
+            f"max_abs {format_number(m.max_abs_err)}  max_rel {format_number(m.max_rel_err)}  "
+            f"max_ulp {format_number(m.max_ulp)}"
             + (
                 f"  nan/inf mismatch {m.nan_mismatch}/{m.inf_mismatch}"
                 if m.nan_mismatch or m.inf_mismatch
@@ -46,7 +48,7 @@ def metric_line(m: Metrics) -> str:
         )
     if m.level == "stats":
         worst = max((m.stat_rel_diff or {}).items(), key=lambda kv: kv[1], default=("-", 0.0))
-        return f"stats only: largest difference {worst[0]} {_num(worst[1])} (weaker test)"
+        return f"stats only: largest difference {worst[0]} {format_number(worst[1])} (weaker test)"
     if m.level == "exact":
         return f"{m.mismatched} unequal elements"
     return m.note or "not comparable"
@@ -78,7 +80,11 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
             Text(f"record  {fd.key}   step {fd.step}  rank {fd.rank}  {fd.phase}"),
             Text(
                 f"local   {local}"
-                + (f"   amplification {_num(fd.amplification)}x" if fd.amplification else "")
+                + (
+                    f"   amplification {format_number(fd.amplification)}x"
+                    if fd.amplification
+                    else ""
+                )
             ),
             Text(f"error   {metric_line(fd.metrics)}"),
             Text(f"why     {fd.reason}"),
@@ -96,8 +102,12 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
         for col in ("module", "type", "amplification", "error", "step"):
             table.add_column(col)
         for s in result.suspects:
-            amp = "weights differ" if s.amplification is None else f"{_num(s.amplification)}x"
-            table.add_row(s.module, s.module_type, amp, _num(s.error), str(s.step))
+            amp = (
+                "weights differ"
+                if s.amplification is None
+                else f"{format_number(s.amplification)}x"
+            )
+            table.add_row(s.module, s.module_type, amp, format_number(s.error), str(s.step))
         console.print(table)
     if top > 0:
         _top_table(result.records, console, top)
@@ -152,9 +162,9 @@ def _top_table(records: list[RecordResult], console: Console, top: int) -> None:
             r.module,
             what,
             str(r.step),
-            _num(m.error),
-            _cos(m.cosine),
-            _num(m.max_abs_err),
+            format_number(m.error),
+            format_cosine(m.cosine),
+            format_number(m.max_abs_err),
         )
     console.print(table)
 

@@ -8,7 +8,6 @@ it makes itself (its *local error*), with no upstream error mixed in.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Literal
 
@@ -21,6 +20,7 @@ from rich.text import Text
 from precguard._logging import get_logger
 from precguard.capture.flatten import named_tensors
 from precguard.compare.metrics import golden_rms, tensor_metrics
+from precguard.compare.render import format_cosine, format_number
 from precguard.compare.report import Metrics, Status
 from precguard.compare.tensors import TensorStore
 from precguard.compare.tolerance import Profile, get_profile, judge
@@ -261,9 +261,9 @@ def render_replay(result: ReplayResult, console: Console) -> None:
         table.add_row(
             o.name,
             o.status,
-            _num(m.rel_l2 if m else None),
-            f"{m.cosine:.6f}" if m and m.cosine is not None else "-",
-            _num(m.max_abs_err if m else None),
+            format_number(m.rel_l2 if m else None),
+            format_cosine(m.cosine if m else None),
+            format_number(m.max_abs_err if m else None),
         )
     console.print(table)
     if result.verdict == "match":
@@ -274,12 +274,6 @@ def render_replay(result: ReplayResult, console: Console) -> None:
         console.print("the module itself is outside tolerance on this device: the error is local")
     for w in result.warnings:
         console.print(f"[yellow]warning:[/] {w}")
-
-
-def _num(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.3g}" if math.isfinite(x) else str(x)
 
 
 __all__ = ["ReplayOutput", "ReplayResult", "render_replay", "replay_module"]
