@@ -100,9 +100,9 @@ def write_pair(root: Path, gb: float, tensor_mb: int, dtype: torch.dtype) -> int
                 "dtype": str(dtype).removeprefix("torch."),
                 "shape": [numel],
                 "stats": _stats(t),
-                "tensor": True,
             }
-            writers[name].write([rec], {key: t}, step=i)
+            file = writers[name].save_tensors({key: t}, step=i)
+            writers[name].write_records([{**rec, "tensor": {"file": file, "name": key}}])
     for w in writers.values():
         w.close(steps=count)
     return count * numel * itemsize

@@ -219,3 +219,20 @@ def test_failing_hook_reports_once_and_forward_goes_on(tiny_llama, input_ids, tm
     assert all(r.precguard_data["module"] == "model.layers.1.mlp" for r in failures)
     keys = {r.key for r in precguard.load_run(tmp_path / "run").records()}
     assert "model.layers.2.mlp.0.forward.output.0" in keys
+
+
+def test_full_tensors_spill_to_disk_in_chunks(tiny_llama, input_ids, tmp_path, monkeypatch):
+    from precguard.capture.recording import Recording
+
+    monkeypatch.setattr(Recording, "TENSOR_CHUNK_BYTES", 64 * 1024)
+    with torch.no_grad(), precguard.monitor(tiny_llama, out=tmp_path / "run", tensors=True):
+        logits_out = tiny_llama(input_ids).logits
+    run = precguard.load_run(tmp_path / "run")
+    saved = [r for r in run.records() if r.tensor is not None]
+    files = {r.tensor.file for r in saved}
+    assert len(files) > 3  # one step, written in several chunks
+    assert {p.name for p in (tmp_path / "run" / "rank0").glob("*.safetensors")} == files
+    logits = next(r for r in saved if r.key == "lm_head.0.forward.output.0")
+    assert torch.equal(run.tensor(logits), logits_out)
+    for rec in saved:
+        assert list(run.tensor(rec).shape) == rec.shape

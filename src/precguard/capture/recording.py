@@ -69,6 +69,11 @@ class CallFrame:
 class Recording:
     """One rank's recording in progress (or a watch-only sink when ``out`` is None)."""
 
+    #: full tensors held in host memory before they are written out as one
+    #: safetensors file, so saving every tensor of a large model never holds a
+    #: whole step's activations at once
+    TENSOR_CHUNK_BYTES = 256 * 2**20
+
     def __init__(
         self,
         out: str | os.PathLike[str] | None,
@@ -113,7 +118,9 @@ class Recording:
         self._seq = 0
         self._stats = StatsBuffer()
         self._pending: list[tuple[dict[str, Any], int | None]] = []
-        self._tensors: dict[str, torch.Tensor] = {}
+        self._tensors: dict[str, torch.Tensor] = {}  # saved tensors not yet on disk
+        self._tensor_bytes = 0
+        self._tensor_files: dict[str, str] = {}  # key -> file, for records not yet written
         self._calls: dict[int, int] = {}
         self._step_owner: int | None = None
         self._explicit_steps = not auto_step
@@ -256,10 +263,23 @@ class Recording:
             self._seq += 1
             if save and self.writer is not None:
                 with capture_scope():
-                    self._tensors[key] = to_host(t)
-                rec["tensor"] = True
+                    host = to_host(t)
+                self._tensors[key] = host
+                self._tensor_bytes += host.numel() * host.element_size()
             self._pending.append((rec, slot))
+        if self._tensor_bytes > self.TENSOR_CHUNK_BYTES:
+            self._save_tensors()
         return all_finite
+
+    def _save_tensors(self) -> None:
+        """Write the full tensors held so far to one safetensors file and forget them."""
+        if not self._tensors or self.writer is None:
+            return
+        file = self.writer.save_tensors(self._tensors, self.step_index)
+        for key in self._tensors:
+            self._tensor_files[key] = file
+        self._tensors = {}
+        self._tensor_bytes = 0
 
     # -- non-finite origin -------------------------------------------------------------
 
@@ -346,9 +366,14 @@ class Recording:
             records.append(rec)
         self._pending = []
         self._scan_nonfinite(records)
-        tensors, self._tensors = self._tensors, {}
-        if self.writer is not None:
-            self.writer.write(records, tensors, self.step_index)
+        if self.writer is None:
+            return
+        self._save_tensors()  # before the records that point at them
+        for rec in records:
+            file = self._tensor_files.pop(rec["key"], None)
+            if file is not None:
+                rec["tensor"] = {"file": file, "name": rec["key"]}
+        self.writer.write_records(records)
 
     def close(self) -> None:
         """Flush what is left and close the files. Idempotent."""

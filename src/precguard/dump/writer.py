@@ -108,7 +108,6 @@ class RunWriter:
             self._write_manifest()
         self._records = open(self.rank_dir / "records.jsonl", "a", encoding="utf-8")  # noqa: SIM115
         self._chunk = 0
-        self.bytes_written = 0
 
     def _write_manifest(self) -> None:
         write_json_atomic(self.root / "manifest.json", self.manifest.model_dump_json(indent=2))
@@ -119,33 +118,30 @@ class RunWriter:
         if self.rank == 0:
             self._write_manifest()
 
-    def write(
-        self, records: list[dict[str, Any]], tensors: dict[str, torch.Tensor], step: int
-    ) -> None:
-        """Append ``records``; first save ``tensors`` (name → CPU tensor) if any."""
-        if tensors:
-            name = f"tensors-{step:06d}-{self._chunk:04d}.safetensors"
-            self._chunk += 1
-            tmp = self.rank_dir / (name + ".tmp")
-            save_file(tensors, str(tmp))
-            os.replace(tmp, self.rank_dir / name)
-            self.bytes_written += (self.rank_dir / name).stat().st_size
-            for rec in records:
-                if rec.get("tensor") is True:
-                    rec["tensor"] = {"file": name, "name": rec["key"]}
+    def save_tensors(self, tensors: dict[str, torch.Tensor], step: int) -> str:
+        """Write ``tensors`` (name → CPU tensor) to a new safetensors file; return its name.
+
+        The file appears under its final name only once complete, so a record
+        pointing at it never points at half a file.
+        """
+        name = f"tensors-{step:06d}-{self._chunk:04d}.safetensors"
+        self._chunk += 1
+        tmp = self.rank_dir / (name + ".tmp")
+        save_file(tensors, str(tmp))
+        os.replace(tmp, self.rank_dir / name)
+        return name
+
+    def write_records(self, records: list[dict[str, Any]]) -> None:
+        """Append ``records`` as JSON lines and flush them to the OS."""
         lines = []
         for rec in records:
-            if rec.get("tensor") is True:  # pragma: no cover - defensive
-                rec["tensor"] = None
             stats = rec.get("stats")
             if stats is not None:
                 rec["stats"] = {k: _json_float(v) for k, v in stats.items()}
             lines.append(json.dumps(rec, separators=(",", ":")))
         if lines:
-            data = "\n".join(lines) + "\n"
-            self._records.write(data)
+            self._records.write("\n".join(lines) + "\n")
             self._records.flush()
-            self.bytes_written += len(data)
 
     def close(self, *, steps: int | None = None) -> None:
         """Flush and close; mark the manifest complete (rank 0)."""
