@@ -47,7 +47,8 @@ def read_flag(getter: Callable[[], Any]) -> bool | int | float | str | None:
     """Return a vendor flag's value for a fingerprint, or None when reading it fails.
 
     Flags move between SDK versions; a fingerprint must never break on a missing
-    one. Non-scalar values are recorded as their ``str``.
+    one. Bytes (what C-level option getters such as torch_npu's return) are
+    decoded as UTF-8; other non-scalar values are recorded as their ``str``.
 
     >>> read_flag(lambda: torch.backends.cuda.matmul.allow_tf32)   # doctest: +SKIP
     False
@@ -56,6 +57,8 @@ def read_flag(getter: Callable[[], Any]) -> bool | int | float | str | None:
         value = getter()
     except Exception:
         return None
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
     return value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
 
 

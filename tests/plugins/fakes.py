@@ -112,7 +112,13 @@ def make_fake_torch_npu(state: FakeSdkState) -> types.ModuleType:
             is_support_inf_nan=lambda: state.inf_nan, npu_check_overflow=check_overflow
         ),
     )
-    mod._C = types.SimpleNamespace(_npu_getOption=lambda name: state.options.get(name))
+
+    def get_option(name: str) -> bytes | None:
+        # torch_npu's C binding returns bytes (its own Python code calls .decode())
+        value = state.options.get(name)
+        return None if value is None else value.encode()
+
+    mod._C = types.SimpleNamespace(_npu_getOption=get_option)
     mod.get_npu_format = lambda t: t.npu_format
     mod.npu_format_cast = format_cast
     mod.generator = generator  # for tests: the fake device generator

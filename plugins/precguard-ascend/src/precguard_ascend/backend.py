@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from precguard.backend import Backend, env_facts, parse_device, scoped_env
+from precguard.backend import Backend, env_facts, parse_device, read_flag, scoped_env
 from precguard_ascend import sdk
 
 #: environment variables that change numbers (or their reproducibility) on Ascend
@@ -40,13 +40,13 @@ class AscendBackend(Backend):
         if npu is None:
             return False, sdk.NOT_INSTALLED
         version = getattr(npu, "__version__", "?")
-        if not sdk.read(npu.npu.is_available):
+        if not read_flag(npu.npu.is_available):
             return False, (
                 f"torch_npu {version} is installed but no NPU is visible "
                 "(check the driver, CANN and ASCEND_RT_VISIBLE_DEVICES)"
             )
         _, index = parse_device(self.device)
-        count = sdk.read(npu.npu.device_count) or 0
+        count = read_flag(npu.npu.device_count) or 0
         if index is not None and index >= count:
             return False, f"{self.device} requested but only {count} NPU(s) are visible"
         return True, ""
@@ -95,7 +95,7 @@ class AscendBackend(Backend):
             torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled(),
         )
-        level = sdk.read(lambda: npu.npu._get_deterministic_level())
+        level = read_flag(lambda: npu.npu._get_deterministic_level())
         with scoped_env({"HCCL_DETERMINISTIC": "true"}):
             torch.use_deterministic_algorithms(True)
             if level is not None and hasattr(npu.npu, "set_deterministic_level"):
@@ -131,24 +131,26 @@ class AscendBackend(Backend):
         facts.update(dict.fromkeys(keys))
         if npu is not None:
             mod = npu.npu
-            inf_nan = sdk.read(lambda: mod.utils.is_support_inf_nan())
-            jit_false = sdk.read(mod.is_jit_compile_false)
+            inf_nan = read_flag(lambda: mod.utils.is_support_inf_nan())
+            jit_false = read_flag(mod.is_jit_compile_false)
             facts.update(
                 {
-                    "npu.matmul.allow_hf32": sdk.read(lambda: mod.matmul.allow_hf32),
-                    "npu.conv.allow_hf32": sdk.read(lambda: mod.conv.allow_hf32),
-                    "npu.matmul.cube_math_type": sdk.read(lambda: mod.matmul.cube_math_type),
+                    "npu.matmul.allow_hf32": read_flag(lambda: mod.matmul.allow_hf32),
+                    "npu.conv.allow_hf32": read_flag(lambda: mod.conv.allow_hf32),
+                    "npu.matmul.cube_math_type": read_flag(lambda: mod.matmul.cube_math_type),
                     "npu.precision_mode": sdk.get_option(npu, "ACL_PRECISION_MODE"),
                     "npu.op_select_impl_mode": sdk.get_option(npu, "ACL_OP_SELECT_IMPL_MODE"),
                     "npu.inf_nan_mode": None if inf_nan is None else bool(inf_nan),
-                    "npu.allow_internal_format": sdk.read(lambda: mod.config.allow_internal_format),
-                    "npu.deterministic_level": sdk.read(mod._get_deterministic_level),
+                    "npu.allow_internal_format": read_flag(
+                        lambda: mod.config.allow_internal_format
+                    ),
+                    "npu.deterministic_level": read_flag(mod._get_deterministic_level),
                     "npu.jit_compile": None if jit_false is None else not jit_false,
                 }
             )
             if usable:
                 _, index = parse_device(self.device)
-                facts["npu.device_name"] = sdk.read(lambda: mod.get_device_name(index or 0))
+                facts["npu.device_name"] = read_flag(lambda: mod.get_device_name(index or 0))
         facts.update(env_facts(ASCEND_ENV))
         return facts
 
@@ -156,7 +158,7 @@ class AscendBackend(Backend):
         """Copy an NPU tensor to the CPU, casting internal formats (NZ, 5HD...) to ND first."""
         npu = self._sdk()
         t = tensor.detach()
-        fmt = sdk.read(lambda: npu.get_npu_format(t))
+        fmt = read_flag(lambda: npu.get_npu_format(t))
         if fmt is not None and fmt not in PLAIN_FORMATS:
             t = npu.npu_format_cast(t, FORMAT_ND)
         return t.to("cpu").contiguous()
@@ -171,9 +173,9 @@ class AscendBackend(Backend):
         if npu is None or not self.availability()[0]:
             return None
         utils = npu.npu.utils
-        if sdk.read(utils.is_support_inf_nan):
+        if read_flag(utils.is_support_inf_nan):
             return None  # INF_NAN mode: overflow shows up as inf/NaN in the records
-        flag = sdk.read(lambda: utils.npu_check_overflow(0.0))
+        flag = read_flag(lambda: utils.npu_check_overflow(0.0))
         with contextlib.suppress(Exception):
             npu.npu.clear_npu_overflow_flag()
         return {"inf_nan_mode": False, "overflow_flag": None if flag is None else bool(flag)}
