@@ -430,7 +430,13 @@ class Lab:
 #: bytes of captured module inputs after which only one module per class is kept
 CAPTURE_BUDGET = 1 << 30
 
-_NORM_TYPES: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
+#: torch's own normalisation modules (norm checks also find others by name and behaviour)
+NORM_TYPES: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
+
+
+def is_custom(module: nn.Module) -> bool:
+    """True for modules whose class is not torch's own (``torch.nn.*``)."""
+    return not type(module).__module__.startswith("torch.")
 
 
 def _worth_capturing(mod: nn.Module) -> bool:
@@ -440,7 +446,7 @@ def _worth_capturing(mod: nn.Module) -> bool:
         return True
     if any(True for _ in mod.children()):
         return False
-    return not type(mod).__module__.startswith("torch.") or isinstance(mod, _NORM_TYPES)
+    return is_custom(mod) or isinstance(mod, NORM_TYPES)
 
 
 def _tensors(*values: Any) -> list[tuple[str, torch.Tensor]]:

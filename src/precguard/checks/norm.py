@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from precguard.checks._lab import (
+    NORM_TYPES,
     Lab,
     NotApplicable,
     finding,
@@ -26,7 +27,6 @@ from precguard.checks._lab import (
 )
 from precguard.checks.base import Check, CheckContext, Finding
 
-_NORM_TYPES: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
 _EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")
 
 
@@ -37,7 +37,7 @@ def norm_modules(bench: Lab) -> dict[str, tuple[nn.Module, torch.Tensor, str]]:
         x = args[0] if args and isinstance(args[0], torch.Tensor) else None
         if x is None or not x.is_floating_point() or x.dim() < 2 or any(mod.children()):
             continue
-        if isinstance(mod, _NORM_TYPES) or "norm" in type(mod).__name__.lower():
+        if isinstance(mod, NORM_TYPES) or "norm" in type(mod).__name__.lower():
             found[name] = (mod, x, "type")
         elif sum(p.numel() for p in mod.parameters()) <= 4 * x.shape[-1] and _scale_invariant(
             mod, x

@@ -11,15 +11,17 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
-from precguard.checks._lab import NotApplicable, finding, flatten, lab, rel_error, run_module
+from precguard.checks._lab import (
+    NotApplicable,
+    finding,
+    flatten,
+    is_custom,
+    lab,
+    rel_error,
+    run_module,
+)
 from precguard.checks.base import Check, CheckContext, Finding
-
-
-def is_custom(module: nn.Module) -> bool:
-    """True for modules whose class is not torch's own (``torch.nn.*``)."""
-    return not type(module).__module__.startswith("torch.")
 
 
 def _float_leaves(value: Any) -> list[torch.Tensor]:
