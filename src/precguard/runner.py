@@ -131,7 +131,6 @@ def record_target(
         auto_step=False,
     )
     with handle, backend.numerics(), grad_ctx:
-        handle.recording.writer.update_manifest(dtype=str(torch_dtype).removeprefix("torch."))
         for step in range(steps):
             try:
                 batch = move_batch(target_obj.batch(step), tdev)
