@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -30,10 +31,17 @@ def target():
 """
 
 
-def test_replay_on_the_same_backend_matches(tiny_golden: Path, capsys) -> None:
-    code, out, err = run_cli(["replay", str(tiny_golden), "--module", "model.layers.1"], capsys)
+def test_replay_on_the_same_backend_matches(tiny_golden: Path, tmp_path: Path, capsys) -> None:
+    report = tmp_path / "replay.json"
+    code, out, err = run_cli(
+        ["replay", str(tiny_golden), "--module", "model.layers.1", "--json", str(report)], capsys
+    )
     assert code == 0, err
-    assert "MATCH" in out and "local error 0" in out
+    # "local error 0" alone would also match "local error 0.0031"
+    assert "MATCH" in out and re.search(r"local error 0(?![.\d])", out), out
+    data = json.loads(report.read_text())
+    assert data["local_error"] == 0.0
+    assert data["outputs"] and all(o["status"] == "pass" for o in data["outputs"])
 
 
 def test_replay_measures_the_local_error_of_a_faulty_module(

@@ -150,7 +150,15 @@ def test_rtol_override_loosens_every_dtype(rmsnorm_fault) -> None:
     loose = precguard.compare(golden, actual, rtol=1e-2)
     assert loose.verdict == "match"
     assert loose.profile == "default+custom"
-    assert loose.tolerances["float32"]["rtol"] == 1e-2
+    default = get_profile("default")
+    assert set(loose.tolerances) == {*default.dtypes, "amplification"}
+    for name, tol in default.dtypes.items():
+        applied = loose.tolerances[name]
+        assert applied["rtol"] == 1e-2
+        assert applied["atol"] == tol.atol  # --atol not given: unchanged
+        # rel_l2 and the stats tolerance keep their ratio to rtol (k x rtol)
+        assert applied["rel_l2"] == pytest.approx(1e-2 * tol.rel_l2 / tol.rtol)
+        assert applied["stats_rtol"] == pytest.approx(1e-2 * tol.stats_rtol / tol.rtol)
 
 
 def test_fingerprint_diff_is_reported(rmsnorm_fault, tmp_path: Path) -> None:
