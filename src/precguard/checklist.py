@@ -320,6 +320,7 @@ def check(
     >>> d = precguard.check("quick", "tiny-llama", device="emu:fp16")   # doctest: +SKIP
     >>> d.verdict, d.root_cause
     """
+    from precguard.checks._lab import dtype_name
     from precguard.runner import parse_dtype, resolve_backend
     from precguard.target import load_target
 
@@ -329,8 +330,8 @@ def check(
     device_backend = resolve_backend(device)
     if dtype is None:
         native = device_backend.model_dtype()
-        dtype = str(native).removeprefix("torch.") if native is not None else "float32"
-    parse_dtype(dtype)
+        dtype = dtype_name(native) if native is not None else "float32"
+    model_dtype = parse_dtype(dtype)
     resolve_backend(reference)
     golden_path = Path(golden) if golden is not None else None
     if golden_path is not None and not (golden_path / "manifest.json").is_file():
@@ -353,17 +354,15 @@ def check(
     counts = {
         s: sum(f.status == s for f in findings) for s in ("pass", "warn", "fail", "skip", "error")
     }
-    bench = ctx.cache.get("lab")
-    compute = None
-    if bench is not None and "compute_dtype" in bench._cache:
-        compute = str(bench.compute_dtype).removeprefix("torch.")
+    bench = ctx.cache.get("lab")  # absent when no check needed the target
+    measured = bench.measured_compute_dtype if bench is not None else None
     return Diagnosis(
         checklist=spec.name,
         target=target_obj.name if target_obj is not None else None,
         device=device,
         reference=reference,
-        dtype=str(parse_dtype(dtype)).removeprefix("torch."),
-        compute_dtype=compute,
+        dtype=dtype_name(model_dtype),
+        compute_dtype=dtype_name(measured) if measured is not None else None,
         golden=str(golden_path) if golden_path is not None else None,
         verdict="fail" if counts["fail"] or counts["error"] else "pass",
         counts=counts,

@@ -210,6 +210,8 @@ def test_json_to_stdout(tmp_path, capsys):
     assert exc.value.code == 0
     data = json.loads(capsys.readouterr().out)
     assert data["checklist"] == "quick" and data["verdict"] == "pass"
+    assert data["dtype"] == "float32"
+    assert data["compute_dtype"] is None  # only reported once a check has measured it
 
 
 def test_a_misspelt_check_parameter_is_an_error(tmp_path):

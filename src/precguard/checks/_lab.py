@@ -188,6 +188,11 @@ class Lab:
         return self._cache["compute_dtype"]
 
     @property
+    def measured_compute_dtype(self) -> torch.dtype | None:
+        """:attr:`compute_dtype` if a check has measured it, else None (never probes)."""
+        return self._cache.get("compute_dtype")
+
+    @property
     def cname(self) -> str:
         """:attr:`compute_dtype` without the ``torch.`` prefix, for messages."""
         return dtype_name(self.compute_dtype)
