@@ -81,14 +81,12 @@ _loaded = False
 _loading = False
 _lock = threading.RLock()
 _undo_monitoring: Callable[[], None] | None = None
+#: PRECGUARD_TRACE_HOOKS as read by the last load, like the hook-call monitoring it installs
+_tracing = False
 
 
 def _env_on(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
-
-
-def _tracing() -> bool:
-    return _env_on("PRECGUARD_TRACE_HOOKS")
 
 
 def _trace(message: str) -> None:
@@ -102,7 +100,7 @@ def load_plugins() -> pluggy.PluginManager:
     :func:`reset` first to load again (tests do, after changing the
     environment variables above).
     """
-    global _loaded, _loading, _undo_monitoring
+    global _loaded, _loading, _undo_monitoring, _tracing
     if _loaded:
         return pm
     with _lock:
@@ -113,7 +111,8 @@ def load_plugins() -> pluggy.PluginManager:
             _load_all()
         finally:
             _loading = False
-        if _tracing():
+        _tracing = _env_on("PRECGUARD_TRACE_HOOKS")
+        if _tracing:
             _undo_monitoring = pm.add_hookcall_monitoring(_trace_before, _trace_after)
         _loaded = True
     return pm
@@ -198,11 +197,12 @@ def reset() -> None:
 
     For tests and long-lived hosts that change the plugin environment variables.
     """
-    global _loaded, _undo_monitoring
+    global _loaded, _undo_monitoring, _tracing
     with _lock:
         if _undo_monitoring is not None:
             _undo_monitoring()
             _undo_monitoring = None
+        _tracing = False
         for name, plugin in list(pm.list_name_plugin()):
             pm.unregister(plugin=plugin, name=name)
         _sources.clear()
@@ -229,20 +229,24 @@ def call_hook(hook_name: str, *, firstresult: bool = False, **kwargs: Any) -> li
     are dropped; with ``firstresult`` the first non-None result ends the call.
     Hook wrappers are not run on this path.
     """
-    caller = getattr(load_plugins().hook, hook_name)
-    if _tracing():
+    impls = _impls(hook_name)
+    if _tracing:
         _trace(f"{hook_name}({_fmt_kwargs(kwargs)})")
     results: list[tuple[str, Any]] = []
-    # pluggy calls the last registered (and tryfirst) implementations first
-    for impl in reversed(caller.get_hookimpls()):
-        if impl.hookwrapper or impl.wrapper:
-            continue
+    for impl in impls:
         result = _call_one(impl, hook_name, kwargs)
         if result is not None:
             results.append((impl.plugin_name, result))
             if firstresult:
                 break
     return results
+
+
+def _impls(hook_name: str) -> list[Any]:
+    """The implementations of ``hook_name`` in the order pluggy calls them, wrappers left out."""
+    caller = getattr(load_plugins().hook, hook_name)
+    # pluggy calls the last registered (and tryfirst) implementations first
+    return [i for i in reversed(caller.get_hookimpls()) if not (i.hookwrapper or i.wrapper)]
 
 
 def _fmt_kwargs(kwargs: dict[str, Any]) -> str:
@@ -306,13 +310,9 @@ def collect_checks() -> dict[str, Check]:
     """
     checks: dict[str, Check] = {}
     owners: dict[str, str] = {}
-    caller = load_plugins().hook.precguard_register_checks
-    for impl in reversed(caller.get_hookimpls()):
-        if impl.hookwrapper or impl.wrapper:
-            continue
-        plugin_name = impl.plugin_name
+    for impl in _impls("precguard_register_checks"):
 
-        def register(check: Check, _plugin: str = plugin_name) -> None:
+        def register(check: Check, _plugin: str = impl.plugin_name) -> None:
             if check.id in checks:
                 logger.warning(
                     "check_id_taken", check=check.id, plugin=_plugin, owner=owners[check.id]
@@ -321,17 +321,7 @@ def collect_checks() -> dict[str, Check]:
             checks[check.id] = check
             owners[check.id] = _plugin
 
-        try:
-            impl.function(**{a: register for a in impl.argnames})
-        except Exception as exc:
-            key = f"{plugin_name}.precguard_register_checks"
-            hook_errors[key] = f"{type(exc).__name__}: {exc}"
-            logger.error(
-                "plugin_hook_failed",
-                plugin=plugin_name,
-                hook="precguard_register_checks",
-                cause=hook_errors[key],
-            )
+        _call_one(impl, "precguard_register_checks", {"register": register})
     return checks
 
 
@@ -345,10 +335,7 @@ def vendor_dump(
     """
     rank_dir = Path(run_dir) / f"rank{rank}"
     lines: list[dict[str, Any]] = []
-    caller = load_plugins().hook.precguard_vendor_dump
-    for impl in reversed(caller.get_hookimpls()):
-        if impl.hookwrapper or impl.wrapper:
-            continue
+    for impl in _impls("precguard_vendor_dump"):
         kwargs = {"device": device, "step": step, "out_dir": rank_dir / "vendor" / impl.plugin_name}
         state = _call_one(impl, "precguard_vendor_dump", kwargs)
         if state is not None:
@@ -371,10 +358,10 @@ def _call_one(impl: Any, hook_name: str, kwargs: dict[str, Any]) -> Any:
         logger.error(
             "plugin_hook_failed", plugin=impl.plugin_name, hook=hook_name, cause=hook_errors[key]
         )
-        if _tracing():
+        if _tracing:
             _trace(f"  {impl.plugin_name} raised {hook_errors[key]}")
         return None
-    if _tracing():
+    if _tracing:
         _trace(f"  {impl.plugin_name} -> {_short(result)}")
     return result
 

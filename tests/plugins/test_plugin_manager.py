@@ -183,3 +183,21 @@ def test_vendor_dump_writes_one_line_per_plugin_and_step(tmp_path: Path) -> None
     assert lines == [{"step": 2, "plugin": "stateful", "state": {"temperature_c": 61}}]
     assert (tmp_path / "rank1" / "vendor" / "stateful" / "step2.txt").is_file()
     assert (tmp_path / "rank1" / "vendor.jsonl").is_file()
+
+
+def test_a_register_checks_hook_that_raises_is_reported_and_the_others_register() -> None:
+    class BrokenChecksPlugin:
+        @hookimpl
+        def precguard_register_checks(self, register) -> None:
+            raise RuntimeError("checks module missing")
+
+    plugins.load_plugins().register(BrokenChecksPlugin(), name="brokenchecks")
+    try:
+        checks = plugins.collect_checks()
+        assert plugins.hook_errors["brokenchecks.precguard_register_checks"] == (
+            "RuntimeError: checks module missing"
+        )
+        assert "env.cuda_tf32" in checks  # the other plugins' checks are still there
+    finally:
+        plugins.load_plugins().unregister(name="brokenchecks")
+        plugins.hook_errors.clear()
