@@ -32,7 +32,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from precguard._logging import get_logger
-from precguard.checks.base import FAMILIES, Check, CheckContext, Finding
+from precguard.checks.base import FAMILIES, Check, CheckContext, Finding, NotApplicable
 from precguard.errors import PrecguardError, UsageError
 
 logger = get_logger(__name__)
@@ -246,7 +246,7 @@ def run_check(check: Check, ctx: CheckContext, params: dict[str, Any]) -> list[F
     A :class:`~precguard.errors.PrecguardError` (the target cannot be built, the
     golden is corrupt) is not the check's result but unusable input: it propagates.
     """
-    from precguard.checks._lab import NotApplicable, finding
+    from precguard.checks._lab import finding
 
     if check.needs_target and ctx.target is None:
         return [finding(check.id, "skip", "needs a target (--target)")]

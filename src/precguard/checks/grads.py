@@ -13,8 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from precguard.checks._lab import Gradients, finding, first_tensor, flatten, lab
+from precguard.checks._lab import Gradients, NotApplicable, finding, first_tensor, flatten, lab
 from precguard.checks.base import Check, CheckContext, Finding
+from precguard.target import call_model
 
 
 def _layer_of(param: str) -> str:
@@ -109,8 +110,6 @@ def nonfinite_origin(ctx: CheckContext) -> Finding:
     bench = lab(ctx)
     cid = "grads.nonfinite_origin"
     if bench.target.loss is None:
-        from precguard.checks._lab import NotApplicable
-
         raise NotApplicable("target gives no loss")
     model = bench.copy("device")
     model.eval()
@@ -140,8 +139,6 @@ def nonfinite_origin(ctx: CheckContext) -> Finding:
         handles.append(mod.register_forward_hook(post))
     batch = bench.place(bench.batch(0), "device")
     try:
-        from precguard.target import call_model
-
         with bench.numerics("device"):
             out = call_model(model, batch)
             loss = bench.target.loss(out, batch)

@@ -137,7 +137,7 @@ def vocab_range(ctx: CheckContext) -> Finding:
     cid = "tokenizer.vocab_range"
     rows = bench.embedding_size()
     if rows is None:
-        return finding(cid, "skip", "not applicable: the model has no input embedding to index")
+        raise NotApplicable("the model has no input embedding to index")
     produced = [i for text in _texts(ctx) for i in encode(tok, text)]
     specials = [v for v in special_ids(tok).values() if v is not None]
     size = len(tok) if hasattr(tok, "__len__") else getattr(tok, "vocab_size", None)
