@@ -43,7 +43,12 @@ class Candidate:
     amplification: float | None
     input_error: float | None
     reason: str
-    order: tuple[int, int, int, int] = (0, 0, 0, 0)
+
+    @property
+    def order(self) -> tuple[int, bool, int, int]:
+        """Where it sits in execution: step, forward before backward, capture order, rank."""
+        r = self.result
+        return r.step, r.phase != "forward", r.seq, r.rank
 
     def divergence(self) -> FirstDivergence:
         """As the report's first divergence."""
@@ -158,8 +163,6 @@ def step_candidates(
         if reason is None:
             continue
         found.append(Candidate(first, True, amp, in_err, reason))
-    for c in found:
-        c.order = (c.result.step, 0, c.result.seq, c.result.rank)
     found.sort(key=lambda c: c.order)
     return _drop_explained(found)
 
@@ -257,9 +260,7 @@ def fallback(results: list[RecordResult]) -> Candidate | None:
                     "record outside tolerance"
                 )
                 local = False
-            c = Candidate(r, local, None, None, reason)
-            c.order = (r.step, 0 if phase == "forward" else 1, r.seq, r.rank)
-            return c
+            return Candidate(r, local, None, None, reason)
     return None
 
 
