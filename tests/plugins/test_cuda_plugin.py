@@ -73,5 +73,22 @@ def test_checks(monkeypatch) -> None:
         matmul.allow_tf32, cudnn.allow_tf32 = before
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     assert checks["env.cuda_cublas_workspace"].func(ctx).status == "pass"
-    assert checks["env.cuda_reduced_precision_reduction"].func(ctx).status in ("pass", "warn")
+    reduced = checks["env.cuda_reduced_precision_reduction"]
+    flags = (
+        "allow_fp16_reduced_precision_reduction",
+        "allow_bf16_reduced_precision_reduction",
+        "allow_fp16_accumulation",
+    )
+    saved = {f: getattr(matmul, f) for f in flags}
+    try:
+        for flag in flags:
+            setattr(matmul, flag, False)
+        assert reduced.func(ctx).status == "pass"
+        matmul.allow_bf16_reduced_precision_reduction = True  # torch's default
+        finding = reduced.func(ctx)
+        assert finding.status == "warn"
+        assert "allow_bf16_reduced_precision_reduction" in finding.summary
+    finally:
+        for flag, value in saved.items():
+            setattr(matmul, flag, value)
     assert checks["env.cuda_tf32"].func(CheckContext(device="cpu")).status == "skip"
