@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from precguard.compare import compare
 from precguard.dump.reader import load_run
 from precguard.runner import record_target
 
@@ -15,13 +16,8 @@ def test_cpu_and_emu_bf16_recordings_diverge(tmp_path: Path) -> None:
     golden = record_target("tiny-llama", device="cpu", out=tmp_path / "cpu")
     actual = record_target("tiny-llama", device="emu:bf16", out=tmp_path / "bf16")
     again = record_target("tiny-llama", device="cpu", out=tmp_path / "cpu2")
-    try:
-        from precguard.compare import compare
-    except ImportError:  # compare not available: assert on the statistics directly
-        compare = None
-    if compare is not None:
-        assert compare(golden, actual).verdict == "diverged"
-        assert compare(golden, again).verdict == "match"
+    assert compare(golden, actual).verdict == "diverged"
+    assert compare(golden, again).verdict == "match"
     g = {r.key: r.stats for r in load_run(golden).records() if r.stats}
     a = {r.key: r.stats for r in load_run(actual).records() if r.stats}
     assert g.keys() == a.keys()
