@@ -204,11 +204,10 @@ def _glue_note(
 ) -> str:
     """Say so when the error first shows in a submodule's input: the module's own code made it."""
     start = min((r.seq for r in in_records), default=-1)
-    prefix = call.module + "."
     for r in forward:
         if not start < r.seq < first.seq or r.status not in _BAD:
             continue
-        if r.role == "input" and (call.module == "root" or r.module.startswith(prefix)):
+        if r.role == "input" and _contains(call.module, r.module):
             return (
                 f"; it first shows in the input of {r.module}, so {call.module}'s own code "
                 "between its submodules made it"
@@ -217,15 +216,23 @@ def _glue_note(
     return ""
 
 
+def _contains(outer: str, inner: str) -> bool:
+    """True when module ``inner`` lies inside ``outer``.
+
+    Keys write the root module as ``root``, not as the empty prefix of every
+    name, so it is the one module a prefix test alone would miss.
+    """
+    return outer == "root" or inner.startswith(outer + ".")
+
+
 def _drop_explained(found: list[Candidate]) -> list[Candidate]:
     """Drop calls that contain an earlier candidate: the submodule explains them."""
     kept: list[Candidate] = []
     for c in found:
-        prefix = c.result.module + "."
         if any(
             k.result.step == c.result.step
             and k.result.rank == c.result.rank
-            and (c.result.module == "root" or k.result.module.startswith(prefix))
+            and _contains(c.result.module, k.result.module)
             for k in kept
         ):
             continue
