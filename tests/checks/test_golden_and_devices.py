@@ -163,3 +163,24 @@ def test_padding_on_the_other_side_than_the_golden_is_named(run_check, tmp_path)
     run = run_check("--target", planted("left_padded"), "--golden", str(golden), "--only", "data")
     assert run.code == 1
     assert run.finding("data.batches")["evidence"]["golden_difference"] == "padding"
+
+
+def test_the_rng_checks_share_one_device_build_of_the_model():
+    """A large model takes minutes to build: the run builds it no more often than needed.
+
+    One reference model for the copies, a second same-seed build on the device, one
+    build through the reference backend; the first device build serves both checks.
+    """
+    from precguard.target import Target
+    from precguard.targets import build_tiny_llama, lm_batch
+
+    builds = []
+
+    def model():
+        builds.append(1)
+        return build_tiny_llama()
+
+    target = Target(model=model, batch=lm_batch, name="counted")
+    d = precguard.check("llama-finetune", target, only=["rng"])
+    assert [f.status for f in d.findings] == ["pass", "pass"]
+    assert len(builds) == 4

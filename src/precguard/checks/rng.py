@@ -126,6 +126,19 @@ def _init_hashes(bench: Any, backend: Any) -> dict[str, str]:
     return hashes
 
 
+def _device_init_hashes(ctx: CheckContext, bench: Any) -> dict[str, str]:
+    """Hashes of one seeded build through the device backend, shared by both rng checks.
+
+    Building a large model costs minutes; ``same_seed`` compares this build with a
+    second one and ``cross_device`` with a build through the reference, so one
+    device build serves both. The reference side is always built anew.
+    """
+    key = "rng.device_init_hashes"
+    if key not in ctx.cache:
+        ctx.cache[key] = _init_hashes(bench, bench.device)
+    return ctx.cache[key]
+
+
 def _param_diff(a: dict[str, str], b: dict[str, str]) -> list[str]:
     return [k for k, h in a.items() if b.get(k) != h]
 
@@ -138,8 +151,7 @@ def same_seed(ctx: CheckContext, runs: int = 2) -> Finding:
     """Two runs with the same seed on the device: bitwise-identical init and outputs."""
     bench = lab(ctx)
     cid = "rng.same_seed"
-    first = _init_hashes(bench, bench.device)
-    init_diff = _param_diff(first, _init_hashes(bench, bench.device))
+    init_diff = _param_diff(_device_init_hashes(ctx, bench), _init_hashes(bench, bench.device))
     hashes, traces = [], []
     for _ in range(max(2, runs)):
         model = bench.copy("device")
@@ -213,7 +225,7 @@ def cross_device(ctx: CheckContext, numel: int = 4096, p: float = 0.5) -> Findin
     """Same seed on device and reference: same initial weights and the same dropout masks."""
     bench = lab(ctx)
     cid = "rng.cross_device"
-    init_diff = _param_diff(_init_hashes(bench, bench.device), _init_hashes(bench, bench.reference))
+    init_diff = _param_diff(_device_init_hashes(ctx, bench), _init_hashes(bench, bench.reference))
     masks = []
     for backend in (bench.device, bench.reference):
         dev = backend.torch_device()
