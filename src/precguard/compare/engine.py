@@ -125,7 +125,8 @@ def compare(
         raise IncomparableRunsError(
             f"{g_run.path} and {a_run.path} share no step of any rank: nothing to compare"
         )
-    matched = sum(1 for x in results if x.status != "missing")
+    counts = _counts(results)
+    matched = len(results) - counts.missing
     if matched < MIN_ALIGNED_SHARE * max(len(golden_only), len(actual_only)):
         raise IncomparableRunsError(
             f"{a_run.path} does not look like a recording of the same model as {g_run.path}: "
@@ -146,10 +147,10 @@ def compare(
         profile=prof.name,
         tolerances={k: v.model_dump() for k, v in prof.dtypes.items()}
         | {"amplification": prof.amplification},
-        verdict="diverged" if any(x.status in ("fail", "nonfinite") for x in results) else "match",
+        verdict="diverged" if counts.failed or counts.nonfinite else "match",
         first_divergence=first.divergence() if first is not None else None,
         suspects=rank_suspects(candidates, first, suspects),
-        counts=_counts(results),
+        counts=counts,
         records=results,
         unmatched=Unmatched(golden_only=golden_only, actual_only=actual_only),
         fingerprint_diff=fingerprint_diff(g_run.manifest.fingerprint, a_run.manifest.fingerprint),
