@@ -48,10 +48,12 @@ def test_fingerprint_has_every_switch() -> None:
 def test_deterministic_restores_flags_and_environment(monkeypatch) -> None:
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    before = torch.are_deterministic_algorithms_enabled()
     with CudaBackend("cuda").deterministic():
         assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
         assert torch.are_deterministic_algorithms_enabled()
+    assert torch.are_deterministic_algorithms_enabled() == before
     assert torch.backends.cudnn.benchmark and not torch.backends.cudnn.deterministic
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
 

@@ -91,21 +91,16 @@ class AscendBackend(Backend):
         the environment before ``init_process_group`` for full effect.
         """
         npu = self._sdk()
-        before = (
-            torch.are_deterministic_algorithms_enabled(),
-            torch.is_deterministic_algorithms_warn_only_enabled(),
-        )
         level = read_flag(lambda: npu.npu._get_deterministic_level())
-        with scoped_env({"HCCL_DETERMINISTIC": "true"}):
-            torch.use_deterministic_algorithms(True)
-            if level is not None and hasattr(npu.npu, "set_deterministic_level"):
-                npu.npu.set_deterministic_level(1)
+        set_level = getattr(npu.npu, "set_deterministic_level", None) if level is not None else None
+        with scoped_env({"HCCL_DETERMINISTIC": "true"}), super().deterministic():
+            if set_level is not None:
+                set_level(1)
             try:
                 yield
             finally:
-                torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-                if level is not None and hasattr(npu.npu, "set_deterministic_level"):
-                    npu.npu.set_deterministic_level(level)
+                if set_level is not None:
+                    set_level(level)
 
     def fingerprint(self) -> dict[str, Any]:
         """torch_npu version, HF32, precision/impl modes, overflow mode, formats, env."""

@@ -65,27 +65,20 @@ class CudaBackend(Backend):
         ``CUBLAS_WORKSPACE_CONFIG`` only takes effect before the first cuBLAS
         call of the process: set it in the environment for full effect.
         """
-        before = (
-            torch.are_deterministic_algorithms_enabled(),
-            torch.is_deterministic_algorithms_warn_only_enabled(),
-            torch.backends.cudnn.deterministic,
-            torch.backends.cudnn.benchmark,
-        )
+        cudnn = torch.backends.cudnn
+        before = (cudnn.deterministic, cudnn.benchmark)
         workspace = (
             {}
             if os.environ.get("CUBLAS_WORKSPACE_CONFIG")
             else {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
         )
-        with scoped_env(workspace):
-            torch.use_deterministic_algorithms(True)
-            torch.backends.cudnn.deterministic = True
-            torch.backends.cudnn.benchmark = False
+        with scoped_env(workspace), super().deterministic():
+            cudnn.deterministic = True
+            cudnn.benchmark = False
             try:
                 yield
             finally:
-                torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-                torch.backends.cudnn.deterministic = before[2]
-                torch.backends.cudnn.benchmark = before[3]
+                cudnn.deterministic, cudnn.benchmark = before
 
     def fingerprint(self) -> dict[str, Any]:
         """Versions, TF32 and reduced-precision switches, cuDNN flags, SDPA backends, env."""
