@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -48,21 +49,13 @@ print(json.dumps({"seconds": elapsed, "startup_kb": base, "peak_kb": hwm_kb(),
 """
 
 
-def _stats(t: torch.Tensor) -> dict[str, float | int]:
-    f = t.float()
-    std, mean = torch.std_mean(f)
-    return {
-        "min": float(f.min()),
-        "max": float(f.max()),
-        "mean": float(mean),
-        "std": float(std),
-        "absmax": float(f.abs().max()),
-        "l2": float(torch.linalg.vector_norm(f)),
-        "nan": 0,
-        "inf": 0,
-        "zeros": int((f == 0).sum()),
-        "numel": f.numel(),
-    }
+def _stats(t: torch.Tensor) -> dict[str, Any]:
+    """The statistics a precguard recording holds for ``t``, computed as capture does."""
+    from precguard.capture.stats import StatsBuffer
+
+    buf = StatsBuffer()
+    buf.add(t)
+    return buf.materialize()[0]
 
 
 def write_pair(root: Path, gb: float, tensor_mb: int, dtype: torch.dtype) -> int:
