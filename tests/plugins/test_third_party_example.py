@@ -30,6 +30,7 @@ def test_the_example_plugin_installs_and_is_listed(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), *sys.path])}
     env.pop("PRECGUARD_DISABLE_PLUGIN_AUTOLOAD", None)
     env.pop("PRECGUARD_PLUGINS", None)
+    env.pop("LUMEN_FAST_MATH", None)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -42,6 +43,12 @@ def test_the_example_plugin_installs_and_is_listed(tmp_path: Path) -> None:
     assert lumen["device_types"] == ["lum"]
     assert lumen["distribution"] == "precguard-lumen" and lumen["version"] == "0.1.0"
     assert "precguard_register_checks" in lumen["hooks"]
+    env_json = cli("env", "--device", "lum", "--json")
+    assert env_json.returncode == 0, env_json.stderr
+    doc = json.loads(env_json.stdout)
+    assert doc["available"] is False and doc["reason"] == "lumen_sdk is not installed"
+    assert doc["fingerprint"]["lumen.sdk_version"] is None
+    assert doc["fingerprint"]["env.LUMEN_FAST_MATH"] is None  # unset, and listed as such
     record = cli("record", "--device", "lum", "--out", str(tmp_path / "run"))
     assert record.returncode == 2
     assert "device 'lum' is unavailable: lumen_sdk is not installed" in record.stderr

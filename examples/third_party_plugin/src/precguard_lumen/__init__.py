@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from precguard import Backend, hookimpl
+from precguard.backend import env_facts
 from precguard.checks.base import Check, CheckContext, Finding
 
 
@@ -31,9 +32,10 @@ class LumenBackend(Backend):
 
     def fingerprint(self) -> dict[str, Any]:
         sdk = _sdk()
+        # env_facts lists unset variables too (as None), so two machines compare
         return {
             "lumen.sdk_version": getattr(sdk, "__version__", None),
-            "env.LUMEN_FAST_MATH": os.environ.get("LUMEN_FAST_MATH"),
+            **env_facts(["LUMEN_FAST_MATH"]),
         }
 
 
