@@ -212,12 +212,13 @@ class Lab:
     def reference_model(self) -> nn.Module:
         """The model built once from the target's seed on the CPU in fp32, in eval mode.
 
+        Seeded like every other build of the run (:meth:`build_fresh`) and never
+        sent to the reference device and back: on a GPU reference that would copy
+        every weight twice.
         Shared: never modify it; take :meth:`copy` instead.
         """
         if "reference_model" not in self._cache:
-            from precguard.runner import build_model
-
-            model = build_model(self.target, self.reference, torch.float32).to("cpu")
+            model = self.build_fresh(self.reference).to(device="cpu", dtype=torch.float32)
             model.eval()
             self._cache["reference_model"] = model
         return self._cache["reference_model"]
