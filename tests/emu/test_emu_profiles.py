@@ -82,3 +82,11 @@ def test_record_on_emu_through_the_cli(tmp_path: Path, capsys) -> None:
     assert manifest["device"] == "emu:fp16"
     assert manifest["fingerprint"]["emu.compute_dtype"] == "float16"
     capsys.readouterr()
+
+
+def test_every_profile_field_is_documented() -> None:
+    from precguard.backends.emu.profile import EmuProfile
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "emu.md").read_text()
+    missing = [f for f in EmuProfile.model_fields if f"| `{f}` |" not in guide]
+    assert not missing, f"docs/emu.md's profile table lacks {missing}"
