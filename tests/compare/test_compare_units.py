@@ -362,3 +362,21 @@ def test_fp32_ulps_same_sign_and_across_zero() -> None:
     flipped = torch.tensor([-1e-45, 5.0])
     # +tiny to -tiny: one step down to +0, (-0 counts as the same value), one more to -tiny
     assert full_metrics(tiny, flipped, dtype="float32", rtol=1.3e-6, atol=1e-5).max_ulp == 2
+
+
+def test_tensor_store_releaser_does_not_need_the_tensor_read_first(tiny_golden: Path) -> None:
+    from precguard.compare.tensors import TensorStore
+    from precguard.dump.reader import load_run
+
+    run = load_run(tiny_golden)
+    rec = next(r for r in run.records(0) if r.tensor is not None and r.dtype == "float32")
+    store = TensorStore(run.path)
+    try:
+        release = store.releaser(rec, itemsize=4)  # before any store.tensor(rec)
+        before = store.tensor(rec).clone()
+        release(0, before.numel())
+        # pages given back are read again from the file: the values do not change
+        assert torch.equal(store.tensor(rec), before)
+        assert torch.equal(before, run.tensor(rec))
+    finally:
+        store.close()

@@ -134,13 +134,17 @@ class TensorStore:
 
         Call it only once nothing reads those elements any more.
         """
-        assert record.tensor is not None
-        mapped = self._files[self.root / f"rank{record.rank}" / record.tensor.file]
-        base, _ = mapped.span(record.tensor.name)
+        mapped, name = self._mapped(record)
+        base, _ = mapped.span(name)
         return lambda a, b: mapped.release(base + a * itemsize, base + b * itemsize)
 
     def tensor(self, record: Record) -> torch.Tensor:
         """Return a zero-copy view of the tensor saved for ``record``."""
+        mapped, name = self._mapped(record)
+        return mapped.tensor(name)
+
+    def _mapped(self, record: Record) -> tuple[_MappedFile, str]:
+        """The mapped file holding ``record``'s tensor (mapped now if need be), and its name."""
         if record.tensor is None:
             raise DumpFormatError(f"{self.root}: record {record.key} has no saved tensor")
         path = self.root / f"rank{record.rank}" / record.tensor.file
@@ -155,7 +159,7 @@ class TensorStore:
                 old.close()
         else:
             self._files.move_to_end(path)
-        return mapped.tensor(record.tensor.name)
+        return mapped, record.tensor.name
 
     def close(self) -> None:
         """Unmap every file."""
