@@ -63,6 +63,7 @@ class _OpFacts:
     takes_generator: bool
     mutable: bool  # in-place or out=
     written: frozenset[str]  # names of the arguments it writes to
+    arg_names: tuple[str, ...]  # every argument's schema name, in order
 
 
 @cache
@@ -80,6 +81,7 @@ def _op_facts(func: torch._ops.OpOverload) -> _OpFacts:
         written=frozenset(
             a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write
         ),
+        arg_names=tuple(a.name for a in schema.arguments),
     )
 
 
@@ -150,20 +152,21 @@ class EmuMode(TorchDispatchMode):
             return func(*args, **kwargs)  # an fp32 island of a mixed-precision model
         if op.mutable:
             return self._mutating(func, op, args, kwargs, rules)
-        return self._computing(func, op.name, flat, spec, dtypes, rules)
+        return self._computing(func, op, flat, spec, dtypes, rules)
 
     # -- out-of-place ops ----------------------------------------------------------------
 
     def _computing(
         self,
         func: torch._ops.OpOverload,
-        name: str,
+        op: _OpFacts,
         flat: list[Any],
         spec: TreeSpec,
         dtypes: set[torch.dtype],
         rules: OpNumerics,
     ) -> Any:
         """Run ``func`` on its flattened ``(args, kwargs)``; ``dtypes`` are its tensors' dtypes."""
+        name = op.name
         seen = dtypes & _EMULATED
         round_inputs = name not in _MOVE_ONLY
 
@@ -185,7 +188,7 @@ class EmuMode(TorchDispatchMode):
         elif torch.float32 not in seen and len(seen) == 1:
             target = next(iter(seen))  # fp16 in, fp16 out
         if rules.changes_reductions and name in _REDUCTIONS:
-            out = self._reduction(func, name, args, kwargs, rules)
+            out = self._reduction(func, op, args, kwargs, rules)
         else:
             out = func(*args, **kwargs)
 
@@ -200,12 +203,13 @@ class EmuMode(TorchDispatchMode):
     def _reduction(
         self,
         func: torch._ops.OpOverload,
-        name: str,
+        op: _OpFacts,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         rules: OpNumerics,
     ) -> torch.Tensor:
-        bound = _bind(func, args, kwargs)
+        name = op.name
+        bound = _bind(op.arg_names, args, kwargs)
         if name in ("mm", "bmm"):
             return numerics.matmul(bound["self"], bound["mat2"], rules)
         if name in ("addmm", "baddbmm"):
@@ -238,7 +242,7 @@ class EmuMode(TorchDispatchMode):
         kwargs: dict[str, Any],
         rules: OpNumerics,
     ) -> Any:
-        written = op.written
+        written, arg_names = op.written, op.arg_names
         work: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(work copy) -> (orig, work)
 
         def writable(x: Any) -> Any:
@@ -257,7 +261,7 @@ class EmuMode(TorchDispatchMode):
 
         new_args = []
         for i, value in enumerate(args):
-            arg_name = func._schema.arguments[i].name if i < len(func._schema.arguments) else ""
+            arg_name = arg_names[i] if i < len(arg_names) else ""
             new_args.append(tree_map(writable if arg_name in written else readable, value))
         new_kwargs = {
             k: tree_map(writable if k in written else readable, v) for k, v in kwargs.items()
@@ -290,12 +294,12 @@ class EmuMode(TorchDispatchMode):
         return (x * keep * scale).to(x.dtype), keep.bool()
 
 
-def _bind(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict:
+def _bind(arg_names: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict:
     """Map an op's arguments to their schema names (positional and keyword)."""
     bound: dict[str, Any] = {}
-    for i, arg in enumerate(func._schema.arguments):
+    for i, name in enumerate(arg_names):
         if i < len(args):
-            bound[arg.name] = args[i]
-        elif arg.name in kwargs:
-            bound[arg.name] = kwargs[arg.name]
+            bound[name] = args[i]
+        elif name in kwargs:
+            bound[name] = kwargs[name]
     return bound
