@@ -49,6 +49,31 @@ def test_chunked_equals_whole() -> None:
     assert chunked.cosine == pytest.approx(whole.cosine, rel=1e-9)
 
 
+def test_threaded_chunks_equal_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = torch.Generator().manual_seed(1)
+    g = torch.randn(50_001, generator=gen)
+    a = g + 1e-4 * torch.randn(50_001, generator=gen)
+    a[7] = float("nan")
+    released: list[tuple[int, int]] = []
+
+    def run(threads: str) -> dict:
+        monkeypatch.setenv("PRECGUARD_COMPARE_THREADS", threads)
+        m = full_metrics(
+            g, a, dtype="float32", rtol=1e-3, atol=1e-5, chunk=1000,
+            release=lambda s, e: released.append((s, e)),
+        )  # fmt: skip
+        return m.model_dump()
+
+    one = run("1")
+    released.clear()
+    four = run("4")
+
+    assert four == one  # chunks are merged in order: the sums are bit for bit the same
+    assert four["nan_mismatch"] == 1
+    # every chunk was handed back exactly once
+    assert sorted(released) == [(s, min(s + 1000, 50_001)) for s in range(0, 50_001, 1000)]
+
+
 def test_ulps_are_counted_in_the_actual_dtype() -> None:
     g = torch.tensor([1.0, 2.0, -3.0, 0.5])
     a = g.to(torch.bfloat16)
