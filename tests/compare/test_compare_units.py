@@ -93,6 +93,17 @@ def test_nan_and_inf_mismatches_are_counted() -> None:
     assert math.isfinite(m.error)
 
 
+def test_strict_profile_fails_one_element_that_default_averages_away() -> None:
+    g = torch.ones(10_000)
+    a = g.clone()
+    a[0] += 1e-4  # one element 1e-4 off: rel_l2 1e-6, under fp32's rtol 1.3e-6
+    m = full_metrics(g, a, dtype="float32", rtol=1.3e-6, atol=1e-5)
+    assert m.rel_l2 == pytest.approx(1e-6, rel=1e-2)
+    assert m.close_share == pytest.approx(1e-4)
+    assert judge(m, get_profile("default")) == "pass"
+    assert judge(m, get_profile("strict")) == "fail"
+
+
 def test_exact_metrics_for_integer_tensors() -> None:
     m = exact_metrics(torch.tensor([1, 2, 3]), torch.tensor([1, 5, 3]))
     assert m.level == "exact" and m.mismatched == 1
