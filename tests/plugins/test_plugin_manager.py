@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,14 @@ def _fake_distribution(root: Path, name: str, module_source: str) -> None:
 
 
 def test_load_is_lazy_and_idempotent() -> None:
+    probe = (
+        "import sys, precguard\n"
+        "from precguard import plugins\n"
+        "loaded = [m for m in sys.modules if m.startswith(('precguard_', 'precguard.backends'))]\n"
+        "assert not plugins._loaded and not loaded, loaded\n"
+    )
+    fresh = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert fresh.returncode == 0, fresh.stderr  # importing precguard loads no plugin
     pm = plugins.load_plugins()
     assert plugins.load_plugins() is pm
     names = {name for name, _ in pm.list_name_plugin()}
