@@ -8,6 +8,7 @@ diagnosis names the family of that bug first.
 from __future__ import annotations
 
 import pytest
+import torch
 
 import precguard
 from tests.checks.conftest import planted
@@ -137,3 +138,33 @@ def test_a_static_loss_scale_that_overflows_is_halved_like_a_dynamic_scaler():
     # halved until the gradients are finite, as torch.amp.GradScaler would skip steps
     assert found.evidence["overflow_skips_before_finite"] == 5
     assert found.evidence["scale_tried"] == pytest.approx(2.0**15, rel=1e-3)
+
+
+def test_batches_are_classified_by_one_rule_for_a_second_pass_and_a_golden():
+    """Order, padding and content are told apart the same way whatever the other side is."""
+    from precguard.checks._lab import value_hash
+    from precguard.checks.data import _classify, padding_hash, sample_hashes
+    from precguard.targets import lm_batch
+
+    ids = lm_batch(0)["input_ids"]
+
+    def padded(side: str, rows=ids) -> dict:
+        mask = torch.ones_like(rows)
+        if side == "left":
+            mask[:, :4] = 0
+        else:
+            mask[:, -4:] = 0
+        return {"input_ids": rows, "attention_mask": mask}
+
+    def fingerprint(batches):
+        return (
+            [value_hash(b) for b in batches],
+            [sample_hashes(b) for b in batches],
+            [padding_hash(b) for b in batches],
+        )
+
+    right = [padded("right"), padded("right", ids.flip(0))]
+    assert _classify(right, *fingerprint(right)) == ("identical", [])
+    assert _classify(right, *fingerprint(right[::-1]))[0] == "order"
+    assert _classify(right, *fingerprint([padded("left"), right[1]])) == ("padding", [0])
+    assert _classify(right, *fingerprint([padded("right", ids + 1), right[1]])) == ("content", [0])

@@ -50,20 +50,24 @@ _GOLDEN_REMEDY = (
 )
 
 
-def _against_fingerprints(
-    stored: fingerprints.Fingerprints, batches: list[Any]
+def _classify(
+    batches: list[Any], hashes: list[str], samples: list[list[str]], padding: list[str]
 ) -> tuple[str, list[int]]:
-    n = min(len(stored.batches), len(batches))
-    differing = [i for i in range(n) if stored.batches[i] != value_hash(batches[i])]
+    """How ``batches`` differ from the batches fingerprinted as ``hashes``/``samples``/``padding``.
+
+    Returns ("identical" | "order" | "padding" | "content", the differing batch indices),
+    over the batches both sides have. The fingerprints are those of a second
+    seeded pass or the ones stored next to the golden: one rule for both.
+    """
+    n = min(len(hashes), len(batches))
+    differing = [i for i in range(n) if hashes[i] != value_hash(batches[i])]
     if not differing:
         return "identical", []
     ours = Counter(h for b in batches[:n] for h in sample_hashes(b))
-    theirs = Counter(h for hs in stored.samples[:n] for h in hs)
-    if ours == theirs:
+    theirs = Counter(h for hs in samples[:n] for h in hs)
+    if ours and ours == theirs:
         return "order", differing
-    if stored.padding and any(
-        i < len(stored.padding) and stored.padding[i] != padding_hash(batches[i]) for i in differing
-    ):
+    if any(i < len(padding) and padding[i] != padding_hash(batches[i]) for i in differing):
         return "padding", differing
     return "content", differing
 
@@ -74,39 +78,23 @@ def _pass_of(ctx: CheckContext, batches: int) -> list[Any]:
     return [bench.target.batch(step) for step in range(batches)]
 
 
-def _classify(first: list[Any], second: list[Any]) -> tuple[str, list[int]]:
-    differing = [
-        i
-        for i, (a, b) in enumerate(zip(first, second, strict=True))
-        if value_hash(a) != value_hash(b)
-    ]
-    if not differing:
-        return "identical", []
-    samples_a = Counter(h for b in first for h in sample_hashes(b))
-    samples_b = Counter(h for b in second for h in sample_hashes(b))
-    if samples_a and samples_a == samples_b:
-        return "order", differing
-    pads_differ = False
-    for i in differing:
-        a = dict(flatten(first[i]))
-        b = dict(flatten(second[i]))
-        for path in a:
-            if any(k in path for k in _PAD_KEYS) and path in b:
-                pads_differ |= not torch.equal(a[path], b[path])
-    return ("padding" if pads_differ else "content"), differing
-
-
 def batches(ctx: CheckContext, batches: int = 4) -> Finding:
     """Hash the first N batches in two seeded passes; with a golden, compare its root inputs."""
     bench = lab(ctx)
     cid = "data.batches"
     first = _pass_of(ctx, batches)
     second = _pass_of(ctx, batches)
-    kind, differing = _classify(first, second)
+    second_hashes = [value_hash(b) for b in second]
+    kind, differing = _classify(
+        first,
+        second_hashes,
+        [sample_hashes(b) for b in second],
+        [padding_hash(b) for b in second],
+    )
     evidence: dict[str, Any] = {
         "batches": batches,
         "hashes_first_pass": [value_hash(b) for b in first],
-        "hashes_second_pass": [value_hash(b) for b in second],
+        "hashes_second_pass": second_hashes,
     }
     if kind != "identical":
         evidence["differing_batches"] = differing
@@ -125,7 +113,7 @@ def batches(ctx: CheckContext, batches: int = 4) -> Finding:
     golden_note = ""
     stored = fingerprints.read(ctx.golden)
     if stored is not None:
-        golden_kind, golden_diff = _against_fingerprints(stored, first)
+        golden_kind, golden_diff = _classify(first, stored.batches, stored.samples, stored.padding)
         evidence["golden_fingerprints_compared"] = min(len(stored.batches), len(first))
         if golden_kind != "identical":
             evidence["golden_differing_batches"] = golden_diff
