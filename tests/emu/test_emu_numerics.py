@@ -214,3 +214,15 @@ def test_nested_numerics_round_once() -> None:
         with backend.numerics():
             nested = a @ b
     assert torch.equal(once, nested)
+
+
+def test_only_a_profile_that_changes_something_intercepts_ops(tmp_path) -> None:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    plain = tmp_path / "plain.toml"
+    plain.write_text('description = "fp32, nothing switched on"\n')
+    with plugins.get_backend(f"emu:{plain}").numerics():
+        assert not _get_current_dispatch_mode_stack()
+    for name in ("softmax-fp16", "fp32-shuffled", "fp32-rng"):  # fp32, yet each changes ops
+        with plugins.get_backend(f"emu:{name}").numerics():
+            assert any(isinstance(m, EmuMode) for m in _get_current_dispatch_mode_stack()), name

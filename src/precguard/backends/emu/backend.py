@@ -120,8 +120,9 @@ class EmuBackend(Backend):
         from precguard.backends.emu.mode import EmuMode
 
         nested = any(isinstance(m, EmuMode) for m in _get_current_dispatch_mode_stack())
-        if nested or (self.profile.is_identity() and self.generator is None):
+        mode = None if nested else EmuMode(self.profile, self.generator)
+        if mode is None or not mode.changes_anything:
             yield
             return
-        with EmuMode(self.profile, self.generator):
+        with mode:
             yield

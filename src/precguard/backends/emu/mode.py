@@ -121,6 +121,15 @@ class EmuMode(TorchDispatchMode):
         self.generator = generator
         self.default_rules, self.op_rules = rules_for(profile)
 
+    @property
+    def changes_anything(self) -> bool:
+        """False when entering the mode would change no op: nothing rounded, no own RNG stream."""
+        return (
+            self.generator is not None
+            or self.default_rules.changes_values
+            or any(r.changes_values for r in self.op_rules.values())
+        )
+
     # -- dispatch ------------------------------------------------------------------------
 
     def __torch_dispatch__(

@@ -138,18 +138,6 @@ class EmuProfile(BaseModel):
                 out[name] = dtype
         return out
 
-    def is_identity(self) -> bool:
-        """Return True when the profile changes no value (fp32, nothing else switched on)."""
-        return (
-            self.compute_dtype == "float32"
-            and self.overflow == "inf"
-            and not self.nan_to_zero
-            and not self.flush_to_zero
-            and self.accumulate_dtype == "float32"
-            and not self.shuffle_reductions
-            and all(d == "float32" for d in self.op_dtypes.values())
-        )
-
 
 def builtin_profiles() -> list[str]:
     """Return the names of the profiles shipped with precguard, sorted."""
