@@ -101,24 +101,33 @@ def logits_of(output: Any) -> torch.Tensor:
     logits = getattr(output, "logits", None)
     if isinstance(logits, torch.Tensor):
         return logits
-    for _, leaf in flatten(output):
-        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
-            return leaf
-    raise NotApplicable(f"the model output ({type(output).__name__}) holds no floating tensor")
+    found = first_tensor(output)
+    if found is None:
+        raise NotApplicable(f"the model output ({type(output).__name__}) holds no floating tensor")
+    return found
+
+
+def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """Apply ``fn`` to every tensor of a nested dict/tuple/list; other leaves are kept."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, dict):
+        return {k: map_tensors(v, fn) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(map_tensors(v, fn) for v in value)
+    if isinstance(value, list):
+        return [map_tensors(v, fn) for v in value]
+    return value
 
 
 def cast_floats(value: Any, dtype: torch.dtype, device: torch.device | None = None) -> Any:
     """Cast every floating tensor in a nested value to ``dtype`` (and move all to ``device``)."""
-    if isinstance(value, torch.Tensor):
-        v = value.to(device) if device is not None else value
-        return v.to(dtype) if v.is_floating_point() else v
-    if isinstance(value, dict):
-        return {k: cast_floats(v, dtype, device) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(cast_floats(v, dtype, device) for v in value)
-    if isinstance(value, list):
-        return [cast_floats(v, dtype, device) for v in value]
-    return value
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        t = t.to(device) if device is not None else t
+        return t.to(dtype) if t.is_floating_point() else t
+
+    return map_tensors(value, cast)
 
 
 def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -460,15 +469,7 @@ def _tensors(*values: Any) -> list[tuple[str, torch.Tensor]]:
 
 
 def _detach(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, dict):
-        return {k: _detach(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(_detach(v) for v in value)
-    if isinstance(value, list):
-        return [_detach(v) for v in value]
-    return value
+    return map_tensors(value, lambda t: t.detach().clone())
 
 
 #: gradient elements kept per parameter for element-wise comparisons
