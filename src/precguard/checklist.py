@@ -32,7 +32,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from precguard._logging import get_logger
-from precguard.checks.base import FAMILIES, Check, CheckContext, Finding, NotApplicable
+from precguard.checks.base import (
+    FAMILIES,
+    Check,
+    CheckContext,
+    Finding,
+    NotApplicable,
+    family_of,
+)
 from precguard.errors import PrecguardError, UsageError
 
 logger = get_logger(__name__)
@@ -59,9 +66,7 @@ class ChecklistEntry(BaseModel):
     @field_validator("id")
     @classmethod
     def _family_known(cls, value: str) -> str:
-        family = value.split(".", 1)[0]
-        if "." not in value or family not in FAMILIES:
-            raise ValueError(f"expected 'family.name' with family in {', '.join(FAMILIES)}")
+        family_of(value)
         return value
 
 

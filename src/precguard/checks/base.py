@@ -41,6 +41,18 @@ FAMILIES: tuple[str, ...] = (
 )
 
 
+def family_of(check_id: str) -> str:
+    """The family of a check id ``family.name``; ValueError unless it is one of :data:`FAMILIES`.
+
+    >>> family_of("rope.position_sweep")
+    'rope'
+    """
+    family = check_id.split(".", 1)[0]
+    if "." not in check_id or family not in FAMILIES:
+        raise ValueError(f"expected 'family.name' with family in {', '.join(FAMILIES)}")
+    return family
+
+
 class NotApplicable(Exception):
     """Raise inside a check that cannot apply here; the runner records ``skip`` with the reason.
 
@@ -105,8 +117,7 @@ class Check:
         return self.id.split(".", 1)[0]
 
     def __post_init__(self) -> None:
-        family = self.id.split(".", 1)[0]
-        if "." not in self.id or family not in FAMILIES:
-            raise ValueError(
-                f"check id {self.id!r}: expected 'family.name' with family in {', '.join(FAMILIES)}"
-            )
+        try:
+            family_of(self.id)
+        except ValueError as exc:
+            raise ValueError(f"check id {self.id!r}: {exc}") from None
