@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from precguard import plugins
@@ -41,21 +43,47 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     return dtype
 
 
-def resolve_backend(device: str) -> Backend:
-    """Return the usable backend for ``device`` or raise DeviceUnavailableError saying why."""
+def find_backend(device: str) -> Backend:
+    """Return the backend that claims ``device``, usable or not.
+
+    Raises DeviceUnavailableError naming the known device types when no plugin
+    claims it.
+    """
     backend = plugins.get_backend(device)
     if backend is None:
-        known = sorted(
-            {t for ts in plugins.load_plugins().hook.precguard_device_types() for t in ts}
-        )
+        known = sorted({t for types in plugins.device_types().values() for t in types})
         raise DeviceUnavailableError(
             f"unknown device {device!r}: no plugin claims it (known device types: "
             f"{', '.join(known)})"
         )
+    return backend
+
+
+def resolve_backend(device: str) -> Backend:
+    """Return the usable backend for ``device`` or raise DeviceUnavailableError saying why."""
+    backend = find_backend(device)
     ok, reason = backend.availability()
     if not ok:
         raise DeviceUnavailableError(f"device {device!r} is unavailable: {reason}")
     return backend
+
+
+def seed_everything(backend: Backend, seed: int) -> None:
+    """Seed torch and the device (through the backend), Python's ``random`` and NumPy."""
+    backend.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+
+
+def construct_model(target: Target, backend: Backend) -> torch.nn.Module:
+    """Seed everything, then build the target's model on the CPU (float32, not moved)."""
+    seed_everything(backend, target.seed)
+    try:
+        return target.model()
+    except Exception as exc:
+        raise TargetError(
+            f"target {target.name!r}: building the model raised {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def build_model(target: Target, backend: Backend, dtype: torch.dtype) -> torch.nn.Module:
@@ -63,14 +91,7 @@ def build_model(target: Target, backend: Backend, dtype: torch.dtype) -> torch.n
 
     Initialising on the CPU gives identical weights on every device.
     """
-    backend.manual_seed(target.seed)
-    try:
-        model = target.model()
-    except Exception as exc:
-        raise TargetError(
-            f"target {target.name!r}: building the model raised {type(exc).__name__}: {exc}"
-        ) from exc
-    return model.to(device=backend.torch_device(), dtype=dtype)
+    return construct_model(target, backend).to(device=backend.torch_device(), dtype=dtype)
 
 
 def record_target(

@@ -12,7 +12,6 @@ import contextlib
 import copy
 import hashlib
 import math
-import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -23,6 +22,7 @@ from torch import nn
 from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.checks.base import CheckContext, Finding, NotApplicable, Status
+from precguard.runner import construct_model, seed_everything
 from precguard.target import Target, call_model, move_batch
 
 logger = get_logger(__name__)
@@ -141,16 +141,6 @@ def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return diff / denom if denom > 0 else diff
 
 
-def seed_everything(backend: Backend, seed: int) -> None:
-    """Seed torch (through the backend), Python's ``random`` and NumPy the way a script would."""
-    backend.manual_seed(seed)
-    random.seed(seed)
-    with contextlib.suppress(ImportError):
-        import numpy as np
-
-        np.random.seed(seed % 2**32)
-
-
 def probe_compute_dtype(backend: Backend) -> torch.dtype:
     """Find the precision the device computes fp32 arithmetic in, by experiment.
 
@@ -243,16 +233,7 @@ class Lab:
 
     def build_fresh(self, backend: Backend) -> nn.Module:
         """Seed through ``backend`` and build a brand-new model (for init experiments)."""
-        from precguard.errors import TargetError
-
-        seed_everything(backend, self.target.seed)
-        try:
-            return self.target.model()
-        except Exception as exc:
-            raise TargetError(
-                f"target {self.target.name!r}: building the model raised "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
+        return construct_model(self.target, backend)
 
     # -- data --------------------------------------------------------------
 

@@ -61,15 +61,9 @@ def env(
     why the device is unavailable). The same facts go into each recording's manifest.
     """
     from precguard import plugins as plugin_manager
-    from precguard.errors import DeviceUnavailableError
+    from precguard.runner import find_backend
 
-    backend = plugin_manager.get_backend(device)
-    if backend is None:
-        known = sorted({t for ts in plugin_manager.device_types().values() for t in ts})
-        raise DeviceUnavailableError(
-            f"unknown device {device!r}: no plugin claims it (known device types: "
-            f"{', '.join(known)})"
-        )
+    backend = find_backend(device)
     usable, reason = backend.availability()
     facts = plugin_manager.fingerprint(device)
     if as_json:
