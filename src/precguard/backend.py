@@ -113,6 +113,16 @@ class Backend:
         """
         return None
 
+    def compute_dtype(self) -> torch.dtype | None:
+        """Return the precision float ops compute in when it is lower than their storage dtype.
+
+        None (the default) means values are as precise as the dtype they are stored
+        in. An emulator storing float32 while rounding every op to bf16 returns
+        ``torch.bfloat16``; a vendor plugin returns the dtype its precision mode
+        silently computes fp32 ops in. Compare judges the run by this precision.
+        """
+        return None
+
     def synchronize(self) -> None:
         """Wait for queued work on the device to finish."""
 

@@ -138,6 +138,7 @@ def record_target(
     else:
         model.eval()
     fingerprint = plugins.fingerprint(device)
+    compute = backend.compute_dtype()
     grad_ctx = contextlib.nullcontext() if train else torch.no_grad()
     handle = monitor(
         model,
@@ -150,6 +151,7 @@ def record_target(
         target=target_obj.name,
         fingerprint=fingerprint,
         auto_step=False,
+        compute_dtype=str(compute).removeprefix("torch.") if compute is not None else None,
     )
     with handle, backend.numerics(), grad_ctx:
         for step in range(steps):

@@ -87,6 +87,7 @@ def monitor(
     target: str | None = None,
     fingerprint: dict[str, Any] | None = None,
     auto_step: bool = True,
+    compute_dtype: str | None = None,
 ) -> MonitorHandle:
     """Instrument every submodule of ``model`` and record into ``out``.
 
@@ -102,6 +103,9 @@ def monitor(
     :param auto_step: each call of ``model`` starts a new step until ``handle.step()``
         is first called; False makes steps explicit from the start (several
         forwards per step, e.g. gradient accumulation).
+    :param compute_dtype: the precision values are computed in when lower than the
+        dtype they are stored in (an emulator, a vendor precision mode); compare
+        judges the run by it. Autocast is detected per record without it.
     :returns: a :class:`MonitorHandle`; use it as a context manager so the
         hooks are removed also when the body raises.
 
@@ -126,6 +130,7 @@ def monitor(
         target=target,
         fingerprint=fingerprint,
         auto_step=auto_step,
+        compute_dtype=compute_dtype,
     )
     return MonitorHandle(Monitor(model, recording, options), recording)
 
@@ -165,6 +170,7 @@ def record(
     device: str = "cpu",
     fingerprint: dict[str, Any] | None = None,
     auto_step: bool = True,
+    compute_dtype: str | None = None,
 ) -> Iterator[RecordingHandle]:
     """Open a recording that ``@precision_monitor`` modules and functions write into.
 
@@ -184,6 +190,7 @@ def record(
         device=device,
         fingerprint=fingerprint,
         auto_step=auto_step,
+        compute_dtype=compute_dtype,
     )
     _ACTIVE.append(recording)
     try:

@@ -49,6 +49,21 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True).contiguous()
 
 
+def _autocast_dtype(t: torch.Tensor) -> str | None:
+    """The autocast dtype in force for ``t``'s device type, or None when autocast is off.
+
+    Under autocast a module computes its matmuls in this dtype whatever its inputs'
+    dtype, so compare must judge its records by this precision, not the stored one.
+    """
+    kind = t.device.type
+    try:
+        if not torch.is_autocast_enabled(kind):
+            return None
+        return str(torch.get_autocast_dtype(kind)).removeprefix("torch.")
+    except RuntimeError:  # a device type autocast does not know
+        return None
+
+
 class CallFrame:
     """One module (or decorated function) call between its inputs and its outputs."""
 
@@ -86,6 +101,7 @@ class Recording:
         target: str | None = None,
         fingerprint: dict[str, Any] | None = None,
         auto_step: bool = True,
+        compute_dtype: str | None = None,
     ) -> None:
         self.options = options or CaptureOptions()
         self.rank, world_size = dist_rank_world()
@@ -112,6 +128,8 @@ class Recording:
                 options=self.options.model_dump(mode="json"),
                 fingerprint=fingerprint,
             )
+            if compute_dtype is not None:
+                self.writer.update_manifest(compute_dtype=compute_dtype)
         self.step_index = 0
         self.closed = False
         self.covered: set[int] = set()  # ids of modules hooked by monitor() into this sink
@@ -235,6 +253,7 @@ class Recording:
         sync (accelerators, unless ``need_finite``).
         """
         all_finite: bool | None = True
+        autocast = _autocast_dtype(items[0][1]) if items else None
         for offset, (name, t) in enumerate(items):
             index = first_index + offset
             key = f"{module}.{call}.{phase}.{role}.{index}"
@@ -260,6 +279,8 @@ class Recording:
                 "dtype": str(t.dtype).removeprefix("torch."),
                 "shape": list(t.shape),
             }
+            if autocast is not None and t.is_floating_point():
+                rec["compute_dtype"] = autocast
             self._seq += 1
             if save and self.writer is not None:
                 with capture_scope():

@@ -12,7 +12,8 @@ _COMPARE_HELP = """Compare ACTUAL with GOLDEN and name the layer that introduced
 
 Records are paired by key (then by order within the same parent module), measured
 (full tensors when both runs saved them, else statistics, a weaker test) and judged
-against the tolerance profile of the golden's dtype.
+against the tolerance profile of the less precise side's compute precision
+(--tolerance-dtype).
 
 [bold]Reading the verdict[/bold]
 
@@ -46,9 +47,11 @@ def compare(
     step: int | None = typer.Option(None, "--step", help="Compare only this step."),
     top: int = typer.Option(10, "--top", help="Rows in the top-N table by error."),
     tolerance_dtype: str = typer.Option(
-        "golden",
+        "auto",
         "--tolerance-dtype",
-        help="golden: hold the run to the golden's dtype; actual: to the less precise dtype.",
+        help="auto: judge each record by the less precise side's compute precision (a bf16 "
+        "or emu:bf16 run as bf16); golden: hold the run to the golden's precision; or a "
+        "dtype name (bfloat16, float32, ...).",
     ),
 ) -> None:
     import sys

@@ -271,7 +271,9 @@ def fallback(results: list[RecordResult]) -> Candidate | None:
     return None
 
 
-def rank_suspects(cands: list[Candidate], first: Candidate | None, top: int) -> list[Suspect]:
+def rank_suspects(
+    cands: list[Candidate], first: Candidate | None, top: int | None = None
+) -> list[Suspect]:
     """Candidates other than ``first``, the most amplifying first, differing weights last."""
     rest = [c for c in cands if c is not first]
     rest.sort(key=lambda c: (c.amplification is None, -(c.amplification or 0.0), c.order))

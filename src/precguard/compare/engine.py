@@ -22,7 +22,15 @@ from precguard.compare.divergence import (
     rank_suspects,
     step_candidates,
 )
-from precguard.compare.metrics import golden_rms, stats_metrics, tensor_metrics, tolerance_dtype
+from precguard.compare.metrics import (
+    TOLERANCE_MODES,
+    golden_rms,
+    is_float_dtype,
+    precision,
+    stats_metrics,
+    tensor_metrics,
+    tolerance_dtype,
+)
 from precguard.compare.report import (
     Comparison,
     Counts,
@@ -32,7 +40,7 @@ from precguard.compare.report import (
     Unmatched,
 )
 from precguard.compare.tensors import TensorStore
-from precguard.compare.tolerance import Profile, get_profile, judge
+from precguard.compare.tolerance import Profile, get_profile, judge, with_bias
 from precguard.dump.reader import Run, load_run
 from precguard.dump.schema import Record
 from precguard.errors import DumpFormatError, PrecguardError, UsageError
@@ -57,8 +65,8 @@ def compare(
     atol: float | None = None,
     rank: int | None = None,
     step: int | None = None,
-    suspects: int = 5,
-    tolerance_dtype: str = "golden",
+    suspects: int | None = None,
+    tolerance_dtype: str = "auto",
     on_step: Callable[[int, int], None] | None = None,
 ) -> Comparison:
     """Compare an ``actual`` recording with a ``golden`` one and name where they diverge.
@@ -69,10 +77,13 @@ def compare(
     :param atol: override the absolute tolerance.
     :param rank: compare only this rank (default: every rank both recorded).
     :param step: compare only this step (default: every step).
-    :param suspects: how many further suspects to list.
-    :param tolerance_dtype: ``"golden"``: judge each pair by the golden's dtype
-        (a bf16 run must match an fp32 golden to fp32 tolerances);
-        ``"actual"``: by the less precise dtype (is the run as good as bf16 allows?).
+    :param suspects: how many further suspects to list (default: every module call
+        with a local error of its own).
+    :param tolerance_dtype: ``"auto"`` (default; ``"actual"`` is the same): judge each
+        pair by the less precise of the two sides' compute precisions (a bf16 run, or an
+        ``emu:bf16`` run stored as float32, is judged as bf16); ``"golden"``: by the
+        golden's (a bf16 run must match an fp32 golden to fp32 tolerances); a float
+        dtype name: by that dtype.
     :param on_step: called as ``on_step(rank, step)`` after each step is compared
         (the CLI's progress bar).
     :raises IncomparableRunsError: the recordings are of different models.
@@ -86,8 +97,12 @@ def compare(
     a_run = actual if isinstance(actual, Run) else load_run(actual)
     prof = get_profile(profile) if isinstance(profile, str) else profile
     prof = prof.with_overrides(rtol, atol)
-    if tolerance_dtype not in ("golden", "actual"):
-        raise UsageError(f"tolerance_dtype must be 'golden' or 'actual', got {tolerance_dtype!r}")
+    if tolerance_dtype not in TOLERANCE_MODES and not is_float_dtype(tolerance_dtype):
+        raise UsageError(
+            f"tolerance_dtype must be one of {', '.join(TOLERANCE_MODES)} or a float dtype "
+            f"(float32, bfloat16, float16, float64), got {tolerance_dtype!r}"
+        )
+    computes = (g_run.manifest.compute_dtype, a_run.manifest.compute_dtype)
     warnings = _check_models(g_run, a_run)
     ranks = _ranks(g_run, a_run, rank, warnings)
     results: list[RecordResult] = []
@@ -102,7 +117,7 @@ def compare(
             for s, g_recs, a_recs in _paired_steps(g_run, a_run, r, step, warnings):
                 steps_seen += 1
                 step_results = _compare_step(
-                    g_recs, a_recs, g_store, a_store, prof, tolerance_dtype
+                    g_recs, a_recs, g_store, a_store, prof, tolerance_dtype, computes
                 )
                 classified: Classification = {}
                 found = step_candidates(step_results.results, prof, classified)
@@ -144,6 +159,8 @@ def compare(
         actual=str(a_run.path),
         devices=[g_run.manifest.device, a_run.manifest.device],
         dtypes=[g_run.manifest.dtype, a_run.manifest.dtype],
+        compute_dtypes=list(computes),
+        tolerance_dtype=tolerance_dtype,
         profile=prof.name,
         tolerances={k: v.model_dump() for k, v in prof.dtypes.items()}
         | {"amplification": prof.amplification},
@@ -249,11 +266,12 @@ def _compare_step(
     a_store: TensorStore,
     profile: Profile,
     tol_mode: str,
+    computes: tuple[str | None, str | None] = (None, None),
 ) -> _StepResults:
     out = _StepResults()
     alignment = align(g_recs, a_recs)
     for g, a in alignment.pairs:
-        metrics = pair_metrics(g, a, g_store, a_store, profile, tol_mode)
+        metrics = pair_metrics(g, a, g_store, a_store, profile, tol_mode, computes)
         out.results.append(_result(g, a, judge(metrics, profile), metrics))
     for g in alignment.golden_only:
         out.golden_only.append(g.key)
@@ -301,10 +319,17 @@ def pair_metrics(
     g_store: TensorStore,
     a_store: TensorStore,
     profile: Profile,
-    tol_mode: str = "golden",
+    tol_mode: str = "auto",
+    computes: tuple[str | None, str | None] = (None, None),
 ) -> Metrics:
-    """Metrics for one aligned pair: full tensors when both were saved, else statistics."""
-    dtype = tolerance_dtype(g.dtype, a.dtype, tol_mode)
+    """Metrics for one aligned pair: full tensors when both were saved, else statistics.
+
+    Each side's precision is the less precise of its stored dtype and the dtype it
+    was computed in (the record's ``compute_dtype``, else its run's, ``computes``).
+    """
+    g_prec = precision(g.dtype, g.compute_dtype or computes[0])
+    a_prec = precision(a.dtype, a.compute_dtype or computes[1])
+    dtype = tolerance_dtype(g_prec, a_prec, tol_mode)
     if g.role == "param" and g.shape != a.shape:
         raise IncomparableRunsError(
             f"{a_store.root / f'rank{a.rank}' / 'records.jsonl'}: a recording of a different "
@@ -326,16 +351,17 @@ def pair_metrics(
             g_release(start, end)
             a_release(start, end)
 
-        return tensor_metrics(
+        metrics = tensor_metrics(
             gt,
             at,
-            golden_dtype=g.dtype,
-            actual_dtype=a.dtype,
+            golden_dtype=g_prec,
+            actual_dtype=a_prec,
             profile=profile,
             tol_mode=tol_mode,
             golden_rms=golden_rms(g.stats),
             release=release,
         )
+        return with_bias(metrics, profile)
     return stats_metrics(g, a, dtype=dtype)
 
 

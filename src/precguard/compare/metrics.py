@@ -1,9 +1,19 @@
 """Error metrics for one pair of records, computed in bounded memory.
 
 Full tensors are walked in chunks of :data:`CHUNK` elements: each chunk is
-cast to float32 (float64 stays float64), differenced and reduced, and only
-running sums survive between chunks. The inputs are memory-mapped views, so
-the pages of a tensor are read once and memory stays bounded by the chunk.
+upcast to float64 (exactly: every float16/bf16/float32 value is a float64),
+differenced and reduced, and only running sums survive between chunks. Every
+reduction accumulates in float64, so a metric does not depend on the chunk
+size, the thread count or the BLAS build beyond float64 rounding (~1e-16
+relative per term). The inputs are memory-mapped views, so the pages of a
+tensor are read once and memory stays bounded by the chunk.
+
+Besides the error norms, the chunks accumulate the systematic part of the
+error: the least-squares scale of actual on golden, ``s = <a,g>/<g,g>``, and
+its standard error, estimated from :data:`BIAS_BLOCKS` contiguous blocks of
+the flattened tensor (a cluster-robust estimate: rounding errors that are
+correlated within a row, such as a normalization's per-row scale, widen it
+instead of passing for a bias).
 """
 
 from __future__ import annotations
@@ -27,6 +37,9 @@ CHUNK = 1 << 16
 REL_BANDS: tuple[float, ...] = (1e-2, 1e-3, 1e-4)
 #: guard for relative errors: the denominator is at least this share of rms(golden)
 REL_FLOOR = 1e-3
+#: contiguous blocks of the flattened tensor over which the scale's standard error is
+#: estimated (fewer when the tensor has fewer elements)
+BIAS_BLOCKS = 64
 
 STATS_NOTE = (
     "statistics only, a weaker test: equal statistics do not prove equal tensors; record full "
@@ -42,20 +55,42 @@ _BITS = {
 }
 
 
-def tolerance_dtype(golden: str, actual: str, mode: str = "golden") -> str:
-    """The dtype whose tolerances judge a pair.
+#: accepted values of ``tolerance_dtype`` besides a float dtype name
+TOLERANCE_MODES = ("auto", "actual", "golden")
 
-    ``mode="golden"`` (default): the golden's dtype, so a bf16 run is held to
-    the fp32 reference it is compared with. ``mode="actual"``: the less precise
-    of the two, asking "is this run as good as its own dtype allows?".
+
+def tolerance_dtype(golden: str, actual: str, mode: str = "auto") -> str:
+    """The dtype whose tolerances judge a pair, from each side's compute precision.
+
+    ``golden`` and ``actual`` are the precisions the two values were computed in
+    (see :func:`precision`). ``mode="auto"`` (default, also spelled ``"actual"``):
+    the less precise of the two, since a value computed in bf16 cannot be asked to
+    match beyond bf16's rounding. ``mode="golden"``: the golden's precision, holding a
+    bf16 run to its fp32 reference. A float dtype name (``"bfloat16"``) judges every
+    pair by that dtype.
     """
+    if is_float_dtype(mode):
+        return mode
     if mode == "golden" and is_float_dtype(golden):
         return golden
-    g, a = SIGNIFICAND_BITS.get(golden), SIGNIFICAND_BITS.get(actual)
-    if g is None or a is None:
-        return actual if a is not None else golden
-    # bf16 has fewer mantissa bits than fp16, so it is the less precise of the two
-    return golden if g < a else actual
+    return less_precise(golden, actual)
+
+
+def less_precise(first: str, second: str) -> str:
+    """The less precise of two dtype names (a float one when only one of them is)."""
+    f, s = SIGNIFICAND_BITS.get(first), SIGNIFICAND_BITS.get(second)
+    if f is None or s is None:
+        return second if s is not None else first
+    # bf16 has fewer significand bits than fp16, so it is the less precise of the two
+    return first if f < s else second
+
+
+def precision(stored: str, compute: str | None) -> str:
+    """The precision a recorded value carries: its stored dtype, or the dtype it was
+    computed in when that is less precise (an ``emu:bf16`` value stored as float32)."""
+    if compute is None or not is_float_dtype(stored):
+        return stored
+    return less_precise(stored, compute)
 
 
 def is_float_dtype(name: str) -> bool:
@@ -77,14 +112,16 @@ def tensor_metrics(
     golden_dtype: str,
     actual_dtype: str,
     profile: Profile,
-    tol_mode: str = "golden",
+    tol_mode: str = "auto",
     golden_rms: float | None = None,
     release: Callable[[int, int], None] | None = None,
 ) -> Metrics:
     """Compare two full tensors as compare and replay do: error metrics under the tolerance
     of :func:`tolerance_dtype` when either side is a float, equality otherwise.
 
-    ``golden_rms`` and ``release`` are passed on to :func:`full_metrics`.
+    ``golden_dtype``/``actual_dtype`` are the precisions each side computed in
+    (:func:`precision`); ULPs are counted in the actual's. ``golden_rms`` and
+    ``release`` are passed on to :func:`full_metrics`.
     """
     if not (is_float_dtype(golden_dtype) or is_float_dtype(actual_dtype)):
         return exact_metrics(golden, actual)
@@ -96,9 +133,13 @@ def tensor_metrics(
         dtype=dtype,
         rtol=tol.rtol,
         atol=tol.atol,
+        ulp_dtype=actual_dtype if actual_dtype in _ULP_DTYPES else None,
         golden_rms=golden_rms,
         release=release,
     )
+
+
+_ULP_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 @dataclass
@@ -115,7 +156,11 @@ class _Acc:
     not_close: int = 0
     nan_mismatch: int = 0
     inf_mismatch: int = 0
+    sum_signed_rel: float = 0.0
     bands: list[int] = field(default_factory=lambda: [0] * len(REL_BANDS))
+    #: per bias block: <g, a-g> and <g, g>
+    block_gd: np.ndarray | None = None
+    block_gg: np.ndarray | None = None
 
     def merge(self, part: _Acc) -> None:
         self.n += part.n
@@ -130,16 +175,24 @@ class _Acc:
         self.not_close += part.not_close
         self.nan_mismatch += part.nan_mismatch
         self.inf_mismatch += part.inf_mismatch
+        self.sum_signed_rel += part.sum_signed_rel
         self.bands = [x + y for x, y in zip(self.bands, part.bands, strict=True)]
+        if part.block_gd is not None and part.block_gg is not None:
+            if self.block_gd is None or self.block_gg is None:
+                self.block_gd, self.block_gg = part.block_gd.copy(), part.block_gg.copy()
+            else:
+                self.block_gd += part.block_gd
+                self.block_gg += part.block_gg
 
 
 @dataclass(frozen=True)
 class _Params:
-    work: torch.dtype
     ulp_dtype: torch.dtype
     floor: float
     rtol: float
     atol: float
+    block_size: int
+    blocks: int
 
 
 def _pool() -> ThreadPoolExecutor | None:
@@ -193,22 +246,23 @@ def full_metrics(
     g_flat = golden.reshape(-1)
     a_flat = actual.reshape(-1)
     numel = g_flat.numel()
-    work = torch.float64 if torch.float64 in (golden.dtype, actual.dtype) else torch.float32
     if golden_rms is None or not math.isfinite(golden_rms):
-        golden_rms = _rms(g_flat, work, chunk)
+        golden_rms = _rms(g_flat, chunk)
+    blocks = max(1, min(BIAS_BLOCKS, numel))
     params = _Params(
-        work=work,
         ulp_dtype=_ulp_dtype(ulp_dtype, actual.dtype, golden.dtype),
-        floor=max(REL_FLOOR * golden_rms, torch.finfo(work).tiny),
+        floor=max(REL_FLOOR * golden_rms, torch.finfo(torch.float64).tiny),
         rtol=rtol,
         atol=max(atol, rtol * golden_rms),
+        block_size=-(-numel // blocks),
+        blocks=blocks,
     )
     acc = _Acc()
     starts = range(0, numel, chunk)
     pool = _pool() if numel > 2 * chunk else None
 
     def one(start: int) -> _Acc:
-        part = _chunk(g_flat[start : start + chunk], a_flat[start : start + chunk], params)
+        part = _chunk(g_flat[start : start + chunk], a_flat[start : start + chunk], start, params)
         if release is not None:
             release(start, min(start + chunk, numel))
         return part
@@ -238,8 +292,8 @@ def _raw(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def _as_numpy(t: torch.Tensor, work: torch.dtype) -> np.ndarray:
-    """``t`` as a numpy array of the working dtype (float32 or float64), exact upcasts only."""
+def _as_numpy(t: torch.Tensor, work: torch.dtype = torch.float64) -> np.ndarray:
+    """``t`` as a numpy array of ``work`` (float32 or float64), exact upcasts only."""
     target = np.float64 if work is torch.float64 else np.float32
     raw = _raw(t)
     if t.dtype is torch.bfloat16:
@@ -247,7 +301,7 @@ def _as_numpy(t: torch.Tensor, work: torch.dtype) -> np.ndarray:
     return raw.astype(target, copy=False)
 
 
-def _rms(flat: torch.Tensor, work: torch.dtype, chunk: int) -> float:
+def _rms(flat: torch.Tensor, chunk: int) -> float:
     """Root mean square of the finite elements, in float64 (masks hold float32's min)."""
     total = 0.0
     for start in range(0, flat.numel(), chunk):
@@ -290,21 +344,31 @@ def _ordered_bits(x: np.ndarray, original: torch.Tensor, dtype: torch.dtype) -> 
 
 
 def _max_ulp(g: np.ndarray, a: np.ndarray, g_t: torch.Tensor, a_t: torch.Tensor, p: _Params) -> int:
-    if p.ulp_dtype is p.work is torch.float32:
+    if p.ulp_dtype is torch.float32 and g_t.dtype is torch.float32 is a_t.dtype:
         # Same sign (the common case): the bit patterns are ordered like the values, so
         # their int32 difference is the ULP distance and cannot overflow.
-        gi, ai = g.view(np.int32), a.view(np.int32)
+        gi, ai = g_t.numpy().view(np.int32), a_t.numpy().view(np.int32)
         if (gi ^ ai).min() >= 0:  # no sign bit differs
-            diff = ai - gi
+            diff = ai.astype(np.int64) - gi
             np.abs(diff, out=diff)
             return int(diff.max())
     ulp = _ordered_bits(a, a_t, p.ulp_dtype) - _ordered_bits(g, g_t, p.ulp_dtype)
     return int(max(ulp.max(), -ulp.min()))
 
 
-def _chunk(g_t: torch.Tensor, a_t: torch.Tensor, p: _Params) -> _Acc:
+def _block_sums(x: np.ndarray, start: int, p: _Params) -> np.ndarray:
+    """Sums of ``x`` (elements ``start...`` of the tensor) per bias block, as a full array."""
+    out = np.zeros(p.blocks, dtype=np.float64)
+    first = start // p.block_size
+    last = (start + x.size - 1) // p.block_size
+    edges = [0, *(b * p.block_size - start for b in range(first + 1, last + 1))]
+    out[first : last + 1] = np.add.reduceat(x, edges)
+    return out
+
+
+def _chunk(g_t: torch.Tensor, a_t: torch.Tensor, start: int, p: _Params) -> _Acc:
     acc = _Acc()
-    g, a = _as_numpy(g_t, p.work), _as_numpy(a_t, p.work)
+    g, a = _as_numpy(g_t), _as_numpy(a_t)
     if g.size == 0:
         return acc
     with np.errstate(all="ignore"):
@@ -318,19 +382,25 @@ def _chunk(g_t: torch.Tensor, a_t: torch.Tensor, p: _Params) -> _Acc:
             g_inf, a_inf = np.isinf(g), np.isinf(a)
             acc.inf_mismatch = int(np.count_nonzero((g_inf | a_inf) & (g != a) & ~(g_nan | a_nan)))
             both = np.isfinite(g) & np.isfinite(a)
-            g = np.where(both, g, 0.0).astype(g.dtype)
-            a = np.where(both, a, 0.0).astype(a.dtype)
-            g_t, a_t = torch.from_numpy(g), torch.from_numpy(a)
+            g = np.where(both, g, 0.0)
+            a = np.where(both, a, 0.0)
+            g_t = torch.from_numpy(g).to(g_t.dtype)
+            a_t = torch.from_numpy(a).to(a_t.dtype)
             d = a - g
             acc.sum_sq = float(np.dot(d, d))
         acc.n = d.size
-        acc.gg = float(np.dot(g, g))
+        gg = g * g
+        acc.gg = float(gg.sum())
+        acc.block_gg = _block_sums(gg, start, p)
         if acc.sum_sq == 0 and not np.any(d):
             # Bitwise equal chunk (weights, exact layers): nothing else to measure.
             acc.aa = acc.ga = acc.gg
+            acc.block_gd = np.zeros(p.blocks, dtype=np.float64)
             return acc
         acc.aa = float(np.dot(a, a))
-        acc.ga = float(np.dot(g, a))
+        gd = g * d
+        acc.ga = acc.gg + float(gd.sum())
+        acc.block_gd = _block_sums(gd, start, p)
         acc.max_ulp = _max_ulp(g, a, g_t, a_t, p)
         np.abs(d, out=d)
         acc.max_abs = float(d.max())
@@ -343,6 +413,8 @@ def _chunk(g_t: torch.Tensor, a_t: torch.Tensor, p: _Params) -> _Acc:
             thresh += p.atol
             acc.not_close = int(np.count_nonzero(d > thresh))
         np.maximum(gabs, p.floor, out=gabs)
+        # signed relative error (a-g)/g: a scale fault s gives s-1 for every element
+        acc.sum_signed_rel = float(np.sum(gd / (gabs * gabs)))
         d /= gabs
         acc.max_rel = float(d.max())
         # bands are nested (1e-2 > 1e-3 > 1e-4): stop at the first that no element exceeds
@@ -363,6 +435,7 @@ def _finish(acc: _Acc, dtype: str, numel: int) -> Metrics:
     else:
         cosine = 1.0 if g_norm == a_norm else 0.0
     total = max(numel, 1)
+    scale, scale_se = _scale(acc)
     return Metrics(
         level="full",
         dtype=dtype,
@@ -381,7 +454,33 @@ def _finish(acc: _Acc, dtype: str, numel: int) -> Metrics:
         close_share=acc.not_close / total,
         nan_mismatch=acc.nan_mismatch,
         inf_mismatch=acc.inf_mismatch,
+        scale=scale,
+        scale_se=scale_se,
+        mean_rel_err=acc.sum_signed_rel / n,
     )
+
+
+def _scale(acc: _Acc) -> tuple[float | None, float | None]:
+    """Least-squares scale of actual on golden and its cluster-robust standard error.
+
+    ``s - 1 = sum_b c_b / sum_b q_b`` with ``c_b = <g_b, a_b - g_b>`` and
+    ``q_b = <g_b, g_b>`` over the bias blocks; the standard error linearizes that
+    ratio: ``sqrt(B/(B-1) * sum_b (c_b - (s-1) q_b)^2) / sum_b q_b``.
+    """
+    if acc.block_gd is None or acc.block_gg is None or not acc.gg > 0:
+        return None, None
+    q = acc.block_gg
+    c = acc.block_gd
+    total = float(q.sum())
+    if not (total > 0 and math.isfinite(total)):
+        return None, None
+    bias = float(c.sum()) / total
+    used = int(np.count_nonzero(q))
+    if used < 2:
+        return 1.0 + bias, None
+    resid = c - bias * q
+    se = math.sqrt(used / (used - 1) * float(np.dot(resid, resid))) / total
+    return 1.0 + bias, se
 
 
 def exact_metrics(golden: torch.Tensor, actual: torch.Tensor, *, chunk: int = CHUNK) -> Metrics:

@@ -69,6 +69,26 @@ class Metrics(BaseModel):
         description="Per statistic: |a - g| / max(|g|, rms(golden)) (stats level only).",
     )
     mismatched: int | None = Field(default=None, description="Unequal elements (exact level).")
+    scale: float | None = Field(
+        default=None,
+        description="Least-squares scale of actual on golden, <a,g>/<g,g> (full level): 1 "
+        "within ~u/sqrt(n) under random rounding; 1.01 for an output scaled by 1%.",
+    )
+    scale_se: float | None = Field(
+        default=None,
+        description="Standard error of scale, from 64 contiguous blocks of the tensor "
+        "(cluster-robust: errors correlated within a row widen it).",
+    )
+    mean_rel_err: float | None = Field(
+        default=None,
+        description="Mean signed relative error, mean((a-g)/g) with |g| floored at 1e-3 * "
+        "rms(golden) (full level): s-1 for a scale fault, ~0 for random rounding.",
+    )
+    bias: bool = Field(
+        default=False,
+        description="True when |scale - 1| is significant: beyond bias_z standard errors "
+        "plus bias_floor_ulps unit roundoffs of the tolerance dtype (a systematic error).",
+    )
     note: str | None = Field(default=None, description="Why the level is weaker, if it is.")
 
 
@@ -182,6 +202,16 @@ class Comparison(BaseModel):
     )
     dtypes: list[str | None] = Field(
         default_factory=list, description="[golden model dtype, actual model dtype]."
+    )
+    compute_dtypes: list[str | None] = Field(
+        default_factory=list,
+        description="[golden, actual] precision the runs computed in when lower than their "
+        "stored dtypes (an emu: profile's), from the manifests; None: as stored.",
+    )
+    tolerance_dtype: str = Field(
+        default="auto",
+        description="How each pair's tolerance dtype was chosen: 'auto' (the less precise "
+        "side's compute precision), 'golden', or a dtype name.",
     )
     profile: str = Field(description="Tolerance profile used.")
     tolerances: dict[str, Any] = Field(description="The numbers the profile applied, per dtype.")

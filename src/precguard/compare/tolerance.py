@@ -60,6 +60,16 @@ class Profile(BaseModel):
     amplification: float = Field(
         default=10.0, description="Output/input error ratio from which a module is 'local'."
     )
+    bias_z: float = Field(
+        default=4.0,
+        description="Standard errors by which the scale of actual on golden must differ from "
+        "1 to count as a systematic error (inf disables the bias test).",
+    )
+    bias_floor_ulps: float = Field(
+        default=2.0,
+        description="Unit roundoffs of the tolerance dtype a systematic error must exceed "
+        "on top of bias_z standard errors.",
+    )
 
     def for_dtype(self, dtype: str) -> DtypeTolerance:
         """Thresholds for ``dtype`` (float32's for dtypes the profile does not list)."""
@@ -153,6 +163,7 @@ def _msprobe() -> Profile:
     }
     return Profile(
         name="msprobe",
+        bias_z=math.inf,
         description="Ascend msprobe's compare verdict: fail when cosine < 0.99 and "
         "max-abs-err > 1e-3, or cosine < 0.9, or max-abs-err > 1, or NaN/Inf appear. Lax: "
         "it passes many real faults; use it to reproduce msprobe's result.",
@@ -193,11 +204,30 @@ def judge(metrics: Metrics, profile: Profile) -> Status:
             or metrics.max_abs_err > 1.0
         )
         return "fail" if bad else "pass"
-    if metrics.error > tol.rel_l2 or metrics.cosine < tol.min_cosine:
+    if metrics.error > tol.rel_l2 or metrics.cosine < tol.min_cosine or metrics.bias:
         return "fail"
     if profile.rule == "strict" and (metrics.close_share or 0.0) > 0:
         return "fail"
     return "pass"
+
+
+def bias_threshold(metrics: Metrics, profile: Profile) -> float | None:
+    """The |scale - 1| beyond which ``metrics`` show a systematic error (None: untestable)."""
+    if metrics.scale is None or metrics.scale_se is None or not math.isfinite(profile.bias_z):
+        return None
+    return profile.bias_z * metrics.scale_se + profile.bias_floor_ulps * unit_roundoff(
+        metrics.dtype
+    )
+
+
+def with_bias(metrics: Metrics, profile: Profile) -> Metrics:
+    """``metrics`` with ``bias`` set when its scale shows a significant systematic error."""
+    threshold = bias_threshold(metrics, profile)
+    if threshold is None or metrics.scale is None:
+        return metrics
+    if abs(metrics.scale - 1.0) <= threshold:
+        return metrics
+    return metrics.model_copy(update={"bias": True})
 
 
 def unit_roundoff(dtype: str) -> float:

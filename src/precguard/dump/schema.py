@@ -88,7 +88,13 @@ class Record(BaseModel):
     step: int = Field(description="Step number (0-based).")
     rank: int = Field(description="Distributed rank that recorded it.")
     seq: int = Field(description="Order of capture within the rank, over the whole run.")
-    dtype: str = Field(description="torch dtype without the 'torch.' prefix.")
+    dtype: str = Field(description="torch dtype without the 'torch.' prefix (as stored).")
+    compute_dtype: str | None = Field(
+        default=None,
+        description="Precision the value was computed in when it differs from the run's "
+        "(the autocast dtype active when it was captured); None: the manifest's "
+        "compute_dtype, or the stored dtype. Compare takes the less precise of this and dtype.",
+    )
     shape: list[int] = Field(description="Tensor shape.")
     stats: Stats | None = Field(
         default=None, description="Statistics; absent for empty or non-numeric tensors."
@@ -111,6 +117,13 @@ class Manifest(BaseModel):
     torch_version: str = Field(description="torch version that wrote the run.")
     device: str = Field(description="Device string, e.g. 'cpu', 'cuda:0', 'emu:fp16'.")
     dtype: str | None = Field(default=None, description="Model dtype if known.")
+    compute_dtype: str | None = Field(
+        default=None,
+        description="Precision every float value of the run was computed in when it is lower "
+        "than the dtype it is stored in: an emu: profile's compute_dtype (its tensors are "
+        "stored as float32), a vendor precision mode. None: values are as precise as their "
+        "stored dtype.",
+    )
     model: str | None = Field(default=None, description="Class name of the root model.")
     target: str | None = Field(default=None, description="Target spec the run was made from.")
     options: dict[str, Any] = Field(default_factory=dict, description="Capture options.")

@@ -76,6 +76,12 @@ class EmuBackend(Backend):
             return numerics.DTYPES[self.profile.compute_dtype]
         return None
 
+    def compute_dtype(self) -> torch.dtype | None:
+        """The profile's compute dtype when it is below float32 (every op rounds to it)."""
+        if self.profile is None or self.profile.compute_dtype == "float32":
+            return None
+        return numerics.DTYPES[self.profile.compute_dtype]
+
     def manual_seed(self, seed: int) -> None:
         """Seed the CPU generator, and the emulated device generator on its own stream."""
         torch.manual_seed(seed)
