@@ -43,10 +43,26 @@ def test_chunked_equals_whole() -> None:
     a = g + 1e-4 * torch.randn(100_003, generator=gen)
     whole = full_metrics(g, a, dtype="float32", rtol=1e-3, atol=1e-5, chunk=1 << 20)
     chunked = full_metrics(g, a, dtype="float32", rtol=1e-3, atol=1e-5, chunk=1000)
-    for field in ("max_abs_err", "max_rel_err", "max_ulp", "close_share"):
+    for field in ("max_abs_err", "max_ulp", "close_share", "rel_err_share"):
         assert getattr(chunked, field) == getattr(whole, field)
-    assert chunked.rel_l2 == pytest.approx(whole.rel_l2, rel=1e-5)
-    assert chunked.cosine == pytest.approx(whole.cosine, rel=1e-9)
+    # every reduction accumulates in fp64: chunking changes only fp64 rounding
+    for field in ("rel_l2", "rmse", "mean_abs_err", "max_rel_err", "scale", "scale_se"):
+        assert getattr(chunked, field) == pytest.approx(getattr(whole, field), rel=1e-12, abs=0)
+    assert chunked.mean_rel_err == pytest.approx(whole.mean_rel_err, rel=1e-9, abs=1e-15)
+    assert 1 - chunked.cosine == pytest.approx(1 - whole.cosine, rel=1e-6)
+    assert chunked.cosine == pytest.approx(whole.cosine, rel=1e-12, abs=0)
+
+
+def test_cosine_of_float32_tensors_is_exact_to_fp64() -> None:
+    # float32 dot products made a whole tensor's cosine 1.0 and its chunks' 0.9999999985
+    gen = torch.Generator().manual_seed(3)
+    g = torch.randn(1_000_003, generator=gen)
+    a = g * (1 + 1e-7 * torch.randn(1_000_003, generator=gen))
+    exact = torch.nn.functional.cosine_similarity(g.double(), a.double(), dim=0).item()
+
+    for chunk in (1 << 20, 4096, 777):
+        m = full_metrics(g, a, dtype="float32", rtol=1.3e-6, atol=1e-5, chunk=chunk)
+        assert m.cosine == pytest.approx(exact, rel=1e-12, abs=0)
 
 
 def test_threaded_chunks_equal_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:

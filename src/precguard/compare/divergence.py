@@ -1,23 +1,38 @@
 """Decide which module introduced an error: local versus propagated.
 
-Within one rank and step, the forward records of a module call are its
-inputs and parameters (captured before it runs) and its outputs (captured
-after). A module call is **local** when an output fails and either every
-input and parameter passed, or the output error is at least
-``profile.amplification`` times the largest input error (floored at the
-dtype's unit roundoff, so an exact input does not divide by zero). A failing
-parameter makes its module local by itself: the module's own state differs.
-A module whose inputs passed but which grew their error less than 2x is not
-local: error it received merely crossed the threshold at its output.
+Within one rank and step, a module call *consumes* some records and
+*produces* others. In forward it consumes its inputs and parameters
+(captured before it runs) and produces its outputs; in backward it consumes
+the gradients w.r.t. its outputs (``backward.output``, and its forward inputs,
+which its gradients also depend on) and produces the gradients w.r.t. its
+inputs (``backward.input``) and parameters (``backward.grad``). Both phases
+are classified the same way:
 
-The first divergence is the first local call in execution order, where a
-call's place is its first failing output (children finish before their
-parent). A local call that contains an earlier local call of the same step
+A call is **local** when a produced record fails and
+
+- its consumed records all pass and the produced error is at least twice the
+  expected error (:func:`precguard.compare.expected.expected_error`: the input
+  error, floored at the rounding floor of the tolerance dtype, i.e. of the less
+  precise side's compute precision), or
+- the produced error is at least ``profile.amplification`` times the expected
+  error, or
+- the produced record carries a significant systematic (scale) error that its
+  consumed records' scale errors cannot explain
+  (:func:`precguard.compare.expected.own_bias`), or
+- it produced NaN/Inf from finite inputs.
+
+A failing parameter makes its module local by itself: the module's own state
+differs. A module whose inputs passed but which grew their error less than 2x
+is not local: error it received merely crossed the threshold at its output.
+
+Every local call is listed (``suspects``); the first divergence is the first in
+execution order, where a call's place is its first failing produced record
+(children finish before their parent in forward and start after it in
+backward). A local call that contains an earlier local call of the same step
 is explained by it and is not listed again. When nothing is local (the root's
-own inputs differ: the runs were fed different data) the first failing
-record is named with ``local=False``. Backward records are ordered but not
-classified (``local=None``): a backward pass records gradients of outputs and
-parameters, not of inputs, so the input side of the comparison is missing.
+own inputs differ: the runs were fed different data) the first failing record
+is named with ``local=False``. A backward call of a recording without
+gradients w.r.t. module inputs cannot be classified (``local=None``).
 """
 
 from __future__ import annotations
@@ -25,8 +40,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from precguard.compare.align import parent_module
+from precguard.compare.expected import expected_error, own_bias
 from precguard.compare.report import FirstDivergence, RecordResult, Suspect
-from precguard.compare.tolerance import Profile, unit_roundoff
+from precguard.compare.tolerance import Profile
 
 _BAD = ("fail", "nonfinite")
 #: a module whose inputs passed is local only if it at least doubled their error; below
@@ -43,12 +60,27 @@ class Candidate:
     amplification: float | None
     input_error: float | None
     reason: str
+    expected_error: float | None = None
 
     @property
     def order(self) -> tuple[int, bool, int, int]:
         """Where it sits in execution: step, forward before backward, capture order, rank."""
         r = self.result
         return r.step, r.phase != "forward", r.seq, r.rank
+
+    @property
+    def confidence(self) -> str:
+        """'full' when judged on full tensors, 'statistics' when only statistics were compared."""
+        m = self.result.metrics
+        return "statistics" if m is not None and m.level == "stats" else "full"
+
+    @property
+    def settle_with(self) -> str | None:
+        """The ``--tensors`` glob whose full tensors would settle a statistics-only verdict."""
+        if self.confidence != "statistics":
+            return None
+        module = self.result.module
+        return "*" if module == "root" else f"{module}.*"
 
     def divergence(self) -> FirstDivergence:
         """As the report's first divergence."""
@@ -65,6 +97,9 @@ class Candidate:
             local=self.local,
             amplification=self.amplification,
             input_error=self.input_error,
+            expected_error=self.expected_error,
+            confidence=self.confidence,
+            settle_with=self.settle_with,
             reason=self.reason,
         )
 
@@ -78,8 +113,12 @@ class Candidate:
             key=r.key,
             step=r.step,
             rank=r.rank,
+            phase=r.phase,
             amplification=self.amplification,
             error=r.metrics.error,
+            expected_error=self.expected_error,
+            scale=r.metrics.scale,
+            confidence=self.confidence,
             reason=self.reason,
         )
 
@@ -88,9 +127,11 @@ class Candidate:
 class _Call:
     module: str
     module_type: str
-    inputs: list[RecordResult] = field(default_factory=list)
+    phase: str
+    consumed: list[RecordResult] = field(default_factory=list)
     params: list[RecordResult] = field(default_factory=list)
-    outputs: list[RecordResult] = field(default_factory=list)
+    produced: list[RecordResult] = field(default_factory=list)
+    has_input_grads: bool = False
 
 
 def _err(r: RecordResult) -> float:
@@ -106,8 +147,43 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
-#: record key -> (local, amplification) for every failing forward output and parameter
-Classification = dict[str, tuple[bool, float | None]]
+#: record key -> (local, amplification) for every failing produced record and parameter
+Classification = dict[str, tuple[bool | None, float | None]]
+
+
+def _call_index(r: RecordResult) -> int:
+    parts = r.key.rsplit(".", 4)
+    return int(parts[1]) if len(parts) == 5 and parts[1].isdigit() else 0
+
+
+def _calls(results: list[RecordResult]) -> list[_Call]:
+    """Group a step's measured records into module calls, consumed versus produced."""
+    forward: dict[tuple[str, int], _Call] = {}
+    backward: dict[tuple[str, int], _Call] = {}
+    for r in results:
+        if r.metrics is None:
+            continue
+        key = (r.module, _call_index(r))
+        if r.phase == "forward":
+            call = forward.setdefault(key, _Call(r.module, r.module_type, "forward"))
+            if r.role == "output":
+                call.produced.append(r)
+            elif r.role == "param":
+                call.params.append(r)
+            else:
+                call.consumed.append(r)
+        else:
+            call = backward.setdefault(key, _Call(r.module, r.module_type, "backward"))
+            if r.role == "output":  # gradient w.r.t. a forward output: what backward consumes
+                call.consumed.append(r)
+            else:  # gradients w.r.t. forward inputs ('input') and parameters ('grad')
+                call.produced.append(r)
+                call.has_input_grads |= r.role == "input"
+    for key, call in backward.items():
+        fwd = forward.get(key)
+        if fwd is not None:  # a backward call also reads its forward inputs and weights
+            call.consumed.extend(fwd.consumed + fwd.params)
+    return [*forward.values(), *backward.values()]
 
 
 def step_candidates(
@@ -116,101 +192,152 @@ def step_candidates(
     """Local candidates of one rank and step, in execution order (see the module doc).
 
     ``classified``, if given, receives the local/propagated decision and the
-    amplification of every failing forward output and parameter record.
+    amplification of every failing produced record and parameter.
     """
     classified = {} if classified is None else classified
     forward = [r for r in results if r.phase == "forward" and r.metrics is not None]
-    calls: dict[tuple[str, int], _Call] = {}
-    for r in forward:
-        call_index = int(r.key.rsplit(".", 4)[1]) if r.key.count(".") >= 4 else 0
-        call = calls.setdefault((r.module, call_index), _Call(r.module, r.module_type))
-        {"input": call.inputs, "param": call.params, "output": call.outputs}.get(
-            r.role, call.inputs
-        ).append(r)
     found: list[Candidate] = []
-    for call in calls.values():
+    for call in _calls(results):
         bad_params = [p for p in call.params if p.status in _BAD]
         for p in bad_params:
             classified[p.key] = (True, None)
         for p in bad_params[:1]:
-            cast = (
-                f", stored as {p.actual_dtype} where golden has {p.golden_dtype}"
-                if p.actual_dtype and p.actual_dtype != p.golden_dtype
-                else ""
-            )
-            found.append(
-                Candidate(
-                    p,
-                    True,
-                    None,
-                    None,
-                    f"{call.module} ({call.module_type}) holds a parameter that differs from "
-                    f"golden (error {_fmt(_err(p))}{cast}): its weights, not its inputs, differ",
-                )
-            )
-        bad_outputs = [o for o in call.outputs if o.status in _BAD]
-        if not bad_outputs or bad_params:
+            found.append(_param_candidate(call, p))
+        bad = [o for o in call.produced if o.status in _BAD]
+        if not bad or bad_params:
             continue
-        first = bad_outputs[0]
-        tol_dtype = first.metrics.dtype if first.metrics else "float32"
-        in_records = call.inputs + call.params
-        in_err = max((_err(r) for r in in_records), default=0.0)
-        out_err = max(_err(o) for o in call.outputs)
-        amp = out_err / max(in_err, unit_roundoff(tol_dtype))
-        reason = _local_reason(call, in_records, first, forward, in_err, out_err, amp, profile)
-        for o in bad_outputs:
-            classified[o.key] = (reason is not None, amp)
-        if reason is None:
+        if call.phase == "backward" and not call.has_input_grads:
+            for o in bad:  # without input gradients the consumed side is incomplete
+                classified[o.key] = (None, None)
             continue
-        found.append(Candidate(first, True, amp, in_err, reason))
+        found.extend(_classify(call, bad, profile, classified, forward))
     found.sort(key=lambda c: c.order)
     return _drop_explained(found)
 
 
+def _param_candidate(call: _Call, p: RecordResult) -> Candidate:
+    cast = (
+        f", stored as {p.actual_dtype} where golden has {p.golden_dtype}"
+        if p.actual_dtype and p.actual_dtype != p.golden_dtype
+        else ""
+    )
+    m = p.metrics
+    scaled = (
+        f", scaled by {m.scale:.4g} ± {m.scale_se:.1g}"
+        if m is not None and m.bias and m.scale is not None and m.scale_se is not None
+        else ""
+    )
+    return Candidate(
+        p,
+        True,
+        None,
+        None,
+        f"{call.module} ({call.module_type}) holds a parameter that differs from golden "
+        f"(error {_fmt(_err(p))}{scaled}{cast}): its weights, not its inputs, differ",
+    )
+
+
+def _classify(
+    call: _Call,
+    bad: list[RecordResult],
+    profile: Profile,
+    classified: Classification,
+    forward: list[RecordResult],
+) -> list[Candidate]:
+    first = bad[0]
+    tol_dtype = first.metrics.dtype if first.metrics else "float32"
+    in_err = max((_err(r) for r in call.consumed), default=0.0)
+    out_err = max(_err(o) for o in call.produced)
+    k = max((r.shape[-1] for r in call.consumed if r.shape), default=None)
+    expected = expected_error(in_err, tol_dtype, k)
+    amp = out_err / expected
+    reason = _local_reason(call, first, in_err, out_err, expected, amp, profile)
+    if reason is None:
+        reason = _bias_reason(call, bad, profile)
+    for o in bad:
+        classified[o.key] = (reason is not None, amp)
+    if reason is None:
+        return []
+    if call.phase == "forward":
+        reason += _glue_note(call, first, forward)
+    return [Candidate(first, True, amp, in_err, reason, expected)]
+
+
 def _local_reason(
     call: _Call,
-    in_records: list[RecordResult],
     first: RecordResult,
-    forward: list[RecordResult],
     in_err: float,
     out_err: float,
+    expected: float,
     amp: float,
     profile: Profile,
 ) -> str | None:
     """Why ``call`` made error of its own, or None when it only passed error on."""
-    if first.status == "nonfinite" and not any(r.status == "nonfinite" for r in in_records):
+    what = "its output" if call.phase == "forward" else "the gradients it computed"
+    ins = "inputs" if call.phase == "forward" else "incoming gradients and inputs"
+    if first.status == "nonfinite" and not any(r.status == "nonfinite" for r in call.consumed):
         return (
             f"{call.module} ({call.module_type}) produced NaN/Inf where golden has none "
-            "(or the reverse) from inputs without such a mismatch"
+            f"(or the reverse) from {ins} without such a mismatch"
         )
-    inputs_bad = any(r.status in _BAD for r in in_records)
+    dtype = first.metrics.dtype if first.metrics else "float32"
+    inputs_bad = any(r.status in _BAD for r in call.consumed)
     if not inputs_bad and amp >= MIN_LOCAL_GROWTH:
         return (
-            f"{call.module} ({call.module_type}): inputs match (error {_fmt(in_err)}) but "
-            f"its output does not (error {_fmt(out_err)}, {_fmt(amp)}x amplification)"
-            + _glue_note(call, in_records, first, forward)
+            f"{call.module} ({call.module_type}): its {ins} match (error {_fmt(in_err)}) but "
+            f"{what} does not: error {_fmt(out_err)} where {dtype} precision and the "
+            f"{ins}' error explain {_fmt(expected)} ({_fmt(amp)}x)"
         )
     if amp >= profile.amplification:
         return (
-            f"{call.module} ({call.module_type}) amplified the error of its inputs "
-            f"{_fmt(amp)}x ({_fmt(in_err)} -> {_fmt(out_err)}), threshold "
-            f"{_fmt(profile.amplification)}x"
+            f"{call.module} ({call.module_type}) amplified the error of its {ins} "
+            f"{_fmt(amp)}x ({_fmt(in_err)} -> {_fmt(out_err)}; {dtype} precision explains "
+            f"{_fmt(expected)}), threshold {_fmt(profile.amplification)}x"
         )
     return None
 
 
-def _glue_note(
-    call: _Call, in_records: list[RecordResult], first: RecordResult, forward: list[RecordResult]
-) -> str:
-    """Say so when the error first shows in a submodule's input: the module's own code made it."""
-    start = min((r.seq for r in in_records), default=-1)
+def _bias_reason(call: _Call, bad: list[RecordResult], profile: Profile) -> str | None:
+    """Why ``call``'s produced records carry a systematic error of its own, or None."""
+    inputs = [r.metrics for r in call.consumed if r.metrics is not None]
+    for o in bad:
+        m = o.metrics
+        if m is None:
+            continue
+        excess = own_bias(m, inputs, profile)
+        if excess is None or m.scale is None:
+            continue
+        carried = max(
+            (abs(i.scale - 1.0) for i in inputs if i.scale is not None and math.isfinite(i.scale)),
+            default=0.0,
+        )
+        what = "its output" if call.phase == "forward" else "a gradient it computed"
+        return (
+            f"{call.module} ({call.module_type}): {what} is scaled by {m.scale:.4g} "
+            f"± {m.scale_se or 0.0:.1g} relative to golden (mean relative error "
+            f"{(m.mean_rel_err or 0.0):+.2g}) while its inputs' scale differs from 1 by at most "
+            f"{_fmt(carried)}: a systematic error of its own, not {m.dtype} rounding"
+        )
+    return None
+
+
+def _glue_note(call: _Call, first: RecordResult, forward: list[RecordResult]) -> str:
+    """Say so when the error first shows in a submodule's input: code between submodules
+    made it, in the innermost module that holds that submodule."""
+    start = min((r.seq for r in call.consumed), default=-1)
     for r in forward:
         if not start < r.seq < first.seq or r.status not in _BAD:
             continue
         if r.role == "input" and _contains(call.module, r.module):
+            owner = parent_module(r.module)
+            if owner == call.module:
+                return (
+                    f"; it first shows in the input of {r.module}, so {call.module}'s own code "
+                    "between its submodules made it"
+                )
             return (
-                f"; it first shows in the input of {r.module}, so {call.module}'s own code "
-                "between its submodules made it"
+                f"; it first shows in the input of {r.module}, so the code of {owner} between "
+                f"its submodules made it ({owner} is inside {call.module})"
             )
         return ""
     return ""
@@ -248,8 +375,9 @@ def fallback(results: list[RecordResult]) -> Candidate | None:
                 continue
             if phase == "backward":
                 reason = (
-                    f"first failing gradient, at {r.module} ({r.module_type}); backward records "
-                    "lack input gradients, so local vs propagated is not decided"
+                    f"first failing gradient, at {r.module} ({r.module_type}); this recording "
+                    "has no gradients w.r.t. that module's inputs (backward.input records), so "
+                    "whether it made the error or passed it on is not decided"
                 )
                 local: bool | None = None
             elif r.role == "input" and (

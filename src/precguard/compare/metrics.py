@@ -112,7 +112,7 @@ def tensor_metrics(
     golden_dtype: str,
     actual_dtype: str,
     profile: Profile,
-    tol_mode: str = "auto",
+    tol_mode: str = "golden",
     golden_rms: float | None = None,
     release: Callable[[int, int], None] | None = None,
 ) -> Metrics:
@@ -120,8 +120,10 @@ def tensor_metrics(
     of :func:`tolerance_dtype` when either side is a float, equality otherwise.
 
     ``golden_dtype``/``actual_dtype`` are the precisions each side computed in
-    (:func:`precision`); ULPs are counted in the actual's. ``golden_rms`` and
-    ``release`` are passed on to :func:`full_metrics`.
+    (:func:`precision`); ULPs are counted in the actual's. ``tol_mode`` is that of
+    :func:`tolerance_dtype` (compare passes ``"auto"``; the default ``"golden"`` holds a
+    replay in another dtype to the golden's precision). ``golden_rms`` and ``release``
+    are passed on to :func:`full_metrics`.
     """
     if not (is_float_dtype(golden_dtype) or is_float_dtype(actual_dtype)):
         return exact_metrics(golden, actual)

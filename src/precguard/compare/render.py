@@ -54,10 +54,25 @@ def metric_line(m: Metrics) -> str:
     return m.note or "not comparable"
 
 
+def judged_precision(result: Comparison) -> str | None:
+    """The least precise dtype whose tolerances judged a float record (None if none did)."""
+    from precguard.compare.metrics import less_precise
+
+    found: str | None = None
+    for r in result.records:
+        m = r.metrics
+        if m is not None and m.level in ("full", "stats") and r.golden_dtype != "bool":
+            found = m.dtype if found is None else less_precise(found, m.dtype)
+    return found
+
+
 def render(result: Comparison, console: Console, *, top: int = 10) -> None:
     """Print the verdict, the first divergence, suspects, the top-N records and counts."""
     if result.verdict == "match":
         head = Text("MATCH", style="bold green")
+        within = judged_precision(result)
+        if within is not None:
+            head.append(f" (matches within {within} precision)", style="green")
     else:
         head = Text("DIVERGED", style="bold red")
     g_dev, a_dev = [*result.devices, "?", "?"][:2]

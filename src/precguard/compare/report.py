@@ -117,8 +117,9 @@ class RecordResult(BaseModel):
     metrics: Metrics | None = Field(default=None, description="None when missing.")
     local: bool | None = Field(
         default=None,
-        description="On failing forward outputs and parameters: True when the module made "
-        "this error itself, False when it only passed it on; None elsewhere.",
+        description="On failing produced records (forward outputs, backward gradients w.r.t. "
+        "inputs and parameters) and parameters: True when the module made this error itself, "
+        "False when it only passed it on; None elsewhere or when undecidable.",
     )
     amplification: float | None = Field(
         default=None,
@@ -147,11 +148,27 @@ class FirstDivergence(BaseModel):
         default=None, description="Output error / max(input error, unit roundoff)."
     )
     input_error: float | None = Field(default=None, description="Largest input error.")
+    expected_error: float | None = Field(
+        default=None,
+        description="The output error the module's precision explains given its inputs: "
+        "max(input error, rounding floor of the tolerance dtype); see docs/compare.md.",
+    )
+    confidence: Literal["full", "statistics"] = Field(
+        default="full",
+        description="'full': judged on full tensors; 'statistics': on recorded statistics "
+        "only, a weaker test (equal statistics do not prove equal tensors, and a small scale "
+        "error inside the tolerance of a statistic goes unseen).",
+    )
+    settle_with: str | None = Field(
+        default=None,
+        description="For a statistics-only verdict: the --tensors glob that records the "
+        "module's full tensors (and its submodules') and settles it.",
+    )
     reason: str = Field(description="One sentence saying why this module was named.")
 
 
 class Suspect(BaseModel):
-    """Another module that made error on its own, ranked by amplification."""
+    """Another module call that made error on its own, ranked by amplification."""
 
     model_config = _FROZEN
 
@@ -160,8 +177,18 @@ class Suspect(BaseModel):
     key: str = Field(description="Its failing output (or param) record.")
     step: int = Field(description="Step.")
     rank: int = Field(description="Rank.")
+    phase: str = Field(default="forward", description="forward or backward.")
     amplification: float | None = Field(description="Output / input error (None for params).")
     error: float = Field(description="Output error.")
+    expected_error: float | None = Field(
+        default=None, description="Output error its precision and inputs explain."
+    )
+    scale: float | None = Field(
+        default=None, description="Least-squares scale of actual on golden (full tensors)."
+    )
+    confidence: Literal["full", "statistics"] = Field(
+        default="full", description="'statistics' when judged on statistics only."
+    )
     reason: str = Field(description="Why it is a suspect.")
 
 

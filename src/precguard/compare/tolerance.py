@@ -66,9 +66,14 @@ class Profile(BaseModel):
         "1 to count as a systematic error (inf disables the bias test).",
     )
     bias_floor_ulps: float = Field(
-        default=2.0,
+        default=1.0,
         description="Unit roundoffs of the tolerance dtype a systematic error must exceed "
         "on top of bias_z standard errors.",
+    )
+    bias_floor: float | None = Field(
+        default=None,
+        description="A relative scale error a systematic error must exceed instead of "
+        "bias_floor_ulps unit roundoffs (set by --rtol: a tolerance of 1% accepts a 1% bias).",
     )
 
     def for_dtype(self, dtype: str) -> DtypeTolerance:
@@ -96,7 +101,10 @@ class Profile(BaseModel):
             if atol is not None:
                 update["atol"] = atol
             dtypes[name] = tol.model_copy(update=update)
-        return self.model_copy(update={"dtypes": dtypes, "name": f"{self.name}+custom"})
+        update: dict[str, object] = {"dtypes": dtypes, "name": f"{self.name}+custom"}
+        if rtol is not None:
+            update["bias_floor"] = rtol
+        return self.model_copy(update=update)
 
 
 # assert_close's per-dtype (rtol, atol)
@@ -215,9 +223,10 @@ def bias_threshold(metrics: Metrics, profile: Profile) -> float | None:
     """The |scale - 1| beyond which ``metrics`` show a systematic error (None: untestable)."""
     if metrics.scale is None or metrics.scale_se is None or not math.isfinite(profile.bias_z):
         return None
-    return profile.bias_z * metrics.scale_se + profile.bias_floor_ulps * unit_roundoff(
-        metrics.dtype
-    )
+    floor = profile.bias_floor
+    if floor is None:
+        floor = profile.bias_floor_ulps * unit_roundoff(metrics.dtype)
+    return profile.bias_z * metrics.scale_se + floor
 
 
 def with_bias(metrics: Metrics, profile: Profile) -> Metrics:
