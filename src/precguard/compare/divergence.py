@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass, field
 
 from precguard.compare.align import parent_module
-from precguard.compare.expected import expected_error, own_bias
+from precguard.compare.expected import LINEAR_TYPES, expected_error, own_bias, rounding_floor
 from precguard.compare.report import FirstDivergence, RecordResult, Suspect
 from precguard.compare.tolerance import Profile
 
@@ -234,6 +234,8 @@ def _param_candidate(call: _Call, p: RecordResult) -> Candidate:
         None,
         f"{call.module} ({call.module_type}) holds a parameter that differs from golden "
         f"(error {_fmt(_err(p))}{scaled}{cast}): its weights, not its inputs, differ",
+        # a weight equal to golden's rounded to the tolerance dtype would have passed
+        rounding_floor(m.dtype) if m is not None else None,
     )
 
 
@@ -304,14 +306,21 @@ def _bias_reason(call: _Call, bad: list[RecordResult], profile: Profile) -> str 
         m = o.metrics
         if m is None:
             continue
-        excess = own_bias(m, inputs, profile)
+        excess = own_bias(m, inputs, profile, call.module_type)
         if excess is None or m.scale is None:
             continue
-        carried = max(
-            (abs(i.scale - 1.0) for i in inputs if i.scale is not None and math.isfinite(i.scale)),
-            default=0.0,
-        )
+        scaled = [i for i in inputs if i.scale is not None and math.isfinite(i.scale)]
+        carried = max((abs(i.scale - 1.0) for i in scaled if i.scale is not None), default=0.0)
         what = "its output" if call.phase == "forward" else "a gradient it computed"
+        if call.module_type in LINEAR_TYPES and len(scaled) == 1 and scaled[0].scale:
+            own = m.scale / scaled[0].scale
+            return (
+                f"{call.module} ({call.module_type}) scales what it computes by {own:.4g}: "
+                f"{what} is scaled by {m.scale:.4g} ± {m.scale_se or 0.0:.1g} relative to "
+                f"golden, its input by {scaled[0].scale:.4g}; a linear module passes its "
+                f"input's scale on unchanged, so this is a systematic error of its own, not "
+                f"{m.dtype} rounding"
+            )
         return (
             f"{call.module} ({call.module_type}): {what} is scaled by {m.scale:.4g} "
             f"± {m.scale_se or 0.0:.1g} relative to golden (mean relative error "

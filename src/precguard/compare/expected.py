@@ -38,6 +38,13 @@ from precguard.compare.tolerance import Profile, unit_roundoff
 #: the factor by which a correct module may grow the relative scale error of its inputs:
 #: a product of two inputs that each carry a scale 1+d (q.k, gate*up) carries ~1+2d
 BIAS_GROWTH = 2.0
+#: a scale is read as a perturbation of golden only while every input is this close to
+#: golden (relative L2 error); beyond it the runs compute different things altogether
+#: (other input data) and a scale ratio says nothing about the module
+BIAS_MAX_INPUT_ERROR = 0.25
+#: module types linear in their one input (y = W x): an input scaled by s_in gives an
+#: output scaled by s_in times the weights' scale, so the module's own scale is s_out/s_in
+LINEAR_TYPES = frozenset({"Linear", "NonDynamicallyQuantizableLinear", "Conv1D", "LoRALinear"})
 
 
 def rounding_floor(dtype: str, k: int | None = None) -> float:
@@ -77,15 +84,34 @@ def carried_bias(inputs: list[Metrics], profile: Profile) -> float:
     return carried
 
 
-def own_bias(output: Metrics, inputs: list[Metrics], profile: Profile) -> float | None:
+def own_bias(
+    output: Metrics, inputs: list[Metrics], profile: Profile, module_type: str = ""
+) -> float | None:
     """The scale error ``output`` shows beyond what ``inputs`` explain, or None.
 
-    Only for an output whose bias is significant (``output.bias``): its |s - 1|,
-    less ``bias_z`` standard errors, must exceed :data:`BIAS_GROWTH` times the
-    largest scale error an input carries (:func:`carried_bias`).
+    Only for an output whose bias is significant (``output.bias``) and inputs within
+    :data:`BIAS_MAX_INPUT_ERROR` of golden. For a module
+    linear in its one float input (:data:`LINEAR_TYPES`) its own scale is
+    ``s_out / s_in``, which must differ from 1 by more than ``bias_z`` combined
+    standard errors plus the profile's bias floor. For any other module, its
+    |s - 1| less ``bias_z`` standard errors must exceed :data:`BIAS_GROWTH` times
+    the largest scale error an input carries (:func:`carried_bias`).
     """
     if not output.bias or output.scale is None:
         return None
+    if any(m.error > BIAS_MAX_INPUT_ERROR for m in inputs):
+        return None
+    scaled = [m for m in inputs if m.scale is not None and m.level == "full"]
+    if module_type in LINEAR_TYPES and len(scaled) == 1 and scaled[0].scale:
+        (inp,) = scaled
+        assert inp.scale is not None
+        ratio = output.scale / inp.scale
+        se = math.hypot(output.scale_se or 0.0, inp.scale_se or 0.0)
+        excess = abs(ratio - 1.0) - profile.bias_z * se
+        floor = profile.bias_floor
+        if floor is None:
+            floor = profile.bias_floor_ulps * unit_roundoff(output.dtype)
+        return excess if excess > floor else None
     excess = abs(output.scale - 1.0) - profile.bias_z * (output.scale_se or 0.0)
     if excess > BIAS_GROWTH * carried_bias(inputs, profile):
         return excess

@@ -33,13 +33,23 @@ def format_cosine(x: float | None) -> str:
     return "-" if x is None else f"{x:.6f}"
 
 
+def scale_text(m: Metrics) -> str:
+    """'scale 1.0100 ± 2e-04' (the systematic part of the error), or '' without one."""
+    if m.scale is None:
+        return ""
+    se = f" ± {m.scale_se:.1g}" if m.scale_se is not None else ""
+    return f"scale {m.scale:.4f}{se}" + (" (bias)" if m.bias else "")
+
+
 def metric_line(m: Metrics) -> str:
     """One line with the metrics that matter for a record."""
     if m.level == "full":
+        scale = scale_text(m)
         return (
             f"rel_l2 {format_number(m.rel_l2)}  cosine {format_cosine(m.cosine)}  "
             f"max_abs {format_number(m.max_abs_err)}  max_rel {format_number(m.max_rel_err)}  "
-            f"max_ulp {format_number(m.max_ulp)}"
+            f"max_ulp {format_number(m.max_ulp)}  [{m.dtype}]"
+            + (f"  {scale}" if scale else "")
             + (
                 f"  nan/inf mismatch {m.nan_mismatch}/{m.inf_mismatch}"
                 if m.nan_mismatch or m.inf_mismatch
@@ -85,12 +95,15 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
     console.print(head)
     fd = result.first_divergence
     if fd is not None:
+        stats_only = fd.confidence == "statistics"
         local = {
-            True: "yes: this module made the error",
+            True: "likely: this module made the error (statistics only, not conclusive)"
+            if stats_only
+            else "yes: this module made the error",
             False: "no: error came from upstream",
             None: "undecided",
         }[fd.local]
-        body = Group(
+        lines = [
             Text.assemble(("module  ", "bold"), (fd.module, "bold red"), f"  ({fd.module_type})"),
             Text(f"record  {fd.key}   step {fd.step}  rank {fd.rank}  {fd.phase}"),
             Text(
@@ -102,9 +115,25 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
                 )
             ),
             Text(f"error   {metric_line(fd.metrics)}"),
-            Text(f"why     {fd.reason}"),
+        ]
+        if fd.expected_error is not None:
+            lines.append(
+                Text(
+                    f"expect  {format_number(fd.expected_error)} explained by {fd.metrics.dtype} "
+                    f"precision and the input error, measured {format_number(fd.metrics.error)}"
+                )
+            )
+        lines.append(Text(f"why     {fd.reason}"))
+        if fd.settle_with is not None:
+            lines.append(
+                Text(
+                    f"settle  record full tensors of it: precguard record ... --tensors "
+                    f"'{fd.settle_with}'"
+                )
+            )
+        console.print(
+            Panel(Group(*lines), title="first divergence", border_style="red", expand=False)
         )
-        console.print(Panel(body, title="first divergence", border_style="red", expand=False))
         if fd.phase == "forward" and fd.metrics.level == "full" and fd.module != "root":
             device = result.devices[1] if len(result.devices) > 1 else "DEVICE"
             console.print(
@@ -114,7 +143,16 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
             )
     if result.suspects:
         table = Table(title="other suspects (made error of their own)", title_justify="left")
-        for col in ("module", "type", "amplification", "error", "step"):
+        for col in (
+            "module",
+            "type",
+            "phase",
+            "amplification",
+            "error",
+            "expected",
+            "scale",
+            "step",
+        ):
             table.add_column(col)
         for s in result.suspects:
             amp = (
@@ -122,7 +160,16 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
                 if s.amplification is None
                 else f"{format_number(s.amplification)}x"
             )
-            table.add_row(s.module, s.module_type, amp, format_number(s.error), str(s.step))
+            table.add_row(
+                s.module + (" [stats]" if s.confidence == "statistics" else ""),
+                s.module_type,
+                s.phase,
+                amp,
+                format_number(s.error),
+                format_number(s.expected_error),
+                "-" if s.scale is None else f"{s.scale:.4f}",
+                str(s.step),
+            )
         console.print(table)
     if top > 0:
         _top_table(result.records, console, top)
