@@ -124,16 +124,15 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
                 )
             )
         lines.append(Text(f"why     {fd.reason}"))
-        if fd.settle_with is not None:
-            lines.append(
-                Text(
-                    f"settle  record full tensors of it: precguard record ... --tensors "
-                    f"'{fd.settle_with}'"
-                )
-            )
         console.print(
             Panel(Group(*lines), title="first divergence", border_style="red", expand=False)
         )
+        if fd.settle_with is not None:
+            console.print(
+                "[dim]judged on statistics only; to settle it, record both runs again with full "
+                f"tensors of this module: precguard record ... --tensors '{fd.settle_with}'[/]",
+                soft_wrap=True,  # a command to copy: never broken over lines
+            )
         if fd.phase == "forward" and fd.metrics.level == "full" and fd.module != "root":
             device = result.devices[1] if len(result.devices) > 1 else "DEVICE"
             console.print(
