@@ -21,10 +21,12 @@ against the tolerance profile of the less precise side's compute precision
 
 [red]diverged[/red] (exit 1): some record is not. [bold]first divergence[/bold] names the first
 module, in execution order, that made error [italic]itself[/italic] (local): its inputs matched and
-it at least doubled their error, or its output error is >= 10x its input error (the
-amplification), or its own weights differ. Records after it that fail only passed the
-error on (propagated). [bold]suspects[/bold] lists other modules that made error of their own.
-Pairs compared on statistics only (no full tensors) are a weaker test and are counted.
+it at least doubled the error its precision and inputs explain, or its error is >= 10x
+that (the amplification), or its output is scaled relative to golden beyond what its
+inputs' scale explains (a systematic bias), or its own weights differ. Records after it
+that fail only passed the error on (propagated). [bold]suspects[/bold] lists every other module
+that made error of its own. Pairs compared on statistics only (no full tensors) are a
+weaker test: the verdict says "likely" and prints the --tensors glob that settles it.
 
 Exit 2: unusable input (missing or corrupt recording, different models), one line on stderr.
 
