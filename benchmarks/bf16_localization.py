@@ -1,8 +1,8 @@
 """Score compare's localization when the actual run is in bf16 (issue 8).
 
 Runs the bf16 suite of ``tests/compare/bf16_suite.py``: for each setting
-(bf16 vs an fp32 golden with the same bf16-rounded weights, ``emu:bf16-mixed``
-vs that golden, ``emu:bf16-lowacc`` vs a bf16 golden) it records a clean
+(bf16 on the CPU, ``emu:bf16`` and ``emu:bf16-mixed`` vs an fp32 golden with the
+same bf16-rounded weights; ``emu:bf16-lowacc`` vs a bf16 golden) it records a clean
 actual and one actual per planted fault, compares each with the golden and
 prints, per setting and in total, how many faults compare localized (the
 planted module is the first divergence and local) and whether the clean run

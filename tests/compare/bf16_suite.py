@@ -1,11 +1,14 @@
 """The bf16 localization suite: planted faults in an HF LLaMA whose actual run is in bf16.
 
-Three settings, each a golden and an actual recipe (issue 8):
+Four settings, each a golden and an actual recipe (issue 8):
 
 - ``bf16-vs-fp32``: the actual is the model cast to bf16 on the CPU; the golden
   runs in fp32 with the same bf16-rounded weights and buffers.
-- ``emu-bf16-vs-fp32``: the same golden; the actual runs on ``emu:bf16-mixed``
-  (bf16 storage, fp32 accumulation, the fp32 islands the model code asks for).
+- ``emu-bf16-vs-fp32``: the same golden; the actual runs on ``emu:bf16`` (every
+  op's inputs and result rounded to bf16, fp32 accumulation, tensors stored as
+  float32: only the recording's compute_dtype says bf16).
+- ``emu-bf16-mixed-vs-fp32``: the same on ``emu:bf16-mixed`` (the model stored in
+  bf16, the fp32 islands its code asks for kept).
 - ``lowacc-vs-bf16``: both in bf16; the golden on the CPU, the actual on
   ``emu:bf16-lowacc``, whose matmuls keep their running sums in bf16.
 
@@ -113,7 +116,8 @@ class Setting:
 
 SETTINGS: list[Setting] = [
     Setting("bf16-vs-fp32", {"device": "cpu"}, {"device": "cpu", "dtype": "bfloat16"}),
-    Setting("emu-bf16-vs-fp32", {"device": "cpu"}, {"device": "emu:bf16-mixed"}),
+    Setting("emu-bf16-vs-fp32", {"device": "cpu"}, {"device": "emu:bf16"}),
+    Setting("emu-bf16-mixed-vs-fp32", {"device": "cpu"}, {"device": "emu:bf16-mixed"}),
     Setting(
         "lowacc-vs-bf16",
         {"device": "cpu", "dtype": "bfloat16"},

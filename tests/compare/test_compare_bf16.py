@@ -15,6 +15,11 @@ import precguard
 from conftest import run_cli
 
 _BY_NAME = {s.name: s for s in SETTINGS}
+#: the mixed-precision emulator is a fourth view of the same question: slow-marked
+_PARAMS = [
+    pytest.param(s, id=s.name, marks=[pytest.mark.slow] if "mixed" in s.name else [])
+    for s in SETTINGS
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +41,7 @@ def test_the_suite_plants_enough_systematic_biases() -> None:
     assert sum(f.bias for f in FAULTS) >= 3
 
 
-@pytest.mark.parametrize("setting", SETTINGS, ids=[s.name for s in SETTINGS])
+@pytest.mark.parametrize("setting", _PARAMS)
 @pytest.mark.parametrize("fault", FAULTS, ids=[f.name for f in FAULTS])
 def test_planted_fault_is_the_first_divergence(
     setting: Setting, fault: Fault, goldens: dict[str, Path], tmp_path: Path
@@ -56,7 +61,7 @@ def test_planted_fault_is_the_first_divergence(
         assert abs(fd.metrics.scale - 1) == pytest.approx(0.01, abs=3e-3)
 
 
-@pytest.mark.parametrize("setting", SETTINGS, ids=[s.name for s in SETTINGS])
+@pytest.mark.parametrize("setting", _PARAMS)
 def test_clean_bf16_actual_matches_within_bf16_exit_0(
     setting: Setting,
     goldens: dict[str, Path],
