@@ -227,3 +227,19 @@ def test_stats_only_verdict_states_its_confidence_and_the_glob_that_settles_it(
     assert "likely: this module made the error (statistics only" in flat
     assert "yes: this module made the error" not in flat
     assert f"--tensors '{fault.module}.*'" in flat
+
+
+def test_a_parent_is_explained_by_its_child_in_the_same_phase_only() -> None:
+    results = [
+        _rec("blk.0.forward.input.0", 0, 0.0),
+        _rec("blk.inner.0.forward.input.0", 1, 0.0),
+        _rec("blk.inner.0.forward.output.0", 2, 1e-2),
+        _rec("blk.0.forward.output.0", 3, 1e-2),
+        _rec("blk.0.backward.output.0", 4, 1e-7),
+        _rec("blk.0.backward.input.0", 5, 1e-2),
+    ]
+    cands = step_candidates(results, get_profile("default"))
+    assert [(c.result.module, c.result.phase) for c in cands] == [
+        ("blk.inner", "forward"),
+        ("blk", "backward"),
+    ]

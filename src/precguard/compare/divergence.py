@@ -362,12 +362,14 @@ def _contains(outer: str, inner: str) -> bool:
 
 
 def _drop_explained(found: list[Candidate]) -> list[Candidate]:
-    """Drop calls that contain an earlier candidate: the submodule explains them."""
+    """Drop calls that contain an earlier candidate of the same phase: the submodule
+    explains them (a forward fault in a child does not explain its parent's backward)."""
     kept: list[Candidate] = []
     for c in found:
         if any(
             k.result.step == c.result.step
             and k.result.rank == c.result.rank
+            and k.result.phase == c.result.phase
             and _contains(c.result.module, k.result.module)
             for k in kept
         ):
