@@ -44,7 +44,7 @@ def test_each_side_is_as_precise_as_the_less_precise_of_stored_and_computed() ->
 
 
 def test_an_unknown_tolerance_dtype_is_a_usage_error(tiny_golden: Path) -> None:
-    with pytest.raises(UsageError, match="tolerance_dtype"):
+    with pytest.raises(UsageError, match="--tolerance-dtype"):
         precguard.compare(tiny_golden, tiny_golden, tolerance_dtype="bf17")
 
 
@@ -64,6 +64,8 @@ def test_emu_bf16_run_stored_as_float32_is_judged_as_bf16(
     assert floats and {r.metrics.dtype for r in floats} == {"bfloat16"}
     assert result.verdict == "match"
     assert held.verdict == "diverged"  # the override still holds it to fp32
+    as_fp16 = precguard.compare(tiny_golden, actual, tolerance_dtype="fp16")
+    assert {r.metrics.dtype for r in as_fp16.records if r.metrics.level == "full"} == {"float16"}
     code, out, _ = run_cli(["compare", str(tiny_golden), str(actual)], capsys)
     assert code == 0 and "matches within bfloat16 precision" in out
 

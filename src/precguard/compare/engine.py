@@ -52,6 +52,10 @@ logger = get_logger(__name__)
 MIN_ALIGNED_SHARE = 0.5
 
 
+#: short dtype names accepted by ``tolerance_dtype``
+_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
+
+
 class IncomparableRunsError(PrecguardError):
     """The two recordings are not of the same model (or share no rank or step)."""
 
@@ -97,9 +101,10 @@ def compare(
     a_run = actual if isinstance(actual, Run) else load_run(actual)
     prof = get_profile(profile) if isinstance(profile, str) else profile
     prof = prof.with_overrides(rtol, atol)
+    tolerance_dtype = _DTYPE_ALIASES.get(tolerance_dtype, tolerance_dtype)
     if tolerance_dtype not in TOLERANCE_MODES and not is_float_dtype(tolerance_dtype):
         raise UsageError(
-            f"tolerance_dtype must be one of {', '.join(TOLERANCE_MODES)} or a float dtype "
+            f"--tolerance-dtype must be one of {', '.join(TOLERANCE_MODES)} or a float dtype "
             f"(float32, bfloat16, float16, float64), got {tolerance_dtype!r}"
         )
     computes = (g_run.manifest.compute_dtype, a_run.manifest.compute_dtype)
