@@ -9,6 +9,7 @@ planted module is the first divergence and local) and whether the clean run
 passed (match, no module named).
 
     .venv/bin/python benchmarks/bf16_localization.py [--setting NAME] [--verbose]
+        [--hidden 64] [--layers 4] [--seq 32]
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "compare"))
 
-from bf16_suite import FAULTS, SETTINGS, localized, passed_clean, record
+from bf16_suite import FAULTS, SETTINGS, llama_target, localized, passed_clean, record
 
 import precguard
 
@@ -30,19 +31,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setting", action="append", help="Only these settings (repeatable).")
     parser.add_argument("--verbose", action="store_true", help="Say what compare named.")
+    parser.add_argument("--hidden", type=int, default=64, help="Hidden size of the LLaMA.")
+    parser.add_argument("--layers", type=int, default=4, help="Decoder layers (at least 4).")
+    parser.add_argument("--seq", type=int, default=32, help="Tokens per sequence (batch 2).")
     args = parser.parse_args()
+    target = llama_target(args.hidden, args.layers, args.seq)
     settings = [s for s in SETTINGS if not args.setting or s.name in args.setting]
     total_found = total_faults = clean_ok = 0
     with tempfile.TemporaryDirectory(prefix="precguard-bf16-") as tmp:
         root = Path(tmp)
         for setting in settings:
-            golden = record(root / setting.name / "golden", setting.golden)
-            clean = precguard.compare(golden, record(root / setting.name / "clean", setting.actual))
+            golden = record(root / setting.name / "golden", setting.golden, target=target)
+            clean_run = record(root / setting.name / "clean", setting.actual, target=target)
+            clean = precguard.compare(golden, clean_run)
             ok = passed_clean(clean)
             clean_ok += ok
             found = 0
             for fault in FAULTS:
-                actual = record(root / setting.name / fault.name, setting.actual, fault)
+                actual = record(root / setting.name / fault.name, setting.actual, fault, target)
                 result = precguard.compare(golden, actual)
                 hit = localized(result, fault)
                 found += hit
@@ -54,6 +60,8 @@ def main() -> None:
             total_faults += len(FAULTS)
             fd = clean.first_divergence
             clean_note = "passed" if ok else f"FAILED ({fd.module if fd else clean.verdict})"
+            if args.verbose and not ok:
+                print(f"  clean: {fd.reason if fd else clean.verdict}")
             print(f"{setting.name}: faults localized {found}/{len(FAULTS)}, clean run {clean_note}")
     print(
         f"score: faults localized {total_found}/{total_faults}, "

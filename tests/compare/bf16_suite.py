@@ -126,15 +126,40 @@ SETTINGS: list[Setting] = [
 ]
 
 
-def record(out: Path, how: dict[str, object], fault: Fault | None = None) -> Path:
-    """Record one forward step of tiny-llama with full tensors, weights rounded to bf16."""
+def llama_target(hidden: int = 64, layers: int = 4, seq: int = 32) -> precguard.Target:
+    """tiny-llama at another size (at least 4 layers: the faults live in layers 0-3)."""
+    from precguard.targets import build_tiny_llama, lm_batch, tiny_llama
+
+    if layers < 4:
+        raise ValueError("the bf16 suite plants faults in layers 0-3: use at least 4 layers")
+    target = tiny_llama()
+    if (hidden, layers, seq) == (64, 4, 32):
+        return target
+    target.model = lambda: build_tiny_llama(
+        hidden_size=hidden, intermediate_size=hidden * 11 // 4, num_hidden_layers=layers
+    )
+    target.batch = lambda step: lm_batch(step, seq=seq)
+    target.name = f"tiny-llama-h{hidden}-l{layers}-s{seq}"
+    return target
+
+
+def record(
+    out: Path,
+    how: dict[str, object],
+    fault: Fault | None = None,
+    target: precguard.Target | None = None,
+) -> Path:
+    """Record one forward step of tiny-llama (or ``target``) with full tensors, weights
+    rounded to bf16."""
 
     def prepare(model: nn.Module) -> None:
         round_to_bf16(model)
         if fault is not None:
             fault.plant(model.get_submodule(fault.module))
 
-    return precguard.record_target("tiny-llama", out=out, tensors=True, prepare=prepare, **how)  # type: ignore[arg-type]
+    return precguard.record_target(
+        target or "tiny-llama", out=out, tensors=True, prepare=prepare, **how
+    )  # type: ignore[arg-type]
 
 
 def localized(result: precguard.Comparison, fault: Fault) -> bool:
