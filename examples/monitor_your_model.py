@@ -43,11 +43,12 @@ def main() -> int:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "example-runs")
     record(out / "fp32", torch.float32)
     record(out / "bf16", torch.bfloat16)
-    # By the golden's (fp32) tolerances bf16 diverges where it first rounds; by
-    # bf16's own tolerances the question is "is this more than bf16 rounding?".
+    # By default each record is judged by the less precise side's precision (bf16
+    # here): "is this more than bf16 rounding?". Held to the golden's fp32, bf16
+    # diverges where it first rounds.
     for judge in ("golden", "actual"):
         result = precguard.compare(out / "fp32", out / "bf16", tolerance_dtype=judge)
-        print(f"judged by the {judge}'s dtype: {result.verdict}")
+        print(f"judged by the {judge}'s precision: {result.verdict}")
         if result.first_divergence is not None:
             fd = result.first_divergence
             print(f"  first divergence: {fd.module} ({fd.module_type}), local={fd.local}")

@@ -57,6 +57,6 @@ def test_emu_speed_benchmark():
 
 def test_monitor_your_model_example(tmp_path):
     out = run_script("examples/monitor_your_model.py", str(tmp_path))
-    assert "judged by the golden's dtype: diverged" in out
-    assert "judged by the actual's dtype: match" in out
+    assert "judged by the golden's precision: diverged" in out
+    assert "judged by the actual's precision: match" in out
     assert (tmp_path / "fp32" / "manifest.json").is_file()
