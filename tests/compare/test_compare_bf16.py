@@ -108,3 +108,19 @@ def test_large_fault_upstream_and_1pct_bias_downstream_are_both_named(
     local = {r.module for r in result.records if r.local is True}
     faults = (upstream, "model.layers.2.self_attn.o_proj")
     assert all(any(f == m or f.startswith(m + ".") or m == "root" for f in faults) for m in local)
+
+
+@pytest.mark.slow
+def test_the_benchmark_prints_the_suites_score() -> None:
+    import subprocess
+    import sys
+
+    script = Path(__file__).parents[2] / "benchmarks" / "bf16_localization.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--setting", "bf16-vs-fp32"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "score: faults localized 9/9, clean runs passed 1/1" in proc.stdout
