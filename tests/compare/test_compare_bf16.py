@@ -54,6 +54,8 @@ def test_planted_fault_is_the_first_divergence(
     assert localized(result, fault), fd and (fd.module, fd.local, fd.reason)
     assert fd is not None and fd.expected_error is not None and fd.confidence == "full"
     assert fd.metrics.dtype == "bfloat16"  # judged by the actual's precision
+    named = next(r for r in result.records if r.key == fd.key)
+    assert named.local is True and named.expected_error == fd.expected_error
     if fault.bias:
         # a 1% scale fault is found by its scale, not by its element-wise error
         assert fd.metrics.error < 0.048  # within bf16's rel_l2 tolerance

@@ -147,8 +147,9 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
-#: record key -> (local, amplification) for every failing produced record and parameter
-Classification = dict[str, tuple[bool | None, float | None]]
+#: record key -> (local, amplification, expected error) for every failing produced record
+#: and parameter
+Classification = dict[str, tuple[bool | None, float | None, float | None]]
 
 
 def _call_index(r: RecordResult) -> int:
@@ -191,8 +192,8 @@ def step_candidates(
 ) -> list[Candidate]:
     """Local candidates of one rank and step, in execution order (see the module doc).
 
-    ``classified``, if given, receives the local/propagated decision and the
-    amplification of every failing produced record and parameter.
+    ``classified``, if given, receives the local/propagated decision, the
+    amplification and the expected error of every failing produced record and parameter.
     """
     classified = {} if classified is None else classified
     forward = [r for r in results if r.phase == "forward" and r.metrics is not None]
@@ -200,7 +201,7 @@ def step_candidates(
     for call in _calls(results):
         bad_params = [p for p in call.params if p.status in _BAD]
         for p in bad_params:
-            classified[p.key] = (True, None)
+            classified[p.key] = (True, None, rounding_floor(p.metrics.dtype) if p.metrics else None)
         for p in bad_params[:1]:
             found.append(_param_candidate(call, p))
         bad = [o for o in call.produced if o.status in _BAD]
@@ -208,7 +209,7 @@ def step_candidates(
             continue
         if call.phase == "backward" and not call.has_input_grads:
             for o in bad:  # without input gradients the consumed side is incomplete
-                classified[o.key] = (None, None)
+                classified[o.key] = (None, None, None)
             continue
         found.extend(_classify(call, bad, profile, classified, forward))
     found.sort(key=lambda c: c.order)
@@ -257,7 +258,7 @@ def _classify(
     if reason is None:
         reason = _bias_reason(call, bad, profile)
     for o in bad:
-        classified[o.key] = (reason is not None, amp)
+        classified[o.key] = (reason is not None, amp, expected)
     if reason is None:
         return []
     if call.phase == "forward":

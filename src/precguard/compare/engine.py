@@ -294,7 +294,10 @@ def _annotate(results: list[RecordResult], classified: Classification) -> list[R
     for r in results:
         decision = classified.get(r.key) if r.status in ("fail", "nonfinite") else None
         if decision is not None:
-            r = r.model_copy(update={"local": decision[0], "amplification": decision[1]})
+            local, amplification, expected = decision
+            r = r.model_copy(
+                update={"local": local, "amplification": amplification, "expected_error": expected}
+            )
         out.append(r)
     return out
 

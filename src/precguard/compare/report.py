@@ -123,7 +123,12 @@ class RecordResult(BaseModel):
     )
     amplification: float | None = Field(
         default=None,
-        description="On failing forward outputs: the module's output error / input error.",
+        description="On failing produced records: measured error / expected error.",
+    )
+    expected_error: float | None = Field(
+        default=None,
+        description="On failing produced records and parameters: the error the module's "
+        "precision explains given its inputs' error (compare with metrics.error).",
     )
 
 
