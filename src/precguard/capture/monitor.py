@@ -2,16 +2,34 @@
 
 Hooks are registered with torch's own ``register_forward_pre_hook`` /
 ``register_forward_hook`` (with kwargs), tensor ``register_hook`` for the
-gradients of module outputs, and ``register_post_accumulate_grad_hook`` for
-parameter gradients. No hook returns a value, so the model computes exactly
-what it computes without precguard. A hook that fails logs one error per
-module and lets the forward pass go on.
+gradients of module outputs and inputs, and
+``register_post_accumulate_grad_hook`` for parameter gradients. No hook
+returns a value, so the model computes exactly what it computes without
+precguard. A hook that fails logs one error per module and lets the forward
+pass go on.
+
+Input gradients are observed with tensor hooks on the input tensors, not
+with ``register_full_backward_hook``: that wraps inputs and outputs in an
+identity autograd node, which (a) adds up the gradient contributions of a
+module's uses of an input before they meet the uses outside it, changing the
+order of a floating-point sum and so the gradients themselves in the last
+bit, (b) makes in-place ops on the wrapped tensors an error, and (c) sees
+only positional arguments. A tensor hook reads the gradient w.r.t. the
+tensor, the sum over every use of it, and changes nothing. That sum is the
+module's own input gradient when the module is the only module that reads
+the tensor (uses by plain code in the enclosing module, such as a residual
+add, are taken as exact). When sibling modules read the same tensor
+(``q_proj``, ``k_proj`` and ``v_proj`` of one hidden state) no module alone
+produced the sum, so it is recorded only for the modules that enclose all
+of its readers (here ``self_attn``), never misattributed to one of them.
 """
 
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,6 +47,48 @@ logger = get_logger(__name__)
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
 
 
+@dataclass
+class _Reader:
+    """One module call that read a tensor: where its input gradient is recorded."""
+
+    sink: Recording
+    module: str
+    module_type: str
+    call: int
+    index: int
+    name: str
+    save: bool
+
+
+@dataclass
+class _InputGradWatch:
+    """The tensor hook of one forward input tensor and the module calls that read it."""
+
+    ref: weakref.ref[torch.Tensor]
+    readers: list[_Reader] = field(default_factory=list)
+
+
+def _encloses(outer: str, inner: str, root_name: str) -> bool:
+    """True when module ``inner`` lies strictly inside ``outer``."""
+    return outer != inner and (outer == root_name or inner.startswith(outer + "."))
+
+
+def attributable_readers(readers: list[_Reader], root_name: str = "root") -> list[_Reader]:
+    """The readers of a tensor whose input gradient is that tensor's whole gradient.
+
+    A reader qualifies when every other reader is nested with it (inside it,
+    around it, or the same call): then no sibling module added its own
+    contribution to the gradient it would be charged with.
+    """
+
+    def nested(a: _Reader, b: _Reader) -> bool:
+        if a.module == b.module:
+            return a.call == b.call
+        return _encloses(a.module, b.module, root_name) or _encloses(b.module, a.module, root_name)
+
+    return [r for r in readers if all(nested(r, o) for o in readers)]
+
+
 def module_names(root: nn.Module, root_name: str = "root") -> dict[nn.Module, str]:
     """Map each module under ``root`` to its qualified name; the root is ``root_name``.
 
@@ -44,6 +104,11 @@ def module_names(root: nn.Module, root_name: str = "root") -> dict[nn.Module, st
         else:
             names[mod] = name if root_name == "root" else f"{root_name}.{name}"
     return names
+
+
+#: an open call: its sink, its frame, and its inputs that require grad as
+#: (index among the inputs, name, tensor, its version counter at the call)
+_Open = tuple[Recording, CallFrame, list[tuple[int, str, torch.Tensor, int]]]
 
 
 class Monitor:
@@ -70,8 +135,13 @@ class Monitor:
         self._fixed_sink = sink if isinstance(sink, Recording) else None
         self._handles: list[RemovableHandle] = []
         # per module: a stack of open calls (None where the call is not recorded)
-        self._frames: dict[int, list[tuple[Recording, CallFrame] | None]] = {}
+        self._frames: dict[int, list[_Open | None]] = {}
         self._failed: set[tuple[str, str]] = set()
+        # id(tensor) -> the input-gradient hook on that tensor, one per tensor however
+        # many modules read it; entries leave when the gradient arrives or the tensor dies
+        self._input_grads: dict[int, _InputGradWatch] = {}
+        self._root_name = root_name
+        self._watch_inputs = options.backward and options.input_grads
         self.removed = False
         self.names = module_names(root, root_name)
         for mod, name in self.names.items():
@@ -90,7 +160,7 @@ class Monitor:
                 for index, (pname, p) in enumerate(mod.named_parameters(recurse=False)):
                     if p.requires_grad:
                         hook = functools.partial(
-                            self._param_grad, name, type(mod).__name__, index, pname
+                            self._param_grad, name, type(mod).__name__, index, pname, info[2]
                         )
                         self._handles.append(p.register_post_accumulate_grad_hook(hook))
 
@@ -120,7 +190,7 @@ class Monitor:
         name, mtype, save, is_root, skip_covered = info
         if self.removed:
             return
-        opened: tuple[Recording, CallFrame] | None = None
+        opened: _Open | None = None
         try:
             sink = self._resolve(module, skip_covered)
             if sink is not None:
@@ -134,7 +204,12 @@ class Monitor:
                     save=save,
                     on_nonfinite=self.options.on_nonfinite,
                 )
-                opened = (sink, frame)
+                needs_grad = (
+                    [(i, n, t, t._version) for i, (n, t) in enumerate(items) if t.requires_grad]
+                    if self._watch_inputs and torch.is_grad_enabled()
+                    else []
+                )
+                opened = (sink, frame, needs_grad)
                 self._record_params(sink, module, frame)
         except Exception as exc:
             self._report_failure(name, "forward_pre", exc)
@@ -167,7 +242,7 @@ class Monitor:
         opened = stack.pop() if stack else None
         if opened is None or self.removed:
             return
-        sink, frame = opened
+        sink, frame, needs_grad = opened
         try:
             items = named_tensors(output, "output")
             sink.leave(frame, items)
@@ -176,9 +251,30 @@ class Monitor:
                     if t.requires_grad:
                         t.register_hook(
                             functools.partial(
-                                self._output_grad, sink, name, mtype, frame.call, index, tname
+                                self._output_grad,
+                                sink,
+                                name,
+                                mtype,
+                                frame.call,
+                                index,
+                                tname,
+                                frame.save,
                             )
                         )
+            # Registered after the call, so a module's readers are listed innermost
+            # first (children finish before their parent), the order they are recorded in.
+            # A call none of whose outputs requires grad adds nothing to its inputs'
+            # gradients (rotary_emb reads hidden_states only for its dtype): not a reader.
+            if needs_grad and not any(t.requires_grad for _, t in items):
+                needs_grad = []
+            for index, tname, t, version in needs_grad:
+                if t._version != version:
+                    # modified in place (ReLU(inplace=True)): the tensor's gradient is now
+                    # that of the result; its input's is beyond a hook that changes nothing
+                    continue
+                self._watch_input(
+                    t, _Reader(sink, name, mtype, frame.call, index, tname, frame.save)
+                )
             if is_root:
                 sink.flush()
         except NonFiniteError:
@@ -194,23 +290,82 @@ class Monitor:
         call: int,
         index: int,
         tname: str,
+        save: bool,
         grad: torch.Tensor,
     ) -> None:
         if self.removed or sink.closed:
             return
         try:
-            sink.add(name, mtype, call, "backward", "output", [(tname, grad)], first_index=index)
+            sink.add(
+                name,
+                mtype,
+                call,
+                "backward",
+                "output",
+                [(tname, grad)],
+                first_index=index,
+                save=save,
+            )
         except Exception as exc:
             self._report_failure(name, "backward", exc)
 
-    def _param_grad(self, name: str, mtype: str, index: int, pname: str, p: torch.Tensor) -> None:
+    def _watch_input(self, t: torch.Tensor, reader: _Reader) -> None:
+        """Add ``reader`` to the gradient hook of input ``t``, registering it on first use."""
+        key = id(t)
+        watch = self._input_grads.get(key)
+        if watch is None or watch.ref() is not t:
+
+            def forget(ref: weakref.ref[torch.Tensor], key: int = key) -> None:
+                current = self._input_grads.get(key)
+                if current is not None and current.ref is ref:
+                    del self._input_grads[key]
+
+            watch = _InputGradWatch(weakref.ref(t, forget))
+            self._input_grads[key] = watch
+            t.register_hook(functools.partial(self._input_grad, key, watch))
+        watch.readers.append(reader)
+
+    def _input_grad(self, key: int, watch: _InputGradWatch, grad: torch.Tensor) -> None:
+        if self._input_grads.get(key) is watch:
+            del self._input_grads[key]
+        if self.removed:
+            return
+        for r in attributable_readers(watch.readers, self._root_name):
+            if r.sink.closed:
+                continue
+            try:
+                r.sink.add(
+                    r.module,
+                    r.module_type,
+                    r.call,
+                    "backward",
+                    "input",
+                    [(r.name, grad)],
+                    first_index=r.index,
+                    save=r.save,
+                )
+            except Exception as exc:
+                self._report_failure(r.module, "input_grad", exc)
+
+    def _param_grad(
+        self, name: str, mtype: str, index: int, pname: str, save: bool, p: torch.Tensor
+    ) -> None:
         if self.removed or p.grad is None:
             return
         sink = self._sink_fn()
         if sink is None or sink.closed:
             return
         try:
-            sink.add(name, mtype, 0, "backward", "grad", [(pname, p.grad)], first_index=index)
+            sink.add(
+                name,
+                mtype,
+                0,
+                "backward",
+                "grad",
+                [(pname, p.grad)],
+                first_index=index,
+                save=save,
+            )
         except Exception as exc:
             self._report_failure(name, "param_grad", exc)
 
@@ -225,6 +380,7 @@ class Monitor:
             h.remove()
         self._handles.clear()
         self._frames.clear()
+        self._input_grads.clear()
         if self._fixed_sink is not None:
             for mod in self.names:
                 self._fixed_sink.covered.discard(id(mod))

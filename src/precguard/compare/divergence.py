@@ -15,9 +15,12 @@ call's place is its first failing output (children finish before their
 parent). A local call that contains an earlier local call of the same step
 is explained by it and is not listed again. When nothing is local (the root's
 own inputs differ: the runs were fed different data) the first failing
-record is named with ``local=False``. Backward records are ordered but not
-classified (``local=None``): a backward pass records gradients of outputs and
-parameters, not of inputs, so the input side of the comparison is missing.
+record is named with ``local=False``.
+
+Backward is judged the same way with the roles turned around: a module's
+backward consumes the gradients of its outputs (``backward.output``) and
+produces those of its inputs (``backward.input``) and parameters
+(``backward.grad``, keyed at call 0).
 """
 
 from __future__ import annotations
@@ -163,8 +166,52 @@ def step_candidates(
         if reason is None:
             continue
         found.append(Candidate(first, True, amp, in_err, reason))
+    found.extend(_backward_candidates(results, profile, classified))
     found.sort(key=lambda c: c.order)
     return _drop_explained(found)
+
+
+def _backward_candidates(
+    results: list[RecordResult], profile: Profile, classified: Classification
+) -> list[Candidate]:
+    """Module calls whose backward made error: output gradients in, input/param gradients out."""
+    calls: dict[tuple[str, int], _Call] = {}
+    for r in results:
+        if r.phase != "backward" or r.metrics is None:
+            continue
+        call_index = int(r.key.rsplit(".", 4)[1]) if r.key.count(".") >= 4 else 0
+        call = calls.setdefault((r.module, call_index), _Call(r.module, r.module_type))
+        (call.inputs if r.role == "output" else call.outputs).append(r)
+    found: list[Candidate] = []
+    for call in calls.values():
+        bad = [o for o in call.outputs if o.status in _BAD]
+        if not bad or not call.inputs:
+            continue  # nothing wrong, or nothing to tell local from propagated
+        first = min(bad, key=lambda r: r.seq)
+        tol_dtype = first.metrics.dtype if first.metrics else "float32"
+        in_err = max(_err(r) for r in call.inputs)
+        out_err = max(_err(o) for o in call.outputs)
+        amp = out_err / max(in_err, unit_roundoff(tol_dtype))
+        inputs_bad = any(r.status in _BAD for r in call.inputs)
+        local = (not inputs_bad and amp >= MIN_LOCAL_GROWTH) or amp >= profile.amplification
+        for o in bad:
+            classified[o.key] = (local, amp)
+        if not local:
+            continue
+        made = "parameter" if first.role == "grad" else "input"
+        found.append(
+            Candidate(
+                first,
+                True,
+                amp,
+                in_err,
+                f"{call.module} ({call.module_type}) backward: the gradients of its outputs "
+                f"{'match' if not inputs_bad else 'differ'} (error {_fmt(in_err)}) but the "
+                f"{made} gradients it computes do not (error {_fmt(out_err)}, "
+                f"{_fmt(amp)}x amplification)",
+            )
+        )
+    return found
 
 
 def _local_reason(
@@ -248,8 +295,8 @@ def fallback(results: list[RecordResult]) -> Candidate | None:
                 continue
             if phase == "backward":
                 reason = (
-                    f"first failing gradient, at {r.module} ({r.module_type}); backward records "
-                    "lack input gradients, so local vs propagated is not decided"
+                    f"first failing gradient, at {r.module} ({r.module_type}); no module's "
+                    "backward made error of its own that the recorded gradients can show"
                 )
                 local: bool | None = None
             elif r.role == "input" and (
