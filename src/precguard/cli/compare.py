@@ -50,6 +50,15 @@ def compare(
         "--tolerance-dtype",
         help="golden: hold the run to the golden's dtype; actual: to the less precise dtype.",
     ),
+    rename: list[str] = typer.Option(
+        [],
+        "--map",
+        help="OLD=NEW: modules named OLD (a glob; a leading part of the name up to a dot) "
+        "are called NEW, '*' in NEW repeating OLD's, e.g. 'blocks.*=layers.*'. Repeatable; "
+        "applied to both sides after wrapper prefixes (DDP 'module.', FSDP, torch.compile, "
+        "checkpointing) are stripped.",
+        metavar="OLD=NEW",
+    ),
 ) -> None:
     import sys
 
@@ -75,6 +84,7 @@ def compare(
             rank=rank,
             step=step,
             tolerance_dtype=tolerance_dtype,
+            rename=rename,
             on_step=lambda r, s: bar.update(task, advance=1, description=f"rank {r} step {s}"),
         )
     payload = result.model_dump_json(indent=2)
