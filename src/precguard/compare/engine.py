@@ -148,6 +148,7 @@ def compare(
         actual=str(a_run.path),
         devices=[g_run.manifest.device, a_run.manifest.device],
         dtypes=[g_run.manifest.dtype, a_run.manifest.dtype],
+        targets=[g_run.manifest.target, a_run.manifest.target],
         profile=prof.name,
         tolerances={k: v.model_dump() for k, v in prof.dtypes.items()}
         | {"amplification": prof.amplification},
