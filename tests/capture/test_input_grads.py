@@ -90,3 +90,35 @@ def test_input_grads_off(tiny_llama, input_ids, tmp_path):
     roles = {(r.phase, r.role) for r in precguard.load_run(tmp_path / "run").records()}
     assert ("backward", "input") not in roles
     assert ("backward", "output") in roles and ("backward", "grad") in roles
+
+
+class PassesItsWeight(nn.Module):
+    """Hands a parameter (a leaf that lives across steps) to a submodule as an input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((8,), 2.0))
+        self.apply_scale = Scale()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.apply_scale(x, self.scale)
+
+
+class Scale(nn.Module):
+    def forward(self, x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return x * s
+
+
+def test_a_leaf_input_is_watched_once_per_step_and_unhooked_after(tmp_path):
+    model = PassesItsWeight()
+    x = torch.randn(4, 8, requires_grad=True)
+
+    with precguard.monitor(model, out=tmp_path / "run") as mon:
+        for _ in range(3):
+            model(x).sum().backward()
+            mon.step()
+
+    records = list(precguard.load_run(tmp_path / "run").records())
+    grads_of_s = [r for r in records if r.key == "apply_scale.0.backward.input.1"]
+    assert [r.step for r in grads_of_s] == [0, 1, 2]  # one per step, none repeated
+    assert not model.scale._backward_hooks and not x._backward_hooks

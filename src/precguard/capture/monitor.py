@@ -65,6 +65,7 @@ class _InputGradWatch:
     """The tensor hook of one forward input tensor and the module calls that read it."""
 
     ref: weakref.ref[torch.Tensor]
+    leaf: bool
     readers: list[_Reader] = field(default_factory=list)
 
 
@@ -310,7 +311,13 @@ class Monitor:
             self._report_failure(name, "backward", exc)
 
     def _watch_input(self, t: torch.Tensor, reader: _Reader) -> None:
-        """Add ``reader`` to the gradient hook of input ``t``, registering it on first use."""
+        """Add ``reader`` to the gradient hook of input ``t``, registering it on first use.
+
+        A non-leaf tensor's hook lives as long as its graph: one per tensor and
+        step. A leaf (a parameter or a user tensor passed in as an input) keeps
+        its hooks across steps, so it gets one hook for the monitor's lifetime,
+        removed with the others.
+        """
         key = id(t)
         watch = self._input_grads.get(key)
         if watch is None or watch.ref() is not t:
@@ -320,17 +327,20 @@ class Monitor:
                 if current is not None and current.ref is ref:
                     del self._input_grads[key]
 
-            watch = _InputGradWatch(weakref.ref(t, forget))
+            watch = _InputGradWatch(weakref.ref(t, forget), leaf=t.grad_fn is None)
             self._input_grads[key] = watch
-            t.register_hook(functools.partial(self._input_grad, key, watch))
+            handle = t.register_hook(functools.partial(self._input_grad, key, watch))
+            if watch.leaf:
+                self._handles.append(handle)
         watch.readers.append(reader)
 
     def _input_grad(self, key: int, watch: _InputGradWatch, grad: torch.Tensor) -> None:
-        if self._input_grads.get(key) is watch:
+        readers, watch.readers = watch.readers, []
+        if not watch.leaf and self._input_grads.get(key) is watch:
             del self._input_grads[key]
         if self.removed:
             return
-        for r in attributable_readers(watch.readers, self._root_name):
+        for r in attributable_readers(readers, self._root_name):
             if r.sink.closed:
                 continue
             try:
