@@ -206,3 +206,24 @@ def test_no_hint_when_the_error_came_from_upstream(
     other_data = record(tmp_path / "other", tensors=True)  # same model, same data
     code, out, _ = run_cli(["compare", str(tiny_golden), str(other_data)], capsys)
     assert code == 0 and "confirm it alone" not in out and "no replay command" not in out
+
+
+def test_replay_runs_on_the_actuals_device(tiny_golden: Path, tmp_path: Path) -> None:
+    from precguard.compare.hints import replay_hint
+    from precguard.localize.confirm import replay_suspects
+    from precguard.runner import resolve_backend
+
+    try:
+        resolve_backend("emu:softmax-fp16")
+    except precguard.PrecguardError as exc:
+        pytest.skip(f"emu:softmax-fp16 unavailable: {exc}")
+    actual = record(tmp_path / "softmax", device="emu:softmax-fp16")
+    result = precguard.compare(tiny_golden, actual)
+
+    hint = replay_hint(result)
+    assert hint is not None and hint.command is not None
+    assert "--device emu:softmax-fp16" in hint.command and "--target tiny-llama" in hint.command
+    checked = replay_suspects(result, target="tiny-llama", top=1)
+    [check] = checked.replays
+    assert check.module == "model.layers.0.self_attn" and check.device == "emu:softmax-fp16"
+    assert check.verdict == "diverged" and check.local_error > 1e-5
