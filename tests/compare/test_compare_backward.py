@@ -15,6 +15,7 @@ from torch import nn
 
 import precguard
 from conftest import record
+from precguard.compare.hints import replay_hint
 
 
 class _ScaledBackward(torch.autograd.Function):
@@ -83,6 +84,8 @@ def test_wrong_backward_is_named_local(
     ]
     assert any(r.local is False for r in upstream)
     assert all(s.module != module for s in result.suspects)
+    hint = replay_hint(result)
+    assert hint is not None and hint.command is None and "backward" in hint.reason
 
 
 def test_clean_training_step_matches(train_golden: Path, tmp_path: Path) -> None:

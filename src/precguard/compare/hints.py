@@ -144,10 +144,17 @@ def target_problem(spec: str | None) -> str | None:
 def replay_hint(result: Comparison) -> ReplayHint | None:
     """The ``precguard replay`` command confirming the first divergence; None if none applies.
 
-    None when there is no forward, local first divergence to confirm.
+    None when there is no local first divergence to confirm (a backward one
+    gets a reason and no command).
     """
     spots = replay_spots(result, 1)
     fd = result.first_divergence
+    if fd is not None and fd.phase == "backward" and fd.local:
+        return ReplayHint(
+            None,
+            "the first divergence is in backward and replay re-runs a module's forward only; "
+            "the backward records of that module are the evidence",
+        )
     if not spots or fd is None or spots[0].key != fd.key:
         return None
     spot = spots[0]
