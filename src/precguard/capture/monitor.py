@@ -8,20 +8,25 @@ returns a value, so the model computes exactly what it computes without
 precguard. A hook that fails logs one error per module and lets the forward
 pass go on.
 
-Input gradients are observed with tensor hooks on the input tensors, not
-with ``register_full_backward_hook``: that wraps inputs and outputs in an
+Input gradients are observed without adding a node to the graph, not with
+``register_full_backward_hook``: that wraps inputs and outputs in an
 identity autograd node, which (a) adds up the gradient contributions of a
 module's uses of an input before they meet the uses outside it, changing the
 order of a floating-point sum and so the gradients themselves in the last
 bit, (b) makes in-place ops on the wrapped tensors an error, and (c) sees
-only positional arguments. A tensor hook reads the gradient w.r.t. the
-tensor, the sum over every use of it, and changes nothing. That sum is the
-module's own input gradient when the module is the only module that reads
-the tensor (uses by plain code in the enclosing module, such as a residual
-add, are taken as exact). When sibling modules read the same tensor
-(``q_proj``, ``k_proj`` and ``v_proj`` of one hidden state) no module alone
-produced the sum, so it is recorded only for the modules that enclose all
-of its readers (here ``self_attn``), never misattributed to one of them.
+only positional arguments. Instead:
+
+* a leaf module (a Linear, a norm) gets hooks on the nodes of its own graph
+  that hand gradient to its inputs (:mod:`precguard.capture.grad_edges`):
+  its own contribution, exactly, also when siblings (``q_proj``, ``k_proj``,
+  ``v_proj``) or a residual add read the same tensor;
+* a module with submodules gets a tensor hook on each input: the gradient
+  w.r.t. the tensor, the sum over every use of it. That is the module's own
+  input gradient when no module outside it reads the tensor (plain code in
+  the enclosing module, such as a residual add, is taken as exact). When
+  sibling modules read it, no module alone produced the sum, so it is
+  recorded only for the modules that enclose all of its readers, never
+  charged to one of them.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from torch.utils.hooks import RemovableHandle
 
 from precguard._logging import get_logger
 from precguard.capture.flatten import named_tensors
+from precguard.capture.grad_edges import consumer_edges
 from precguard.capture.options import CaptureOptions
 from precguard.capture.recording import CallFrame, Recording
 from precguard.errors import NonFiniteError
@@ -58,6 +64,18 @@ class _Reader:
     index: int
     name: str
     save: bool
+    #: its own contribution is recorded from its graph's edges (a leaf module), so the
+    #: tensor's whole gradient is not charged to it
+    exact: bool = False
+
+
+@dataclass
+class _OwnInputGrads:
+    """A leaf module call's own input gradients, gathered from the edges of its graph."""
+
+    readers: list[_Reader]
+    expected: list[int]
+    parts: list[list[torch.Tensor | None]]
 
 
 @dataclass
@@ -145,6 +163,7 @@ class Monitor:
         self._watch_inputs = options.backward and options.input_grads
         self.removed = False
         self.names = module_names(root, root_name)
+        self._leaves = {id(m) for m in self.names if next(m.children(), None) is None}
         for mod, name in self.names.items():
             if isinstance(mod, _CONTAINERS):
                 continue
@@ -268,14 +287,18 @@ class Monitor:
             # gradients (rotary_emb reads hidden_states only for its dtype): not a reader.
             if needs_grad and not any(t.requires_grad for _, t in items):
                 needs_grad = []
-            for index, tname, t, version in needs_grad:
-                if t._version != version:
-                    # modified in place (ReLU(inplace=True)): the tensor's gradient is now
-                    # that of the result; its input's is beyond a hook that changes nothing
-                    continue
-                self._watch_input(
-                    t, _Reader(sink, name, mtype, frame.call, index, tname, frame.save)
-                )
+            # modified in place (ReLU(inplace=True)): the tensor's gradient is now that of
+            # the result; its input's is beyond a hook that changes nothing
+            needs_grad = [x for x in needs_grad if x[2]._version == x[3]]
+            readers = [
+                _Reader(sink, name, mtype, frame.call, index, tname, frame.save)
+                for index, tname, _, _ in needs_grad
+            ]
+            if readers and id(module) in self._leaves:
+                readers = self._watch_own_edges(items, needs_grad, readers)
+            for (_, _, t, _), reader in zip(needs_grad, readers, strict=True):
+                if reader is not None:
+                    self._watch_input(t, reader)
             if is_root:
                 sink.flush()
         except NonFiniteError:
@@ -334,6 +357,71 @@ class Monitor:
                 self._handles.append(handle)
         watch.readers.append(reader)
 
+    def _watch_own_edges(
+        self,
+        outputs: list[tuple[str, torch.Tensor]],
+        needs_grad: list[tuple[int, str, torch.Tensor, int]],
+        readers: list[_Reader],
+    ) -> list[_Reader | None]:
+        """Hook a leaf module's graph where it hands gradient to its inputs.
+
+        Returns the readers to register on the input tensors: marked ``exact``
+        where the module's own contribution is hooked, None for an input its
+        graph does not reach (it adds nothing to that input's gradient).
+        """
+        edges = consumer_edges(
+            [t for _, t in outputs if t.requires_grad], [t for _, _, t, _ in needs_grad]
+        )
+        if edges is None:
+            return list(readers)
+        own = _OwnInputGrads(readers, [len(e) for e in edges], [[] for _ in edges])
+        by_node: dict[Any, list[tuple[int, int]]] = {}
+        for k, node_edges in enumerate(edges):
+            for node, i in node_edges:
+                by_node.setdefault(node, []).append((k, i))
+        for node, pairs in by_node.items():
+            node.register_hook(functools.partial(self._edge_grad, own, pairs))
+        out: list[_Reader | None] = []
+        for reader, node_edges in zip(readers, edges, strict=True):
+            reader.exact = bool(node_edges)
+            out.append(reader if node_edges else None)
+        return out
+
+    def _edge_grad(
+        self,
+        own: _OwnInputGrads,
+        pairs: list[tuple[int, int]],
+        grad_inputs: tuple[torch.Tensor | None, ...],
+        _grad_outputs: tuple[torch.Tensor | None, ...],
+    ) -> None:
+        for k, i in pairs:
+            parts = own.parts[k]
+            parts.append(grad_inputs[i])
+            if len(parts) < own.expected[k]:
+                continue
+            own.parts[k] = []
+            r = own.readers[k]
+            if self.removed or r.sink.closed:
+                continue
+            try:
+                got = [g for g in parts if g is not None]
+                if not got:
+                    continue
+                with torch.no_grad():
+                    grad = functools.reduce(torch.add, got)
+                r.sink.add(
+                    r.module,
+                    r.module_type,
+                    r.call,
+                    "backward",
+                    "input",
+                    [(r.name, grad)],
+                    first_index=r.index,
+                    save=r.save,
+                )
+            except Exception as exc:
+                self._report_failure(r.module, "input_grad", exc)
+
     def _input_grad(self, key: int, watch: _InputGradWatch, grad: torch.Tensor) -> None:
         readers, watch.readers = watch.readers, []
         if not watch.leaf and self._input_grads.get(key) is watch:
@@ -341,7 +429,7 @@ class Monitor:
         if self.removed:
             return
         for r in attributable_readers(readers, self._root_name):
-            if r.sink.closed:
+            if r.exact or r.sink.closed:
                 continue
             try:
                 r.sink.add(
