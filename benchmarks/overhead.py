@@ -2,7 +2,9 @@
 
 Prints the ratio of the median forward time under ``monitor`` to the plain
 forward, measured side by side (alternating) in one process, and the
-recording's size per step. Goal: ratio <= 1.25.
+recording's size per step. Goal: ratio <= 1.25. Then the same for a training
+step (forward and backward), with and without the gradients w.r.t. module
+inputs (``input_grads``), unless ``--no-backward``.
 
     .venv/bin/python benchmarks/overhead.py [--hidden 1024 --layers 4 --batch 2 --seq 128]
 """
@@ -25,6 +27,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument(
+        "--no-backward", action="store_true", help="Skip the forward+backward measurement."
+    )
     args = parser.parse_args()
 
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -82,6 +87,55 @@ def main() -> None:
     print(f"monitored forward median: {statistics.median(monitored) * 1e3:8.1f} ms")
     print(f"overhead ratio:           {ratio:8.3f}x  (goal <= 1.25x)")
     print(f"recording: {n_records / steps:.0f} records/step, {size / steps / 1024:.1f} KiB/step")
+    if not args.no_backward:
+        train_overhead(model.train(), ids, args.repeats)
+
+
+def train_overhead(model: torch.nn.Module, ids: torch.Tensor, repeats: int) -> None:
+    """Median forward+backward time: plain, monitored, monitored with input gradients."""
+    from precguard.capture.monitor import Monitor
+    from precguard.capture.options import CaptureOptions
+    from precguard.capture.recording import Recording
+
+    def train_step() -> None:
+        model(ids, labels=ids).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    configs = {
+        "plain": None,
+        "monitored, no input grads": CaptureOptions(input_grads=False),
+        "monitored, input grads": CaptureOptions(input_grads=True),
+    }
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    train_step()  # warm-up
+    with tempfile.TemporaryDirectory() as tmp:
+        recordings = {
+            name: Recording(Path(tmp) / str(i), opts)
+            for i, (name, opts) in enumerate(configs.items())
+            if opts is not None
+        }
+        for i in range(repeats + 1):
+            for name, opts in configs.items():  # interleaved, so drift hits all alike
+                mon = Monitor(model, recordings[name], opts) if opts is not None else None
+                t0 = time.perf_counter()
+                train_step()
+                if mon is not None:
+                    recordings[name].flush()  # the backward records of this step
+                t1 = time.perf_counter()
+                if mon is not None:
+                    mon.remove()
+                if i:
+                    times[name].append(t1 - t0)
+        for rec in recordings.values():
+            rec.close()
+    base = statistics.median(times["plain"])
+    print(f"{'plain forward+backward median:':<30}{base * 1e3:8.1f} ms")
+    for name in list(configs)[1:]:
+        med = statistics.median(times[name])
+        print(f"{name + ' median:':<30}{med * 1e3:8.1f} ms  ({med / base:.3f}x)")
+    with_in = statistics.median(times["monitored, input grads"])
+    without = statistics.median(times["monitored, no input grads"])
+    print(f"input-gradient recording costs: {with_in / without:8.3f}x of monitored")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ def test_overhead_benchmark():
         "benchmarks/overhead.py", "--hidden", "64", "--layers", "1", "--seq", "8", "--repeats", "2"
     )
     assert "overhead ratio:" in out and "KiB/step" in out
+    assert "monitored, input grads median:" in out and "input-gradient recording costs:" in out
 
 
 def test_compare_benchmark_cleans_up(tmp_path):

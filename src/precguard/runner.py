@@ -148,7 +148,7 @@ def record_target(
         params="every_step" if train else "first_step",
         overwrite=overwrite,
         device=device,
-        target=target_obj.name,
+        target=_target_spec(target, target_obj),
         fingerprint=fingerprint,
         auto_step=False,
         compute_dtype=str(compute).removeprefix("torch.") if compute is not None else None,
@@ -175,3 +175,17 @@ def record_target(
                 on_step(step)
     logger.info("recording_written", path=str(out), steps=steps, device=device)
     return Path(out)
+
+
+def _target_spec(spec: str | Target, target: Target) -> str:
+    """What the manifest names as the target: a spec ``--target`` accepts, not a label.
+
+    A file path is made absolute, so a replay command printed from another
+    directory still finds it.
+    """
+    if not isinstance(spec, str):
+        return target.name
+    path, sep, func = spec.partition(":")
+    if path.endswith(".py") and Path(path).is_file():
+        return str(Path(path).resolve()) + sep + func
+    return spec

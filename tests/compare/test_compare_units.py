@@ -389,7 +389,7 @@ def _scale_mlp_input_grad(model: torch.nn.Module) -> None:
     mlp.register_full_backward_hook(lambda _m, grad_in, _out: tuple(g * 1.01 for g in grad_in))
 
 
-def test_backward_only_divergence_is_located_but_not_classified(tmp_path: Path) -> None:
+def test_backward_only_divergence_is_named_and_classified(tmp_path: Path) -> None:
     golden = record(tmp_path / "g", train=True, tensors=False)
     actual = precguard.record_target(
         "tiny-llama", out=tmp_path / "a", train=True, prepare=_scale_mlp_input_grad
@@ -399,9 +399,10 @@ def test_backward_only_divergence_is_located_but_not_classified(tmp_path: Path) 
 
     fd = result.first_divergence
     assert result.verdict == "diverged"
-    assert fd is not None and fd.phase == "backward" and fd.local is None
-    # the gradient the faulty MLP sends back is the gradient of its input's producer
-    assert fd.module == "model.layers.2.post_attention_layernorm"
+    assert fd is not None and fd.phase == "backward" and fd.local is True
+    # the MLP's output gradients match; the input gradient it computes does not
+    assert fd.module == "model.layers.2.mlp"
+    assert fd.key == "model.layers.2.mlp.0.backward.input.0"
     assert all(r.status == "pass" for r in result.records if r.phase == "forward")
 
 

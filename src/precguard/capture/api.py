@@ -80,6 +80,7 @@ def monitor(
     *,
     tensors: bool | list[str] = False,
     backward: bool = True,
+    input_grads: bool = True,
     on_nonfinite: str = "record",
     params: str = "first_step",
     overwrite: bool = False,
@@ -96,6 +97,8 @@ def monitor(
         None only watches for NaN/Inf and logs.
     :param tensors: save full tensors: True for all modules, or glob patterns.
     :param backward: record gradients of module outputs and parameters.
+    :param input_grads: with ``backward``, also record gradients w.r.t. module inputs
+        (``backward.input`` records; see docs/capture.md for what they mean and cost).
     :param on_nonfinite: ``"record"``, ``"save"`` (write the origin's inputs)
         or ``"raise"`` (:class:`~precguard.errors.NonFiniteError` at the origin).
     :param params: parameter statistics at ``"first_step"``, ``"every_step"`` or ``"never"``.
@@ -114,7 +117,11 @@ def monitor(
     ...     model(input_ids)
     """
     options = CaptureOptions(
-        tensors=tensors, backward=backward, on_nonfinite=on_nonfinite, params=params
+        tensors=tensors,
+        backward=backward,
+        input_grads=input_grads,
+        on_nonfinite=on_nonfinite,
+        params=params,
     )
     if device is None:
         first = next(itertools.chain(model.parameters(), model.buffers()), None)
@@ -164,6 +171,7 @@ def record(
     *,
     tensors: bool | list[str] = False,
     backward: bool = True,
+    input_grads: bool = True,
     on_nonfinite: str = "record",
     params: str = "first_step",
     overwrite: bool = False,
@@ -181,7 +189,11 @@ def record(
     ...     model(x)          # a @precision_monitor model
     """
     options = CaptureOptions(
-        tensors=tensors, backward=backward, on_nonfinite=on_nonfinite, params=params
+        tensors=tensors,
+        backward=backward,
+        input_grads=input_grads,
+        on_nonfinite=on_nonfinite,
+        params=params,
     )
     recording = Recording(
         out,

@@ -2,16 +2,39 @@
 
 Hooks are registered with torch's own ``register_forward_pre_hook`` /
 ``register_forward_hook`` (with kwargs), tensor ``register_hook`` for the
-gradients of module outputs, and ``register_post_accumulate_grad_hook`` for
-parameter gradients. No hook returns a value, so the model computes exactly
-what it computes without precguard. A hook that fails logs one error per
-module and lets the forward pass go on.
+gradients of module outputs and inputs, and
+``register_post_accumulate_grad_hook`` for parameter gradients. No hook
+returns a value, so the model computes exactly what it computes without
+precguard. A hook that fails logs one error per module and lets the forward
+pass go on.
+
+Input gradients are observed without adding a node to the graph, not with
+``register_full_backward_hook``: that wraps inputs and outputs in an
+identity autograd node, which (a) adds up the gradient contributions of a
+module's uses of an input before they meet the uses outside it, changing the
+order of a floating-point sum and so the gradients themselves in the last
+bit, (b) makes in-place ops on the wrapped tensors an error, and (c) sees
+only positional arguments. Instead:
+
+* a leaf module (a Linear, a norm) gets hooks on the nodes of its own graph
+  that hand gradient to its inputs (:mod:`precguard.capture.grad_edges`):
+  its own contribution, exactly, also when siblings (``q_proj``, ``k_proj``,
+  ``v_proj``) or a residual add read the same tensor;
+* a module with submodules gets a tensor hook on each input: the gradient
+  w.r.t. the tensor, the sum over every use of it. That is the module's own
+  input gradient when no module outside it reads the tensor (plain code in
+  the enclosing module, such as a residual add, is taken as exact). When
+  sibling modules read it, no module alone produced the sum, so it is
+  recorded only for the modules that enclose all of its readers, never
+  charged to one of them.
 """
 
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,6 +43,7 @@ from torch.utils.hooks import RemovableHandle
 
 from precguard._logging import get_logger
 from precguard.capture.flatten import named_tensors
+from precguard.capture.grad_edges import consumer_edges
 from precguard.capture.options import CaptureOptions
 from precguard.capture.recording import CallFrame, Recording
 from precguard.errors import NonFiniteError
@@ -27,6 +51,61 @@ from precguard.errors import NonFiniteError
 logger = get_logger(__name__)
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
+
+
+@dataclass
+class _Reader:
+    """One module call that read a tensor: where its input gradient is recorded."""
+
+    sink: Recording
+    module: str
+    module_type: str
+    call: int
+    index: int
+    name: str
+    save: bool
+    #: its own contribution is recorded from its graph's edges (a leaf module), so the
+    #: tensor's whole gradient is not charged to it
+    exact: bool = False
+
+
+@dataclass
+class _OwnInputGrads:
+    """A leaf module call's own input gradients, gathered from the edges of its graph."""
+
+    readers: list[_Reader]
+    expected: list[int]
+    parts: list[list[torch.Tensor | None]]
+
+
+@dataclass
+class _InputGradWatch:
+    """The tensor hook of one forward input tensor and the module calls that read it."""
+
+    ref: weakref.ref[torch.Tensor]
+    leaf: bool
+    readers: list[_Reader] = field(default_factory=list)
+
+
+def _encloses(outer: str, inner: str, root_name: str) -> bool:
+    """True when module ``inner`` lies strictly inside ``outer``."""
+    return outer != inner and (outer == root_name or inner.startswith(outer + "."))
+
+
+def attributable_readers(readers: list[_Reader], root_name: str = "root") -> list[_Reader]:
+    """The readers of a tensor whose input gradient is that tensor's whole gradient.
+
+    A reader qualifies when every other reader is nested with it (inside it,
+    around it, or the same call): then no sibling module added its own
+    contribution to the gradient it would be charged with.
+    """
+
+    def nested(a: _Reader, b: _Reader) -> bool:
+        if a.module == b.module:
+            return a.call == b.call
+        return _encloses(a.module, b.module, root_name) or _encloses(b.module, a.module, root_name)
+
+    return [r for r in readers if all(nested(r, o) for o in readers)]
 
 
 def module_names(root: nn.Module, root_name: str = "root") -> dict[nn.Module, str]:
@@ -44,6 +123,11 @@ def module_names(root: nn.Module, root_name: str = "root") -> dict[nn.Module, st
         else:
             names[mod] = name if root_name == "root" else f"{root_name}.{name}"
     return names
+
+
+#: an open call: its sink, its frame, and its inputs that require grad as
+#: (index among the inputs, name, tensor, its version counter at the call)
+_Open = tuple[Recording, CallFrame, list[tuple[int, str, torch.Tensor, int]]]
 
 
 class Monitor:
@@ -70,10 +154,16 @@ class Monitor:
         self._fixed_sink = sink if isinstance(sink, Recording) else None
         self._handles: list[RemovableHandle] = []
         # per module: a stack of open calls (None where the call is not recorded)
-        self._frames: dict[int, list[tuple[Recording, CallFrame] | None]] = {}
+        self._frames: dict[int, list[_Open | None]] = {}
         self._failed: set[tuple[str, str]] = set()
+        # id(tensor) -> the input-gradient hook on that tensor, one per tensor however
+        # many modules read it; entries leave when the gradient arrives or the tensor dies
+        self._input_grads: dict[int, _InputGradWatch] = {}
+        self._root_name = root_name
+        self._watch_inputs = options.backward and options.input_grads
         self.removed = False
         self.names = module_names(root, root_name)
+        self._leaves = {id(m) for m in self.names if next(m.children(), None) is None}
         for mod, name in self.names.items():
             if isinstance(mod, _CONTAINERS):
                 continue
@@ -90,7 +180,7 @@ class Monitor:
                 for index, (pname, p) in enumerate(mod.named_parameters(recurse=False)):
                     if p.requires_grad:
                         hook = functools.partial(
-                            self._param_grad, name, type(mod).__name__, index, pname
+                            self._param_grad, name, type(mod).__name__, index, pname, info[2]
                         )
                         self._handles.append(p.register_post_accumulate_grad_hook(hook))
 
@@ -120,7 +210,7 @@ class Monitor:
         name, mtype, save, is_root, skip_covered = info
         if self.removed:
             return
-        opened: tuple[Recording, CallFrame] | None = None
+        opened: _Open | None = None
         try:
             sink = self._resolve(module, skip_covered)
             if sink is not None:
@@ -134,7 +224,12 @@ class Monitor:
                     save=save,
                     on_nonfinite=self.options.on_nonfinite,
                 )
-                opened = (sink, frame)
+                needs_grad = (
+                    [(i, n, t, t._version) for i, (n, t) in enumerate(items) if t.requires_grad]
+                    if self._watch_inputs and torch.is_grad_enabled()
+                    else []
+                )
+                opened = (sink, frame, needs_grad)
                 self._record_params(sink, module, frame)
         except Exception as exc:
             self._report_failure(name, "forward_pre", exc)
@@ -167,7 +262,7 @@ class Monitor:
         opened = stack.pop() if stack else None
         if opened is None or self.removed:
             return
-        sink, frame = opened
+        sink, frame, needs_grad = opened
         try:
             items = named_tensors(output, "output")
             sink.leave(frame, items)
@@ -176,9 +271,34 @@ class Monitor:
                     if t.requires_grad:
                         t.register_hook(
                             functools.partial(
-                                self._output_grad, sink, name, mtype, frame.call, index, tname
+                                self._output_grad,
+                                sink,
+                                name,
+                                mtype,
+                                frame.call,
+                                index,
+                                tname,
+                                frame.save,
                             )
                         )
+            # Registered after the call, so a module's readers are listed innermost
+            # first (children finish before their parent), the order they are recorded in.
+            # A call none of whose outputs requires grad adds nothing to its inputs'
+            # gradients (rotary_emb reads hidden_states only for its dtype): not a reader.
+            if needs_grad and not any(t.requires_grad for _, t in items):
+                needs_grad = []
+            # modified in place (ReLU(inplace=True)): the tensor's gradient is now that of
+            # the result; its input's is beyond a hook that changes nothing
+            needs_grad = [x for x in needs_grad if x[2]._version == x[3]]
+            readers = [
+                _Reader(sink, name, mtype, frame.call, index, tname, frame.save)
+                for index, tname, _, _ in needs_grad
+            ]
+            if readers and id(module) in self._leaves:
+                readers = self._watch_own_edges(items, needs_grad, readers)
+            for (_, _, t, _), reader in zip(needs_grad, readers, strict=True):
+                if reader is not None:
+                    self._watch_input(t, reader)
             if is_root:
                 sink.flush()
         except NonFiniteError:
@@ -194,23 +314,156 @@ class Monitor:
         call: int,
         index: int,
         tname: str,
+        save: bool,
         grad: torch.Tensor,
     ) -> None:
         if self.removed or sink.closed:
             return
         try:
-            sink.add(name, mtype, call, "backward", "output", [(tname, grad)], first_index=index)
+            sink.add(
+                name,
+                mtype,
+                call,
+                "backward",
+                "output",
+                [(tname, grad)],
+                first_index=index,
+                save=save,
+            )
         except Exception as exc:
             self._report_failure(name, "backward", exc)
 
-    def _param_grad(self, name: str, mtype: str, index: int, pname: str, p: torch.Tensor) -> None:
+    def _watch_input(self, t: torch.Tensor, reader: _Reader) -> None:
+        """Add ``reader`` to the gradient hook of input ``t``, registering it on first use.
+
+        A non-leaf tensor's hook lives as long as its graph: one per tensor and
+        step. A leaf (a parameter or a user tensor passed in as an input) keeps
+        its hooks across steps, so it gets one hook for the monitor's lifetime,
+        removed with the others.
+        """
+        key = id(t)
+        watch = self._input_grads.get(key)
+        if watch is None or watch.ref() is not t:
+
+            def forget(ref: weakref.ref[torch.Tensor], key: int = key) -> None:
+                current = self._input_grads.get(key)
+                if current is not None and current.ref is ref:
+                    del self._input_grads[key]
+
+            watch = _InputGradWatch(weakref.ref(t, forget), leaf=t.grad_fn is None)
+            self._input_grads[key] = watch
+            handle = t.register_hook(functools.partial(self._input_grad, key, watch))
+            if watch.leaf:
+                self._handles.append(handle)
+        watch.readers.append(reader)
+
+    def _watch_own_edges(
+        self,
+        outputs: list[tuple[str, torch.Tensor]],
+        needs_grad: list[tuple[int, str, torch.Tensor, int]],
+        readers: list[_Reader],
+    ) -> list[_Reader | None]:
+        """Hook a leaf module's graph where it hands gradient to its inputs.
+
+        Returns the readers to register on the input tensors: marked ``exact``
+        where the module's own contribution is hooked, None for an input its
+        graph does not reach (it adds nothing to that input's gradient).
+        """
+        edges = consumer_edges(
+            [t for _, t in outputs if t.requires_grad], [t for _, _, t, _ in needs_grad]
+        )
+        if edges is None:
+            return list(readers)
+        own = _OwnInputGrads(readers, [len(e) for e in edges], [[] for _ in edges])
+        by_node: dict[Any, list[tuple[int, int]]] = {}
+        for k, node_edges in enumerate(edges):
+            for node, i in node_edges:
+                by_node.setdefault(node, []).append((k, i))
+        for node, pairs in by_node.items():
+            node.register_hook(functools.partial(self._edge_grad, own, pairs))
+        out: list[_Reader | None] = []
+        for reader, node_edges in zip(readers, edges, strict=True):
+            reader.exact = bool(node_edges)
+            out.append(reader if node_edges else None)
+        return out
+
+    def _edge_grad(
+        self,
+        own: _OwnInputGrads,
+        pairs: list[tuple[int, int]],
+        grad_inputs: tuple[torch.Tensor | None, ...],
+        _grad_outputs: tuple[torch.Tensor | None, ...],
+    ) -> None:
+        for k, i in pairs:
+            parts = own.parts[k]
+            parts.append(grad_inputs[i])
+            if len(parts) < own.expected[k]:
+                continue
+            own.parts[k] = []
+            r = own.readers[k]
+            if self.removed or r.sink.closed:
+                continue
+            try:
+                got = [g for g in parts if g is not None]
+                if not got:
+                    continue
+                with torch.no_grad():
+                    grad = functools.reduce(torch.add, got)
+                r.sink.add(
+                    r.module,
+                    r.module_type,
+                    r.call,
+                    "backward",
+                    "input",
+                    [(r.name, grad)],
+                    first_index=r.index,
+                    save=r.save,
+                )
+            except Exception as exc:
+                self._report_failure(r.module, "input_grad", exc)
+
+    def _input_grad(self, key: int, watch: _InputGradWatch, grad: torch.Tensor) -> None:
+        readers, watch.readers = watch.readers, []
+        if not watch.leaf and self._input_grads.get(key) is watch:
+            del self._input_grads[key]
+        if self.removed:
+            return
+        for r in attributable_readers(readers, self._root_name):
+            if r.exact or r.sink.closed:
+                continue
+            try:
+                r.sink.add(
+                    r.module,
+                    r.module_type,
+                    r.call,
+                    "backward",
+                    "input",
+                    [(r.name, grad)],
+                    first_index=r.index,
+                    save=r.save,
+                )
+            except Exception as exc:
+                self._report_failure(r.module, "input_grad", exc)
+
+    def _param_grad(
+        self, name: str, mtype: str, index: int, pname: str, save: bool, p: torch.Tensor
+    ) -> None:
         if self.removed or p.grad is None:
             return
         sink = self._sink_fn()
         if sink is None or sink.closed:
             return
         try:
-            sink.add(name, mtype, 0, "backward", "grad", [(pname, p.grad)], first_index=index)
+            sink.add(
+                name,
+                mtype,
+                0,
+                "backward",
+                "grad",
+                [(pname, p.grad)],
+                first_index=index,
+                save=save,
+            )
         except Exception as exc:
             self._report_failure(name, "param_grad", exc)
 
@@ -225,6 +478,7 @@ class Monitor:
             h.remove()
         self._handles.clear()
         self._frames.clear()
+        self._input_grads.clear()
         if self._fixed_sink is not None:
             for mod in self.names:
                 self._fixed_sink.covered.discard(id(mod))

@@ -25,6 +25,12 @@ class CaptureOptions(BaseModel):
         default=True,
         description="Record gradients of module outputs and of parameters in backward.",
     )
+    input_grads: bool = Field(
+        default=True,
+        description="With backward: also record the gradient w.r.t. each module input that "
+        "requires grad (backward.input records), which localizes a module whose backward is "
+        "wrong. One tensor hook per input and call; turn off to save that cost.",
+    )
     on_nonfinite: OnNonFinite = Field(
         default="record",
         description="'record': mark and log the origin; 'save': also write the origin's "

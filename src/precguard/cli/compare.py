@@ -55,6 +55,32 @@ def compare(
         "or emu:bf16 run as bf16); golden: hold the run to the golden's precision; or a "
         "dtype name (bfloat16, float32, ...).",
     ),
+    rename: list[str] = typer.Option(
+        [],
+        "--map",
+        help="OLD=NEW: modules named OLD (a glob; a leading part of the name up to a dot) "
+        "are called NEW, '*' in NEW repeating OLD's, e.g. 'blocks.*=layers.*'. Repeatable; "
+        "applied to both sides after wrapper prefixes (DDP 'module.', FSDP, torch.compile, "
+        "checkpointing) are stripped.",
+        metavar="OLD=NEW",
+    ),
+    replay: bool = typer.Option(
+        False,
+        "--replay",
+        help="Re-run each failing module (first divergence, then suspects) alone on the "
+        "actual's device with the golden's recorded inputs: its local error measured "
+        "directly, shown beside the inferred one. Needs full tensors and --target.",
+    ),
+    replay_top: int = typer.Option(
+        3, "--replay-top", help="With --replay: how many failing modules to replay."
+    ),
+    target: str | None = typer.Option(
+        None,
+        "--target",
+        "-t",
+        help="With --replay: the target whose code ran on the actual's side (never taken "
+        "from a recording implicitly).",
+    ),
 ) -> None:
     import sys
 
@@ -63,11 +89,19 @@ def compare(
 
     from precguard.compare import compare as run_compare
     from precguard.compare.render import render
+    from precguard.errors import UsageError
 
     if top < 0:
-        from precguard.errors import UsageError
-
         raise UsageError(f"--top must be >= 0, got {top}")
+    if replay_top < 1:
+        raise UsageError(f"--replay-top must be >= 1, got {replay_top}")
+    if replay and target is None:
+        from precguard.compare.hints import replay_suggestion
+        from precguard.dump.reader import load_run
+
+        raise UsageError(replay_suggestion(load_run(actual).manifest.target))
+    if target is not None and not replay:
+        raise UsageError("--target is used only with --replay")
     stderr = Console(stderr=True)
     with Progress(console=stderr, transient=True, disable=not sys.stderr.isatty()) as bar:
         task = bar.add_task(f"comparing {actual} with {golden}", total=None)
@@ -80,15 +114,26 @@ def compare(
             rank=rank,
             step=step,
             tolerance_dtype=tolerance_dtype,
+            rename=rename,
             on_step=lambda r, s: bar.update(task, advance=1, description=f"rank {r} step {s}"),
         )
+    if replay:
+        from precguard.localize.confirm import replay_suspects
+
+        assert target is not None
+        result = replay_suspects(result, target=target, top=replay_top)
     payload = result.model_dump_json(indent=2)
     if json_out is not None and str(json_out) == "-":
         typer.echo(payload)
     else:
         if json_out is not None:
             _write(json_out, payload)
-        render(result, Console(), top=top)
+        console = Console()
+        render(result, console, top=top)
+        if replay:
+            from precguard.localize.confirm import render_replays
+
+            render_replays(result, console)
     if result.verdict != "match":
         raise typer.Exit(1)
 

@@ -1,18 +1,174 @@
 """Pair the records of two recordings.
 
-First by key. Records left over (a renamed module, re-ordered calls, a
-different number of calls) are paired by order within the same parent
-module, phase and role, preferring a partner of the same shape and dtype,
-then of the same shape. A record without a partner of the same shape stays
-unmatched: it is reported, never dropped.
+Module names are first brought to one spelling on both sides
+(:class:`Renamer`): the prefixes that wrappers add are stripped (``module.``
+of DDP, ``_fsdp_wrapped_module.`` of FSDP, ``_orig_mod.`` of
+``torch.compile``, ``_checkpoint_wrapped_module.`` of activation
+checkpointing) and the wrappers' own records, copies of the module they
+wrap, are dropped; then the user's ``--map OLD=NEW`` rules rename modules.
+
+Records are paired by key. Records left over (a renamed module, re-ordered
+calls, a different number of calls) are paired by order within the same
+parent module, phase and role, preferring a partner of the same shape and
+dtype, then of the same shape. A record without a partner of the same shape
+stays unmatched: it is reported, never dropped.
 """
 
 from __future__ import annotations
 
+import difflib
+import re
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from precguard.dump.schema import Record
+from precguard.errors import UsageError
+
+#: classes that wrap a module and forward to it: their records repeat the wrapped module's
+WRAPPER_TYPES = frozenset(
+    {
+        "DistributedDataParallel",
+        "DataParallel",
+        "FullyShardedDataParallel",
+        "OptimizedModule",
+        "CheckpointWrapper",
+        "OffloadWrapper",
+    }
+)
+#: the attribute under which those wrappers hold the wrapped module, anywhere in a name
+WRAPPER_SEGMENTS = frozenset({"_fsdp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_module"})
+#: wrappers of the whole model that hold it as ``module`` (only a leading segment)
+_ROOT_WRAPPERS = frozenset({"DistributedDataParallel", "DataParallel"})
+
+
+@dataclass(frozen=True)
+class RenameRule:
+    """``OLD=NEW``: a module named OLD (a glob) is called NEW; ``*`` in NEW repeats OLD's.
+
+    OLD matches a whole name or a leading part of it that ends at a dot, so
+    ``transformer=model`` renames ``transformer.h.0`` to ``model.h.0``, and
+    ``blocks.*=layers.*`` renames ``blocks.3.fc`` to ``layers.3.fc``.
+    """
+
+    old: str
+    new: str
+    pattern: re.Pattern[str]
+
+    @classmethod
+    def parse(cls, text: str) -> RenameRule:
+        """Parse ``OLD=NEW``; raise UsageError saying what is wrong with it."""
+        old, sep, new = text.partition("=")
+        old, new = old.strip(), new.strip()
+        if not sep or not old or not new or "=" in new:
+            raise UsageError(f"--map {text!r}: expected OLD=NEW (e.g. 'blocks.*=layers.*')")
+        wild_old = sum(old.count(c) for c in "*?")
+        wild_new = sum(new.count(c) for c in "*?")
+        if wild_new > wild_old:
+            raise UsageError(
+                f"--map {text!r}: NEW has {wild_new} wildcard(s) but OLD only {wild_old}; "
+                "each * or ? in NEW repeats what the same-numbered one in OLD matched"
+            )
+        body = "".join("(.*)" if c == "*" else "(.)" if c == "?" else re.escape(c) for c in old)
+        return cls(old, new, re.compile(body + r"(?P<rest>\..*)?"))
+
+    def apply(self, module: str) -> str | None:
+        """The new name of ``module``, or None when the rule does not match it."""
+        m = self.pattern.fullmatch(module)
+        if m is None:
+            return None
+        captures = iter(m.groups()[:-1])
+        new = "".join(next(captures) if c in "*?" else c for c in self.new)
+        return new + (m.group("rest") or "")
+
+
+class Renamer:
+    """One spelling of module names for both recordings: wrappers stripped, rules applied."""
+
+    def __init__(self, rules: Sequence[RenameRule] = ()) -> None:
+        self.rules = list(rules)
+        self._cache: dict[tuple[str, bool], str] = {}
+
+    @classmethod
+    def from_strings(cls, rules: Iterable[str]) -> Renamer:
+        """Build from ``--map`` arguments (``OLD=NEW``)."""
+        return cls([RenameRule.parse(r) for r in rules])
+
+    def name(self, module: str, *, root_wrapped: bool = False) -> str:
+        """The common spelling of ``module`` (``root_wrapped``: the run's root is DDP)."""
+        key = (module, root_wrapped)
+        done = self._cache.get(key)
+        if done is not None:
+            return done
+        parts = module.split(".")
+        if root_wrapped and parts[0] == "module":
+            parts = parts[1:] or ["root"]
+        parts = [p for p in parts if p not in WRAPPER_SEGMENTS] or ["root"]
+        name = ".".join(parts)
+        for rule in self.rules:
+            renamed = rule.apply(name)
+            if renamed is not None:
+                name = renamed
+                break
+        self._cache[key] = name
+        return name
+
+    def records(self, records: list[Record]) -> list[Record]:
+        """``records`` with module names (and keys) in the common spelling, wrappers dropped."""
+        root_wrapped = any(r.module == "root" and r.module_type in _ROOT_WRAPPERS for r in records)
+        out: list[Record] = []
+        for r in records:
+            if r.module_type in WRAPPER_TYPES:
+                continue
+            name = self.name(r.module, root_wrapped=root_wrapped)
+            if name != r.module:
+                r = r.model_copy(update={"module": name, "key": name + r.key[len(r.module) :]})
+            out.append(r)
+        return out
+
+
+def closest_unmatched(
+    golden_only: Iterable[str], actual_only: Iterable[str], limit: int = 5
+) -> str:
+    """Name, for a few golden-only modules, the closest actual-only one, and a ``--map`` hint.
+
+    Takes record keys; returns "" when there is nothing to pair.
+    """
+    g_mods = list(dict.fromkeys(_module_of(k) for k in golden_only))
+    a_mods = list(dict.fromkeys(_module_of(k) for k in actual_only))
+    if not g_mods or not a_mods:
+        return ""
+    pairs = []
+    for g in g_mods:
+        close = difflib.get_close_matches(g, a_mods, n=1, cutoff=0.5)
+        if close:
+            pairs.append((g, close[0]))
+        if len(pairs) >= limit:
+            break
+    if not pairs:
+        shown = ", ".join(g_mods[:limit])
+        return f"golden-only modules: {shown}; actual-only: {', '.join(a_mods[:limit])}"
+    text = "closest unmatched names (golden ~ actual): " + ", ".join(f"{g} ~ {a}" for g, a in pairs)
+    hint = _map_hint(*pairs[0])
+    return text + (f"; if they are the same modules renamed, try --map '{hint}'" if hint else "")
+
+
+def _module_of(key: str) -> str:
+    return key.rsplit(".", 4)[0] if key.count(".") >= 4 else key
+
+
+def _map_hint(golden: str, actual: str) -> str | None:
+    """``OLD=NEW`` for two names that differ in one dotted segment, else None."""
+    g, a = golden.split("."), actual.split(".")
+    if len(g) != len(a):
+        return None
+    diff = [i for i, (x, y) in enumerate(zip(g, a, strict=True)) if x != y]
+    if len(diff) != 1:
+        return None
+    i = diff[0]
+    if i == len(g) - 1:
+        return f"*.{g[i]}=*.{a[i]}" if i else f"{g[i]}={a[i]}"
+    return f"{'.'.join(g[: i + 1])}.*={'.'.join(a[: i + 1])}.*"
 
 
 @dataclass
@@ -35,15 +191,19 @@ def _group(rec: Record) -> tuple[str, str, str]:
     return parent_module(rec.module), rec.phase, rec.role
 
 
-def align(golden: list[Record], actual: list[Record]) -> Alignment:
+def align(golden: list[Record], actual: list[Record], renamer: Renamer | None = None) -> Alignment:
     """Pair ``golden`` and ``actual`` records of one rank and step.
 
-    Pairs come back in golden execution order (``seq``).
+    Module names are first brought to one spelling by ``renamer`` (default:
+    wrapper prefixes stripped, no rename rules). Pairs come back in golden
+    execution order (``seq``).
 
     >>> a = align(golden_records, actual_records)     # doctest: +SKIP
     >>> [(g.key, x.key) for g, x in a.pairs][:1]       # doctest: +SKIP
     [('model.embed_tokens.0.forward.param.0', 'model.embed_tokens.0.forward.param.0')]
     """
+    renamer = renamer or Renamer()
+    golden, actual = renamer.records(golden), renamer.records(actual)
     by_key = {r.key: r for r in actual}
     result = Alignment()
     left_golden: list[Record] = []

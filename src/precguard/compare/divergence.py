@@ -131,7 +131,7 @@ class _Call:
     consumed: list[RecordResult] = field(default_factory=list)
     params: list[RecordResult] = field(default_factory=list)
     produced: list[RecordResult] = field(default_factory=list)
-    has_input_grads: bool = False
+    has_output_grads: bool = False
 
 
 def _err(r: RecordResult) -> float:
@@ -177,9 +177,9 @@ def _calls(results: list[RecordResult]) -> list[_Call]:
             call = backward.setdefault(key, _Call(r.module, r.module_type, "backward"))
             if r.role == "output":  # gradient w.r.t. a forward output: what backward consumes
                 call.consumed.append(r)
+                call.has_output_grads = True
             else:  # gradients w.r.t. forward inputs ('input') and parameters ('grad')
                 call.produced.append(r)
-                call.has_input_grads |= r.role == "input"
     for key, call in backward.items():
         fwd = forward.get(key)
         if fwd is not None:  # a backward call also reads its forward inputs and weights
@@ -198,6 +198,9 @@ def step_candidates(
     classified = {} if classified is None else classified
     forward = [r for r in results if r.phase == "forward" and r.metrics is not None]
     found: list[Candidate] = []
+    # gradients w.r.t. module inputs are recorded for the whole run or not at all; a module
+    # whose inputs need no gradient (an embedding's ids) produces parameter gradients only
+    input_grads = any(r.phase == "backward" and r.role == "input" for r in results)
     for call in _calls(results):
         bad_params = [p for p in call.params if p.status in _BAD]
         for p in bad_params:
@@ -207,8 +210,8 @@ def step_candidates(
         bad = [o for o in call.produced if o.status in _BAD]
         if not bad or bad_params:
             continue
-        if call.phase == "backward" and not call.has_input_grads:
-            for o in bad:  # without input gradients the consumed side is incomplete
+        if call.phase == "backward" and not (input_grads and call.has_output_grads):
+            for o in bad:  # without input or output gradients the consumed side is incomplete
                 classified[o.key] = (None, None, None)
             continue
         found.extend(_classify(call, bad, profile, classified, forward))
@@ -381,17 +384,24 @@ def _drop_explained(found: list[Candidate]) -> list[Candidate]:
 
 def fallback(results: list[RecordResult]) -> Candidate | None:
     """The first failing record when no module is local (or in backward)."""
+    input_grads = any(r.phase == "backward" and r.role == "input" for r in results)
     for phase in ("forward", "backward"):
         for r in results:
             if r.phase != phase or r.status not in _BAD:
                 continue
-            if phase == "backward":
+            if phase == "backward" and not input_grads:
                 reason = (
                     f"first failing gradient, at {r.module} ({r.module_type}); this recording "
-                    "has no gradients w.r.t. that module's inputs (backward.input records), so "
+                    "has no gradients w.r.t. module inputs (backward.input records), so "
                     "whether it made the error or passed it on is not decided"
                 )
                 local: bool | None = None
+            elif phase == "backward":
+                reason = (
+                    f"first failing gradient, at {r.module} ({r.module_type}); no module's "
+                    "backward made error of its own that the recorded gradients can show"
+                )
+                local = None
             elif r.role == "input" and (
                 r.module == "root" or (r.metrics is not None and r.metrics.level == "exact")
             ):

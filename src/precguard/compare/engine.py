@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from itertools import groupby
 from typing import Any
 
 from precguard._logging import get_logger
-from precguard.compare.align import align
+from precguard.compare.align import WRAPPER_TYPES, Renamer, align, closest_unmatched
 from precguard.compare.divergence import (
     Candidate,
     Classification,
@@ -72,6 +72,7 @@ def compare(
     suspects: int | None = None,
     tolerance_dtype: str = "auto",
     on_step: Callable[[int, int], None] | None = None,
+    rename: Sequence[str] = (),
 ) -> Comparison:
     """Compare an ``actual`` recording with a ``golden`` one and name where they diverge.
 
@@ -90,6 +91,8 @@ def compare(
         dtype name: by that dtype.
     :param on_step: called as ``on_step(rank, step)`` after each step is compared
         (the CLI's progress bar).
+    :param rename: ``OLD=NEW`` module rename rules (globs), applied to both sides after
+        wrapper prefixes (DDP, FSDP, torch.compile, checkpointing) are stripped.
     :raises IncomparableRunsError: the recordings are of different models.
     :raises DumpFormatError: a recording is missing, corrupt or of a newer schema.
 
@@ -108,7 +111,8 @@ def compare(
             f"(float32, bfloat16, float16, float64), got {tolerance_dtype!r}"
         )
     computes = (g_run.manifest.compute_dtype, a_run.manifest.compute_dtype)
-    warnings = _check_models(g_run, a_run)
+    renamer = Renamer.from_strings(rename)
+    warnings = _check_models(g_run, a_run, renamed=bool(rename))
     ranks = _ranks(g_run, a_run, rank, warnings)
     results: list[RecordResult] = []
     golden_only: list[str] = []
@@ -122,7 +126,7 @@ def compare(
             for s, g_recs, a_recs in _paired_steps(g_run, a_run, r, step, warnings):
                 steps_seen += 1
                 step_results = _compare_step(
-                    g_recs, a_recs, g_store, a_store, prof, tolerance_dtype, computes
+                    g_recs, a_recs, g_store, a_store, prof, tolerance_dtype, computes, renamer
                 )
                 classified: Classification = {}
                 found = step_candidates(step_results.results, prof, classified)
@@ -151,13 +155,13 @@ def compare(
         raise IncomparableRunsError(
             f"{a_run.path} does not look like a recording of the same model as {g_run.path}: "
             f"only {matched} records align, {len(golden_only)} are only in golden and "
-            f"{len(actual_only)} only in actual"
+            f"{len(actual_only)} only in actual" + _closest(golden_only, actual_only)
         )
     first = min(firsts, key=lambda c: c.order) if firsts else None
     if golden_only or actual_only:
         warnings.append(
             f"{len(golden_only)} golden and {len(actual_only)} actual records have no "
-            "counterpart (listed under 'unmatched')"
+            "counterpart (listed under 'unmatched')" + _closest(golden_only, actual_only)
         )
     return Comparison(
         golden=str(g_run.path),
@@ -166,6 +170,7 @@ def compare(
         dtypes=[g_run.manifest.dtype, a_run.manifest.dtype],
         compute_dtypes=list(computes),
         tolerance_dtype=tolerance_dtype,
+        targets=[g_run.manifest.target, a_run.manifest.target],
         profile=prof.name,
         tolerances={k: v.model_dump() for k, v in prof.dtypes.items()}
         | {"amplification": prof.amplification},
@@ -190,10 +195,21 @@ def fingerprint_diff(golden: dict[str, Any], actual: dict[str, Any]) -> dict[str
     return out
 
 
-def _check_models(g_run: Run, a_run: Run) -> list[str]:
+def _closest(golden_only: list[str], actual_only: list[str]) -> str:
+    text = closest_unmatched(golden_only, actual_only)
+    return f"; {text}" if text else ""
+
+
+def _check_models(g_run: Run, a_run: Run, *, renamed: bool = False) -> list[str]:
     warnings: list[str] = []
     gm, am = g_run.manifest, a_run.manifest
-    if gm.model and am.model and gm.model != am.model:
+    wrapped = gm.model in WRAPPER_TYPES or am.model in WRAPPER_TYPES
+    if gm.model and am.model and gm.model != am.model and renamed and not wrapped:
+        warnings.append(
+            f"model classes differ (golden {gm.model}, actual {am.model}); compared "
+            "because --map rules were given"
+        )
+    elif gm.model and am.model and gm.model != am.model and not wrapped:
         raise IncomparableRunsError(
             f"{a_run.path / 'manifest.json'}: recording of model {am.model!r}, but golden "
             f"{g_run.path} recorded {gm.model!r}"
@@ -272,9 +288,10 @@ def _compare_step(
     profile: Profile,
     tol_mode: str,
     computes: tuple[str | None, str | None] = (None, None),
+    renamer: Renamer | None = None,
 ) -> _StepResults:
     out = _StepResults()
-    alignment = align(g_recs, a_recs)
+    alignment = align(g_recs, a_recs, renamer)
     for g, a in alignment.pairs:
         metrics = pair_metrics(g, a, g_store, a_store, profile, tol_mode, computes)
         out.results.append(_result(g, a, judge(metrics, profile), metrics))

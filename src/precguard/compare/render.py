@@ -133,13 +133,7 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
                 f"tensors of this module: precguard record ... --tensors '{fd.settle_with}'[/]",
                 soft_wrap=True,  # a command to copy: never broken over lines
             )
-        if fd.phase == "forward" and fd.metrics.level == "full" and fd.module != "root":
-            device = result.devices[1] if len(result.devices) > 1 else "DEVICE"
-            console.print(
-                f"[dim]confirm it alone: precguard replay {result.golden} --module {fd.module} "
-                f"--device {device}[/]",
-                soft_wrap=True,  # a command to copy: never broken over lines
-            )
+        _print_replay_hint(result, console)
     if result.suspects:
         table = Table(title="other suspects (made error of their own)", title_justify="left")
         for col in (
@@ -187,6 +181,21 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
         _fingerprint_table(result, console)
     for w in result.warnings:
         console.print(f"[yellow]warning:[/] {w}")
+
+
+def _print_replay_hint(result: Comparison, console: Console) -> None:
+    from precguard.compare.hints import replay_hint
+
+    hint = replay_hint(result)
+    if hint is None:
+        return
+    if hint.command is not None:
+        console.print(
+            Text(f"confirm it alone: {hint.command}", style="dim"),
+            soft_wrap=True,  # a command to copy: never broken over lines
+        )
+    else:
+        console.print(Text(f"no replay command: {hint.reason}", style="dim"), soft_wrap=True)
 
 
 def _fingerprint_table(result: Comparison, console: Console, limit: int = 8) -> None:

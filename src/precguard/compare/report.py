@@ -219,6 +219,40 @@ class Counts(BaseModel):
     stats_only: int = Field(default=0, description="Pairs compared on statistics only.")
 
 
+class ReplayCheck(BaseModel):
+    """A failing module re-run alone on the actual's device with the golden's inputs.
+
+    The error compare *inferred* for the module (from its output and input
+    errors in the two runs) beside the local error *measured* by the replay.
+    """
+
+    model_config = _FROZEN
+
+    module: str = Field(description="Module name.")
+    module_type: str = Field(description="Class name.")
+    key: str = Field(description="Its failing record in the comparison.")
+    step: int = Field(description="Step whose golden inputs were replayed.")
+    rank: int = Field(description="Rank.")
+    call: int = Field(description="Call of the module.")
+    inferred_local: bool | None = Field(description="compare's local/propagated decision.")
+    inferred_error: float = Field(description="The module's output error in the comparison.")
+    amplification: float | None = Field(
+        default=None, description="compare's output/input error ratio (None: weights differ)."
+    )
+    replayed: bool = Field(description="False when the replay could not run (see note).")
+    device: str = Field(description="Device the module was replayed on (the actual's).")
+    dtype: str | None = Field(default=None, description="dtype it was replayed in.")
+    verdict: Verdict | None = Field(
+        default=None,
+        description="Replay verdict: 'diverged' means the module alone, fed the golden's "
+        "inputs, is outside tolerance (its error is local); None when not replayed.",
+    )
+    local_error: float | None = Field(
+        default=None, description="Measured local error (largest output relative L2)."
+    )
+    note: str = Field(default="", description="Why it was not replayed, or replay warnings.")
+
+
 class Comparison(BaseModel):
     """The result of comparing an actual recording with a golden one."""
 
@@ -245,6 +279,11 @@ class Comparison(BaseModel):
         description="How each pair's tolerance dtype was chosen: 'auto' (the less precise "
         "side's compute precision), 'golden', or a dtype name.",
     )
+    targets: list[str | None] = Field(
+        default_factory=list,
+        description="[golden target, actual target] as the manifests name them (never "
+        "imported by compare; replay hints show them for the user to pass with --target).",
+    )
     profile: str = Field(description="Tolerance profile used.")
     tolerances: dict[str, Any] = Field(description="The numbers the profile applied, per dtype.")
     verdict: Verdict = Field(
@@ -267,6 +306,11 @@ class Comparison(BaseModel):
         "(None where one side lacks the key).",
     )
     warnings: list[str] = Field(default_factory=list, description="Things the user should know.")
+    replays: list[ReplayCheck] = Field(
+        default_factory=list,
+        description="With compare --replay: the failing modules re-run alone on the "
+        "actual's device, inferred beside measured local error.",
+    )
 
     @property
     def diverged(self) -> bool:

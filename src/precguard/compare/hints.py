@@ -1,0 +1,200 @@
+"""What compare suggests next: the ``precguard replay`` command that confirms a suspect.
+
+A printed command must work when pasted. It names the module's call, step
+and rank, the actual's device and dtype, and the target whose code ran on
+the actual's side (the fault may be in that code, not in the device): the
+target the actual's manifest names. compare never imports that target; it
+only prints it for the user to run. When a working command cannot be
+given (no target named, no full tensors, a decorated function), the hint
+says why instead.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from precguard.compare.report import Comparison, RecordResult
+
+#: metric levels at which both sides saved the tensor (replay needs the golden's)
+_SAVED = ("full", "exact")
+
+
+@dataclass(frozen=True)
+class ReplayHint:
+    """The command that replays the first divergence alone, or why there is none."""
+
+    command: str | None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ReplaySpot:
+    """One module call to replay: where it is and what compare inferred about it."""
+
+    module: str
+    module_type: str
+    key: str
+    step: int
+    rank: int
+    call: int
+    local: bool | None
+    error: float
+    amplification: float | None
+
+
+def call_of(key: str) -> int:
+    """The call index in a record key ``{module}.{call}.{phase}.{role}.{index}``."""
+    parts = key.rsplit(".", 4)
+    return int(parts[1]) if len(parts) == 5 and parts[1].isdigit() else 0
+
+
+def replay_spots(result: Comparison, top: int) -> list[ReplaySpot]:
+    """The first divergence and the suspects after it, forward and local, at most ``top``."""
+    spots: list[ReplaySpot] = []
+    fd = result.first_divergence
+    if fd is not None and fd.phase == "forward" and fd.local:
+        spots.append(
+            ReplaySpot(
+                fd.module,
+                fd.module_type,
+                fd.key,
+                fd.step,
+                fd.rank,
+                call_of(fd.key),
+                fd.local,
+                fd.metrics.error,
+                fd.amplification,
+            )
+        )
+    forward = {r.key: r for r in result.records if r.phase == "forward"}
+    for s in result.suspects:
+        if s.key not in forward:
+            continue  # a backward suspect: replay runs forward only
+        spots.append(
+            ReplaySpot(
+                s.module,
+                s.module_type,
+                s.key,
+                s.step,
+                s.rank,
+                call_of(s.key),
+                True,
+                s.error,
+                s.amplification,
+            )
+        )
+    return spots[:top]
+
+
+def unreplayable(result: Comparison, spot: ReplaySpot) -> str | None:
+    """Why ``spot`` cannot be replayed from the golden recording, or None when it can."""
+    if spot.module_type == "function":
+        return (
+            f"{spot.module} is a decorated function: replay runs a module of a target "
+            "model and cannot import a function by its recorded name; decorate or record "
+            "the module that calls it (--tensors) and replay that module"
+        )
+    if "#" in spot.module:
+        return (
+            f"{spot.module} was recorded by @precision_monitor under an instance name no "
+            "target model has; record it through monitor()/precguard record to replay it"
+        )
+    needed = [
+        r
+        for r in result.records
+        if r.module == spot.module
+        and (r.step, r.rank, r.phase) == (spot.step, spot.rank, "forward")
+        and r.role in ("input", "output")
+        and call_of(r.key) == spot.call
+    ]
+    unsaved = [r for r in needed if not _saved(r)]
+    if not needed or unsaved:
+        return (
+            f"the golden holds no full tensors of {spot.module}'s inputs and outputs; record "
+            f"both runs with --tensors '{spot.module}' to replay it"
+        )
+    return None
+
+
+def _saved(r: RecordResult) -> bool:
+    return r.metrics is not None and r.metrics.level in _SAVED
+
+
+def target_problem(spec: str | None) -> str | None:
+    """Why ``spec`` (a manifest's target) cannot be passed to --target as is, or None."""
+    from precguard.target import BUILTIN_TARGETS
+
+    if not spec:
+        return (
+            "the actual recording names no target (it was made with monitor(), not "
+            "precguard record); replay needs one"
+        )
+    if spec in BUILTIN_TARGETS:
+        return None
+    path = spec.split(":", 1)[0] if spec.split(":", 1)[0].endswith(".py") else None
+    if path is not None:
+        return None if Path(path).is_file() else f"the actual's target file {path} is not found"
+    if ":" in spec:
+        return None  # package.module:function; importable or not, it is the user's to run
+    return f"the actual's target {spec!r} is a name, not a file or module to pass to --target"
+
+
+def replay_hint(result: Comparison) -> ReplayHint | None:
+    """The ``precguard replay`` command confirming the first divergence; None if none applies.
+
+    None when there is no local first divergence to confirm (a backward one
+    gets a reason and no command).
+    """
+    spots = replay_spots(result, 1)
+    fd = result.first_divergence
+    if fd is not None and fd.phase == "backward" and fd.local:
+        return ReplayHint(
+            None,
+            "the first divergence is in backward and replay re-runs a module's forward only; "
+            "the backward records of that module are the evidence",
+        )
+    if not spots or fd is None or spots[0].key != fd.key:
+        return None
+    spot = spots[0]
+    why = unreplayable(result, spot)
+    if why is not None:
+        return ReplayHint(None, why)
+    target = result.targets[1] if len(result.targets) > 1 else None
+    problem = target_problem(target)
+    if problem is not None:
+        return ReplayHint(None, problem)
+    assert target is not None
+    device = result.devices[1] if len(result.devices) > 1 else "cpu"
+    dtype = result.dtypes[1] if len(result.dtypes) > 1 else None
+    args = [
+        "precguard",
+        "replay",
+        result.golden,
+        "--module",
+        spot.module,
+        "--target",
+        target,
+        "--device",
+        device,
+        *(["--dtype", dtype] if dtype else []),
+        "--call",
+        str(spot.call),
+        "--step",
+        str(spot.step),
+        "--rank",
+        str(spot.rank),
+    ]
+    return ReplayHint(shlex.join(args))
+
+
+def replay_suggestion(actual_target: str | None) -> str:
+    """What to tell a user who asked for ``--replay`` without ``--target``."""
+    if actual_target:
+        return (
+            f"--replay needs --target: the code to replay is imported only when you name it; "
+            f"the actual recording was made from {actual_target!r} (pass --target "
+            f"{shlex.quote(actual_target)} if you trust it)"
+        )
+    return "--replay needs --target: the target whose code ran on the actual's side"
