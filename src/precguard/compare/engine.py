@@ -36,6 +36,7 @@ from precguard.compare.tolerance import Profile, get_profile, judge
 from precguard.dump.reader import Run, load_run
 from precguard.dump.schema import Record
 from precguard.errors import DumpFormatError, PrecguardError, UsageError
+from precguard.text import shown
 
 logger = get_logger(__name__)
 
@@ -128,6 +129,9 @@ def compare(
     counts = _counts(results)
     matched = len(results) - counts.missing
     if matched < MIN_ALIGNED_SHARE * max(len(golden_only), len(actual_only)):
+        truncated = truncation_note(g_run, a_run, golden_only, actual_only)
+        if truncated is not None:
+            raise DumpFormatError(truncated)
         raise IncomparableRunsError(
             f"{a_run.path} does not look like a recording of the same model as {g_run.path}: "
             f"only {matched} records align, {len(golden_only)} are only in golden and "
@@ -158,6 +162,27 @@ def compare(
     )
 
 
+def truncation_note(
+    g_run: Run, a_run: Run, golden_only: list[str], actual_only: list[str]
+) -> str | None:
+    """Say which recording is cut short when one side's records are all the other's had.
+
+    A records file cut at a line boundary (copied in part, a full disk) leaves
+    one side with a prefix of the other: every unmatched record is on the
+    longer side. That is a truncated recording, not a different model.
+    """
+    if golden_only and not actual_only:
+        short, other, missing = a_run, g_run, len(golden_only)
+    elif actual_only and not golden_only:
+        short, other, missing = g_run, a_run, len(actual_only)
+    else:
+        return None
+    return (
+        f"{short.path}: truncated: it lacks {missing} records that {other.path} has and has "
+        "none of its own; its records.jsonl was cut short (copy it again)"
+    )
+
+
 def fingerprint_diff(golden: dict[str, Any], actual: dict[str, Any]) -> dict[str, list[Any]]:
     """Keys whose values differ between two environment fingerprints: key -> [golden, actual]."""
     out: dict[str, list[Any]] = {}
@@ -173,8 +198,8 @@ def _check_models(g_run: Run, a_run: Run) -> list[str]:
     gm, am = g_run.manifest, a_run.manifest
     if gm.model and am.model and gm.model != am.model:
         raise IncomparableRunsError(
-            f"{a_run.path / 'manifest.json'}: recording of model {am.model!r}, but golden "
-            f"{g_run.path} recorded {gm.model!r}"
+            f"{a_run.path / 'manifest.json'}: recording of model {shown(repr(am.model))}, but "
+            f"golden {g_run.path} recorded {shown(repr(gm.model))}"
         )
     for run in (g_run, a_run):
         if not run.manifest.complete:

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from precguard.compare.report import Comparison, Metrics, RecordResult
+from precguard.text import shown
 
 _STATUS_STYLE = {
     "pass": "green",
@@ -63,8 +64,8 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
     g_dev, a_dev = [*result.devices, "?", "?"][:2]
     g_dt, a_dt = [*result.dtypes, None, None][:2]
     head.append(
-        f"  {result.actual} ({a_dev}, {a_dt or '?'})  vs golden  {result.golden} "
-        f"({g_dev}, {g_dt or '?'})  profile {result.profile}",
+        f"  {shown(result.actual)} ({shown(a_dev)}, {shown(a_dt or '?')})  vs golden  "
+        f"{shown(result.golden)} ({shown(g_dev)}, {shown(g_dt or '?')})  profile {result.profile}",
         style="default",
     )
     console.print(head)
@@ -76,8 +77,10 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
             None: "undecided",
         }[fd.local]
         body = Group(
-            Text.assemble(("module  ", "bold"), (fd.module, "bold red"), f"  ({fd.module_type})"),
-            Text(f"record  {fd.key}   step {fd.step}  rank {fd.rank}  {fd.phase}"),
+            Text.assemble(
+                ("module  ", "bold"), (shown(fd.module), "bold red"), f"  ({shown(fd.module_type)})"
+            ),
+            Text(f"record  {shown(fd.key)}   step {fd.step}  rank {fd.rank}  {fd.phase}"),
             Text(
                 f"local   {local}"
                 + (
@@ -87,14 +90,15 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
                 )
             ),
             Text(f"error   {metric_line(fd.metrics)}"),
-            Text(f"why     {fd.reason}"),
+            Text(f"why     {shown(fd.reason, 400)}"),
         )
         console.print(Panel(body, title="first divergence", border_style="red", expand=False))
         if fd.phase == "forward" and fd.metrics.level == "full" and fd.module != "root":
             device = result.devices[1] if len(result.devices) > 1 else "DEVICE"
             console.print(
-                f"[dim]confirm it alone: precguard replay {result.golden} --module {fd.module} "
-                f"--device {device}[/]",
+                f"[dim]confirm it alone: precguard replay {shown(result.golden, markup=True)} "
+                f"--module {shown(fd.module, markup=True)} --target TARGET "
+                f"--device {shown(device, markup=True)}[/]",
                 soft_wrap=True,  # a command to copy: never broken over lines
             )
     if result.suspects:
@@ -107,7 +111,13 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
                 if s.amplification is None
                 else f"{format_number(s.amplification)}x"
             )
-            table.add_row(s.module, s.module_type, amp, format_number(s.error), str(s.step))
+            table.add_row(
+                shown(s.module, markup=True),
+                shown(s.module_type, markup=True),
+                amp,
+                format_number(s.error),
+                str(s.step),
+            )
         console.print(table)
     if top > 0:
         _top_table(result.records, console, top)
@@ -125,7 +135,7 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
     if result.fingerprint_diff:
         _fingerprint_table(result, console)
     for w in result.warnings:
-        console.print(f"[yellow]warning:[/] {w}")
+        console.print(f"[yellow]warning:[/] {shown(w, 400, markup=True)}")
 
 
 def _fingerprint_table(result: Comparison, console: Console, limit: int = 8) -> None:
@@ -134,7 +144,9 @@ def _fingerprint_table(result: Comparison, console: Console, limit: int = 8) -> 
     for col in ("key", "golden", "actual"):
         table.add_column(col)
     for key, (g, a) in items[:limit]:
-        table.add_row(key, repr(g), repr(a))
+        table.add_row(
+            shown(key, markup=True), shown(repr(g), markup=True), shown(repr(a), markup=True)
+        )
     console.print(table)
     if len(items) > limit:
         console.print(f"[dim]... and {len(items) - limit} more (see --json)[/]")
@@ -159,8 +171,8 @@ def _top_table(records: list[RecordResult], console: Console, top: int) -> None:
             what += " [stats]"
         table.add_row(
             Text(r.status, style=_STATUS_STYLE[r.status]),
-            r.module,
-            what,
+            shown(r.module, markup=True),
+            shown(what, markup=True),
             str(r.step),
             format_number(m.error),
             format_cosine(m.cosine),
