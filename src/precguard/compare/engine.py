@@ -276,6 +276,8 @@ def _compare_step(
     tol_mode: str,
 ) -> _StepResults:
     out = _StepResults()
+    g_store.validate(g_recs)  # a tensor file must agree with its record, read or not
+    a_store.validate(a_recs)
     alignment = align(g_recs, a_recs)
     for g, a in alignment.pairs:
         metrics = pair_metrics(g, a, g_store, a_store, profile, tol_mode)

@@ -46,6 +46,7 @@ _DTYPES: dict[str, torch.dtype] = {
     "U8": torch.uint8,
     "BOOL": torch.bool,
 }
+_DTYPE_NAMES = {code: str(dt).removeprefix("torch.") for code, dt in _DTYPES.items()}
 _MAX_HEADER = 100 * 1024 * 1024
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 
@@ -95,8 +96,8 @@ class _MappedFile:
             with contextlib.suppress(OSError, ValueError):
                 self._map.madvise(_DONTNEED, first, last - first)
 
-    def tensor(self, record: Record) -> torch.Tensor:
-        """A zero-copy view of ``record``'s tensor, once its dtype and shape are the record's."""
+    def check(self, record: Record) -> _Entry:
+        """``record``'s header entry, refused unless its dtype and shape are the record's."""
         assert record.tensor is not None
         name = record.tensor.name
         entry = self.entries.get(name)
@@ -104,9 +105,13 @@ class _MappedFile:
             raise DumpFormatError(
                 f"{self.shown_path}: has no tensor {shown(name, 80)} (record {shown(record.key)})"
             )
-        dtype_code, shape, start, _ = entry
+        check_tensor_matches(record, _DTYPE_NAMES[entry[0]], entry[1], self.shown_path)
+        return entry
+
+    def tensor(self, record: Record) -> torch.Tensor:
+        """A zero-copy view of ``record``'s tensor, once its dtype and shape are the record's."""
+        dtype_code, shape, start, _ = self.check(record)
         dtype = _DTYPES[dtype_code]
-        check_tensor_matches(record, str(dtype).removeprefix("torch."), shape, self.shown_path)
         numel = math.prod(shape)
         if numel == 0:
             return torch.empty(shape, dtype=dtype)
@@ -229,6 +234,18 @@ class TensorStore:
         """
         mapped, _ = self._mapped(record)
         return mapped.tensor(record)
+
+    def validate(self, records: list[Record]) -> None:
+        """Check every saved tensor of ``records`` against its record, whether read or not.
+
+        A record whose file says another dtype or shape is an inconsistent
+        recording, even where compare would judge the pair on statistics or
+        shapes alone. Costs a header lookup per record (headers are parsed once).
+        """
+        for rec in records:
+            if rec.tensor is not None:
+                mapped, _ = self._mapped(rec)
+                mapped.check(rec)
 
     def _mapped(self, record: Record) -> tuple[_MappedFile, str]:
         """The mapped file holding ``record``'s tensor (mapped now if need be), and its name."""
