@@ -215,6 +215,7 @@ class TensorStore:
     def __init__(self, root: Path, *, keep_open: int = 8) -> None:
         self.root = root
         self._files: OrderedDict[Path, _MappedFile] = OrderedDict()
+        self._paths: dict[tuple[int, str], Path] = {}
         self._keep = keep_open
 
     def releaser(self, record: Record, itemsize: int) -> Release:
@@ -249,8 +250,14 @@ class TensorStore:
 
     def _mapped(self, record: Record) -> tuple[_MappedFile, str]:
         """The mapped file holding ``record``'s tensor (mapped now if need be), and its name."""
-        path = tensor_path(self.root, record)
-        assert record.tensor is not None
+        if record.tensor is None:
+            raise DumpFormatError(
+                f"{shown(self.root)}: record {shown(record.key)} has no saved tensor"
+            )
+        ref = (record.rank, record.tensor.file)
+        path = self._paths.get(ref)
+        if path is None:  # resolve each file once: realpath costs a syscall per part
+            path = self._paths[ref] = tensor_path(self.root, record)
         mapped = self._files.get(path)
         if mapped is None:
             where = shown(self.root / f"rank{record.rank}" / record.tensor.file)

@@ -78,8 +78,3 @@ def _name_problem(name: str) -> str | None:
         if len(part.encode("utf-8", "surrogatepass")) > MAX_COMPONENT_BYTES:
             return f"is longer than {MAX_COMPONENT_BYTES} bytes"
     return None
-
-
-def check_inside(root: Path, path: Path, *, what: str) -> Path:
-    """Like :func:`resolve_member` for a path already joined under ``root``."""
-    return resolve_member(root, path.relative_to(root).as_posix(), what=what)
