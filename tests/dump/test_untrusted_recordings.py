@@ -447,6 +447,19 @@ def test_overwrite_replaces_a_recording_and_keeps_the_users_other_files(
     assert precguard.load_run(out).manifest.steps == 1  # the new recording
 
 
+def test_overwrite_never_writes_through_a_planted_link(pair, tmp_path: Path, capsys):
+    out = Path(shutil.copytree(pair[1], tmp_path / "run"))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    for name in (".precguard-write-test", "manifest.json.tmp"):
+        (out / name).symlink_to(victim)
+
+    code, _, err = cli(["record", "--out", str(out), "--overwrite"], capsys)
+
+    assert code == 0, err
+    assert victim.read_text() == "keep me"
+
+
 def test_watch_only_save_writes_nothing(tmp_path: Path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))

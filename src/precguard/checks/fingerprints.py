@@ -88,9 +88,12 @@ def take(target: Any, batches: int = 4) -> Fingerprints:
 
 def write(directory: str | os.PathLike[str], target: Any, batches: int = 4) -> Path:
     """Write ``fingerprints.json`` for ``target`` into ``directory``; return its path."""
+    from precguard.dump.writer import write_json_atomic
+
     path = Path(directory) / FILE_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(take(target, batches).model_dump_json(indent=2) + "\n", encoding="utf-8")
+    # atomic replace: a fingerprints.json that is a link is replaced, never written through
+    write_json_atomic(path, take(target, batches).model_dump_json(indent=2) + "\n")
     return path
 
 

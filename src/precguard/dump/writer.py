@@ -8,10 +8,12 @@ and records are appended one line each and flushed per step.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -53,9 +55,10 @@ def prepare_run_dir(path: str | os.PathLike[str], *, overwrite: bool = False) ->
         remove_recording(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".precguard-write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
+        # a fresh, randomly named file: a planted link cannot redirect the probe
+        fd, probe = tempfile.mkstemp(prefix=".precguard-write-test-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
         raise UsageError(f"{shown(out)}: cannot write here ({exc.strerror or exc})") from exc
     return out
@@ -116,7 +119,13 @@ def remove_recording(out: Path) -> None:
 def write_json_atomic(path: Path, data: str) -> None:
     """Replace ``path`` with ``data`` so that readers see the old or the new file, never half."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(data, encoding="utf-8")
+    # Never write through a link planted under the temporary name (or the final
+    # one: os.replace swaps the link itself, not what it points at).
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(data)
     os.replace(tmp, path)
 
 
