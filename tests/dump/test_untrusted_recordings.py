@@ -358,6 +358,7 @@ def test_a_million_copies_of_one_record_are_refused_at_the_second(pair, mutant: 
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
+        path.unlink()  # pytest keeps the last runs' temporary folders
 
     assert "line 2: seq 0 after 0: a duplicated or re-ordered record" in refused(code, err)
     assert peak < 50 * 2**20
