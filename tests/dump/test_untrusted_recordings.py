@@ -364,6 +364,21 @@ def test_a_million_copies_of_one_record_are_refused_at_the_second(pair, mutant: 
     assert peak < 50 * 2**20
 
 
+def test_gradient_accumulation_recordings_stay_readable(tmp_path: Path):
+    # a parameter's gradient is recorded once per backward under the same key:
+    # the duplicate check is on seq (one line twice), not on keys
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    with precguard.monitor(model, tmp_path / "run", auto_step=False) as handle:
+        for _micro_batch in range(2):
+            model(torch.randn(2, 4)).sum().backward()
+        handle.step()
+
+    records = list(precguard.load_run(tmp_path / "run").records())
+
+    grads = [r.key for r in records if r.role == "grad"]
+    assert len(grads) == 2 * len(set(grads)) > 0
+
+
 def _synthetic_run(path: Path, n: int) -> Path:
     """A recording of ``n`` statistics-only records, 100 per step."""
     from precguard.dump.writer import RunWriter

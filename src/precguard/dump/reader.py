@@ -248,18 +248,19 @@ class _Consistency:
 
     ``seq`` strictly increases (a duplicated or re-ordered line is refused at
     once, so a file of a million copies of one line costs one line of memory),
-    ``step`` never goes back, ``rank`` is the folder's, and a key appears once
-    per step (the set holds one step's keys, as compare itself does).
+    ``step`` never goes back, ``rank`` is the folder's, and no size is negative.
+
+    A key may repeat within a step: with gradient accumulation a parameter's
+    gradient is recorded once per backward pass under the same key.
     """
 
-    __slots__ = ("cut_short", "keys", "last_seq", "last_step", "path", "rank")
+    __slots__ = ("cut_short", "last_seq", "last_step", "path", "rank")
 
     def __init__(self, path: str, rank: int) -> None:
         self.path = path
         self.rank = rank
         self.last_seq = -1
         self.last_step = -1
-        self.keys: set[str] = set()
         self.cut_short = False
 
     def check(self, rec: Record, lineno: int) -> None:
@@ -274,16 +275,9 @@ class _Consistency:
             )
         if rec.step < self.last_step:
             raise DumpFormatError(f"{where}: step {rec.step} after step {self.last_step}")
-        if rec.step != self.last_step:
-            self.keys.clear()
-            self.last_step = rec.step
-        if rec.key in self.keys:
-            raise DumpFormatError(
-                f"{where}: record {shown(rec.key)} appears twice in step {rec.step}"
-            )
         if any(s < 0 for s in rec.shape):
             raise DumpFormatError(f"{where}: negative size in shape {shown(rec.shape, 60)}")
-        self.keys.add(rec.key)
+        self.last_step = rec.step
         self.last_seq = rec.seq
 
     def check_end(self, manifest: Manifest) -> None:
