@@ -129,7 +129,7 @@ def compare(
     counts = _counts(results)
     matched = len(results) - counts.missing
     if matched < MIN_ALIGNED_SHARE * max(len(golden_only), len(actual_only)):
-        truncated = truncation_note(g_run, a_run, golden_only, actual_only)
+        truncated = truncation_note(g_run, a_run, results, golden_only, actual_only)
         if truncated is not None:
             raise DumpFormatError(truncated)
         raise IncomparableRunsError(
@@ -163,13 +163,18 @@ def compare(
 
 
 def truncation_note(
-    g_run: Run, a_run: Run, golden_only: list[str], actual_only: list[str]
+    g_run: Run,
+    a_run: Run,
+    results: list[RecordResult],
+    golden_only: list[str],
+    actual_only: list[str],
 ) -> str | None:
-    """Say which recording is cut short when one side's records are all the other's had.
+    """Say which recording is cut short when its records are a prefix of the other's.
 
     A records file cut at a line boundary (copied in part, a full disk) leaves
     one side with a prefix of the other: every unmatched record is on the
-    longer side. That is a truncated recording, not a different model.
+    longer side, and none is followed by a matched one. That is a truncated
+    recording, not a different model (a smaller model leaves gaps, not a tail).
     """
     if golden_only and not actual_only:
         short, other, missing = a_run, g_run, len(golden_only)
@@ -177,6 +182,13 @@ def truncation_note(
         short, other, missing = g_run, a_run, len(actual_only)
     else:
         return None
+    gap = False
+    for r in results:  # in (rank, step, seq) order
+        if r.status == "missing":
+            gap = True
+        elif gap:
+            return None  # a matched record after the unmatched ones: not a cut
+
     return (
         f"{short.path}: truncated: it lacks {missing} records that {other.path} has and has "
         "none of its own; its records.jsonl was cut short (copy it again)"
