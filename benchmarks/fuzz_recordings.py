@@ -127,6 +127,18 @@ def m_manifest_strings(rng: random.Random, run: Path, _out: Path) -> Expect:
     return "accept"
 
 
+def m_manifest_fields(rng: random.Random, run: Path, _out: Path) -> Expect:
+    data = _manifest(run)
+    field_name = rng.choice(["complete", "steps", "world_size", "device", "created", "options"])
+    value = rng.choice(["yes", 1, -1, 10**30, None, "", [], {}, 2.5, "x" * 100_000])
+    if value is None and rng.random() < 0.5:
+        data.pop(field_name, None)
+    else:
+        data[field_name] = value
+    _set_manifest(run, data)
+    return "either", field_name
+
+
 def m_deep_json(rng: random.Random, run: Path, _out: Path) -> Expect:
     depth = rng.choice([1000, 100_000])
     deep = "[" * depth + "]" * depth
@@ -413,6 +425,7 @@ def m_outside_pointer(rng: random.Random, run: Path, outside: Path) -> Expect:
 MUTATIONS: list[tuple[str, Mutation, int]] = [
     ("schema_version", m_schema_version, 2),
     ("manifest_strings", m_manifest_strings, 2),
+    ("manifest_fields", m_manifest_fields, 1),
     ("deep_json", m_deep_json, 1),
     ("duplicate_line", m_duplicate_line, 2),
     ("swap_lines", m_swap_lines, 1),
