@@ -506,3 +506,33 @@ def test_the_recording_itself_may_be_reached_through_a_link(pair, tmp_path: Path
 
     assert code == 0, err
     assert "MATCH" in out
+
+
+def test_the_path_resolver_keeps_every_name_inside(tmp_path: Path):
+    from precguard.dump.paths import rank_of, resolve_member
+
+    root = tmp_path / "run"
+    (root / "rank0").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (root / "rank0" / "out").symlink_to(tmp_path / "elsewhere")
+    (root / "rank0" / "in").symlink_to(root / "rank0")
+
+    assert resolve_member(root, "rank0/t.safetensors", what="x") == (
+        root.resolve() / "rank0" / "t.safetensors"
+    )
+    assert (
+        resolve_member(root, "rank0/in/t.safetensors", what="x").parent == root.resolve() / "rank0"
+    )
+    for bad in ("/etc/passwd", "../x", "rank0/../../x", "rank0//x", "a\x00b", "x" * 256, ""):
+        with pytest.raises(DumpFormatError):
+            resolve_member(root, bad, what="x")
+    with pytest.raises(DumpFormatError, match="leads outside"):
+        resolve_member(root, "rank0/out/t.safetensors", what="x")
+    assert [rank_of(n) for n in ("rank0", "rank12", "rank01", "rank\u00b2", "rank", "rank1x")] == [
+        0,
+        12,
+        None,
+        None,
+        None,
+        None,
+    ]
