@@ -4,8 +4,9 @@ Records tiny-llama twice (training, two steps, full tensors of layer 0 and the
 LM head), then applies one seeded mutation at a time to a fresh copy of the
 second recording (the manifest, records lines, safetensors headers and bytes,
 file names, symbolic links leading out of the recording) and runs ``precguard
-compare GOLDEN MUTANT`` in-process, reads the mutant through ``load_run``
-(every record, every tensor) and, for some, ``precguard replay``. It prints
+compare GOLDEN MUTANT`` in-process (every fifth mutant as the golden
+instead), reads the mutant through ``load_run`` (every record, every tensor)
+and, for some, ``precguard replay``. It prints
 the tally:
 
 * ``mutations``: recordings tried;
@@ -571,7 +572,9 @@ def try_mutation(
     answer = funcs[pick](rng, mutant, outside)
     expect, detail = answer if isinstance(answer, tuple) else (answer, "")
     name = f"{names[pick]}:{detail}" if detail else names[pick]
-    code, out, err = run_cli(["compare", str(golden), str(mutant)])
+    # most mutants stand as the run under test, some as the golden
+    pair = [str(mutant), str(base)] if index % 5 == 4 else [str(golden), str(mutant)]
+    code, out, err = run_cli(["compare", *pair])
     outcome = Outcome(name, expect, code, err)
     _check_output(code, out, err, outcome.problems, "compare")
     _load_everything(mutant, outcome.problems)
