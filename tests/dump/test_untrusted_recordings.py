@@ -536,3 +536,16 @@ def test_the_path_resolver_keeps_every_name_inside(tmp_path: Path):
         None,
         None,
     ]
+
+
+def test_shown_is_printable_and_bounded_for_any_string():
+    import random
+
+    rng = random.Random(14)
+    alphabet = [chr(c) for c in (*range(0, 0x250), 0x202E, 0x2028, 0xFEFF, 0x1F600, 0xDC80)]
+    for _ in range(500):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 400)))
+        for markup in (False, True):
+            out = shown(text, 100, markup=markup)
+            assert out.isprintable(), repr(out)
+            assert len(out) <= 2 * 100 + 20  # markup escaping at most doubles it
