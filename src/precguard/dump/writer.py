@@ -75,7 +75,7 @@ def remove_recording(out: Path) -> None:
     ``fingerprints.json``) stay.
     """
     from precguard.dump.paths import rank_of
-    from precguard.dump.reader import MAX_MANIFEST_BYTES, check_schema_version, read_json_file
+    from precguard.dump.reader import MAX_MANIFEST_BYTES, read_json_file
 
     refuse = f"{shown(out)}: refusing to overwrite"
     manifest = out / "manifest.json"
@@ -86,9 +86,9 @@ def remove_recording(out: Path) -> None:
         )
     try:
         raw = read_json_file(manifest, limit=MAX_MANIFEST_BYTES, what="precguard manifest")
-        if not isinstance(raw, dict):
-            raise DumpFormatError("not a JSON object")
-        check_schema_version(raw.get("schema_version"), str(manifest))
+        version = raw.get("schema_version") if isinstance(raw, dict) else None
+        if type(version) is not int or version < 1:  # a newer precguard's recording is one too
+            raise DumpFormatError("no integer schema_version")
         Manifest.model_validate(raw)
     except (DumpFormatError, ValidationError) as exc:
         raise OutputExistsError(
