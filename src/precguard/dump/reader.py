@@ -84,7 +84,7 @@ class Run:
             self.manifest = Manifest.model_validate(raw)
         except ValidationError as exc:
             raise DumpFormatError(f"{shown_path}: {first_error(exc)}") from exc
-        self._open_files: dict[Path, Any] = {}
+        self._open_files: dict[Path, tuple[Any, set[str]]] = {}
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r}, device={self.manifest.device!r})"
@@ -148,7 +148,6 @@ class Run:
                 if not line.endswith(b"\n"):
                     # Only the last line can lack its newline: a write cut short.
                     logger.warning("truncated_last_line_skipped", file=shown_path, line=lineno)
-                    checker.cut_short = True
                     break
                 if not line.strip():
                     continue
@@ -172,16 +171,17 @@ class Run:
         from safetensors import SafetensorError, safe_open
 
         fpath = tensor_path(self.path, record)
-        handle = self._open_files.get(fpath)
+        opened = self._open_files.get(fpath)
         where = shown(self.path / f"rank{record.rank}" / record.tensor.file)  # type: ignore[union-attr]
         try:
-            if handle is None:
+            if opened is None:
                 if not fpath.is_file():
                     raise DumpFormatError(f"{where}: missing (referenced by {shown(record.key)})")
                 handle = safe_open(str(fpath), framework="pt")
-                self._open_files[fpath] = handle
+                opened = self._open_files[fpath] = (handle, set(handle.keys()))
+            handle, names = opened
             name = record.tensor.name  # type: ignore[union-attr]
-            if name not in handle.keys():  # noqa: SIM118 (safe_open has no __contains__)
+            if name not in names:
                 raise DumpFormatError(
                     f"{where}: has no tensor {shown(name, 80)} (record {shown(record.key)})"
                 )
@@ -256,14 +256,13 @@ class _Consistency:
     gradient is recorded once per backward pass under the same key.
     """
 
-    __slots__ = ("cut_short", "last_seq", "last_step", "path", "rank")
+    __slots__ = ("last_seq", "last_step", "path", "rank")
 
     def __init__(self, path: str, rank: int) -> None:
         self.path = path
         self.rank = rank
         self.last_seq = -1
         self.last_step = -1
-        self.cut_short = False
 
     def check(self, rec: Record, lineno: int) -> None:
         """Refuse ``rec`` if it contradicts the records before it; else remember it."""
