@@ -549,3 +549,20 @@ def test_shown_is_printable_and_bounded_for_any_string():
             out = shown(text, 100, markup=markup)
             assert out.isprintable(), repr(out)
             assert len(out) <= 2 * 100 + 20  # markup escaping at most doubles it
+
+
+@pytest.mark.slow
+def test_the_real_cli_refuses_a_recording_that_names_os_abort(mutant: Path):
+    import subprocess
+
+    edit_manifest(mutant, target="os:abort", device="cpu\x1b[2J")
+    proc = subprocess.run(
+        [sys.executable, "-m", "precguard", "replay", str(mutant), "-m", MODULE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert proc.returncode == 2, proc.stderr  # not SIGABRT (-6), not a silent 0
+    assert proc.stderr.count("\n") == 1 and "pass --target os:abort" in proc.stderr
+    assert "\x1b" not in proc.stdout + proc.stderr
