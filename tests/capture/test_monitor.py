@@ -186,6 +186,13 @@ def test_refuses_nonempty_directory_unless_overwrite(tmp_path):
     model = Stack()
     with pytest.raises(precguard.PrecguardError, match="not empty"):
         precguard.monitor(model, out=out)
+    with pytest.raises(precguard.PrecguardError, match="not a precguard recording"):
+        precguard.monitor(model, out=out, overwrite=True)  # not a recording: never replaced
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    (out / "mine.txt").unlink()
+    with precguard.monitor(model, out=out), torch.no_grad():
+        model(torch.randn(1, 8))
+    (out / "mine.txt").write_text("user data")
     with precguard.monitor(model, out=out, overwrite=True), torch.no_grad():
         model(torch.randn(1, 8))
     assert (out / "mine.txt").read_text() == "user data"  # only recording files are replaced

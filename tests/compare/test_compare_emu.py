@@ -61,8 +61,9 @@ def test_replay_on_the_emulated_chip_confirms_the_attention_module(tiny_golden: 
     _needs("emu:softmax-fp16")
     from precguard.localize.replay import replay_module
 
-    attention = replay_module(tiny_golden, "model.layers.2.self_attn", device="emu:softmax-fp16")
-    mlp = replay_module(tiny_golden, "model.layers.2.mlp", device="emu:softmax-fp16")
+    chip = {"target": "tiny-llama", "device": "emu:softmax-fp16"}
+    attention = replay_module(tiny_golden, "model.layers.2.self_attn", **chip)
+    mlp = replay_module(tiny_golden, "model.layers.2.mlp", **chip)
 
     assert attention.verdict == "diverged" and attention.local_error > 1e-5
     assert mlp.verdict == "match"

@@ -34,8 +34,10 @@ def target():
 def test_replay_on_the_same_backend_matches(tiny_golden: Path, tmp_path: Path, capsys) -> None:
     report = tmp_path / "replay.json"
     code, out, err = run_cli(
-        ["replay", str(tiny_golden), "--module", "model.layers.1", "--json", str(report)], capsys
-    )
+        ["replay", str(tiny_golden), "--module", "model.layers.1", "--target", "tiny-llama",
+         "--json", str(report)],
+        capsys,
+    )  # fmt: skip
     assert code == 0, err
     # "local error 0" alone would also match "local error 0.0031"
     assert "MATCH" in out and re.search(r"local error 0(?![.\d])", out), out
@@ -68,7 +70,7 @@ def test_replay_measures_the_local_error_of_a_faulty_module(
 
 
 def test_replay_in_another_dtype_reports_that_dtypes_local_error(tiny_golden: Path) -> None:
-    result = replay_module(tiny_golden, "model.layers.0.mlp", dtype="bfloat16")
+    result = replay_module(tiny_golden, "model.layers.0.mlp", target="tiny-llama", dtype="bfloat16")
     assert result.dtype == "bfloat16"
     assert result.verdict == "diverged"
     assert 1e-4 < result.local_error < 5e-2

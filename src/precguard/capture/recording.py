@@ -325,7 +325,16 @@ class Recording:
     ) -> None:
         from safetensors.torch import save_file
 
-        base = (self.path / f"rank{self.rank}") if self.path else Path("precguard-nonfinite")
+        if self.path is None:
+            # Watch-only mode has no directory of its own; writing into the
+            # current directory would surprise (and could clobber) the user.
+            logger.warning(
+                "nonfinite_inputs_not_saved",
+                module=module,
+                reason="watch-only mode (no out=): pass out= to save the origin's inputs",
+            )
+            return
+        base = self.path / f"rank{self.rank}"
         folder = base / f"nonfinite-step{self.step_index:06d}-{module.replace('/', '_')}"
         folder.mkdir(parents=True, exist_ok=True)
         with capture_scope():

@@ -88,9 +88,12 @@ def take(target: Any, batches: int = 4) -> Fingerprints:
 
 def write(directory: str | os.PathLike[str], target: Any, batches: int = 4) -> Path:
     """Write ``fingerprints.json`` for ``target`` into ``directory``; return its path."""
+    from precguard.dump.writer import write_json_atomic
+
     path = Path(directory) / FILE_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(take(target, batches).model_dump_json(indent=2) + "\n", encoding="utf-8")
+    # atomic replace: a fingerprints.json that is a link is replaced, never written through
+    write_json_atomic(path, take(target, batches).model_dump_json(indent=2) + "\n")
     return path
 
 
@@ -98,12 +101,15 @@ def read(directory: str | os.PathLike[str] | None) -> Fingerprints | None:
     """The fingerprints stored in ``directory``, or None when there are none."""
     if directory is None:
         return None
-    path = Path(directory) / FILE_NAME
+    from precguard.dump.paths import resolve_member
+
+    # beside a recording, so by the recording's path rules (no link leading out)
+    path = resolve_member(Path(directory), FILE_NAME, what="fingerprints")
     if not path.is_file():
         return None
     try:
-        return Fingerprints.model_validate_json(path.read_text(encoding="utf-8"))
+        return Fingerprints.model_validate_json(path.read_bytes())
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise DumpFormatError(f"{path}: field '{loc}': {err['msg']}") from exc
+        from precguard.dump.reader import first_error
+
+        raise DumpFormatError(f"{path}: {first_error(exc)}") from exc

@@ -13,6 +13,10 @@ import sys
 import traceback
 
 from precguard.cli._app import app, state
+from precguard.text import shown
+
+#: longest error message printed (a message quoting a recording is cut, not echoed whole)
+ERROR_LIMIT = 600
 
 #: command modules; each registers its commands on ``app`` when imported
 COMMAND_MODULES: tuple[str, ...] = (
@@ -38,7 +42,8 @@ def main(argv: list[str] | None = None) -> None:
     except PrecguardError as exc:
         if debug or state.debug:
             traceback.print_exc()
-        print(f"precguard: error: {exc}", file=sys.stderr)
+        # one line, whatever the message holds: it may quote a hostile recording
+        print(f"precguard: error: {shown(exc, ERROR_LIMIT)}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         print("precguard: interrupted", file=sys.stderr)
@@ -47,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
         if debug or state.debug:
             traceback.print_exc()
         print(
-            f"precguard: internal error: {type(exc).__name__}: {exc} "
+            f"precguard: internal error: {type(exc).__name__}: {shown(exc, ERROR_LIMIT)} "
             "(rerun with --debug for the traceback)",
             file=sys.stderr,
         )

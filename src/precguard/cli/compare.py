@@ -143,7 +143,11 @@ def replay(
     golden: Path = typer.Argument(..., help="Golden recording with full tensors of the module."),
     module: str = typer.Option(..., "--module", "-m", help="Qualified module name to replay."),
     target: str | None = typer.Option(
-        None, "--target", "-t", help="Target to take weights from (default: the golden's)."
+        None,
+        "--target",
+        "-t",
+        help="Target to build the model from (required: a recording never chooses the code "
+        "that runs; the error suggests the one the golden names).",
     ),
     device: str = typer.Option("cpu", "--device", "-d", help="Device to run the module on."),
     dtype: str | None = typer.Option(

@@ -44,6 +44,7 @@ from precguard.compare.tolerance import Profile, get_profile, judge, with_bias
 from precguard.dump.reader import Run, load_run
 from precguard.dump.schema import Record
 from precguard.errors import DumpFormatError, PrecguardError, UsageError
+from precguard.text import shown
 
 logger = get_logger(__name__)
 
@@ -152,6 +153,9 @@ def compare(
     counts = _counts(results)
     matched = len(results) - counts.missing
     if matched < MIN_ALIGNED_SHARE * max(len(golden_only), len(actual_only)):
+        truncated = truncation_note(g_run, a_run, results, golden_only, actual_only)
+        if truncated is not None:
+            raise DumpFormatError(truncated)
         raise IncomparableRunsError(
             f"{a_run.path} does not look like a recording of the same model as {g_run.path}: "
             f"only {matched} records align, {len(golden_only)} are only in golden and "
@@ -185,6 +189,39 @@ def compare(
     )
 
 
+def truncation_note(
+    g_run: Run,
+    a_run: Run,
+    results: list[RecordResult],
+    golden_only: list[str],
+    actual_only: list[str],
+) -> str | None:
+    """Say which recording is cut short when its records are a prefix of the other's.
+
+    A records file cut at a line boundary (copied in part, a full disk) leaves
+    one side with a prefix of the other: every unmatched record is on the
+    longer side, and none is followed by a matched one. That is a truncated
+    recording, not a different model (a smaller model leaves gaps, not a tail).
+    """
+    if golden_only and not actual_only:
+        short, other, missing = a_run, g_run, len(golden_only)
+    elif actual_only and not golden_only:
+        short, other, missing = g_run, a_run, len(actual_only)
+    else:
+        return None
+    gap = False
+    for r in results:  # in (rank, step, seq) order
+        if r.status == "missing":
+            gap = True
+        elif gap:
+            return None  # a matched record after the unmatched ones: not a cut
+
+    return (
+        f"{short.path}: truncated: it lacks {missing} records that {other.path} has and has "
+        "none of its own; its records.jsonl was cut short (copy it again)"
+    )
+
+
 def fingerprint_diff(golden: dict[str, Any], actual: dict[str, Any]) -> dict[str, list[Any]]:
     """Keys whose values differ between two environment fingerprints: key -> [golden, actual]."""
     out: dict[str, list[Any]] = {}
@@ -211,8 +248,8 @@ def _check_models(g_run: Run, a_run: Run, *, renamed: bool = False) -> list[str]
         )
     elif gm.model and am.model and gm.model != am.model and not wrapped:
         raise IncomparableRunsError(
-            f"{a_run.path / 'manifest.json'}: recording of model {am.model!r}, but golden "
-            f"{g_run.path} recorded {gm.model!r}"
+            f"{a_run.path / 'manifest.json'}: recording of model {shown(repr(am.model))}, but "
+            f"golden {g_run.path} recorded {shown(repr(gm.model))}"
         )
     for run in (g_run, a_run):
         if not run.manifest.complete:
@@ -291,6 +328,8 @@ def _compare_step(
     renamer: Renamer | None = None,
 ) -> _StepResults:
     out = _StepResults()
+    g_store.validate(g_recs)  # a tensor file must agree with its record, read or not
+    a_store.validate(a_recs)
     alignment = align(g_recs, a_recs, renamer)
     for g, a in alignment.pairs:
         metrics = pair_metrics(g, a, g_store, a_store, profile, tol_mode, computes)

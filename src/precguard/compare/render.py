@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from precguard.compare.report import Comparison, Metrics, RecordResult
+from precguard.text import shown
 
 _STATUS_STYLE = {
     "pass": "green",
@@ -88,8 +89,8 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
     g_dev, a_dev = [*result.devices, "?", "?"][:2]
     g_dt, a_dt = [*result.dtypes, None, None][:2]
     head.append(
-        f"  {result.actual} ({a_dev}, {a_dt or '?'})  vs golden  {result.golden} "
-        f"({g_dev}, {g_dt or '?'})  profile {result.profile}",
+        f"  {shown(result.actual)} ({shown(a_dev)}, {shown(a_dt or '?')})  vs golden  "
+        f"{shown(result.golden)} ({shown(g_dev)}, {shown(g_dt or '?')})  profile {result.profile}",
         style="default",
     )
     console.print(head)
@@ -104,8 +105,10 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
             None: "undecided",
         }[fd.local]
         lines = [
-            Text.assemble(("module  ", "bold"), (fd.module, "bold red"), f"  ({fd.module_type})"),
-            Text(f"record  {fd.key}   step {fd.step}  rank {fd.rank}  {fd.phase}"),
+            Text.assemble(
+                ("module  ", "bold"), (shown(fd.module), "bold red"), f"  ({shown(fd.module_type)})"
+            ),
+            Text(f"record  {shown(fd.key)}   step {fd.step}  rank {fd.rank}  {fd.phase}"),
             Text(
                 f"local   {local}"
                 + (
@@ -123,14 +126,15 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
                     f"precision and the input error, measured {format_number(fd.metrics.error)}"
                 )
             )
-        lines.append(Text(f"why     {fd.reason}"))
+        lines.append(Text(f"why     {shown(fd.reason, 400)}"))
         console.print(
             Panel(Group(*lines), title="first divergence", border_style="red", expand=False)
         )
         if fd.settle_with is not None:
+            glob = shown(fd.settle_with, markup=True)
             console.print(
                 "[dim]judged on statistics only; to settle it, record both runs again with full "
-                f"tensors of this module: precguard record ... --tensors '{fd.settle_with}'[/]",
+                f"tensors of this module: precguard record ... --tensors '{glob}'[/]",
                 soft_wrap=True,  # a command to copy: never broken over lines
             )
         _print_replay_hint(result, console)
@@ -154,8 +158,9 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
                 else f"{format_number(s.amplification)}x"
             )
             table.add_row(
-                s.module + (" [stats]" if s.confidence == "statistics" else ""),
-                s.module_type,
+                shown(s.module, markup=True)
+                + (" \\[stats]" if s.confidence == "statistics" else ""),
+                shown(s.module_type, markup=True),
                 s.phase,
                 amp,
                 format_number(s.error),
@@ -180,7 +185,7 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
     if result.fingerprint_diff:
         _fingerprint_table(result, console)
     for w in result.warnings:
-        console.print(f"[yellow]warning:[/] {w}")
+        console.print(f"[yellow]warning:[/] {shown(w, 400, markup=True)}")
 
 
 def _print_replay_hint(result: Comparison, console: Console) -> None:
@@ -191,11 +196,13 @@ def _print_replay_hint(result: Comparison, console: Console) -> None:
         return
     if hint.command is not None:
         console.print(
-            Text(f"confirm it alone: {hint.command}", style="dim"),
+            Text(f"confirm it alone: {shown(hint.command, 2000)}", style="dim"),
             soft_wrap=True,  # a command to copy: never broken over lines
         )
     else:
-        console.print(Text(f"no replay command: {hint.reason}", style="dim"), soft_wrap=True)
+        console.print(
+            Text(f"no replay command: {shown(hint.reason, 400)}", style="dim"), soft_wrap=True
+        )
 
 
 def _fingerprint_table(result: Comparison, console: Console, limit: int = 8) -> None:
@@ -204,7 +211,9 @@ def _fingerprint_table(result: Comparison, console: Console, limit: int = 8) -> 
     for col in ("key", "golden", "actual"):
         table.add_column(col)
     for key, (g, a) in items[:limit]:
-        table.add_row(key, repr(g), repr(a))
+        table.add_row(
+            shown(key, markup=True), shown(repr(g), markup=True), shown(repr(a), markup=True)
+        )
     console.print(table)
     if len(items) > limit:
         console.print(f"[dim]... and {len(items) - limit} more (see --json)[/]")
@@ -229,8 +238,8 @@ def _top_table(records: list[RecordResult], console: Console, top: int) -> None:
             what += " [stats]"
         table.add_row(
             Text(r.status, style=_STATUS_STYLE[r.status]),
-            r.module,
-            what,
+            shown(r.module, markup=True),
+            shown(what, markup=True),
             str(r.step),
             format_number(m.error),
             format_cosine(m.cosine),

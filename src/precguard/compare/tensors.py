@@ -8,23 +8,31 @@ Pages already compared are given back with ``madvise(MADV_DONTNEED)``
 (the data stays in the page cache; only this process's mapping lets go), so
 resident memory stays bounded by a few chunks, not by the size of a tensor
 or of a recording.
+
+The file is untrusted: the header is checked as strictly as the safetensors
+library checks it (dtype, shape, offsets that tile the data exactly), the file
+is found with the recording's path rules, and the tensor's dtype and shape
+must be what its record says, before a single byte is viewed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import math
 import mmap
 import struct
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
+from pydantic_core import from_json
 
+from precguard.dump.reader import check_tensor_matches, tensor_path
 from precguard.dump.schema import Record
 from precguard.errors import DumpFormatError
+from precguard.text import shown
 
 _DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,
@@ -38,6 +46,7 @@ _DTYPES: dict[str, torch.dtype] = {
     "U8": torch.uint8,
     "BOOL": torch.bool,
 }
+_DTYPE_NAMES = {code: str(dt).removeprefix("torch.") for code, dt in _DTYPES.items()}
 _MAX_HEADER = 100 * 1024 * 1024
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 
@@ -46,37 +55,31 @@ Release = Callable[[int, int], None]
 
 
 class _MappedFile:
-    """One safetensors file, mapped read-only (copy-on-write, never written)."""
+    """One safetensors file, mapped read-only (copy-on-write, never written).
 
-    def __init__(self, path: Path) -> None:
+    The header is untrusted: it is validated as the safetensors library does
+    before any byte is viewed (see :func:`_parse_header`).
+    """
+
+    def __init__(self, path: Path, shown_path: str) -> None:
         self.path = path
+        self.shown_path = shown_path
         try:
             with open(path, "rb") as fh:
                 size = fh.seek(0, 2)
-                if size < 8:
-                    raise DumpFormatError(f"{path}: truncated safetensors file ({size} bytes)")
                 fh.seek(0)
-                (hlen,) = struct.unpack("<Q", fh.read(8))
-                if hlen > _MAX_HEADER or 8 + hlen > size:
-                    raise DumpFormatError(
-                        f"{path}: truncated or corrupt safetensors file (header of {hlen} "
-                        f"bytes, file of {size})"
-                    )
-                header = json.loads(fh.read(hlen))
+                self.data_start, self.entries = _parse_header(fh, size, shown_path)
                 self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
         except OSError as exc:
-            raise DumpFormatError(f"{path}: cannot read ({exc.strerror or exc})") from exc
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise DumpFormatError(f"{path}: corrupt safetensors header ({exc})") from exc
-        if not isinstance(header, dict):
-            raise DumpFormatError(f"{path}: corrupt safetensors header (not a JSON object)")
+            raise DumpFormatError(f"{shown_path}: cannot read ({exc.strerror or exc})") from exc
         self.size = size
-        self.data_start = 8 + hlen
-        self.header: dict[str, Any] = header
 
     def span(self, name: str) -> tuple[int, int]:
         """Absolute byte offsets ``(start, end)`` of tensor ``name`` in the file."""
-        start, end = self.header[name]["data_offsets"]
+        entry = self.entries.get(name)
+        if entry is None:
+            raise DumpFormatError(f"{self.shown_path}: has no tensor {shown(name, 80)}")
+        _, _, start, end = entry
         return self.data_start + start, self.data_start + end
 
     def release(self, start: int, end: int) -> None:
@@ -93,23 +96,23 @@ class _MappedFile:
             with contextlib.suppress(OSError, ValueError):
                 self._map.madvise(_DONTNEED, first, last - first)
 
-    def tensor(self, name: str) -> torch.Tensor:
-        info = self.header.get(name)
-        if not isinstance(info, dict):
-            raise DumpFormatError(f"{self.path}: has no tensor named {name!r}")
-        dtype = _DTYPES.get(str(info.get("dtype")))
-        if dtype is None:
-            raise DumpFormatError(f"{self.path}: tensor {name!r} has unsupported dtype")
-        start, end = info["data_offsets"]
-        shape = list(info["shape"])
-        if self.data_start + end > self.size:
+    def check(self, record: Record) -> _Entry:
+        """``record``'s header entry, refused unless its dtype and shape are the record's."""
+        assert record.tensor is not None
+        name = record.tensor.name
+        entry = self.entries.get(name)
+        if entry is None:
             raise DumpFormatError(
-                f"{self.path}: truncated: tensor {name!r} needs bytes up to "
-                f"{self.data_start + end}, the file has {self.size}"
+                f"{self.shown_path}: has no tensor {shown(name, 80)} (record {shown(record.key)})"
             )
-        numel = 1
-        for s in shape:
-            numel *= s
+        check_tensor_matches(record, _DTYPE_NAMES[entry[0]], entry[1], self.shown_path)
+        return entry
+
+    def tensor(self, record: Record) -> torch.Tensor:
+        """A zero-copy view of ``record``'s tensor, once its dtype and shape are the record's."""
+        dtype_code, shape, start, _ = self.check(record)
+        dtype = _DTYPES[dtype_code]
+        numel = math.prod(shape)
         if numel == 0:
             return torch.empty(shape, dtype=dtype)
         flat = torch.frombuffer(self._map, dtype=dtype, count=numel, offset=self.data_start + start)
@@ -121,12 +124,98 @@ class _MappedFile:
             self._map.close()
 
 
+#: one validated header entry: dtype code, shape, start and end offset in the data
+_Entry = tuple[str, list[int], int, int]
+
+
+def _parse_header(fh: BinaryIO, size: int, where: str) -> tuple[int, dict[str, _Entry]]:
+    """Read and validate a safetensors header; return the data start and the entries.
+
+    The same rules as the safetensors library: an 8-byte little-endian length,
+    a JSON object (nesting bounded), each tensor a known dtype, a shape of
+    non-negative integers, and ``data_offsets`` that hold exactly
+    ``numel * itemsize`` bytes; the tensors tile the data with no gap, overlap
+    or byte past the end. Anything else is refused, never guessed at.
+    """
+    if size < 8:
+        raise DumpFormatError(f"{where}: truncated safetensors file ({size} bytes)")
+    (hlen,) = struct.unpack("<Q", fh.read(8))
+    if hlen > _MAX_HEADER or 8 + hlen > size:
+        raise DumpFormatError(
+            f"{where}: truncated or corrupt safetensors file (its header length field "
+            f"does not fit a file of {size} bytes)"
+        )
+    try:
+        header = from_json(fh.read(hlen))
+    except ValueError as exc:
+        raise DumpFormatError(f"{where}: corrupt safetensors header ({shown(exc, 80)})") from exc
+    if not isinstance(header, dict):
+        raise DumpFormatError(f"{where}: corrupt safetensors header (not a JSON object)")
+    entries: dict[str, _Entry] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            if info is not None and not (
+                isinstance(info, dict) and all(isinstance(v, str) for v in info.values())
+            ):
+                raise DumpFormatError(f"{where}: corrupt safetensors header (__metadata__)")
+            continue
+        entries[name] = _entry(name, info, where)
+    data_size = size - 8 - hlen
+    end = 0
+    for name, (_, _, start, stop) in sorted(entries.items(), key=lambda kv: kv[1][2:]):
+        if start != end:
+            raise DumpFormatError(
+                f"{where}: corrupt safetensors header: tensor {shown(name, 80)} starts at byte "
+                f"{start} of the data, expected {end} (overlapping or gapped tensors)"
+            )
+        end = stop
+    if end != data_size:
+        raise DumpFormatError(
+            f"{where}: truncated or corrupt safetensors file: its tensors hold {end} bytes, "
+            f"the file has {data_size} after the header"
+        )
+    return 8 + hlen, entries
+
+
+def _entry(name: str, info: Any, where: str) -> _Entry:
+    def bad(what: str) -> DumpFormatError:
+        return DumpFormatError(
+            f"{where}: corrupt safetensors header: tensor {shown(name, 80)}: {what}"
+        )
+
+    if not isinstance(info, dict):
+        raise bad("not a JSON object")
+    code = info.get("dtype")
+    if not isinstance(code, str) or code not in _DTYPES:
+        raise bad(f"unsupported dtype {shown(repr(code), 20)}")
+    shape = info.get("shape")
+    if not isinstance(shape, list) or not all(_is_size(s) for s in shape):
+        raise bad("shape is not a list of non-negative integers")
+    offsets = info.get("data_offsets")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(_is_size(o) for o in offsets)
+        or offsets[0] > offsets[1]
+    ):
+        raise bad("data_offsets is not [start, end] with 0 <= start <= end")
+    start, stop = offsets
+    if math.prod(shape) * _DTYPES[code].itemsize != stop - start:
+        raise bad(f"shape {shown(shape, 60)} of {code} does not fill {stop - start} bytes")
+    return code, shape, start, stop
+
+
+def _is_size(x: Any) -> bool:
+    return type(x) is int and x >= 0
+
+
 class TensorStore:
     """Maps the safetensors files of one run on demand; a few stay open (LRU)."""
 
     def __init__(self, root: Path, *, keep_open: int = 8) -> None:
         self.root = root
         self._files: OrderedDict[Path, _MappedFile] = OrderedDict()
+        self._paths: dict[tuple[int, str], Path] = {}
         self._keep = keep_open
 
     def releaser(self, record: Record, itemsize: int) -> Release:
@@ -139,20 +228,44 @@ class TensorStore:
         return lambda a, b: mapped.release(base + a * itemsize, base + b * itemsize)
 
     def tensor(self, record: Record) -> torch.Tensor:
-        """Return a zero-copy view of the tensor saved for ``record``."""
-        mapped, name = self._mapped(record)
-        return mapped.tensor(name)
+        """Return a zero-copy view of the tensor saved for ``record``.
+
+        Its file is found with the recording's path rules, and its dtype and
+        shape must be the record's.
+        """
+        mapped, _ = self._mapped(record)
+        return mapped.tensor(record)
+
+    def validate(self, records: list[Record]) -> None:
+        """Check every saved tensor of ``records`` against its record, whether read or not.
+
+        A record whose file says another dtype or shape is an inconsistent
+        recording, even where compare would judge the pair on statistics or
+        shapes alone. Costs a header lookup per record (headers are parsed once).
+        """
+        for rec in records:
+            if rec.tensor is not None:
+                mapped, _ = self._mapped(rec)
+                mapped.check(rec)
 
     def _mapped(self, record: Record) -> tuple[_MappedFile, str]:
         """The mapped file holding ``record``'s tensor (mapped now if need be), and its name."""
         if record.tensor is None:
-            raise DumpFormatError(f"{self.root}: record {record.key} has no saved tensor")
-        path = self.root / f"rank{record.rank}" / record.tensor.file
+            raise DumpFormatError(
+                f"{shown(self.root)}: record {shown(record.key)} has no saved tensor"
+            )
+        ref = (record.rank, record.tensor.file)
+        path = self._paths.get(ref)
+        if path is None:  # resolve each file once: realpath costs a syscall per part
+            path = self._paths[ref] = tensor_path(self.root, record)
         mapped = self._files.get(path)
         if mapped is None:
+            where = shown(self.root / f"rank{record.rank}" / record.tensor.file)
             if not path.is_file():
-                raise DumpFormatError(f"{path}: missing (referenced by record {record.key})")
-            mapped = _MappedFile(path)
+                raise DumpFormatError(
+                    f"{where}: missing (referenced by record {shown(record.key)})"
+                )
+            mapped = _MappedFile(path, where)
             self._files[path] = mapped
             while len(self._files) > self._keep:
                 _, old = self._files.popitem(last=False)

@@ -1,21 +1,65 @@
-"""Read a recording directory without ever unpickling anything."""
+"""Read a recording directory without ever unpickling anything.
+
+A recording is untrusted input. Every file name read from it goes through
+:func:`~precguard.dump.paths.resolve_member` (nothing outside the directory is
+read), every JSON document is parsed with a bounded nesting depth and size,
+records are streamed with memory flat in their number, and what does not hold
+together (a duplicated record, a step going back, a rank field that is not the
+folder's, a tensor file whose dtype or shape is not the record's, a records
+file that ends before the steps the manifest counts) is refused with a
+:class:`~precguard.errors.DumpFormatError` naming the file and line.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import torch
 from pydantic import ValidationError
+from pydantic_core import from_json
 
 from precguard._logging import get_logger
+from precguard.dump.paths import rank_of, resolve_member
 from precguard.dump.schema import SCHEMA_VERSION, Manifest, Record
 from precguard.errors import DumpFormatError
+from precguard.text import shown
 
 logger = get_logger(__name__)
+
+#: a manifest larger than this is not one precguard wrote
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+#: a records line longer than this is not one precguard wrote (shapes and names are short)
+MAX_RECORD_LINE_BYTES = 1024 * 1024
+
+
+def read_json_file(path: Path, *, limit: int, what: str) -> Any:
+    """Parse the JSON document in ``path``: at most ``limit`` bytes, nesting bounded.
+
+    pydantic-core's parser refuses deep nesting with an error instead of
+    exhausting the stack, and reads invalid UTF-8 as an error too.
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise DumpFormatError(f"{shown(path)}: cannot read ({exc.strerror or exc})") from exc
+    if len(data) > limit:
+        raise DumpFormatError(f"{shown(path)}: larger than {limit} bytes; not a {what}")
+    try:
+        return from_json(data)
+    except ValueError as exc:
+        raise DumpFormatError(f"{shown(path)}: not valid JSON ({shown(exc, 80)})") from exc
+
+
+def first_error(exc: ValidationError) -> str:
+    """``field 'a.b': message`` for the first error of ``exc``, safe to print."""
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    return f"field '{shown(loc, 60)}': {shown(err['msg'], 120)}"
 
 
 class Run:
@@ -24,98 +68,237 @@ class Run:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         if not self.path.is_dir():
-            raise DumpFormatError(f"{self.path}: no such recording directory")
-        mpath = self.path / "manifest.json"
+            raise DumpFormatError(f"{shown(self.path)}: no such recording directory")
+        mpath = resolve_member(self.path, "manifest.json", what="manifest")
         if not mpath.is_file():
-            raise DumpFormatError(f"{mpath}: missing; is {self.path} a precguard recording?")
-        try:
-            raw = json.loads(mpath.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise DumpFormatError(f"{mpath}: not valid JSON ({exc})") from exc
-        if not isinstance(raw, dict):
-            raise DumpFormatError(f"{mpath}: expected a JSON object")
-        version = raw.get("schema_version")
-        if isinstance(version, int) and version > SCHEMA_VERSION:
             raise DumpFormatError(
-                f"{mpath}: schema_version {version} is newer than this precguard reads "
-                f"({SCHEMA_VERSION}); upgrade precguard"
+                f"{shown(self.path / 'manifest.json')}: missing; is {shown(self.path)} a "
+                "precguard recording?"
             )
+        shown_path = shown(self.path / "manifest.json")
+        raw = read_json_file(mpath, limit=MAX_MANIFEST_BYTES, what="precguard manifest")
+        if not isinstance(raw, dict):
+            raise DumpFormatError(f"{shown_path}: expected a JSON object")
+        check_schema_version(raw.get("schema_version"), shown_path)
         try:
             self.manifest = Manifest.model_validate(raw)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            loc = ".".join(str(p) for p in first["loc"])
-            raise DumpFormatError(f"{mpath}: field '{loc}': {first['msg']}") from exc
-        self._open_files: dict[Path, object] = {}
+            raise DumpFormatError(f"{shown_path}: {first_error(exc)}") from exc
+        self._open_files: dict[Path, tuple[Any, set[str]]] = {}
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r}, device={self.manifest.device!r})"
 
     @cached_property
     def ranks(self) -> list[int]:
-        """Ranks that have a records file, sorted."""
+        """Ranks that have a records file, sorted.
+
+        A rank folder is ``rank`` and ASCII digits (``rank0``, ``rank12``);
+        other names are not rank folders. One that leads outside the recording
+        (a symbolic link) is refused.
+        """
         found = []
-        for d in self.path.glob("rank*"):
-            if d.is_dir() and d.name[4:].isdigit() and (d / "records.jsonl").is_file():
-                found.append(int(d.name[4:]))
+        try:
+            entries = sorted(os.listdir(self.path))
+        except OSError as exc:
+            raise DumpFormatError(
+                f"{shown(self.path)}: cannot list ({exc.strerror or exc})"
+            ) from exc
+        for name in entries:
+            rank = rank_of(name)
+            if rank is None:
+                continue
+            records = resolve_member(self.path, f"{name}/records.jsonl", what=f"rank folder {name}")
+            if records.is_file():
+                found.append(rank)
         return sorted(found)
 
     def records(self, rank: int | None = None) -> Iterator[Record]:
         """Stream records of one rank (default: every rank, in rank order).
 
         A truncated last line (the run was killed mid-write) is skipped with a
-        warning; any other malformed line raises DumpFormatError naming it.
+        warning; any other malformed line raises DumpFormatError naming it, as
+        does a record that contradicts the ones before it (see the module doc).
         """
         ranks = self.ranks if rank is None else [rank]
         for r in ranks:
             yield from self._read_rank(r)
 
     def _read_rank(self, rank: int) -> Iterator[Record]:
-        path = self.path / f"rank{rank}" / "records.jsonl"
+        shown_path = shown(self.path / f"rank{rank}" / "records.jsonl")
+        path = resolve_member(self.path, f"rank{rank}/records.jsonl", what=f"rank {rank}")
         if not path.is_file():
-            raise DumpFormatError(f"{path}: missing")
-        with open(path, encoding="utf-8", errors="strict") as fh:
+            raise DumpFormatError(f"{shown_path}: missing")
+        checker = _Consistency(shown_path, rank)
+        with open(path, "rb") as fh:
             lineno = 0
             pending: str | None = None
-            for line in fh:
+            while True:
+                line = fh.readline(MAX_RECORD_LINE_BYTES + 1)
+                if not line:
+                    break
                 lineno += 1
                 if pending is not None:
-                    raise DumpFormatError(f"{path} line {lineno - 1}: {pending}")
-                if not line.endswith("\n"):
+                    raise DumpFormatError(f"{shown_path} line {lineno - 1}: {pending}")
+                if len(line) > MAX_RECORD_LINE_BYTES:
+                    raise DumpFormatError(
+                        f"{shown_path} line {lineno}: longer than {MAX_RECORD_LINE_BYTES} "
+                        "bytes; not a precguard record"
+                    )
+                if not line.endswith(b"\n"):
                     # Only the last line can lack its newline: a write cut short.
-                    logger.warning("truncated_last_line_skipped", file=str(path), line=lineno)
-                    return
+                    logger.warning("truncated_last_line_skipped", file=shown_path, line=lineno)
+                    break
                 if not line.strip():
                     continue
                 try:
-                    yield Record.model_validate_json(line)
+                    rec = Record.model_validate_json(line)
                 except ValidationError as exc:
-                    err = exc.errors()[0]
-                    if err["type"].startswith("json"):
-                        pending = "expected a JSON object, got malformed JSON"
-                    else:
-                        loc = ".".join(str(p) for p in err["loc"])
-                        pending = f"field '{loc}': {err['msg']}"
+                    pending = _line_problem(line, exc)
+                    continue
+                checker.check(rec, lineno)
+                yield rec
             if pending is not None:
-                raise DumpFormatError(f"{path} line {lineno}: {pending}")
+                raise DumpFormatError(f"{shown_path} line {lineno}: {pending}")
+        checker.check_end(self.manifest)
 
     def tensor(self, record: Record) -> torch.Tensor:
-        """Load the full tensor saved for ``record`` (memory-mapped safetensors)."""
-        if record.tensor is None:
-            raise DumpFormatError(f"{self.path}: record {record.key} has no saved tensor")
+        """Load the full tensor saved for ``record`` (through the safetensors library).
+
+        The file is found with the recording's path rules, and the tensor's
+        dtype and shape must be the record's.
+        """
         from safetensors import SafetensorError, safe_open
 
-        fpath = self.path / f"rank{record.rank}" / record.tensor.file
-        handle = self._open_files.get(fpath)
+        fpath = tensor_path(self.path, record)
+        opened = self._open_files.get(fpath)
+        where = shown(self.path / f"rank{record.rank}" / record.tensor.file)  # type: ignore[union-attr]
         try:
-            if handle is None:
+            if opened is None:
                 if not fpath.is_file():
-                    raise DumpFormatError(f"{fpath}: missing (referenced by {record.key})")
+                    raise DumpFormatError(f"{where}: missing (referenced by {shown(record.key)})")
                 handle = safe_open(str(fpath), framework="pt")
-                self._open_files[fpath] = handle
-            return handle.get_tensor(record.tensor.name)  # type: ignore[attr-defined]
+                opened = self._open_files[fpath] = (handle, set(handle.keys()))
+            handle, names = opened
+            name = record.tensor.name  # type: ignore[union-attr]
+            if name not in names:
+                raise DumpFormatError(
+                    f"{where}: has no tensor {shown(name, 80)} (record {shown(record.key)})"
+                )
+            tensor = handle.get_tensor(name)
         except SafetensorError as exc:
-            raise DumpFormatError(f"{fpath}: unreadable safetensors file ({exc})") from exc
+            raise DumpFormatError(f"{where}: unreadable safetensors file ({shown(exc)})") from exc
+        except OSError as exc:
+            raise DumpFormatError(f"{where}: cannot read ({exc.strerror or exc})") from exc
+        check_tensor_matches(record, str(tensor.dtype).removeprefix("torch."), tensor.shape, where)
+        return tensor
+
+
+def _line_problem(line: bytes, exc: ValidationError) -> str:
+    """What is wrong with a records line that did not validate (the slow path only)."""
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError:
+        return "not valid UTF-8"
+    if exc.errors()[0]["type"].startswith("json"):
+        return "expected a JSON object, got malformed JSON"
+    return first_error(exc)
+
+
+def tensor_path(root: Path, record: Record) -> Path:
+    """The real path of ``record``'s tensor file, inside ``root/rank{R}/`` by the path rules."""
+    if record.tensor is None:
+        raise DumpFormatError(f"{shown(root)}: record {shown(record.key)} has no saved tensor")
+    if rank_of(f"rank{record.rank}") is None:
+        raise DumpFormatError(f"{shown(root)}: record {shown(record.key)}: bad rank {record.rank}")
+    return resolve_member(
+        root, f"rank{record.rank}/{record.tensor.file}", what=f"record {shown(record.key)}"
+    )
+
+
+def check_tensor_matches(record: Record, dtype: str, shape: Any, where: str) -> None:
+    """Refuse a saved tensor whose dtype or shape is not what ``record`` says."""
+    if dtype != record.dtype or list(shape) != list(record.shape):
+        raise DumpFormatError(
+            f"{where}: tensor of record {shown(record.key)} is {shown(dtype, 20)} "
+            f"{shown(list(shape), 60)}, the record says {shown(record.dtype, 20)} "
+            f"{shown(record.shape, 60)}"
+        )
+
+
+def check_schema_version(version: object, where: str) -> None:
+    """Accept only a JSON integer schema version this precguard reads.
+
+    ``"2"``, ``2.0`` and ``true`` are refused rather than coerced: a coerced
+    value could slip a newer format past the check.
+    """
+    if type(version) is not int:
+        raise DumpFormatError(
+            f"{where}: schema_version must be an integer, got {shown(repr(version), 40)}"
+        )
+    if version > SCHEMA_VERSION:
+        raise DumpFormatError(
+            f"{where}: schema_version {version} is newer than this precguard reads "
+            f"({SCHEMA_VERSION}); upgrade precguard"
+        )
+    if version < 1:
+        raise DumpFormatError(f"{where}: schema_version {version} is not a precguard version")
+
+
+class _Consistency:
+    """What one rank's records must satisfy, checked as they stream by (O(1) per record).
+
+    ``seq`` strictly increases (a duplicated or re-ordered line is refused at
+    once, so a file of a million copies of one line costs one line of memory),
+    ``step`` never goes back, ``rank`` is the folder's, and no size is negative.
+
+    A key may repeat within a step: with gradient accumulation a parameter's
+    gradient is recorded once per backward pass under the same key.
+    """
+
+    __slots__ = ("last_seq", "last_step", "path", "rank")
+
+    def __init__(self, path: str, rank: int) -> None:
+        self.path = path
+        self.rank = rank
+        self.last_seq = -1
+        self.last_step = -1
+
+    def check(self, rec: Record, lineno: int) -> None:
+        """Refuse ``rec`` if it contradicts the records before it; else remember it."""
+        seq, step, shape = rec.seq, rec.step, rec.shape
+        # the common case in one test: this runs for every record of every read
+        if (
+            seq > self.last_seq
+            and step >= self.last_step
+            and rec.rank == self.rank
+            and (not shape or min(shape) >= 0)
+        ):
+            self.last_seq, self.last_step = seq, step
+            return
+        where = f"{self.path} line {lineno}"
+        if rec.rank != self.rank:
+            raise DumpFormatError(
+                f"{where}: record of rank {rec.rank} in the rank {self.rank} file"
+            )
+        if rec.seq <= self.last_seq:
+            raise DumpFormatError(
+                f"{where}: seq {rec.seq} after {self.last_seq}: a duplicated or re-ordered record"
+            )
+        if rec.step < self.last_step:
+            raise DumpFormatError(f"{where}: step {rec.step} after step {self.last_step}")
+        raise DumpFormatError(f"{where}: negative size in shape {shown(rec.shape, 60)}")
+
+    def check_end(self, manifest: Manifest) -> None:
+        """A run that closed cleanly has records up to its last step; fewer is a cut file."""
+        if self.rank != 0 or not manifest.complete or not manifest.steps:
+            return
+        if self.last_step + 1 < manifest.steps:
+            ends = "has no records" if self.last_step < 0 else f"ends in step {self.last_step}"
+            raise DumpFormatError(
+                f"{self.path}: truncated: the file {ends} but the manifest says the run "
+                f"completed {manifest.steps} step(s)"
+            )
 
 
 def load_run(path: str | os.PathLike[str]) -> Run:

@@ -8,20 +8,24 @@ and records are appended one line each and flushed per step.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 from safetensors.torch import save_file
 
 from precguard._logging import get_logger
 from precguard.dump.schema import SCHEMA_VERSION, Manifest
-from precguard.errors import OutputExistsError, UsageError
+from precguard.errors import DumpFormatError, OutputExistsError, UsageError
+from precguard.text import shown
 
 logger = get_logger(__name__)
 
@@ -35,34 +39,93 @@ def _json_float(v: float) -> float | str:
 def prepare_run_dir(path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
     """Create ``path`` for a new recording and return it.
 
-    An existing non-empty directory is refused unless ``overwrite``; then only
-    the parts of an earlier recording (``manifest.json``, ``rank*/``) are removed.
+    An existing non-empty directory is refused unless ``overwrite``, and even
+    then only a precguard recording is replaced (see :func:`remove_recording`):
+    a directory that is not one is refused with nothing touched.
     """
     out = Path(path)
     if out.exists() and not out.is_dir():
-        raise UsageError(f"{out}: exists and is not a directory")
+        raise UsageError(f"{shown(out)}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise OutputExistsError(
-                f"{out}: directory exists and is not empty (pass --overwrite / overwrite=True)"
+                f"{shown(out)}: directory exists and is not empty (pass --overwrite / "
+                "overwrite=True to replace a recording)"
             )
-        (out / "manifest.json").unlink(missing_ok=True)
-        for rank_dir in out.glob("rank*"):
-            shutil.rmtree(rank_dir) if rank_dir.is_dir() else rank_dir.unlink()
+        remove_recording(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".precguard-write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
+        # a fresh, randomly named file: a planted link cannot redirect the probe
+        fd, probe = tempfile.mkstemp(prefix=".precguard-write-test-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
-        raise UsageError(f"{out}: cannot write here ({exc.strerror or exc})") from exc
+        raise UsageError(f"{shown(out)}: cannot write here ({exc.strerror or exc})") from exc
     return out
+
+
+def remove_recording(out: Path) -> None:
+    """Remove the parts of the precguard recording in ``out``, and nothing else.
+
+    ``out`` must hold a ``manifest.json`` that is a regular file and a valid
+    precguard manifest; its parts are that manifest (and a left-over
+    ``manifest.json.tmp``) and the rank folders (``rank<digits>``, real
+    directories). A rank folder that is a symbolic link, or a directory that is
+    not a recording, is refused before anything is removed. Other files (notes,
+    ``fingerprints.json``) stay.
+    """
+    from precguard.dump.paths import rank_of
+    from precguard.dump.reader import MAX_MANIFEST_BYTES, read_json_file
+
+    refuse = f"{shown(out)}: refusing to overwrite"
+    manifest = out / "manifest.json"
+    if not manifest.is_file() or manifest.is_symlink():
+        raise OutputExistsError(
+            f"{refuse} a directory that is not a precguard recording (no manifest.json); "
+            "choose another --out or empty it yourself"
+        )
+    try:
+        raw = read_json_file(manifest, limit=MAX_MANIFEST_BYTES, what="precguard manifest")
+        version = raw.get("schema_version") if isinstance(raw, dict) else None
+        if type(version) is not int or version < 1:  # a newer precguard's recording is one too
+            raise DumpFormatError("no integer schema_version")
+        Manifest.model_validate(raw)
+    except (DumpFormatError, ValidationError) as exc:
+        raise OutputExistsError(
+            f"{refuse} it: its manifest.json is not a precguard manifest; choose another "
+            "--out or empty it yourself"
+        ) from exc
+    doomed: list[Path] = [manifest]
+    for entry in sorted(out.iterdir()):
+        if entry.name == "manifest.json.tmp":
+            doomed.append(entry)
+        elif rank_of(entry.name) is not None:
+            if entry.is_symlink() or not entry.is_dir():
+                raise OutputExistsError(
+                    f"{refuse} it: {shown(entry.name)} is a symbolic link or not a directory"
+                )
+            doomed.append(entry)
+    try:
+        for entry in doomed:
+            if entry.is_dir():
+                shutil.rmtree(entry)  # never follows links inside it
+            else:
+                entry.unlink()
+    except OSError as exc:
+        raise UsageError(f"{shown(out)}: cannot remove the old recording ({exc})") from exc
+    logger.info("recording_replaced", path=str(out), removed=[e.name for e in doomed])
 
 
 def write_json_atomic(path: Path, data: str) -> None:
     """Replace ``path`` with ``data`` so that readers see the old or the new file, never half."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(data, encoding="utf-8")
+    # Never write through a link planted under the temporary name (or the final
+    # one: os.replace swaps the link itself, not what it points at).
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(data)
     os.replace(tmp, path)
 
 

@@ -9,6 +9,7 @@ it makes itself (its *local error*), with no upstream error mixed in.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Literal
 
 import torch
@@ -24,9 +25,10 @@ from precguard.compare.render import format_cosine, format_number
 from precguard.compare.report import Metrics, Status
 from precguard.compare.tensors import TensorStore
 from precguard.compare.tolerance import Profile, get_profile, judge
-from precguard.dump.reader import load_run
+from precguard.dump.reader import Run, load_run
 from precguard.dump.schema import Record
 from precguard.errors import DumpFormatError, PrecguardError, UsageError
+from precguard.text import shown
 
 logger = get_logger(__name__)
 
@@ -79,12 +81,17 @@ def replay_module(
 ) -> ReplayResult:
     """Run ``module`` of ``target`` alone on ``device`` with the golden's inputs.
 
+    ``target`` is required: the golden's manifest names the target it was
+    recorded from, but a recording is untrusted input and never chooses the
+    code that runs (the name is only suggested in the error).
+
     The golden must hold full tensors of the module's inputs and outputs
     (recorded with ``tensors=["NAME"]`` or ``tensors=True``); a missing tensor
     is named in the error. Weights come from the target, built the way
     ``precguard record`` builds it (seeded, on the CPU, then moved).
 
-    >>> r = replay_module("runs/cpu", "model.layers.3.mlp", device="npu")  # doctest: +SKIP
+    >>> r = replay_module("runs/cpu", "model.layers.3.mlp", target="tiny-llama",
+    ...                   device="npu")                                  # doctest: +SKIP
     >>> r.verdict, r.local_error                                           # doctest: +SKIP
     ('diverged', 0.0031)
     """
@@ -94,12 +101,13 @@ def replay_module(
     run = load_run(golden)
     prof = get_profile(profile)
     if rank not in run.ranks:
-        raise UsageError(f"{run.path}: has no rank {rank} (ranks: {run.ranks or 'none'})")
+        raise UsageError(f"{shown(run.path)}: has no rank {rank} (ranks: {run.ranks or 'none'})")
     records = _module_records(run.records(rank), module, call, step)
     if not records:
         raise UsageError(
-            f"{run.path}: no forward records of module {module!r} (call {call}, step {step}, "
-            f"rank {rank}); check the name with the golden's records.jsonl"
+            f"{shown(run.path)}: no forward records of module {shown(repr(module))} "
+            f"(call {call}, step {step}, rank {rank}); check the name with the golden's "
+            "records.jsonl"
         )
     inputs = [r for r in records if r.role == "input"]
     outputs = [r for r in records if r.role == "output"]
@@ -107,12 +115,12 @@ def replay_module(
     missing = [r.key for r in inputs + outputs if r.tensor is None]
     if missing:
         raise DumpFormatError(
-            f"{run.path}: no full tensors for {', '.join(missing)}; record the golden with "
-            f"--tensors '{module}' to replay it"
+            f"{shown(run.path)}: no full tensors for {shown(', '.join(missing), 400)}; record "
+            f"the golden with --tensors '{shown(module)}' to replay it"
         )
-    target_spec = target or run.manifest.target
-    if not target_spec:
-        raise UsageError(f"{run.path}: the manifest names no target; pass --target")
+    if not target:
+        raise UsageError(missing_target_message(run))
+    target_spec = target
     torch_dtype = parse_dtype(dtype or run.manifest.dtype or "float32")
     backend = resolve_backend(device)
     target_obj = load_target(target_spec)
@@ -154,6 +162,21 @@ def replay_module(
     )
 
 
+def missing_target_message(run: Run) -> str:
+    """The error for a replay without a target: the manifest's target only as a suggestion."""
+    named = run.manifest.target
+    hint = (
+        f"the golden was recorded from {shown(named, 80)}; if you trust that code, pass "
+        f"--target {shown(named, 80)}"
+        if named
+        else "the golden's manifest names none"
+    )
+    return (
+        f"{shown(run.path)}: replay needs --target (the model code to run); a recording "
+        f"never chooses the code that runs: {hint}"
+    )
+
+
 def _module_records(records: Any, module: str, call: int, step: int) -> list[Record]:
     found: list[Record] = []
     for rec in records:
@@ -176,8 +199,8 @@ def _check_weights(sub: torch.nn.Module, params: list[Record], store: TensorStor
         # the golden rounded to the replay dtype: a dtype cast alone is not a difference
         if not torch.equal(store.tensor(rec).to(mine.dtype), mine):
             warnings.append(
-                f"parameter {rec.name!r} of the target differs from the golden's: the replay "
-                "measures different weights"
+                f"parameter {shown(repr(rec.name))} of the target differs from the golden's: "
+                "the replay measures different weights"
             )
     return warnings
 
@@ -192,15 +215,17 @@ def _rebuild_call(
     """Rebuild ``(args, kwargs)`` from input record names (``kwargs.position_embeddings.0``)."""
     tree: dict[str, Any] = {"args": {}, "kwargs": {}}
     for rec in inputs:
-        t = store.tensor(rec).clone()
-        if t.is_floating_point():
-            t = t.to(dtype)
-        parts = rec.name.split(".")
-        if parts[0] not in tree or len(parts) < 2:
-            raise DumpFormatError(f"input record {rec.key}: unexpected name {rec.name!r}")
+        parts = _input_path(rec)
         node = tree[parts[0]]
         for part in parts[1:-1]:
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise _bad_name(rec)
+        if parts[-1] in node:
+            raise _bad_name(rec)
+        t = store.tensor(rec).clone()
+        if t.is_floating_point():
+            t = t.to(dtype)
         node[parts[-1]] = t.to(device)
     args_tree = tree["args"]
     n_args = max((int(k) + 1 for k in args_tree), default=0)
@@ -211,11 +236,38 @@ def _rebuild_call(
     return args, kwargs
 
 
+#: an index in an input's name (``args.0``, ``kwargs.past.1``); bounded so that a
+#: crafted name cannot ask for a tuple of a billion Nones
+_INDEX = re.compile(r"0|[1-9][0-9]{0,3}", re.ASCII)
+#: deepest nesting of an input's name
+_MAX_NAME_PARTS = 16
+
+
+def _input_path(rec: Record) -> list[str]:
+    """The parts of an input record's name, checked: ``args.N...`` or ``kwargs.NAME...``."""
+    parts = rec.name.split(".")
+    if (
+        len(parts) < 2
+        or len(parts) > _MAX_NAME_PARTS
+        or parts[0] not in ("args", "kwargs")
+        or not all(parts)
+        or (parts[0] == "args" and not _INDEX.fullmatch(parts[1]))
+    ):
+        raise _bad_name(rec)
+    return parts
+
+
+def _bad_name(rec: Record) -> DumpFormatError:
+    return DumpFormatError(
+        f"input record {shown(rec.key)}: unexpected or repeated name {shown(rec.name, 80)}"
+    )
+
+
 def _materialize(node: Any) -> Any:
     """Turn ``{"0": a, "1": b}`` into ``(a, b)``; other dicts stay dicts."""
     if not isinstance(node, dict):
         return node
-    if node and all(k.isdigit() for k in node):
+    if node and all(_INDEX.fullmatch(k) for k in node):
         return tuple(_materialize(node.get(str(i))) for i in range(max(int(k) for k in node) + 1))
     return {k: _materialize(v) for k, v in node.items()}
 
@@ -229,7 +281,8 @@ def _judge_output(
     actual = tensor.detach().to("cpu")
     if golden.numel() != actual.numel():
         raise PrecguardError(
-            f"replayed output {rec.name} has shape {list(actual.shape)}, golden {rec.shape}"
+            f"replayed output {shown(rec.name)} has shape {list(actual.shape)}, golden "
+            f"{shown(rec.shape, 60)}"
         )
     metrics = tensor_metrics(
         golden,
@@ -249,7 +302,8 @@ def render_replay(result: ReplayResult, console: Console) -> None:
     console.print(
         Text.assemble(
             (word, style),
-            f"  {result.module} ({result.module_type}) replayed alone on {result.device} "
+            f"  {shown(result.module)} ({shown(result.module_type)}) replayed alone on "
+            f"{shown(result.device)} "
             f"({result.dtype}) with golden inputs: local error {result.local_error:.3g}",
         )
     )
@@ -259,7 +313,7 @@ def render_replay(result: ReplayResult, console: Console) -> None:
     for o in result.outputs:
         m = o.metrics
         table.add_row(
-            o.name,
+            shown(o.name, markup=True),
             o.status,
             format_number(m.rel_l2 if m else None),
             format_cosine(m.cosine if m else None),
@@ -273,7 +327,7 @@ def render_replay(result: ReplayResult, console: Console) -> None:
     else:
         console.print("the module itself is outside tolerance on this device: the error is local")
     for w in result.warnings:
-        console.print(f"[yellow]warning:[/] {w}")
+        console.print(f"[yellow]warning:[/] {shown(w, 400, markup=True)}")
 
 
 __all__ = ["ReplayOutput", "ReplayResult", "render_replay", "replay_module"]

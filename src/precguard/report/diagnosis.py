@@ -57,8 +57,13 @@ def _evidence_line(f: Finding, limit: int = 4) -> str:
 
 def render_terminal(d: Diagnosis, console: Console, causes: int = 3) -> None:
     """Print the diagnosis: verdict, the most likely root causes with remedies, all findings."""
-    from rich.markup import escape
     from rich.table import Table
+
+    from precguard.text import shown
+
+    def escape(text: str) -> str:
+        # findings quote recordings (device, module names): no escape codes, no markup
+        return shown(text, 2000, markup=True)
 
     verdict = "[bold green]PASS[/]" if d.verdict == "pass" else "[bold red]FAIL[/]"
     console.print(f"[bold]precguard check[/] · {escape(_header(d))}")
