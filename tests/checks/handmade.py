@@ -1,0 +1,167 @@
+"""A decoder written by hand, the way a user ports one: no transformers, no HF conventions.
+
+Custom RMSNorm, RoPE as plain functions called inside the attention (no rotary
+module to find by class name), its own attention with a padding mask, and a
+tensor batch (``model(ids)``). Targets here (``tests/checks/handmade.py:NAME``)
+plant one fault each; ``clean`` is correct code that must pass on ``cpu``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import precguard
+
+VOCAB, DIM, HEADS, LAYERS, SEQ = 128, 32, 2, 2, 24
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm; ``square_dtype`` plants the bug of squaring in a low dtype, ``upcast`` the fix."""
+
+    def __init__(
+        self, dim: int, eps: float = 1e-6, square_dtype: torch.dtype | None = None, upcast=True
+    ):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+        self.square_dtype = square_dtype
+        self.upcast = upcast
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float() if self.upcast else x
+        low = h if self.square_dtype is None else h.to(self.square_dtype)
+        ms = low.pow(2).mean(-1, keepdim=True).to(h.dtype)
+        return self.weight * (h * torch.rsqrt(ms + self.eps)).to(x.dtype)
+
+
+def rope_angles_cos_sin(
+    positions: torch.Tensor, head_dim: int, dtype: torch.dtype, base: float = 10000.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of position × frequency, the angles computed in ``dtype``."""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = positions.to(dtype)[:, None] * inv_freq.to(dtype)[None, :]
+    return angles.cos(), angles.sin()
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channel pairs (2i, 2i+1) of ``x`` (B, H, T, D) by the angles' cos/sin (T, D/2)."""
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+class Attention(nn.Module):
+    def __init__(self, rope_dtype: torch.dtype) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(DIM, 3 * DIM, bias=False)
+        self.out = nn.Linear(DIM, DIM, bias=False)
+        self.rope_dtype = rope_dtype
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, HEADS, DIM // HEADS).permute(2, 0, 3, 1, 4)
+        cos, sin = rope_angles_cos_sin(torch.arange(t), DIM // HEADS, self.rope_dtype)
+        q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
+        scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(DIM // HEADS)
+        keep = torch.ones(t, t, dtype=torch.bool).tril()
+        if mask is not None:
+            keep = keep & mask[:, None, None, :].bool()
+        scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+        p = scores.softmax(-1).to(v.dtype)
+        return self.out((p @ v).transpose(1, 2).reshape(b, t, DIM))
+
+
+class Block(nn.Module):
+    def __init__(self, rope_dtype: torch.dtype, norm: dict) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(DIM, **norm)
+        self.attn = Attention(rope_dtype)
+        self.mlp_norm = RMSNorm(DIM, **norm)
+        self.mlp = nn.Sequential(nn.Linear(DIM, 4 * DIM), nn.SiLU(), nn.Linear(4 * DIM, DIM))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), mask)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Decoder(nn.Module):
+    """``Decoder()(ids, mask=None) -> logits``."""
+
+    def __init__(self, rope_dtype: torch.dtype = torch.float32, **norm) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.blocks = nn.ModuleList(Block(rope_dtype, norm) for _ in range(LAYERS))
+        self.norm = RMSNorm(DIM, **norm)
+        self.head = nn.Linear(DIM, VOCAB, bias=False)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(self.norm(x))
+
+
+def ids_batch(step: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1000 + step)
+    return torch.randint(0, VOCAB, (2, SEQ), generator=gen)
+
+
+def next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB).float(), ids[:, 1:].reshape(-1))
+
+
+def _target(**model_args) -> precguard.Target:
+    return precguard.Target(
+        model=lambda: Decoder(**model_args), batch=ids_batch, loss=next_token_loss, seed=0
+    )
+
+
+def clean() -> precguard.Target:
+    """fp32 RoPE angles, RMSNorm that upcasts: correct code."""
+    return _target()
+
+
+def rope_bf16() -> precguard.Target:
+    """RoPE angles computed in bf16 inside a plain function."""
+    return _target(rope_dtype=torch.bfloat16)
+
+
+def norm_squares_fp16() -> precguard.Target:
+    """An fp32 model whose RMSNorm squares in fp16."""
+    return _target(square_dtype=torch.float16)
+
+
+def norm_no_upcast() -> precguard.Target:
+    """RMSNorm that skips the fp32 upcast: fine in fp32, broken in an fp16 model."""
+    return _target(upcast=False)
+
+
+def tuple_batch() -> precguard.Target:
+    """The clean decoder fed ``model(*(ids,))``."""
+    t = _target()
+    t.batch = lambda step: (ids_batch(step),)
+    return t
+
+
+def dict_batch() -> precguard.Target:
+    """The clean decoder fed ``model(ids=..., mask=...)``, with the loss reading the dict."""
+    t = _target()
+    t.batch = lambda step: {"ids": ids_batch(step)}
+    t.loss = lambda out, batch: next_token_loss(out, batch["ids"])
+    return t
+
+
+def torch_norms() -> precguard.Target:
+    """torch's own LayerNorm and RMSNorm in an fp32 model (correct by construction)."""
+    model = lambda: nn.Sequential(  # noqa: E731
+        nn.Embedding(VOCAB, DIM),
+        nn.LayerNorm(DIM),
+        nn.Linear(DIM, DIM),
+        nn.RMSNorm(DIM, eps=1e-6),
+        nn.Linear(DIM, VOCAB),
+    )
+    return precguard.Target(model=model, batch=ids_batch, seed=0)

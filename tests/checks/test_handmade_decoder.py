@@ -1,0 +1,90 @@
+"""Checks on a decoder written by hand: they test the real function, and pass correct code.
+
+The story: a user ports their own decoder (custom RMSNorm, RoPE as functions,
+own attention, a tensor batch) and runs ``precguard check``. Correct code must
+come out clean on ``cpu``; each planted bug must be found in its own family,
+however the code hides it (an explicit cast, a function instead of a module).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def handmade(name: str) -> str:
+    from pathlib import Path
+
+    return f"{Path(__file__).with_name('handmade.py')}:{name}"
+
+
+def test_correct_handwritten_decoder_has_no_failure_on_cpu(run_check):
+    run = run_check("--checklist", "llama-finetune", "--target", handmade("clean"))
+    assert run.statuses("fail") == [] and run.statuses("error") == [], run.out
+    assert run.code == 0
+    norm = run.finding("norm.extreme_inputs")
+    assert norm["status"] == "pass"
+    assert {m["type"] for m in norm["evidence"]["modules"].values()} == {"RMSNorm"}
+    assert run.finding("rope.position_sweep")["status"] == "pass"
+
+
+def test_a_norm_that_squares_in_fp16_inside_an_fp32_model_fails(run_check):
+    run = run_check("--target", handmade("norm_squares_fp16"), "--only", "norm")
+    found = run.finding("norm.extreme_inputs")
+    assert found["status"] == "fail", found
+    assert "blocks.0.attn_norm" in found["summary"]
+    # x.half() ** 2 overflows on massive activations: the output collapses to 0
+    assert found["evidence"]["modules"]["blocks.0.attn_norm"]["massive_activations"] > 0.5
+    assert found["remedy"]
+    assert run.code == 1
+
+
+def test_a_norm_without_the_fp32_upcast_fails_only_in_a_low_precision_model(run_check):
+    fp32 = run_check("--target", handmade("norm_no_upcast"), "--only", "norm")
+    assert fp32.finding("norm.extreme_inputs")["status"] == "pass"
+    fp16 = run_check(
+        "--target", handmade("norm_no_upcast"), "--only", "norm", "--device", "emu:fp16-mixed"
+    )
+    assert fp16.finding("norm.extreme_inputs")["status"] == "fail"
+    # the same model with the upcast survives fp16 mixed precision
+    fixed = run_check("--target", handmade("clean"), "--only", "norm", "--device", "emu:fp16-mixed")
+    assert fixed.finding("norm.extreme_inputs")["status"] == "pass"
+
+
+def test_function_based_rope_in_bf16_is_found_by_behaviour_and_fails(run_check):
+    run = run_check("--target", handmade("rope_bf16"), "--only", "rope", "--device", "emu:bf16")
+    found = run.finding("rope.position_sweep")
+    assert found["status"] == "fail", found
+    assert "blocks.0.attn" in found["summary"]
+    assert "rope_angles_cos_sin" in str(found["evidence"])
+    assert run.root_cause == "rope.position_sweep"
+
+
+def test_function_based_rope_in_bf16_fails_where_fp32_angles_pass(run_check):
+    """Under bf16 mixed precision the fp32 angles stay exact; the bf16 ones do not."""
+    bad = run_check(
+        "--target", handmade("rope_bf16"), "--only", "rope", "--device", "emu:bf16-mixed"
+    )
+    assert bad.finding("rope.position_sweep")["status"] == "fail"
+    good = run_check("--target", handmade("clean"), "--only", "rope", "--device", "emu:bf16-mixed")
+    assert good.finding("rope.position_sweep")["status"] == "pass", good.finding(
+        "rope.position_sweep"
+    )
+
+
+@pytest.mark.parametrize("name", ["clean", "tuple_batch", "dict_batch"])
+def test_masking_works_whatever_the_batch_looks_like(run_check, name):
+    run = run_check("--target", handmade(name), "--only", "attention.masking")
+    found = run.finding("attention.masking")
+    assert found["status"] == "pass", found
+    assert found["evidence"]["mask_argument"] == "mask"
+
+
+def test_torch_layernorm_and_rmsnorm_in_fp32_pass_extreme_inputs_on_cpu(run_check):
+    run = run_check("--target", handmade("torch_norms"), "--only", "norm")
+    found = run.finding("norm.extreme_inputs")
+    assert found["status"] == "pass", found
+    modules = found["evidence"]["modules"]
+    assert {m["type"] for m in modules.values()} == {"LayerNorm", "RMSNorm"}
+    # the cases real activations reach were all run, massive activations included
+    assert all(isinstance(m["massive_activations"], float) for m in modules.values())
+    assert modules["1"]["centres"] is True and modules["3"]["centres"] is False
