@@ -1,0 +1,218 @@
+"""Finding rotary embeddings by what they compute, not by what they are called.
+
+A hand-written decoder often has no ``*Rotary*`` module: a plain function
+computes ``cos``/``sin`` of ``position × inv_freq`` inside the attention. Such
+calls are recognised in a real forward: a ``cos`` or ``sin`` whose argument,
+computed under the fp64 oracle, is affine along one axis (the positions) and
+not constant along it. The same calls in a device and a reference forward of
+the same batch are matched by module and order, and their per-position error
+against the oracle is what the ``rope`` checks judge.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from precguard._logging import get_logger
+from precguard.checks._lab import Lab, flatten, map_tensors
+from precguard.checks._trace import watch_ops
+from precguard.oracle import run_in_fp64
+from precguard.target import call_model
+
+logger = get_logger(__name__)
+
+_TRIG = {"cos", "sin"}
+_SKIP_DIRS = (
+    os.path.dirname(torch.__file__),
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # precguard itself
+)
+
+
+@dataclass(frozen=True)
+class TrigFound:
+    """The cos/sin calls of one module found by behaviour, and their errors per position."""
+
+    where: str  # "rope_cos_sin (decoder.py:42)"
+    calls: int
+    positions: torch.Tensor  # 0..n-1 (the batch's own positions)
+    device_error: torch.Tensor  # max abs error vs the oracle, per position
+    reference_error: torch.Tensor
+    max_angle: torch.Tensor  # largest |angle| per position (fp64)
+
+
+def _caller() -> str:
+    """The innermost frame of the user's code (outside torch and precguard): 'fn (file:line)'."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not path.startswith(_SKIP_DIRS) and not path.startswith("<"):
+            return f"{frame.f_code.co_name} ({os.path.basename(path)}:{frame.f_lineno})"
+        frame = frame.f_back
+    return "?"
+
+
+def _position_axis(angles: torch.Tensor) -> int | None:
+    """The axis along which ``angles`` (fp64) grow linearly and are not constant, if any."""
+    scale = float(angles.abs().max()) if angles.numel() else 0.0
+    if not scale:
+        return None
+    for axis in reversed(range(angles.dim())):
+        if angles.shape[axis] < 3:
+            continue
+        step = angles.diff(dim=axis)
+        if float(step.abs().max()) > 1e-9 * scale and float(
+            step.diff(dim=axis).abs().max()
+        ) <= 1e-9 * max(scale, 1.0):
+            return axis
+    return None
+
+
+def _watched_forward(model: nn.Module, batch: Any, keep_args: bool) -> dict[tuple, dict]:
+    """cos/sin calls of one forward by (module, op, occurrence); values fp64 on the CPU."""
+    calls: dict[tuple, dict] = {}
+    seen: Counter[tuple[str, str]] = Counter()
+
+    def record(op: str, args: tuple, _kwargs: dict, result: Any, module: str) -> None:
+        x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if x is None or not x.is_floating_point() or not isinstance(result, torch.Tensor):
+            return
+        key = (module, op, seen[(module, op)])
+        seen[(module, op)] += 1
+        calls[key] = {
+            "value": result.detach().to("cpu", torch.float64),
+            "angles": x.detach().to("cpu", torch.float64) if keep_args else None,
+            "where": _caller() if keep_args else "",
+        }
+
+    with watch_ops(model, _TRIG, record):
+        call_model(model, batch)
+    return calls
+
+
+def longer_batch(batch: Any, length: int) -> Any:
+    """``batch`` with its sequence axis (dim 1 of its 2-D+ tensors) repeated up to ``length``.
+
+    Every tensor whose dim 1 has the length of the first such tensor is
+    tiled (ids, masks, labels alike); a batch without one is returned as is.
+    """
+    seq = next(
+        (t.shape[1] for _, t in flatten(batch) if isinstance(t, torch.Tensor) and t.dim() >= 2),
+        None,
+    )
+    if not seq or seq >= length:
+        return batch
+    reps = -(-length // seq)
+
+    def tile(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() < 2 or t.shape[1] != seq:
+            return t
+        return t.repeat(1, reps, *([1] * (t.dim() - 2)))[:, :length]
+
+    return map_tensors(batch, tile)
+
+
+def rope_by_behaviour(bench: Lab, exclude: list[str], length: int) -> dict[str, TrigFound]:
+    """Modules whose forward computes cos/sin of position × frequency (not under ``exclude``).
+
+    One forward of batch 0 under the fp64 oracle finds the calls; when some lie
+    outside ``exclude``, the batch's sequence is tiled to ``length`` positions
+    (the target's own length when the model refuses it) and the calls are
+    judged on forwards under the oracle, on the device and on the reference.
+    """
+    key = f"rope_by_behaviour:{length}:{exclude}"
+    if key not in bench._cache:
+        bench._cache[key] = _find(bench, exclude, length)
+    return bench._cache[key]
+
+
+def _excluded(module: str, exclude: list[str]) -> bool:
+    return any(module == e or module.startswith(f"{e}.") for e in exclude)
+
+
+def _oracle_calls(bench: Lab, batch: Any) -> dict[tuple, dict]:
+    return run_in_fp64(
+        lambda m, b: _watched_forward(m, b, keep_args=True), batch, module=bench.reference_model()
+    )
+
+
+def _rope_calls(exact: dict[tuple, dict], exclude: list[str]) -> dict[tuple, int]:
+    """The calls of ``exact`` that are cos/sin of position × frequency, with their position axis."""
+    rope = {}
+    for k, call in exact.items():
+        if _excluded(k[0], exclude):
+            continue
+        axis = _position_axis(call["angles"])
+        if axis is not None:
+            rope[k] = axis
+    return rope
+
+
+def _find(bench: Lab, exclude: list[str], length: int) -> dict[str, TrigFound]:
+    batch = bench.batch(0)
+    if not _rope_calls(_oracle_calls(bench, batch), exclude):
+        return {}
+    try:
+        return _judge_calls(bench, longer_batch(batch, length), exclude)
+    except Exception as exc:  # a model that cannot take more positions: its own length
+        logger.info("rope_longer_batch_refused", error=f"{type(exc).__name__}: {exc}")
+        return _judge_calls(bench, batch, exclude)
+
+
+def _judge_calls(bench: Lab, batch: Any, exclude: list[str]) -> dict[str, TrigFound]:
+    exact = _oracle_calls(bench, batch)
+    rope = _rope_calls(exact, exclude)
+    runs = {}
+    for on in ("device", "reference"):
+        model = bench.copy(on)
+        placed = bench.place(batch, on)
+        with torch.no_grad(), bench.numerics(on):
+            runs[on] = _watched_forward(model, placed, keep_args=False)
+        del model
+    found: dict[str, dict[str, Any]] = {}
+    for k, axis in rope.items():
+        want = exact[k]["value"]
+        n = want.shape[axis]
+        errors = {}
+        for on, calls in runs.items():
+            got = calls.get(k)
+            if got is None or got["value"].shape != want.shape:
+                break
+            err = torch.nan_to_num((got["value"] - want).abs(), nan=float("inf"))
+            errors[on] = err.movedim(axis, -1).reshape(-1, n).amax(dim=0)
+        else:
+            entry = found.setdefault(
+                k[0],
+                {
+                    "where": exact[k]["where"],
+                    "calls": 0,
+                    "n": n,
+                    "device": torch.zeros(n, dtype=torch.float64),
+                    "reference": torch.zeros(n, dtype=torch.float64),
+                    "angle": torch.zeros(n, dtype=torch.float64),
+                },
+            )
+            if entry["n"] != n:
+                continue
+            angle = exact[k]["angles"].abs().movedim(axis, -1).reshape(-1, n).amax(dim=0)
+            entry["calls"] += 1
+            entry["device"] = torch.maximum(entry["device"], errors["device"])
+            entry["reference"] = torch.maximum(entry["reference"], errors["reference"])
+            entry["angle"] = torch.maximum(entry["angle"], angle)
+    return {
+        module: TrigFound(
+            where=e["where"],
+            calls=e["calls"],
+            positions=torch.arange(e["n"]),
+            device_error=e["device"],
+            reference_error=e["reference"],
+            max_angle=e["angle"],
+        )
+        for module, e in found.items()
+    }
