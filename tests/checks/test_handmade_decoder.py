@@ -88,3 +88,13 @@ def test_torch_layernorm_and_rmsnorm_in_fp32_pass_extreme_inputs_on_cpu(run_chec
     # the cases real activations reach were all run, massive activations included
     assert all(isinstance(m["massive_activations"], float) for m in modules.values())
     assert modules["1"]["centres"] is True and modules["3"]["centres"] is False
+
+
+def test_custom_modules_are_judged_against_the_oracle_not_their_own_casts(run_check):
+    """Re-running the module's own x.half() "in fp64" gave error 0; the oracle does not."""
+    clean = run_check("--target", handmade("clean"), "--only", "ops.custom_modules")
+    assert clean.finding("ops.custom_modules")["status"] == "pass"
+    bad = run_check("--target", handmade("norm_squares_fp16"), "--only", "ops.custom_modules")
+    found = bad.finding("ops.custom_modules")
+    assert found["status"] == "fail"
+    assert "(RMSNorm)" in found["summary"]
