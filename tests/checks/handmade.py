@@ -55,11 +55,12 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
-    def __init__(self, rope_dtype: torch.dtype) -> None:
+    def __init__(self, rope_dtype: torch.dtype, use_mask: bool = True) -> None:
         super().__init__()
         self.qkv = nn.Linear(DIM, 3 * DIM, bias=False)
         self.out = nn.Linear(DIM, DIM, bias=False)
         self.rope_dtype = rope_dtype
+        self.use_mask = use_mask
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         b, t, _ = x.shape
@@ -68,7 +69,7 @@ class Attention(nn.Module):
         q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
         scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(DIM // HEADS)
         keep = torch.ones(t, t, dtype=torch.bool).tril()
-        if mask is not None:
+        if mask is not None and self.use_mask:
             keep = keep & mask[:, None, None, :].bool()
         scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
         p = scores.softmax(-1).to(v.dtype)
@@ -76,10 +77,10 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, rope_dtype: torch.dtype, norm: dict) -> None:
+    def __init__(self, rope_dtype: torch.dtype, norm: dict, use_mask: bool = True) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(DIM, **norm)
-        self.attn = Attention(rope_dtype)
+        self.attn = Attention(rope_dtype, use_mask)
         self.mlp_norm = RMSNorm(DIM, **norm)
         self.mlp = nn.Sequential(nn.Linear(DIM, 4 * DIM), nn.SiLU(), nn.Linear(4 * DIM, DIM))
 
@@ -91,10 +92,12 @@ class Block(nn.Module):
 class Decoder(nn.Module):
     """``Decoder()(ids, mask=None) -> logits``."""
 
-    def __init__(self, rope_dtype: torch.dtype = torch.float32, **norm) -> None:
+    def __init__(
+        self, rope_dtype: torch.dtype = torch.float32, use_mask: bool = True, **norm
+    ) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, DIM)
-        self.blocks = nn.ModuleList(Block(rope_dtype, norm) for _ in range(LAYERS))
+        self.blocks = nn.ModuleList(Block(rope_dtype, norm, use_mask) for _ in range(LAYERS))
         self.norm = RMSNorm(DIM, **norm)
         self.head = nn.Linear(DIM, VOCAB, bias=False)
 
@@ -138,6 +141,11 @@ def norm_squares_fp16() -> precguard.Target:
 def norm_no_upcast() -> precguard.Target:
     """RMSNorm that skips the fp32 upcast: fine in fp32, broken in an fp16 model."""
     return _target(upcast=False)
+
+
+def mask_ignored() -> precguard.Target:
+    """Takes a padding mask and drops it: padded keys get attention."""
+    return _target(use_mask=False)
 
 
 def tuple_batch() -> precguard.Target:

@@ -98,3 +98,10 @@ def test_custom_modules_are_judged_against_the_oracle_not_their_own_casts(run_ch
     found = bad.finding("ops.custom_modules")
     assert found["status"] == "fail"
     assert "(RMSNorm)" in found["summary"]
+
+
+def test_a_mask_the_attention_drops_is_found_with_a_tensor_batch(run_check):
+    run = run_check("--target", handmade("mask_ignored"), "--only", "attention.masking")
+    found = run.finding("attention.masking")
+    assert found["status"] == "fail"
+    assert found["evidence"]["max_probability_on_masked_keys"] > 1e-3
