@@ -49,7 +49,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-__all__ = ["Fp64Mode", "run_in_fp64", "to_fp64"]
+__all__ = ["Fp64Mode", "map_tensors_keeping_types", "run_in_fp64", "to_fp64"]
 
 _FLOAT = frozenset({torch.float16, torch.bfloat16, torch.float32})
 _COMPLEX = frozenset({torch.complex32, torch.complex64})
@@ -117,22 +117,21 @@ class Fp64Mode(TorchDispatchMode):
         return tree_map(_widen, out)
 
 
-def to_fp64(value: Any) -> Any:
-    """A copy of a nested value with every floating tensor in fp64 on the CPU (detached).
+def map_tensors_keeping_types(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """Apply ``fn`` to every tensor of a nested value, keeping the containers' types.
 
-    Walks tensors, tuples, lists, dicts and dict-like outputs (a transformers
-    ``ModelOutput`` keeps its type); integer and boolean tensors are copied to
-    the CPU as they are; other leaves are returned unchanged.
+    Walks tuples (namedtuples too), lists, dicts and dict-like outputs (a
+    transformers ``ModelOutput`` stays one, so ``out.logits`` still works);
+    other leaves are returned unchanged.
     """
     if isinstance(value, torch.Tensor):
-        t = value.detach().to("cpu")
-        return t.to(_wide(t.dtype)) if t.dtype in _FLOAT or t.dtype in _COMPLEX else t.clone()
+        return fn(value)
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
-        return type(value)(*(to_fp64(v) for v in value))
+        return type(value)(*(map_tensors_keeping_types(v, fn) for v in value))
     if isinstance(value, tuple | list):
-        return type(value)(to_fp64(v) for v in value)
+        return type(value)(map_tensors_keeping_types(v, fn) for v in value)
     if isinstance(value, Mapping):
-        items = {k: to_fp64(v) for k, v in value.items()}
+        items = {k: map_tensors_keeping_types(v, fn) for k, v in value.items()}
         if type(value) is dict:
             return items
         try:
@@ -140,6 +139,20 @@ def to_fp64(value: Any) -> Any:
         except TypeError:
             return items
     return value
+
+
+def to_fp64(value: Any) -> Any:
+    """A copy of a nested value with every floating tensor in fp64 on the CPU (detached).
+
+    Containers keep their types (:func:`map_tensors_keeping_types`); integer and
+    boolean tensors are copied to the CPU as they are.
+    """
+
+    def widen(t: torch.Tensor) -> torch.Tensor:
+        t = t.detach().to("cpu")
+        return t.to(_wide(t.dtype)) if t.dtype in _FLOAT or t.dtype in _COMPLEX else t.clone()
+
+    return map_tensors_keeping_types(value, widen)
 
 
 @contextlib.contextmanager

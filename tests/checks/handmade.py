@@ -173,3 +173,12 @@ def torch_norms() -> precguard.Target:
         nn.Linear(DIM, VOCAB),
     )
     return precguard.Target(model=model, batch=ids_batch, seed=0)
+
+
+def loss_in_fp16() -> precguard.Target:
+    """The clean decoder whose loss casts the logits to fp16 first."""
+    t = _target()
+    t.loss = lambda logits, ids: F.cross_entropy(
+        logits[:, :-1].reshape(-1, VOCAB).half(), ids[:, 1:].reshape(-1)
+    )
+    return t

@@ -1,0 +1,70 @@
+"""Findings tell the truth: no failure for what the model does not do, no pass on nothing.
+
+Each test is a user's run that used to mislead: a loss failed for label
+smoothing the model never uses, a remedy on a PASS row, a remedy whose scale
+overflows, a data check that compared no input, a fingerprint check against a
+golden that has none, a run where every check skipped ending green.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from tests.checks.conftest import planted
+
+
+def handmade(name: str) -> str:
+    return f"{Path(__file__).with_name('handmade.py')}:{name}"
+
+
+def test_the_targets_own_loss_is_checked_not_label_smoothing_it_does_not_use(run_check):
+    run = run_check(
+        "--target", "tiny-llama", "--device", "emu:fp16", "--only", "loss.cross_entropy"
+    )
+    found = run.finding("loss.cross_entropy")
+    assert found["status"] == "pass", found
+    assert "the target's loss" in found["summary"]
+    cases = found["evidence"]["cases"]
+    assert set(cases["target_loss"]) == {"target_batch", "ignore_index"}
+    assert not any("smoothing" in k for k in cases)
+
+
+def test_a_loss_that_casts_logits_to_fp16_fails_against_the_oracle(run_check):
+    clean = run_check("--target", handmade("clean"), "--only", "loss.cross_entropy")
+    assert clean.finding("loss.cross_entropy")["status"] == "pass"
+    run = run_check("--target", handmade("loss_in_fp16"), "--only", "loss.cross_entropy")
+    found = run.finding("loss.cross_entropy")
+    assert found["status"] == "fail", found
+    assert found["remedy"]
+
+
+def test_label_smoothing_is_tested_when_the_checklist_asks(run_check, tmp_path):
+    checklist = tmp_path / "smooth.yaml"
+    checklist.write_text(
+        "name: smooth\ndescription: d\nchecks:\n"
+        "  - id: loss.cross_entropy\n    params: {smoothing: 0.1}\n"
+    )
+    run = run_check("--checklist", str(checklist), "--target", "tiny-llama")
+    found = run.finding("loss.cross_entropy")
+    assert found["status"] == "pass"
+    assert "F.cross_entropy:label_smoothing" in found["evidence"]["cases"]
+
+
+def test_no_pass_row_carries_a_remedy(run_check):
+    run = run_check("--checklist", "llama-finetune", "--target", handmade("clean"))
+    passed = [f for f in run.diagnosis["findings"] if f["status"] in ("pass", "skip")]
+    assert passed and all(f["remedy"] == "" for f in passed)
+
+
+def test_the_loss_scale_remedy_is_a_scale_that_worked_here(run_check):
+    """init_scale=2**16 overflows under emulated fp16; the remedy names the scale found finite."""
+    run = run_check(
+        "--target", planted("fp16_no_loss_scaling"), "--device", "emu:fp16", "--only", "amp"
+    )
+    found = run.finding("amp.loss_scaling")
+    assert found["status"] == "fail"
+    tried = found["evidence"]["scale_tried"]
+    assert found["evidence"]["overflow_skips_before_finite"] >= 1 and tried < 2**16
+    scale = 2 ** round(math.log2(tried))  # evidence rounds to 4 significant digits
+    assert f"init_scale={scale}" in found["remedy"] and "2**16" not in found["remedy"]
