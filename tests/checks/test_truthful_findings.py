@@ -9,7 +9,11 @@ golden that has none, a run where every check skipped ending green.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from tests.checks.conftest import planted
 
@@ -68,3 +72,36 @@ def test_the_loss_scale_remedy_is_a_scale_that_worked_here(run_check):
     assert found["evidence"]["overflow_skips_before_finite"] >= 1 and tried < 2**16
     scale = 2 ** round(math.log2(tried))  # evidence rounds to 4 significant digits
     assert f"init_scale={scale}" in found["remedy"] and "2**16" not in found["remedy"]
+
+
+def test_skipping_every_check_is_inconclusive_not_a_pass(run_check):
+    run = run_check("--target", "tiny-llama", "--skip", "*")
+    assert run.code == 3
+    assert run.diagnosis["verdict"] == "inconclusive" and run.diagnosis["findings"] == []
+    assert "INCONCLUSIVE" in run.out and "PASS" not in run.out
+
+
+def test_a_checklist_whose_checks_all_skip_is_inconclusive(run_check):
+    # the hand-written decoder has no tokenizer and no golden is given: every check skips
+    run = run_check("--target", handmade("clean"), "--only", "tokenizer")
+    assert run.statuses("skip") and not run.statuses("pass")
+    assert run.code == 3 and run.diagnosis["verdict"] == "inconclusive"
+    assert "all 4 checks were skipped" in run.out
+
+
+def test_one_check_with_a_result_makes_the_run_conclusive(run_check):
+    run = run_check("--target", handmade("clean"), "--only", "tokenizer", "--only", "env")
+    assert run.statuses("skip") and run.statuses("pass")
+    assert run.code == 0 and run.diagnosis["verdict"] == "pass"
+
+
+@pytest.mark.slow
+def test_the_cli_exits_3_when_nothing_was_checked():
+    proc = subprocess.run(
+        [sys.executable, "-m", "precguard", "check", "--skip", "*"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert "INCONCLUSIVE" in proc.stdout and proc.stderr.strip() == ""

@@ -42,6 +42,11 @@ def _counts(d: Diagnosis) -> str:
     return " · ".join(f"{n} {s}" for s, n in d.counts.items() if n)
 
 
+def _inconclusive(d: Diagnosis) -> str:
+    what = f"all {len(d.findings)} checks were skipped" if d.findings else "no check was selected"
+    return f"no check produced a result ({what}): nothing was shown to pass"
+
+
 def _evidence_line(f: Finding, limit: int = 4) -> str:
     items = []
     for k, v in f.evidence.items():
@@ -60,9 +65,15 @@ def render_terminal(d: Diagnosis, console: Console, causes: int = 3) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    verdict = "[bold green]PASS[/]" if d.verdict == "pass" else "[bold red]FAIL[/]"
+    verdict = {
+        "pass": "[bold green]PASS[/]",
+        "fail": "[bold red]FAIL[/]",
+        "inconclusive": "[bold yellow]INCONCLUSIVE[/]",
+    }[d.verdict]
     console.print(f"[bold]precguard check[/] · {escape(_header(d))}")
-    console.print(f"verdict: {verdict}   {_counts(d)}   ({d.duration_s:.1f} s)")
+    console.print(f"verdict: {verdict}   {_counts(d) or 'no check ran'}   ({d.duration_s:.1f} s)")
+    if d.verdict == "inconclusive":
+        console.print(f"[yellow]{escape(_inconclusive(d))}[/]")
     flagged = [f for f in d.root_causes if f.status in ("fail", "error")][:causes]
     if flagged:
         console.print()
@@ -86,8 +97,9 @@ def render_terminal(d: Diagnosis, console: Console, causes: int = 3) -> None:
             continue
         label, style = STATUS_STYLE[f.status]
         table.add_row(f"[{style}]{label}[/]", f.id, escape(f.summary))
-    console.print()
-    console.print(table)
+    if table.row_count:
+        console.print()
+        console.print(table)
     for reason, ids in skipped.items():
         console.print(f"[dim]skipped {', '.join(ids)}: {escape(reason)}[/]")
 
@@ -115,7 +127,10 @@ def render_html(d: Diagnosis) -> str:
         for f in d.root_causes
         if f.status in ("fail", "error")
     )
-    verdict_color = _HTML_COLOR["pass" if d.verdict == "pass" else "fail"]
+    verdict_color = {"pass": _HTML_COLOR["pass"], "fail": _HTML_COLOR["fail"]}.get(
+        d.verdict, _HTML_COLOR["warn"]
+    )
+    note = f"<p>{e(_inconclusive(d))}</p>" if d.verdict == "inconclusive" else ""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>precguard check: {e(d.checklist)} on {e(d.device)}</title>
@@ -131,6 +146,7 @@ pre {{ background: #f6f8fa; padding: .6em; overflow-x: auto; font-size: 85%; }}
 <p>{e(_header(d))}</p>
 <p>Verdict: <b style="color:{verdict_color}">{e(d.verdict.upper())}</b> &mdash; {e(_counts(d))}
 ({d.duration_s:.1f} s, {e(d.created)})</p>
+{note}
 {"<h2>Most likely root cause first</h2><ol>" + causes + "</ol>" if causes else ""}
 <h2>Findings</h2>
 <table><tr><th>status</th><th>check</th><th>summary</th></tr>
