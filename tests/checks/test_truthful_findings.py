@@ -105,3 +105,83 @@ def test_the_cli_exits_3_when_nothing_was_checked():
     )
     assert proc.returncode == 3, proc.stderr
     assert "INCONCLUSIVE" in proc.stdout and proc.stderr.strip() == ""
+
+
+@pytest.fixture(scope="module")
+def tuple_golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The hand-written decoder recorded with ``model(*(ids,))``: inputs named ``args.0``."""
+    from precguard.runner import record_target
+
+    out = tmp_path_factory.mktemp("golden") / "tuple"
+    return record_target(handmade("tuple_batch"), device="cpu", out=out, steps=2)
+
+
+@pytest.fixture(scope="module")
+def keyword_golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The hand-written decoder recorded with ``model(ids=...)``: inputs named ``kwargs.ids``."""
+    from precguard.runner import record_target
+
+    out = tmp_path_factory.mktemp("golden") / "keyword"
+    return record_target(handmade("dict_batch"), device="cpu", out=out, steps=2)
+
+
+def test_positional_golden_inputs_are_mapped_to_keyword_inputs(run_check, tuple_golden):
+    run = run_check(
+        "--target", handmade("dict_batch"), "--golden", str(tuple_golden), "--only", "data"
+    )
+    found = run.finding("data.batches")
+    assert found["status"] == "pass", found
+    assert found["evidence"]["golden_inputs"] == ["args.0"]
+    assert found["evidence"]["paired_inputs"] == ["kwargs.ids"]
+    assert found["evidence"]["golden_steps_compared"] == 2
+
+
+def test_a_positional_golden_maps_through_the_forward_signature_both_ways(
+    run_check, keyword_golden
+):
+    run = run_check(
+        "--target", handmade("clean"), "--golden", str(keyword_golden), "--only", "data"
+    )
+    found = run.finding("data.batches")
+    assert found["status"] == "pass", found
+    assert found["evidence"]["paired_inputs"] == ["args.0"]
+
+
+def test_golden_inputs_that_pair_with_nothing_are_not_comparable_not_a_pass(
+    run_check, keyword_golden
+):
+    # tiny-llama's forward has no `ids`: the decoder's kwargs.ids pairs with nothing
+    run = run_check("--target", "tiny-llama", "--golden", str(keyword_golden), "--only", "data")
+    found = run.finding("data.batches")
+    assert found["status"] == "warn", found
+    assert "cannot be compared" in found["summary"]
+    assert found["evidence"]["golden_steps_compared"] == 0
+    assert found["evidence"]["paired_inputs"] == []
+
+
+def test_a_golden_with_an_empty_fingerprint_is_named(run_check, tuple_golden, tmp_path):
+    import json
+    import shutil
+
+    golden = tmp_path / "no-fingerprint"
+    shutil.copytree(tuple_golden, golden)
+    manifest = json.loads((golden / "manifest.json").read_text())
+    manifest["fingerprint"] = {}
+    (golden / "manifest.json").write_text(json.dumps(manifest))
+    run = run_check("--golden", str(golden), "--only", "env.fingerprint")
+    found = run.finding("env.fingerprint")
+    assert found["status"] == "warn"
+    assert "has no environment fingerprint" in found["summary"]
+    assert found["evidence"]["golden_keys_compared"] == 0
+    # the same golden with its fingerprint compares every key and passes
+    intact = run_check("--golden", str(tuple_golden), "--only", "env.fingerprint")
+    assert intact.finding("env.fingerprint")["status"] == "pass"
+    assert intact.finding("env.fingerprint")["evidence"]["golden_keys_compared"] > 0
+
+
+def test_a_mapped_input_holding_other_data_fails(run_check, tuple_golden):
+    # tiny-llama's forward takes input_ids first: the golden's args.0 pairs with it, and differs
+    run = run_check("--target", "tiny-llama", "--golden", str(tuple_golden), "--only", "data")
+    found = run.finding("data.batches")
+    assert found["status"] == "fail"
+    assert found["evidence"]["paired_inputs"] == ["kwargs.input_ids"]
