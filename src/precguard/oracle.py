@@ -174,6 +174,7 @@ def run_in_fp64(
     fn: Callable[..., Any] | nn.Module,
     *args: Any,
     module: nn.Module | None = None,
+    copy_module: bool = True,
     **kwargs: Any,
 ) -> Any:
     """Run ``fn(*args, **kwargs)`` with all floating-point work in fp64, on the CPU.
@@ -187,6 +188,11 @@ def run_in_fp64(
     fp64), with autocast off and fp64 as the default dtype. See the module
     docstring for what it cannot see.
 
+    ``copy_module=False`` hands ``fn`` the module itself: each op then widens the
+    fp32 weights it reads (one transient fp64 copy per op instead of an fp64 copy
+    of the whole model; the same numbers). Use it for a whole large model whose
+    forward writes into no parameter or buffer (eval mode).
+
     >>> norm = torch.nn.RMSNorm(8)                                  # doctest: +SKIP
     >>> exact = run_in_fp64(norm, x)                                # doctest: +SKIP
     >>> exact = run_in_fp64(lambda m, h: m(h)[0], h, module=layer)  # doctest: +SKIP
@@ -196,9 +202,11 @@ def run_in_fp64(
     wide_args = to_fp64(args)
     wide_kwargs = to_fp64(kwargs)
     with torch.no_grad():
-        if module is not None:
+        if module is not None and copy_module:
             # deepcopy first, then cast: the user's parameters keep their dtype and device
             wide_args = (copy.deepcopy(module).to(device="cpu", dtype=torch.float64), *wide_args)
+        elif module is not None:
+            wide_args = (module, *wide_args)
         with _fp64_everywhere():
             return fn(*wide_args, **wide_kwargs)
 

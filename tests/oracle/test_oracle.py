@@ -140,3 +140,15 @@ def test_a_model_output_keeps_its_type():
     out = CausalLMOutput(logits=torch.randn(1, 2, 3))
     got = run_in_fp64(lambda o: o.logits.sum(dtype=torch.float16), out)
     assert got.dtype == torch.float64
+
+
+def test_without_a_copy_the_module_gives_the_same_numbers_and_is_untouched():
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(16, 16), Fp16SquareRMSNorm(16), nn.Linear(16, 4)).eval()
+    x = torch.randn(3, 16) * 300
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    copied = run_in_fp64(model, x)
+    shared = run_in_fp64(lambda m, h: m(h), x, module=model, copy_module=False)
+    assert torch.equal(copied, shared) and shared.dtype == torch.float64
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) and after[k].dtype == torch.float32 for k in after)

@@ -137,8 +137,12 @@ def _excluded(module: str, exclude: list[str]) -> bool:
 
 
 def _oracle_calls(bench: Lab, batch: Any) -> dict[tuple, dict]:
+    # the shared CPU fp32 reference, not an fp64 copy of it: each op widens what it reads
     return run_in_fp64(
-        lambda m, b: _watched_forward(m, b, keep_args=True), batch, module=bench.reference_model()
+        lambda m, b: _watched_forward(m, b, keep_args=True),
+        batch,
+        module=bench.reference_model(),
+        copy_module=False,
     )
 
 

@@ -62,7 +62,10 @@ def _softmax_calls(
                 return call_model(m, b)
 
         out = run_in_fp64(
-            watched, bench.batch(0) if batch is None else batch, module=bench.reference_model()
+            watched,
+            bench.batch(0) if batch is None else batch,
+            module=bench.reference_model(),
+            copy_module=False,  # each op widens the fp32 weights it reads: no fp64 model copy
         )
         return calls, out
     model = bench.copy("device" if on == "device" else "reference")

@@ -144,7 +144,7 @@ def op_precision(ctx: CheckContext) -> Finding:
     results: dict[str, Any] = {}
     lowered: list[str] = []
     for name, fn in PROBED_OPS.items():
-        want = fn(x.double())
+        want = run_in_fp64(fn, x)
         with torch.no_grad(), bench.device.numerics():
             got = fn(x.to(device=bench.dev, dtype=bench.dtype))
         err = rel_error(got, want)
