@@ -105,3 +105,20 @@ def test_a_mask_the_attention_drops_is_found_with_a_tensor_batch(run_check):
     found = run.finding("attention.masking")
     assert found["status"] == "fail"
     assert found["evidence"]["max_probability_on_masked_keys"] > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checklist", ["llama-inference", "quick"])
+def test_correct_handwritten_decoder_has_no_failure_in_other_shipped_checklists(
+    run_check, checklist
+):
+    run = run_check("--checklist", checklist, "--target", handmade("clean"))
+    assert run.statuses("fail") == [] and run.statuses("error") == [], run.out
+    assert run.code == 0
+
+
+def test_every_shipped_checklist_is_covered_by_a_clean_run_on_cpu():
+    """A new shipped checklist must join the clean-code runs above and in test_checklist."""
+    from precguard.checklist import builtin_checklists
+
+    assert set(builtin_checklists()) == {"llama-finetune", "llama-inference", "quick"}

@@ -185,3 +185,9 @@ def test_a_mapped_input_holding_other_data_fails(run_check, tuple_golden):
     found = run.finding("data.batches")
     assert found["status"] == "fail"
     assert found["evidence"]["paired_inputs"] == ["kwargs.input_ids"]
+
+
+def test_the_quick_checklist_raises_no_failure_on_the_builtin_target(run_check):
+    run = run_check("--checklist", "quick", "--target", "tiny-llama")
+    assert run.statuses("fail") == [] and run.statuses("error") == [], run.out
+    assert run.code == 0
