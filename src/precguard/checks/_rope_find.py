@@ -160,7 +160,13 @@ def _rope_calls(exact: dict[tuple, dict], exclude: list[str]) -> dict[tuple, int
 
 def _find(bench: Lab, exclude: list[str], length: int) -> dict[str, TrigFound]:
     batch = bench.batch(0)
-    if not _rope_calls(_oracle_calls(bench, batch), exclude):
+    try:
+        exact = _oracle_calls(bench, batch)
+    except Exception as exc:  # a model the oracle cannot run: say so, keep the name-found ones
+        bench._cache["rope_by_behaviour_failed"] = f"{type(exc).__name__}: {exc}"
+        logger.warning("rope_oracle_forward_failed", error=f"{type(exc).__name__}: {exc}")
+        return {}
+    if not _rope_calls(exact, exclude):
         return {}
     try:
         return _judge_calls(bench, longer_batch(batch, length), exclude)

@@ -13,11 +13,14 @@ from typing import Any
 
 import torch
 
+from precguard._logging import get_logger
 from precguard.checks._lab import Lab, NotApplicable, finding, lab, logits_of, rel_error
 from precguard.checks._trace import watch_ops
 from precguard.checks.base import Check, CheckContext, Finding
 from precguard.oracle import run_in_fp64
 from precguard.target import call_model
+
+logger = get_logger(__name__)
 
 _SOFTMAX = {"softmax", "_softmax"}
 _MASK_FLOOR = -1e4  # scores below this are mask values, not data
@@ -82,7 +85,13 @@ def softmax_overflow(ctx: CheckContext) -> Finding:
     """Attention scores (softmax inputs) against the device dtype's range; NaN/Inf after softmax."""
     bench = lab(ctx)
     cid = "attention.softmax_overflow"
-    ref_calls, _ = _softmax_calls(bench, "oracle")
+    try:
+        ref_calls, _ = _softmax_calls(bench, "oracle")
+        scores_from = "fp64 oracle"
+    except Exception as exc:  # a model the oracle cannot run: the fp32 reference's scores
+        logger.warning("softmax_oracle_failed", error=f"{type(exc).__name__}: {exc}")
+        ref_calls, _ = _softmax_calls(bench, "reference")
+        scores_from = f"{ctx.reference} (the fp64 oracle failed: {type(exc).__name__})"
     dev_calls, _ = _softmax_calls(bench, "device")
     if not ref_calls:
         raise NotApplicable("the model calls no softmax in its forward (fused attention?)")
@@ -95,6 +104,7 @@ def softmax_overflow(ctx: CheckContext) -> Finding:
         "softmax_calls": len(ref_calls),
         "max_score": worst["score_absmax"],
         "max_score_module": worst["module"],
+        "scores_from": scores_from,
         "device_nonfinite_modules": sorted({c["module"] for c in bad}),
     }
     remedy = (

@@ -166,11 +166,16 @@ def sweep(
     limit = max_position or bench.max_positions() or 4096
     behaviour = {} if modules else rope_by_behaviour(bench, list(found), min(points, limit))
     if not found and not behaviour:
+        failed = bench._cache.get("rope_by_behaviour_failed")
+        searched = (
+            f"the fp64 forward that looks for cos/sin failed ({failed})"
+            if failed
+            else "no cos/sin of position x frequency in a forward"
+        )
         raise NotApplicable(
-            "no rotary embedding found: no module named *Rotary*/*RoPE* and no cos/sin of "
-            "position x frequency in a forward; declare a module that follows "
-            "forward(x, position_ids) -> (cos, sin) with the checklist parameter "
-            "`modules: [name glob]`"
+            f"no rotary embedding found: no module named *Rotary*/*RoPE* and {searched}; "
+            "declare a module that follows forward(x, position_ids) -> (cos, sin) with the "
+            "checklist parameter `modules: [name glob]`"
         )
     count = min(points, limit)
     positions = torch.linspace(0, limit - 1, count).round().long().unique()[None, :]
