@@ -6,9 +6,13 @@ garbage exactly where long inputs need them. The error of a correct
 implementation stays flat over positions; a low-precision one grows with the
 position. That is what these checks look for.
 
-Rotary modules are found by class name (``*Rotary*``, ``*RoPE*``) and must
-follow the HF convention ``forward(x, position_ids) -> (cos, sin)``; declare
-others that follow it with the checklist parameter ``modules: [glob, ...]``.
+Rotary modules found by class name (``*Rotary*``, ``*RoPE*``) must follow
+the HF convention ``forward(x, position_ids) -> (cos, sin)`` and are swept
+over positions; declare others that follow it with the checklist parameter
+``modules: [glob, ...]``. Any other cos/sin of position × frequency (a plain
+function in a hand-written attention) is found by behaviour
+(:mod:`precguard.checks._rope_find`) and judged on a batch tiled to the
+sweep's length. The truth is always the fp64 oracle (:mod:`precguard.oracle`).
 """
 
 from __future__ import annotations
@@ -158,8 +162,8 @@ def sweep(
     """Sweep positions 0..max_position on device and reference; fail when error grows.
 
     Rotary modules found by name are swept over positions; cos/sin computed by
-    plain functions (found by behaviour) are judged on the positions of the
-    target's own batch.
+    plain functions (found by behaviour) are judged on forwards of batch 0 tiled
+    to ``min(points, max_position)`` positions.
     """
     bench = lab(ctx)
     found = rotary_modules(bench, modules)
