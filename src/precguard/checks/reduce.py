@@ -76,11 +76,16 @@ def order_sensitivity(ctx: CheckContext, runs: int = 3, factor: float = 4.0) -> 
             f"reduction-order noise ({spread:.2g}): order noise, not a bug",
             evidence,
         )
+    against = (
+        f"is {ratio:.3g}x the reduction-order noise ({spread:.2g})"
+        if spread > 0
+        else "is there although reordering the reductions changes nothing on the device"
+    )
     return finding(
         cid,
         "warn",
-        f"the device-vs-reference difference ({gap:.2g}) is {ratio:.3g}x the reduction-order "
-        f"noise ({spread:.2g}): a real numeric difference, not reordering",
+        f"the device-vs-reference difference ({gap:.2g}) {against}: a real numeric "
+        "difference, not reordering",
         evidence,
         "Localise it: record both devices and run `precguard compare` (or this checklist with "
         "--golden) for the first divergent layer; the norm, rope, attention and ops findings "
