@@ -182,3 +182,57 @@ def loss_in_fp16() -> precguard.Target:
         logits[:, :-1].reshape(-1, VOCAB).half(), ids[:, 1:].reshape(-1)
     )
     return t
+
+
+class PairRotation(nn.Module):
+    """Rotates channel pairs by a cos/sin table computed once at init (angles in ``dtype``)."""
+
+    def __init__(self, head_dim: int, max_positions: int, angle_dtype: torch.dtype) -> None:
+        super().__init__()
+        inv_freq = 1.0 / 10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        angles = torch.arange(max_positions).to(angle_dtype)[:, None] * inv_freq.to(angle_dtype)
+        self.register_buffer("cos_table", angles.float().cos(), persistent=False)
+        self.register_buffer("sin_table", angles.float().sin(), persistent=False)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        t = q.shape[-2]
+        cos, sin = self.cos_table[:t], self.sin_table[:t]
+        return rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
+
+
+class TableAttention(Attention):
+    """The attention with RoPE applied by a :class:`PairRotation` module."""
+
+    def __init__(self, angle_dtype: torch.dtype) -> None:
+        super().__init__(torch.float32)
+        self.rotation = PairRotation(DIM // HEADS, 512, angle_dtype)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, HEADS, DIM // HEADS).permute(2, 0, 3, 1, 4)
+        q, k = self.rotation(q, k)
+        scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(DIM // HEADS)
+        scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), -1e9)
+        p = scores.softmax(-1).to(v.dtype)
+        return self.out((p @ v).transpose(1, 2).reshape(b, t, DIM))
+
+
+def _table_model(angle_dtype: torch.dtype) -> nn.Module:
+    model = Decoder()
+    for block in model.blocks:
+        block.attn = TableAttention(angle_dtype)
+    return model
+
+
+def table_rope() -> precguard.Target:
+    """RoPE from a table built at init with fp32 angles: correct."""
+    t = _target()
+    t.model = lambda: _table_model(torch.float32)
+    return t
+
+
+def table_rope_bf16_angles() -> precguard.Target:
+    """RoPE from a table whose angles were computed in bf16 at init."""
+    t = _target()
+    t.model = lambda: _table_model(torch.bfloat16)
+    return t

@@ -125,3 +125,18 @@ def test_every_shipped_checklist_is_covered_by_a_clean_run_on_cpu():
     from precguard.checklist import builtin_checklists
 
     assert set(builtin_checklists()) == {"llama-finetune", "llama-inference", "quick"}
+
+
+def test_a_module_rotating_channel_pairs_from_a_table_is_found_and_judged(run_check):
+    """No cos/sin in the forward, no *Rotary* name: the rotation itself gives RoPE away."""
+    clean = run_check("--target", handmade("table_rope"), "--only", "rope.position_sweep")
+    found = clean.finding("rope.position_sweep")
+    assert found["status"] == "pass", found
+    modules = found["evidence"]["modules"]
+    assert set(modules) == {"blocks.0.attn.rotation", "blocks.1.attn.rotation"}
+    assert modules["blocks.0.attn.rotation"]["found_by"].startswith("behaviour: rotates")
+    # the same table built from bf16 angles: its angles leave the line position x frequency
+    bad = run_check("--target", handmade("table_rope_bf16_angles"), "--only", "rope.position_sweep")
+    failed = bad.finding("rope.position_sweep")
+    assert failed["status"] == "fail", failed
+    assert "blocks.0.attn.rotation" in failed["summary"]

@@ -7,10 +7,17 @@ computed under the fp64 oracle, is affine along one axis (the positions) and
 not constant along it. The same calls in a device and a reference forward of
 the same batch are matched by module and order, and their per-position error
 against the oracle is what the ``rope`` checks judge.
+
+A module that applies RoPE from a table built at init has no cos/sin in its
+forward: :func:`rotation_modules` finds it by what it does to its input (every
+channel pair keeps its length and turns by an angle that grows with the
+position) and judges how far those angles are from a straight line in the
+position, which no oracle re-run could improve.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections import Counter
@@ -21,7 +28,7 @@ import torch
 from torch import nn
 
 from precguard._logging import get_logger
-from precguard.checks._lab import Lab, flatten, map_tensors
+from precguard.checks._lab import Lab, flatten, map_tensors, run_module
 from precguard.checks._trace import watch_ops
 from precguard.oracle import run_in_fp64
 from precguard.target import call_model
@@ -226,3 +233,149 @@ def _judge_calls(bench: Lab, batch: Any, exclude: list[str]) -> dict[str, TrigFo
         )
         for module, e in found.items()
     }
+
+
+# -- modules that rotate pairs of channels -------------------------------------------------
+
+#: how channel pairs are laid out: (i, i + D/2) as HF's rotate_half, or (2i, 2i + 1)
+_LAYOUTS = ("half", "interleaved")
+
+
+def _pairs(x: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if layout == "half":
+        return x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return x[..., 0::2], x[..., 1::2]
+
+
+def _rotation_angles(x: torch.Tensor, y: torch.Tensor, layout: str) -> torch.Tensor | None:
+    """Angles (positions × pairs) by which ``y`` rotates the channel pairs of ``x``, or None.
+
+    None unless every pair keeps its length (within 1%, so a table rounded to bf16
+    still counts) and some pair turns. ``x``/``y`` are (..., D) in fp64 with a
+    position axis among the others; the angle of each (position, pair) is read
+    from the element with the longest pair over the remaining axes, and unwrapped
+    along the positions.
+    """
+    if x.shape != y.shape or x.dim() < 2 or x.shape[-1] % 2:
+        return None
+    xa, xb = _pairs(x, layout)
+    ya, yb = _pairs(y, layout)
+    rx, ry = torch.hypot(xa, xb), torch.hypot(ya, yb)
+    if not float(rx.max()) or float((ry - rx).abs().max()) > 1e-2 * float(rx.max()):
+        return None
+    theta = torch.atan2(xa * yb - xb * ya, xa * ya + xb * yb)
+    # the position axis is the one along which the angles change most ((B, H, T, D) or
+    # (B, T, H, D) alike); the others (batch, heads) repeat the same angles
+    axes = [a for a in range(theta.dim() - 1) if theta.shape[a] >= 3]
+    if not axes:
+        return None
+    axis = max(axes, key=lambda a: float(theta.diff(dim=a).abs().mean()))
+    theta, rx = theta.movedim(axis, -2), rx.movedim(axis, -2)
+    t, half = theta.shape[-2], theta.shape[-1]
+    theta, rx = theta.reshape(-1, t, half), rx.reshape(-1, t, half)
+    theta = theta.gather(0, rx.argmax(dim=0, keepdim=True))[0]  # (T, pairs)
+    if float(theta.abs().max()) < 1e-6:
+        return None  # nothing turns (a scaling, an identity)
+    step = torch.remainder(theta.diff(dim=0) + torch.pi, 2 * torch.pi) - torch.pi
+    return torch.cat((theta[:1], theta[:1] + step.cumsum(dim=0)), dim=0)
+
+
+def _affine_residual(theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per position: the largest distance of the angles from their least-squares line, |angle|."""
+    p = torch.arange(theta.shape[0], dtype=torch.float64)[:, None]
+    pc = p - p.mean()
+    slope = (pc * (theta - theta.mean(0))).sum(0) / (pc * pc).sum()
+    fit = theta.mean(0) + pc * slope
+    return (theta - fit).abs().amax(dim=1), fit.abs().amax(dim=1)
+
+
+@dataclass(frozen=True)
+class RotationFound:
+    """A module that rotates channel pairs by angles affine in position, and how well it does."""
+
+    layout: str
+    positions: torch.Tensor
+    device_error: torch.Tensor  # per position: distance of the device's angles from a line
+    reference_error: torch.Tensor
+    max_angle: torch.Tensor
+
+
+def rotation_modules(bench: Lab, exclude: list[str]) -> dict[str, RotationFound]:
+    """Captured modules that rotate pairs of channels (RoPE applied from a table), by behaviour.
+
+    A module's captured call is run under the fp64 oracle: an output that keeps
+    the length of every channel pair of the input of its shape, turned by angles
+    that grow along the positions, is a rotary embedding. Its angles must lie on
+    a line in position (position × frequency); the distance from the best line is
+    the error judged, on the device and on the reference. It catches tables
+    computed in low precision once at init, which an oracle re-run cannot see.
+    """
+    key = f"rotation_modules:{exclude}"
+    if key in bench._cache:
+        return bench._cache[key]
+    found: dict[str, RotationFound] = {}
+    for name, (mod, args, kwargs) in bench.module_inputs().items():
+        if name == "root" or _excluded(name, exclude):
+            continue
+        inputs = [t for _, t in flatten((args, kwargs)) if isinstance(t, torch.Tensor)]
+        inputs = [t for t in inputs if t.is_floating_point() and t.dim() >= 2]
+        if not inputs:
+            continue
+        try:
+            exact = [t for _, t in flatten(run_in_fp64(mod, *args, **kwargs))]
+        except Exception:
+            continue
+        hit = _first_rotation(inputs, exact)
+        if hit is None:
+            continue
+        index, source, layout, theta = hit
+        if float(_affine_residual(theta)[0].max()) > 0.5:
+            continue  # not affine in position at all: some other rotation
+        errors = {}
+        try:
+            for on in ("device", "reference"):
+                backend = bench.device if on == "device" else bench.reference
+                out = run_module(
+                    mod,
+                    args,
+                    kwargs,
+                    dtype=bench.dtype if on == "device" else torch.float32,
+                    device=backend.torch_device(),
+                    numerics=backend.numerics,
+                )
+                y = [t for _, t in flatten(out)][index].detach().to("cpu", torch.float64)
+                angles = _rotation_angles(source.double(), y, layout)
+                errors[on] = (
+                    _affine_residual(angles)[0]
+                    if angles is not None
+                    else torch.full((theta.shape[0],), math.inf, dtype=torch.float64)
+                )
+        except Exception as exc:  # the device cannot run it alone: judge no further
+            logger.info("rotation_module_not_rerun", module=name, error=str(exc))
+            continue
+        found[name] = RotationFound(
+            layout=layout,
+            positions=torch.arange(theta.shape[0]),
+            device_error=errors["device"],
+            reference_error=errors["reference"],
+            max_angle=_affine_residual(theta)[1],
+        )
+    bench._cache[key] = found
+    return found
+
+
+def _first_rotation(
+    inputs: list[torch.Tensor], outputs: list[Any]
+) -> tuple[int, torch.Tensor, str, torch.Tensor] | None:
+    """(output index, its input, pair layout, angles) of the first output rotating an input."""
+    for index, y in enumerate(outputs):
+        if not isinstance(y, torch.Tensor) or not y.is_floating_point():
+            continue
+        for x in inputs:
+            if x.shape != y.shape:
+                continue
+            for layout in _LAYOUTS:
+                theta = _rotation_angles(x.double(), y.double(), layout)
+                if theta is not None:
+                    return index, x, layout, theta
+    return None

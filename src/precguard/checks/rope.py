@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from precguard.checks._lab import Lab, NotApplicable, cast_floats, finding, lab
-from precguard.checks._rope_find import rope_by_behaviour
+from precguard.checks._rope_find import rope_by_behaviour, rotation_modules
 from precguard.checks.base import Check, CheckContext, Finding
 from precguard.oracle import run_in_fp64
 
@@ -168,26 +168,18 @@ def sweep(
     bench = lab(ctx)
     found = rotary_modules(bench, modules)
     limit = max_position or bench.max_positions() or 4096
-    behaviour = {} if modules else rope_by_behaviour(bench, list(found), min(points, limit))
-    if not found and not behaviour:
-        failed = bench._cache.get("rope_by_behaviour_failed")
-        searched = (
-            f"the fp64 forward that looks for cos/sin failed ({failed})"
-            if failed
-            else "no cos/sin of position x frequency in a forward"
-        )
-        raise NotApplicable(
-            f"no rotary embedding found: no module named *Rotary*/*RoPE* and {searched}; "
-            "declare a module that follows forward(x, position_ids) -> (cos, sin) with the "
-            "checklist parameter `modules: [name glob]`"
-        )
     count = min(points, limit)
     positions = torch.linspace(0, limit - 1, count).round().long().unique()[None, :]
     tol = 4 * bench.eps
     per_module: dict[str, Any] = {}
     failures: list[str] = []
     for name, (mod, args, kwargs) in found.items():
-        errs = _errors(bench, name, mod, args, kwargs, positions)
+        try:
+            errs = _errors(bench, name, mod, args, kwargs, positions)
+        except Exception:
+            if modules:
+                raise  # declared by the user: not following the convention is worth an error
+            continue  # named *Rotary* but not HF-like: left to the search by behaviour
         inv_dtype = errs.get("inv_freq_dtype")
         hint = ""
         if inv_dtype is not None and inv_dtype not in (torch.float32, torch.float64):
@@ -203,6 +195,22 @@ def sweep(
             per_module[name]["inv_freq_dtype"] = inv_dtype
         if failure:
             failures.append(failure)
+    swept = list(per_module)
+    behaviour = {} if modules else rope_by_behaviour(bench, swept, min(points, limit))
+    rotations = {} if modules else rotation_modules(bench, swept + list(behaviour))
+    if not per_module and not behaviour and not rotations:
+        failed = bench._cache.get("rope_by_behaviour_failed")
+        searched = (
+            f"the fp64 forward that looks for cos/sin failed ({failed})"
+            if failed
+            else "no cos/sin of position x frequency in a forward and no module rotating "
+            "channel pairs"
+        )
+        raise NotApplicable(
+            f"no rotary embedding found: no HF-like module named *Rotary*/*RoPE* and "
+            f"{searched}; declare a module that follows forward(x, position_ids) -> (cos, sin) "
+            "with the checklist parameter `modules: [name glob]`"
+        )
     for name, trig in behaviour.items():
         entry, failure = _judge(
             bench, name, trig.device_error, trig.reference_error, trig.positions, trig.max_angle
@@ -215,6 +223,18 @@ def sweep(
         }
         if failure:
             failures.append(f"{failure} (computed by {trig.where})")
+    for name, rot in rotations.items():
+        entry, failure = _judge(
+            bench, name, rot.device_error, rot.reference_error, rot.positions, rot.max_angle
+        )
+        per_module[name] = {
+            "type": type(bench.module_inputs()[name][0]).__name__,
+            "found_by": f"behaviour: rotates channel pairs ({rot.layout} layout)",
+            "error_is": "distance of the rotation angles from position x frequency",
+            **entry,
+        }
+        if failure:
+            failures.append(failure.replace("cos/sin error", "rotation angle error"))
     evidence = {
         "compute_dtype": bench.compute_dtype,
         "max_position": limit,
@@ -236,7 +256,9 @@ def sweep(
             "do not touch (re-create it after casting).",
         )
     worst = max((v["device_max_abs_error"][-1] for v in per_module.values()), default=0.0)
-    reach = [limit - 1] * len(found) + [int(t.positions[-1]) for t in behaviour.values()]
+    reach = [limit - 1] * len(swept) + [
+        int(t.positions[-1]) for t in [*behaviour.values(), *rotations.values()]
+    ]
     return finding(
         check_id,
         "pass",
