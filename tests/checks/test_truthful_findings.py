@@ -185,3 +185,13 @@ def test_the_quick_checklist_raises_no_failure_on_the_builtin_target(run_check):
     run = run_check("--checklist", "quick", "--target", "tiny-llama")
     assert run.statuses("fail") == [] and run.statuses("error") == [], run.out
     assert run.code == 0
+
+
+def test_the_html_report_says_inconclusive(tmp_path):
+    import precguard
+    from precguard.report.diagnosis import render_html
+
+    d = precguard.check("quick", None, skip=["*"])
+    assert d.verdict == "inconclusive" and d.exit_code == 3
+    page = render_html(d)
+    assert "INCONCLUSIVE" in page and "nothing was shown to pass" in page
