@@ -170,6 +170,8 @@ def _padded_batch(bench: Lab, pad: int) -> tuple[dict[str, Any], str, int]:
         kwargs = dict(batch)
     else:
         args = batch if isinstance(batch, tuple) else (batch,)
+        if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params.values()):
+            raise NotApplicable("the model's forward takes *args: its inputs have no names")
         try:
             kwargs = dict(inspect.signature(forward).bind_partial(*args).arguments)
         except TypeError as exc:
