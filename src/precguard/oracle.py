@@ -26,7 +26,9 @@ numbers an fp32 run draws; an in-place or ``out=`` op that writes into a
 low-precision tensor created *outside* the call still rounds into it (views
 keep the dtype of what they view); work that leaves the dispatcher (a custom
 C++/CUDA/Triton kernel reading ``data_ptr``, ``.numpy()``, ``.item()`` turned
-into Python math) is not seen and runs as written. The oracle runs on the CPU.
+into Python math) is not seen and runs as written. The oracle runs on the CPU,
+and the default dtype it sets is process-wide: do not run other torch work in
+another thread meanwhile.
 
 >>> import torch
 >>> def norm16(x):                       # squares in fp16: overflows for |x| > 256
