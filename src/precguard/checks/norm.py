@@ -166,8 +166,10 @@ def extreme_inputs_check(ctx: CheckContext, tolerance: float | None = None) -> F
     if not modules:
         raise NotApplicable("no LayerNorm/RMSNorm-like module found (by type or behaviour)")
     tol = tolerance if tolerance is not None else 4 * bench.eps
-    failures: list[str] = []
-    warnings: list[str] = []
+    # (severity, message): the worst is named first; severity is error / allowance
+    failures: list[tuple[float, str]] = []
+    warnings: list[tuple[float, str]] = []
+    margins: list[tuple[float, float, float, str]] = []  # (err / allowed, err, allowed, where)
     per_module: dict[str, Any] = {}
     for name, (mod, sample, how) in modules.items():
         eps = _eps_of(mod)
@@ -183,10 +185,10 @@ def extreme_inputs_check(ctx: CheckContext, tolerance: float | None = None) -> F
             torch.finfo(bench.compute_dtype).tiny * torch.finfo(bench.compute_dtype).eps
         )
         if eps is not None and eps <= 0:
-            failures.append(f"{name}: eps = {eps}")
+            failures.append((math.inf, f"{name}: eps = {eps}"))
         elif eps is not None and eps < smallest / 2:
             # below the smallest subnormal: eps itself rounds to 0 in the compute dtype
-            failures.append(f"{name}: eps = {eps:g} rounds to 0 in {bench.cname}")
+            failures.append((math.inf, f"{name}: eps = {eps:g} rounds to 0 in {bench.cname}"))
         for case, x in cases.items():
             try:
                 ref = first_tensor(run_in_fp64(mod, x))
@@ -207,15 +209,16 @@ def extreme_inputs_check(ctx: CheckContext, tolerance: float | None = None) -> F
             label = CASE_LABELS.get(case, case)
             if not torch.isfinite(got).all():
                 result[case] = "nonfinite"
-                failures.append(f"{name}: NaN/Inf on {label}")
+                failures.append((math.inf, f"{name}: NaN/Inf on {label}"))
                 continue
             err = row_error(got, ref)
             allowed = tol * conditioning(x, eps, centred)
             result[case] = err
+            margins.append((err / allowed, err, allowed, f"{name} on {label}"))
             if err > 8 * allowed:
-                failures.append(f"{name}: error {err:.2g} vs fp64 on {label}")
+                failures.append((err / allowed, f"{name}: error {err:.2g} vs fp64 on {label}"))
             elif err > allowed:
-                warnings.append(f"{name}: error {err:.2g} vs fp64 on {label}")
+                warnings.append((err / allowed, f"{name}: error {err:.2g} vs fp64 on {label}"))
         per_module[name] = result
     evidence = {
         "compute_dtype": bench.compute_dtype,
@@ -229,36 +232,31 @@ def extreme_inputs_check(ctx: CheckContext, tolerance: float | None = None) -> F
         "fused npu_rms_norm, which accumulates in fp32."
     )
     if failures:
+        failures.sort(key=lambda f: -f[0])
+        messages = [m for _, m in failures]
         return finding(
             cid,
             "fail",
-            f"{len(set(f.split(':')[0] for f in failures))} norm module(s) break on extreme "
-            f"inputs: {failures[0]}",
-            {**evidence, "failures": failures[:20]},
+            f"{len(set(m.split(':')[0] for m in messages))} norm module(s) break on extreme "
+            f"inputs: {messages[0]}",
+            {**evidence, "failures": messages[:20]},
             remedy,
         )
     if warnings:
+        warnings.sort(key=lambda w: -w[0])
         return finding(
             cid,
             "warn",
-            f"norm error above {tol:.2g} on extreme inputs: {warnings[0]}",
-            {**evidence, "warnings": warnings[:20]},
+            f"norm error above tolerance on extreme inputs: {warnings[0][1]}",
+            {**evidence, "warnings": [m for _, m in warnings][:20]},
             remedy,
         )
-    worst = max(
-        (
-            v
-            for r in per_module.values()
-            for k, v in r.items()
-            if k in CASE_LABELS and isinstance(v, float)
-        ),
-        default=0.0,
-    )
+    _ratio, err, allowed, where = max(margins, default=(0.0, 0.0, tol, "nothing"))
     return finding(
         cid,
         "pass",
-        f"{len(modules)} norm module(s) stay finite and within {tol:.2g} of fp64 on extreme "
-        f"inputs (worst {worst:.2g})",
+        f"{len(modules)} norm module(s) stay finite and within tolerance of fp64 on extreme "
+        f"inputs (worst: error {err:.2g} for {where}, allowed {allowed:.2g})",
         evidence,
     )
 
