@@ -242,13 +242,12 @@ def _against_golden(
             wanted[(rec.step, canonical_input(rec.name, positional))] = rec.stats
     mismatch: list[dict[str, Any]] = []
     steps = sorted({s for s, _ in wanted})
-    ours: set[str] = set()
+    ours = {name for name, _ in batch_inputs(batches[0])} if batches else set()
     paired: set[str] = set()
     compared_steps = 0
     for step in steps:
         compared_here = False
         for name, t in batch_inputs(batches[step]):
-            ours.add(name)
             stats = wanted.get((step, canonical_input(name, positional)))
             if stats is None:
                 continue
