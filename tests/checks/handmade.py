@@ -148,6 +148,23 @@ def mask_ignored() -> precguard.Target:
     return _target(use_mask=False)
 
 
+def large_activations_no_upcast() -> precguard.Target:
+    """Activations of ~300 (massive-activation scale) into a norm that squares in the model dtype.
+
+    Fine in fp32; in an fp16 model x**2 overflows and the norm outputs zeros.
+    """
+
+    def model() -> nn.Module:
+        m = Decoder(upcast=False)
+        with torch.no_grad():
+            m.embed.weight.mul_(300.0)
+        return m
+
+    t = _target()
+    t.model = model
+    return t
+
+
 def tuple_batch() -> precguard.Target:
     """The clean decoder fed ``model(*(ids,))``."""
     t = _target()

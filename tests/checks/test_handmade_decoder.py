@@ -140,3 +140,23 @@ def test_a_module_rotating_channel_pairs_from_a_table_is_found_and_judged(run_ch
     failed = bad.finding("rope.position_sweep")
     assert failed["status"] == "fail", failed
     assert "blocks.0.attn.rotation" in failed["summary"]
+
+
+def test_a_low_precision_device_is_judged_by_its_own_precision_in_reduce(run_check):
+    """bf16/fp16 storage rounds reordering away: its gap to fp32 is no bug within a few eps."""
+    clean = run_check(
+        "--target", handmade("clean"), "--only", "reduce", "--device", "emu:bf16-mixed"
+    )
+    found = clean.finding("reduce.order_sensitivity")
+    assert found["status"] == "pass", found
+    assert "precision emu:bf16-mixed computes in" in found["summary"]
+    # a real fault far beyond the dtype's precision is still a difference to localise
+    bad = run_check(
+        "--target",
+        handmade("large_activations_no_upcast"),
+        "--only",
+        "reduce",
+        "--device",
+        "emu:fp16-mixed",
+    )
+    assert bad.finding("reduce.order_sensitivity")["status"] == "warn"
