@@ -152,3 +152,13 @@ def test_without_a_copy_the_module_gives_the_same_numbers_and_is_untouched():
     assert torch.equal(copied, shared) and shared.dtype == torch.float64
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) and after[k].dtype == torch.float32 for k in after)
+
+
+def test_an_exception_inside_leaves_no_mode_and_no_default_dtype_behind():
+    def broken(x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("user code failed")
+
+    with pytest.raises(ValueError, match="user code failed"):
+        run_in_fp64(broken, torch.ones(2))
+    assert torch.get_default_dtype() == torch.float32
+    assert (torch.ones(2, dtype=torch.float16) * 2).dtype == torch.float16  # no Fp64Mode left
