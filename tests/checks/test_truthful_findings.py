@@ -195,3 +195,26 @@ def test_the_html_report_says_inconclusive(tmp_path):
     assert d.verdict == "inconclusive" and d.exit_code == 3
     page = render_html(d)
     assert "INCONCLUSIVE" in page and "nothing was shown to pass" in page
+
+
+def test_a_remedy_a_plugin_puts_on_a_pass_is_not_shown():
+    from precguard.checklist import Diagnosis
+    from precguard.checks.base import Finding
+    from precguard.report.diagnosis import render_html
+
+    passed = Finding(id="env.vendor_flag", status="pass", summary="ok", remedy="flip the flag")
+    d = Diagnosis(
+        checklist="c",
+        target=None,
+        device="cpu",
+        reference="cpu",
+        dtype="float32",
+        verdict="pass",
+        counts={"pass": 1},
+        root_causes=[],
+        findings=[passed],
+        durations={},
+        duration_s=0.0,
+        created="now",
+    )
+    assert "flip the flag" not in render_html(d)

@@ -20,6 +20,8 @@ STATUS_STYLE = {
     "skip": ("skip", "dim"),
     "error": ("ERROR", "magenta"),
 }
+#: statuses whose remedy is shown: a pass or a skip has nothing to fix
+_FLAGGED = frozenset({"warn", "fail", "error"})
 _HTML_COLOR = {
     "pass": "#1a7f37",
     "warn": "#9a6700",
@@ -114,7 +116,11 @@ def render_html(d: Diagnosis) -> str:
         rows.append(
             f"<tr><td style='color:{color};font-weight:bold'>{e(f.status)}</td>"
             f"<td><code>{e(f.id)}</code></td><td>{e(f.summary)}"
-            + (f"<div class='remedy'><b>Remedy:</b> {e(f.remedy)}</div>" if f.remedy else "")
+            + (
+                f"<div class='remedy'><b>Remedy:</b> {e(f.remedy)}</div>"
+                if f.remedy and f.status in _FLAGGED  # a plugin's pass may carry one
+                else ""
+            )
             + (
                 f"<details><summary>evidence</summary><pre>{evidence}</pre></details>"
                 if f.evidence
