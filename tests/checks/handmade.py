@@ -253,3 +253,33 @@ def table_rope_bf16_angles() -> precguard.Target:
     t = _target()
     t.model = lambda: _table_model(torch.bfloat16)
     return t
+
+
+class AddNorm(nn.Module):
+    """A fused residual-add + RMSNorm: ``forward(x, residual)``, which cannot run on x alone."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        h = (x + residual).float()
+        return self.weight * h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+class AddNormModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.proj = nn.Linear(DIM, DIM)
+        self.add_norm = AddNorm(DIM)
+        self.head = nn.Linear(DIM, VOCAB)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        return self.head(self.add_norm(self.proj(x), x))
+
+
+def two_input_norm() -> precguard.Target:
+    """Its only norm-like module takes two inputs."""
+    return precguard.Target(model=AddNormModel, batch=ids_batch, seed=0)

@@ -218,3 +218,11 @@ def test_a_remedy_a_plugin_puts_on_a_pass_is_not_shown():
         created="now",
     )
     assert "flip the flag" not in render_html(d)
+
+
+def test_norms_that_cannot_be_rerun_alone_are_not_a_pass(run_check):
+    run = run_check("--target", handmade("two_input_norm"), "--only", "norm")
+    found = run.finding("norm.extreme_inputs")
+    assert found["status"] == "skip", found
+    assert "could be re-run alone" in found["summary"] and "add_norm" in found["summary"]
+    assert run.code == 3

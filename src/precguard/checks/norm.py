@@ -251,12 +251,21 @@ def extreme_inputs_check(ctx: CheckContext, tolerance: float | None = None) -> F
             {**evidence, "warnings": [m for _, m in warnings][:20]},
             remedy,
         )
+    not_rerun = sorted(n for n, r in per_module.items() if "not_rerun" in r)
+    if not margins:
+        raise NotApplicable(
+            f"none of the {len(modules)} norm module(s) could be re-run alone "
+            f"({not_rerun[0]}: {per_module[not_rerun[0]]['not_rerun']})"
+            if not_rerun
+            else "no norm module produced a comparable output"
+        )
     _ratio, err, allowed, where = max(margins, default=(0.0, 0.0, tol, "nothing"))
     return finding(
         cid,
         "pass",
         f"{len(modules)} norm module(s) stay finite and within tolerance of fp64 on extreme "
-        f"inputs (worst: error {err:.2g} for {where}, allowed {allowed:.2g})",
+        f"inputs (worst: error {err:.2g} for {where}, allowed {allowed:.2g})"
+        + (f"; {len(not_rerun)} could not be re-run alone (see evidence)" if not_rerun else ""),
         evidence,
     )
 
