@@ -80,6 +80,7 @@ def test_masking_works_whatever_the_batch_looks_like(run_check, name):
     found = run.finding("attention.masking")
     assert found["status"] == "pass", found
     assert found["evidence"]["mask_argument"] == "mask"
+    assert found["evidence"]["softmax_calls_over_the_keys"] == 2  # one per layer: measured
 
 
 def test_torch_layernorm_and_rmsnorm_in_fp32_pass_extreme_inputs_on_cpu(run_check):
