@@ -226,3 +226,28 @@ def test_norms_that_cannot_be_rerun_alone_are_not_a_pass(run_check):
     assert found["status"] == "skip", found
     assert "could be re-run alone" in found["summary"] and "add_norm" in found["summary"]
     assert run.code == 3
+
+
+def test_a_layerwise_match_over_no_paired_record_is_not_a_pass(monkeypatch, tuple_golden):
+    """compare's 'match' when every record went unmatched compared nothing."""
+    from types import SimpleNamespace
+
+    import precguard
+    import precguard.compare
+    import precguard.runner
+
+    nothing = SimpleNamespace(
+        verdict="match",
+        counts={"passed": 0, "failed": 0, "nonfinite": 0, "missing": 12},
+        profile="default",
+        first_divergence=None,
+        suspects=[],
+    )
+    monkeypatch.setattr(precguard.runner, "record_target", lambda *a, **k: None)
+    monkeypatch.setattr(precguard.compare, "compare", lambda *a, **k: nothing)
+    d = precguard.check(
+        "llama-finetune", handmade("tuple_batch"), golden=tuple_golden, only=["layerwise"]
+    )
+    (found,) = d.findings
+    assert found.status == "warn" and "nothing was compared" in found.summary
+    assert d.verdict == "pass"  # a warning, not a failure: but never a PASS row for it
