@@ -48,6 +48,10 @@ SCHEMA_VERSION = 1
 
 _STATUS_RANK = {"fail": 0, "error": 1, "warn": 2}
 
+#: exit code of a run in which no check produced a result (all skipped, or none selected):
+#: neither a pass (nothing was shown to be right) nor a failure (nothing was found wrong)
+EXIT_INCONCLUSIVE = 3
+
 
 class ChecklistError(UsageError):
     """A checklist file is missing, malformed, or names checks nobody registered."""
@@ -103,8 +107,9 @@ class Diagnosis(BaseModel):
         default=None, description="Precision the device was found to compute in (by experiment)."
     )
     golden: str | None = Field(default=None, description="Golden recording, if one was given.")
-    verdict: Literal["pass", "fail"] = Field(
-        description="'fail' when any finding failed or errored, else 'pass'."
+    verdict: Literal["pass", "fail", "inconclusive"] = Field(
+        description="'fail' when any finding failed or errored; 'inconclusive' when no check "
+        "produced a result (every one skipped, or none was selected); else 'pass'."
     )
     counts: dict[str, int] = Field(description="Number of findings per status.")
     root_causes: list[Finding] = Field(
@@ -124,8 +129,8 @@ class Diagnosis(BaseModel):
 
     @property
     def exit_code(self) -> int:
-        """0 when nothing failed, 1 otherwise (the CLI's exit code)."""
-        return 0 if self.verdict == "pass" else 1
+        """The CLI's exit code: 0 pass, 1 fail, 3 inconclusive (:data:`EXIT_INCONCLUSIVE`)."""
+        return {"pass": 0, "fail": 1}.get(self.verdict, EXIT_INCONCLUSIVE)
 
 
 # -- loading ----------------------------------------------------------------
@@ -299,6 +304,15 @@ def rank_root_causes(findings: Sequence[Finding]) -> list[Finding]:
     return [f for _, f in flagged]
 
 
+def verdict_of(counts: dict[str, int]) -> Literal["pass", "fail", "inconclusive"]:
+    """'fail' on any fail or error; 'inconclusive' unless some check passed or warned."""
+    if counts.get("fail") or counts.get("error"):
+        return "fail"
+    if not counts.get("pass") and not counts.get("warn"):
+        return "inconclusive"
+    return "pass"
+
+
 def check(
     checklist: str | Path | Checklist = "llama-finetune",
     target: Any = "tiny-llama",
@@ -369,7 +383,7 @@ def check(
         dtype=dtype_name(model_dtype),
         compute_dtype=dtype_name(measured) if measured is not None else None,
         golden=str(golden_path) if golden_path is not None else None,
-        verdict="fail" if counts["fail"] or counts["error"] else "pass",
+        verdict=verdict_of(counts),
         counts=counts,
         root_causes=rank_root_causes(findings),
         findings=findings,

@@ -37,7 +37,12 @@ def finding(
     evidence: dict[str, Any] | None = None,
     remedy: str = "",
 ) -> Finding:
-    """Build a :class:`Finding` with JSON-friendly evidence (floats rounded, tuples as lists)."""
+    """Build a :class:`Finding` with JSON-friendly evidence (floats rounded, tuples as lists).
+
+    A ``pass`` or ``skip`` finding carries no remedy: there is nothing to fix.
+    """
+    if status in ("pass", "skip"):
+        remedy = ""
     return Finding(
         id=check_id, status=status, summary=summary, evidence=_plain(evidence or {}), remedy=remedy
     )

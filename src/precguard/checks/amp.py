@@ -108,8 +108,10 @@ def loss_scaling(
             "underflow_share_scaled": share_scaled,
         }
     )
+    # the scale this run found to give finite gradients, not a textbook 2**16: under fp16
+    # (emulated or real) 2**16 can overflow the first backward of the very model checked
     remedy = (
-        "Scale the loss in fp16 training: scaler = torch.amp.GradScaler(init_scale=2**16) "
+        f"Scale the loss in fp16 training: scaler = torch.amp.GradScaler(init_scale={probe:g}) "
         "(torch_npu.npu.amp.GradScaler on Ascend, torch.mlu.amp.GradScaler on Cambricon); "
         "scaler.scale(loss).backward(); scaler.unscale_(optimizer) before clipping; "
         "scaler.step(optimizer); scaler.update(). Or train in bf16, which has fp32's range."
@@ -160,13 +162,14 @@ def loss_scaling(
             "Start the scaler lower (init_scale) so fewer first steps are skipped.",
         )
     if mode == "none":
+        warn = share_plain > threshold / 10
         return finding(
             cid,
-            "warn" if share_plain > threshold / 10 else "pass",
+            "warn" if warn else "pass",
             f"no loss scaling declared; {share_plain:.2%} of gradient elements underflow now "
             "(more as the loss falls)",
             evidence,
-            remedy,
+            remedy if warn else "",
         )
     return finding(
         cid,

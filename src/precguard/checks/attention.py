@@ -13,27 +13,30 @@ from typing import Any
 
 import torch
 
+from precguard._logging import get_logger
 from precguard.checks._lab import Lab, NotApplicable, finding, lab, logits_of, rel_error
 from precguard.checks._trace import watch_ops
 from precguard.checks.base import Check, CheckContext, Finding
+from precguard.oracle import run_in_fp64
+from precguard.target import call_model
+
+logger = get_logger(__name__)
 
 _SOFTMAX = {"softmax", "_softmax"}
 _MASK_FLOOR = -1e4  # scores below this are mask values, not data
 
 
 def _softmax_calls(
-    bench: Lab, on: str, batch: Any = None, pad: int = 0
+    bench: Lab, on: str, batch: Any = None, pad: int = 0, seq: int | None = None
 ) -> tuple[list[dict[str, Any]], Any]:
     """Scalars about every softmax in one forward (no probabilities are kept).
 
-    With ``pad``: the largest probability that real queries of sample 0 put on
-    its first ``pad`` (padded) key positions.
+    ``on`` is ``device``, ``reference`` or ``oracle`` (the reference model under
+    the fp64 oracle: the scores the code means, whatever it casts them to).
+    With ``pad`` and ``seq``: the largest probability that real queries of
+    sample 0 put on its first ``pad`` (padded) key positions.
     """
-    model = bench.copy("device" if on == "device" else "reference")
     calls: list[dict[str, Any]] = []
-    seq = None
-    if pad and isinstance(batch, dict) and "input_ids" in batch:
-        seq = batch["input_ids"].shape[1]
 
     def seen(_op: str, args: tuple, _kwargs: dict, result: Any, module: str) -> None:
         x = args[0] if args and isinstance(args[0], torch.Tensor) else None
@@ -41,10 +44,11 @@ def _softmax_calls(
             return
         xd = x.detach()
         real = torch.where(torch.isfinite(xd) & (xd > _MASK_FLOOR), xd, 0).abs()
-        leaked = 0.0
+        leaked, measured = 0.0, False
         p = result.detach()
         if seq is not None and p.dim() >= 3 and p.shape[-1] == seq and p.shape[-2] > pad:
             leaked = float(torch.nan_to_num(p[0, ..., pad:, :pad].float(), nan=0.0).max())
+            measured = True
         calls.append(
             {
                 "module": module,
@@ -52,12 +56,27 @@ def _softmax_calls(
                 "score_absmax": float(real.max()) if real.numel() else 0.0,
                 "output_nonfinite": int((~torch.isfinite(p)).sum()),
                 "leaked": leaked,
+                "leak_measured": measured,
             }
         )
 
+    if on == "oracle":
+
+        def watched(m: torch.nn.Module, b: Any) -> Any:
+            with watch_ops(m, _SOFTMAX, seen):  # type: ignore[arg-type]
+                return call_model(m, b)
+
+        out = run_in_fp64(
+            watched,
+            bench.batch(0) if batch is None else batch,
+            module=bench.reference_model(),
+            copy_module=False,  # each op widens the fp32 weights it reads: no fp64 model copy
+        )
+        return calls, out
+    model = bench.copy("device" if on == "device" else "reference")
     out = bench.forward(
         model,
-        on,
+        on,  # type: ignore[arg-type]
         batch,
         inner=watch_ops(model, _SOFTMAX, seen),  # type: ignore[arg-type]
     )
@@ -68,7 +87,13 @@ def softmax_overflow(ctx: CheckContext) -> Finding:
     """Attention scores (softmax inputs) against the device dtype's range; NaN/Inf after softmax."""
     bench = lab(ctx)
     cid = "attention.softmax_overflow"
-    ref_calls, _ = _softmax_calls(bench, "reference")
+    try:
+        ref_calls, _ = _softmax_calls(bench, "oracle")
+        scores_from = "fp64 oracle"
+    except Exception as exc:  # a model the oracle cannot run: the fp32 reference's scores
+        logger.warning("softmax_oracle_failed", error=f"{type(exc).__name__}: {exc}")
+        ref_calls, _ = _softmax_calls(bench, "reference")
+        scores_from = f"{ctx.reference} (the fp64 oracle failed: {type(exc).__name__})"
     dev_calls, _ = _softmax_calls(bench, "device")
     if not ref_calls:
         raise NotApplicable("the model calls no softmax in its forward (fused attention?)")
@@ -81,6 +106,7 @@ def softmax_overflow(ctx: CheckContext) -> Finding:
         "softmax_calls": len(ref_calls),
         "max_score": worst["score_absmax"],
         "max_score_module": worst["module"],
+        "scores_from": scores_from,
         "device_nonfinite_modules": sorted({c["module"] for c in bad}),
     }
     remedy = (
@@ -124,34 +150,75 @@ def softmax_overflow(ctx: CheckContext) -> Finding:
     )
 
 
-def _padded_batch(bench: Lab, pad: int) -> dict[str, Any]:
+#: names a model's forward may give its padding mask (1 = attend, 0 = padding)
+MASK_ARGUMENTS = ("attention_mask", "mask", "padding_mask", "attn_mask")
+
+
+def _padded_batch(bench: Lab, pad: int) -> tuple[dict[str, Any], str, int]:
+    """Batch 0 as keyword arguments with sample 0 left-padded by ``pad`` tokens.
+
+    A tensor or tuple batch is bound to the model's ``forward`` signature; the
+    token ids are ``input_ids`` or the first 2-D integer tensor, and the mask goes
+    to the first parameter named in :data:`MASK_ARGUMENTS`. Returns the keyword
+    batch, the mask's parameter name and the sequence length.
+    """
     batch = bench.batch(0)
-    if not isinstance(batch, dict) or "input_ids" not in batch:
-        raise NotApplicable("the batch is not a mapping with input_ids; cannot add padding")
-    ids = batch["input_ids"].clone()
+    forward = bench.reference_model().forward
+    try:
+        params = inspect.signature(forward).parameters
+    except (TypeError, ValueError) as exc:
+        raise NotApplicable(f"cannot read the model's forward signature ({exc})") from exc
+    if isinstance(batch, dict):
+        kwargs = dict(batch)
+    else:
+        args = batch if isinstance(batch, tuple) else (batch,)
+        if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params.values()):
+            raise NotApplicable("the model's forward takes *args: its inputs have no names")
+        try:
+            kwargs = dict(inspect.signature(forward).bind_partial(*args).arguments)
+        except TypeError as exc:
+            raise NotApplicable(f"the batch does not bind to the model's forward ({exc})") from exc
+    ids_name = "input_ids" if "input_ids" in kwargs else None
+    if ids_name is None:
+        ids_name = next(
+            (
+                k
+                for k, v in kwargs.items()
+                if isinstance(v, torch.Tensor) and v.dim() == 2 and not v.is_floating_point()
+            ),
+            None,
+        )
+    if ids_name is None:
+        raise NotApplicable("the batch holds no 2-D tensor of token ids to pad")
+    mask_name = next((n for n in MASK_ARGUMENTS if n in params), None)
+    if mask_name is None:
+        raise NotApplicable(
+            f"the model's forward takes no padding mask (none of {', '.join(MASK_ARGUMENTS)})"
+        )
+    ids = kwargs[ids_name].clone()
+    if ids.shape[1] <= pad:
+        raise NotApplicable(f"the batch is {ids.shape[1]} tokens long, too short to pad {pad}")
     mask = torch.ones_like(ids)
     mask[0, :pad] = 0  # left padding on the first sample, as in batched generation
-    return {**batch, "input_ids": ids, "attention_mask": mask}
+    return {**kwargs, ids_name: ids, mask_name: mask}, mask_name, ids.shape[1]
 
 
 def masking(ctx: CheckContext, pad: int = 4) -> Finding:
     """Left-pad one sample: masked keys must get no probability and nothing may turn NaN."""
     bench = lab(ctx)
     cid = "attention.masking"
-    padded = _padded_batch(bench, pad)
-    try:
-        calls, out = _softmax_calls(bench, "device", padded, pad=pad)
-    except TypeError as exc:
-        if "attention_mask" not in str(exc):
-            raise
-        raise NotApplicable(f"the model does not take an attention_mask ({exc})") from exc
+    padded, mask_name, seq = _padded_batch(bench, pad)
+    calls, out = _softmax_calls(bench, "device", padded, pad=pad, seq=seq)
     logits = logits_of(out).detach().float().cpu()
     leaked = max((c["leaked"] for c in calls), default=0.0)
+    measured = sum(c["leak_measured"] for c in calls)
     real_nonfinite = int((~torch.isfinite(logits[:, pad:])).sum())
     padded_nonfinite = int((~torch.isfinite(logits[0, :pad])).sum())
     evidence = {
         "padding": f"sample 0 left-padded by {pad} tokens",
+        "mask_argument": mask_name,
         "max_probability_on_masked_keys": leaked,
+        "softmax_calls_over_the_keys": measured,
         "nonfinite_logits_real_positions": real_nonfinite,
         "nonfinite_logits_padded_positions": padded_nonfinite,
         "softmax_calls_with_nonfinite": sorted(
@@ -194,8 +261,11 @@ def masking(ctx: CheckContext, pad: int = 4) -> Finding:
     return finding(
         cid,
         "pass",
-        f"left padding is masked exactly (max leaked probability {leaked:.2g}) and no NaN/Inf "
-        "appears",
+        f"left padding is masked exactly (max leaked probability {leaked:.2g} over "
+        f"{measured} softmax call(s)) and no NaN/Inf appears"
+        if measured
+        else "no NaN/Inf appears with left padding; the probability on padded keys was not "
+        "measured (no softmax over the keys is visible: fused attention?)",
         evidence,
     )
 

@@ -7,6 +7,7 @@ make them match.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections import Counter
 from typing import Any
@@ -128,8 +129,23 @@ def batches(ctx: CheckContext, batches: int = 4) -> Finding:
             )
         golden_note = f"; they equal the golden's fingerprints for {len(stored.batches)} batch(es)"
     elif ctx.golden is not None:
-        mismatch, compared = _against_golden(ctx, first)
+        mismatch, compared, pairing = _against_golden(ctx, first)
         evidence["golden_steps_compared"] = compared
+        evidence.update(pairing)
+        if not compared:
+            golden = ", ".join(pairing["golden_inputs"]) or "none"
+            ours = ", ".join(pairing["target_inputs"]) or "none"
+            return finding(
+                cid,
+                "warn",
+                f"the batches cannot be compared with the golden: it recorded root inputs "
+                f"{golden}, this target gives {ours}, and the model's forward maps none onto "
+                "the other (the two seeded passes agree)",
+                evidence,
+                "Record the golden with the same target (same batch structure), or write the "
+                "data fingerprints next to it (`precguard check --fingerprints-out GOLDEN`) so "
+                "batches are compared by content.",
+            )
         if mismatch:
             evidence["golden_mismatch"] = mismatch
             return finding(
@@ -160,13 +176,57 @@ def _stats(t: torch.Tensor) -> dict[str, float]:
     }
 
 
-def _against_golden(ctx: CheckContext, batches: list[Any]) -> tuple[list[dict[str, Any]], int]:
+def forward_positions(model: Any) -> list[str]:
+    """Names of the model's positional ``forward`` parameters, in order ([] if unreadable)."""
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError, AttributeError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in params if p.kind in kinds]
+
+
+def canonical_input(name: str, positional: list[str]) -> str:
+    """A root input name as a keyword: ``args.0.x`` -> ``kwargs.ids.x`` when param 0 is ``ids``.
+
+    Records name positional inputs ``args.N`` and keyword ones ``kwargs.NAME``; a
+    golden recorded with ``model(ids)`` and a run with ``model(ids=...)`` hold the
+    same input under two names. The model's forward signature maps one to the other.
+    """
+    head, _, rest = name.partition(".")
+    if head != "args":
+        return name
+    index, _, tail = rest.partition(".")
+    if index.isdigit() and int(index) < len(positional):
+        return f"kwargs.{positional[int(index)]}" + (f".{tail}" if tail else "")
+    return name
+
+
+def batch_inputs(batch: Any) -> list[tuple[str, torch.Tensor]]:
+    """The root inputs of ``call_model(model, batch)`` named as records name them."""
     from precguard.capture.flatten import named_tensors
+
+    if isinstance(batch, dict):
+        return named_tensors(batch, "kwargs")
+    return named_tensors(batch if isinstance(batch, tuple) else (batch,), "args")
+
+
+def _against_golden(
+    ctx: CheckContext, batches: list[Any]
+) -> tuple[list[dict[str, Any]], int, dict[str, Any]]:
+    """Compare the batches' root inputs with the golden's recorded statistics.
+
+    Returns the mismatches, the number of steps in which at least one input was
+    compared, and what was (not) paired: input names on both sides, mapped
+    through the model's forward signature.
+    """
     from precguard.dump.reader import load_run
 
     assert ctx.golden is not None
+    positional = forward_positions(lab(ctx).reference_model())
     run = load_run(ctx.golden)
     wanted: dict[tuple[int, str], Any] = {}
+    golden_names: set[str] = set()
     for rec in run.records():
         if (
             (
@@ -178,19 +238,21 @@ def _against_golden(ctx: CheckContext, batches: list[Any]) -> tuple[list[dict[st
             and rec.step < len(batches)
             and rec.stats is not None
         ):
-            wanted[(rec.step, rec.name)] = rec.stats
+            golden_names.add(rec.name)
+            wanted[(rec.step, canonical_input(rec.name, positional))] = rec.stats
     mismatch: list[dict[str, Any]] = []
     steps = sorted({s for s, _ in wanted})
+    ours = {name for name, _ in batch_inputs(batches[0])} if batches else set()
+    paired: set[str] = set()
+    compared_steps = 0
     for step in steps:
-        b = batches[step]
-        if isinstance(b, dict):
-            items = named_tensors(b, "kwargs")
-        else:
-            items = named_tensors(b if isinstance(b, tuple) else (b,), "args")
-        for name, t in items:
-            stats = wanted.get((step, name))
+        compared_here = False
+        for name, t in batch_inputs(batches[step]):
+            stats = wanted.get((step, canonical_input(name, positional)))
             if stats is None:
                 continue
+            compared_here = True
+            paired.add(name)
             mine = _stats(t)
             for key, value in mine.items():
                 theirs = float(getattr(stats, key))
@@ -199,7 +261,13 @@ def _against_golden(ctx: CheckContext, batches: list[Any]) -> tuple[list[dict[st
                         {"step": step, "input": name, "stat": key, "golden": theirs, "now": value}
                     )
                     break
-    return mismatch, len(steps)
+        compared_steps += compared_here
+    pairing = {
+        "golden_inputs": sorted(golden_names),
+        "target_inputs": sorted(ours),
+        "paired_inputs": sorted(paired),
+    }
+    return mismatch, compared_steps, pairing
 
 
 CHECKS = [

@@ -42,8 +42,15 @@ def fingerprint(ctx: CheckContext) -> Finding:
         gdiff = _diff(dev, golden.fingerprint)
         evidence["golden_device"] = golden.device
         evidence["differs_device_vs_golden"] = gdiff
+        evidence["golden_keys_compared"] = len(set(dev) & set(golden.fingerprint))
         if golden.torch_version != torch.__version__:
             gdiff.setdefault("torch.version", [torch.__version__, golden.torch_version])
+        if not golden.fingerprint:
+            # nothing to compare is not "no difference": say so, and say what was compared
+            notes.append(
+                "the golden recording has no environment fingerprint (its manifest's "
+                "fingerprint is empty), so only its torch version was compared"
+            )
         if gdiff:
             keys = ", ".join(sorted(gdiff)[:4])
             notes.append(f"differs from the golden's recording environment in {keys}")
@@ -60,7 +67,8 @@ def fingerprint(ctx: CheckContext) -> Finding:
             evidence,
             "Make the environments match where the difference is not the point of the "
             "comparison: same torch and vendor versions, torch.set_float32_matmul_precision"
-            "('highest'), same default dtype; re-record the golden if it is stale.",
+            "('highest'), same default dtype; re-record the golden if it is stale or has no "
+            "fingerprint (`precguard record` writes one).",
         )
     return finding(
         cid,

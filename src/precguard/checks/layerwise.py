@@ -49,6 +49,18 @@ def first_divergence(ctx: CheckContext, profile: str = "default") -> Finding:
         "profile": result.profile,
     }
     first = result.first_divergence
+    compared = sum(int(counts.get(k, 0)) for k in ("passed", "failed", "nonfinite"))
+    if compared == 0:
+        # a "match" over zero paired records compared nothing: say so, never pass on it
+        return finding(
+            cid,
+            "warn",
+            f"nothing was compared: the golden ({manifest.device}) and this run share no "
+            f"record ({counts.get('missing', 0)} unmatched), so the layers cannot be judged",
+            evidence,
+            "Record the golden from the same target (same model code and module names, same "
+            "steps and phases) as the run under test, or map the names with compare's options.",
+        )
     if result.verdict == "match" or first is None:
         return finding(
             cid,

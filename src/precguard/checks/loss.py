@@ -3,18 +3,22 @@
 An untrained LM predicts roughly uniformly, so its loss starts near
 ln(vocab); far above that the init or the logits' scale is off. The device's
 cross-entropy kernel must ignore ``ignore_index`` tokens in both numerator
-and denominator and apply label smoothing as torch defines it.
+and denominator; the target's own loss is what is judged, against the fp64
+oracle, so a model is never failed for a feature (label smoothing) it does
+not use.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from precguard.checks._lab import NotApplicable, finding, lab, logits_of
+from precguard.checks._lab import Lab, NotApplicable, finding, flatten, lab, logits_of
 from precguard.checks.base import Check, CheckContext, Finding
+from precguard.oracle import map_tensors_keeping_types, run_in_fp64
 
 IGNORE_INDEX = -100
 
@@ -130,56 +134,135 @@ def _reference_ce(logits: torch.Tensor, labels: torch.Tensor, smoothing: float) 
     return float(((1 - smoothing) * nll + smoothing * smooth).mean())
 
 
-def cross_entropy(ctx: CheckContext, smoothing: float = 0.1) -> Finding:
-    """The device's cross-entropy with ignore_index and label smoothing vs fp64 on real logits."""
+def _label_tensor(batch: Any) -> tuple[str, torch.Tensor] | None:
+    """Where a batch keeps its labels: ``labels``, ``input_ids``, or its 2-D integer tensor."""
+    items = [(p, t) for p, t in flatten(batch) if isinstance(t, torch.Tensor)]
+    for want in (".labels", ".input_ids"):
+        for path, t in items:
+            if path.endswith(want) and not t.is_floating_point():
+                return path, t
+    for path, t in items:
+        if t.dim() == 2 and not t.is_floating_point() and t.dtype != torch.bool:
+            return path, t
+    return None
+
+
+def _with_ignored(batch: Any, labels: torch.Tensor, share: float) -> Any:
+    """``batch`` with ``share`` of ``labels`` (the tensor object itself) set to ignore_index."""
+    gen = torch.Generator().manual_seed(7)
+    ignored = labels.clone()
+    ignored[torch.rand(labels.shape, generator=gen) < share] = IGNORE_INDEX
+    return map_tensors_keeping_types(batch, lambda t: ignored if t is labels else t)
+
+
+def _target_loss_cases(bench: Lab) -> dict[str, dict[str, float] | str]:
+    """The target's own loss on the reference output: device vs the fp64 oracle, per case.
+
+    Cases: the batch as the target gives it, and with 25% of its labels set to
+    ignore_index when the loss accepts that (else a string says it does not).
+    The same output goes into both sides, so only the loss itself is judged.
+    """
+    loss_fn = bench.target.loss
+    assert loss_fn is not None
+    # the reference output rounded to the device's dtype: both sides get the same numbers
+    output = map_tensors_keeping_types(
+        bench.forward(bench.copy("reference"), "reference"),
+        lambda t: t.detach().cpu().to(bench.dtype) if t.is_floating_point() else t.detach().cpu(),
+    )
+    batch = bench.batch(0)
+    cases: dict[str, Any] = {"target_batch": batch}
+    found = _label_tensor(batch)
+    if found is not None:
+        cases["ignore_index"] = _with_ignored(batch, found[1], 0.25)
+    results: dict[str, dict[str, float] | str] = {}
+    for case, b in cases.items():
+        try:
+            want = float(run_in_fp64(loss_fn, output, b))
+        except Exception as exc:
+            if case == "target_batch":
+                raise
+            results[case] = f"not used by the target's loss ({type(exc).__name__})"
+            continue
+        dev_out = map_tensors_keeping_types(output, lambda t: _to_device(bench, t))
+        dev_batch = bench.place(b, "device")
+        with torch.no_grad(), bench.device.numerics():
+            got = float(loss_fn(dev_out, dev_batch))
+        err = abs(got - want) / max(abs(want), 1e-12) if math.isfinite(got) else math.inf
+        results[case] = {"device": got, "fp64": want, "rel_error": err}
+    return results
+
+
+def _to_device(bench: Lab, t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().to(bench.dev)
+    return t.to(bench.dtype) if t.is_floating_point() else t
+
+
+def cross_entropy(ctx: CheckContext, smoothing: float | None = None) -> Finding:
+    """The loss the target computes, on the device vs the fp64 oracle, on the model's own logits.
+
+    With a ``loss`` on the target: that function, on the batch as given and with
+    25% of its labels ignored (``ignore_index=-100``) when it accepts them.
+    Without one: ``F.cross_entropy`` with ignored labels. Label smoothing is
+    tested only when the checklist asks for it (``smoothing``): a model that does
+    not use it must not fail for it.
+    """
     bench = lab(ctx)
     cid = "loss.cross_entropy"
-    logits = bench.reference_logits()
-    flat = logits.reshape(-1, logits.shape[-1]).float()
-    gen = torch.Generator().manual_seed(7)
-    labels = torch.randint(0, flat.shape[-1], (flat.shape[0],), generator=gen)
-    labels[torch.rand(flat.shape[0], generator=gen) < 0.25] = IGNORE_INDEX
-    if (labels == IGNORE_INDEX).all():
-        raise NotApplicable("too few logits rows to test")
-    cases = {"ignore_index": 0.0, "label_smoothing": smoothing}
-    results = {}
-    bad = []
     tol = max(1e-5, 8 * bench.eps)
-    for case, eps in cases.items():
-        x = flat.to(device=bench.dev, dtype=bench.dtype)
-        with torch.no_grad(), bench.device.numerics():
-            got = float(
-                F.cross_entropy(
-                    x, labels.to(bench.dev), ignore_index=IGNORE_INDEX, label_smoothing=eps
+    results: dict[str, Any] = {}
+    if bench.target.loss is not None:
+        measured = _target_loss_cases(bench)
+        results["target_loss"] = measured
+        errors = {k: v["rel_error"] for k, v in measured.items() if isinstance(v, dict)}
+        subject = "the target's loss"
+    else:
+        errors = {}
+        subject = "F.cross_entropy"
+    kernel_cases = {} if bench.target.loss is not None else {"ignore_index": 0.0}
+    if smoothing:
+        kernel_cases["label_smoothing"] = smoothing
+    if kernel_cases:
+        logits = bench.reference_logits()
+        flat = logits.reshape(-1, logits.shape[-1]).float()
+        gen = torch.Generator().manual_seed(7)
+        labels = torch.randint(0, flat.shape[-1], (flat.shape[0],), generator=gen)
+        labels[torch.rand(flat.shape[0], generator=gen) < 0.25] = IGNORE_INDEX
+        if (labels == IGNORE_INDEX).all():
+            raise NotApplicable("too few logits rows to test")
+        for case, eps in kernel_cases.items():
+            x = flat.to(device=bench.dev, dtype=bench.dtype)
+            with torch.no_grad(), bench.device.numerics():
+                got = float(
+                    F.cross_entropy(
+                        x, labels.to(bench.dev), ignore_index=IGNORE_INDEX, label_smoothing=eps
+                    )
                 )
-            )
-        want = _reference_ce(flat, labels, eps)
-        diluted = want * float((labels != IGNORE_INDEX).float().mean())
-        err = abs(got - want) / max(abs(want), 1e-12)
-        results[case] = {"device": got, "fp64": want, "rel_error": err}
-        if not math.isfinite(got) or err > tol:
-            hint = (
-                " (ignored tokens counted in the mean)"
-                if abs(got - diluted) < abs(got - want)
-                else ""
-            )
-            bad.append(f"{case}: {got:.6g} vs {want:.6g}{hint}")
-    evidence = {"tolerance": tol, "ignored_share": 0.25, "cases": results}
+            want = _reference_ce(flat, labels, eps)
+            diluted = want * float((labels != IGNORE_INDEX).float().mean())
+            err = abs(got - want) / max(abs(want), 1e-12) if math.isfinite(got) else math.inf
+            results[f"F.cross_entropy:{case}"] = {"device": got, "fp64": want, "rel_error": err}
+            errors[f"F.cross_entropy:{case}"] = err
+            if err > tol and abs(got - diluted) < abs(got - want):
+                results[f"F.cross_entropy:{case}"]["hint"] = "ignored tokens counted in the mean"
+    bad = {k: v for k, v in errors.items() if v > tol}
+    evidence = {"tolerance": tol, "cases": results}
     if bad:
+        case, err = max(bad.items(), key=lambda kv: kv[1])
         return finding(
             cid,
             "fail",
-            f"cross-entropy on {ctx.device} disagrees with fp64: {bad[0]}",
-            {**evidence, "failing": bad},
+            f"{subject} on {ctx.device} disagrees with fp64 by {err:.3g} (relative) on "
+            f"{case.replace('_', ' ')}",
+            {**evidence, "failing": sorted(bad)},
             "Compute the loss in fp32 on the logits (F.cross_entropy(logits.float(), ...)); if "
             "the device kernel mishandles ignore_index or label smoothing, mask the ignored "
             "tokens yourself and divide by their count, or run the loss on the CPU to confirm.",
         )
+    tested = ", ".join(k.replace("_", " ") for k in errors)
     return finding(
         cid,
         "pass",
-        f"cross-entropy with ignore_index and label smoothing {smoothing:g} matches fp64 "
-        f"within {tol:.2g}",
+        f"{subject} matches fp64 within {tol:.2g} on {ctx.device} ({tested})",
         evidence,
     )
 
@@ -195,7 +278,8 @@ CHECKS = [
     ),
     Check(
         "loss.cross_entropy",
-        "The device's cross-entropy with ignore_index and label smoothing vs fp64.",
+        "The target's loss (or F.cross_entropy) on the device vs the fp64 oracle, with "
+        "ignored labels.",
         cross_entropy,
     ),
 ]

@@ -3,7 +3,8 @@
 Custom modules are where ports go wrong: a hand-written kernel, a fused op
 that a vendor replaced, a function that silently upcasts on one chip and not
 on another. Each custom leaf module is re-run on the inputs it received in a
-real forward, once on the device and once in fp64 on the CPU.
+real forward, once on the device and once under the fp64 oracle
+(:mod:`precguard.oracle`: the module's own downcasts run in fp64 there too).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from precguard.checks._lab import (
     run_module,
 )
 from precguard.checks.base import Check, CheckContext, Finding
+from precguard.oracle import run_in_fp64
 
 
 def _float_leaves(value: Any) -> list[torch.Tensor]:
@@ -29,7 +31,7 @@ def _float_leaves(value: Any) -> list[torch.Tensor]:
 
 
 def custom_modules(ctx: CheckContext, tolerance: float | None = None, limit: int = 64) -> Finding:
-    """Each custom leaf module on its captured inputs: device vs fp64."""
+    """Each custom leaf module on its captured inputs: device vs the fp64 oracle."""
     bench = lab(ctx)
     cid = "ops.custom_modules"
     tol = tolerance if tolerance is not None else 8 * bench.eps
@@ -43,9 +45,7 @@ def custom_modules(ctx: CheckContext, tolerance: float | None = None, limit: int
             break
         tried += 1
         try:
-            ref = _float_leaves(
-                run_module(mod, args, kwargs, dtype=torch.float64, device=torch.device("cpu"))
-            )
+            ref = _float_leaves(run_in_fp64(mod, *args, **kwargs))
             got = _float_leaves(
                 run_module(
                     mod,
@@ -144,7 +144,7 @@ def op_precision(ctx: CheckContext) -> Finding:
     results: dict[str, Any] = {}
     lowered: list[str] = []
     for name, fn in PROBED_OPS.items():
-        want = fn(x.double())
+        want = run_in_fp64(fn, x)
         with torch.no_grad(), bench.device.numerics():
             got = fn(x.to(device=bench.dev, dtype=bench.dtype))
         err = rel_error(got, want)

@@ -276,9 +276,9 @@ def cross_device(ctx: CheckContext, numel: int = 4096, p: float = 0.5) -> Findin
             cid,
             "pass",
             f"{ctx.device} draws a different random stream than {ctx.reference} under the same "
-            "seed, but the model's forward consumes no randomness",
+            "seed, but the model's forward consumes no randomness (keep dropout off in parity "
+            "runs)",
             evidence,
-            "Keep dropout off in parity runs; if you enable it, " + remedy[0].lower() + remedy[1:],
         )
     return finding(
         cid,

@@ -6,9 +6,13 @@ garbage exactly where long inputs need them. The error of a correct
 implementation stays flat over positions; a low-precision one grows with the
 position. That is what these checks look for.
 
-Rotary modules are found by class name (``*Rotary*``, ``*RoPE*``) and must
-follow the HF convention ``forward(x, position_ids) -> (cos, sin)``; declare
-others that follow it with the checklist parameter ``modules: [glob, ...]``.
+Rotary modules found by class name (``*Rotary*``, ``*RoPE*``) must follow
+the HF convention ``forward(x, position_ids) -> (cos, sin)`` and are swept
+over positions; declare others that follow it with the checklist parameter
+``modules: [glob, ...]``. Any other cos/sin of position × frequency (a plain
+function in a hand-written attention) is found by behaviour
+(:mod:`precguard.checks._rope_find`) and judged on a batch tiled to the
+sweep's length. The truth is always the fp64 oracle (:mod:`precguard.oracle`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ import torch
 from torch import nn
 
 from precguard.checks._lab import Lab, NotApplicable, cast_floats, finding, lab
+from precguard.checks._rope_find import rope_by_behaviour, rotation_modules
 from precguard.checks.base import Check, CheckContext, Finding
+from precguard.oracle import run_in_fp64
 
 _BINS = 8
 
@@ -58,19 +64,6 @@ def _cos_sin(out: Any, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-def _analytic(
-    mod: nn.Module, positions: torch.Tensor, width: int
-) -> tuple[torch.Tensor, ...] | None:
-    """cos/sin in fp64 from the module's ``inv_freq`` (HF layout), or None if not HF-like."""
-    inv = getattr(mod, "inv_freq", None)
-    if not isinstance(inv, torch.Tensor) or 2 * inv.numel() != width:
-        return None
-    scale = float(getattr(mod, "attention_scaling", 1.0) or 1.0)
-    freqs = positions.double()[..., None] * inv.detach().double().cpu()
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos() * scale, emb.sin() * scale
-
-
 def _errors(
     bench: Lab, name: str, mod: nn.Module, args: tuple, kwargs: dict, positions: torch.Tensor
 ) -> dict[str, Any]:
@@ -78,12 +71,8 @@ def _errors(
     x = args[0] if args else kwargs.get("x")
     if not isinstance(x, torch.Tensor):
         raise NotApplicable(f"{name} was not called with a tensor first argument")
-    ref64 = copy.deepcopy(mod).double()
-    with torch.no_grad():
-        cos64, sin64 = _cos_sin(_call(ref64, x.double(), positions, kwargs), name)
-    exact = _analytic(mod, positions, cos64.shape[-1])
-    if exact is not None and (exact[0] - cos64).abs().max() < 1e-3:
-        cos64, sin64 = exact  # the module's own fp64 run may hide an internal .float()
+    # the oracle also turns the module's own .float()/autocast/dtype= casts into fp64
+    cos64, sin64 = _cos_sin(run_in_fp64(_call, x, positions, kwargs, module=mod), name)
     runs = {
         "device": (bench.dtype, bench.dev, bench.device.numerics),
         "reference": (torch.float32, bench.reference.torch_device(), bench.reference.numerics),
@@ -112,6 +101,57 @@ def _errors(
     return errors
 
 
+#: fp32 unit roundoff: the error a correct fp32 rotary embedding has per radian of angle
+_FP32_UNIT = 2.0**-24
+
+
+def _judge(
+    bench: Lab,
+    name: str,
+    device_err: torch.Tensor,
+    reference_err: torch.Tensor,
+    positions: torch.Tensor,
+    max_angle: torch.Tensor,
+    hint: str = "",
+) -> tuple[dict[str, Any], str | None]:
+    """Bin per-position errors vs fp64; a failure message when the device's error grows or is large.
+
+    Allowed: ``4·eps`` of the compute dtype, or what angles rounded to fp32 cost at
+    that position (``4·2**-24·(1 + |angle|)``), whichever is larger. The
+    reference is judged by the same rule: when it fails too, the code computes
+    the angles in low precision everywhere, not only on the device.
+    """
+    tol = 4 * bench.eps
+    dev_bins = [float(b.max()) for b in device_err.tensor_split(_BINS)]
+    ref_bins = [float(b.max()) for b in reference_err.tensor_split(_BINS)]
+    angle_bins = [float(b.max()) for b in max_angle.tensor_split(_BINS)]
+    edges = [int(b[0]) for b in positions.tensor_split(_BINS)]
+    first, last = dev_bins[0], dev_bins[-1]
+    growth = last / max(first, bench.eps / 2)
+    allowed = [max(tol, 4 * _FP32_UNIT * (1 + a)) for a in angle_bins]
+    entry: dict[str, Any] = {
+        "bin_start_positions": edges,
+        "device_max_abs_error": dev_bins,
+        "reference_max_abs_error": ref_bins,
+        "allowed": allowed,
+        "growth_first_to_last_bin": growth,
+    }
+    if ref_bins[-1] > allowed[-1]:
+        hint += "; the reference computes it the same way (the code, not the device)"
+    second = edges[1] - 1 if len(edges) > 1 else edges[0]
+    if last > allowed[-1] and growth > 4:
+        return entry, (
+            f"{name}: cos/sin error grows with position from {first:.2g} (positions "
+            f"{edges[0]}-{second}) to {last:.2g} (from position {edges[-1]}){hint}"
+        )
+    if last > allowed[-1] and first > allowed[0]:
+        return entry, (
+            f"{name}: cos/sin error {first:.2g} already at positions {edges[0]}-{second}, "
+            f"{last:.2g} from position {edges[-1]} (allowed {allowed[-1]:.2g}){hint}"
+        )
+    return entry, None
+
+
 def sweep(
     ctx: CheckContext,
     max_position: int | None = None,
@@ -119,14 +159,14 @@ def sweep(
     modules: list[str] | None = None,
     check_id: str = "rope.position_sweep",
 ) -> Finding:
-    """Sweep positions 0..max_position on device and reference; fail when error grows."""
+    """Sweep positions 0..max_position on device and reference; fail when error grows.
+
+    Rotary modules found by name are swept over positions; cos/sin computed by
+    plain functions (found by behaviour) are judged on forwards of batch 0 tiled
+    to ``min(points, max_position)`` positions.
+    """
     bench = lab(ctx)
     found = rotary_modules(bench, modules)
-    if not found:
-        raise NotApplicable(
-            "no rotary embedding module found (class name *Rotary*/*RoPE*); declare yours with "
-            "the checklist parameter `modules: [name glob]`"
-        )
     limit = max_position or bench.max_positions() or 4096
     count = min(points, limit)
     positions = torch.linspace(0, limit - 1, count).round().long().unique()[None, :]
@@ -134,37 +174,67 @@ def sweep(
     per_module: dict[str, Any] = {}
     failures: list[str] = []
     for name, (mod, args, kwargs) in found.items():
-        errs = _errors(bench, name, mod, args, kwargs, positions)
-        dev_bins = [float(b.max()) for b in errs["device"].tensor_split(_BINS)]
-        ref_bins = [float(b.max()) for b in errs["reference"].tensor_split(_BINS)]
-        edges = [int(b[0]) for b in positions[0].tensor_split(_BINS)]
-        first, last = dev_bins[0], dev_bins[-1]
-        growth = last / max(first, bench.eps / 2)
-        allowed = max(tol, 2 * ref_bins[-1])
-        per_module[name] = {
-            "type": type(mod).__name__,
-            "bin_start_positions": edges,
-            "device_max_abs_error": dev_bins,
-            "reference_max_abs_error": ref_bins,
-            "growth_first_to_last_bin": growth,
-        }
+        try:
+            errs = _errors(bench, name, mod, args, kwargs, positions)
+        except Exception:
+            if modules:
+                raise  # declared by the user: not following the convention is worth an error
+            continue  # named *Rotary* but not HF-like: left to the search by behaviour
         inv_dtype = errs.get("inv_freq_dtype")
         hint = ""
         if inv_dtype is not None and inv_dtype not in (torch.float32, torch.float64):
-            per_module[name]["inv_freq_dtype"] = inv_dtype
             inv_name = str(inv_dtype).removeprefix("torch.")
             hint = f"; its inv_freq buffer is {inv_name} after the dtype cast"
-        if last > allowed and growth > 4:
-            failures.append(
-                f"{name}: cos/sin error grows with position from {first:.2g} (positions "
-                f"{edges[0]}-{edges[1] - 1}) to {last:.2g} (from position {edges[-1]}){hint}"
-            )
-        elif last > allowed and first > allowed:
-            failures.append(
-                f"{name}: cos/sin error {first:.2g} already at positions {edges[0]}-"
-                f"{edges[1] - 1}, {last:.2g} from position {edges[-1]} (allowed "
-                f"{allowed:.2g}){hint}"
-            )
+        inv = getattr(mod, "inv_freq", None)
+        fmax = float(inv.detach().abs().max()) if isinstance(inv, torch.Tensor) else 1.0
+        entry, failure = _judge(
+            bench, name, errs["device"], errs["reference"], positions[0], positions[0] * fmax, hint
+        )
+        per_module[name] = {"type": type(mod).__name__, "found_by": "name", **entry}
+        if hint:
+            per_module[name]["inv_freq_dtype"] = inv_dtype
+        if failure:
+            failures.append(failure)
+    swept = list(per_module)
+    behaviour = {} if modules else rope_by_behaviour(bench, swept, min(points, limit))
+    rotations = {} if modules else rotation_modules(bench, swept + list(behaviour))
+    if not per_module and not behaviour and not rotations:
+        failed = bench._cache.get("rope_by_behaviour_failed")
+        searched = (
+            f"the fp64 forward that looks for cos/sin failed ({failed})"
+            if failed
+            else "no cos/sin of position x frequency in a forward and no module rotating "
+            "channel pairs"
+        )
+        raise NotApplicable(
+            f"no rotary embedding found: no HF-like module named *Rotary*/*RoPE* and "
+            f"{searched}; declare a module that follows forward(x, position_ids) -> (cos, sin) "
+            "with the checklist parameter `modules: [name glob]`"
+        )
+    for name, trig in behaviour.items():
+        entry, failure = _judge(
+            bench, name, trig.device_error, trig.reference_error, trig.positions, trig.max_angle
+        )
+        per_module[name] = {
+            "found_by": "behaviour: cos/sin of position x frequency",
+            "computed_in": trig.where,
+            "trig_calls": trig.calls,
+            **entry,
+        }
+        if failure:
+            failures.append(f"{failure} (computed by {trig.where})")
+    for name, rot in rotations.items():
+        entry, failure = _judge(
+            bench, name, rot.device_error, rot.reference_error, rot.positions, rot.max_angle
+        )
+        per_module[name] = {
+            "type": type(bench.module_inputs()[name][0]).__name__,
+            "found_by": f"behaviour: rotates channel pairs ({rot.layout} layout)",
+            "error_is": "distance of the rotation angles from position x frequency",
+            **entry,
+        }
+        if failure:
+            failures.append(failure.replace("cos/sin error", "rotation angle error"))
     evidence = {
         "compute_dtype": bench.compute_dtype,
         "max_position": limit,
@@ -186,11 +256,14 @@ def sweep(
             "do not touch (re-create it after casting).",
         )
     worst = max((v["device_max_abs_error"][-1] for v in per_module.values()), default=0.0)
+    reach = [limit - 1] * len(swept) + [
+        int(t.positions[-1]) for t in [*behaviour.values(), *rotations.values()]
+    ]
     return finding(
         check_id,
         "pass",
-        f"cos/sin of {len(found)} rotary module(s) stay within {max(tol, worst):.2g} of fp64 up "
-        f"to position {limit - 1} without growing with position",
+        f"cos/sin of {len(per_module)} rotary embedding(s) stay within {max(tol, worst):.2g} of "
+        f"fp64 up to position {max(reach)} without growing with position",
         evidence,
     )
 

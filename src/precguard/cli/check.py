@@ -19,7 +19,8 @@ cause first (environment, randomness, data and tokens before numerics).
 
 Checklists: llama-finetune, llama-inference, quick, or a path to your own YAML.
 
-Exit codes: 0 nothing failed, 1 a check failed (or could not run), 2 unusable input.
+Exit codes: 0 nothing failed, 1 a check failed (or could not run), 2 unusable input,
+3 inconclusive: no check produced a result (all skipped, or none selected).
 """
 
 

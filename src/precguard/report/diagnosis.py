@@ -20,6 +20,8 @@ STATUS_STYLE = {
     "skip": ("skip", "dim"),
     "error": ("ERROR", "magenta"),
 }
+#: statuses whose remedy is shown: a pass or a skip has nothing to fix
+_FLAGGED = frozenset({"warn", "fail", "error"})
 _HTML_COLOR = {
     "pass": "#1a7f37",
     "warn": "#9a6700",
@@ -40,6 +42,11 @@ def _header(d: Diagnosis) -> str:
 
 def _counts(d: Diagnosis) -> str:
     return " · ".join(f"{n} {s}" for s, n in d.counts.items() if n)
+
+
+def _inconclusive(d: Diagnosis) -> str:
+    what = f"all {len(d.findings)} checks were skipped" if d.findings else "no check was selected"
+    return f"no check produced a result ({what}): nothing was shown to pass"
 
 
 def _evidence_line(f: Finding, limit: int = 4) -> str:
@@ -65,9 +72,15 @@ def render_terminal(d: Diagnosis, console: Console, causes: int = 3) -> None:
         # findings quote recordings (device, module names): no escape codes, no markup
         return shown(text, 2000, markup=True)
 
-    verdict = "[bold green]PASS[/]" if d.verdict == "pass" else "[bold red]FAIL[/]"
+    verdict = {
+        "pass": "[bold green]PASS[/]",
+        "fail": "[bold red]FAIL[/]",
+        "inconclusive": "[bold yellow]INCONCLUSIVE[/]",
+    }[d.verdict]
     console.print(f"[bold]precguard check[/] · {escape(_header(d))}")
-    console.print(f"verdict: {verdict}   {_counts(d)}   ({d.duration_s:.1f} s)")
+    console.print(f"verdict: {verdict}   {_counts(d) or 'no check ran'}   ({d.duration_s:.1f} s)")
+    if d.verdict == "inconclusive":
+        console.print(f"[yellow]{escape(_inconclusive(d))}[/]")
     flagged = [f for f in d.root_causes if f.status in ("fail", "error")][:causes]
     if flagged:
         console.print()
@@ -91,8 +104,9 @@ def render_terminal(d: Diagnosis, console: Console, causes: int = 3) -> None:
             continue
         label, style = STATUS_STYLE[f.status]
         table.add_row(f"[{style}]{label}[/]", f.id, escape(f.summary))
-    console.print()
-    console.print(table)
+    if table.row_count:
+        console.print()
+        console.print(table)
     for reason, ids in skipped.items():
         console.print(f"[dim]skipped {', '.join(ids)}: {escape(reason)}[/]")
 
@@ -107,7 +121,11 @@ def render_html(d: Diagnosis) -> str:
         rows.append(
             f"<tr><td style='color:{color};font-weight:bold'>{e(f.status)}</td>"
             f"<td><code>{e(f.id)}</code></td><td>{e(f.summary)}"
-            + (f"<div class='remedy'><b>Remedy:</b> {e(f.remedy)}</div>" if f.remedy else "")
+            + (
+                f"<div class='remedy'><b>Remedy:</b> {e(f.remedy)}</div>"
+                if f.remedy and f.status in _FLAGGED  # a plugin's pass may carry one
+                else ""
+            )
             + (
                 f"<details><summary>evidence</summary><pre>{evidence}</pre></details>"
                 if f.evidence
@@ -120,7 +138,10 @@ def render_html(d: Diagnosis) -> str:
         for f in d.root_causes
         if f.status in ("fail", "error")
     )
-    verdict_color = _HTML_COLOR["pass" if d.verdict == "pass" else "fail"]
+    verdict_color = {"pass": _HTML_COLOR["pass"], "fail": _HTML_COLOR["fail"]}.get(
+        d.verdict, _HTML_COLOR["warn"]
+    )
+    note = f"<p>{e(_inconclusive(d))}</p>" if d.verdict == "inconclusive" else ""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>precguard check: {e(d.checklist)} on {e(d.device)}</title>
@@ -136,6 +157,7 @@ pre {{ background: #f6f8fa; padding: .6em; overflow-x: auto; font-size: 85%; }}
 <p>{e(_header(d))}</p>
 <p>Verdict: <b style="color:{verdict_color}">{e(d.verdict.upper())}</b> &mdash; {e(_counts(d))}
 ({d.duration_s:.1f} s, {e(d.created)})</p>
+{note}
 {"<h2>Most likely root cause first</h2><ol>" + causes + "</ol>" if causes else ""}
 <h2>Findings</h2>
 <table><tr><th>status</th><th>check</th><th>summary</th></tr>

@@ -7,7 +7,9 @@ emulated. For each op with float tensors it:
    statistics (:func:`precguard.capture.stats.in_capture`), for views and
    metadata ops, for uninitialised allocations, for float64 work (fp64
    references stay exact) and, with ``keep_float32``, for ops on float32
-   tensors only (the fp32 islands of a mixed-precision model);
+   tensors only (the fp32 islands of a mixed-precision model), and for a
+   matmul-like op given operands of different float dtypes (fp16 @ fp32
+   outside autocast), so that torch raises the error a real device raises;
 2. rounds float inputs to the op's storage dtype (as float32 values);
 3. runs the op in float32 (matmul and sum/mean through the emulator's own
    accumulation and order when the profile asks for it);
@@ -50,6 +52,15 @@ _MOVE_ONLY = frozenset(
      "slice_scatter", "select_scatter", "expand_copy", "permute_copy", "narrow_copy"}
 )  # fmt: skip
 _SUM = frozenset({"sum", "mean"})
+# Ops whose floating operands must share one dtype: torch (and every accelerator) raises
+# "expected mat1 and mat2 to have the same dtype" for fp16 @ fp32 outside autocast,
+# while elementwise ops promote. The emulator computes everything in fp32 and would
+# hide the error; it lets the real op raise it instead.
+_SAME_DTYPE = frozenset(
+    {"mm", "bmm", "addmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "addr",
+     "_addmm_activation", "linear", "convolution", "_convolution",
+     "_scaled_dot_product_flash_attention_for_cpu"}
+)  # fmt: skip
 _REDUCTIONS = _MATMUL | _SUM
 
 
@@ -157,6 +168,8 @@ class EmuMode(TorchDispatchMode):
         dtypes = {t.dtype for t in flat if isinstance(t, torch.Tensor)}
         if torch.float64 in dtypes:
             return func(*args, **kwargs)
+        if op.name in _SAME_DTYPE and len({d for d in dtypes if d.is_floating_point}) > 1:
+            return func(*args, **kwargs)  # mixed operands: the real op raises, as on a device
         if self.profile.keep_float32 and dtypes.isdisjoint(_LOW):
             return func(*args, **kwargs)  # an fp32 island of a mixed-precision model
         if op.mutable:
