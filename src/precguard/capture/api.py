@@ -16,14 +16,13 @@ from precguard._logging import get_logger
 from precguard.capture.flatten import named_tensors
 from precguard.capture.monitor import Monitor
 from precguard.capture.options import CaptureOptions
-from precguard.capture.recording import Recording
+from precguard.capture.recording import Recording, environment_fingerprint
 from precguard.errors import NonFiniteError
 
 logger = get_logger(__name__)
 
 _ACTIVE: list[Recording] = []
 _DECORATED: weakref.WeakKeyDictionary[nn.Module, Monitor] = weakref.WeakKeyDictionary()
-_INSTANCE_COUNTERS: dict[type, itertools.count] = {}
 
 T = TypeVar("T")
 
@@ -58,20 +57,35 @@ class MonitorHandle:
         """End the current step; later captures belong to the next one."""
         self.recording.step()
 
-    def remove(self) -> None:
-        """Remove every hook and close the recording. Idempotent."""
+    def remove(self, error: BaseException | None = None) -> None:
+        """Remove every hook and close the recording. Idempotent.
+
+        ``error``: the exception that ended the monitored code, if any; the
+        manifest then says ``complete: false`` and names it (the context
+        manager passes it for you).
+        """
         try:
             self.monitor.remove()
         finally:
-            if self._pushed and self.recording in _ACTIVE:
-                _ACTIVE.remove(self.recording)
-            self.recording.close()
+            _close(self.recording, error)
 
     def __enter__(self) -> MonitorHandle:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        self.remove(exc)
+
+
+def _close(recording: Recording, error: BaseException | None) -> None:
+    """Take ``recording`` off the active stack, unhook its decorated modules, close it."""
+    if recording in _ACTIVE:
+        _ACTIVE.remove(recording)
+    state = _IN_RECORDING.pop(recording, None)
+    try:
+        for _module, mon in state.monitors.values() if state is not None else ():
+            mon.remove()
+    finally:
+        recording.close(error)
 
 
 def monitor(
@@ -116,6 +130,8 @@ def monitor(
         first = next(itertools.chain(model.parameters(), model.buffers()), None)
         device = first.device.type if first is not None else "cpu"
     dtype = _model_dtype(model)
+    if fingerprint is None and out is not None:
+        fingerprint = environment_fingerprint(device)
     recording = Recording(
         out,
         options,
@@ -162,14 +178,18 @@ def record(
     on_nonfinite: str = "record",
     params: str = "first_step",
     overwrite: bool = False,
-    device: str = "cpu",
+    device: str | None = None,
     fingerprint: dict[str, Any] | None = None,
     auto_step: bool = True,
 ) -> Iterator[RecordingHandle]:
     """Open a recording that ``@precision_monitor`` modules and functions write into.
 
     Options are those of :func:`monitor`. Decorated objects record only while
-    a recording is open; outside one they only watch for NaN/Inf.
+    a recording is open; outside one they only watch for NaN/Inf. The
+    manifest's device (unless given), dtype, model and environment
+    fingerprint come from the first decorated module (or function) called.
+    When the body raises, the recording is closed ``complete: false`` with the
+    exception's type, and the exception propagates.
 
     >>> with precguard.record("runs/npu") as rec:   # doctest: +SKIP
     ...     model(x)          # a @precision_monitor model
@@ -188,26 +208,67 @@ def record(
     _ACTIVE.append(recording)
     try:
         yield RecordingHandle(recording)
-    finally:
-        if recording in _ACTIVE:
-            _ACTIVE.remove(recording)
-        recording.close()
+    except BaseException as exc:
+        _close(recording, exc)
+        raise
+    _close(recording, None)
 
 
 class _WatchSinks:
-    """Watch-only sinks (no directory) for decorated objects outside any recording."""
+    """The sink of a decorated object: the active recording, else a watch-only one.
 
-    def __init__(self, options: CaptureOptions) -> None:
+    ``only_when_idle``: return the watch-only sink only while no recording is
+    open, and None while one is (a decorated class's instances get their own
+    hooks in each recording, see :func:`_hook_instance`).
+    """
+
+    def __init__(self, options: CaptureOptions, *, only_when_idle: bool = False) -> None:
         self.options = options
+        self.only_when_idle = only_when_idle
         self._watch: Recording | None = None
 
-    def __call__(self) -> Recording:
+    def __call__(self) -> Recording | None:
         rec = active_recording()
         if rec is not None:
-            return rec
+            return None if self.only_when_idle else rec
         if self._watch is None:
             self._watch = Recording(None, self.options)
         return self._watch
+
+
+class _RecordingDecorations:
+    """What decorated classes hooked into one open recording, and the names they got."""
+
+    def __init__(self) -> None:
+        self.monitors: dict[int, tuple[nn.Module, Monitor]] = {}  # id(instance) -> hooks
+        self.counts: dict[str, int] = {}
+
+    def name_for(self, module: nn.Module, explicit: str | None) -> str:
+        """``Class#i`` by first call in this recording; an explicit name bare, then ``name#i``."""
+        base = explicit or type(module).__name__
+        n = self.counts.get(base, 0)
+        self.counts[base] = n + 1
+        return base if explicit and n == 0 else f"{base}#{n}"
+
+
+#: per open recording: the instances of decorated classes recorded into it
+_IN_RECORDING: weakref.WeakKeyDictionary[Recording, _RecordingDecorations] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class _ClassDecoration:
+    """How a decorated class was changed (to undo it) and its watch-only hooks."""
+
+    def __init__(self, cls: type[nn.Module], opts: CaptureOptions, name: str | None) -> None:
+        self.cls = cls
+        self.options = opts
+        self.name = name
+        self.own_call = cls.__dict__.get("__call__")  # None: inherited, undo by deleting
+        self.watchers: weakref.WeakKeyDictionary[nn.Module, Monitor] = weakref.WeakKeyDictionary()
+
+
+_DECORATED_CLASSES: dict[type, _ClassDecoration] = {}
 
 
 def _attach(module: nn.Module, options: CaptureOptions, name: str) -> Monitor:
@@ -216,6 +277,53 @@ def _attach(module: nn.Module, options: CaptureOptions, name: str) -> Monitor:
         mon = Monitor(module, _WatchSinks(options), options, root_name=name, covers=False)
         _DECORATED[module] = mon
     return mon
+
+
+def _note_facts(recording: Recording, module: nn.Module) -> None:
+    """Give ``recording`` the device, dtype and model class it was opened without."""
+    first = next(itertools.chain(module.parameters(), module.buffers()), None)
+    recording.fill_facts(
+        device=first.device.type if first is not None else None,
+        dtype=_model_dtype(module),
+        model=type(module).__name__,
+    )
+
+
+def _hook_instance(module: nn.Module, deco: _ClassDecoration) -> None:
+    """Make sure the instance of a decorated class being called is recorded (or watched).
+
+    In an open recording each instance gets hooks of its own, named in that
+    recording: its path under an enclosing decorated or monitored root (which
+    then records it), else ``name=``, else ``Class#i`` by first call in the
+    recording, so two runs in one process give the same keys. The hooks go
+    when the recording closes. With no recording open, watch-only hooks look
+    for NaN/Inf.
+    """
+    rec = active_recording()
+    if rec is None:
+        if module not in deco.watchers:
+            deco.watchers[module] = Monitor(
+                module,
+                _WatchSinks(deco.options, only_when_idle=True),
+                deco.options,
+                root_name=deco.name or type(module).__name__,
+                covers=False,
+            )
+        return
+    state = _IN_RECORDING.get(rec)
+    if state is None:
+        state = _IN_RECORDING[rec] = _RecordingDecorations()
+    if id(module) in state.monitors or id(module) in rec.covered:
+        return
+    if rec.missing_facts:
+        _note_facts(rec, module)
+    # instances called on their own before, now inside this one, are recorded
+    # under their path here from now on, not twice
+    inside = {id(m) for m in module.modules()}
+    for key in [k for k in state.monitors if k in inside]:
+        state.monitors.pop(key)[1].remove()
+    mon = Monitor(module, rec, deco.options, root_name=state.name_for(module, deco.name))
+    state.monitors[id(module)] = (module, mon)
 
 
 @overload
@@ -235,11 +343,16 @@ def precision_monitor(obj: Any = None, *, name: str | None = None, **options: An
     watch for NaN/Inf and log the origin.
 
     - On an ``nn.Module`` subclass: every instance is instrumented at its
-      first call; instances are named ``ClassName#i`` in creation order.
+      first call in each recording. Its records are named by its path under an
+      enclosing decorated or monitored module when there is one, else by
+      ``name`` (then ``name#1``, ... for further instances), else
+      ``ClassName#i`` in order of first call *in that recording* — so two
+      recordings made in one process line up. :func:`unmonitor` on the class
+      undoes the decoration.
     - On an instance: instrumented now, named ``name`` (default ``root``);
       :func:`unmonitor` removes the hooks.
     - On a function: its tensor arguments and results are recorded as a
-      pseudo-module named after the function.
+      pseudo-module named after the function (or ``name``).
 
     >>> @precguard.precision_monitor(on_nonfinite="raise")   # doctest: +SKIP
     ... class MyAttention(nn.Module): ...
@@ -252,9 +365,11 @@ def precision_monitor(obj: Any = None, *, name: str | None = None, **options: An
 
 def _decorate(obj: Any, *, opts: CaptureOptions, name: str | None) -> Any:
     if isinstance(obj, type) and issubclass(obj, nn.Module):
-        return _decorate_class(obj, opts)
+        return _decorate_class(obj, opts, name)
     if isinstance(obj, nn.Module):
         _attach(obj, opts, name or "root")
+        if obj not in _FACT_HOOKS:
+            _FACT_HOOKS[obj] = obj.register_forward_pre_hook(_fill_facts_hook)
         return obj
     if callable(obj):
         return _decorate_function(obj, opts, name)
@@ -264,23 +379,63 @@ def _decorate(obj: Any, *, opts: CaptureOptions, name: str | None) -> Any:
     )
 
 
-def _decorate_class(cls: type[nn.Module], opts: CaptureOptions) -> type[nn.Module]:
-    original_call = cls.__call__
-    counter = _INSTANCE_COUNTERS.setdefault(cls, itertools.count())
-    instance_names: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+#: decorated instances -> the pre-hook that tells an open recording the model's facts
+_FACT_HOOKS: weakref.WeakKeyDictionary[nn.Module, Any] = weakref.WeakKeyDictionary()
 
-    @functools.wraps(original_call)
+
+def _fill_facts_hook(module: nn.Module, args: Any) -> None:
+    rec = active_recording()
+    if rec is not None and rec.missing_facts:
+        try:
+            _note_facts(rec, module)
+        except Exception as exc:
+            logger.error("hook_failed", module=type(module).__name__, hook="facts", error=str(exc))
+
+
+def _decorate_class(
+    cls: type[nn.Module], opts: CaptureOptions, name: str | None
+) -> type[nn.Module]:
+    if cls in _DECORATED_CLASSES:
+        return cls
+    deco = _ClassDecoration(cls, opts, name)
+    inherited_call = cls.__call__
+
+    @functools.wraps(inherited_call)
     def __call__(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        # Attach at the first call, when every submodule exists (also those a
-        # subclass adds after our __init__ ran).
+        # Hooks go on at the call, when every submodule exists (also those a
+        # subclass adds after our __init__ ran). An instance decorated on its
+        # own keeps its own hooks and name.
         if self not in _DECORATED:
-            if self not in instance_names:
-                instance_names[self] = f"{type(self).__name__}#{next(counter)}"
-            _attach(self, opts, instance_names[self])
-        return original_call(self, *args, **kwargs)
+            try:
+                _hook_instance(self, deco)
+            except Exception as exc:
+                logger.error(
+                    "hook_failed", module=type(self).__name__, hook="attach", error=str(exc)
+                )
+        return inherited_call(self, *args, **kwargs)
 
     cls.__call__ = __call__  # type: ignore[method-assign]
+    _DECORATED_CLASSES[cls] = deco
     return cls
+
+
+def _undecorate_class(cls: type) -> bool:
+    deco = _DECORATED_CLASSES.pop(cls, None)
+    if deco is None:
+        return False
+    if deco.own_call is None:
+        del cls.__call__
+    else:
+        cls.__call__ = deco.own_call  # type: ignore[method-assign]
+    for mon in list(deco.watchers.values()):
+        mon.remove()
+    deco.watchers.clear()
+    for state in list(_IN_RECORDING.values()):
+        for key, (module, mon) in list(state.monitors.items()):
+            if isinstance(module, cls):
+                mon.remove()
+                del state.monitors[key]
+    return True
 
 
 def _decorate_function(
@@ -293,8 +448,12 @@ def _decorate_function(
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         sink = sinks()
+        if sink is None:  # not with these sinks; keeps the type checker honest
+            return fn(*args, **kwargs)
         try:
             items = named_tensors(args, "args") + named_tensors(kwargs, "kwargs")
+            if sink.missing_facts - {"model"}:
+                _note_tensor_facts(sink, items)
             frame = sink.enter(
                 wrapper,
                 label,
@@ -321,9 +480,28 @@ def _decorate_function(
     return wrapper
 
 
-def unmonitor(module: nn.Module) -> bool:
-    """Remove hooks added by :func:`precision_monitor` from ``module``; True if there were any."""
-    mon = _DECORATED.pop(module, None)
+def _note_tensor_facts(recording: Recording, items: list[tuple[str, Any]]) -> None:
+    """Device and dtype of a decorated function's first floating-point argument."""
+    for _name, t in items:
+        if t.is_floating_point():
+            recording.fill_facts(
+                device=t.device.type, dtype=str(t.dtype).removeprefix("torch."), model=None
+            )
+            return
+
+
+def unmonitor(obj: nn.Module | type[nn.Module]) -> bool:
+    """Undo :func:`precision_monitor`; True if there was something to undo.
+
+    On an instance: remove its hooks. On a decorated class: restore the class
+    as it was and remove the hooks of its instances.
+    """
+    if isinstance(obj, type):
+        return _undecorate_class(obj)
+    fact_hook = _FACT_HOOKS.pop(obj, None)
+    if fact_hook is not None:
+        fact_hook.remove()
+    mon = _DECORATED.pop(obj, None)
     if mon is None:
         return False
     mon.remove()

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 from precguard._logging import get_logger
-from precguard.dump.schema import SCHEMA_VERSION, Manifest
+from precguard.dump.schema import SCHEMA_VERSION, Manifest, RunError
 from precguard.errors import OutputExistsError, UsageError
 
 logger = get_logger(__name__)
@@ -143,9 +143,18 @@ class RunWriter:
             self._records.write("\n".join(lines) + "\n")
             self._records.flush()
 
-    def close(self, *, steps: int | None = None) -> None:
-        """Flush and close; mark the manifest complete (rank 0)."""
+    def close(self, *, steps: int | None = None, error: BaseException | None = None) -> None:
+        """Flush and close the records; mark the manifest complete (rank 0).
+
+        With ``error`` (the exception the run's body raised) the manifest says
+        ``complete: false`` and names it: what was recorded is kept, but it is
+        not the whole run.
+        """
         if self._records.closed:
             return
         self._records.close()
-        self.update_manifest(complete=True, steps=steps)
+        if error is None:
+            self.update_manifest(complete=True, steps=steps)
+        else:
+            failure = RunError(type=type(error).__name__, message=str(error)[:500])
+            self.update_manifest(complete=False, steps=steps, error=failure)
