@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from precguard import plugins
 from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.capture.api import monitor
-from precguard.errors import DeviceUnavailableError, TargetError, UsageError
+from precguard.errors import DeviceUnavailableError, PrecguardError, TargetError, UsageError
 from precguard.target import Target, call_model, load_target, move_batch
 
 logger = get_logger(__name__)
@@ -51,9 +51,16 @@ def find_backend(device: str) -> Backend:
     """
     backend = plugins.get_backend(device)
     if backend is None:
+        from precguard.suggest import did_you_mean
+
         known = sorted({t for types in plugins.device_types().values() for t in types})
+        kind, sep, rest = device.partition(":")
+        # suggest the device type, keeping what followed it: "nup:1" -> "npu:1"
+        hint = did_you_mean(kind, known, n=1)
+        if hint and sep:
+            hint = did_you_mean(device, [f"{k}:{rest}" for k in known], n=1)
         raise DeviceUnavailableError(
-            f"unknown device {device!r}: no plugin claims it (known device types: "
+            f"unknown device {device!r}{hint}: no plugin claims it (known device types: "
             f"{', '.join(known)})"
         )
     return backend
@@ -92,6 +99,23 @@ def build_model(target: Target, backend: Backend, dtype: torch.dtype) -> torch.n
     Initialising on the CPU gives identical weights on every device.
     """
     return construct_model(target, backend).to(device=backend.torch_device(), dtype=dtype)
+
+
+@contextlib.contextmanager
+def _target_code(target: Target, step: int, what: str) -> Iterator[None]:
+    """Report an exception raised by the user's code as the target's error, not ours.
+
+    precguard's own errors (``NonFiniteError`` with ``on_nonfinite="raise"``,
+    a plugin's ``DeviceUnavailableError``) pass through unchanged.
+    """
+    try:
+        yield
+    except PrecguardError:
+        raise
+    except Exception as exc:
+        raise TargetError(
+            f"target {target.name!r}: step {step}: {what} raised {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def record_target(
@@ -159,13 +183,17 @@ def record_target(
                 raise TargetError(
                     f"target {target_obj.name!r}: batch({step}) raised {type(exc).__name__}: {exc}"
                 ) from exc
-            output = call_model(model, batch)
+            with _target_code(target_obj, step, "the model"):
+                output = call_model(model, batch)
             if train:
                 assert optimizer is not None and target_obj.loss is not None
-                loss = target_obj.loss(output, batch)
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+                with _target_code(target_obj, step, "loss()"):
+                    loss = target_obj.loss(output, batch)
+                with _target_code(target_obj, step, "backward"):
+                    loss.backward()
+                with _target_code(target_obj, step, "the optimizer"):
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
             backend.synchronize()
             plugins.vendor_dump(device, step, out, rank=handle.recording.rank)
             handle.step()

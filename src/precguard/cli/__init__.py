@@ -44,11 +44,9 @@ def main(argv: list[str] | None = None) -> None:
         print("precguard: interrupted", file=sys.stderr)
         sys.exit(130)
     except Exception as exc:
-        if debug or state.debug:
+        debugging = debug or state.debug
+        if debugging:
             traceback.print_exc()
-        print(
-            f"precguard: internal error: {type(exc).__name__}: {exc} "
-            "(rerun with --debug for the traceback)",
-            file=sys.stderr,
-        )
+        hint = "" if debugging else " (rerun with --debug for the traceback)"
+        print(f"precguard: internal error: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)
         sys.exit(2)
