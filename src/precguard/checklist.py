@@ -204,8 +204,11 @@ def plan(
             ids = [entry.id]
         else:
             raise ChecklistError(
-                f"checklist {checklist.name}: no check {entry.id!r} is registered "
-                f"(known: {', '.join(sorted(available))})"
+                f"checklist {checklist.name}: no check {entry.id!r} is registered"
+                + (
+                    _did_you_mean_check(entry.id, available)
+                    or f" (known: {', '.join(sorted(available))})"
+                )
             )
         for check_id in ids:
             if check_id in seen:
@@ -219,8 +222,25 @@ def plan(
             steps.append((available[check_id], dict(entry.params)))
     for pattern in only:
         if not any(_matches(c.id, [pattern]) for c, _ in steps):
-            raise ChecklistError(f"--only {pattern}: matches no check of {checklist.name}")
+            raise ChecklistError(
+                f"--only {pattern}: matches no check of {checklist.name}"
+                + _did_you_mean_check(pattern, available)
+            )
+    for pattern in skip:
+        if not any(_matches(check_id, [pattern]) for check_id in available):
+            raise ChecklistError(
+                f"--skip {pattern}: matches no registered check"
+                + _did_you_mean_check(pattern, available)
+            )
     return steps
+
+
+def _did_you_mean_check(pattern: str, available: dict[str, Check]) -> str:
+    """Suggest check ids and families close to a mistyped ``--only``/``--skip`` pattern."""
+    from precguard.suggest import did_you_mean
+
+    families = {check_id.split(".", 1)[0] for check_id in available}
+    return did_you_mean(pattern, [*available, *families])
 
 
 def _check_params(chk: Check, params: dict[str, Any], where: str) -> None:
