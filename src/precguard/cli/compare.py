@@ -25,7 +25,12 @@ amplification), or its own weights differ. Records after it that fail only passe
 error on (propagated). [bold]suspects[/bold] lists other modules that made error of their own.
 Pairs compared on statistics only (no full tensors) are a weaker test and are counted.
 
-Exit 2: unusable input (missing or corrupt recording, different models), one line on stderr.
+[yellow]partial match[/yellow] (exit 3): what was compared matches, but part of the recordings
+was not compared: steps or phases (backward) only one side recorded, or a run that did not
+finish (it raised, or was killed). The gaps are printed first. --allow-partial makes it exit 0.
+
+Exit 2: unusable input (missing or corrupt recording, different models, a recording compared
+with itself), one line on stderr.
 
 Profiles: default (rel-L2 <= k x assert_close rtol, cosine >= 0.99), strict (every element
 as torch.testing.assert_close), msprobe (Ascend msprobe's lax verdict). See docs/compare.md.
@@ -49,6 +54,12 @@ def compare(
         "golden",
         "--tolerance-dtype",
         help="golden: hold the run to the golden's dtype; actual: to the less precise dtype.",
+    ),
+    allow_partial: bool = typer.Option(
+        False,
+        "--allow-partial",
+        help="Exit 0 on a match that covers only part of the recordings (steps or phases "
+        "one side lacks, an unfinished run); the gaps are still printed.",
     ),
 ) -> None:
     import sys
@@ -86,6 +97,12 @@ def compare(
         render(result, Console(), top=top)
     if result.verdict != "match":
         raise typer.Exit(1)
+    if result.coverage is not None and not result.coverage.complete and not allow_partial:
+        raise typer.Exit(PARTIAL_EXIT_CODE)
+
+
+#: a match that covers only part of the recordings (see compare/coverage.py)
+PARTIAL_EXIT_CODE = 3
 
 
 @app.command()

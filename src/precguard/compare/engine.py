@@ -15,6 +15,7 @@ from typing import Any
 
 from precguard._logging import get_logger
 from precguard.compare.align import align
+from precguard.compare.coverage import CoverageTracker, ensure_distinct, incomplete_note
 from precguard.compare.divergence import (
     Candidate,
     Classification,
@@ -88,8 +89,10 @@ def compare(
     prof = prof.with_overrides(rtol, atol)
     if tolerance_dtype not in ("golden", "actual"):
         raise UsageError(f"tolerance_dtype must be 'golden' or 'actual', got {tolerance_dtype!r}")
+    ensure_distinct(g_run, a_run)
     warnings = _check_models(g_run, a_run)
     ranks = _ranks(g_run, a_run, rank, warnings)
+    coverage = CoverageTracker(g_run, a_run, rank=rank, step=step)
     results: list[RecordResult] = []
     golden_only: list[str] = []
     actual_only: list[str] = []
@@ -101,6 +104,7 @@ def compare(
         for r in ranks:
             for s, g_recs, a_recs in _paired_steps(g_run, a_run, r, step, warnings):
                 steps_seen += 1
+                g_recs, a_recs = coverage.pair(r, s, g_recs, a_recs)
                 step_results = _compare_step(
                     g_recs, a_recs, g_store, a_store, prof, tolerance_dtype
                 )
@@ -124,6 +128,7 @@ def compare(
     if steps_seen == 0:
         raise IncomparableRunsError(
             f"{g_run.path} and {a_run.path} share no step of any rank: nothing to compare"
+            + incomplete_note(g_run, a_run)
         )
     counts = _counts(results)
     matched = len(results) - counts.missing
@@ -131,7 +136,7 @@ def compare(
         raise IncomparableRunsError(
             f"{a_run.path} does not look like a recording of the same model as {g_run.path}: "
             f"only {matched} records align, {len(golden_only)} are only in golden and "
-            f"{len(actual_only)} only in actual"
+            f"{len(actual_only)} only in actual" + incomplete_note(g_run, a_run)
         )
     first = min(firsts, key=lambda c: c.order) if firsts else None
     if golden_only or actual_only:
@@ -155,6 +160,7 @@ def compare(
         unmatched=Unmatched(golden_only=golden_only, actual_only=actual_only),
         fingerprint_diff=fingerprint_diff(g_run.manifest.fingerprint, a_run.manifest.fingerprint),
         warnings=warnings,
+        coverage=coverage.result(),
     )
 
 
@@ -176,10 +182,7 @@ def _check_models(g_run: Run, a_run: Run) -> list[str]:
             f"{a_run.path / 'manifest.json'}: recording of model {am.model!r}, but golden "
             f"{g_run.path} recorded {gm.model!r}"
         )
-    for run in (g_run, a_run):
-        if not run.manifest.complete:
-            warnings.append(f"{run.path}: recording did not close cleanly (killed?)")
-    return warnings
+    return warnings  # an incomplete run is told first by the coverage (coverage.py)
 
 
 def _ranks(g_run: Run, a_run: Run, rank: int | None, warnings: list[str]) -> list[int]:

@@ -9,6 +9,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from precguard.compare.coverage import headline, print_gaps
 from precguard.compare.report import Comparison, Metrics, RecordResult
 
 _STATUS_STYLE = {
@@ -56,10 +57,8 @@ def metric_line(m: Metrics) -> str:
 
 def render(result: Comparison, console: Console, *, top: int = 10) -> None:
     """Print the verdict, the first divergence, suspects, the top-N records and counts."""
-    if result.verdict == "match":
-        head = Text("MATCH", style="bold green")
-    else:
-        head = Text("DIVERGED", style="bold red")
+    print_gaps(result.coverage, console)  # what was not compared comes first
+    head = headline(result.verdict, result.coverage)
     g_dev, a_dev = [*result.devices, "?", "?"][:2]
     g_dt, a_dt = [*result.dtypes, None, None][:2]
     head.append(

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from precguard.compare.coverage import Coverage
+
 COMPARISON_SCHEMA_VERSION = 1
 
 _FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
@@ -205,6 +207,11 @@ class Comparison(BaseModel):
         "(None where one side lacks the key).",
     )
     warnings: list[str] = Field(default_factory=list, description="Things the user should know.")
+    coverage: Coverage | None = Field(
+        default=None,
+        description="What was compared: steps, phases, whether both runs finished; "
+        "'complete' false means the verdict covers only part of the recordings.",
+    )
 
     @property
     def diverged(self) -> bool:

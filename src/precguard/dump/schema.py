@@ -128,6 +128,11 @@ class Manifest(BaseModel):
     )
     world_size: int = Field(default=1, description="Number of ranks.")
     created: str = Field(description="ISO 8601 time the run started.")
+    run_id: str = Field(
+        default="",
+        description="Random id given when the recording is created; a copy of the "
+        "directory keeps it, so compare can tell a recording compared with itself.",
+    )
     complete: bool = Field(
         default=False,
         description="True once the run closed cleanly; false while it runs, when it was "

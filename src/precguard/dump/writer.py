@@ -12,6 +12,7 @@ import json
 import math
 import os
 import shutil
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,7 @@ class RunWriter:
             fingerprint=fingerprint or {},
             world_size=world_size,
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            run_id=uuid.uuid4().hex,
         )
         if rank == 0:
             self._write_manifest()
