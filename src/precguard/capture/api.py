@@ -6,7 +6,7 @@ import functools
 import itertools
 import os
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar, overload
 
@@ -143,7 +143,31 @@ def monitor(
         fingerprint=fingerprint,
         auto_step=auto_step,
     )
-    return MonitorHandle(Monitor(model, recording, options), recording)
+    mon = Monitor(model, recording, options)
+    _warn_unmatched_patterns(options, mon.names.values())
+    return MonitorHandle(mon, recording)
+
+
+def _warn_unmatched_patterns(options: CaptureOptions, names: Iterable[str]) -> None:
+    """Warn about each ``tensors`` glob that selects no module, naming the closest modules.
+
+    A typo (``model.layer.3.*`` for ``model.layers.3.*``) would otherwise save
+    nothing and surface only when compare has no full tensors to measure.
+    """
+    if isinstance(options.tensors, bool):
+        return
+    from precguard.suggest import closest
+
+    names = list(names)
+    for pattern in options.tensors:
+        if any(options.saves_pattern(name, pattern) for name in names):
+            continue
+        stem = pattern.rstrip("*?.") or pattern
+        logger.warning(
+            "tensors_pattern_matches_nothing",
+            pattern=pattern,
+            closest=closest(stem, names, n=3, cutoff=0.3),
+        )
 
 
 def _model_dtype(model: nn.Module) -> str | None:
