@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,21 +101,23 @@ def build_model(target: Target, backend: Backend, dtype: torch.dtype) -> torch.n
     return construct_model(target, backend).to(device=backend.torch_device(), dtype=dtype)
 
 
-@contextlib.contextmanager
-def _target_code(target: Target, step: int, what: str) -> Iterator[None]:
-    """Report an exception raised by the user's code as the target's error, not ours.
+class _TargetCode:
+    """Which part of the user's code a step is running, to name it if it raises.
 
-    precguard's own errors (``NonFiniteError`` with ``on_nonfinite="raise"``,
-    a plugin's ``DeviceUnavailableError``) pass through unchanged.
+    The exception itself travels up unchanged through the recording (whose
+    manifest then names the user's own exception type); :meth:`error` turns
+    it into the target's error for the CLI afterwards.
     """
-    try:
-        yield
-    except PrecguardError:
-        raise
-    except Exception as exc:
-        raise TargetError(
-            f"target {target.name!r}: step {step}: {what} raised {type(exc).__name__}: {exc}"
-        ) from exc
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.doing: str | None = None  # None: precguard's own code is running
+
+    def error(self, exc: Exception) -> TargetError:
+        """The target's error for ``exc``, raised while running :attr:`doing`."""
+        return TargetError(
+            f"target {self.target.name!r}: {self.doing} raised {type(exc).__name__}: {exc}"
+        )
 
 
 def record_target(
@@ -175,29 +177,34 @@ def record_target(
         fingerprint=fingerprint,
         auto_step=False,
     )
-    with handle, backend.numerics(), grad_ctx:
-        for step in range(steps):
-            try:
+    user = _TargetCode(target_obj)
+    try:
+        with handle, backend.numerics(), grad_ctx:
+            for step in range(steps):
+                user.doing = f"batch({step})"
                 batch = move_batch(target_obj.batch(step), tdev)
-            except Exception as exc:
-                raise TargetError(
-                    f"target {target_obj.name!r}: batch({step}) raised {type(exc).__name__}: {exc}"
-                ) from exc
-            with _target_code(target_obj, step, "the model"):
+                user.doing = f"step {step}: the model"
                 output = call_model(model, batch)
-            if train:
-                assert optimizer is not None and target_obj.loss is not None
-                with _target_code(target_obj, step, "loss()"):
+                if train:
+                    assert optimizer is not None and target_obj.loss is not None
+                    user.doing = f"step {step}: loss()"
                     loss = target_obj.loss(output, batch)
-                with _target_code(target_obj, step, "backward"):
+                    user.doing = f"step {step}: backward"
                     loss.backward()
-                with _target_code(target_obj, step, "the optimizer"):
+                    user.doing = f"step {step}: the optimizer"
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
-            backend.synchronize()
-            plugins.vendor_dump(device, step, out, rank=handle.recording.rank)
-            handle.step()
-            if on_step is not None:
-                on_step(step)
+                user.doing = None
+                backend.synchronize()
+                plugins.vendor_dump(device, step, out, rank=handle.recording.rank)
+                handle.step()
+                if on_step is not None:
+                    on_step(step)
+    except PrecguardError:
+        raise
+    except Exception as exc:
+        if user.doing is None:
+            raise  # ours, not the target's: the CLI reports it as an internal error
+        raise user.error(exc) from exc
     logger.info("recording_written", path=str(out), steps=steps, device=device)
     return Path(out)

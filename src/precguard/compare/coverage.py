@@ -64,7 +64,11 @@ class RunState(BaseModel):
         """One line: which side, and how it ended."""
         where = f"{self.side} {self.path}"
         if self.error is not None:
-            after = f" after {self.steps} step(s)" if self.steps is not None else ""
+            after = (
+                f" ({self.steps} step(s) recorded, the last possibly cut short)"
+                if self.steps is not None
+                else ""
+            )
             return f"{where} is incomplete: the run raised {self.error}{after}"
         return f"{where} is incomplete: the run did not close (killed, or still running)"
 
@@ -108,7 +112,7 @@ def ensure_distinct(golden: Run, actual: Run) -> None:
     same_dir = _samefile(golden.path, actual.path)
     g_id, a_id = golden.manifest.run_id, actual.manifest.run_id
     if same_dir or (g_id and g_id == a_id and _same_records(golden, actual)):
-        how = "the same directory" if same_dir else f"a copy of it (run_id {g_id})"
+        how = "the same directory" if same_dir else f"a copy of it: run_id {g_id}"
         raise SameRecordingError(
             f"{actual.path} is the same recording as golden {golden.path} ({how}): comparing "
             "a recording with itself measures nothing; record the run under test separately"
