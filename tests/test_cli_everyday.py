@@ -97,3 +97,59 @@ def test_a_tensors_glob_that_matches_nothing_is_named(tmp_path: Path, capsys) ->
     warning = next(line for line in err.splitlines() if "tensors_pattern_matches_nothing" in line)
     assert "layer.0.*" in warning and "layers.0" in warning
     assert not any(r.tensor for r in precguard.load_run(tmp_path / "run").records())
+
+
+def _run_in_terminal(args: list[str], cwd: Path) -> tuple[int, bytes]:
+    """Run the CLI with a pseudo-terminal as stdout and stderr; return (code, what it printed)."""
+    import os
+    import pty
+    import select
+
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "precguard", *args],
+        cwd=cwd,
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        close_fds=True,
+    )
+    os.close(terminal)
+    shown = b""
+    while True:
+        ready, _, _ = select.select([controller], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(controller, 1 << 16)
+            except OSError:  # the terminal closed: the process is done
+                break
+            if not chunk:
+                break
+            shown += chunk
+        elif proc.poll() is not None:
+            break
+    os.close(controller)
+    return proc.wait(timeout=300), shown
+
+
+@pytest.mark.slow
+def test_progress_on_a_terminal_and_nothing_extra_in_a_pipe(tmp_path: Path) -> None:
+    # a short target spec, so an 80-column terminal shows the bar's description whole
+    args = ["record", "-t", "target.py", "--steps", "3"]
+    code, shown = _run_in_terminal([*args, "--out", str(tmp_path / "tty")], TARGET.parent)
+    assert code == 0
+    assert b"recording target.py on cpu" in shown  # the bar's description
+    assert b"\x1b[" in shown  # drawn, then erased (transient)
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "precguard", *args, "--out", str(tmp_path / "pipe")],
+        cwd=TARGET.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0
+    assert proc.stderr == ""
+    assert proc.stdout.splitlines() == [
+        f"recorded 3 step(s) of target.py on cpu (float32) -> {tmp_path / 'pipe'}"
+    ]

@@ -75,8 +75,12 @@ def compare(
 
         raise UsageError(f"--top must be >= 0, got {top}")
     stderr = Console(stderr=True)
-    with Progress(console=stderr, transient=True, disable=not sys.stderr.isatty()) as bar:
-        task = bar.add_task(f"comparing {actual} with {golden}", total=None)
+    tty = sys.stderr.isatty()
+    with Progress(console=stderr, transient=True, disable=not tty) as bar:
+        task = bar.add_task(
+            f"comparing {actual} with {golden}",
+            total=_steps_to_compare(golden, rank, step) if tty else None,
+        )
         result = run_compare(
             golden,
             actual,
@@ -148,6 +152,28 @@ def replay(
     render_replay(result, Console())
     if result.verdict != "match":
         raise typer.Exit(1)
+
+
+def _steps_to_compare(golden: Path, rank: int | None, step: int | None) -> int | None:
+    """How many (rank, step) pairs the golden holds in scope: the progress bar's total.
+
+    None (an open-ended bar) when the golden cannot be read here; compare
+    itself then says why.
+    """
+    from precguard.compare.coverage import last_step
+    from precguard.dump.reader import load_run
+    from precguard.errors import PrecguardError
+
+    try:
+        run = load_run(golden)
+    except PrecguardError:
+        return None
+    total = 0
+    for r in run.ranks if rank is None else [rank]:
+        last = last_step(run, r)
+        if last is not None:
+            total += 1 if step is not None else last + 1
+    return total or None
 
 
 def _write(path: Path, payload: str) -> None:
