@@ -46,6 +46,8 @@ def test_record_without_target_says_what_to_pass(tmp_path: Path, capsys) -> None
         (["check", "--skip", "rnj"], "did you mean 'rng'"),
         (["record", "-t", "tiny-llama", "--device", "cdua:1"], "did you mean 'cuda:1'"),
         (["record", "-t", "tiny-llama", "--device", "emu:fp61"], "did you mean 'fp16'"),
+        (["record", "-t", "tiny-llama", "--dtype", "bfloat61"], "did you mean 'bfloat16'"),
+        (["check", "--checklist", "llama-finetuen"], "did you mean 'llama-finetune'"),
     ],
 )
 def test_typos_get_the_closest_name(args, suggestion, tmp_path: Path, capsys) -> None:

@@ -150,9 +150,11 @@ def load_checklist(spec: str | Path) -> Checklist:
     else:
         shipped = resources.files("precguard") / "checklists" / f"{spec}.yaml"
         if not shipped.is_file():
+            from precguard.suggest import did_you_mean
+
             raise ChecklistError(
-                f"unknown checklist {str(spec)!r}: not a file and not one of "
-                f"{', '.join(builtin_checklists())}"
+                f"unknown checklist {str(spec)!r}{did_you_mean(str(spec), builtin_checklists())}: "
+                f"not a file and not one of {', '.join(builtin_checklists())}"
             )
         text, where = shipped.read_text(encoding="utf-8"), f"checklist {spec}"
     try:

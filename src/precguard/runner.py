@@ -39,7 +39,12 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         return name
     dtype = DTYPES.get(name.lower().removeprefix("torch."))
     if dtype is None:
-        raise UsageError(f"unknown dtype {name!r}; expected one of: float32, bfloat16, float16")
+        from precguard.suggest import did_you_mean
+
+        raise UsageError(
+            f"unknown dtype {name!r}{did_you_mean(name, DTYPES, n=1)}; "
+            "expected one of: float32, bfloat16, float16"
+        )
     return dtype
 
 
