@@ -166,3 +166,21 @@ def test_a_raising_body_is_written_incomplete(decorated_block, tmp_path: Path) -
         raise KeyError("tokenizer")
     m = precguard.load_run(tmp_path / "run").manifest
     assert m.complete is False and m.error is not None and m.error.type == "KeyError"
+
+
+def test_only_the_innermost_recording_records(decorated_block, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    net = Net()
+    x = torch.randn(2, 8)
+    with torch.no_grad(), precguard.record(tmp_path / "outer") as outer:
+        net(x)
+        outer.step()
+        with precguard.record(tmp_path / "inner"):
+            net(x)
+        net(x)
+    outer = [r for r in precguard.load_run(tmp_path / "outer").records() if r.role != "param"]
+    inner = [r for r in precguard.load_run(tmp_path / "inner").records() if r.role != "param"]
+    assert {r.module for r in inner} >= {"Block#0.proj", "Block#1.proj"}
+    # the outer recording has the calls before and after the inner one, not the inner one
+    assert {r.step for r in outer} == {0, 1}
+    assert len(outer) == 2 * len(inner)

@@ -267,12 +267,32 @@ class _RecordingDecorations:
         self.monitors: dict[int, tuple[nn.Module, Monitor]] = {}  # id(instance) -> hooks
         self.counts: dict[str, int] = {}
 
+    def add(self, rec: Recording, module: nn.Module, options: CaptureOptions, name: str) -> None:
+        """Hook ``module`` into ``rec`` as ``name``; it and its submodules count as covered.
+
+        The hooks write only while ``rec`` is the innermost open recording, as
+        every decorated object does.
+        """
+        mon = Monitor(module, functools.partial(_if_innermost, rec), options, root_name=name)
+        rec.covered.update(id(m) for m in mon.names)
+        self.monitors[id(module)] = (module, mon)
+
+    def drop(self, rec: Recording, key: int) -> None:
+        """Remove the hooks of the instance ``key`` (its id) from ``rec``."""
+        _module, mon = self.monitors.pop(key)
+        mon.remove()
+        rec.covered.difference_update(id(m) for m in mon.names)
+
     def name_for(self, module: nn.Module, explicit: str | None) -> str:
         """``Class#i`` by first call in this recording; an explicit name bare, then ``name#i``."""
         base = explicit or type(module).__name__
         n = self.counts.get(base, 0)
         self.counts[base] = n + 1
         return base if explicit and n == 0 else f"{base}#{n}"
+
+
+def _if_innermost(rec: Recording) -> Recording | None:
+    return rec if _ACTIVE and _ACTIVE[-1] is rec else None
 
 
 #: per open recording: the instances of decorated classes recorded into it
@@ -345,9 +365,8 @@ def _hook_instance(module: nn.Module, deco: _ClassDecoration) -> None:
     # under their path here from now on, not twice
     inside = {id(m) for m in module.modules()}
     for key in [k for k in state.monitors if k in inside]:
-        state.monitors.pop(key)[1].remove()
-    mon = Monitor(module, rec, deco.options, root_name=state.name_for(module, deco.name))
-    state.monitors[id(module)] = (module, mon)
+        state.drop(rec, key)
+    state.add(rec, module, deco.options, state.name_for(module, deco.name))
 
 
 @overload
@@ -454,11 +473,10 @@ def _undecorate_class(cls: type) -> bool:
     for mon in list(deco.watchers.values()):
         mon.remove()
     deco.watchers.clear()
-    for state in list(_IN_RECORDING.values()):
-        for key, (module, mon) in list(state.monitors.items()):
+    for rec, state in list(_IN_RECORDING.items()):
+        for key, (module, _mon) in list(state.monitors.items()):
             if isinstance(module, cls):
-                mon.remove()
-                del state.monitors[key]
+                state.drop(rec, key)
     return True
 
 
