@@ -246,16 +246,15 @@ class CoverageTracker:
         gaps = [s.describe() for s in states]
         union = g_held | a_held
         if self.compared != union:
+            ranks = " (steps of all ranks)" if len({r for r, _ in union}) > 1 else ""
             gaps.append(
-                f"compared {len(self.compared)} of {len(union)} steps "
-                f"(golden holds {len(g_held)}, actual {len(a_held)}"
-                + (", summed over ranks" if len({r for r, _ in union}) > 1 else "")
-                + "); the rest were not compared"
+                f"{len(union - self.compared)} of {len(union)} steps{ranks}: golden holds "
+                f"{len(g_held)}, actual {len(a_held)}, {len(self.compared)} compared"
             )
         for side, phases in (("golden", self.only_golden), ("actual", self.only_actual)):
             if phases:
                 gaps.append(
-                    f"{' and '.join(sorted(phases))} recorded only in {side}: not compared "
+                    f"the {' and '.join(sorted(phases))} pass, recorded only in {side} "
                     "(record both runs the same way, e.g. both with --train)"
                 )
         return Coverage(
