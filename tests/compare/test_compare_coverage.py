@@ -161,3 +161,14 @@ def test_an_incomplete_run_is_said_first(
     assert "actual" in first and "is incomplete: the run raised RuntimeError" in first
     assert "data loader died" in first
     assert "PARTIAL MATCH" in out
+
+
+def test_a_run_that_raised_before_recording_anything_is_named_in_the_error(
+    actual_eval1: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(RuntimeError):
+        monitor_golden(tmp_path / "empty", steps=1, train=False, raise_at=0)
+    code, out, err = run_cli(["compare", str(actual_eval1), str(tmp_path / "empty")], capsys)
+    assert code == 2 and out == ""
+    assert "nothing to compare" in err
+    assert "is incomplete: the run raised RuntimeError: data loader died" in err
