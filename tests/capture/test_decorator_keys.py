@@ -184,3 +184,17 @@ def test_only_the_innermost_recording_records(decorated_block, tmp_path: Path) -
     # the outer recording has the calls before and after the inner one, not the inner one
     assert {r.step for r in outer} == {0, 1}
     assert len(outer) == 2 * len(inner)
+
+
+def test_a_closed_recording_keeps_no_instance_alive(decorated_block, tmp_path) -> None:
+    import gc
+    import weakref
+
+    block = Block()
+    with precguard.record(tmp_path / "run"):
+        block(torch.randn(2, 8))
+    assert not block.proj._forward_hooks_with_kwargs  # the recording's hooks went with it
+    ref = weakref.ref(block)
+    del block
+    gc.collect()
+    assert ref() is None
