@@ -21,7 +21,8 @@ app = typer.Typer(
     name="precguard",
     help="Find where and why a model computes different numbers on one backend than on "
     "a trusted reference.\n\nExit codes: 0 match / checks pass, 1 divergence or failed "
-    "check, 2 unusable input.",
+    "check, 2 unusable input, 3 not enough evidence (compare: a match covering only part of "
+    "the recordings).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
