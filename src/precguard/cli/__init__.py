@@ -2,7 +2,8 @@
 
 Exit codes everywhere: 0 match / all checks pass, 1 divergence or a failed
 check, 2 unusable input or usage (one line on stderr; ``--debug`` shows the
-traceback).
+traceback), 3 not enough evidence (``compare``: a match that covers only part of
+the recordings, see ``compare/coverage.py``).
 """
 
 from __future__ import annotations
