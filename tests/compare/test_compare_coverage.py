@@ -172,3 +172,13 @@ def test_a_run_that_raised_before_recording_anything_is_named_in_the_error(
     assert code == 2 and out == ""
     assert "nothing to compare" in err
     assert "is incomplete: the run raised RuntimeError: data loader died" in err
+
+
+def test_step_narrows_what_must_be_covered(actual_eval1: Path, tmp_path: Path) -> None:
+    golden = monitor_golden(tmp_path / "golden", steps=3, train=False)
+    everything = precguard.compare(golden, actual_eval1)
+    step0 = precguard.compare(golden, actual_eval1, step=0)
+    assert everything.coverage is not None and not everything.coverage.complete
+    assert (everything.coverage.golden_steps, everything.coverage.steps_compared) == (3, 1)
+    assert step0.coverage is not None and step0.coverage.complete
+    assert step0.verdict == everything.verdict == "match"
