@@ -113,11 +113,15 @@ def monitor(
         or ``"raise"`` (:class:`~precguard.errors.NonFiniteError` at the origin).
     :param params: parameter statistics at ``"first_step"``, ``"every_step"`` or ``"never"``.
     :param device: device string for the manifest (default: the model's device type).
+    :param target: the target spec the run was made from, for the manifest.
+    :param fingerprint: the environment fingerprint for the manifest (default:
+        every plugin's facts for ``device``, as ``precguard env`` prints them).
     :param auto_step: each call of ``model`` starts a new step until ``handle.step()``
         is first called; False makes steps explicit from the start (several
         forwards per step, e.g. gradient accumulation).
     :returns: a :class:`MonitorHandle`; use it as a context manager so the
-        hooks are removed also when the body raises.
+        hooks are removed also when the body raises. A body that raised leaves
+        the recording ``complete: false`` with the exception's type.
 
 
     >>> with precguard.monitor(model, out="runs/golden"):   # doctest: +SKIP
