@@ -198,3 +198,23 @@ def test_a_closed_recording_keeps_no_instance_alive(decorated_block, tmp_path) -
     del block
     gc.collect()
     assert ref() is None
+
+
+def test_the_recordings_options_apply_to_a_bare_decorated_class(
+    decorated_block, tmp_path: Path
+) -> None:
+    @precguard.precision_monitor(on_nonfinite="raise")
+    def scale(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    torch.manual_seed(0)
+    net = Net()
+    with torch.no_grad(), precguard.record(tmp_path / "run", tensors=["Block#1.*"]):
+        scale(net(torch.randn(2, 8)))
+    run = precguard.load_run(tmp_path / "run")
+    saved = {r.module for r in run.records() if r.tensor is not None}
+    assert saved == {"Block#1", "Block#1.proj", "Block#1.norm"}  # as the manifest says
+    assert run.manifest.options["tensors"] == ["Block#1.*"]
+    # a decorator's own explicit option still wins inside any recording
+    with pytest.raises(precguard.NonFiniteError), precguard.record(tmp_path / "again"):
+        scale(torch.tensor([3e38]))  # finite in, inf out: scale is the origin

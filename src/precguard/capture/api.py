@@ -15,7 +15,7 @@ from torch import nn
 from precguard._logging import get_logger
 from precguard.capture.flatten import named_tensors
 from precguard.capture.monitor import Monitor
-from precguard.capture.options import CaptureOptions
+from precguard.capture.options import CaptureOptions, OnNonFinite
 from precguard.capture.recording import Recording, environment_fingerprint
 from precguard.errors import NonFiniteError
 
@@ -370,7 +370,20 @@ def _hook_instance(module: nn.Module, deco: _ClassDecoration) -> None:
     inside = {id(m) for m in module.modules()}
     for key in [k for k in state.monitors if k in inside]:
         state.drop(rec, key)
-    state.add(rec, module, deco.options, state.name_for(module, deco.name))
+    options = effective_options(rec.options, deco.options)
+    state.add(rec, module, options, state.name_for(module, deco.name))
+
+
+def effective_options(recording: CaptureOptions, decorator: CaptureOptions) -> CaptureOptions:
+    """The options a decorated object records with: the recording's, except those the
+    decorator set explicitly.
+
+    ``record(out, tensors=True)`` then saves the tensors of a bare
+    ``@precision_monitor`` class (what the manifest's ``options`` say), while
+    ``@precision_monitor(on_nonfinite="raise")`` keeps raising in any recording.
+    """
+    explicit = {name: getattr(decorator, name) for name in decorator.model_fields_set}
+    return recording.model_copy(update=explicit) if explicit else recording
 
 
 @overload
@@ -489,7 +502,17 @@ def _decorate_function(
 ) -> Callable[..., Any]:
     label = name or getattr(fn, "__qualname__", getattr(fn, "__name__", "function"))
     sinks = _WatchSinks(opts)
-    save = opts.saves(label)
+    # per sink: (save full tensors?, on_nonfinite) under that recording's options
+    policies: weakref.WeakKeyDictionary[Recording, tuple[bool, OnNonFinite]] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    def policy(sink: Recording) -> tuple[bool, OnNonFinite]:
+        found = policies.get(sink)
+        if found is None:
+            eff = effective_options(sink.options, opts)
+            found = policies[sink] = (eff.saves(label), eff.on_nonfinite)
+        return found
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -500,6 +523,7 @@ def _decorate_function(
             items = named_tensors(args, "args") + named_tensors(kwargs, "kwargs")
             if sink.missing_facts - {"model"}:
                 _note_tensor_facts(sink, items)
+            save, on_nonfinite = policy(sink)
             frame = sink.enter(
                 wrapper,
                 label,
@@ -507,7 +531,7 @@ def _decorate_function(
                 items,
                 root=False,
                 save=save,
-                on_nonfinite=opts.on_nonfinite,
+                on_nonfinite=on_nonfinite,
             )
         except Exception as exc:
             logger.error("hook_failed", module=label, hook="function_pre", error=str(exc))
