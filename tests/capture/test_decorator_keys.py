@@ -218,3 +218,23 @@ def test_the_recordings_options_apply_to_a_bare_decorated_class(
     # a decorator's own explicit option still wins inside any recording
     with pytest.raises(precguard.NonFiniteError), precguard.record(tmp_path / "again"):
         scale(torch.tensor([3e38]))  # finite in, inf out: scale is the origin
+
+
+def test_a_tensors_glob_that_matches_nothing_in_record_is_named(
+    decorated_block, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    torch.manual_seed(0)
+    net = Net()
+    with (
+        caplog.at_level("WARNING", logger="precguard"),
+        torch.no_grad(),
+        precguard.record(tmp_path / "run", tensors=["Block#1.proj", "Blok#0.*"]),
+    ):
+        net(torch.randn(2, 8))
+    unmatched = [
+        r.precguard_data
+        for r in caplog.records
+        if getattr(r, "precguard_event", "") == "tensors_pattern_matches_nothing"
+    ]
+    assert [w["pattern"] for w in unmatched] == ["Blok#0.*"]
+    assert unmatched[0]["closest"][0] == "Block#0"

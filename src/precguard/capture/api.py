@@ -76,11 +76,20 @@ class MonitorHandle:
         self.remove(exc)
 
 
-def _close(recording: Recording, error: BaseException | None) -> None:
-    """Take ``recording`` off the active stack, unhook its decorated modules, close it."""
+def _close(
+    recording: Recording, error: BaseException | None, *, check_patterns: bool = False
+) -> None:
+    """Take ``recording`` off the active stack, unhook its decorated modules, close it.
+
+    ``check_patterns``: warn about ``tensors`` globs that selected none of the
+    decorated modules and functions that ran (``record()``, which cannot know
+    the names before they run).
+    """
     if recording in _ACTIVE:
         _ACTIVE.remove(recording)
     state = _IN_RECORDING.pop(recording, None)
+    if check_patterns:
+        _warn_unmatched_patterns(recording.options, state.names if state is not None else ())
     try:
         for _module, mon in state.monitors.values() if state is not None else ():
             mon.remove()
@@ -237,9 +246,9 @@ def record(
     try:
         yield RecordingHandle(recording)
     except BaseException as exc:
-        _close(recording, exc)
+        _close(recording, exc, check_patterns=True)
         raise
-    _close(recording, None)
+    _close(recording, None, check_patterns=True)
 
 
 class _WatchSinks:
@@ -270,6 +279,7 @@ class _RecordingDecorations:
     def __init__(self) -> None:
         self.monitors: dict[int, tuple[nn.Module, Monitor]] = {}  # id(instance) -> hooks
         self.counts: dict[str, int] = {}
+        self.names: set[str] = set()  # every module and function name recorded
 
     def add(self, rec: Recording, module: nn.Module, options: CaptureOptions, name: str) -> None:
         """Hook ``module`` into ``rec`` as ``name``; it and its submodules count as covered.
@@ -279,6 +289,7 @@ class _RecordingDecorations:
         """
         mon = Monitor(module, functools.partial(_if_innermost, rec), options, root_name=name)
         rec.covered.update(id(m) for m in mon.names)
+        self.names.update(mon.names.values())
         self.monitors[id(module)] = (module, mon)
 
     def drop(self, rec: Recording, key: int) -> None:
@@ -303,6 +314,13 @@ def _if_innermost(rec: Recording) -> Recording | None:
 _IN_RECORDING: weakref.WeakKeyDictionary[Recording, _RecordingDecorations] = (
     weakref.WeakKeyDictionary()
 )
+
+
+def _decorations(rec: Recording) -> _RecordingDecorations:
+    state = _IN_RECORDING.get(rec)
+    if state is None:
+        state = _IN_RECORDING[rec] = _RecordingDecorations()
+    return state
 
 
 class _ClassDecoration:
@@ -358,9 +376,7 @@ def _hook_instance(module: nn.Module, deco: _ClassDecoration) -> None:
                 covers=False,
             )
         return
-    state = _IN_RECORDING.get(rec)
-    if state is None:
-        state = _IN_RECORDING[rec] = _RecordingDecorations()
+    state = _decorations(rec)
     if id(module) in state.monitors or id(module) in rec.covered:
         return
     if rec.missing_facts:
@@ -512,6 +528,8 @@ def _decorate_function(
         if found is None:
             eff = effective_options(sink.options, opts)
             found = policies[sink] = (eff.saves(label), eff.on_nonfinite)
+            if sink.writer is not None:
+                _decorations(sink).names.add(label)
         return found
 
     @functools.wraps(fn)
