@@ -234,8 +234,10 @@ class CoverageTracker:
             last = last_step(run, r)
             if last is None:
                 continue
-            steps = range(last + 1) if self.step is None else [self.step] * (self.step <= last)
-            held |= {(r, s) for s in steps}
+            if self.step is None:
+                held |= {(r, s) for s in range(last + 1)}
+            elif self.step <= last:
+                held.add((r, self.step))
         return held
 
     def result(self) -> Coverage:
