@@ -57,7 +57,9 @@ def test_record_console_script(tmp_path):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_record_low_precision(dtype, tmp_path, capsys):
-    code, _, _ = run_cli(["record", "--out", str(tmp_path / "r"), "--dtype", dtype], capsys)
+    code, _, _ = run_cli(
+        ["record", "-t", "tiny-llama", "--out", str(tmp_path / "r"), "--dtype", dtype], capsys
+    )
     assert code == 0
     rec = next(r for r in precguard.load_run(tmp_path / "r").records() if r.role == "output")
     assert rec.dtype == dtype
@@ -65,11 +67,11 @@ def test_record_low_precision(dtype, tmp_path, capsys):
 
 def test_existing_output_refused_then_overwritten(tmp_path, capsys):
     out = tmp_path / "run"
-    assert run_cli(["record", "--out", str(out)], capsys)[0] == 0
-    code, _, err = run_cli(["record", "--out", str(out)], capsys)
+    assert run_cli(["record", "-t", "tiny-llama", "--out", str(out)], capsys)[0] == 0
+    code, _, err = run_cli(["record", "-t", "tiny-llama", "--out", str(out)], capsys)
     assert code == 2
     assert err.strip().count("\n") == 0 and "not empty" in err and "--overwrite" in err
-    assert run_cli(["record", "--out", str(out), "--overwrite"], capsys)[0] == 0
+    assert run_cli(["record", "-t", "tiny-llama", "--out", str(out), "--overwrite"], capsys)[0] == 0
 
 
 def bad_target_file(tmp_path: Path) -> str:
@@ -91,7 +93,9 @@ def bad_target_file(tmp_path: Path) -> str:
 )
 def test_bad_input_one_line_exit_2(extra, needle, tmp_path, capsys):
     extra = [bad_target_file(tmp_path) if a == "BAD" else a for a in extra]
-    code, _, err = run_cli(["record", "--out", str(tmp_path / "run"), *extra], capsys)
+    code, _, err = run_cli(
+        ["record", "-t", "tiny-llama", "--out", str(tmp_path / "run"), *extra], capsys
+    )
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
@@ -102,13 +106,14 @@ def test_bad_input_one_line_exit_2(extra, needle, tmp_path, capsys):
 def test_unwritable_output(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    code, _, err = run_cli(["record", "--out", str(blocker / "sub")], capsys)
+    code, _, err = run_cli(["record", "-t", "tiny-llama", "--out", str(blocker / "sub")], capsys)
     assert code == 2 and "cannot write" in err and len(err.strip().splitlines()) == 1
 
 
 def test_debug_shows_traceback(tmp_path, capsys):
     code, _, err = run_cli(
-        ["--debug", "record", "--out", str(tmp_path / "r"), "--dtype", "nope"], capsys
+        ["--debug", "record", "-t", "tiny-llama", "--out", str(tmp_path / "r"), "--dtype", "nope"],
+        capsys,
     )
     assert code == 2 and "Traceback" in err
 

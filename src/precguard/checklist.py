@@ -155,9 +155,11 @@ def load_checklist(spec: str | Path) -> Checklist:
     else:
         shipped = resources.files("precguard") / "checklists" / f"{spec}.yaml"
         if not shipped.is_file():
+            from precguard.suggest import did_you_mean
+
             raise ChecklistError(
-                f"unknown checklist {str(spec)!r}: not a file and not one of "
-                f"{', '.join(builtin_checklists())}"
+                f"unknown checklist {str(spec)!r}{did_you_mean(str(spec), builtin_checklists())}: "
+                f"not a file and not one of {', '.join(builtin_checklists())}"
             )
         text, where = shipped.read_text(encoding="utf-8"), f"checklist {spec}"
     try:
@@ -209,8 +211,11 @@ def plan(
             ids = [entry.id]
         else:
             raise ChecklistError(
-                f"checklist {checklist.name}: no check {entry.id!r} is registered "
-                f"(known: {', '.join(sorted(available))})"
+                f"checklist {checklist.name}: no check {entry.id!r} is registered"
+                + (
+                    _did_you_mean_check(entry.id, available)
+                    or f" (known: {', '.join(sorted(available))})"
+                )
             )
         for check_id in ids:
             if check_id in seen:
@@ -224,8 +229,25 @@ def plan(
             steps.append((available[check_id], dict(entry.params)))
     for pattern in only:
         if not any(_matches(c.id, [pattern]) for c, _ in steps):
-            raise ChecklistError(f"--only {pattern}: matches no check of {checklist.name}")
+            raise ChecklistError(
+                f"--only {pattern}: matches no check of {checklist.name}"
+                + _did_you_mean_check(pattern, available)
+            )
+    for pattern in skip:
+        if not any(_matches(check_id, [pattern]) for check_id in available):
+            raise ChecklistError(
+                f"--skip {pattern}: matches no registered check"
+                + _did_you_mean_check(pattern, available)
+            )
     return steps
+
+
+def _did_you_mean_check(pattern: str, available: dict[str, Check]) -> str:
+    """Suggest check ids and families close to a mistyped ``--only``/``--skip`` pattern."""
+    from precguard.suggest import did_you_mean
+
+    families = {check_id.split(".", 1)[0] for check_id in available}
+    return did_you_mean(pattern, [*available, *families])
 
 
 def _check_params(chk: Check, params: dict[str, Any], where: str) -> None:

@@ -16,7 +16,7 @@ from precguard import plugins
 from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.capture.api import monitor
-from precguard.errors import DeviceUnavailableError, TargetError, UsageError
+from precguard.errors import DeviceUnavailableError, PrecguardError, TargetError, UsageError
 from precguard.target import Target, call_model, load_target, move_batch
 
 logger = get_logger(__name__)
@@ -39,7 +39,12 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         return name
     dtype = DTYPES.get(name.lower().removeprefix("torch."))
     if dtype is None:
-        raise UsageError(f"unknown dtype {name!r}; expected one of: float32, bfloat16, float16")
+        from precguard.suggest import did_you_mean
+
+        raise UsageError(
+            f"unknown dtype {name!r}{did_you_mean(name, DTYPES, n=1)}; "
+            "expected one of: float32, bfloat16, float16"
+        )
     return dtype
 
 
@@ -51,9 +56,16 @@ def find_backend(device: str) -> Backend:
     """
     backend = plugins.get_backend(device)
     if backend is None:
+        from precguard.suggest import did_you_mean
+
         known = sorted({t for types in plugins.device_types().values() for t in types})
+        kind, sep, rest = device.partition(":")
+        # suggest the device type, keeping what followed it: "nup:1" -> "npu:1"
+        hint = did_you_mean(kind, known, n=1)
+        if hint and sep:
+            hint = did_you_mean(device, [f"{k}:{rest}" for k in known], n=1)
         raise DeviceUnavailableError(
-            f"unknown device {device!r}: no plugin claims it (known device types: "
+            f"unknown device {device!r}{hint}: no plugin claims it (known device types: "
             f"{', '.join(known)})"
         )
     return backend
@@ -92,6 +104,25 @@ def build_model(target: Target, backend: Backend, dtype: torch.dtype) -> torch.n
     Initialising on the CPU gives identical weights on every device.
     """
     return construct_model(target, backend).to(device=backend.torch_device(), dtype=dtype)
+
+
+class _TargetCode:
+    """Which part of the user's code a step is running, to name it if it raises.
+
+    The exception itself travels up unchanged through the recording (whose
+    manifest then names the user's own exception type); :meth:`error` turns
+    it into the target's error for the CLI afterwards.
+    """
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.doing: str | None = None  # None: precguard's own code is running
+
+    def error(self, exc: Exception) -> TargetError:
+        """The target's error for ``exc``, raised while running :attr:`doing`."""
+        return TargetError(
+            f"target {self.target.name!r}: {self.doing} raised {type(exc).__name__}: {exc}"
+        )
 
 
 def record_target(
@@ -153,26 +184,35 @@ def record_target(
         auto_step=False,
         compute_dtype=str(compute).removeprefix("torch.") if compute is not None else None,
     )
-    with handle, backend.numerics(), grad_ctx:
-        for step in range(steps):
-            try:
+    user = _TargetCode(target_obj)
+    try:
+        with handle, backend.numerics(), grad_ctx:
+            for step in range(steps):
+                user.doing = f"batch({step})"
                 batch = move_batch(target_obj.batch(step), tdev)
-            except Exception as exc:
-                raise TargetError(
-                    f"target {target_obj.name!r}: batch({step}) raised {type(exc).__name__}: {exc}"
-                ) from exc
-            output = call_model(model, batch)
-            if train:
-                assert optimizer is not None and target_obj.loss is not None
-                loss = target_obj.loss(output, batch)
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            backend.synchronize()
-            plugins.vendor_dump(device, step, out, rank=handle.recording.rank)
-            handle.step()
-            if on_step is not None:
-                on_step(step)
+                user.doing = f"step {step}: the model"
+                output = call_model(model, batch)
+                if train:
+                    assert optimizer is not None and target_obj.loss is not None
+                    user.doing = f"step {step}: loss()"
+                    loss = target_obj.loss(output, batch)
+                    user.doing = f"step {step}: backward"
+                    loss.backward()
+                    user.doing = f"step {step}: the optimizer"
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                user.doing = None
+                backend.synchronize()
+                plugins.vendor_dump(device, step, out, rank=handle.recording.rank)
+                handle.step()
+                if on_step is not None:
+                    on_step(step)
+    except PrecguardError:
+        raise
+    except Exception as exc:
+        if user.doing is None:
+            raise  # ours, not the target's: the CLI reports it as an internal error
+        raise user.error(exc) from exc
     logger.info("recording_written", path=str(out), steps=steps, device=device)
     return Path(out)
 

@@ -108,6 +108,12 @@ def _import_file(path: Path, spec: str) -> Any:
         raise TargetError(f"target {spec!r}: cannot load {path} as Python")
     module = importlib.util.module_from_spec(loader_spec)
     sys.modules[mod_name] = module
+    # As `python file.py` does: the file's folder comes first on sys.path, so
+    # the target imports the modules beside it (at import time and later, when
+    # its factories run).
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     try:
         loader_spec.loader.exec_module(module)
     except Exception as exc:

@@ -47,9 +47,12 @@ def test_hooks_removed_after_exception(tiny_llama, input_ids, tmp_path):
         tiny_llama(input_ids)
         raise RuntimeError("boom")
     assert hook_count(tiny_llama) == before == 0
-    # the recording is closed and readable
+    # the recording is closed and readable, and says the run did not finish
     run = precguard.load_run(tmp_path / "run")
-    assert run.manifest.complete
+    assert run.manifest.complete is False
+    assert run.manifest.error is not None and run.manifest.error.type == "RuntimeError"
+    assert run.manifest.error.message == "boom"
+    assert run.manifest.steps == 1
     assert any(True for _ in run.records())
 
 

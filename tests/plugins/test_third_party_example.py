@@ -49,6 +49,6 @@ def test_the_example_plugin_installs_and_is_listed(tmp_path: Path) -> None:
     assert doc["available"] is False and doc["reason"] == "lumen_sdk is not installed"
     assert doc["fingerprint"]["lumen.sdk_version"] is None
     assert doc["fingerprint"]["env.LUMEN_FAST_MATH"] is None  # unset, and listed as such
-    record = cli("record", "--device", "lum", "--out", str(tmp_path / "run"))
+    record = cli("record", "-t", "tiny-llama", "--device", "lum", "--out", str(tmp_path / "run"))
     assert record.returncode == 2
     assert "device 'lum' is unavailable: lumen_sdk is not installed" in record.stderr

@@ -6,7 +6,7 @@ import functools
 import itertools
 import os
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar, overload
 
@@ -15,15 +15,14 @@ from torch import nn
 from precguard._logging import get_logger
 from precguard.capture.flatten import named_tensors
 from precguard.capture.monitor import Monitor
-from precguard.capture.options import CaptureOptions
-from precguard.capture.recording import Recording
+from precguard.capture.options import CaptureOptions, OnNonFinite
+from precguard.capture.recording import Recording, environment_fingerprint
 from precguard.errors import NonFiniteError
 
 logger = get_logger(__name__)
 
 _ACTIVE: list[Recording] = []
 _DECORATED: weakref.WeakKeyDictionary[nn.Module, Monitor] = weakref.WeakKeyDictionary()
-_INSTANCE_COUNTERS: dict[type, itertools.count] = {}
 
 T = TypeVar("T")
 
@@ -58,20 +57,44 @@ class MonitorHandle:
         """End the current step; later captures belong to the next one."""
         self.recording.step()
 
-    def remove(self) -> None:
-        """Remove every hook and close the recording. Idempotent."""
+    def remove(self, error: BaseException | None = None) -> None:
+        """Remove every hook and close the recording. Idempotent.
+
+        ``error``: the exception that ended the monitored code, if any; the
+        manifest then says ``complete: false`` and names it (the context
+        manager passes it for you).
+        """
         try:
             self.monitor.remove()
         finally:
-            if self._pushed and self.recording in _ACTIVE:
-                _ACTIVE.remove(self.recording)
-            self.recording.close()
+            _close(self.recording, error)
 
     def __enter__(self) -> MonitorHandle:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        self.remove(exc)
+
+
+def _close(
+    recording: Recording, error: BaseException | None, *, check_patterns: bool = False
+) -> None:
+    """Take ``recording`` off the active stack, unhook its decorated modules, close it.
+
+    ``check_patterns``: warn about ``tensors`` globs that selected none of the
+    decorated modules and functions that ran (``record()``, which cannot know
+    the names before they run).
+    """
+    if recording in _ACTIVE:
+        _ACTIVE.remove(recording)
+    state = _IN_RECORDING.pop(recording, None)
+    if check_patterns:
+        _warn_unmatched_patterns(recording.options, state.names if state is not None else ())
+    try:
+        for _module, mon in state.monitors.values() if state is not None else ():
+            mon.remove()
+    finally:
+        recording.close(error)
 
 
 def monitor(
@@ -103,6 +126,9 @@ def monitor(
         or ``"raise"`` (:class:`~precguard.errors.NonFiniteError` at the origin).
     :param params: parameter statistics at ``"first_step"``, ``"every_step"`` or ``"never"``.
     :param device: device string for the manifest (default: the model's device type).
+    :param target: the target spec the run was made from, for the manifest.
+    :param fingerprint: the environment fingerprint for the manifest (default:
+        every plugin's facts for ``device``, as ``precguard env`` prints them).
     :param auto_step: each call of ``model`` starts a new step until ``handle.step()``
         is first called; False makes steps explicit from the start (several
         forwards per step, e.g. gradient accumulation).
@@ -110,7 +136,8 @@ def monitor(
         dtype they are stored in (an emulator, a vendor precision mode); compare
         judges the run by it. Autocast is detected per record without it.
     :returns: a :class:`MonitorHandle`; use it as a context manager so the
-        hooks are removed also when the body raises.
+        hooks are removed also when the body raises. A body that raised leaves
+        the recording ``complete: false`` with the exception's type.
 
 
     >>> with precguard.monitor(model, out="runs/golden"):   # doctest: +SKIP
@@ -127,6 +154,8 @@ def monitor(
         first = next(itertools.chain(model.parameters(), model.buffers()), None)
         device = first.device.type if first is not None else "cpu"
     dtype = _model_dtype(model)
+    if fingerprint is None and out is not None:
+        fingerprint = environment_fingerprint(device)
     recording = Recording(
         out,
         options,
@@ -139,7 +168,31 @@ def monitor(
         auto_step=auto_step,
         compute_dtype=compute_dtype,
     )
-    return MonitorHandle(Monitor(model, recording, options), recording)
+    mon = Monitor(model, recording, options)
+    _warn_unmatched_patterns(options, mon.names.values())
+    return MonitorHandle(mon, recording)
+
+
+def _warn_unmatched_patterns(options: CaptureOptions, names: Iterable[str]) -> None:
+    """Warn about each ``tensors`` glob that selects no module, naming the closest modules.
+
+    A typo (``model.layer.3.*`` for ``model.layers.3.*``) would otherwise save
+    nothing and surface only when compare has no full tensors to measure.
+    """
+    if isinstance(options.tensors, bool):
+        return
+    from precguard.suggest import closest
+
+    names = list(names)
+    for pattern in options.tensors:
+        if any(options.saves_pattern(name, pattern) for name in names):
+            continue
+        stem = pattern.rstrip("*?.") or pattern
+        logger.warning(
+            "tensors_pattern_matches_nothing",
+            pattern=pattern,
+            closest=closest(stem, names, n=3, cutoff=0.3),
+        )
 
 
 def _model_dtype(model: nn.Module) -> str | None:
@@ -175,7 +228,7 @@ def record(
     on_nonfinite: str = "record",
     params: str = "first_step",
     overwrite: bool = False,
-    device: str = "cpu",
+    device: str | None = None,
     fingerprint: dict[str, Any] | None = None,
     auto_step: bool = True,
     compute_dtype: str | None = None,
@@ -183,7 +236,11 @@ def record(
     """Open a recording that ``@precision_monitor`` modules and functions write into.
 
     Options are those of :func:`monitor`. Decorated objects record only while
-    a recording is open; outside one they only watch for NaN/Inf.
+    a recording is open; outside one they only watch for NaN/Inf. The
+    manifest's device (unless given), dtype, model and environment
+    fingerprint come from the first decorated module (or function) called.
+    When the body raises, the recording is closed ``complete: false`` with the
+    exception's type, and the exception propagates.
 
     >>> with precguard.record("runs/npu") as rec:   # doctest: +SKIP
     ...     model(x)          # a @precision_monitor model
@@ -207,26 +264,96 @@ def record(
     _ACTIVE.append(recording)
     try:
         yield RecordingHandle(recording)
-    finally:
-        if recording in _ACTIVE:
-            _ACTIVE.remove(recording)
-        recording.close()
+    except BaseException as exc:
+        _close(recording, exc, check_patterns=True)
+        raise
+    _close(recording, None, check_patterns=True)
 
 
 class _WatchSinks:
-    """Watch-only sinks (no directory) for decorated objects outside any recording."""
+    """The sink of a decorated object: the active recording, else a watch-only one.
 
-    def __init__(self, options: CaptureOptions) -> None:
+    ``only_when_idle``: return the watch-only sink only while no recording is
+    open, and None while one is (a decorated class's instances get their own
+    hooks in each recording, see :func:`_hook_instance`).
+    """
+
+    def __init__(self, options: CaptureOptions, *, only_when_idle: bool = False) -> None:
         self.options = options
+        self.only_when_idle = only_when_idle
         self._watch: Recording | None = None
 
-    def __call__(self) -> Recording:
+    def __call__(self) -> Recording | None:
         rec = active_recording()
         if rec is not None:
-            return rec
+            return None if self.only_when_idle else rec
         if self._watch is None:
             self._watch = Recording(None, self.options)
         return self._watch
+
+
+class _RecordingDecorations:
+    """What decorated classes hooked into one open recording, and the names they got."""
+
+    def __init__(self) -> None:
+        self.monitors: dict[int, tuple[nn.Module, Monitor]] = {}  # id(instance) -> hooks
+        self.counts: dict[str, int] = {}
+        self.names: set[str] = set()  # every module and function name recorded
+
+    def add(self, rec: Recording, module: nn.Module, options: CaptureOptions, name: str) -> None:
+        """Hook ``module`` into ``rec`` as ``name``; it and its submodules count as covered.
+
+        The hooks write only while ``rec`` is the innermost open recording, as
+        every decorated object does.
+        """
+        mon = Monitor(module, functools.partial(_if_innermost, rec), options, root_name=name)
+        rec.covered.update(id(m) for m in mon.names)
+        self.names.update(mon.names.values())
+        self.monitors[id(module)] = (module, mon)
+
+    def drop(self, rec: Recording, key: int) -> None:
+        """Remove the hooks of the instance ``key`` (its id) from ``rec``."""
+        _module, mon = self.monitors.pop(key)
+        mon.remove()
+        rec.covered.difference_update(id(m) for m in mon.names)
+
+    def name_for(self, module: nn.Module, explicit: str | None) -> str:
+        """``Class#i`` by first call in this recording; an explicit name bare, then ``name#i``."""
+        base = explicit or type(module).__name__
+        n = self.counts.get(base, 0)
+        self.counts[base] = n + 1
+        return base if explicit and n == 0 else f"{base}#{n}"
+
+
+def _if_innermost(rec: Recording) -> Recording | None:
+    return rec if _ACTIVE and _ACTIVE[-1] is rec else None
+
+
+#: per open recording: the instances of decorated classes recorded into it
+_IN_RECORDING: weakref.WeakKeyDictionary[Recording, _RecordingDecorations] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _decorations(rec: Recording) -> _RecordingDecorations:
+    state = _IN_RECORDING.get(rec)
+    if state is None:
+        state = _IN_RECORDING[rec] = _RecordingDecorations()
+    return state
+
+
+class _ClassDecoration:
+    """How a decorated class was changed (to undo it) and its watch-only hooks."""
+
+    def __init__(self, cls: type[nn.Module], opts: CaptureOptions, name: str | None) -> None:
+        self.cls = cls
+        self.options = opts
+        self.name = name
+        self.own_call = cls.__dict__.get("__call__")  # None: inherited, undo by deleting
+        self.watchers: weakref.WeakKeyDictionary[nn.Module, Monitor] = weakref.WeakKeyDictionary()
+
+
+_DECORATED_CLASSES: dict[type, _ClassDecoration] = {}
 
 
 def _attach(module: nn.Module, options: CaptureOptions, name: str) -> Monitor:
@@ -235,6 +362,63 @@ def _attach(module: nn.Module, options: CaptureOptions, name: str) -> Monitor:
         mon = Monitor(module, _WatchSinks(options), options, root_name=name, covers=False)
         _DECORATED[module] = mon
     return mon
+
+
+def _note_facts(recording: Recording, module: nn.Module) -> None:
+    """Give ``recording`` the device, dtype and model class it was opened without."""
+    first = next(itertools.chain(module.parameters(), module.buffers()), None)
+    recording.fill_facts(
+        device=first.device.type if first is not None else None,
+        dtype=_model_dtype(module),
+        model=type(module).__name__,
+    )
+
+
+def _hook_instance(module: nn.Module, deco: _ClassDecoration) -> None:
+    """Make sure the instance of a decorated class being called is recorded (or watched).
+
+    In an open recording each instance gets hooks of its own, named in that
+    recording: its path under an enclosing decorated or monitored root (which
+    then records it), else ``name=``, else ``Class#i`` by first call in the
+    recording, so two runs in one process give the same keys. The hooks go
+    when the recording closes. With no recording open, watch-only hooks look
+    for NaN/Inf.
+    """
+    rec = active_recording()
+    if rec is None:
+        if module not in deco.watchers:
+            deco.watchers[module] = Monitor(
+                module,
+                _WatchSinks(deco.options, only_when_idle=True),
+                deco.options,
+                root_name=deco.name or type(module).__name__,
+                covers=False,
+            )
+        return
+    state = _decorations(rec)
+    if id(module) in state.monitors or id(module) in rec.covered:
+        return
+    if rec.missing_facts:
+        _note_facts(rec, module)
+    # instances called on their own before, now inside this one, are recorded
+    # under their path here from now on, not twice
+    inside = {id(m) for m in module.modules()}
+    for key in [k for k in state.monitors if k in inside]:
+        state.drop(rec, key)
+    options = effective_options(rec.options, deco.options)
+    state.add(rec, module, options, state.name_for(module, deco.name))
+
+
+def effective_options(recording: CaptureOptions, decorator: CaptureOptions) -> CaptureOptions:
+    """The options a decorated object records with: the recording's, except those the
+    decorator set explicitly.
+
+    ``record(out, tensors=True)`` then saves the tensors of a bare
+    ``@precision_monitor`` class (what the manifest's ``options`` say), while
+    ``@precision_monitor(on_nonfinite="raise")`` keeps raising in any recording.
+    """
+    explicit = {name: getattr(decorator, name) for name in decorator.model_fields_set}
+    return recording.model_copy(update=explicit) if explicit else recording
 
 
 @overload
@@ -254,11 +438,16 @@ def precision_monitor(obj: Any = None, *, name: str | None = None, **options: An
     watch for NaN/Inf and log the origin.
 
     - On an ``nn.Module`` subclass: every instance is instrumented at its
-      first call; instances are named ``ClassName#i`` in creation order.
+      first call in each recording. Its records are named by its path under an
+      enclosing decorated or monitored module when there is one, else by
+      ``name`` (then ``name#1``, ... for further instances), else
+      ``ClassName#i`` in order of first call *in that recording* — so two
+      recordings made in one process line up. :func:`unmonitor` on the class
+      undoes the decoration.
     - On an instance: instrumented now, named ``name`` (default ``root``);
       :func:`unmonitor` removes the hooks.
     - On a function: its tensor arguments and results are recorded as a
-      pseudo-module named after the function.
+      pseudo-module named after the function (or ``name``).
 
     >>> @precguard.precision_monitor(on_nonfinite="raise")   # doctest: +SKIP
     ... class MyAttention(nn.Module): ...
@@ -271,9 +460,11 @@ def precision_monitor(obj: Any = None, *, name: str | None = None, **options: An
 
 def _decorate(obj: Any, *, opts: CaptureOptions, name: str | None) -> Any:
     if isinstance(obj, type) and issubclass(obj, nn.Module):
-        return _decorate_class(obj, opts)
+        return _decorate_class(obj, opts, name)
     if isinstance(obj, nn.Module):
         _attach(obj, opts, name or "root")
+        if obj not in _FACT_HOOKS:
+            _FACT_HOOKS[obj] = obj.register_forward_pre_hook(_fill_facts_hook)
         return obj
     if callable(obj):
         return _decorate_function(obj, opts, name)
@@ -283,23 +474,62 @@ def _decorate(obj: Any, *, opts: CaptureOptions, name: str | None) -> Any:
     )
 
 
-def _decorate_class(cls: type[nn.Module], opts: CaptureOptions) -> type[nn.Module]:
-    original_call = cls.__call__
-    counter = _INSTANCE_COUNTERS.setdefault(cls, itertools.count())
-    instance_names: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+#: decorated instances -> the pre-hook that tells an open recording the model's facts
+_FACT_HOOKS: weakref.WeakKeyDictionary[nn.Module, Any] = weakref.WeakKeyDictionary()
 
-    @functools.wraps(original_call)
+
+def _fill_facts_hook(module: nn.Module, args: Any) -> None:
+    rec = active_recording()
+    if rec is not None and rec.missing_facts:
+        try:
+            _note_facts(rec, module)
+        except Exception as exc:
+            logger.error("hook_failed", module=type(module).__name__, hook="facts", error=str(exc))
+
+
+def _decorate_class(
+    cls: type[nn.Module], opts: CaptureOptions, name: str | None
+) -> type[nn.Module]:
+    if cls in _DECORATED_CLASSES:
+        return cls
+    deco = _ClassDecoration(cls, opts, name)
+    inherited_call = cls.__call__
+
+    @functools.wraps(inherited_call)
     def __call__(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        # Attach at the first call, when every submodule exists (also those a
-        # subclass adds after our __init__ ran).
+        # Hooks go on at the call, when every submodule exists (also those a
+        # subclass adds after our __init__ ran). An instance decorated on its
+        # own keeps its own hooks and name.
         if self not in _DECORATED:
-            if self not in instance_names:
-                instance_names[self] = f"{type(self).__name__}#{next(counter)}"
-            _attach(self, opts, instance_names[self])
-        return original_call(self, *args, **kwargs)
+            try:
+                _hook_instance(self, deco)
+            except Exception as exc:
+                logger.error(
+                    "hook_failed", module=type(self).__name__, hook="attach", error=str(exc)
+                )
+        return inherited_call(self, *args, **kwargs)
 
     cls.__call__ = __call__  # type: ignore[method-assign]
+    _DECORATED_CLASSES[cls] = deco
     return cls
+
+
+def _undecorate_class(cls: type) -> bool:
+    deco = _DECORATED_CLASSES.pop(cls, None)
+    if deco is None:
+        return False
+    if deco.own_call is None:
+        del cls.__call__
+    else:
+        cls.__call__ = deco.own_call  # type: ignore[method-assign]
+    for mon in list(deco.watchers.values()):
+        mon.remove()
+    deco.watchers.clear()
+    for rec, state in list(_IN_RECORDING.items()):
+        for key, (module, _mon) in list(state.monitors.items()):
+            if isinstance(module, cls):
+                state.drop(rec, key)
+    return True
 
 
 def _decorate_function(
@@ -307,13 +537,30 @@ def _decorate_function(
 ) -> Callable[..., Any]:
     label = name or getattr(fn, "__qualname__", getattr(fn, "__name__", "function"))
     sinks = _WatchSinks(opts)
-    save = opts.saves(label)
+    # per sink: (save full tensors?, on_nonfinite) under that recording's options
+    policies: weakref.WeakKeyDictionary[Recording, tuple[bool, OnNonFinite]] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    def policy(sink: Recording) -> tuple[bool, OnNonFinite]:
+        found = policies.get(sink)
+        if found is None:
+            eff = effective_options(sink.options, opts)
+            found = policies[sink] = (eff.saves(label), eff.on_nonfinite)
+            if sink.writer is not None:
+                _decorations(sink).names.add(label)
+        return found
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         sink = sinks()
+        if sink is None:  # not with these sinks; keeps the type checker honest
+            return fn(*args, **kwargs)
         try:
             items = named_tensors(args, "args") + named_tensors(kwargs, "kwargs")
+            if sink.missing_facts - {"model"}:
+                _note_tensor_facts(sink, items)
+            save, on_nonfinite = policy(sink)
             frame = sink.enter(
                 wrapper,
                 label,
@@ -321,7 +568,7 @@ def _decorate_function(
                 items,
                 root=False,
                 save=save,
-                on_nonfinite=opts.on_nonfinite,
+                on_nonfinite=on_nonfinite,
             )
         except Exception as exc:
             logger.error("hook_failed", module=label, hook="function_pre", error=str(exc))
@@ -340,9 +587,28 @@ def _decorate_function(
     return wrapper
 
 
-def unmonitor(module: nn.Module) -> bool:
-    """Remove hooks added by :func:`precision_monitor` from ``module``; True if there were any."""
-    mon = _DECORATED.pop(module, None)
+def _note_tensor_facts(recording: Recording, items: list[tuple[str, Any]]) -> None:
+    """Device and dtype of a decorated function's first floating-point argument."""
+    for _name, t in items:
+        if t.is_floating_point():
+            recording.fill_facts(
+                device=t.device.type, dtype=str(t.dtype).removeprefix("torch."), model=None
+            )
+            return
+
+
+def unmonitor(obj: nn.Module | type[nn.Module]) -> bool:
+    """Undo :func:`precision_monitor`; True if there was something to undo.
+
+    On an instance: remove its hooks. On a decorated class: restore the class
+    as it was and remove the hooks of its instances.
+    """
+    if isinstance(obj, type):
+        return _undecorate_class(obj)
+    fact_hook = _FACT_HOOKS.pop(obj, None)
+    if fact_hook is not None:
+        fact_hook.remove()
+    mon = _DECORATED.pop(obj, None)
     if mon is None:
         return False
     mon.remove()

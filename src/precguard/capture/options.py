@@ -49,7 +49,11 @@ class CaptureOptions(BaseModel):
         """
         if isinstance(self.tensors, bool):
             return self.tensors
-        return any(
-            fnmatch.fnmatchcase(module_name, pat) or fnmatch.fnmatchcase(module_name + ".", pat)
-            for pat in self.tensors
+        return any(self.saves_pattern(module_name, pat) for pat in self.tensors)
+
+    @staticmethod
+    def saves_pattern(module_name: str, pattern: str) -> bool:
+        """Return True if the glob ``pattern`` selects ``module_name`` (see :meth:`saves`)."""
+        return fnmatch.fnmatchcase(module_name, pattern) or fnmatch.fnmatchcase(
+            module_name + ".", pattern
         )

@@ -64,6 +64,21 @@ def _autocast_dtype(t: torch.Tensor) -> str | None:
         return None
 
 
+def environment_fingerprint(device: str) -> dict[str, Any]:
+    """The plugins' environment fingerprint of ``device`` for a manifest ({} if one fails).
+
+    A recording is worth keeping even when a plugin cannot describe its
+    device, so a failure is logged rather than raised.
+    """
+    from precguard import plugins
+
+    try:
+        return plugins.fingerprint(device)
+    except Exception as exc:
+        logger.warning("fingerprint_failed", device=device, error=f"{type(exc).__name__}: {exc}")
+        return {}
+
+
 class CallFrame:
     """One module (or decorated function) call between its inputs and its outputs."""
 
@@ -130,6 +145,12 @@ class Recording:
             )
             if compute_dtype is not None:
                 self.writer.update_manifest(compute_dtype=compute_dtype)
+        # manifest facts not known when the recording opened (record(): the
+        # device, dtype and model come with the first decorated module called)
+        self.missing_facts: set[str] = set()
+        if self.writer is not None:
+            given = {"device": device, "dtype": dtype, "model": model, "fingerprint": fingerprint}
+            self.missing_facts = {k for k, v in given.items() if v is None}
         self.step_index = 0
         self.closed = False
         self.covered: set[int] = set()  # ids of modules hooked by monitor() into this sink
@@ -146,6 +167,30 @@ class Recording:
         self._origin_seen: set[str] = set()  # phases whose origin this step was found
         self._nonfinite_acted = False
         self.steps_seen = 0
+
+    def fill_facts(self, *, device: str | None, dtype: str | None, model: str | None) -> None:
+        """Fill the manifest facts the recording was opened without, once.
+
+        ``record()`` opens before any model runs; the first decorated module or
+        function called in it tells the device, the model dtype and the model's
+        class, and the environment fingerprint follows from the device.
+        """
+        if not self.missing_facts or self.writer is None:
+            return
+        missing, self.missing_facts = self.missing_facts, set()
+        facts: dict[str, Any] = {}
+        if "device" in missing and device is not None:
+            facts["device"] = device
+        if "dtype" in missing and dtype is not None:
+            facts["dtype"] = dtype
+        if "model" in missing and model is not None:
+            facts["model"] = model
+        if "fingerprint" in missing:
+            facts["fingerprint"] = environment_fingerprint(
+                facts.get("device", self.writer.manifest.device)
+            )
+        if facts:
+            self.writer.update_manifest(**facts)
 
     # -- steps and calls ---------------------------------------------------------------
 
@@ -405,8 +450,12 @@ class Recording:
                 rec["tensor"] = {"file": file, "name": rec["key"]}
         self.writer.write_records(records)
 
-    def close(self) -> None:
-        """Flush what is left and close the files. Idempotent."""
+    def close(self, error: BaseException | None = None) -> None:
+        """Flush what is left and close the files. Idempotent.
+
+        ``error`` is the exception that ended the run's body, if it raised: the
+        manifest then says ``complete: false`` and names the exception.
+        """
         if self.closed:
             return
         try:
@@ -414,4 +463,4 @@ class Recording:
         finally:
             self.closed = True
             if self.writer is not None:
-                self.writer.close(steps=self.steps_seen)
+                self.writer.close(steps=self.steps_seen, error=error)

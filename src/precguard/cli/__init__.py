@@ -2,7 +2,8 @@
 
 Exit codes everywhere: 0 match / all checks pass, 1 divergence or a failed
 check, 2 unusable input or usage (one line on stderr; ``--debug`` shows the
-traceback).
+traceback), 3 not enough evidence (``compare``: a match that covers only part of
+the recordings, see ``compare/coverage.py``).
 """
 
 from __future__ import annotations
@@ -49,11 +50,12 @@ def main(argv: list[str] | None = None) -> None:
         print("precguard: interrupted", file=sys.stderr)
         sys.exit(130)
     except Exception as exc:
-        if debug or state.debug:
+        debugging = debug or state.debug
+        if debugging:
             traceback.print_exc()
+        hint = "" if debugging else " (rerun with --debug for the traceback)"
         print(
-            f"precguard: internal error: {type(exc).__name__}: {shown(exc, ERROR_LIMIT)} "
-            "(rerun with --debug for the traceback)",
+            f"precguard: internal error: {type(exc).__name__}: {shown(exc, ERROR_LIMIT)}{hint}",
             file=sys.stderr,
         )
         sys.exit(2)

@@ -21,7 +21,8 @@ app = typer.Typer(
     name="precguard",
     help="Find where and why a model computes different numbers on one backend than on "
     "a trusted reference.\n\nExit codes: 0 match / checks pass, 1 divergence or failed "
-    "check, 2 unusable input.",
+    "check, 2 unusable input, 3 not enough evidence (compare: a match covering only part of "
+    "the recordings).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -61,8 +62,30 @@ def configure_logging(level: str) -> None:
     root.propagate = False
 
 
+def _print_version(value: bool) -> None:
+    if not value:
+        return
+    from importlib.metadata import version
+
+    from precguard import __version__
+
+    try:
+        torch_version = version("torch")
+    except Exception:  # torch's metadata missing: say so rather than import it
+        torch_version = "not installed"
+    typer.echo(f"precguard {__version__} (torch {torch_version})")
+    raise typer.Exit()
+
+
 @app.callback()
 def _main(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="Print precguard's version (and torch's) and exit.",
+    ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
     log_level: str = typer.Option(
         "warning", "--log-level", help="Log level on stderr: debug, info, warning, error."

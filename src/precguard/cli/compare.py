@@ -28,7 +28,12 @@ that fail only passed the error on (propagated). [bold]suspects[/bold] lists eve
 that made error of its own. Pairs compared on statistics only (no full tensors) are a
 weaker test: the verdict says "likely" and prints the --tensors glob that settles it.
 
-Exit 2: unusable input (missing or corrupt recording, different models), one line on stderr.
+[yellow]partial match[/yellow] (exit 3): what was compared matches, but part of the recordings
+was not compared: steps or phases (backward) only one side recorded, or a run that did not
+finish (it raised, or was killed). The gaps are printed first. --allow-partial makes it exit 0.
+
+Exit 2: unusable input (missing or corrupt recording, different models, a recording compared
+with itself), one line on stderr.
 
 Profiles: default (rel-L2 <= k x assert_close rtol, cosine >= 0.99), strict (every element
 as torch.testing.assert_close), msprobe (Ascend msprobe's lax verdict). See docs/compare.md.
@@ -81,6 +86,12 @@ def compare(
         help="With --replay: the target whose code ran on the actual's side (never taken "
         "from a recording implicitly).",
     ),
+    allow_partial: bool = typer.Option(
+        False,
+        "--allow-partial",
+        help="Exit 0 on a match that covers only part of the recordings (steps or phases "
+        "one side lacks, an unfinished run); the gaps are still printed.",
+    ),
 ) -> None:
     import sys
 
@@ -103,8 +114,12 @@ def compare(
     if target is not None and not replay:
         raise UsageError("--target is used only with --replay")
     stderr = Console(stderr=True)
-    with Progress(console=stderr, transient=True, disable=not sys.stderr.isatty()) as bar:
-        task = bar.add_task(f"comparing {actual} with {golden}", total=None)
+    tty = sys.stderr.isatty()
+    with Progress(console=stderr, transient=True, disable=not tty) as bar:
+        task = bar.add_task(
+            f"comparing {actual} with {golden}",
+            total=_steps_to_compare(golden, rank, step) if tty else None,
+        )
         result = run_compare(
             golden,
             actual,
@@ -136,6 +151,12 @@ def compare(
             render_replays(result, console)
     if result.verdict != "match":
         raise typer.Exit(1)
+    if result.coverage is not None and not result.coverage.complete and not allow_partial:
+        raise typer.Exit(PARTIAL_EXIT_CODE)
+
+
+#: a match that covers only part of the recordings (see compare/coverage.py)
+PARTIAL_EXIT_CODE = 3
 
 
 @app.command()
@@ -185,6 +206,28 @@ def replay(
     render_replay(result, Console())
     if result.verdict != "match":
         raise typer.Exit(1)
+
+
+def _steps_to_compare(golden: Path, rank: int | None, step: int | None) -> int | None:
+    """How many (rank, step) pairs the golden holds in scope: the progress bar's total.
+
+    None (an open-ended bar) when the golden cannot be read here; compare
+    itself then says why.
+    """
+    from precguard.compare.coverage import last_step
+    from precguard.dump.reader import load_run
+    from precguard.errors import PrecguardError
+
+    try:
+        run = load_run(golden)
+    except PrecguardError:
+        return None
+    total = 0
+    for r in run.ranks if rank is None else [rank]:
+        last = last_step(run, r)
+        if last is not None:
+            total += 1 if step is not None else last + 1
+    return total or None
 
 
 def _write(path: Path, payload: str) -> None:

@@ -12,8 +12,13 @@ from precguard.cli._app import app
 
 @app.command()
 def record(
-    target: str = typer.Option(
-        "tiny-llama", "--target", "-t", help="Built-in name, path/file.py[:fn] or pkg.mod[:fn]."
+    target: str | None = typer.Option(
+        None,
+        "--target",
+        "-t",
+        help="What to record (required): a built-in name (tiny-llama), path/file.py[:fn] or "
+        "pkg.mod[:fn].",
+        show_default=False,
     ),
     device: str = typer.Option("cpu", "--device", "-d", help="cpu, cuda[:N], npu, emu:PROFILE…"),
     dtype: str | None = typer.Option(
@@ -35,6 +40,18 @@ def record(
     from rich.progress import Progress
 
     from precguard.runner import record_target
+
+    if target is None:
+        from precguard.errors import UsageError
+        from precguard.target import BUILTIN_TARGETS
+
+        # no default: a recording of the wrong model compares as "different models"
+        # much later; say what to pass now
+        raise UsageError(
+            "record needs --target: a built-in name ("
+            + ", ".join(BUILTIN_TARGETS)
+            + "), path/file.py[:function] or package.module[:function]"
+        )
 
     save: bool | list[str] = True if tensors == ["*"] else list(tensors)
     console = Console(stderr=True)

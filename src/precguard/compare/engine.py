@@ -15,6 +15,7 @@ from typing import Any
 
 from precguard._logging import get_logger
 from precguard.compare.align import WRAPPER_TYPES, Renamer, align, closest_unmatched
+from precguard.compare.coverage import CoverageTracker, ensure_distinct, incomplete_note
 from precguard.compare.divergence import (
     Candidate,
     Classification,
@@ -112,9 +113,11 @@ def compare(
             f"(float32, bfloat16, float16, float64), got {tolerance_dtype!r}"
         )
     computes = (g_run.manifest.compute_dtype, a_run.manifest.compute_dtype)
+    ensure_distinct(g_run, a_run)
     renamer = Renamer.from_strings(rename)
     warnings = _check_models(g_run, a_run, renamed=bool(rename))
     ranks = _ranks(g_run, a_run, rank, warnings)
+    coverage = CoverageTracker(g_run, a_run, rank=rank, step=step)
     results: list[RecordResult] = []
     golden_only: list[str] = []
     actual_only: list[str] = []
@@ -126,6 +129,7 @@ def compare(
         for r in ranks:
             for s, g_recs, a_recs in _paired_steps(g_run, a_run, r, step, warnings):
                 steps_seen += 1
+                g_recs, a_recs = coverage.pair(r, s, g_recs, a_recs)
                 step_results = _compare_step(
                     g_recs, a_recs, g_store, a_store, prof, tolerance_dtype, computes, renamer
                 )
@@ -149,6 +153,7 @@ def compare(
     if steps_seen == 0:
         raise IncomparableRunsError(
             f"{g_run.path} and {a_run.path} share no step of any rank: nothing to compare"
+            + incomplete_note(g_run, a_run)
         )
     counts = _counts(results)
     matched = len(results) - counts.missing
@@ -159,7 +164,9 @@ def compare(
         raise IncomparableRunsError(
             f"{a_run.path} does not look like a recording of the same model as {g_run.path}: "
             f"only {matched} records align, {len(golden_only)} are only in golden and "
-            f"{len(actual_only)} only in actual" + _closest(golden_only, actual_only)
+            f"{len(actual_only)} only in actual"
+            + _closest(golden_only, actual_only)
+            + incomplete_note(g_run, a_run)
         )
     first = min(firsts, key=lambda c: c.order) if firsts else None
     if golden_only or actual_only:
@@ -186,6 +193,7 @@ def compare(
         unmatched=Unmatched(golden_only=golden_only, actual_only=actual_only),
         fingerprint_diff=fingerprint_diff(g_run.manifest.fingerprint, a_run.manifest.fingerprint),
         warnings=warnings,
+        coverage=coverage.result(),
     )
 
 
@@ -251,10 +259,7 @@ def _check_models(g_run: Run, a_run: Run, *, renamed: bool = False) -> list[str]
             f"{a_run.path / 'manifest.json'}: recording of model {shown(repr(am.model))}, but "
             f"golden {g_run.path} recorded {shown(repr(gm.model))}"
         )
-    for run in (g_run, a_run):
-        if not run.manifest.complete:
-            warnings.append(f"{run.path}: recording did not close cleanly (killed?)")
-    return warnings
+    return warnings  # an incomplete run is told first by the coverage (coverage.py)
 
 
 def _ranks(g_run: Run, a_run: Run, rank: int | None, warnings: list[str]) -> list[int]:

@@ -9,6 +9,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from precguard.compare.coverage import headline, print_gaps
 from precguard.compare.report import Comparison, Metrics, RecordResult
 from precguard.text import shown
 
@@ -79,13 +80,12 @@ def judged_precision(result: Comparison) -> str | None:
 
 def render(result: Comparison, console: Console, *, top: int = 10) -> None:
     """Print the verdict, the first divergence, suspects, the top-N records and counts."""
+    print_gaps(result.coverage, console)  # what was not compared comes first
+    head = headline(result.verdict, result.coverage)
     if result.verdict == "match":
-        head = Text("MATCH", style="bold green")
         within = judged_precision(result)
         if within is not None:
-            head.append(f" (matches within {within} precision)", style="green")
-    else:
-        head = Text("DIVERGED", style="bold red")
+            head.append(f" (matches within {within} precision)", style=head.style)
     g_dev, a_dev = [*result.devices, "?", "?"][:2]
     g_dt, a_dt = [*result.dtypes, None, None][:2]
     head.append(

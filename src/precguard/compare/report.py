@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from precguard.compare.coverage import Coverage
+
 COMPARISON_SCHEMA_VERSION = 1
 
 _FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
@@ -310,6 +312,11 @@ class Comparison(BaseModel):
         default_factory=list,
         description="With compare --replay: the failing modules re-run alone on the "
         "actual's device, inferred beside measured local error.",
+    )
+    coverage: Coverage | None = Field(
+        default=None,
+        description="What was compared: steps, phases, whether both runs finished; "
+        "'complete' false means the verdict covers only part of the recordings.",
     )
 
     @property

@@ -107,6 +107,15 @@ class Record(BaseModel):
     )
 
 
+class RunError(BaseModel):
+    """The exception that ended a run whose body raised (the recording is incomplete)."""
+
+    model_config = _FROZEN
+
+    type: str = Field(description="Exception class name, e.g. 'RuntimeError'.")
+    message: str = Field(default="", description="The exception's message (first 500 chars).")
+
+
 class Manifest(BaseModel):
     """Run-level metadata, written at start and rewritten when the run closes."""
 
@@ -132,7 +141,19 @@ class Manifest(BaseModel):
     )
     world_size: int = Field(default=1, description="Number of ranks.")
     created: str = Field(description="ISO 8601 time the run started.")
-    complete: bool = Field(default=False, description="True once the run closed cleanly.")
+    run_id: str = Field(
+        default="",
+        description="Random id given when the recording is created; a copy of the "
+        "directory keeps it, so compare can tell a recording compared with itself.",
+    )
+    complete: bool = Field(
+        default=False,
+        description="True once the run closed cleanly; false while it runs, when it was "
+        "killed, and when its body raised (then 'error' says what).",
+    )
+    error: RunError | None = Field(
+        default=None, description="The exception that ended the run, when its body raised."
+    )
     steps: int | None = Field(default=None, description="Steps recorded, once complete.")
 
 

@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 import tempfile
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from pydantic import ValidationError
 from safetensors.torch import save_file
 
 from precguard._logging import get_logger
-from precguard.dump.schema import SCHEMA_VERSION, Manifest
+from precguard.dump.schema import SCHEMA_VERSION, Manifest, RunError
 from precguard.errors import DumpFormatError, OutputExistsError, UsageError
 from precguard.text import shown
 
@@ -166,6 +167,7 @@ class RunWriter:
             fingerprint=fingerprint or {},
             world_size=world_size,
             created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            run_id=uuid.uuid4().hex,
         )
         if rank == 0:
             self._write_manifest()
@@ -206,9 +208,18 @@ class RunWriter:
             self._records.write("\n".join(lines) + "\n")
             self._records.flush()
 
-    def close(self, *, steps: int | None = None) -> None:
-        """Flush and close; mark the manifest complete (rank 0)."""
+    def close(self, *, steps: int | None = None, error: BaseException | None = None) -> None:
+        """Flush and close the records; mark the manifest complete (rank 0).
+
+        With ``error`` (the exception the run's body raised) the manifest says
+        ``complete: false`` and names it: what was recorded is kept, but it is
+        not the whole run.
+        """
         if self._records.closed:
             return
         self._records.close()
-        self.update_manifest(complete=True, steps=steps)
+        if error is None:
+            self.update_manifest(complete=True, steps=steps)
+        else:
+            failure = RunError(type=type(error).__name__, message=str(error)[:500])
+            self.update_manifest(complete=False, steps=steps, error=failure)

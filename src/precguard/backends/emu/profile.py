@@ -171,8 +171,11 @@ def load_profile(spec: str) -> tuple[EmuProfile, str, str]:
     else:
         resource = resources.files("precguard.backends.emu") / "profiles" / f"{spec}.toml"
         if not resource.is_file():
+            from precguard.suggest import did_you_mean
+
             raise EmuProfileError(
-                f"unknown emu profile {spec!r}; built-in profiles: "
+                f"unknown emu profile {spec!r}{did_you_mean(spec, builtin_profiles())}; "
+                "built-in profiles: "
                 f"{', '.join(builtin_profiles())}, or pass a file: emu:/path/to/profile.toml"
             )
         data = resource.read_bytes()

@@ -1,0 +1,289 @@
+"""What a comparison actually compared: steps, phases, ranks, and whether both runs finished.
+
+A comparison can only vouch for the records it paired. Compare a five-step
+training golden with a one-step eval run and the steps 1-4 and the whole
+backward pass were never looked at; compare a run that raised after one step
+and the rest of it does not exist; compare a recording with itself and nothing
+was measured at all. This module keeps the account, so the verdict says so
+first instead of printing a bare MATCH:
+
+* the same recording on both sides (same directory, or a copy: same
+  ``run_id``) is refused as unusable input (:class:`SameRecordingError`);
+* a run that did not finish (``complete: false``: it raised, or it was
+  killed) is named at the top, with the exception;
+* steps, phases (forward/backward) and ranks that only one side recorded
+  are excluded from pairing (a backward pass present on one side only is a
+  difference in what was run, not in the numbers) and counted.
+
+When any of that leaves part of the recordings uncompared, the coverage is
+*partial*: ``precguard compare`` prints PARTIAL MATCH instead of MATCH and
+exits 3, unless ``--allow-partial`` says the narrower comparison was meant.
+A divergence found in what was compared is still a divergence (exit 1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+from rich.console import Console
+from rich.text import Text
+
+from precguard.dump.reader import Run
+from precguard.dump.schema import Record
+from precguard.errors import PrecguardError
+
+_FROZEN = ConfigDict(frozen=True)
+
+#: bytes read from the end of a records file to find its last step
+_TAIL_BYTES = 1 << 16
+
+
+class SameRecordingError(PrecguardError):
+    """Golden and actual are one recording (the same directory, or a copy of it)."""
+
+
+class RunState(BaseModel):
+    """How one side's recording ended, when it did not finish cleanly."""
+
+    model_config = _FROZEN
+
+    side: str = Field(description="'golden' or 'actual'.")
+    path: str = Field(description="The recording directory.")
+    error: str | None = Field(
+        default=None,
+        description="'Type: message' of the exception that ended the run; None when it "
+        "was killed (or is still running).",
+    )
+    steps: int | None = Field(default=None, description="Steps it recorded, if known.")
+
+    def describe(self) -> str:
+        """One line: which side, and how it ended."""
+        where = f"{self.side} {self.path}"
+        if self.error is not None:
+            after = (
+                f" ({self.steps} step(s) recorded, the last possibly cut short)"
+                if self.steps is not None
+                else ""
+            )
+            return f"{where} is incomplete: the run raised {self.error}{after}"
+        return f"{where} is incomplete: the run did not close (killed, or still running)"
+
+
+class Coverage(BaseModel):
+    """What part of the two recordings the comparison paired, and what it left out."""
+
+    model_config = _FROZEN
+
+    complete: bool = Field(
+        description="True when both runs finished and every step, phase and rank either "
+        "side recorded (within --rank/--step) was compared."
+    )
+    steps_compared: int = Field(description="(rank, step) pairs compared.")
+    golden_steps: int = Field(description="(rank, step) pairs the golden holds in scope.")
+    actual_steps: int = Field(description="(rank, step) pairs the actual holds in scope.")
+    phases_compared: list[str] = Field(
+        default_factory=list, description="Phases paired in at least one step."
+    )
+    phases_only_in_golden: list[str] = Field(
+        default_factory=list, description="Phases the golden recorded that actual did not."
+    )
+    phases_only_in_actual: list[str] = Field(
+        default_factory=list, description="Phases the actual recorded that golden did not."
+    )
+    incomplete_runs: list[RunState] = Field(
+        default_factory=list, description="Sides whose run did not finish."
+    )
+    gaps: list[str] = Field(
+        default_factory=list,
+        description="One line per thing not compared, most important first (shown at the "
+        "top of the terminal report).",
+    )
+
+
+def ensure_distinct(golden: Run, actual: Run) -> None:
+    """Refuse to compare a recording with itself: it would MATCH and prove nothing.
+
+    :raises SameRecordingError: same directory, or the same ``run_id`` (a copy).
+    """
+    same_dir = _samefile(golden.path, actual.path)
+    g_id, a_id = golden.manifest.run_id, actual.manifest.run_id
+    if same_dir or (g_id and g_id == a_id and _same_records(golden, actual)):
+        how = "the same directory" if same_dir else f"a copy of it: run_id {g_id}"
+        raise SameRecordingError(
+            f"{actual.path} is the same recording as golden {golden.path} ({how}): comparing "
+            "a recording with itself measures nothing; record the run under test separately"
+        )
+
+
+def _same_records(golden: Run, actual: Run) -> bool:
+    """True when every rank's records file is byte-identical on both sides.
+
+    A copy whose records were since replaced (a test that plants one rank's
+    fault into a copied golden) is a different recording.
+    """
+    if golden.ranks != actual.ranks:
+        return False
+    files = [(golden.path / f"rank{r}", actual.path / f"rank{r}") for r in golden.ranks]
+    pairs = [(g / "records.jsonl", a / "records.jsonl") for g, a in files]
+    if any(g.stat().st_size != a.stat().st_size for g, a in pairs):
+        return False
+    return all(_digest(g) == _digest(a) for g, a in pairs)
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _samefile(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def run_states(golden: Run, actual: Run) -> list[RunState]:
+    """The sides whose recording did not finish cleanly (``complete: false``)."""
+    states = []
+    for side, run in (("golden", golden), ("actual", actual)):
+        m = run.manifest
+        if m.complete:
+            continue
+        error = None
+        if m.error is not None:
+            error = f"{m.error.type}: {m.error.message}" if m.error.message else m.error.type
+        states.append(RunState(side=side, path=str(run.path), error=error, steps=m.steps))
+    return states
+
+
+def incomplete_note(golden: Run, actual: Run) -> str:
+    """``"; <side> is incomplete: ..."`` for error messages, or ``""``."""
+    return "".join(f"; {s.describe()}" for s in run_states(golden, actual))
+
+
+def last_step(run: Run, rank: int) -> int | None:
+    """The step of the last readable record of ``rank`` (None when it has none).
+
+    Records are written in step order, so the last line tells how many steps
+    the rank recorded without reading the whole file; a line cut short by a
+    kill is skipped.
+    """
+    path = run.path / f"rank{rank}" / "records.jsonl"
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - _TAIL_BYTES))
+            tail = fh.read()
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(step, int):
+            return step
+    return None
+
+
+class CoverageTracker:
+    """Keeps the account while :func:`precguard.compare.compare` walks the steps.
+
+    Call :meth:`pair` with each step both sides recorded (it returns the
+    records to align: those of the phases both sides have in that step), then
+    :meth:`result` once at the end.
+    """
+
+    def __init__(self, golden: Run, actual: Run, *, rank: int | None, step: int | None) -> None:
+        self.golden = golden
+        self.actual = actual
+        self.rank = rank
+        self.step = step
+        self.compared: set[tuple[int, int]] = set()
+        self.phases: set[str] = set()
+        self.only_golden: set[str] = set()
+        self.only_actual: set[str] = set()
+
+    def pair(
+        self, rank: int, step: int, g_recs: list[Record], a_recs: list[Record]
+    ) -> tuple[list[Record], list[Record]]:
+        """Note that (rank, step) is compared; keep only the phases both sides recorded."""
+        self.compared.add((rank, step))
+        g_phases = {r.phase for r in g_recs}
+        a_phases = {r.phase for r in a_recs}
+        common = g_phases & a_phases
+        self.phases |= common
+        if g_phases == a_phases:
+            return g_recs, a_recs
+        self.only_golden |= g_phases - a_phases
+        self.only_actual |= a_phases - g_phases
+        return [r for r in g_recs if r.phase in common], [r for r in a_recs if r.phase in common]
+
+    def _steps_in_scope(self, run: Run) -> set[tuple[int, int]]:
+        ranks = run.ranks if self.rank is None else [r for r in run.ranks if r == self.rank]
+        held: set[tuple[int, int]] = set()
+        for r in ranks:
+            last = last_step(run, r)
+            if last is None:
+                continue
+            if self.step is None:
+                held |= {(r, s) for s in range(last + 1)}
+            elif self.step <= last:
+                held.add((r, self.step))
+        return held
+
+    def result(self) -> Coverage:
+        """The coverage of the comparison just made."""
+        g_held = self._steps_in_scope(self.golden)
+        a_held = self._steps_in_scope(self.actual)
+        states = run_states(self.golden, self.actual)
+        gaps = [s.describe() for s in states]
+        union = g_held | a_held
+        if self.compared != union:
+            ranks = " (steps of all ranks)" if len({r for r, _ in union}) > 1 else ""
+            gaps.append(
+                f"{len(union - self.compared)} of {len(union)} steps{ranks}: golden holds "
+                f"{len(g_held)}, actual {len(a_held)}, {len(self.compared)} compared"
+            )
+        for side, phases in (("golden", self.only_golden), ("actual", self.only_actual)):
+            if phases:
+                gaps.append(
+                    f"the {' and '.join(sorted(phases))} pass, recorded only in {side} "
+                    "(record both runs the same way, e.g. both with --train)"
+                )
+        return Coverage(
+            complete=not gaps,
+            steps_compared=len(self.compared),
+            golden_steps=len(g_held),
+            actual_steps=len(a_held),
+            phases_compared=sorted(self.phases),
+            phases_only_in_golden=sorted(self.only_golden),
+            phases_only_in_actual=sorted(self.only_actual),
+            incomplete_runs=states,
+            gaps=gaps,
+        )
+
+
+def headline(verdict: str, coverage: Coverage | None) -> Text:
+    """MATCH / DIVERGED, or PARTIAL MATCH when a match covers only part of the recordings."""
+    if verdict != "match":
+        return Text("DIVERGED", style="bold red")
+    if coverage is not None and not coverage.complete:
+        return Text("PARTIAL MATCH", style="bold yellow")
+    return Text("MATCH", style="bold green")
+
+
+def print_gaps(coverage: Coverage | None, console: Console) -> None:
+    """Print what was not compared, before anything else in the report."""
+    if coverage is None or coverage.complete:
+        return
+    for gap in coverage.gaps:
+        console.print(Text.assemble(("not compared: ", "bold yellow"), gap))
