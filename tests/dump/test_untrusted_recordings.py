@@ -427,7 +427,7 @@ def test_overwrite_refuses_a_directory_that_is_not_a_recording(tmp_path: Path, c
     (out / "rank_list.csv").write_text("a,b\n")
     before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
 
-    code, _, err = cli(["record", "--out", str(out), "--overwrite"], capsys)
+    code, _, err = cli(["record", "-t", "tiny-llama", "--out", str(out), "--overwrite"], capsys)
 
     assert "not a precguard recording" in refused(code, err)
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
@@ -441,7 +441,7 @@ def test_overwrite_never_follows_a_symlinked_rank_folder(pair, tmp_path: Path, c
     shutil.rmtree(out / "rank0")
     (out / "rank0").symlink_to(precious)
 
-    code, _, err = cli(["record", "--out", str(out), "--overwrite"], capsys)
+    code, _, err = cli(["record", "-t", "tiny-llama", "--out", str(out), "--overwrite"], capsys)
 
     assert "symbolic link" in refused(code, err)
     assert (precious / "data.bin").read_text() == "keep me"
@@ -455,7 +455,7 @@ def test_overwrite_replaces_a_recording_and_keeps_the_users_other_files(
     (out / "README.txt").write_text("what this run is")
     (out / "rank_list.csv").write_text("a,b\n")
 
-    code, _, err = cli(["record", "--out", str(out), "--overwrite"], capsys)
+    code, _, err = cli(["record", "-t", "tiny-llama", "--out", str(out), "--overwrite"], capsys)
 
     assert code == 0, err
     assert (out / "README.txt").read_text() == "what this run is"
@@ -470,7 +470,7 @@ def test_overwrite_never_writes_through_a_planted_link(pair, tmp_path: Path, cap
     for name in (".precguard-write-test", "manifest.json.tmp"):
         (out / name).symlink_to(victim)
 
-    code, _, err = cli(["record", "--out", str(out), "--overwrite"], capsys)
+    code, _, err = cli(["record", "-t", "tiny-llama", "--out", str(out), "--overwrite"], capsys)
 
     assert code == 0, err
     assert victim.read_text() == "keep me"
