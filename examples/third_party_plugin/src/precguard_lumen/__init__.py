@@ -40,18 +40,8 @@ class LumenBackend(Backend):
 
 
 @hookimpl
-def precguard_backend(device: str) -> Backend | None:
-    return LumenBackend(device) if device.split(":")[0] == "lum" else None
-
-
-@hookimpl
-def precguard_device_types() -> list[str]:
-    return ["lum"]
-
-
-@hookimpl
-def precguard_fingerprint(device: str) -> dict[str, Any] | None:
-    return LumenBackend(device).fingerprint() if device.split(":")[0] == "lum" else None
+def precguard_register_backends(register) -> None:
+    register(LumenBackend)  # precguard builds LumenBackend("lum:1") for devices of type "lum"
 
 
 def fast_math(ctx: CheckContext) -> Finding:
