@@ -1,8 +1,10 @@
-"""precguard-ascend against the FAKE torch_npu (tests/plugins/fakes.py) and without it."""
+"""precguard-ascend against the FAKE torch_npu (conftest.py) and without it."""
 
 from __future__ import annotations
 
+import json
 import os
+import warnings
 
 import pytest
 import torch
@@ -11,19 +13,26 @@ from precguard_ascend.backend import AscendBackend
 
 from precguard import plugins
 from precguard.checks.base import CheckContext
+from precguard.cli import main
+from precguard.dump.vendor import record_vendor_state
 from precguard.errors import DeviceUnavailableError
 from precguard.runner import resolve_backend
-from tests.plugins.fakes import FORMAT_FRACTAL_NZ, FORMAT_ND, FakeNpuTensor
 
 
 def _checks() -> dict:
-    return {c.id: c for c in _registered()}
-
-
-def _registered() -> list:
-    found = []
+    found: list = []
     ascend_plugin.precguard_register_checks(register=found.append)
-    return found
+    return {c.id: c for c in found}
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = 0
+    try:
+        main(args)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def test_without_torch_npu_the_device_is_claimed_and_unavailable(no_npu_sdk: None) -> None:
@@ -36,6 +45,28 @@ def test_without_torch_npu_the_device_is_claimed_and_unavailable(no_npu_sdk: Non
     assert facts["npu.available"] is False
     assert facts["npu.torch_npu_version"] is None
     assert "env.HCCL_DETERMINISTIC" in facts  # variables are read without the SDK
+
+
+def test_record_on_npu_without_torch_npu_exits_2_with_the_reason(
+    capsys, tmp_path, no_npu_sdk
+) -> None:
+    code, _, err = run_cli(["record", "--device", "npu", "--out", str(tmp_path / "r")], capsys)
+    assert code == 2
+    assert (
+        err.strip() == "precguard: error: device 'npu' is unavailable: torch_npu is not installed"
+    )
+    assert not (tmp_path / "r").exists()
+
+
+def test_env_shows_variables_without_the_sdk(capsys, monkeypatch, no_npu_sdk) -> None:
+    monkeypatch.setenv("HCCL_DETERMINISTIC", "true")
+    code, out, _ = run_cli(["env", "--device", "npu", "--json"], capsys)
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["available"] is False and doc["reason"] == "torch_npu is not installed"
+    assert doc["fingerprint"]["env.HCCL_DETERMINISTIC"] == "true"
+    code, out, _ = run_cli(["env", "--device", "npu"], capsys)
+    assert out.splitlines()[0] == "device: npu (unavailable: torch_npu is not installed)"
 
 
 def test_availability_with_the_fake_sdk(npu_sdk) -> None:
@@ -60,16 +91,37 @@ def test_seeding_goes_to_the_npu_generator(npu_sdk) -> None:
     assert ("npu.synchronize", None) in npu_sdk.calls
 
 
-def test_deterministic_sets_and_restores(npu_sdk, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("was_on", [False, True])
+def test_deterministic_goes_through_set_deterministic_level_only(
+    npu_sdk, monkeypatch: pytest.MonkeyPatch, was_on: bool
+) -> None:
     monkeypatch.delenv("HCCL_DETERMINISTIC", raising=False)
-    before = torch.are_deterministic_algorithms_enabled()
-    with AscendBackend("npu").deterministic():
-        assert torch.are_deterministic_algorithms_enabled()
-        assert os.environ["HCCL_DETERMINISTIC"] == "true"
-        assert npu_sdk.deterministic_level == 1
-    assert torch.are_deterministic_algorithms_enabled() == before
+    if was_on:
+        with pytest.warns(UserWarning, match="set_deterministic_level"):
+            torch.use_deterministic_algorithms(True)  # as a user might; torch_npu warns
+    npu_sdk.calls.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch_npu's warning would fail the test
+        with AscendBackend("npu").deterministic():
+            assert torch.are_deterministic_algorithms_enabled()
+            assert os.environ["HCCL_DETERMINISTIC"] == "true"
+            assert npu_sdk.deterministic_level == 1
+    assert torch.are_deterministic_algorithms_enabled() == was_on
+    assert npu_sdk.deterministic_level == (1 if was_on else 0)
     assert "HCCL_DETERMINISTIC" not in os.environ
-    assert npu_sdk.deterministic_level == 0
+    assert npu_sdk.calls == [
+        ("npu.set_deterministic_level", 1),
+        ("npu.set_deterministic_level", 1 if was_on else 0),
+    ]  # never torch.use_deterministic_algorithms, never the level getter (it may write)
+
+
+def test_reading_the_fingerprint_changes_nothing(npu_sdk) -> None:
+    before = torch.are_deterministic_algorithms_enabled()
+    facts = plugins.fingerprint("npu")
+    assert npu_sdk.calls == []
+    assert npu_sdk.deterministic_level is None  # the getter would have set it
+    assert torch.are_deterministic_algorithms_enabled() == before
+    assert facts["torch.deterministic_algorithms"] == before  # torch_npu's level shows here
 
 
 def test_fingerprint_records_the_numerics_switches(npu_sdk, monkeypatch) -> None:
@@ -79,6 +131,7 @@ def test_fingerprint_records_the_numerics_switches(npu_sdk, monkeypatch) -> None
     facts = plugins.fingerprint("npu:0")
     assert facts["npu.torch_npu_version"] == "2.1.0.post99+FAKE"
     assert facts["npu.precision_mode"] == "allow_fp32_to_fp16"
+    assert facts["npu.op_select_impl_mode"] == "unset"  # never set: the chip's default
     assert facts["npu.conv.allow_hf32"] is True
     assert facts["npu.matmul.allow_hf32"] is False
     assert facts["npu.inf_nan_mode"] is False
@@ -86,7 +139,23 @@ def test_fingerprint_records_the_numerics_switches(npu_sdk, monkeypatch) -> None
     assert facts["npu.jit_compile"] is False
     assert facts["npu.device_name"] == "Ascend910B-FAKE"
     assert facts["env.INF_NAN_MODE_ENABLE"] == "0"
-    assert facts["torch.version"] == torch.__version__  # the cpu plugin's part is merged in
+    assert facts["torch.version"] == torch.__version__  # precguard's own part is merged in
+
+
+def test_an_unset_precision_mode_is_unset_not_unreadable(npu_sdk, monkeypatch) -> None:
+    check = _checks()["env.ascend_precision_mode"]
+    unset = check.func(CheckContext(device="npu"))
+    assert unset.status == "warn"
+    assert unset.evidence["npu.precision_mode"] == "unset"
+    assert "is unset" in unset.summary and "could not be read" not in unset.summary
+
+    def broken_getter(name: str) -> bytes:
+        raise RuntimeError("ACL option store not initialised")
+
+    monkeypatch.setattr(__import__("torch_npu")._C, "_npu_getOption", broken_getter)
+    unreadable = check.func(CheckContext(device="npu"))
+    assert unreadable.status == "warn" and "could not be read" in unreadable.summary
+    assert unreadable.evidence["npu.precision_mode"] is None
 
 
 def test_checks_name_the_pitfalls(npu_sdk) -> None:
@@ -116,34 +185,35 @@ def test_checks_skip_other_devices_and_a_missing_sdk(no_npu_sdk: None) -> None:
     assert checks["env.npu_cpu_fallback"].func(CheckContext(device="npu")).status == "warn"
 
 
-def test_checks_reach_the_registry_through_the_hook() -> None:
+def test_backend_and_checks_reach_the_registry_through_the_hooks() -> None:
+    assert plugins.backends()["npu"].plugin == "ascend"
     ids = set(plugins.collect_checks())
     assert {"env.ascend_precision_mode", "env.npu_conv_hf32", "env.npu_saturation_mode"} <= ids
 
 
 def test_to_host_casts_internal_formats_to_nd(npu_sdk) -> None:
     data = torch.arange(6.0).reshape(2, 3)
-    nz = plugins.to_host(FakeNpuTensor(data, FORMAT_FRACTAL_NZ))
+    nz = plugins.to_host(npu_sdk.tensor(data, npu_sdk.FORMAT_FRACTAL_NZ))
     assert torch.equal(nz, data)
-    assert ("npu_format_cast", FORMAT_ND) in npu_sdk.calls
+    assert ("npu_format_cast", npu_sdk.FORMAT_ND) in npu_sdk.calls
     npu_sdk.calls.clear()
-    nd = plugins.to_host(FakeNpuTensor(data, FORMAT_ND))
+    nd = plugins.to_host(npu_sdk.tensor(data, npu_sdk.FORMAT_ND))
     assert torch.equal(nd, data) and not npu_sdk.calls
-    assert plugins.to_host(torch.ones(2)) is None  # CPU tensors need no plugin
 
 
-def test_vendor_dump_records_the_overflow_flag_in_saturation_mode(npu_sdk, tmp_path) -> None:
+def test_vendor_state_records_the_overflow_flag_in_saturation_mode(npu_sdk, tmp_path) -> None:
+    backend = AscendBackend("npu")
     npu_sdk.inf_nan = False
     npu_sdk.overflow_flag = True
-    lines = plugins.vendor_dump("npu", 0, tmp_path)
-    assert lines == [
-        {
-            "step": 0,
-            "plugin": "ascend",
-            "state": {"inf_nan_mode": False, "overflow_flag": True},
-        }
-    ]
-    assert (tmp_path / "rank0" / "vendor.jsonl").read_text().count("\n") == 1
+    line = record_vendor_state(backend, tmp_path, 0)
+    assert line == {
+        "step": 0,
+        "device": "npu",
+        "state": {"inf_nan_mode": False, "overflow_flag": True},
+    }
+    written = (tmp_path / "rank0" / "vendor.jsonl").read_text().splitlines()
+    assert [json.loads(text) for text in written] == [line]
     assert npu_sdk.overflow_flag is False  # read and cleared for the next step
     npu_sdk.inf_nan = True
-    assert plugins.vendor_dump("npu", 1, tmp_path) == []  # INF_NAN mode: inf shows itself
+    assert record_vendor_state(backend, tmp_path, 1) is None  # INF_NAN mode: inf shows itself
+    assert len((tmp_path / "rank0" / "vendor.jsonl").read_text().splitlines()) == 1
