@@ -17,8 +17,8 @@ Environment variables:
 ``PRECGUARD_PLUGINS=cuda,ascend``
     load only these entry-point plugins (by entry-point name).
 ``PRECGUARD_TRACE_HOOKS=1``
-    write every hook call to stderr: which plugins were asked, which one
-    answered and with what.
+    write every hook call to stderr: which plugins were asked, and what each
+    one registered.
 
 A plugin that fails to import or register, or whose registration hook
 raises, is recorded in :data:`load_errors` (name -> cause), logged and left
@@ -162,7 +162,8 @@ def _register(plugin: object, source: PluginSource) -> None:
     for attr in dir(plugin):
         if attr.startswith("precguard_") and attr not in known and callable(getattr(plugin, attr)):
             source.warnings.append(
-                f"implements unknown hook {attr!r} (a typo, or written for a newer precguard)"
+                f"implements unknown hook {attr!r} "
+                "(a typo, or written for another precguard version)"
             )
             logger.warning("plugin_unknown_hook", plugin=source.name, hook=attr)
     _sources[source.name] = source
@@ -324,9 +325,13 @@ def _ask(
     field_name: str,
     owners: dict[CodeType, str],
 ) -> dict[str, Registration]:
+    """Call ``hook_name`` once; a ``register`` kept and called later is refused."""
     found: dict[str, Registration] = {}
+    open_ = True
 
     def register(item: Any) -> None:
+        if not open_:
+            raise RuntimeError(f"register() was called after {hook_name} returned")
         plugin = _plugin_on_stack(owners)
         key = key_of(item)
         if key in found:
@@ -337,7 +342,10 @@ def _ask(
         if _tracing:
             _trace(f"  {plugin} registers {field_name} {key!r}: {_short(item)}")
 
-    getattr(pm.hook, hook_name)(register=register)
+    try:
+        getattr(pm.hook, hook_name)(register=register)
+    finally:
+        open_ = False
     return found
 
 

@@ -266,3 +266,20 @@ def test_registering_something_that_is_not_a_backend_is_the_plugins_fault(
     assert {"name": "confused", "cause": plugins.load_errors["confused"]} in described[
         "load_errors"
     ]
+
+
+def test_register_kept_for_later_is_refused() -> None:
+    kept: list = []
+
+    class LatePlugin:
+        @hookimpl
+        def precguard_register_backends(self, register) -> None:
+            kept.append(register)
+
+    plugins.load_plugins().register(LatePlugin(), name="late")
+    try:
+        plugins.get_backend("cpu")
+    finally:
+        plugins.load_plugins().unregister(name="late")
+    with pytest.raises(RuntimeError, match="after precguard_register_backends returned"):
+        kept[0](ChipBackend)
