@@ -58,3 +58,16 @@ def test_env_for_an_emulated_device(capsys) -> None:
     assert code == 0
     facts = json.loads(out)["fingerprint"]
     assert facts["emu.overflow"] == "saturate" and facts["emu.compute_dtype"] == "float16"
+
+
+def test_every_fingerprint_has_torchs_facts_and_only_its_own_devices(capsys) -> None:
+    facts = {}
+    for device in ("cpu", "emu:fp16", "cuda"):
+        code, out, _ = run_cli(["env", "--device", device, "--json"], capsys)
+        assert code == 0
+        facts[device] = json.loads(out)["fingerprint"]
+        assert facts[device]["torch.float32_matmul_precision"] in ("highest", "high", "medium")
+        assert "torch.deterministic_algorithms" in facts[device]
+    assert "cpu.num_threads" in facts["emu:fp16"]  # the emulator runs on the host CPU
+    assert not any(k.startswith("emu.") for k in facts["cpu"])
+    assert not any(k.startswith(("cpu.", "emu.")) for k in facts["cuda"])
