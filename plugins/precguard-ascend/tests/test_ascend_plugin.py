@@ -115,6 +115,15 @@ def test_deterministic_goes_through_set_deterministic_level_only(
     ]  # never torch.use_deterministic_algorithms, never the level getter (it may write)
 
 
+def test_an_sdk_without_set_deterministic_level_gets_torchs_switch(npu_sdk, monkeypatch) -> None:
+    monkeypatch.delattr(__import__("torch_npu").npu, "set_deterministic_level")
+    before = torch.are_deterministic_algorithms_enabled()
+    with pytest.warns(UserWarning), AscendBackend("npu").deterministic():
+        assert torch.are_deterministic_algorithms_enabled()
+    assert torch.are_deterministic_algorithms_enabled() == before
+    assert ("torch.use_deterministic_algorithms", True) in npu_sdk.calls
+
+
 def test_reading_the_fingerprint_changes_nothing(npu_sdk) -> None:
     before = torch.are_deterministic_algorithms_enabled()
     facts = plugins.fingerprint("npu")
