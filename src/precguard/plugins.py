@@ -50,7 +50,35 @@ if TYPE_CHECKING:
 logger = get_logger(__name__)
 
 hookimpl = pluggy.HookimplMarker("precguard")
-pm = pluggy.PluginManager("precguard")
+
+
+class PluginManager(pluggy.PluginManager):
+    """pluggy's manager, counting changes to the set of plugins.
+
+    The registries the hooks fill are kept until the set changes (a plugin
+    registered or unregistered, by precguard or directly on :data:`pm`), so a
+    lookup such as :func:`get_backend` costs a dict access, not a hook call.
+    """
+
+    #: bumped by every register/unregister
+    generation: int = 0
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        """Register ``plugin`` (see pluggy) and mark the registries stale."""
+        try:
+            return super().register(plugin, name)
+        finally:
+            self.generation += 1
+
+    def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
+        """Unregister ``plugin`` or ``name`` (see pluggy) and mark the registries stale."""
+        try:
+            return super().unregister(plugin, name)
+        finally:
+            self.generation += 1
+
+
+pm = PluginManager("precguard")
 pm.add_hookspecs(hookspecs)
 
 #: built-in plugin modules, registered under the last part of their name (the package's
@@ -212,6 +240,7 @@ def reset() -> None:
         for name, plugin in list(pm.list_name_plugin()):
             pm.unregister(plugin=plugin, name=name)
         _sources.clear()
+        _registries.clear()
         load_errors.clear()
         _loaded = False
 
@@ -297,6 +326,10 @@ def _drop_plugin(name: str, hook_name: str, exc: BaseException) -> None:
         _sources.pop(name, None)
 
 
+#: hook name -> (pm.generation it was built at, what the hook registered)
+_registries: dict[str, tuple[int, dict[str, Registration]]] = {}
+
+
 def _gather(
     hook_name: str, key_of: Callable[[Any], str], field_name: str
 ) -> dict[str, Registration]:
@@ -306,17 +339,25 @@ def _gather(
     first registration of a key wins and a later one is logged as displaced.
     A plugin whose implementation raises is unregistered and listed in
     :data:`load_errors`, and the hook is asked again without it: one broken
-    plugin never takes the others down.
+    plugin never takes the others down. The result is kept until the set of
+    plugins changes (:attr:`PluginManager.generation`); do not modify it.
     """
+    cached = _registries.get(hook_name)
+    if cached is not None and cached[0] == pm.generation:
+        return cached[1]
     while True:
+        generation = pm.generation
         owners = _impl_owners(hook_name)
         try:
-            return _ask(hook_name, key_of, field_name, owners)
+            found = _ask(hook_name, key_of, field_name, owners)
         except Exception as exc:
             culprit = _plugin_in_traceback(exc, owners)
             if culprit is None:
                 raise
             _drop_plugin(culprit, hook_name, exc)
+            continue
+        _registries[hook_name] = (generation, found)
+        return found
 
 
 def _ask(
@@ -370,7 +411,7 @@ def _check_id(check: Any) -> str:
 def backends() -> dict[str, Registration]:
     """Return the registered backend classes by device type, with the plugin of each."""
     load_plugins()
-    return _gather("precguard_register_backends", _backend_type, "device_type")
+    return dict(_gather("precguard_register_backends", _backend_type, "device_type"))
 
 
 def collect_checks() -> dict[str, Check]:
@@ -390,7 +431,14 @@ def collect_checks() -> dict[str, Check]:
 
 def get_backend(device: str) -> Backend | None:
     """Return a backend for ``device`` (``"npu:1"``), usable or not; None if no plugin claims it."""
-    entry = backends().get(device.split(":", 1)[0])
+    load_plugins()
+    registry = _gather("precguard_register_backends", _backend_type, "device_type")
+    entry = registry.get(device.split(":", 1)[0])
+    if _tracing:
+        answer = (
+            "no plugin claims it" if entry is None else f"{entry.item.__name__} ({entry.plugin})"
+        )
+        _trace(f"backend for {device!r}: {answer}")
     return None if entry is None else entry.item(device)
 
 

@@ -198,6 +198,7 @@ def test_trace_hooks_names_the_registering_plugin(
     plugins.get_backend("emu:fp16")
     err = capsys.readouterr().err
     assert "precguard_register_backends(register=" in err and "asks [" in err
+    assert "backend for 'emu:fp16': EmuBackend (emu)" in err
     assert (
         "emu registers device_type 'emu': <class 'precguard.backends.emu.backend.EmuBackend'>"
         in err
@@ -283,3 +284,26 @@ def test_register_kept_for_later_is_refused() -> None:
         plugins.load_plugins().unregister(name="late")
     with pytest.raises(RuntimeError, match="after precguard_register_backends returned"):
         kept[0](ChipBackend)
+
+
+def test_registries_are_kept_until_the_set_of_plugins_changes() -> None:
+    pm = plugins.load_plugins()
+    calls: list[str] = []
+    undo = pm.add_hookcall_monitoring(
+        lambda name, impls, kwargs: calls.append(name), lambda *a: None
+    )
+    try:
+        plugins.get_backend("cpu")
+        plugins.get_backend("emu:fp16")
+        plugins.fingerprint("cpu")
+        assert calls.count("precguard_register_backends") <= 1  # at most one build
+        calls.clear()
+        pm.register(ChipPlugin(), name="chip")
+        try:
+            assert isinstance(plugins.get_backend("chip"), ChipBackend)
+            assert calls == ["precguard_register_backends"]
+        finally:
+            pm.unregister(name="chip")
+        assert plugins.get_backend("chip") is None
+    finally:
+        undo()
