@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -40,7 +41,7 @@ class LumenBackend(Backend):
 
 
 @hookimpl
-def precguard_register_backends(register) -> None:
+def precguard_register_backends(register: Callable[[type[Backend]], None]) -> None:
     register(LumenBackend)  # precguard builds LumenBackend("lum:1") for devices of type "lum"
 
 
@@ -58,5 +59,5 @@ def fast_math(ctx: CheckContext) -> Finding:
 
 
 @hookimpl
-def precguard_register_checks(register) -> None:
+def precguard_register_checks(register: Callable[[Check], None]) -> None:
     register(Check("env.lumen_fast_math", "Fast math is off.", fast_math, needs_target=False))
