@@ -108,8 +108,7 @@ class CambriconBackend(Backend):
                     cnnl.deterministic = before
 
     def fingerprint(self) -> dict[str, Any]:
-        """torch_mlu version, MLU/CNNL TF32 and determinism switches, fallback and overflow
-        variables."""
+        """torch_mlu version, TF32 and determinism switches, fallback and overflow variables."""
         mlu = torch_mlu()
         usable, reason = self.availability()
         facts: dict[str, Any] = {"mlu.available": usable}
