@@ -419,7 +419,7 @@ def collect_checks() -> dict[str, Check]:
 
     Plugins are asked in pluggy's order (the last registered first), so a
     plugin installed later can replace a check by registering the same id; the
-    check it displaces is dropped with a ``check_id_taken`` warning naming both.
+    check it displaces is dropped with a ``check_taken`` warning naming both.
     """
     load_plugins()
     found = _gather("precguard_register_checks", _check_id, "check")
