@@ -46,7 +46,7 @@ def precguard_register_backends(register: Callable[[type[Backend]], None]) -> No
     then says why the device cannot be used, so the user learns the reason
     instead of "unknown device". Plugins registered later are asked first, so
     the first class registered for a device type wins; a displaced one is
-    logged (``backend_type_taken``).
+    logged (``device_type_taken``).
     """
 
 
@@ -60,5 +60,5 @@ def precguard_register_checks(register: Callable[[Check], None]) -> None:
     Vendor checks use the ``env`` family (``env.npu_conv_hf32``) and should
     return a ``skip`` finding for devices that are not theirs. Plugins
     registered later are asked first, so the first check registered for an id
-    wins; a displaced one is logged (``check_id_taken``).
+    wins; a displaced one is logged (``check_taken``).
     """
