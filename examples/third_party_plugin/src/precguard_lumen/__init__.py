@@ -5,13 +5,15 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from precguard import Backend, hookimpl
 from precguard.backend import env_facts
-from precguard.checks.base import Check, CheckContext, Finding
+
+if TYPE_CHECKING:  # checks are imported only when a checklist asks for them
+    from precguard.checks.base import Check, CheckContext, Finding
 
 
 def _sdk() -> Any:
@@ -46,6 +48,8 @@ def precguard_register_backends(register: Callable[[type[Backend]], None]) -> No
 
 
 def fast_math(ctx: CheckContext) -> Finding:
+    from precguard.checks.base import Finding
+
     if ctx.device.split(":")[0] != "lum":
         return Finding(id="env.lumen_fast_math", status="skip", summary="not a Lumen device")
     on = os.environ.get("LUMEN_FAST_MATH") == "1"
@@ -60,4 +64,6 @@ def fast_math(ctx: CheckContext) -> Finding:
 
 @hookimpl
 def precguard_register_checks(register: Callable[[Check], None]) -> None:
+    from precguard.checks.base import Check
+
     register(Check("env.lumen_fast_math", "Fast math is off.", fast_math, needs_target=False))
