@@ -50,7 +50,9 @@ def test_without_torch_npu_the_device_is_claimed_and_unavailable(no_npu_sdk: Non
 def test_record_on_npu_without_torch_npu_exits_2_with_the_reason(
     capsys, tmp_path, no_npu_sdk
 ) -> None:
-    code, _, err = run_cli(["record", "--device", "npu", "--out", str(tmp_path / "r")], capsys)
+    code, _, err = run_cli(
+        ["record", "-t", "tiny-llama", "--device", "npu", "--out", str(tmp_path / "r")], capsys
+    )
     assert code == 2
     assert (
         err.strip() == "precguard: error: device 'npu' is unavailable: torch_npu is not installed"
