@@ -12,7 +12,7 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 PLUGIN_DIRS := $(wildcard plugins/precguard-*)
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test test-fast lint format bench clean
 
 $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,8 +38,13 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format src tests benchmarks examples plugins
 	$(VENV)/bin/ruff check --fix src tests benchmarks examples plugins
 
+# the whole suite: tests/ and each vendor plugin's own tests (testpaths in pyproject.toml)
 test: lint
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q
+
+# the same without the tests marked slow (those that start a process)
+test-fast: lint
+	$(PY) -m pytest -q -m "not slow"
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py

@@ -21,6 +21,7 @@ def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
     return info.value.code or 0, out, err
 
 
+@pytest.mark.slow
 def test_record_console_script(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(

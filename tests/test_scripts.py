@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # each test starts a Python process
+
 ROOT = Path(__file__).parents[1]
 
 
@@ -61,3 +65,10 @@ def test_monitor_your_model_example(tmp_path):
     assert "judged by the golden's precision: diverged" in out
     assert "judged by the actual's precision: match" in out
     assert (tmp_path / "fp32" / "manifest.json").is_file()
+
+
+def test_checklist_speed_benchmark():
+    out = run_script(
+        "benchmarks/checklist_speed.py", "--checklist", "quick", "--only", "env", "--device", "cpu"
+    )
+    assert "checklist quick on cpu:" in out and "(exit code 0)" in out

@@ -3,8 +3,11 @@
 A backend is what precguard needs from one device: whether it can be used
 here (and why not), synchronisation, seeding and RNG state of the device's
 own generator, a determinism switch that restores what it changed, the
-environment fingerprint, and the context the model runs in
+environment fingerprint, moving a tensor to host memory before it is saved,
+device state worth keeping after each step, and the context the model runs in
 (:meth:`Backend.numerics`, which the ``emu:`` emulator uses to intercept ops).
+Plugins hand precguard their backend classes through the
+``precguard_register_backends`` hook; precguard builds ``Backend(device)``.
 
 >>> class ChipBackend(Backend):                  # doctest: +SKIP
 ...     device_type = "chip"
@@ -17,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -60,6 +64,23 @@ def read_flag(getter: Callable[[], Any]) -> bool | int | float | str | None:
     if isinstance(value, bytes):
         value = value.decode("utf-8", "replace")
     return value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
+
+
+def torch_facts() -> dict[str, Any]:
+    """Return the facts of torch itself that change numerics on every device.
+
+    precguard puts them into every fingerprint, whatever the device, next to
+    the backend's own facts (:meth:`Backend.fingerprint`).
+    """
+    return {
+        "torch.version": torch.__version__,
+        "torch.deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "torch.deterministic_algorithms_warn_only": (
+            torch.is_deterministic_algorithms_warn_only_enabled()
+        ),
+        "torch.float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "torch.default_dtype": str(torch.get_default_dtype()),
+    }
 
 
 @contextlib.contextmanager
@@ -158,8 +179,32 @@ class Backend:
         """Return the device's numerics-relevant facts (versions, flags, env vars).
 
         Flat dotted keys with JSON values; see :func:`env_facts` for variables.
+        torch's own facts (:func:`torch_facts`) are added by precguard for every
+        device: list only what is this device's. Reading must change nothing.
         """
         return {}
+
+    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Return a plain, contiguous CPU copy of ``tensor``, one of this device's.
+
+        Called for every tensor a recording saves. Override it for devices whose
+        tensors need converting first (internal formats, special layouts).
+        """
+        return tensor.detach().to("cpu", copy=True).contiguous()
+
+    def vendor_state(self, step: int, out_dir: Path) -> dict[str, Any] | None:
+        """Return device state worth keeping after ``step`` ended, or None.
+
+        :param step: the 0-based step that just ended.
+        :param out_dir: a directory of this backend's own inside the recording
+            (``RUN/rank{R}/vendor/{device_type}/``) for larger files; it may not
+            exist yet, so create it before writing.
+        :return: a small JSON-serialisable mapping (e.g. ``{"overflow_flag": True}``
+            for a chip in saturation mode, where overflow is only visible in a
+            status register), which precguard appends to ``RUN/rank{R}/vendor.jsonl``
+            with the step; or None when there is nothing to keep.
+        """
+        return None
 
     @contextlib.contextmanager
     def numerics(self) -> Iterator[None]:

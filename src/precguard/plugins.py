@@ -5,6 +5,11 @@ exactly like third-party plugins, which arrive through the ``precguard``
 entry-point group. Nothing is imported until the first call that needs a
 plugin (:func:`load_plugins` is lazy and idempotent).
 
+Plugins only register things (:mod:`precguard.hookspecs`): backend classes
+and checks. precguard asks for them with a plain ``pm.hook.*`` call, so hook
+wrappers, ``tryfirst``/``trylast`` and hook-call monitoring behave as pluggy
+documents; what a device does lives on its :class:`~precguard.backend.Backend`.
+
 Environment variables:
 
 ``PRECGUARD_DISABLE_PLUGIN_AUTOLOAD=1``
@@ -12,24 +17,23 @@ Environment variables:
 ``PRECGUARD_PLUGINS=cuda,ascend``
     load only these entry-point plugins (by entry-point name).
 ``PRECGUARD_TRACE_HOOKS=1``
-    write every hook call to stderr: which plugins were asked, which one
-    answered and with what.
+    write every hook call to stderr: which plugins were asked, and what each
+    one registered.
 
-A plugin that fails to import is recorded in :data:`load_errors` (name ->
-cause) and logged; a hook implementation that raises is recorded in
-:data:`hook_errors` and skipped. The other plugins keep working in both cases.
+A plugin that fails to import or register, or whose registration hook
+raises, is recorded in :data:`load_errors` (name -> cause), logged and left
+out; the other plugins keep working.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -46,7 +50,35 @@ if TYPE_CHECKING:
 logger = get_logger(__name__)
 
 hookimpl = pluggy.HookimplMarker("precguard")
-pm = pluggy.PluginManager("precguard")
+
+
+class PluginManager(pluggy.PluginManager):
+    """pluggy's manager, counting changes to the set of plugins.
+
+    The registries the hooks fill are kept until the set changes (a plugin
+    registered or unregistered, by precguard or directly on :data:`pm`), so a
+    lookup such as :func:`get_backend` costs a dict access, not a hook call.
+    """
+
+    #: bumped by every register/unregister
+    generation: int = 0
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        """Register ``plugin`` (see pluggy) and mark the registries stale."""
+        try:
+            return super().register(plugin, name)
+        finally:
+            self.generation += 1
+
+    def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
+        """Unregister ``plugin`` or ``name`` (see pluggy) and mark the registries stale."""
+        try:
+            return super().unregister(plugin, name)
+        finally:
+            self.generation += 1
+
+
+pm = PluginManager("precguard")
 pm.add_hookspecs(hookspecs)
 
 #: built-in plugin modules, registered under the last part of their name (the package's
@@ -58,10 +90,8 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
 )
 ENTRY_POINT_GROUP = "precguard"
 
-#: plugin name -> "ExceptionType: message" for plugins that could not be loaded
+#: plugin name -> "ExceptionType: message" for plugins that could not be loaded or registered
 load_errors: dict[str, str] = {}
-#: "plugin.hook" -> "ExceptionType: message" for hook implementations that raised
-hook_errors: dict[str, str] = {}
 
 
 @dataclass
@@ -109,11 +139,14 @@ def load_plugins() -> pluggy.PluginManager:
         _loading = True
         try:
             _load_all()
+            _tracing = _env_on("PRECGUARD_TRACE_HOOKS")
+            if _tracing:
+                _undo_monitoring = pm.add_hookcall_monitoring(_trace_before, _trace_after)
+            # registering backends is cheap (their modules came with the plugins):
+            # do it now, so a plugin whose registration raises is reported at load
+            _gather("precguard_register_backends", _backend_type, "device_type")
         finally:
             _loading = False
-        _tracing = _env_on("PRECGUARD_TRACE_HOOKS")
-        if _tracing:
-            _undo_monitoring = pm.add_hookcall_monitoring(_trace_before, _trace_after)
         _loaded = True
     return pm
 
@@ -157,7 +190,8 @@ def _register(plugin: object, source: PluginSource) -> None:
     for attr in dir(plugin):
         if attr.startswith("precguard_") and attr not in known and callable(getattr(plugin, attr)):
             source.warnings.append(
-                f"implements unknown hook {attr!r} (a typo, or written for a newer precguard)"
+                f"implements unknown hook {attr!r} "
+                "(a typo, or written for another precguard version)"
             )
             logger.warning("plugin_unknown_hook", plugin=source.name, hook=attr)
     _sources[source.name] = source
@@ -206,8 +240,8 @@ def reset() -> None:
         for name, plugin in list(pm.list_name_plugin()):
             pm.unregister(plugin=plugin, name=name)
         _sources.clear()
+        _registries.clear()
         load_errors.clear()
-        hook_errors.clear()
         _loaded = False
 
 
@@ -217,36 +251,15 @@ def sources() -> dict[str, PluginSource]:
     return dict(_sources)
 
 
-# -- calling hooks, one plugin at a time -------------------------------------------------
+# -- the registries the hooks fill ------------------------------------------------------
 
 
-def call_hook(hook_name: str, *, firstresult: bool = False, **kwargs: Any) -> list[tuple[str, Any]]:
-    """Call ``hook_name`` on each plugin in pluggy's order; return ``(plugin, result)`` pairs.
+@dataclass(frozen=True)
+class Registration:
+    """One thing a plugin registered: a backend class or a check, and the plugin's name."""
 
-    Unlike ``pm.hook.NAME(...)``, an implementation that raises is reported
-    (:data:`hook_errors`, an ``error`` log event) and skipped, and with
-    ``PRECGUARD_TRACE_HOOKS`` each plugin's answer is traced. None results
-    are dropped; with ``firstresult`` the first non-None result ends the call.
-    Hook wrappers are not run on this path.
-    """
-    impls = _impls(hook_name)
-    if _tracing:
-        _trace(f"{hook_name}({_fmt_kwargs(kwargs)})")
-    results: list[tuple[str, Any]] = []
-    for impl in impls:
-        result = _call_one(impl, hook_name, kwargs)
-        if result is not None:
-            results.append((impl.plugin_name, result))
-            if firstresult:
-                break
-    return results
-
-
-def _impls(hook_name: str) -> list[Any]:
-    """The implementations of ``hook_name`` in the order pluggy calls them, wrappers left out."""
-    caller = getattr(load_plugins().hook, hook_name)
-    # pluggy calls the last registered (and tryfirst) implementations first
-    return [i for i in reversed(caller.get_hookimpls()) if not (i.hookwrapper or i.wrapper)]
+    item: Any
+    plugin: str
 
 
 def _fmt_kwargs(kwargs: dict[str, Any]) -> str:
@@ -271,34 +284,134 @@ def _trace_after(outcome: Any, hook_name: str, hook_impls: list[Any], kwargs: An
         _trace(f"  {hook_name} -> {_short(outcome.get_result())}")
 
 
-# -- what the rest of precguard asks of plugins ------------------------------------------
+def _impl_owners(hook_name: str) -> dict[CodeType, str]:
+    """The code object of every implementation of ``hook_name`` (wrappers too) -> its plugin."""
+    caller = getattr(pm.hook, hook_name)
+    return {impl.function.__code__: impl.plugin_name for impl in caller.get_hookimpls()}
 
 
-def get_backend(device: str) -> Backend | None:
-    """Return the backend that claims ``device``, or None if no plugin does."""
-    answers = call_hook("precguard_backend", firstresult=True, device=device)
-    return answers[0][1] if answers else None
+def _plugin_on_stack(owners: dict[CodeType, str]) -> str:
+    """The plugin whose hook implementation is running below the caller of ``register``.
+
+    One ``pm.hook`` call asks every plugin with the same ``register``; the
+    running implementation's frame says which plugin is registering (also when
+    it calls ``register`` from a helper function of its own).
+    """
+    frame = sys._getframe(2)
+    while frame is not None:
+        plugin = owners.get(frame.f_code)
+        if plugin is not None:
+            return plugin
+        frame = frame.f_back
+    return "?"
 
 
-def device_types() -> dict[str, list[str]]:
-    """Return the device types each plugin claims, by plugin name."""
-    return {name: list(types) for name, types in call_hook("precguard_device_types")}
+def _plugin_in_traceback(exc: BaseException, owners: dict[CodeType, str]) -> str | None:
+    """The plugin whose hook implementation raised ``exc`` (the innermost one), or None."""
+    culprit = None
+    tb = exc.__traceback__
+    while tb is not None:
+        culprit = owners.get(tb.tb_frame.f_code, culprit)
+        tb = tb.tb_next
+    return culprit
 
 
-def to_host(tensor: torch.Tensor) -> torch.Tensor | None:
-    """Ask plugins to convert ``tensor`` to a plain CPU tensor; None when none needs to."""
-    if tensor.device.type == "cpu":
-        return None
-    answers = call_hook("precguard_to_host", firstresult=True, tensor=tensor)
-    return answers[0][1] if answers else None
+def _drop_plugin(name: str, hook_name: str, exc: BaseException) -> None:
+    """Unregister a plugin whose registration hook raised, and say so by name."""
+    with _lock:
+        load_errors[name] = f"{hook_name} raised {type(exc).__name__}: {exc}"
+        logger.error("plugin_registration_failed", plugin=name, cause=load_errors[name])
+        if pm.get_plugin(name) is not None:
+            pm.unregister(name=name)
+        _sources.pop(name, None)
 
 
-def fingerprint(device: str) -> dict[str, Any]:
-    """Merge every plugin's fingerprint for ``device`` into one dict, sorted by key."""
-    merged: dict[str, Any] = {}
-    for _name, part in call_hook("precguard_fingerprint", device=device):
-        merged.update(part)
-    return dict(sorted(merged.items()))
+#: hook name -> (pm.generation it was built at, what the hook registered)
+_registries: dict[str, tuple[int, dict[str, Registration]]] = {}
+
+
+def _gather(
+    hook_name: str, key_of: Callable[[Any], str], field_name: str
+) -> dict[str, Registration]:
+    """Call the registration hook ``hook_name`` through pluggy; return what it registered, by key.
+
+    pluggy asks the last registered (and ``tryfirst``) plugins first, so the
+    first registration of a key wins and a later one is logged as displaced.
+    A plugin whose implementation raises is unregistered and listed in
+    :data:`load_errors`, and the hook is asked again without it: one broken
+    plugin never takes the others down. The result is kept until the set of
+    plugins changes (:attr:`PluginManager.generation`); do not modify it.
+    """
+    cached = _registries.get(hook_name)
+    if cached is not None and cached[0] == pm.generation:
+        return cached[1]
+    while True:
+        generation = pm.generation
+        owners = _impl_owners(hook_name)
+        try:
+            found = _ask(hook_name, key_of, field_name, owners)
+        except Exception as exc:
+            culprit = _plugin_in_traceback(exc, owners)
+            if culprit is None:
+                raise
+            _drop_plugin(culprit, hook_name, exc)
+            continue
+        _registries[hook_name] = (generation, found)
+        return found
+
+
+def _ask(
+    hook_name: str,
+    key_of: Callable[[Any], str],
+    field_name: str,
+    owners: dict[CodeType, str],
+) -> dict[str, Registration]:
+    """Call ``hook_name`` once; a ``register`` kept and called later is refused."""
+    found: dict[str, Registration] = {}
+    open_ = True
+
+    def register(item: Any) -> None:
+        if not open_:
+            raise RuntimeError(f"register() was called after {hook_name} returned")
+        plugin = _plugin_on_stack(owners)
+        key = key_of(item)
+        if key in found:
+            owner = found[key].plugin
+            logger.warning(f"{field_name}_taken", **{field_name: key}, plugin=plugin, owner=owner)
+            return
+        found[key] = Registration(item, plugin)
+        if _tracing:
+            _trace(f"  {plugin} registers {field_name} {key!r}: {_short(item)}")
+
+    try:
+        getattr(pm.hook, hook_name)(register=register)
+    finally:
+        open_ = False
+    return found
+
+
+def _backend_type(backend_class: Any) -> str:
+    from precguard.backend import Backend
+
+    if not (isinstance(backend_class, type) and issubclass(backend_class, Backend)):
+        raise TypeError(f"register() expects a Backend subclass, got {backend_class!r}")
+    if not backend_class.device_type:
+        raise TypeError(f"{backend_class.__name__} registers no device type (device_type is empty)")
+    return backend_class.device_type
+
+
+def _check_id(check: Any) -> str:
+    from precguard.checks.base import Check
+
+    if not isinstance(check, Check):
+        raise TypeError(f"register() expects a Check, got {check!r}")
+    return check.id
+
+
+def backends() -> dict[str, Registration]:
+    """Return the registered backend classes by device type, with the plugin of each."""
+    load_plugins()
+    return dict(_gather("precguard_register_backends", _backend_type, "device_type"))
 
 
 def collect_checks() -> dict[str, Check]:
@@ -306,76 +419,85 @@ def collect_checks() -> dict[str, Check]:
 
     Plugins are asked in pluggy's order (the last registered first), so a
     plugin installed later can replace a check by registering the same id; the
-    check it displaces is dropped with a ``check_id_taken`` warning naming both.
+    check it displaces is dropped with a ``check_taken`` warning naming both.
     """
-    checks: dict[str, Check] = {}
-    owners: dict[str, str] = {}
-    for impl in _impls("precguard_register_checks"):
-
-        def register(check: Check, _plugin: str = impl.plugin_name) -> None:
-            if check.id in checks:
-                logger.warning(
-                    "check_id_taken", check=check.id, plugin=_plugin, owner=owners[check.id]
-                )
-                return
-            checks[check.id] = check
-            owners[check.id] = _plugin
-
-        _call_one(impl, "precguard_register_checks", {"register": register})
-    return checks
+    load_plugins()
+    found = _gather("precguard_register_checks", _check_id, "check")
+    return {check_id: entry.item for check_id, entry in found.items()}
 
 
-def vendor_dump(
-    device: str, step: int, run_dir: str | os.PathLike[str], *, rank: int = 0
-) -> list[dict[str, Any]]:
-    """Collect each plugin's vendor state after ``step`` into ``RUN/rank{R}/vendor.jsonl``.
-
-    Returns the lines written (``{"step", "plugin", "state"}``). Nothing is
-    written when no plugin has anything to say.
-    """
-    rank_dir = Path(run_dir) / f"rank{rank}"
-    lines: list[dict[str, Any]] = []
-    for impl in _impls("precguard_vendor_dump"):
-        kwargs = {"device": device, "step": step, "out_dir": rank_dir / "vendor" / impl.plugin_name}
-        state = _call_one(impl, "precguard_vendor_dump", kwargs)
-        if state is not None:
-            lines.append({"step": step, "plugin": impl.plugin_name, "state": state})
-    if lines:
-        rank_dir.mkdir(parents=True, exist_ok=True)
-        with open(rank_dir / "vendor.jsonl", "a", encoding="utf-8") as fh:
-            for line in lines:
-                fh.write(json.dumps(line, default=str) + "\n")
-            fh.flush()
-    return lines
+# -- what the rest of precguard asks of the registry -------------------------------------
 
 
-def _call_one(impl: Any, hook_name: str, kwargs: dict[str, Any]) -> Any:
-    try:
-        result = impl.function(**{a: kwargs[a] for a in impl.argnames})
-    except Exception as exc:
-        key = f"{impl.plugin_name}.{hook_name}"
-        hook_errors[key] = f"{type(exc).__name__}: {exc}"
-        logger.error(
-            "plugin_hook_failed", plugin=impl.plugin_name, hook=hook_name, cause=hook_errors[key]
-        )
-        if _tracing:
-            _trace(f"  {impl.plugin_name} raised {hook_errors[key]}")
-        return None
+def get_backend(device: str) -> Backend | None:
+    """Return a backend for ``device`` (``"npu:1"``), usable or not; None if no plugin claims it."""
+    load_plugins()
+    registry = _gather("precguard_register_backends", _backend_type, "device_type")
+    entry = registry.get(device.split(":", 1)[0])
     if _tracing:
-        _trace(f"  {impl.plugin_name} -> {_short(result)}")
-    return result
+        answer = (
+            "no plugin claims it" if entry is None else f"{entry.item.__name__} ({entry.plugin})"
+        )
+        _trace(f"backend for {device!r}: {answer}")
+    return None if entry is None else entry.item(device)
+
+
+def device_types() -> dict[str, list[str]]:
+    """Return the device types each plugin claims, by plugin name."""
+    claimed: dict[str, list[str]] = {}
+    for device_type, entry in backends().items():
+        claimed.setdefault(entry.plugin, []).append(device_type)
+    return {name: sorted(types) for name, types in claimed.items()}
+
+
+def to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """Return a plain, contiguous CPU copy of ``tensor`` through its device's backend.
+
+    A device no plugin claims gets :meth:`Backend.to_host`'s plain copy.
+    """
+    if tensor.device.type == "cpu":
+        return tensor.detach().to("cpu", copy=True).contiguous()
+    from precguard.backend import Backend
+
+    device = str(tensor.device)
+    return (get_backend(device) or Backend(device)).to_host(tensor)
+
+
+def fingerprint(device: str) -> dict[str, Any]:
+    """Return the environment fingerprint of ``device``, sorted by key.
+
+    torch's own facts (:func:`~precguard.backend.torch_facts`) for every
+    device, then the backend's (:meth:`Backend.fingerprint`). A backend whose
+    fingerprint raises is reported under ``fingerprint.error`` and logged: the
+    fingerprint is evidence, so a broken one must be visible, not fatal.
+    """
+    from precguard.backend import torch_facts
+
+    facts = torch_facts()
+    backend = get_backend(device)
+    if backend is not None:
+        try:
+            facts.update(backend.fingerprint())
+        except Exception as exc:
+            cause = f"{type(backend).__name__}.fingerprint raised {type(exc).__name__}: {exc}"
+            facts["fingerprint.error"] = cause
+            logger.error("fingerprint_failed", device=device, cause=cause)
+    return dict(sorted(facts.items()))
 
 
 def describe() -> dict[str, Any]:
     """Return what ``precguard plugins --json`` prints: every plugin and every load error.
 
     Each plugin entry has its name, whether it is built in, its module,
-    distribution and version, the device types it claims, the hooks it
-    implements and any warnings found while registering it.
+    distribution and version, the device types and check ids it registers, the
+    hooks it implements and any warnings found while registering it. Both
+    registration hooks are asked first, so a plugin that breaks there is
+    listed under ``load_errors``.
     """
     load_plugins()
     from precguard import __version__
 
+    checks = _gather("precguard_register_checks", _check_id, "check")
     claimed = device_types()
     entries = []
     for name, source in sorted(_sources.items(), key=lambda kv: (not kv[1].builtin, kv[0])):
@@ -391,18 +513,10 @@ def describe() -> dict[str, Any]:
                 "distribution": source.distribution or ("precguard" if source.builtin else None),
                 "version": source.version or (__version__ if source.builtin else None),
                 "device_types": claimed.get(name, []),
+                "checks": sorted(cid for cid, entry in checks.items() if entry.plugin == name),
                 "hooks": hooks,
                 "warnings": list(source.warnings),
             }
         )
     errors = [{"name": n, "cause": c} for n, c in sorted(load_errors.items())]
-    failed_hooks = [
-        {"plugin": k.split(".", 1)[0], "hook": k.split(".", 1)[1], "cause": c}
-        for k, c in sorted(hook_errors.items())
-    ]
-    return {
-        "schema_version": 1,
-        "plugins": entries,
-        "load_errors": errors,
-        "hook_errors": failed_hooks,
-    }
+    return {"schema_version": 1, "plugins": entries, "load_errors": errors}

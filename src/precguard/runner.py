@@ -16,6 +16,7 @@ from precguard import plugins
 from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.capture.api import monitor
+from precguard.dump.vendor import record_vendor_state
 from precguard.errors import DeviceUnavailableError, PrecguardError, TargetError, UsageError
 from precguard.target import Target, call_model, load_target, move_batch
 
@@ -203,7 +204,7 @@ def record_target(
                     optimizer.zero_grad(set_to_none=True)
                 user.doing = None
                 backend.synchronize()
-                plugins.vendor_dump(device, step, out, rank=handle.recording.rank)
+                record_vendor_state(backend, out, step, rank=handle.recording.rank)
                 handle.step()
                 if on_step is not None:
                     on_step(step)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -188,13 +187,10 @@ def test_clean_tiny_llama_passes_llama_inference(run_check):
     assert run.finding("attention.kv_cache")["status"] == "pass"
 
 
-def test_llama_finetune_on_emu_fp16_is_fast_and_finds_the_fp16_pitfalls(run_check):
-    start = time.perf_counter()
+def test_llama_finetune_on_emu_fp16_finds_the_fp16_pitfalls(run_check):
     run = run_check(
         "--checklist", "llama-finetune", "--target", "tiny-llama", "--device", "emu:fp16"
     )
-    elapsed = time.perf_counter() - start
-    assert elapsed < 120
     assert run.code == 1 and run.statuses("error") == []
     # emu:fp16 rounds every op, fp32 code included (like Ascend's allow_fp32_to_fp16):
     # HF's norm variance overflows and its rotary angles lose precision.

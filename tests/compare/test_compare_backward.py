@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import precguard
-from conftest import record
+from tests.compare.conftest import record
 from precguard.compare.hints import replay_hint
 
 

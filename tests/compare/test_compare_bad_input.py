@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import precguard
-from conftest import record, run_cli
 from precguard.targets import build_tiny_llama, lm_batch
+from tests.compare.conftest import record, run_cli
 
 
 @pytest.fixture(scope="module")

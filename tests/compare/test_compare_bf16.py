@@ -9,10 +9,10 @@ import json
 from pathlib import Path
 
 import pytest
-from bf16_suite import FAULTS, SETTINGS, Fault, Setting, localized, record
+from tests.compare.bf16_suite import FAULTS, SETTINGS, Fault, Setting, localized, record
 
 import precguard
-from conftest import run_cli
+from tests.compare.conftest import run_cli
 
 _BY_NAME = {s.name: s for s in SETTINGS}
 #: the mixed-precision emulator is a fourth view of the same question: slow-marked

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import precguard
-from conftest import FAULTS, record
 from precguard.errors import PrecguardError
+from tests.compare.conftest import FAULTS, record
 
 
 def _needs(device: str) -> None:

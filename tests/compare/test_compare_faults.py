@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import precguard
-from conftest import FAULTS, Fault, record, run_cli
+from tests.compare.conftest import FAULTS, Fault, record, run_cli
 
 
 @pytest.mark.parametrize("noise", [False, True], ids=["same-backend", "background-noise"])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import precguard
-from conftest import FAULTS, record, run_cli
+from tests.compare.conftest import FAULTS, record, run_cli
 from precguard.compare.divergence import fallback, step_candidates
 from precguard.compare.expected import rounding_floor
 from precguard.compare.metrics import full_metrics, precision, tolerance_dtype

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import precguard
-from conftest import background_noise
+from tests.compare.conftest import background_noise
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",

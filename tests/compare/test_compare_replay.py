@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import record, run_cli
 from precguard.localize.replay import replay_module
+from tests.compare.conftest import record, run_cli
 
 FAULTY_TARGET = """
 from precguard.targets import tiny_llama

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import precguard
-from conftest import record, run_cli
+from tests.compare.conftest import record, run_cli
 
 # A target whose own code is faulty: the fault is in the actual's code, so only the
 # actual's target reproduces it in a replay.

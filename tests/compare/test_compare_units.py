@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import precguard
-from conftest import FAULTS, record, run_cli
 from precguard.compare.align import align
 from precguard.compare.metrics import exact_metrics, full_metrics, stats_metrics
 from precguard.compare.tolerance import get_profile, judge
 from precguard.dump.schema import Record, Stats
+from tests.compare.conftest import FAULTS, record, run_cli
 
 
 def test_identical_tensors_have_zero_error() -> None:

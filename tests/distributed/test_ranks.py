@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import precguard
 
 
+@pytest.mark.slow
 def test_two_ranks_record_into_one_run(tmp_path):
     out = tmp_path / "run"
     script = Path(__file__).with_name("ddp_record.py")

@@ -59,6 +59,7 @@ KILLED_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sigkilled_recording_is_readable(tmp_path):
     out = tmp_path / "run"
     script = tmp_path / "rec.py"

@@ -7,34 +7,32 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from precguard import hookimpl, plugins
 from precguard.backend import Backend
+from precguard.backends.cpu import CpuBackend
+from precguard.checks.base import Check, Finding
 
 
 class ChipBackend(Backend):
     device_type = "chip"
+
+    def fingerprint(self) -> dict:
+        raise RuntimeError("chip driver crashed")
 
 
 class ChipPlugin:
     """A small class plugin, registered and unregistered by the tests (the llm way)."""
 
     @hookimpl
-    def precguard_backend(self, device: str) -> Backend | None:
-        return ChipBackend(device) if device == "chip" else None
+    def precguard_register_backends(self, register) -> None:
+        register(ChipBackend)
 
-    @hookimpl
-    def precguard_device_types(self) -> list[str]:
-        return ["chip"]
 
-    @hookimpl
-    def precguard_fingerprint(self, device: str) -> dict[str, Any] | None:
-        if device != "chip":
-            return None
-        raise RuntimeError("chip driver crashed")
+def _check(check_id: str, description: str) -> Check:
+    return Check(check_id, description, lambda ctx: Finding(id=check_id, status="pass", summary=""))
 
 
 def _fake_distribution(root: Path, name: str, module_source: str) -> None:
@@ -47,7 +45,8 @@ def _fake_distribution(root: Path, name: str, module_source: str) -> None:
     (info / "entry_points.txt").write_text(f"[precguard]\n{name} = {module}\n")
 
 
-def test_load_is_lazy_and_idempotent() -> None:
+@pytest.mark.slow
+def test_importing_precguard_loads_no_plugin() -> None:
     probe = (
         "import sys, precguard\n"
         "from precguard import plugins\n"
@@ -55,28 +54,80 @@ def test_load_is_lazy_and_idempotent() -> None:
         "assert not plugins._loaded and not loaded, loaded\n"
     )
     fresh = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
-    assert fresh.returncode == 0, fresh.stderr  # importing precguard loads no plugin
+    assert fresh.returncode == 0, fresh.stderr
+
+
+def test_load_is_idempotent() -> None:
     pm = plugins.load_plugins()
     assert plugins.load_plugins() is pm
     names = {name for name, _ in pm.list_name_plugin()}
     assert {"cpu", "emu", "cuda", "ascend", "cambricon"} <= names
 
 
-def test_class_plugin_answers_and_a_raising_hook_is_isolated() -> None:
+def test_a_class_plugin_registers_a_backend_and_its_failing_fingerprint_is_reported(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     plugin = ChipPlugin()
     plugins.load_plugins().register(plugin, name="chip")
     try:
-        assert isinstance(plugins.get_backend("chip"), ChipBackend)
-        assert "chip" in plugins.device_types()["chip"]
-        facts = plugins.fingerprint("chip")  # chip's hook raises; the cpu plugin still answers
+        assert isinstance(plugins.get_backend("chip:1"), ChipBackend)
+        assert plugins.get_backend("chip:1").device == "chip:1"
+        assert plugins.device_types()["chip"] == ["chip"]
+        facts = plugins.fingerprint("chip")  # the backend raises; precguard's facts remain
         assert "torch.version" in facts
-        assert (
-            "RuntimeError: chip driver crashed" in plugins.hook_errors["chip.precguard_fingerprint"]
+        assert facts["fingerprint.error"] == (
+            "ChipBackend.fingerprint raised RuntimeError: chip driver crashed"
         )
+        assert "fingerprint_failed" in caplog.text
     finally:
         plugins.load_plugins().unregister(plugin, name="chip")
-        plugins.hook_errors.clear()
     assert plugins.get_backend("chip") is None
+
+
+def test_a_later_plugin_takes_over_a_device_type(caplog: pytest.LogCaptureFixture) -> None:
+    class FastCpu(CpuBackend):
+        pass
+
+    class FastCpuPlugin:
+        @hookimpl
+        def precguard_register_backends(self, register) -> None:
+            register(FastCpu)
+
+    plugins.load_plugins().register(FastCpuPlugin(), name="fastcpu")
+    try:
+        assert type(plugins.get_backend("cpu")) is FastCpu
+        assert "device_type_taken device_type='cpu' plugin='cpu' owner='fastcpu'" in caplog.text
+    finally:
+        plugins.load_plugins().unregister(name="fastcpu")
+    assert type(plugins.get_backend("cpu")) is CpuBackend
+
+
+def test_hook_wrappers_run_around_the_registration(fresh_plugins: None) -> None:
+    """precguard calls pm.hook directly: old- and new-style wrappers see every call."""
+    seen: list[str] = []
+
+    class WrapperPlugin:
+        @hookimpl(wrapper=True)
+        def precguard_register_backends(self, register):
+            seen.append("wrapper before")
+            result = yield
+            seen.append("wrapper after")
+            return result
+
+        @hookimpl(hookwrapper=True)
+        def precguard_register_checks(self, register):
+            seen.append("hookwrapper before")
+            outcome = yield
+            assert outcome.exception is None
+            register(_check("env.wrapped", "registered by a wrapper after the others"))
+            seen.append("hookwrapper after")
+
+    plugins.load_plugins().register(WrapperPlugin(), name="wrapper")
+    assert isinstance(plugins.get_backend("emu:fp16"), Backend)
+    assert seen == ["wrapper before", "wrapper after"]
+    checks = plugins.collect_checks()
+    assert seen[2:] == ["hookwrapper before", "hookwrapper after"]
+    assert "env.wrapped" in checks and "rng.same_seed" in checks
 
 
 def test_a_plugin_that_fails_to_import_is_reported_and_the_rest_work(
@@ -140,74 +191,119 @@ def test_precguard_plugins_limits_entry_points(
     assert "ascend" in names and not names & {"cuda", "cambricon"}
 
 
-def test_trace_hooks_names_the_answering_plugin(
+def test_trace_hooks_names_the_registering_plugin(
     fresh_plugins: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("PRECGUARD_TRACE_HOOKS", "1")
     plugins.get_backend("emu:fp16")
     err = capsys.readouterr().err
-    assert "precguard_backend(device='emu:fp16')" in err
-    assert "emu -> EmuBackend('emu:fp16')" in err
-    plugins.load_plugins().hook.precguard_device_types()  # direct pluggy calls are traced too
+    assert "precguard_register_backends(register=" in err and "asks [" in err
+    assert "backend for 'emu:fp16': EmuBackend (emu)" in err
+    assert (
+        "emu registers device_type 'emu': <class 'precguard.backends.emu.backend.EmuBackend'>"
+        in err
+    )
+    plugins.collect_checks()
     err = capsys.readouterr().err
-    assert "precguard_device_types() asks [" in err and "'npu'" in err
+    assert "precguard_register_checks(register=" in err
+    assert "ascend registers check 'env.ascend_precision_mode'" in err
 
 
 def test_a_later_plugin_overrides_a_check_id(caplog: pytest.LogCaptureFixture) -> None:
     """pluggy asks the last registered plugin first; its check wins and the loser is logged."""
-    from precguard.checks.base import Check, Finding
 
     class DuplicatePlugin:
         @hookimpl
         def precguard_register_checks(self, register) -> None:
-            register(
-                Check(
-                    "env.cuda_tf32",
-                    "an impostor",
-                    lambda ctx: Finding(id="env.cuda_tf32", status="pass", summary="x"),
-                )
-            )
+            register(_check("env.cuda_tf32", "an impostor"))
 
     plugins.load_plugins().register(DuplicatePlugin(), name="duplicate")
     try:
         checks = plugins.collect_checks()
         assert checks["env.cuda_tf32"].description == "an impostor"
-        assert "check_id_taken check='env.cuda_tf32' plugin='cuda' owner='duplicate'" in caplog.text
+        assert "check_taken check='env.cuda_tf32' plugin='cuda' owner='duplicate'" in caplog.text
     finally:
         plugins.load_plugins().unregister(name="duplicate")
 
 
-def test_vendor_dump_writes_one_line_per_plugin_and_step(tmp_path: Path) -> None:
-    class StatePlugin:
-        @hookimpl
-        def precguard_vendor_dump(self, device: str, step: int, out_dir: Path):
-            out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / f"step{step}.txt").write_text("registers")
-            return {"temperature_c": 61}
-
-    plugins.load_plugins().register(StatePlugin(), name="stateful")
-    try:
-        lines = plugins.vendor_dump("cpu", 2, tmp_path, rank=1)
-    finally:
-        plugins.load_plugins().unregister(name="stateful")
-    assert lines == [{"step": 2, "plugin": "stateful", "state": {"temperature_c": 61}}]
-    assert (tmp_path / "rank1" / "vendor" / "stateful" / "step2.txt").is_file()
-    assert (tmp_path / "rank1" / "vendor.jsonl").is_file()
+def _helper_that_raises() -> None:
+    raise RuntimeError("checks module missing")
 
 
-def test_a_register_checks_hook_that_raises_is_reported_and_the_others_register() -> None:
+def test_a_plugin_whose_registration_raises_is_reported_by_name_and_left_out(
+    fresh_plugins: None, caplog: pytest.LogCaptureFixture
+) -> None:
     class BrokenChecksPlugin:
         @hookimpl
         def precguard_register_checks(self, register) -> None:
-            raise RuntimeError("checks module missing")
+            register(_check("env.broken_first", "registered before the failure"))
+            _helper_that_raises()  # the culprit is found below the hook, too
 
     plugins.load_plugins().register(BrokenChecksPlugin(), name="brokenchecks")
+    checks = plugins.collect_checks()
+    assert plugins.load_errors["brokenchecks"] == (
+        "precguard_register_checks raised RuntimeError: checks module missing"
+    )
+    assert "plugin_registration_failed" in caplog.text
+    assert plugins.load_plugins().get_plugin("brokenchecks") is None
+    assert "env.broken_first" not in checks  # nothing of a broken plugin is half-registered
+    assert "env.cuda_tf32" in checks and "rng.same_seed" in checks  # the others still register
+
+
+def test_registering_something_that_is_not_a_backend_is_the_plugins_fault(
+    fresh_plugins: None,
+) -> None:
+    class ConfusedPlugin:
+        @hookimpl
+        def precguard_register_backends(self, register) -> None:
+            register(ChipBackend("chip"))  # an instance, not the class
+
+    plugins.load_plugins().register(ConfusedPlugin(), name="confused")
+    assert plugins.get_backend("cpu") is not None
+    assert plugins.load_errors["confused"].startswith(
+        "precguard_register_backends raised TypeError: register() expects a Backend subclass"
+    )
+    described = plugins.describe()
+    assert {"name": "confused", "cause": plugins.load_errors["confused"]} in described[
+        "load_errors"
+    ]
+
+
+def test_register_kept_for_later_is_refused() -> None:
+    kept: list = []
+
+    class LatePlugin:
+        @hookimpl
+        def precguard_register_backends(self, register) -> None:
+            kept.append(register)
+
+    plugins.load_plugins().register(LatePlugin(), name="late")
     try:
-        checks = plugins.collect_checks()
-        assert plugins.hook_errors["brokenchecks.precguard_register_checks"] == (
-            "RuntimeError: checks module missing"
-        )
-        assert "env.cuda_tf32" in checks  # the other plugins' checks are still there
+        plugins.get_backend("cpu")
     finally:
-        plugins.load_plugins().unregister(name="brokenchecks")
-        plugins.hook_errors.clear()
+        plugins.load_plugins().unregister(name="late")
+    with pytest.raises(RuntimeError, match="after precguard_register_backends returned"):
+        kept[0](ChipBackend)
+
+
+def test_registries_are_kept_until_the_set_of_plugins_changes() -> None:
+    pm = plugins.load_plugins()
+    calls: list[str] = []
+    undo = pm.add_hookcall_monitoring(
+        lambda name, impls, kwargs: calls.append(name), lambda *a: None
+    )
+    try:
+        plugins.get_backend("cpu")
+        plugins.get_backend("emu:fp16")
+        plugins.fingerprint("cpu")
+        assert calls.count("precguard_register_backends") <= 1  # at most one build
+        calls.clear()
+        pm.register(ChipPlugin(), name="chip")
+        try:
+            assert isinstance(plugins.get_backend("chip"), ChipBackend)
+            assert calls == ["precguard_register_backends"]
+        finally:
+            pm.unregister(name="chip")
+        assert plugins.get_backend("chip") is None
+    finally:
+        undo()

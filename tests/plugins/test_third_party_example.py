@@ -42,7 +42,8 @@ def test_the_example_plugin_installs_and_is_listed(tmp_path: Path) -> None:
     lumen = next(p for p in json.loads(listing.stdout)["plugins"] if p["name"] == "lumen")
     assert lumen["device_types"] == ["lum"]
     assert lumen["distribution"] == "precguard-lumen" and lumen["version"] == "0.1.0"
-    assert "precguard_register_checks" in lumen["hooks"]
+    assert lumen["hooks"] == ["precguard_register_backends", "precguard_register_checks"]
+    assert lumen["checks"] == ["env.lumen_fast_math"]
     env_json = cli("env", "--device", "lum", "--json")
     assert env_json.returncode == 0, env_json.stderr
     doc = json.loads(env_json.stdout)

@@ -1,8 +1,14 @@
-"""Built-in plugin: the CPU, the reference every other device is compared with."""
+"""Built-in plugin: the CPU, the reference every other device is compared with.
+
+torch's global facts (version, deterministic algorithms, float32 matmul
+precision) are not the CPU's: precguard adds them to every device's
+fingerprint (:func:`precguard.backend.torch_facts`).
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,29 +42,6 @@ class CpuBackend(Backend):
 
 
 @hookimpl
-def precguard_backend(device: str) -> Backend | None:
-    """Claim ``cpu``."""
-    if device == "cpu":
-        return CpuBackend(device)
-    return None
-
-
-@hookimpl
-def precguard_device_types() -> list[str]:
-    """The host CPU's one device type."""
-    return ["cpu"]
-
-
-@hookimpl
-def precguard_fingerprint(device: str) -> dict[str, Any] | None:
-    """torch's version and global numerics flags for every device; CPU facts for ``cpu``
-    and for ``emu:`` devices, which run on the CPU."""
-    facts: dict[str, Any] = {
-        "torch.version": torch.__version__,
-        "torch.deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "torch.float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "torch.default_dtype": str(torch.get_default_dtype()),
-    }
-    if device == "cpu" or device == "emu" or device.startswith("emu:"):
-        facts.update(CpuBackend("cpu").fingerprint())
-    return facts
+def precguard_register_backends(register: Callable[[type[Backend]], None]) -> None:
+    """Register the host CPU (``cpu``)."""
+    register(CpuBackend)

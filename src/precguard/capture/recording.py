@@ -38,15 +38,12 @@ def dist_rank_world() -> tuple[int, int]:
 def to_host(t: torch.Tensor) -> torch.Tensor:
     """Copy ``t`` to a plain, contiguous CPU tensor for saving.
 
-    Device plugins hook in here (``precguard_to_host``) for layouts the CPU
-    cannot read directly (e.g. Ascend's internal NZ format).
+    The tensor's backend does it (:meth:`~precguard.backend.Backend.to_host`),
+    for layouts the CPU cannot read directly (e.g. Ascend's internal NZ format).
     """
     from precguard import plugins
 
-    converted = plugins.to_host(t)
-    if converted is not None:
-        return converted
-    return t.detach().to("cpu", copy=True).contiguous()
+    return plugins.to_host(t)
 
 
 def _autocast_dtype(t: torch.Tensor) -> str | None:

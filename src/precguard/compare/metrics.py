@@ -435,7 +435,9 @@ def _chunk(g_t: torch.Tensor, a_t: torch.Tensor, start: int, p: _Params) -> _Acc
 
 def _finish(acc: _Acc, dtype: str, numel: int) -> Metrics:
     n = max(acc.n, 1)
-    g_norm, a_norm = math.sqrt(acc.gg), math.sqrt(acc.aa)
+    # <a,a> comes from <g,g> + 2<g,d> + <d,d>: where a is close to -g that sum cancels
+    # and rounding can leave it a hair below zero
+    g_norm, a_norm = math.sqrt(acc.gg), math.sqrt(max(acc.aa, 0.0))
     err_norm = math.sqrt(acc.sum_sq)
     rel_l2 = err_norm / g_norm if g_norm > 0 else (0.0 if err_norm == 0 else math.inf)
     if g_norm > 0 and a_norm > 0:

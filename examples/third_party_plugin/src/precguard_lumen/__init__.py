@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from precguard import Backend, hookimpl
 from precguard.backend import env_facts
-from precguard.checks.base import Check, CheckContext, Finding
+
+if TYPE_CHECKING:  # checks are imported only when a checklist asks for them
+    from precguard.checks.base import Check, CheckContext, Finding
 
 
 def _sdk() -> Any:
@@ -40,21 +43,13 @@ class LumenBackend(Backend):
 
 
 @hookimpl
-def precguard_backend(device: str) -> Backend | None:
-    return LumenBackend(device) if device.split(":")[0] == "lum" else None
-
-
-@hookimpl
-def precguard_device_types() -> list[str]:
-    return ["lum"]
-
-
-@hookimpl
-def precguard_fingerprint(device: str) -> dict[str, Any] | None:
-    return LumenBackend(device).fingerprint() if device.split(":")[0] == "lum" else None
+def precguard_register_backends(register: Callable[[type[Backend]], None]) -> None:
+    register(LumenBackend)  # precguard builds LumenBackend("lum:1") for devices of type "lum"
 
 
 def fast_math(ctx: CheckContext) -> Finding:
+    from precguard.checks.base import Finding
+
     if ctx.device.split(":")[0] != "lum":
         return Finding(id="env.lumen_fast_math", status="skip", summary="not a Lumen device")
     on = os.environ.get("LUMEN_FAST_MATH") == "1"
@@ -68,5 +63,7 @@ def fast_math(ctx: CheckContext) -> Finding:
 
 
 @hookimpl
-def precguard_register_checks(register) -> None:
+def precguard_register_checks(register: Callable[[Check], None]) -> None:
+    from precguard.checks.base import Check
+
     register(Check("env.lumen_fast_math", "Fast math is off.", fast_math, needs_target=False))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -85,25 +86,42 @@ class AscendBackend(Backend):
 
     @contextlib.contextmanager
     def deterministic(self) -> Iterator[None]:
-        """Deterministic algorithms (ACL ops) and HCCL collectives; restored on exit.
+        """Deterministic ACL ops and HCCL collectives; restored on exit.
+
+        Through ``torch_npu.npu.set_deterministic_level`` only: it sets torch's
+        deterministic flag itself, and torch_npu warns against calling
+        ``torch.use_deterministic_algorithms`` directly. The level to restore
+        is read from torch's flag, which torch_npu keeps in step with it:
+        ``_get_deterministic_level()`` may call the setter, so it is not asked.
+        An SDK without ``set_deterministic_level`` gets torch's own switch.
 
         ``HCCL_DETERMINISTIC`` is read when communicators are created: set it in
         the environment before ``init_process_group`` for full effect.
         """
         npu = self._sdk()
-        level = read_flag(lambda: npu.npu._get_deterministic_level())
-        set_level = getattr(npu.npu, "set_deterministic_level", None) if level is not None else None
-        with scoped_env({"HCCL_DETERMINISTIC": "true"}), super().deterministic():
-            if set_level is not None:
-                set_level(1)
+        set_level = getattr(npu.npu, "set_deterministic_level", None)
+        with scoped_env({"HCCL_DETERMINISTIC": "true"}):
+            if set_level is None:
+                with super().deterministic():
+                    yield
+                return
+            before = 1 if torch.are_deterministic_algorithms_enabled() else 0
+            set_level(1)
             try:
                 yield
             finally:
-                if set_level is not None:
-                    set_level(level)
+                set_level(before)
 
     def fingerprint(self) -> dict[str, Any]:
-        """torch_npu version, HF32, precision/impl modes, overflow mode, formats, env."""
+        """torch_npu version, HF32, precision/impl modes, overflow mode, formats, env.
+
+        Reading changes nothing on the device. ACL options torch_npu has not
+        set read as ``"unset"`` (the chip's default applies); None means the
+        value could not be read. Whether deterministic algorithms are on is in
+        torch's part of the fingerprint (``torch.deterministic_algorithms``):
+        torch_npu's ``set_deterministic_level`` sets that flag, and its
+        ``_get_deterministic_level`` may call the setter, so it is not read.
+        """
         facts: dict[str, Any] = {}
         npu = sdk.torch_npu()
         usable, reason = self.availability()
@@ -119,7 +137,6 @@ class AscendBackend(Backend):
             "npu.op_select_impl_mode",
             "npu.inf_nan_mode",
             "npu.allow_internal_format",
-            "npu.deterministic_level",
             "npu.jit_compile",
             "npu.device_name",
         )
@@ -139,7 +156,6 @@ class AscendBackend(Backend):
                     "npu.allow_internal_format": read_flag(
                         lambda: mod.config.allow_internal_format
                     ),
-                    "npu.deterministic_level": read_flag(mod._get_deterministic_level),
                     "npu.jit_compile": None if jit_false is None else not jit_false,
                 }
             )
@@ -158,7 +174,7 @@ class AscendBackend(Backend):
             t = npu.npu_format_cast(t, FORMAT_ND)
         return t.to("cpu").contiguous()
 
-    def overflow_state(self) -> dict[str, Any] | None:
+    def vendor_state(self, step: int, out_dir: Path) -> dict[str, Any] | None:
         """In saturation mode, read and clear the float-status overflow flag; else None.
 
         Saturation clamps overflow to ±max and NaN to 0, so the flag register is

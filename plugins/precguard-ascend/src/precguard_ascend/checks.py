@@ -7,6 +7,7 @@ from typing import Any
 
 from precguard.checks.base import Check, CheckContext, Finding
 from precguard_ascend.backend import AscendBackend
+from precguard_ascend.sdk import UNSET
 
 #: precision modes that let fp32 ops run in fp16 (or mixed) behind the model's back
 LOWERING_MODES = frozenset(
@@ -47,16 +48,27 @@ def _guarded(check_id: str, needs_sdk: bool = True) -> Callable[..., Any]:
 def precision_mode(ctx: CheckContext, facts: dict[str, Any]) -> Finding:
     """ACL_PRECISION_MODE must keep fp32 ops in fp32 for a parity run."""
     mode = facts["npu.precision_mode"]
-    evidence = {"npu.precision_mode": mode}
+    evidence = {"npu.precision_mode": mode, "npu.device_name": facts["npu.device_name"]}
+    remedy = (
+        "Set it explicitly before the first NPU op: "
+        "torch.npu.set_option({'ACL_PRECISION_MODE': 'must_keep_origin_dtype'})."
+    )
     if mode is None:
         return Finding(
             id="env.ascend_precision_mode",
             status="warn",
-            summary="ACL_PRECISION_MODE could not be read; older chips default to "
-            "allow_fp32_to_fp16",
+            summary="ACL_PRECISION_MODE could not be read from this torch_npu",
             evidence=evidence,
-            remedy="Set it explicitly: torch.npu.set_option({'ACL_PRECISION_MODE': "
-            "'must_keep_origin_dtype'}).",
+            remedy=remedy,
+        )
+    if mode == UNSET:
+        return Finding(
+            id="env.ascend_precision_mode",
+            status="warn",
+            summary="ACL_PRECISION_MODE is unset: the chip's default applies, which is "
+            "allow_fp32_to_fp16 (fp32 ops run in fp16) on chips before the Ascend 910B",
+            evidence=evidence,
+            remedy=remedy,
         )
     if str(mode) in LOWERING_MODES:
         return Finding(

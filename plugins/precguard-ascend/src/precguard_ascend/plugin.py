@@ -6,54 +6,24 @@ Nothing here imports torch_npu; :mod:`precguard_ascend.sdk` does, on first use.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING
 
 from precguard import hookimpl
 from precguard.backend import Backend
 from precguard_ascend.backend import AscendBackend
 
-
-def _mine(device: str) -> bool:
-    return device.split(":", 1)[0] == "npu"
-
-
-@hookimpl
-def precguard_backend(device: str) -> Backend | None:
-    """Claim ``npu`` and ``npu:N``, with or without torch_npu installed."""
-    return AscendBackend(device) if _mine(device) else None
+if TYPE_CHECKING:
+    from precguard.checks.base import Check  # checks are imported when first asked for
 
 
 @hookimpl
-def precguard_device_types() -> list[str]:
-    """The device type this plugin claims."""
-    return ["npu"]
+def precguard_register_backends(register: Callable[[type[Backend]], None]) -> None:
+    """Register :class:`AscendBackend` (``npu``, ``npu:N``), with or without torch_npu."""
+    register(AscendBackend)
 
 
 @hookimpl
-def precguard_fingerprint(device: str) -> dict[str, Any] | None:
-    """torch_npu version, numerics switches and Ascend environment variables."""
-    return AscendBackend(device).fingerprint() if _mine(device) else None
-
-
-@hookimpl
-def precguard_to_host(tensor: torch.Tensor) -> torch.Tensor | None:
-    """NPU tensors: cast internal formats to ND, then copy to the CPU."""
-    if tensor.device.type != "npu":
-        return None
-    return AscendBackend(str(tensor.device)).to_host(tensor)
-
-
-@hookimpl
-def precguard_vendor_dump(device: str, step: int, out_dir: Path) -> dict[str, Any] | None:
-    """In saturation mode, the float-status overflow flag of each step (read and cleared)."""
-    return AscendBackend(device).overflow_state() if _mine(device) else None
-
-
-@hookimpl
-def precguard_register_checks(register: Callable[..., None]) -> None:
+def precguard_register_checks(register: Callable[[Check], None]) -> None:
     """Register the ``env.ascend_*`` and ``env.npu_*`` checks."""
     from precguard_ascend.checks import CHECKS
 

@@ -14,6 +14,11 @@ from precguard.backend import Backend, env_facts, parse_device, read_flag
 
 NOT_INSTALLED = "torch_mlu is not installed"
 
+#: values of ``ENABLE_FALLBACK_TO_CPU`` that turn the fallback off (unset means on)
+FALLBACK_OFF = frozenset({"0", "OFF", "off"})
+#: values of ``ENABLE_MLU_FAIL_FALLBACK`` that turn it on; anything else (unset too) is off
+FAIL_FALLBACK_ON = frozenset({"1", "ON", "on"})
+
 #: environment variables that change numbers (or where ops run) on Cambricon MLUs
 MLU_ENV: tuple[str, ...] = (
     "TORCH_ALLOW_TF32_CNMATMUL_OVERRIDE",
@@ -85,17 +90,25 @@ class CambriconBackend(Backend):
 
     @contextlib.contextmanager
     def deterministic(self) -> Iterator[None]:
-        """Deterministic algorithms where torch_mlu has them; restored on exit.
+        """Deterministic CNNL kernels and torch's deterministic algorithms; restored on exit.
 
-        ``torch.backends.cnnl.deterministic`` only warns on MLU, and convolutions
-        stay non-deterministic: compare conv-heavy models with a tolerance.
+        ``torch.backends.cnnl.deterministic`` (installed by torch_mlu) selects
+        deterministic CNNL kernels; torch's flag covers the ops that check it.
         """
         self._sdk()
+        cnnl = getattr(torch.backends, "cnnl", None)
+        before = getattr(cnnl, "deterministic", None)
         with super().deterministic():
-            yield
+            if cnnl is not None:
+                cnnl.deterministic = True
+            try:
+                yield
+            finally:
+                if cnnl is not None:
+                    cnnl.deterministic = before
 
     def fingerprint(self) -> dict[str, Any]:
-        """torch_mlu version, MLU/CNNL TF32 switches, fallback and overflow variables."""
+        """torch_mlu version, TF32 and determinism switches, fallback and overflow variables."""
         mlu = torch_mlu()
         usable, reason = self.availability()
         facts: dict[str, Any] = {"mlu.available": usable}
@@ -109,6 +122,7 @@ class CambriconBackend(Backend):
                 "mlu.matmul.allow_tf32": read_flag(lambda: backends.mlu.matmul.allow_tf32),
                 "mlu.custom.allow_tf32": read_flag(lambda: backends.mlu.custom.allow_tf32),
                 "mlu.cnnl.allow_tf32": read_flag(lambda: backends.cnnl.allow_tf32),
+                "mlu.cnnl.deterministic": read_flag(lambda: backends.cnnl.deterministic),
                 "mlu.device_name": None,
             }
         )

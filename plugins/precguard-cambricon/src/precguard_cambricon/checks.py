@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from precguard.checks.base import Check, CheckContext, Finding
-from precguard_cambricon.backend import CambriconBackend
+from precguard_cambricon.backend import FAIL_FALLBACK_ON, FALLBACK_OFF, CambriconBackend
 
 
 def _facts(ctx: CheckContext) -> dict[str, Any] | None:
@@ -42,7 +42,11 @@ def tf32(ctx: CheckContext) -> Finding:
 
 
 def cpu_fallback(ctx: CheckContext) -> Finding:
-    """Unsupported or failing ops run on the CPU unless the fallback variables say no."""
+    """Unsupported or failing ops run on the CPU unless the fallback variables say no.
+
+    ``ENABLE_FALLBACK_TO_CPU`` is on unless set to 0/OFF/off;
+    ``ENABLE_MLU_FAIL_FALLBACK`` is off unless set to 1/ON/on.
+    """
     facts = _facts(ctx)
     cid = "env.mlu_cpu_fallback"
     if facts is None:
@@ -51,9 +55,9 @@ def cpu_fallback(ctx: CheckContext) -> Finding:
         "env.ENABLE_FALLBACK_TO_CPU": facts["env.ENABLE_FALLBACK_TO_CPU"],
         "env.ENABLE_MLU_FAIL_FALLBACK": facts["env.ENABLE_MLU_FAIL_FALLBACK"],
     }
-    if evidence["env.ENABLE_FALLBACK_TO_CPU"] == "0" and evidence[
-        "env.ENABLE_MLU_FAIL_FALLBACK"
-    ] in (None, "0"):
+    fallback = evidence["env.ENABLE_FALLBACK_TO_CPU"] not in FALLBACK_OFF
+    fail_fallback = evidence["env.ENABLE_MLU_FAIL_FALLBACK"] in FAIL_FALLBACK_ON
+    if not fallback and not fail_fallback:
         return Finding(
             id=cid,
             status="pass",
@@ -63,7 +67,9 @@ def cpu_fallback(ctx: CheckContext) -> Finding:
     return Finding(
         id=cid,
         status="warn",
-        summary="ops torch_mlu does not support (or that fail) may run silently on the CPU",
+        summary="ops torch_mlu does not support may run silently on the CPU"
+        if fallback
+        else "ops that fail on the MLU are run again silently on the CPU",
         evidence=evidence,
         remedy="Run once with ENABLE_FALLBACK_TO_CPU=0 and ENABLE_MLU_FAIL_FALLBACK=0 to see "
         "which ops fall back.",

@@ -3,37 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from precguard import hookimpl
 from precguard.backend import Backend
 from precguard_cuda.backend import CudaBackend
 
-
-def _mine(device: str) -> bool:
-    return device.split(":", 1)[0] == "cuda"
-
-
-@hookimpl
-def precguard_backend(device: str) -> Backend | None:
-    """Claim ``cuda`` and ``cuda:N``."""
-    return CudaBackend(device) if _mine(device) else None
+if TYPE_CHECKING:
+    from precguard.checks.base import Check  # checks are imported when first asked for
 
 
 @hookimpl
-def precguard_device_types() -> list[str]:
-    """The device type this plugin claims."""
-    return ["cuda"]
+def precguard_register_backends(register: Callable[[type[Backend]], None]) -> None:
+    """Register :class:`CudaBackend` (``cuda``, ``cuda:N``)."""
+    register(CudaBackend)
 
 
 @hookimpl
-def precguard_fingerprint(device: str) -> dict[str, Any] | None:
-    """CUDA versions, TF32/cuDNN/SDPA switches and environment variables."""
-    return CudaBackend(device).fingerprint() if _mine(device) else None
-
-
-@hookimpl
-def precguard_register_checks(register: Callable[..., None]) -> None:
+def precguard_register_checks(register: Callable[[Check], None]) -> None:
     """Register the ``env.cuda_*`` checks."""
     from precguard_cuda.checks import CHECKS
 

@@ -7,7 +7,7 @@ own. See ``docs/emu.md``.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from precguard.backend import Backend
 from precguard.backends.emu.backend import EmuBackend
@@ -15,22 +15,6 @@ from precguard.plugins import hookimpl
 
 
 @hookimpl
-def precguard_backend(device: str) -> Backend | None:
-    """Claim ``emu`` and ``emu:PROFILE``."""
-    if device == "emu" or device.startswith("emu:"):
-        return EmuBackend(device)
-    return None
-
-
-@hookimpl
-def precguard_device_types() -> list[str]:
-    """The emulator's one device type."""
-    return ["emu"]
-
-
-@hookimpl
-def precguard_fingerprint(device: str) -> dict[str, Any] | None:
-    """The emulated profile's settings, for ``emu:`` devices only."""
-    if device == "emu" or device.startswith("emu:"):
-        return EmuBackend(device).fingerprint()
-    return None
+def precguard_register_backends(register: Callable[[type[Backend]], None]) -> None:
+    """Register the emulator (``emu:PROFILE``)."""
+    register(EmuBackend)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from precguard.backend import Backend
+from precguard.backends.cpu import CpuBackend
 from precguard.backends.emu import numerics
 from precguard.backends.emu.profile import EmuProfile, EmuProfileError, load_profile
 
@@ -39,8 +39,12 @@ def device_stream_seed(seed: int, stream: int) -> int:
     return (z ^ (z >> 31)) & _MASK64
 
 
-class EmuBackend(Backend):
-    """The CPU emulating the numerics of the profile named after ``emu:``."""
+class EmuBackend(CpuBackend):
+    """The CPU emulating the numerics of the profile named after ``emu:``.
+
+    It runs on the host CPU, so it is a :class:`CpuBackend` and its fingerprint
+    carries the CPU's facts (thread count, ISA level) as well as the profile's.
+    """
 
     device_type = "emu"
 
@@ -100,10 +104,11 @@ class EmuBackend(Backend):
             torch.set_rng_state(state)
 
     def fingerprint(self) -> dict[str, Any]:
-        """The profile's every setting (``emu.*``), where it came from and its hash."""
+        """The CPU's facts, and the profile's every setting (``emu.*``), source and hash."""
+        facts = super().fingerprint()
         if self.profile is None:
-            return {"emu.profile": self.spec, "emu.error": self._error}
-        facts: dict[str, Any] = {
+            return {**facts, "emu.profile": self.spec, "emu.error": self._error}
+        facts |= {
             "emu.profile": self.profile.name,
             "emu.source": self.source,
             "emu.sha256": self.sha256,

@@ -1,4 +1,4 @@
-"""precguard-cambricon against the FAKE torch_mlu (tests/plugins/fakes.py) and without it."""
+"""precguard-cambricon against the FAKE torch_mlu (conftest.py) and without it."""
 
 from __future__ import annotations
 
@@ -44,10 +44,21 @@ def test_fingerprint_reads_the_mlu_flags_not_the_cuda_ones(mlu_sdk, monkeypatch)
     facts = plugins.fingerprint("mlu")
     assert facts["mlu.torch_mlu_version"] == "1.24.0+FAKE"
     assert facts["mlu.cnnl.allow_tf32"] is True
+    assert facts["mlu.cnnl.deterministic"] is False
     assert facts["mlu.matmul.allow_tf32"] is False
     assert facts["mlu.device_name"] == "MLU370-FAKE"
     assert facts["env.ENABLE_FALLBACK_TO_CPU"] == "1"
     assert not any(k.startswith("cuda.") for k in facts)
+
+
+def test_deterministic_sets_cnnl_and_torch_and_restores_both(mlu_sdk) -> None:
+    before = torch.are_deterministic_algorithms_enabled()
+    with CambriconBackend("mlu").deterministic():
+        assert torch.backends.cnnl.deterministic is True
+        assert torch.are_deterministic_algorithms_enabled()
+        assert plugins.fingerprint("mlu")["mlu.cnnl.deterministic"] is True
+    assert torch.backends.cnnl.deterministic is False
+    assert torch.are_deterministic_algorithms_enabled() == before
 
 
 def test_checks(mlu_sdk, monkeypatch) -> None:
@@ -57,8 +68,34 @@ def test_checks(mlu_sdk, monkeypatch) -> None:
     assert tf32.status == "warn" and "torch.backends.cnnl.allow_tf32 = False" in tf32.remedy
     torch.backends.cnnl.allow_tf32 = False  # the fake, restored by monkeypatch
     assert checks["env.mlu_tf32"].func(ctx).status == "pass"
-    monkeypatch.delenv("ENABLE_FALLBACK_TO_CPU", raising=False)
-    assert checks["env.mlu_cpu_fallback"].func(ctx).status == "warn"
-    monkeypatch.setenv("ENABLE_FALLBACK_TO_CPU", "0")
-    assert checks["env.mlu_cpu_fallback"].func(ctx).status == "pass"
     assert checks["env.mlu_cpu_fallback"].func(CheckContext(device="npu")).status == "skip"
+
+
+@pytest.mark.parametrize(
+    ("fallback", "fail_fallback", "status"),
+    [
+        (None, None, "warn"),  # ENABLE_FALLBACK_TO_CPU is on by default
+        ("1", None, "warn"),
+        ("0", None, "pass"),
+        ("OFF", None, "pass"),
+        ("off", None, "pass"),
+        ("0", "0", "pass"),
+        ("0", "true", "pass"),  # only 1/ON/on turn the fail fallback on
+        ("0", "1", "warn"),
+        ("off", "ON", "warn"),
+        ("OFF", "on", "warn"),
+    ],
+)
+def test_cpu_fallback_reads_the_variables_as_torch_mlu_does(
+    mlu_sdk, monkeypatch, fallback: str | None, fail_fallback: str | None, status: str
+) -> None:
+    for name, value in (
+        ("ENABLE_FALLBACK_TO_CPU", fallback),
+        ("ENABLE_MLU_FAIL_FALLBACK", fail_fallback),
+    ):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    finding = _checks()["env.mlu_cpu_fallback"].func(CheckContext(device="mlu"))
+    assert finding.status == status, finding.summary
