@@ -11,10 +11,10 @@ import torch.distributed as dist
 from torch import nn
 
 import precguard
-from tests.compare.conftest import run_cli
 from precguard.compare.align import Renamer, RenameRule, closest_unmatched
 from precguard.errors import UsageError
 from precguard.targets import build_tiny_llama, causal_lm_loss, lm_batch
+from tests.compare.conftest import run_cli
 
 
 def _train_step(model: nn.Module, out: Path) -> None:

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 import precguard
-from tests.compare.conftest import record
 from precguard.compare.hints import replay_hint
+from tests.compare.conftest import record
 
 
 class _ScaledBackward(torch.autograd.Function):

@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.compare.bf16_suite import FAULTS, SETTINGS, Fault, Setting, localized, record
 
 import precguard
+from tests.compare.bf16_suite import FAULTS, SETTINGS, Fault, Setting, localized, record
 from tests.compare.conftest import run_cli
 
 _BY_NAME = {s.name: s for s in SETTINGS}

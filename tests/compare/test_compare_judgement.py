@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import precguard
-from tests.compare.conftest import FAULTS, record, run_cli
 from precguard.compare.divergence import fallback, step_candidates
 from precguard.compare.expected import rounding_floor
 from precguard.compare.metrics import full_metrics, precision, tolerance_dtype
@@ -17,6 +16,7 @@ from precguard.compare.report import Metrics, RecordResult
 from precguard.compare.tolerance import get_profile, judge, with_bias
 from precguard.dump.reader import load_run
 from precguard.errors import UsageError
+from tests.compare.conftest import FAULTS, record, run_cli
 
 BF16 = get_profile("default").for_dtype("bfloat16")
 
