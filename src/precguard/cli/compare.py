@@ -101,6 +101,7 @@ def compare(
     from precguard.compare import compare as run_compare
     from precguard.compare.render import render
     from precguard.errors import UsageError
+    from precguard.interop.msprobe import open_recording
 
     if top < 0:
         raise UsageError(f"--top must be >= 0, got {top}")
@@ -121,8 +122,8 @@ def compare(
             total=_steps_to_compare(golden, rank, step) if tty else None,
         )
         result = run_compare(
-            golden,
-            actual,
+            open_recording(golden),  # an msprobe dump is converted (docs/msprobe.md)
+            open_recording(actual),
             profile=profile,
             rtol=rtol,
             atol=atol,
@@ -132,6 +133,8 @@ def compare(
             rename=rename,
             on_step=lambda r, s: bar.update(task, advance=1, description=f"rank {r} step {s}"),
         )
+    # name the directories the user gave, not a converted msprobe dump's temporary copy
+    result = result.model_copy(update={"golden": str(golden), "actual": str(actual)})
     if replay:
         from precguard.localize.confirm import replay_suspects
 
