@@ -202,9 +202,7 @@ class RunWriter:
         for rec in records:
             stats = rec.get("stats")
             if stats is not None:
-                rec["stats"] = {
-                    k: v if v is None else _json_float(v) for k, v in stats.items()
-                }
+                rec["stats"] = {k: v if v is None else _json_float(v) for k, v in stats.items()}
             lines.append(json.dumps(rec, separators=(",", ":")))
         if lines:
             self._records.write("\n".join(lines) + "\n")
