@@ -29,19 +29,19 @@ def build_model(fault: bool) -> tuple[torch.nn.Module, torch.Tensor]:
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=16,
     )
     model = LlamaForCausalLM(config)
     if fault:
         act = model.get_submodule(FAULTY_MODULE)
         act.forward = lambda x: F.silu(x).to(torch.bfloat16).to(x.dtype)  # type: ignore[method-assign]
-    ids = torch.randint(0, config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(1))
     return model, ids
 
 
