@@ -1,6 +1,7 @@
 """Record one small seeded LLaMA with msprobe or with precguard (a script; tests run it).
 
     python llama_two_tools.py --tool msprobe --task statistics --out DIR [--fault] [--backward]
+                              [--level L0|L1|mix]
     python llama_two_tools.py --tool precguard --out DIR [--tensors] [--fault] [--backward]
 
 The model (transformers' LlamaForCausalLM, small config, seeded random init, no
@@ -62,6 +63,7 @@ def main() -> None:
     parser.add_argument("--fault", action="store_true")
     parser.add_argument("--backward", action="store_true")
     parser.add_argument("--tensors", action="store_true")
+    parser.add_argument("--level", choices=["L0", "L1", "mix"], default="L0")
     args = parser.parse_args()
     model, ids = build_model(args.fault)
     if args.backward:
@@ -86,7 +88,7 @@ def main() -> None:
         "dump_path": str(out / "dump"),
         "rank": [],
         "step": [],
-        "level": "L0",
+        "level": args.level,
         args.task: task_cfg,
     }
     (out / "config.json").write_text(json.dumps(config))

@@ -11,6 +11,7 @@ faulty precguard run.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,41 @@ def test_two_imports_of_one_dump_are_the_same_run(capsys, tmp_path) -> None:
         assert code == 0, err
     code, _, err = run_cli(["compare", str(tmp_path / "a"), str(tmp_path / "b")], capsys)
     assert code == 2 and "same recording" in err
+
+
+def test_mix_level_api_records_are_listed_unmatched_against_precguard(runs) -> None:
+    result = _compare(runs["clean"], FIXTURES / "mix")
+    # the API calls (Functional.linear, Tensor.__mul__, ...) have no precguard counterpart:
+    # listed, not a reason to call the recordings different models
+    assert result.verdict == "match", result.first_divergence
+    api = result.unmatched.actual_only
+    assert len(api) > 50
+    assert {k.split(".")[0] for k in api} == {"msprobe_api"}
+    assert any(k.startswith("msprobe_api.Functional.linear.0.forward.") for k in api)
+    assert result.counts.passed >= 90
+
+
+def test_two_msprobe_dumps_compare_module_records_and_name_the_fault() -> None:
+    result = _compare(FIXTURES / "mix", FIXTURES / "stats_fault")
+    assert result.verdict == "diverged"
+    assert result.first_divergence is not None
+    assert result.first_divergence.module == FAULTY_MODULE
+
+
+def test_api_records_pair_between_two_msprobe_dumps(tmp_path) -> None:
+    edited = shutil.copytree(FIXTURES / "mix", tmp_path / "mix_fault")
+    path = edited / "step0" / "proc4242" / "dump.json"
+    dump = json.loads(path.read_text())
+    # plant a fault in the API call: layer 1's SiLU output 1 % larger
+    out = dump["data"]["Functional.silu.1.forward"]["output"][0]
+    for stat in ("Max", "Min", "Mean", "Norm"):
+        out[stat] *= 1.01
+    path.write_text(json.dumps(dump))
+
+    result = _compare(FIXTURES / "mix", edited)
+
+    api_pairs = [r for r in result.records if r.module.startswith("msprobe_api.")]
+    assert len(api_pairs) > 50 and not result.unmatched.golden_only
+    assert result.verdict == "diverged"
+    assert result.first_divergence is not None
+    assert result.first_divergence.key == "msprobe_api.Functional.silu.1.forward.output.0"

@@ -77,7 +77,9 @@ def open_recording(path: str | os.PathLike[str]) -> Run:
     """
     if not is_msprobe_dump(path):
         return load_run(path)
-    tmp = Path(tempfile.mkdtemp(prefix="precguard-msprobe-"))
+    # the name says where it came from: compare's messages name this directory
+    label = "".join(c if c.isalnum() or c in "-_" else "_" for c in Path(path).resolve().name)
+    tmp = Path(tempfile.mkdtemp(prefix=f"precguard-msprobe-{label[:40]}-"))
     try:
         _write(Path(path), find_rank_dumps(Path(path)), tmp)
         run = load_run(tmp)
