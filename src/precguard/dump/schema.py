@@ -61,10 +61,14 @@ class Stats(BaseModel):
 
     @property
     def has_nan(self) -> bool:
-        """Whether the tensor holds NaN (from the count, else from NaN statistics)."""
+        """Whether the tensor holds NaN (from the count, else from a NaN extreme).
+
+        Only the extremes tell: max and min propagate NaN, while a NaN mean also
+        comes from +Inf and -Inf in one tensor.
+        """
         if self.nan is not None:
             return self.nan > 0
-        return any(v is not None and math.isnan(v) for v in (self.min, self.max, self.mean))
+        return math.isnan(self.min) or math.isnan(self.max)
 
     @property
     def has_inf(self) -> bool:
