@@ -101,3 +101,43 @@ def test_statistics_msprobe_does_not_measure_stay_unknown(tmp_path) -> None:
     assert rec.stats.std is None and rec.stats.nan is None and rec.stats.zeros is None
     ids = next(r for r in run.records() if r.key == "model.embed_tokens.0.forward.input.0")
     assert ids.dtype == "int64" and ids.stats is not None and ids.stats.mean is None
+
+
+def test_ranks_and_steps_are_kept_and_api_calls_counted_per_step(tmp_path) -> None:
+    # msprobe counts API calls over the process: step 1's first linear is Functional.linear.N
+    src = FIXTURES / "mix" / "step0" / "proc4242"
+    raw = json.loads((src / "dump.json").read_text())
+    per_api: dict[str, int] = {}
+    for name in raw["data"]:
+        if not name.startswith("Module."):
+            api = name.rsplit(".", 2)[0]
+            per_api[api] = per_api.get(api, 0) + 1
+
+    def renamed(name: str | None) -> str | None:
+        if name is None or name.startswith("Module."):
+            return name
+        api, count, phase = name.rsplit(".", 2)
+        return f"{api}.{int(count) + per_api.get(api, 0)}.{phase}"
+
+    later = dict(raw, data={renamed(k): v for k, v in raw["data"].items()})
+    tree = json.loads((src / "construct.json").read_text())
+    later_tree = {renamed(k): renamed(v) for k, v in tree.items()}
+    dump = tmp_path / "dump"
+    for rank in ("rank0", "rank1"):
+        shutil.copytree(src, dump / "step0" / rank)
+        (dump / "step1" / rank).mkdir(parents=True)
+        (dump / "step1" / rank / "dump.json").write_text(json.dumps(later))
+        (dump / "step1" / rank / "construct.json").write_text(json.dumps(later_tree))
+
+    run = load_run(import_msprobe(dump, tmp_path / "run"))
+
+    assert run.ranks == [0, 1]
+    assert run.manifest.world_size == 2 and run.manifest.steps == 2
+    for rank in run.ranks:
+        steps: dict[int, list[str]] = {}
+        for rec in run.records(rank):
+            assert rec.rank == rank
+            steps.setdefault(rec.step, []).append(rec.key)
+        assert sorted(steps) == [0, 1]
+        assert steps[0] == steps[1]  # the same calls, the same keys, in both steps
+        assert "msprobe_api.Functional.linear.0.forward.output.0" in steps[1]

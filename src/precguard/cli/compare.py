@@ -35,6 +35,9 @@ finish (it raised, or was killed). The gaps are printed first. --allow-partial m
 Exit 2: unusable input (missing or corrupt recording, different models, a recording compared
 with itself), one line on stderr.
 
+GOLDEN and ACTUAL may each be an msprobe (mindstudio-probe) dump directory, read as a
+recording (see docs/msprobe.md; `precguard import-msprobe` converts one once).
+
 Profiles: default (rel-L2 <= k x assert_close rtol, cosine >= 0.99), strict (every element
 as torch.testing.assert_close), msprobe (Ascend msprobe's lax verdict). See docs/compare.md.
 """
@@ -42,8 +45,10 @@ as torch.testing.assert_close), msprobe (Ascend msprobe's lax verdict). See docs
 
 @app.command(help=_COMPARE_HELP)
 def compare(
-    golden: Path = typer.Argument(..., help="Golden (reference) recording directory."),
-    actual: Path = typer.Argument(..., help="Recording under test."),
+    golden: Path = typer.Argument(
+        ..., help="Golden (reference) recording directory, or an msprobe dump."
+    ),
+    actual: Path = typer.Argument(..., help="Recording under test, or an msprobe dump."),
     json_out: Path | None = typer.Option(
         None, "--json", help="Write the full Comparison as JSON to this file ('-' for stdout)."
     ),
