@@ -182,3 +182,16 @@ def test_api_records_pair_between_two_msprobe_dumps(tmp_path) -> None:
     assert result.verdict == "diverged"
     assert result.first_divergence is not None
     assert result.first_divergence.key == "msprobe_api.Functional.silu.1.forward.output.0"
+
+
+def test_an_api_only_dump_against_precguard_says_which_level_to_dump(runs, tmp_path, capsys):
+    l1 = shutil.copytree(FIXTURES / "mix", tmp_path / "l1")
+    path = l1 / "step0" / "proc4242" / "dump.json"
+    dump = json.loads(path.read_text())
+    # what level L1 writes: the API calls without the modules
+    dump["data"] = {k: v for k, v in dump["data"].items() if not k.startswith("Module.")}
+    dump["level"] = "L1"
+    path.write_text(json.dumps(dump))
+    code, _, err = run_cli(["compare", str(runs["clean"]), str(l1)], capsys)
+    assert code == 2
+    assert "msprobe L1 dump" in err and "level L0 or mix" in err

@@ -172,6 +172,7 @@ def compare(
             f"{len(actual_only)} only in actual"
             + _closest(golden_only, actual_only)
             + incomplete_note(g_run, a_run)
+            + _api_only_note(golden_only, actual_only)
         )
     first = min(firsts, key=lambda c: c.order) if firsts else None
     if golden_only or actual_only:
@@ -207,6 +208,17 @@ def _module_level(keys: list[str]) -> int:
     precguard never records, docs/msprobe.md) are extra detail, not evidence of a
     different model, and are only listed as unmatched."""
     return sum(1 for k in keys if not k.startswith(API_PREFIX))
+
+
+def _api_only_note(golden_only: list[str], actual_only: list[str]) -> str:
+    """A hint when one side holds msprobe API-level records only (an L1 dump)."""
+    for keys in (golden_only, actual_only):
+        if keys and not _module_level(keys):
+            return (
+                "; one side holds only msprobe API calls (an msprobe L1 dump), which "
+                "precguard's module records cannot pair with: dump with msprobe level L0 or mix"
+            )
+    return ""
 
 
 def truncation_note(
