@@ -150,3 +150,13 @@ def test_a_directory_without_dump_json_is_no_msprobe_dump(tmp_path, capsys) -> N
     (tmp_path / "empty").mkdir()
     line = _import_fails(tmp_path / "empty", tmp_path, capsys)
     assert "no msprobe dump.json" in line
+
+
+def test_a_cycle_in_construct_json_is_refused_not_dropped(tmp_path, capsys) -> None:
+    dump_dir, rank_dir, _ = _copy("stats", tmp_path)
+    tree = json.loads((rank_dir / "construct.json").read_text())
+    a, b = MLP_OUT, "Module.model.layers.1.LlamaDecoderLayer.forward.0"
+    tree[a], tree[b] = b, a
+    (rank_dir / "construct.json").write_text(json.dumps(tree))
+    line = _import_fails(dump_dir, tmp_path, capsys)
+    assert "construct.json" in line and "cycle" in line

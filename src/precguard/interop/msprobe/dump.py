@@ -108,7 +108,7 @@ def read_rank_dump(root: Path, dump: RankDump) -> Converted:
     parents = _read_construct(root, dump)
     entries = [(name, body) for name, body in raw["data"].items()]
     builder = _Builder(root, dump, where, out)
-    for name, body in _capture_order(entries, parents):
+    for name, body in _capture_order(entries, parents, shown(root / dump.rel / "construct.json")):
         builder.add(name, body)
     return out
 
@@ -135,7 +135,7 @@ class _Node:
 
 
 def _capture_order(
-    entries: list[tuple[str, Any]], parents: dict[str, str | None] | None
+    entries: list[tuple[str, Any]], parents: dict[str, str | None] | None, where: str
 ) -> Iterator[tuple[str, Any]]:
     """Yield ``(name, body)`` in precguard's capture order.
 
@@ -149,14 +149,20 @@ def _capture_order(
         if parsed is not None and parsed.kind != "param_grad" and parsed.phase == "forward":
             run.append(_Node(name, body, parsed))
             continue
-        yield from _tour(run, parents)
+        yield from _tour(run, parents, where)
         run = []
         yield name, body
-    yield from _tour(run, parents)
+    yield from _tour(run, parents, where)
 
 
-def _tour(run: list[_Node], parents: dict[str, str | None] | None) -> Iterator[tuple[str, Any]]:
-    """The forward calls of ``run`` (in end order) as start/end events in start order."""
+def _tour(
+    run: list[_Node], parents: dict[str, str | None] | None, where: str
+) -> Iterator[tuple[str, Any]]:
+    """The forward calls of ``run`` (in end order) as start/end events in start order.
+
+    :raises DumpFormatError: ``construct.json`` makes calls each other's parents (a
+        cycle), which would leave them out of the tree.
+    """
     if not run:
         return
     roots: list[_Node] = []
@@ -197,6 +203,11 @@ def _tour(run: list[_Node], parents: dict[str, str | None] | None) -> Iterator[t
         yield node.name, _Start(node.body)
         stack.append((node, True))
         stack.extend((c, False) for c in reversed(node.children))
+    if len(seen) != len(run):
+        raise DumpFormatError(
+            f"{where}: {len(run) - len(seen)} calls are their own ancestors (a cycle of "
+            "parents); not a call tree msprobe writes"
+        )
 
 
 @dataclass
