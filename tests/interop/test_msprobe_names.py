@@ -141,3 +141,13 @@ def test_ranks_and_steps_are_kept_and_api_calls_counted_per_step(tmp_path) -> No
         assert sorted(steps) == [0, 1]
         assert steps[0] == steps[1]  # the same calls, the same keys, in both steps
         assert "msprobe_api.Functional.linear.0.forward.output.0" in steps[1]
+
+
+def test_one_rank_folder_alone_keeps_its_rank_and_gets_a_manifest(tmp_path) -> None:
+    folder = shutil.copytree(
+        FIXTURES / "stats" / "step0" / "proc4242", tmp_path / "step2" / "rank1"
+    )
+    run = load_run(import_msprobe(folder, tmp_path / "run"))
+    assert run.ranks == [1]
+    assert run.manifest.complete and run.manifest.world_size == 2
+    assert {r.step for r in run.records()} == {2}

@@ -160,3 +160,16 @@ def test_a_cycle_in_construct_json_is_refused_not_dropped(tmp_path, capsys) -> N
     (rank_dir / "construct.json").write_text(json.dumps(tree))
     line = _import_fails(dump_dir, tmp_path, capsys)
     assert "construct.json" in line and "cycle" in line
+
+
+def test_a_failed_overwrite_leaves_no_half_recording(tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    code, _, err = run_cli(["import-msprobe", str(FIXTURES / "stats"), "--out", str(out)], capsys)
+    assert code == 0, err
+    dump_dir, rank_dir, _ = _copy("tensor", tmp_path)
+    torch.save(torch.zeros(3), rank_dir / "dump_tensor_data" / f"{MLP_OUT}.output.0.pt")
+    code, _, err = run_cli(
+        ["import-msprobe", str(dump_dir), "--out", str(out), "--overwrite"], capsys
+    )
+    assert code == 2, err
+    assert not (out / "manifest.json").exists() and not (out / "rank0").exists()

@@ -10,6 +10,7 @@ recognised as the same run by compare.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -22,7 +23,7 @@ import torch
 
 from precguard._logging import get_logger
 from precguard.dump.reader import Run, load_run
-from precguard.dump.writer import RunWriter, prepare_run_dir
+from precguard.dump.writer import RunWriter, prepare_run_dir, remove_recording, write_json_atomic
 from precguard.errors import DumpFormatError
 from precguard.interop.msprobe.dump import Converted, read_rank_dump
 from precguard.interop.msprobe.layout import RankDump, find_rank_dumps, is_msprobe_dump
@@ -60,8 +61,13 @@ def import_msprobe(
     try:
         _write(root, dumps, dest)
     except BaseException:
+        # leave nothing half-written: what was there before is gone either way
+        # (replaced with --overwrite), and a partial import is no recording
         if fresh:
             shutil.rmtree(dest, ignore_errors=True)
+        else:
+            with contextlib.suppress(Exception):
+                remove_recording(dest)
         raise
     return dest
 
@@ -100,6 +106,7 @@ def _write(root: Path, dumps: list[RankDump], dest: Path) -> None:
     has_tensors = False
     skipped: dict[str, int] = {}
     digest = hashlib.sha256()
+    failure: BaseException | None = None
     try:
         # rank 0's writer writes the manifest: make it first
         for dump in sorted(dumps, key=lambda d: (d.rank != 0, d.rank, d.step)):
@@ -133,10 +140,21 @@ def _write(root: Path, dumps: list[RankDump], dest: Path) -> None:
             "tensors": has_tensors,
             "backward": True,
         }
-        writers[0].update_manifest(options=options, run_id=digest.hexdigest()[:32])
+        for writer in writers.values():
+            writer.manifest = writer.manifest.model_copy(
+                update={"options": options, "run_id": digest.hexdigest()[:32]}
+            )
+    except BaseException as exc:
+        failure = exc
+        raise
     finally:
-        for rank, writer in writers.items():
-            writer.close(steps=steps if rank == 0 else None)
+        for writer in writers.values():
+            writer.close(steps=steps, error=failure)
+    if 0 not in writers:
+        # only rank 0 writes the manifest; a dump of other ranks (one rank folder
+        # given alone) keeps its rank numbers and still gets one
+        first = writers[min(writers)]
+        write_json_atomic(dest / "manifest.json", first.manifest.model_dump_json(indent=2))
 
 
 def _digest_file(digest: Any, path: Path) -> None:
