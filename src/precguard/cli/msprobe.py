@@ -21,13 +21,15 @@ def import_msprobe_cmd(
 ) -> None:
     """Convert an msprobe (mindstudio-probe) dump into a precguard recording.
 
-    Module-level (L0/mix) records become precguard records with the same keys
-    precguard's own capture gives (model.layers.0.mlp.0.forward.output.0); API
-    records (L1) go under msprobe_api.*. Statistics msprobe does not measure (std,
-    NaN/Inf/zero counts) are left unknown; tensors (task "tensor") are copied into
-    safetensors: .pt files are loaded only with torch.load(weights_only=True), .npy
-    only with allow_pickle=False, anything else is refused (exit 2).
-    `precguard compare` also reads an msprobe dump directly. See docs/msprobe.md.
+    Module records (level L0 or mix) get the keys precguard's own capture gives;
+    API records (L1, mix) go under msprobe_api.*. What msprobe does not measure
+    (std, NaN/Inf/zero counts) stays unknown.
+
+    Tensors (task "tensor") are copied into safetensors. .pt files are loaded
+    only with torch.load(weights_only=True), .npy only with allow_pickle=False,
+    anything else is refused (exit 2).
+
+    `precguard compare` also reads a dump directly. See docs/msprobe.md.
     """
     from precguard.dump.reader import load_run
     from precguard.interop.msprobe import import_msprobe
