@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from precguard.cli._app import app
+
+if TYPE_CHECKING:
+    from precguard.dump.reader import Run
 
 _COMPARE_HELP = """Compare ACTUAL with GOLDEN and name the layer that introduced the error.
 
@@ -106,7 +110,6 @@ def compare(
     from precguard.compare import compare as run_compare
     from precguard.compare.render import render
     from precguard.errors import UsageError
-    from precguard.interop.msprobe import open_recording
 
     if top < 0:
         raise UsageError(f"--top must be >= 0, got {top}")
@@ -127,8 +130,8 @@ def compare(
             total=_steps_to_compare(golden, rank, step) if tty else None,
         )
         result = run_compare(
-            open_recording(golden),  # an msprobe dump is converted (docs/msprobe.md)
-            open_recording(actual),
+            _recording(golden),
+            _recording(actual),
             profile=profile,
             rtol=rtol,
             atol=atol,
@@ -214,6 +217,13 @@ def replay(
     render_replay(result, Console())
     if result.verdict != "match":
         raise typer.Exit(1)
+
+
+def _recording(path: Path) -> Path | Run:
+    """``path`` itself, or for an msprobe dump the recording it converts into (docs/msprobe.md)."""
+    from precguard.interop.msprobe import is_msprobe_dump, open_recording
+
+    return open_recording(path) if is_msprobe_dump(path) else path
 
 
 def _steps_to_compare(golden: Path, rank: int | None, step: int | None) -> int | None:
