@@ -67,7 +67,7 @@ def check(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from precguard import checklist as cl
-    from precguard.report.diagnosis import as_json, render_html, render_terminal
+    from precguard.report.diagnosis import as_json, render_terminal, write_html
 
     out = Console(highlight=False, soft_wrap=False)
     if list_checks:
@@ -115,7 +115,7 @@ def check(
         else:
             json_out.write_text(as_json(diagnosis) + "\n", encoding="utf-8")
     if html_out is not None:
-        html_out.write_text(render_html(diagnosis), encoding="utf-8")
+        write_html(diagnosis, html_out)
     if json_out is None or str(json_out) != "-":
         render_terminal(diagnosis, out)
     if diagnosis.exit_code:
