@@ -82,6 +82,9 @@ def check(
         path = fingerprints.write(fingerprints_out, load_target(target))
         typer.echo(f"wrote the data and tokenizer fingerprints of {target} to {path}")
         return
+    from precguard.report.page import ensure_writable
+
+    ensure_writable(html=html_out)
     err = Console(stderr=True)
     progress = Progress(
         TextColumn("[progress.description]{task.description}"),

@@ -119,6 +119,9 @@ def compare(
         raise UsageError(replay_suggestion(load_run(actual).manifest.target))
     if target is not None and not replay:
         raise UsageError("--target is used only with --replay")
+    from precguard.report.page import ensure_writable
+
+    ensure_writable(html=html_out, csv=csv_out)
     stderr = Console(stderr=True)
     tty = sys.stderr.isatty()
     with Progress(console=stderr, transient=True, disable=not tty) as bar:

@@ -205,6 +205,22 @@ def document(title: str, body: str) -> str:
     )
 
 
+def ensure_writable(**paths: Path | None) -> None:
+    """Refuse, before a long run, an output whose folder does not exist or is a file.
+
+    >>> ensure_writable(html=None, csv=None)   # nothing asked, nothing to check
+    """
+    from precguard.errors import UsageError
+
+    for option, path in paths.items():
+        if path is None:
+            continue
+        if path.is_dir():
+            raise UsageError(f"--{option} {path}: is a directory; give a file name")
+        if not path.parent.is_dir():
+            raise UsageError(f"--{option} {path}: the folder {path.parent} does not exist")
+
+
 def write_page(path: Path, text: str, what: str = "--html") -> Path:
     """Write a report to ``path``; a path that cannot be written is a usage error."""
     from precguard.errors import UsageError
