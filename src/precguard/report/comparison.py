@@ -3,8 +3,8 @@
 Top to bottom, in the order a reader asks: the verdict and what was not
 compared; the first divergence with its reason, measured against expected
 error, and the command that confirms it; the error of every record along
-execution order; the suspects' statistics across layers; the records
-table (sortable, filterable); unmatched records; environment differences.
+execution order; the other suspects (and replays); the suspects'
+statistics across layers; the records table (sortable, filterable); unmatched records; environment differences.
 """
 
 from __future__ import annotations
@@ -276,7 +276,8 @@ def _error_plot(result: Comparison) -> str:
             )
     ax.set_xlim(-1, len(result.records))
     ax.set_ylim(floor / 2, top * 2)
-    ax.set_xlabel("record, in execution order (shaded: backward)")
+    backward = any(r.phase == "backward" for r in result.records)
+    ax.set_xlabel("record, in execution order" + (" (shaded: backward)" if backward else ""))
     ax.set_ylabel("error (log; exact 0 at the bottom)")
     ax.grid(True, which="major", axis="y", alpha=0.3)
     fig.legend(fontsize=8, loc="outside lower center", ncols=7, frameon=False)
@@ -438,13 +439,13 @@ def render_comparison_html(
         [
             _header(result),
             _first_divergence(result),
-            _suspects(result),
-            _replays(result),
             "<h2>Error along execution order</h2><p class=note>One point per record; "
             "diamonds made error themselves (local), circles passed it on (propagated), "
             "dashes mark the error the record's precision and inputs explain; hollow: "
             "compared on statistics only.</p>",
             _error_plot(result),
+            _suspects(result),
+            _replays(result),
             _stats_multiples(stats, note),
             _records_table(result),
             _unmatched(result),

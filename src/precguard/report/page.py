@@ -49,7 +49,7 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monosp
 .box dt { font-weight: 600; color: #57606a; }
 .box dd { margin: 0; }
 .cmd { background: #f6f8fa; border: 1px solid #d0d7de; padding: .4em .6em; display: block;
-  white-space: pre-wrap; }
+  white-space: pre-wrap; word-break: normal; overflow-wrap: anywhere; }
 table { border-collapse: collapse; margin: .4em 0; font-size: 92%; }
 td, th { border-bottom: 1px solid #d0d7de; padding: .25em .6em; vertical-align: top;
   text-align: left; }
