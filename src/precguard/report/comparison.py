@@ -4,7 +4,8 @@ Top to bottom, in the order a reader asks: the verdict and what was not
 compared; the first divergence with its reason, measured against expected
 error, and the command that confirms it; the error of every record along
 execution order; the other suspects (and replays); the suspects'
-statistics across layers; the records table (sortable, filterable); unmatched records; environment differences.
+statistics across layers; the records table (sortable, filterable);
+unmatched records; environment differences.
 """
 
 from __future__ import annotations
@@ -230,18 +231,21 @@ def _error_plot(result: Comparison) -> str:
         else:
             # inputs, gradients of inputs, or undecidable: failing, not judged local
             add("fail: not judged" + (" (stats)" if stats else ""), i, y, "#a40e26", "s", stats)
+    raster = len(scored) > RASTER_ABOVE  # one image inside the SVG instead of many shapes
+    # markers shrink as records multiply, so thousands of them stay readable
+    size = min(1.0, math.sqrt(1500 / len(scored)))
     for name, (xs, ys, color, marker, hollow) in groups.items():
         ax.scatter(
             xs,
             ys,
-            s=14 if name.startswith("pass") else 26,
+            s=(14 if name.startswith("pass") else 26) * size,
             marker=marker,
             label=name,
             facecolors="none" if hollow else color,
             edgecolors=color,
-            linewidths=1,
+            linewidths=size,
             zorder=3,
-            rasterized=len(xs) > RASTER_ABOVE,
+            rasterized=raster,
         )
     exp = [(i, r.expected_error) for i, r in scored if r.expected_error is not None]
     if exp:
@@ -249,10 +253,11 @@ def _error_plot(result: Comparison) -> str:
             [i for i, _ in exp],
             positive([e for _, e in exp], floor),
             marker="_",
-            s=80,
+            s=80 * size,
             color="#1f2328",
             label="expected (precision + input error)",
             zorder=4,
+            rasterized=raster,
         )
     fd = result.first_divergence
     if fd is not None:
@@ -326,12 +331,11 @@ def _records_table(result: Comparison) -> str:
     records = list(enumerate(result.records))
     left_out = 0
     if len(records) > MAX_TABLE_ROWS:
-        flagged = [(i, r) for i, r in records if r.status != "pass"]
-        room = max(MAX_TABLE_ROWS - len(flagged), 0)
-        passing = [(i, r) for i, r in records if r.status == "pass"][:room]
-        keep = sorted(flagged + passing, key=lambda ir: ir[0])
-        left_out = len(records) - len(keep)
-        records = keep
+        # the earliest failures are the ones that explain the rest: keep those first
+        rank = {"nonfinite": 0, "fail": 0, "missing": 1, "pass": 2}
+        kept = sorted(records, key=lambda ir: (rank[ir[1].status], ir[0]))[:MAX_TABLE_ROWS]
+        left_out = len(records) - len(kept)
+        records = sorted(kept, key=lambda ir: ir[0])
     rows = []
     for i, r in records:
         m = r.metrics
@@ -372,8 +376,8 @@ def _records_table(result: Comparison) -> str:
         "scale",
     )
     note = (
-        f"<p class=note>{left_out} passing records left out of this table (kept every failing "
-        "one); compare --csv writes them all.</p>"
+        f"<p class=note>{left_out} records left out of this table (the earliest failures "
+        "kept first, then passes); compare --csv writes them all.</p>"
         if left_out
         else ""
     )

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-#: more points than this in one series are drawn as an embedded image inside the SVG
+#: a plot of more points than this is drawn as an image embedded in the SVG (axes stay vector)
 RASTER_ABOVE = 4000
 
 _serial = itertools.count()
