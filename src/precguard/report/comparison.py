@@ -38,12 +38,11 @@ _LOCAL = {True: "local", False: "propagated", None: ""}
 
 
 def verdict_word(result: Comparison) -> tuple[str, str]:
-    """('MATCH' | 'PARTIAL MATCH' | 'DIVERGED', its status colour key)."""
-    if result.verdict != "match":
-        return "DIVERGED", "diverged"
-    if result.coverage is not None and not result.coverage.complete:
-        return "PARTIAL MATCH", "partial"
-    return "MATCH", "match"
+    """('MATCH' | 'PARTIAL MATCH' | 'DIVERGED', its status colour key): the terminal's words."""
+    from precguard.compare.coverage import headline
+
+    word = headline(result.verdict, result.coverage).plain
+    return word, {"DIVERGED": "diverged", "PARTIAL MATCH": "partial"}.get(word, "match")
 
 
 def _side(result: Comparison, i: int) -> str:

@@ -22,6 +22,8 @@ from precguard.report.page import esc, number, sort_value
 MAX_INLINE = 24
 #: table rows shown per mapping before '… N more'
 MAX_ROWS = 200
+#: a mapping of at most this many rows with many more columns is shown transposed
+TRANSPOSE_UP_TO = 4
 #: nesting rendered as tables; deeper values are shown as compact JSON
 MAX_DEPTH = 3
 
@@ -41,6 +43,8 @@ def _scalar(v: Any) -> str:
 def _inline(v: Any) -> str:
     if _is_scalar(v):
         return _scalar(v)
+    if v == {} or v == []:
+        return "<span class=note>none</span>"
     # sentences (failures, differences): one a line
     if isinstance(v, list) and v and all(isinstance(x, str) for x in v) and sum(map(len, v)) > 120:
         items = "".join(f"<li>{esc(x)}</li>" for x in v[:MAX_ROWS])
@@ -69,6 +73,10 @@ def _rows_table(rows: Mapping[str, Mapping[str, Any]], depth: int) -> str:
         for k in row:
             if k not in columns:
                 columns.append(k)
+    if len(rows) <= TRANSPOSE_UP_TO and len(columns) > 2 * len(rows):
+        # a few sides with many facts (device vs reference fingerprints): side by side
+        flipped = {c: {name: row.get(c) for name, row in rows.items()} for c in columns}
+        return _rows_table(flipped, depth)
     items = list(rows.items())
     body = [
         f"<tr><td class=name><code>{esc(name)}</code></td>"

@@ -53,7 +53,8 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monosp
 table { border-collapse: collapse; margin: .4em 0; font-size: 92%; }
 td, th { border-bottom: 1px solid #d0d7de; padding: .25em .6em; vertical-align: top;
   text-align: left; }
-th { background: #f6f8fa; position: sticky; top: 0; }
+th { background: #f6f8fa; }
+thead th { position: sticky; top: 0; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 table.sortable th { cursor: pointer; user-select: none; }
 table.sortable th[aria-sort=ascending]::after { content: " \\25B2"; }
