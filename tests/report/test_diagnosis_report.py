@@ -159,3 +159,25 @@ def test_hostile_evidence_is_escaped_everywhere() -> None:
     assert SCRIPT_NAME not in text and IMG_FACT not in text
     assert text.count("<script") == 1 and "<img" not in text
     assert html.escape(SCRIPT_NAME) in text
+
+
+def test_an_inconclusive_check_says_so_at_the_top(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    page = tmp_path / "check.html"
+    code, _, _ = run_cli(["check", "-c", "quick", "--skip", "*", "--html", str(page)], capsys)
+    assert code == 3
+    head = page.read_text(encoding="utf-8").split("Findings by family", 1)[0]
+    assert "INCONCLUSIVE" in head and "nothing was shown to pass" in head
+    assert "root-causes" not in head
+
+
+def test_a_diagnosis_has_no_csv(
+    fp16_diagnosis: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved, _ = fp16_diagnosis
+    code, _, err = run_cli(
+        ["report", str(saved), "--html", str(tmp_path / "r.html"), "--csv", str(tmp_path / "c")],
+        capsys,
+    )
+    assert code == 2 and "apply to a comparison" in err
