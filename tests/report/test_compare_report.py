@@ -112,10 +112,10 @@ def test_hostile_names_are_shown_as_text_not_run(
 
 
 def test_partial_match_says_what_was_not_compared(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    llama_runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     golden = record(tmp_path / "golden", steps=2)
-    actual = record(tmp_path / "actual", steps=1)
+    actual = llama_runs[0]  # the same model, one step
     page = tmp_path / "r.html"
     code, _, _ = run_cli(["compare", str(golden), str(actual), "--html", str(page)], capsys)
     assert code == 3
