@@ -31,8 +31,11 @@ def browser() -> Iterator[Any]:
         "playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')"
     )
     with sync_api.sync_playwright() as p:
-        # --no-sandbox: CI runs as root, where Chromium's sandbox refuses to start
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        # --no-sandbox: CI runs as root, where Chromium's sandbox refuses to start;
+        # containers give /dev/shm a few MB, too little for Chromium's shared memory
+        chromium = p.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"]
+        )
         yield chromium
         chromium.close()
 
