@@ -80,6 +80,11 @@ def test_comparison_report_loads_cleanly_and_shows_the_first_divergence(
     assert box.is_visible()
     assert FAULT.module in box.inner_text()
     assert shown.page.get_by_text("First divergence", exact=True).is_visible()
+    # every "jump to" link lands on a section of the page
+    links = shown.page.locator("nav a")
+    assert links.count() >= 4
+    for i in range(links.count()):
+        assert shown.page.locator(links.nth(i).get_attribute("href")).count() == 1
     # the records table sorts and filters
     table = shown.page.locator("#records")
     table.locator("th", has_text="error").first.click()

@@ -26,7 +26,7 @@ from precguard.report.page import (
 )
 
 if TYPE_CHECKING:
-    from precguard.compare.report import Comparison, RecordResult
+    from precguard.compare.report import Comparison
     from precguard.report.suspect_stats import SuspectStats
 
 #: records table rows at most; beyond it passing records are left out (the CSV has all)
@@ -76,12 +76,25 @@ def _header(result: Comparison) -> str:
     )
 
 
-def _metric_text(result: Comparison, r: RecordResult | None) -> str:
-    if r is None or r.metrics is None:
-        return "-"
-    from precguard.compare.render import metric_line
-
-    return metric_line(r.metrics)
+def _nav(result: Comparison) -> str:
+    """Links to the sections this page has (a long report is read by jumping)."""
+    has = [
+        ("first-divergence", "first divergence", result.first_divergence is not None),
+        ("error-plot", "error plot", True),
+        ("suspects", "suspects", bool(result.suspects)),
+        ("replays", "replays", bool(result.replays)),
+        ("layers", "across layers", result.first_divergence is not None or bool(result.suspects)),
+        ("records-section", "records", True),
+        (
+            "unmatched",
+            "unmatched",
+            bool(result.unmatched.golden_only or result.unmatched.actual_only),
+        ),
+        ("environment", "environment", True),
+        ("warnings", "warnings", bool(result.warnings)),
+    ]
+    links = " · ".join(f"<a href='#{ident}'>{label}</a>" for ident, label, shown in has if shown)
+    return f"<nav class=note>Jump to: {links}</nav>"
 
 
 def _first_divergence(result: Comparison) -> str:
@@ -158,7 +171,9 @@ def _suspects(result: Comparison) -> str:
             f"{num_cell(s.scale, 5)}<td class=n>{s.step}</td><td>{esc(s.reason)}</td></tr>"
         )
     head = ("module", "type", "phase", "amplification", "error", "expected", "scale", "step", "why")
-    return "<h2>Other suspects (made error of their own)</h2>" + table(head, rows, sortable=True)
+    return "<h2 id=suspects>Other suspects (made error of their own)</h2>" + table(
+        head, rows, sortable=True
+    )
 
 
 def _replays(result: Comparison) -> str:
@@ -179,7 +194,7 @@ def _replays(result: Comparison) -> str:
         "device",
         "note",
     )
-    return "<h2>Replayed alone on the actual's device</h2>" + table(head, rows)
+    return "<h2 id=replays>Replayed alone on the actual's device</h2>" + table(head, rows)
 
 
 def _error_plot(result: Comparison) -> str:
@@ -293,7 +308,11 @@ def _stats_multiples(stats: list[SuspectStats], note: str) -> str:
     from precguard.report.suspect_stats import PANEL_STATS
 
     if not stats:
-        return f"<p class=note>{esc(note)}</p>" if note else ""
+        return (
+            f"<h2 id=layers>Suspects across layers</h2><p class=note>{esc(note)}</p>"
+            if note
+            else ""
+        )
     panels = []
     for entry in stats:
         fig = figure(9, 2.4)
@@ -319,7 +338,7 @@ def _stats_multiples(stats: list[SuspectStats], note: str) -> str:
         )
     extra = f"<p class=note>{esc(note)}</p>" if note else ""
     return (
-        "<h2>Suspects across layers: statistics, golden vs actual</h2><p class=note>Each "
+        "<h2 id=layers>Suspects across layers: statistics, golden vs actual</h2><p class=note>Each "
         "suspect's record in every layer (the suspect's own layer shaded): a layer that "
         "stands out made the error, a gap that widens with depth is accumulation.</p>"
         f"<div class=multiples>{''.join(panels)}</div>{extra}"
@@ -381,8 +400,8 @@ def _records_table(result: Comparison) -> str:
         else ""
     )
     return (
-        f"<h2>Records ({len(result.records)})</h2><p class=note>Click a column to sort; type "
-        "to filter.</p>"
+        f"<h2 id=records-section>Records ({len(result.records)})</h2>"
+        "<p class=note>Click a column to sort; type to filter.</p>"
         + filter_box("records", ["fail", "nonfinite", "missing", "pass"])
         + f"<div class=scroll>{table(head, rows, table_id='records', sortable=True)}</div>{note}"
     )
@@ -392,7 +411,7 @@ def _unmatched(result: Comparison) -> str:
     u = result.unmatched
     if not u.golden_only and not u.actual_only:
         return ""
-    parts = ["<h2>Unmatched records</h2>"]
+    parts = ["<h2 id=unmatched>Unmatched records</h2>"]
     for side, keys in (("golden", u.golden_only), ("actual", u.actual_only)):
         if not keys:
             continue
@@ -409,20 +428,25 @@ def _unmatched(result: Comparison) -> str:
 
 def _fingerprints(result: Comparison) -> str:
     if not result.fingerprint_diff:
-        return "<h2>Environment</h2><p class=note>The two runs' fingerprints do not differ.</p>"
+        return (
+            "<h2 id=environment>Environment</h2>"
+            "<p class=note>The two runs' fingerprints do not differ.</p>"
+        )
     rows = [
         f"<tr><td><code>{esc(k)}</code></td><td>{esc(repr(v[0]))}</td>"
         f"<td>{esc(repr(v[1] if len(v) > 1 else None))}</td></tr>"
         for k, v in result.fingerprint_diff.items()
     ]
-    return "<h2>Environment differs (fingerprint)</h2>" + table(("key", "golden", "actual"), rows)
+    return "<h2 id=environment>Environment differs (fingerprint)</h2>" + table(
+        ("key", "golden", "actual"), rows
+    )
 
 
 def _warnings(result: Comparison) -> str:
     if not result.warnings:
         return ""
     items = "".join(f"<li>{esc(w)}</li>" for w in result.warnings)
-    return f"<h2>Warnings</h2><ul>{items}</ul>"
+    return f"<h2 id=warnings>Warnings</h2><ul>{items}</ul>"
 
 
 def render_comparison_html(
@@ -441,8 +465,9 @@ def render_comparison_html(
     body = "".join(
         [
             _header(result),
+            _nav(result),
             _first_divergence(result),
-            "<h2>Error along execution order</h2><p class=note>One point per record; "
+            "<h2 id=error-plot>Error along execution order</h2><p class=note>One point per record; "
             "diamonds made error themselves (local), circles passed it on (propagated), "
             "dashes mark the error the record's precision and inputs explain; hollow: "
             "compared on statistics only.</p>",
