@@ -300,7 +300,8 @@ def _error_plot(result: Comparison) -> str:
     ax.set_ylabel("error (log; exact 0 at the bottom)")
     ax.grid(True, which="major", axis="y", alpha=0.3)
     fig.legend(fontsize=8, loc="outside lower center", ncols=7, frameon=False)
-    return f"<div class=plot>{to_svg(fig)}</div>"
+    label = "error of every record along execution order, log scale"
+    return f"<div class=plot role=img aria-label='{label}'>{to_svg(fig)}</div>"
 
 
 def _stats_multiples(stats: list[SuspectStats], note: str) -> str:
@@ -334,7 +335,8 @@ def _stats_multiples(stats: list[SuspectStats], note: str) -> str:
         panels.append(
             f"<div><h3><code>{esc(entry.family)}</code> <span class=sub>{esc(entry.record)} · "
             f"step {entry.step} · rank {entry.rank}</span></h3>"
-            f"<div class=plot>{to_svg(fig)}</div></div>"
+            f"<div class=plot role=img aria-label='mean, std and absmax per layer, golden and "
+            f"actual, of {esc(entry.family)}'>{to_svg(fig)}</div></div>"
         )
     extra = f"<p class=note>{esc(note)}</p>" if note else ""
     return (
