@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "precguard.cli.plugins_cmd",
     "precguard.cli.check",
     "precguard.cli.msprobe",
+    "precguard.cli.report",
 )
 
 for _name in COMMAND_MODULES:

@@ -67,7 +67,7 @@ def check(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from precguard import checklist as cl
-    from precguard.report.diagnosis import as_json, render_html, render_terminal
+    from precguard.report.diagnosis import as_json, render_terminal, write_html
 
     out = Console(highlight=False, soft_wrap=False)
     if list_checks:
@@ -82,6 +82,9 @@ def check(
         path = fingerprints.write(fingerprints_out, load_target(target))
         typer.echo(f"wrote the data and tokenizer fingerprints of {target} to {path}")
         return
+    from precguard.report.page import ensure_writable
+
+    ensure_writable(html=html_out)
     err = Console(stderr=True)
     progress = Progress(
         TextColumn("[progress.description]{task.description}"),
@@ -115,7 +118,7 @@ def check(
         else:
             json_out.write_text(as_json(diagnosis) + "\n", encoding="utf-8")
     if html_out is not None:
-        html_out.write_text(render_html(diagnosis), encoding="utf-8")
+        write_html(diagnosis, html_out)
     if json_out is None or str(json_out) != "-":
         render_terminal(diagnosis, out)
     if diagnosis.exit_code:

@@ -56,6 +56,12 @@ def compare(
     json_out: Path | None = typer.Option(
         None, "--json", help="Write the full Comparison as JSON to this file ('-' for stdout)."
     ),
+    html_out: Path | None = typer.Option(
+        None, "--html", help="Write a self-contained HTML report (plots, records table) here."
+    ),
+    csv_out: Path | None = typer.Option(
+        None, "--csv", help="Write one row per record (execution order) as CSV here."
+    ),
     profile: str = typer.Option("default", "--profile", help="default, strict or msprobe."),
     rtol: float | None = typer.Option(None, "--rtol", help="Override the relative tolerance."),
     atol: float | None = typer.Option(None, "--atol", help="Override the absolute tolerance."),
@@ -122,6 +128,9 @@ def compare(
         raise UsageError(replay_suggestion(load_run(actual).manifest.target))
     if target is not None and not replay:
         raise UsageError("--target is used only with --replay")
+    from precguard.report.page import ensure_writable
+
+    ensure_writable(html=html_out, csv=csv_out)
     stderr = Console(stderr=True)
     tty = sys.stderr.isatty()
     with Progress(console=stderr, transient=True, disable=not tty) as bar:
@@ -148,6 +157,10 @@ def compare(
 
         assert target is not None
         result = replay_suspects(result, target=target, top=replay_top)
+    if html_out is not None or csv_out is not None:
+        from precguard.report.comparison import write_comparison_reports
+
+        write_comparison_reports(result, html=html_out, csv=csv_out, golden=golden, actual=actual)
     payload = result.model_dump_json(indent=2)
     if json_out is not None and str(json_out) == "-":
         typer.echo(payload)

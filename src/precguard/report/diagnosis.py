@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import html
 import json
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from rich.console import Console
 
     from precguard.checklist import Diagnosis
@@ -22,13 +23,6 @@ STATUS_STYLE = {
 }
 #: statuses whose remedy is shown: a pass or a skip has nothing to fix
 _FLAGGED = frozenset({"warn", "fail", "error"})
-_HTML_COLOR = {
-    "pass": "#1a7f37",
-    "warn": "#9a6700",
-    "fail": "#cf222e",
-    "skip": "#6e7781",
-    "error": "#8250df",
-}
 
 
 def _header(d: Diagnosis) -> str:
@@ -112,59 +106,107 @@ def render_terminal(d: Diagnosis, console: Console, causes: int = 3) -> None:
 
 
 def render_html(d: Diagnosis) -> str:
-    """A self-contained HTML page of the diagnosis (inline CSS, no scripts)."""
-    e = html.escape
-    rows = []
-    for f in d.findings:
-        color = _HTML_COLOR[f.status]
-        evidence = e(json.dumps(f.evidence, indent=2, default=str))
-        rows.append(
-            f"<tr><td style='color:{color};font-weight:bold'>{e(f.status)}</td>"
-            f"<td><code>{e(f.id)}</code></td><td>{e(f.summary)}"
-            + (
-                f"<div class='remedy'><b>Remedy:</b> {e(f.remedy)}</div>"
-                if f.remedy and f.status in _FLAGGED  # a plugin's pass may carry one
-                else ""
-            )
-            + (
-                f"<details><summary>evidence</summary><pre>{evidence}</pre></details>"
-                if f.evidence
-                else ""
-            )
-            + "</td></tr>"
+    """A self-contained HTML page of the diagnosis: root causes first, then every family.
+
+    Inline CSS, SVG plots where the evidence has a curve, and a few lines of
+    script for sorting tables; every string a check reports is escaped.
+    """
+    from precguard.report.evidence import render_evidence
+    from precguard.report.page import STATUS_COLOR, document, esc, status_span
+
+    def cause_html(f: Finding) -> str:
+        ev = _evidence_line(f)
+        return (
+            f"<li>{status_span(f.status, STATUS_STYLE[f.status][0])} "
+            f"<a href='#{esc(f.id)}'><code>{esc(f.id)}</code></a>: {esc(f.summary)}"
+            + (f"<div class=note>evidence: {esc(ev)}</div>" if ev else "")
+            + (f"<div class=remedy><b>Remedy:</b> {esc(f.remedy)}</div>" if f.remedy else "")
+            + "</li>"
         )
-    causes = "".join(
-        f"<li><code>{e(f.id)}</code> ({e(f.status)}): {e(f.summary)}</li>"
-        for f in d.root_causes
-        if f.status in ("fail", "error")
+
+    def finding_html(f: Finding, open_evidence: bool) -> str:
+        remedy = (
+            f"<div class=remedy><b>Remedy:</b> {esc(f.remedy)}</div>"
+            if f.remedy and f.status in _FLAGGED  # a plugin's pass may carry one
+            else ""
+        )
+        evidence = render_evidence(f.evidence)
+        folded = (
+            f"<details{' open' if open_evidence else ''}><summary>evidence</summary>"
+            f"{evidence}</details>"
+            if evidence
+            else ""
+        )
+        took = d.durations.get(f.id)
+        secs = f" <span class=note>{took:.1f} s</span>" if took is not None else ""
+        return (
+            f"<div class=finding id='{esc(f.id)}' "
+            f"style='border-left-color:{STATUS_COLOR[f.status]}'>"
+            f"{status_span(f.status, STATUS_STYLE[f.status][0])} <code>{esc(f.id)}</code>{secs}"
+            f"<div>{esc(f.summary)}</div>{remedy}{folded}</div>"
+        )
+
+    causes = [f for f in d.root_causes if f.status in ("fail", "error")]
+    causes_html = "".join(cause_html(f) for f in causes)
+    families: dict[str, list[Finding]] = defaultdict(list)
+    skipped: dict[str, list[str]] = defaultdict(list)
+    for f in d.findings:
+        if f.status == "skip":
+            skipped[f.summary].append(f.id)
+        else:
+            families[f.family].append(f)
+    family_html = []
+    for family, found in families.items():
+        counts = " · ".join(
+            status_span(s, f"{sum(1 for f in found if f.status == s)} {s}")
+            for s in ("fail", "error", "warn", "pass")
+            if any(f.status == s for f in found)
+        )
+        family_html.append(
+            f"<h3>{esc(family)} <span class=note>{counts}</span></h3>"
+            + "".join(finding_html(f, open_evidence=f.status in _FLAGGED) for f in found)
+        )
+    skipped_html = ""
+    if skipped:
+        items = "".join(
+            f"<li>{', '.join(f'<code>{esc(i)}</code>' for i in ids)}: {esc(reason)}</li>"
+            for reason, ids in skipped.items()
+        )
+        total = sum(len(ids) for ids in skipped.values())
+        skipped_html = (
+            f"<details><summary>{total} check(s) skipped (not applicable here)</summary>"
+            f"<ul>{items}</ul></details>"
+        )
+    verdict_key = {"pass": "pass", "fail": "fail"}.get(d.verdict, "inconclusive")
+    note = (
+        f"<div class='box warn'>{esc(_inconclusive(d))}</div>"
+        if d.verdict == "inconclusive"
+        else ""
     )
-    verdict_color = {"pass": _HTML_COLOR["pass"], "fail": _HTML_COLOR["fail"]}.get(
-        d.verdict, _HTML_COLOR["warn"]
+    body = (
+        "<h1>precguard check</h1>"
+        f"<p class=sub>{esc(_header(d))}</p>"
+        f"<p><span class=verdict style='color:{STATUS_COLOR[verdict_key]}'>"
+        f"{esc(d.verdict.upper())}</span> &nbsp; {esc(_counts(d) or 'no check ran')} "
+        f"<span class=note>({d.duration_s:.1f} s, {esc(d.created)})</span></p>{note}"
+        + (
+            f"<div class=box id=root-causes><h2 style='margin-top:0'>Most likely root cause "
+            f"first</h2><ol>{causes_html}</ol></div>"
+            if causes_html
+            else ""
+        )
+        + "<h2>Findings by family</h2>"
+        + "".join(family_html)
+        + skipped_html
     )
-    note = f"<p>{e(_inconclusive(d))}</p>" if d.verdict == "inconclusive" else ""
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<title>precguard check: {e(d.checklist)} on {e(d.device)}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 2em; max-width: 70em; color: #1f2328; }}
-table {{ border-collapse: collapse; width: 100%; }}
-td, th {{ border-bottom: 1px solid #d0d7de; padding: .4em .6em; vertical-align: top;
-  text-align: left; }}
-pre {{ background: #f6f8fa; padding: .6em; overflow-x: auto; font-size: 85%; }}
-.remedy {{ margin-top: .3em; color: #57606a; }}
-</style></head><body>
-<h1>precguard check</h1>
-<p>{e(_header(d))}</p>
-<p>Verdict: <b style="color:{verdict_color}">{e(d.verdict.upper())}</b> &mdash; {e(_counts(d))}
-({d.duration_s:.1f} s, {e(d.created)})</p>
-{note}
-{"<h2>Most likely root cause first</h2><ol>" + causes + "</ol>" if causes else ""}
-<h2>Findings</h2>
-<table><tr><th>status</th><th>check</th><th>summary</th></tr>
-{"".join(rows)}
-</table>
-</body></html>
-"""
+    return document(f"precguard check: {d.checklist} on {d.device}", body)
+
+
+def write_html(d: Diagnosis, path: Path) -> Path:
+    """Write :func:`render_html` to ``path`` (a path that cannot be written: exit 2)."""
+    from precguard.report.page import write_page
+
+    return write_page(path, render_html(d))
 
 
 def as_json(d: Diagnosis) -> str:

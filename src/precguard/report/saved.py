@@ -1,0 +1,54 @@
+"""Read back a saved result (``compare --json``, ``check --json``) to render it again.
+
+The file may have travelled (an attachment, a ticket): it is read as
+untrusted input, size-bounded, and validated by the same pydantic models that
+wrote it. Which kind it is, is told by its fields: a comparison has
+``records`` and ``golden``; a diagnosis has ``checklist`` and ``findings``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from precguard.checklist import Diagnosis
+    from precguard.compare.report import Comparison
+
+#: largest result file read (a comparison of a large model holds many records)
+MAX_RESULT_BYTES = 1 << 30
+
+
+def load_result(path: Path) -> Comparison | Diagnosis:
+    """The :class:`Comparison` or :class:`Diagnosis` saved in ``path``.
+
+    :raises UsageError: the file cannot be read, is not JSON, or is neither.
+    """
+    from pydantic import ValidationError
+
+    from precguard.checklist import Diagnosis
+    from precguard.compare.report import Comparison
+    from precguard.dump.reader import first_error, read_json_file
+    from precguard.errors import DumpFormatError, UsageError
+    from precguard.text import shown
+
+    try:
+        raw = read_json_file(path, limit=MAX_RESULT_BYTES, what="precguard result")
+    except DumpFormatError as exc:
+        raise UsageError(str(exc)) from exc
+    if not isinstance(raw, dict):
+        raise UsageError(f"{shown(path)}: expected a JSON object (compare --json or check --json)")
+    if "records" in raw and "golden" in raw:
+        model: type[Comparison] | type[Diagnosis] = Comparison
+        what = "comparison"
+    elif "findings" in raw and "checklist" in raw:
+        model, what = Diagnosis, "diagnosis"
+    else:
+        raise UsageError(
+            f"{shown(path)}: neither a comparison (compare --json) nor a diagnosis "
+            "(check --json): it has no 'records' nor 'findings'"
+        )
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise UsageError(f"{shown(path)}: not a valid {what}: {first_error(exc)}") from exc
