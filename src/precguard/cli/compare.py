@@ -69,6 +69,15 @@ def compare(
         "checkpointing) are stripped.",
         metavar="OLD=NEW",
     ),
+    layout: str | None = typer.Option(
+        None,
+        "--layout",
+        help="Layout spec (YAML file, or a shipped one: megatron, llama, column-row) of a "
+        "tensor-/pipeline-parallel recording: its shards are gathered into whole tensors "
+        "and compared with a single-device golden; the first divergence names the rank "
+        "whose shard holds the error. See docs/layouts.md.",
+        metavar="SPEC",
+    ),
     replay: bool = typer.Option(
         False,
         "--replay",
@@ -130,6 +139,7 @@ def compare(
             step=step,
             tolerance_dtype=tolerance_dtype,
             rename=rename,
+            layout=layout,
             on_step=lambda r, s: bar.update(task, advance=1, description=f"rank {r} step {s}"),
         )
     if replay:

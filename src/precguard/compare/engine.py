@@ -75,6 +75,7 @@ def compare(
     tolerance_dtype: str = "auto",
     on_step: Callable[[int, int], None] | None = None,
     rename: Sequence[str] = (),
+    layout: str | os.PathLike[str] | None = None,
 ) -> Comparison:
     """Compare an ``actual`` recording with a ``golden`` one and name where they diverge.
 
@@ -95,6 +96,9 @@ def compare(
         (the CLI's progress bar).
     :param rename: ``OLD=NEW`` module rename rules (globs), applied to both sides after
         wrapper prefixes (DDP, FSDP, torch.compile, checkpointing) are stripped.
+    :param layout: a layout spec (YAML file or shipped name, see docs/layouts.md): the
+        shards of a tensor-/pipeline-parallel side are gathered into whole tensors, and
+        the first divergence names the rank whose shard holds the error.
     :raises IncomparableRunsError: the recordings are of different models.
     :raises DumpFormatError: a recording is missing, corrupt or of a newer schema.
 
@@ -104,6 +108,23 @@ def compare(
     """
     g_run = golden if isinstance(golden, Run) else load_run(golden)
     a_run = actual if isinstance(actual, Run) else load_run(actual)
+    if layout is not None:  # gather the parallel side(s) into one rank: precguard.layout
+        from precguard.layout.view import LayoutViews
+
+        if rank is not None:
+            raise UsageError("--rank cannot be used with --layout (the ranks are gathered)")
+        views = LayoutViews(g_run, a_run, layout)
+        try:
+            result = compare(
+                views.golden, views.actual, profile=profile, rtol=rtol, atol=atol, step=step,
+                suspects=suspects, tolerance_dtype=tolerance_dtype, on_step=on_step,
+                rename=rename,
+            )  # fmt: skip
+            prof = get_profile(profile) if isinstance(profile, str) else profile
+            tol_mode = _DTYPE_ALIASES.get(tolerance_dtype, tolerance_dtype)
+            return views.finish(result, prof.with_overrides(rtol, atol), tol_mode)
+        finally:
+            views.close()
     prof = get_profile(profile) if isinstance(profile, str) else profile
     prof = prof.with_overrides(rtol, atol)
     tolerance_dtype = _DTYPE_ALIASES.get(tolerance_dtype, tolerance_dtype)
