@@ -14,7 +14,13 @@ from itertools import groupby
 from typing import Any
 
 from precguard._logging import get_logger
-from precguard.compare.align import WRAPPER_TYPES, Renamer, align, closest_unmatched
+from precguard.compare.align import (
+    WRAPPER_TYPES,
+    Renamer,
+    align,
+    closest_unmatched,
+    fsdp2_class,
+)
 from precguard.compare.coverage import CoverageTracker, ensure_distinct, incomplete_note
 from precguard.compare.divergence import (
     Candidate,
@@ -270,6 +276,7 @@ def _check_models(g_run: Run, a_run: Run, *, renamed: bool = False) -> list[str]
     warnings: list[str] = []
     gm, am = g_run.manifest, a_run.manifest
     wrapped = gm.model in WRAPPER_TYPES or am.model in WRAPPER_TYPES
+    wrapped = wrapped or fsdp2_class(gm.model) == am.model or fsdp2_class(am.model) == gm.model
     if gm.model and am.model and gm.model != am.model and renamed and not wrapped:
         warnings.append(
             f"model classes differ (golden {gm.model}, actual {am.model}); compared "

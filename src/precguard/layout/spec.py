@@ -76,10 +76,10 @@ class ModuleRule(BaseModel):
     """How the tensors of the modules that ``match`` are split across the tensor-parallel group.
 
     Gradients follow their forward tensors unless given: the gradient of a
-    sharded tensor is sharded the same way; of a replicated *input*, a partial
-    sum (each rank's local contribution; ``replicate`` when the module reduces
-    it itself, as Megatron's ColumnParallelLinear does); of an output, replicated
-    unless sharded.
+    sharded tensor is sharded the same way; of a column-parallel module's
+    replicated input, a partial sum (each rank's local contribution; say
+    ``replicate`` when the module reduces it itself, as Megatron's
+    ColumnParallelLinear does); any other is replicated.
     """
 
     model_config = _STRICT
@@ -96,8 +96,15 @@ class ModuleRule(BaseModel):
     )
     params: dict[str, Placement] | None = Field(
         default=None,
-        description="Parameter name (as in named_parameters of the module, e.g. 'weight') "
-        "-> placement. Names not listed are replicated. Parameter gradients follow.",
+        description="Parameter name (as in named_parameters of the module, e.g. 'weight'; "
+        "'*' for any other) -> placement of the parameter as recorded in forward. Names not "
+        "listed are replicated.",
+    )
+    grads: dict[str, Placement] | None = Field(
+        default=None,
+        description="Parameter name -> placement of its gradient (backward, role 'grad'); "
+        "default: as the parameter. FSDP2 gathers parameters for the forward but keeps "
+        "their gradients sharded along dim 0.",
     )
     inputs: Placements | None = Field(default=None, description="Forward inputs.")
     outputs: Placements | None = Field(default=None, description="Forward outputs.")
@@ -130,21 +137,30 @@ class ModuleRule(BaseModel):
         """Every role's placements, the kind's defaults and gradient rules applied."""
         base = _KIND_DEFAULTS[self.kind]
         params = dict(base["params"]) if self.params is None else dict(self.params)
+        grads = params if self.grads is None else dict(self.grads)
         inputs = _as_list(self.inputs if self.inputs is not None else base["inputs"])
         outputs = _as_list(self.outputs if self.outputs is not None else base["outputs"])
         if self.grad_inputs is not None:
             grad_inputs = _as_list(self.grad_inputs)
         else:
-            grad_inputs = [p if isinstance(p, Shard) else _dual_input(p) for p in inputs]
+            grad_inputs = [_grad_of_input(p, self.kind) for p in inputs]
         if self.grad_outputs is not None:
             grad_outputs = _as_list(self.grad_outputs)
         else:
             grad_outputs = [p if isinstance(p, Shard) else _REPLICATE for p in outputs]
-        return _Resolved(params, inputs, outputs, grad_inputs, grad_outputs)
+        return _Resolved(params, grads, inputs, outputs, grad_inputs, grad_outputs)
 
 
-def _dual_input(p: Placement) -> Placement:
-    return _PARTIAL if p == "replicate" else _REPLICATE
+def _grad_of_input(p: Placement, kind: str) -> Placement:
+    """The default placement of the gradient w.r.t. an input placed ``p``.
+
+    A column-parallel module computes, from its replicated input, only its rank's
+    contribution to that input's gradient: a partial sum. Elsewhere a sharded
+    input's gradient is sharded alike and any other is replicated.
+    """
+    if isinstance(p, Shard):
+        return p
+    return _PARTIAL if kind == "column" and p == "replicate" else _REPLICATE
 
 
 def _as_list(p: Placements) -> list[Placement]:
@@ -152,17 +168,19 @@ def _as_list(p: Placements) -> list[Placement]:
 
 
 class _Resolved:
-    __slots__ = ("grad_inputs", "grad_outputs", "inputs", "outputs", "params")
+    __slots__ = ("grad_inputs", "grad_outputs", "grads", "inputs", "outputs", "params")
 
     def __init__(
         self,
         params: dict[str, Placement],
+        grads: dict[str, Placement],
         inputs: list[Placement],
         outputs: list[Placement],
         grad_inputs: list[Placement],
         grad_outputs: list[Placement],
     ) -> None:
         self.params = params
+        self.grads = grads
         self.inputs = inputs
         self.outputs = outputs
         self.grad_inputs = grad_inputs
@@ -170,7 +188,9 @@ class _Resolved:
 
     def placement(self, phase: str, role: str, index: int, name: str) -> Placement:
         if role in ("param", "grad"):
-            return self.params.get(name.rsplit(".", 1)[-1], _REPLICATE)
+            table = self.params if role == "param" else self.grads
+            pname = name.rsplit(".", 1)[-1]
+            return table.get(pname, table.get("*", _REPLICATE))
         if phase == "forward":
             seq = self.inputs if role == "input" else self.outputs
         else:
