@@ -129,6 +129,8 @@ def compare(
             prof = get_profile(profile) if isinstance(profile, str) else profile
             tol_mode = _DTYPE_ALIASES.get(tolerance_dtype, tolerance_dtype)
             return views.finish(result, prof.with_overrides(rtol, atol), tol_mode)
+        except PrecguardError as exc:  # name the recordings, not the gathered views
+            raise type(exc)(views.real_paths(str(exc))) from exc
         finally:
             views.close()
     prof = get_profile(profile) if isinstance(profile, str) else profile
@@ -431,6 +433,7 @@ def pair_metrics(
         raise IncomparableRunsError(
             f"{a_store.root / f'rank{a.rank}' / 'records.jsonl'}: a recording of a different "
             f"model: parameter {g.key} ({g.name}) has shape {a.shape}, golden {g.shape}"
+            + _shard_hint(g.shape, a.shape)
         )
     if _squeezed(g.shape) != _squeezed(a.shape):
         return Metrics(
@@ -460,6 +463,19 @@ def pair_metrics(
         )
         return with_bias(metrics, profile)
     return stats_metrics(g, a, dtype=dtype)
+
+
+def _shard_hint(golden: list[int], actual: list[int]) -> str:
+    """A pointer to --layout when one shape is the other split along one dimension."""
+    if len(golden) != len(actual):
+        return ""
+    differ = [(g, a) for g, a in zip(golden, actual, strict=True) if g != a]
+    if len(differ) == 1 and min(differ[0]) > 0 and max(differ[0]) % min(differ[0]) == 0:
+        return (
+            "; if one side is a shard of a tensor-parallel run, compare with --layout "
+            "(docs/layouts.md)"
+        )
+    return ""
 
 
 def _squeezed(shape: list[int]) -> list[int]:

@@ -97,16 +97,25 @@ def gather_run(run: Run | str | os.PathLike[str], spec: LayoutSpec, out: Path) -
     steps = _lockstep(original, world, gathered.warnings)
     last_step = -1
     renamer = Renamer()
+    mismatched: list[str] = []
     try:
         for step, by_rank in steps:
             last_step = step
             stages = [_gather_stage(original, spec, ranks, by_rank, renamer) for ranks in grid]
             for rec, tensor, source in _merge_stages(stages):
                 gathered.sources.setdefault((step, rec.key), source)
+                if source.replica_mismatch and rec.role == "param" and len(mismatched) < 5:
+                    mismatched.append(rec.module)
                 writer.add(rec, tensor)
             writer.end_step(step)
     finally:
         writer.close()
+    if mismatched:
+        gathered.warnings.append(
+            f"parameters of {', '.join(dict.fromkeys(mismatched))} differ across the ranks "
+            "of their group, but the layout says they are replicated: are they split? "
+            "(a rule with kind column/row or params: {weight: {shard: DIM}})"
+        )
     m = original.manifest
     manifest = m.model_copy(
         update={

@@ -65,6 +65,13 @@ class LayoutViews:
         """The actual as compare sees it."""
         return self.a.run if self.a is not None else self.actual_original
 
+    def real_paths(self, text: str) -> str:
+        """``text`` with the gathered views' paths replaced by the recordings'."""
+        for view, real in ((self.g, self.golden_original), (self.a, self.actual_original)):
+            if view is not None:
+                text = text.replace(str(view.run.path), f"{real.path} (gathered)")
+        return text
+
     def close(self) -> None:
         """Remove the gathered views."""
         if self._tmp is not None:
@@ -79,7 +86,7 @@ class LayoutViews:
             verdict = "diverged" if counts.failed or counts.nonfinite else "match"
             first, suspects, notes = attribute(self, result, profile, tol_mode)
             dropped = counts.missing - result.counts.missing
-            warnings = list(result.warnings) + self.warnings + notes
+            warnings = [self.real_paths(w) for w in result.warnings] + self.warnings + notes
             if dropped:
                 warnings.append(
                     f"{dropped} record(s) are partial sums without saved tensors: not "
