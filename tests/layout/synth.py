@@ -80,7 +80,7 @@ def write_run(path: Path, ranks: dict[int, list[Item]], *, tensors: bool = True)
 def weights(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [2, 3], W1 [4, 3], W2 [3, 4]."""
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(2, 3, generator=g), torch.randn(4, 3, generator=g), torch.randn(3, 4, generator=g)
+    return tuple(torch.randn(*shape, generator=g) for shape in ((2, 3), (4, 3), (3, 4)))  # type: ignore[return-value]
 
 
 def whole(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> list[Item]:

@@ -91,7 +91,7 @@ def test_a_layout_that_does_not_fit_the_shapes_exits_2_with_one_line(tmp_path, c
     golden, actual = _runs(tmp_path)
     bad = tmp_path / "bad.yaml"
     bad.write_text("modules:\n  - match: col\n    kind: column\n    outputs: {shard: 2}\n")
-    code, out, err = run_cli(["compare", str(golden), str(actual), "--layout", str(bad)], capsys)
+    code, _, err = run_cli(["compare", str(golden), str(actual), "--layout", str(bad)], capsys)
     assert code == 2 and err.count("\n") == 1
     assert "do not concatenate" in err and "col" in err and "precguard-layout" not in err
 
@@ -105,7 +105,7 @@ def test_errors_from_the_gathered_view_name_the_real_recording(tmp_path, capsys)
 
 
 def test_split_parameters_the_layout_calls_replicated_are_pointed_out(tmp_path):
-    golden, actual = _runs(tmp_path)
+    _, actual = _runs(tmp_path)
     spec = LayoutSpec.model_validate({"modules": [{"match": "row", "kind": "row"}]})
     gathered = gather_run(actual, spec, tmp_path / "view")
     assert any("col" in w and "are they split" in w for w in gathered.warnings)
