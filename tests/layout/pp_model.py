@@ -6,7 +6,7 @@ gloo. Every stage builds the whole model from one seed and keeps its own
 layers, under their global names (``layers.2`` stays ``layers.2`` on stage 1),
 so the stages together compute the whole model's function.
 
-``python pp_model.py OUT [--fault MODULE]``: record one training step with full
+``python pp_model.py OUT [--fault MODULE ...]``: record one training step with full
 tensors into OUT; ``--fault`` scales MODULE's weight by 1.05 on the stage that
 holds it.
 """
@@ -73,7 +73,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("--fault", default=None)
+    parser.add_argument("--fault", action="append", default=[])
     args = parser.parse_args()
     torch.set_num_threads(1)
     stage, stages = 0, 1
@@ -81,9 +81,11 @@ def main() -> None:
         dist.init_process_group("gloo")
         stage, stages = dist.get_rank(), dist.get_world_size()
     model = PipeModel(stage, stages)
-    if args.fault and args.fault in dict(model.named_modules()):
-        with torch.no_grad():
-            model.get_submodule(args.fault).weight.mul_(1.05)
+    held = dict(model.named_modules())
+    for fault in args.fault:
+        if fault in held:
+            with torch.no_grad():
+                held[fault].weight.mul_(1.05)
     ids, labels = batch()
     loss_of = torch.nn.functional.cross_entropy
     with precguard.monitor(model, out=args.out, tensors=True):

@@ -9,7 +9,7 @@ whole weights from one seed and keeps its slices, so the parallel model computes
 the whole model's function.
 
 Run as a script (``python tp_model.py OUT [--fault MODULE]`` or under torchrun),
-it records one training step with full tensors into OUT. ``--fault MODULE``
+it records one training step with full tensors into OUT. ``--fault MODULE`` (repeatable)
 scales the last rank's shard of that row-parallel module's weight by 1.05 before
 recording: a fault in one rank's shard.
 """
@@ -176,15 +176,15 @@ def main() -> None:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("--fault", default=None)
+    parser.add_argument("--fault", action="append", default=[])
     parser.add_argument("--stats-only", action="store_true", help="save no full tensors")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if "WORLD_SIZE" in __import__("os").environ:
         dist.init_process_group("gloo")
     model = build()
-    if args.fault:
-        plant_fault(model, args.fault)
+    for module in args.fault:
+        plant_fault(model, module)
     ids, labels = batch()
     with precguard.monitor(model, out=args.out, tensors=not args.stats_only):
         logits = model(ids)

@@ -125,6 +125,15 @@ def _collect(run: Run, want: dict[int, set[tuple[int, str]]], into: dict) -> Non
                 into.setdefault((rank, rec.step, rec.key), rec)
 
 
+def _tier(r: RecordResult) -> int | None:
+    """0: the module's own state (parameters), 1: what it produced, None: what it consumed."""
+    if r.role == "param":
+        return 0
+    if (r.phase, r.role) in (("forward", "output"), ("backward", "input"), ("backward", "grad")):
+        return 1
+    return None  # inputs (and incoming gradients) fail on every rank they came to
+
+
 def _decide(
     views: LayoutViews,
     reader: _ShardReader,
@@ -132,21 +141,29 @@ def _decide(
     profile: Profile,
     tol_mode: str,
 ) -> tuple[int, str] | None:
-    bad: dict[int, list[str]] = {}
-    good: set[int] = set()
+    """The rank whose part the module's error is in: its parameters first, then its outputs."""
     undecided = False
-    for r in group:
-        verdicts = _per_rank(views, reader, r, profile, tol_mode)
-        if verdicts is None:
-            undecided = True
-            continue
-        for rank, ok in verdicts.items():
-            if ok:
-                good.add(rank)
-            else:
-                bad.setdefault(rank, []).append(_what(reader, r, rank))
-    if not bad:
-        return None
+    for tier in (0, 1):
+        bad: dict[int, list[str]] = {}
+        good: set[int] = set()
+        for r in group:
+            if _tier(r) != tier:
+                continue
+            verdicts = _per_rank(views, reader, r, profile, tol_mode)
+            if verdicts is None:
+                undecided = True
+                continue
+            for rank, ok in verdicts.items():
+                if ok:
+                    good.add(rank)
+                else:
+                    bad.setdefault(rank, []).append(_what(reader, r, rank))
+        if bad:
+            return _named(bad, good, undecided)
+    return None
+
+
+def _named(bad: dict[int, list[str]], good: set[int], undecided: bool) -> tuple[int, str]:
     ranks = sorted(bad)
     rank = ranks[0]
     whats = ", ".join(dict.fromkeys(bad[rank]))
