@@ -72,7 +72,8 @@ def compare(
     layout: str | None = typer.Option(
         None,
         "--layout",
-        help="Layout spec (YAML file, or a shipped one: megatron, llama, column-row) of a "
+        help="Layout spec (YAML file, or a shipped one: megatron, megatron-sp, llama, "
+        "column-row, fsdp2) of a "
         "tensor-/pipeline-parallel recording: its shards are gathered into whole tensors "
         "and compared with a single-device golden; the first divergence names the rank "
         "whose shard holds the error. See docs/layouts.md.",
