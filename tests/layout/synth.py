@@ -83,28 +83,40 @@ def weights(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return tuple(torch.randn(*shape, generator=g) for shape in ((2, 3), (4, 3), (3, 4)))  # type: ignore[return-value]
 
 
-def whole(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> list[Item]:
-    """The records of the whole model."""
+def whole(
+    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, col: str = "col", row: str = "row"
+) -> list[Item]:
+    """The records of the whole model (modules named ``col`` and ``row``)."""
     y1 = x @ w1.T
     return [
-        ("col", "forward", "input", 0, "args.0", x),
-        ("col", "forward", "param", 0, "weight", w1),
-        ("col", "forward", "output", 0, "output", y1),
-        ("row", "forward", "input", 0, "args.0", y1),
-        ("row", "forward", "param", 0, "weight", w2),
-        ("row", "forward", "output", 0, "output", y1 @ w2.T),
+        (col, "forward", "input", 0, "args.0", x),
+        (col, "forward", "param", 0, "weight", w1),
+        (col, "forward", "output", 0, "output", y1),
+        (row, "forward", "input", 0, "args.0", y1),
+        (row, "forward", "param", 0, "weight", w2),
+        (row, "forward", "output", 0, "output", y1 @ w2.T),
     ]
 
 
-def split(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, rank: int) -> list[Item]:
-    """The records rank ``rank`` of 2 holds."""
+def split(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    rank: int,
+    col: str = "col",
+    row: str = "row",
+    *,
+    reduced: bool = False,
+) -> list[Item]:
+    """The records rank ``rank`` of 2 holds; ``reduced``: the row module all-reduces itself."""
     w1_r, w2_r = w1.chunk(2, 0)[rank], w2.chunk(2, 1)[rank]
     y1_r = x @ w1_r.T
+    y2 = (x @ w1.T) @ w2.T if reduced else y1_r @ w2_r.T
     return [
-        ("col", "forward", "input", 0, "args.0", x),
-        ("col", "forward", "param", 0, "weight", w1_r),
-        ("col", "forward", "output", 0, "output", y1_r),
-        ("row", "forward", "input", 0, "args.0", y1_r),
-        ("row", "forward", "param", 0, "weight", w2_r),
-        ("row", "forward", "output", 0, "output", y1_r @ w2_r.T),
+        (col, "forward", "input", 0, "args.0", x),
+        (col, "forward", "param", 0, "weight", w1_r),
+        (col, "forward", "output", 0, "output", y1_r),
+        (row, "forward", "input", 0, "args.0", y1_r),
+        (row, "forward", "param", 0, "weight", w2_r),
+        (row, "forward", "output", 0, "output", y2),
     ]

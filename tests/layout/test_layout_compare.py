@@ -200,3 +200,28 @@ def test_pipeline_stages_merge_in_execution_order(tmp_path):
     ]
     assert [r.seq for r in gathered.run.records()] == list(range(7))
     assert gathered.sources[(0, "b.0.forward.output.0")].ranks == (1,)
+
+
+ATTN = "decoder.layers.0.self_attention"
+
+
+@pytest.mark.parametrize(
+    ("layout", "col", "row"),
+    [
+        ("megatron", "decoder.layers.0.mlp.linear_fc1", "decoder.layers.0.mlp.linear_fc2"),
+        ("megatron", f"{ATTN}.linear_qkv", f"{ATTN}.linear_proj"),
+        ("llama", "model.layers.0.mlp.up_proj", "model.layers.0.mlp.down_proj"),
+        ("llama", "model.layers.0.self_attn.v_proj", "model.layers.0.self_attn.o_proj"),
+    ],
+)
+def test_shipped_layouts_gather_their_frameworks_names(tmp_path, layout, col, row):
+    """Megatron's and HF's row-parallel modules all-reduce their output themselves."""
+    x, w1, w2 = weights()
+    golden = write_run(tmp_path / "golden", {0: whole(x, w1, w2, col, row)})
+    ranks = {r: split(x, w1, w2, r, col, row, reduced=True) for r in (0, 1)}
+    module, phase, role, index, name, w = ranks[1][4]
+    ranks[1][4] = (module, phase, role, index, name, w * 1.05)  # rank 1's row shard
+    actual = write_run(tmp_path / "actual", ranks)
+    result = precguard.compare(golden, actual, layout=layout)
+    assert (result.first_divergence.module, result.first_divergence.rank) == (row, 1)
+    assert result.counts.missing == 0 and result.counts.full == 6
