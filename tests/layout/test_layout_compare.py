@@ -225,3 +225,24 @@ def test_shipped_layouts_gather_their_frameworks_names(tmp_path, layout, col, ro
     result = precguard.compare(golden, actual, layout=layout)
     assert (result.first_divergence.module, result.first_divergence.rank) == (row, 1)
     assert result.counts.missing == 0 and result.counts.full == 6
+
+
+def test_data_parallel_replicas_other_than_the_first_are_not_read(tmp_path, spec_file):
+    x, w1, w2 = weights()
+    golden = write_run(tmp_path / "golden", {0: whole(x, w1, w2)})
+    ranks = {r: split(x, w1, w2, r % 2) for r in range(4)}  # 2-way TP x 2 replicas
+    ranks[3] = split(x, w1, w2 * 2, 1)  # a different replica 1 is not this layout's concern
+    actual = write_run(tmp_path / "actual", ranks)
+    spec = load_layout(spec_file).model_copy(update={"data_parallel": 2})
+    result = precguard.compare(golden, actual, layout=spec)
+    assert result.verdict == "match" and result.counts.passed == 6
+    assert any("replica 0 (ranks [0, 1])" in w for w in result.warnings)
+
+
+def test_the_rank_grid_follows_megatrons_order():
+    # tensor-parallel fastest, then data-parallel, then pipeline stage
+    assert LayoutSpec(pipeline_stages=2, data_parallel=2).grid(8) == [[0, 1], [4, 5]]
+    assert LayoutSpec(pipeline_stages=2).grid(4) == [[0, 1], [2, 3]]
+    assert LayoutSpec(tensor_parallel=1, pipeline_stages=2).grid(2) == [[0], [1]]
+    with pytest.raises(UsageError, match="data-parallel"):
+        LayoutSpec(data_parallel=3).grid(4)

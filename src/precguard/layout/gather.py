@@ -43,9 +43,11 @@ CHUNK_BYTES = 256 * 1024 * 1024
 class Source:
     """Where one gathered record came from."""
 
+    #: the ranks whose records were combined (a tensor-parallel group of one stage)
     ranks: tuple[int, ...]
+    #: ``replicate``, ``partial`` or ``shard:D``
     placement: str
-    #: records of each rank, in ``ranks`` order (their keys are the gathered record's)
+    #: False for partial sums without saved tensors: nothing to compare
     combinable: bool = True
     #: ranks whose copy of a replicated tensor differs from the first rank's (statistics)
     replica_mismatch: tuple[int, ...] = ()
@@ -94,7 +96,13 @@ def gather_run(run: Run | str | os.PathLike[str], spec: LayoutSpec, out: Path) -
     (out / "rank0").mkdir(exist_ok=True)
     gathered = Gathered(original=original, run=original, spec=spec, grid=grid)
     writer = _Writer(out / "rank0")
-    steps = _lockstep(original, world, gathered.warnings)
+    used = [r for stage in grid for r in stage]
+    if len(used) < world:
+        gathered.warnings.append(
+            f"data_parallel {spec.data_parallel}: replica 0 (ranks {used}) gathered; the other "
+            "replicas' ranks are not compared"
+        )
+    steps = _lockstep(original, used, gathered.warnings)
     last_step = -1
     renamer = Renamer()
     mismatched: list[str] = []
@@ -129,9 +137,11 @@ def gather_run(run: Run | str | os.PathLike[str], spec: LayoutSpec, out: Path) -
     return gathered
 
 
-def _lockstep(run: Run, world: int, warnings: list[str]) -> Iterator[tuple[int, dict[int, list]]]:
-    """Yield ``(step, {rank: records})`` for the steps every rank recorded."""
-    iters = {r: groupby(run.records(r), key=lambda rec: rec.step) for r in range(world)}
+def _lockstep(
+    run: Run, ranks: list[int], warnings: list[str]
+) -> Iterator[tuple[int, dict[int, list]]]:
+    """Yield ``(step, {rank: records})`` for the steps each of ``ranks`` recorded."""
+    iters = {r: groupby(run.records(r), key=lambda rec: rec.step) for r in ranks}
     heads = {r: next(it, None) for r, it in iters.items()}
     while all(h is not None for h in heads.values()):
         step = max(h[0] for h in heads.values())  # type: ignore[index]

@@ -1,9 +1,10 @@
 """The layout spec: how a tensor-parallel (and pipeline-parallel) run splits each module.
 
 A spec is YAML validated by :class:`LayoutSpec`. Ranks form a grid: ``rank =
-stage * tensor_parallel + tp_rank`` (Megatron's default order, tensor-parallel
-ranks adjacent). Each rule names modules by glob and says, per role, how the
-tensors of one call are laid out across the tensor-parallel group:
+tp_rank + TP * (dp_rank + DP * stage)`` (Megatron's default order,
+tensor-parallel ranks adjacent); data-parallel replica 0 is compared. Each
+rule names modules by glob and says, per role, how the tensors of one call are
+laid out across the tensor-parallel group:
 
 - ``replicate``: every rank holds the whole tensor;
 - ``{shard: D}``: each rank holds a contiguous slice along dimension ``D``, in
@@ -213,8 +214,15 @@ class LayoutSpec(BaseModel):
     pipeline_stages: int = Field(
         default=1,
         ge=1,
-        description="Pipeline stages. Stage s holds ranks s*TP .. s*TP+TP-1; records of all "
+        description="Pipeline stages. Stage s of replica 0 holds ranks s*TP*DP .. "
+        "s*TP*DP+TP-1; records of all "
         "stages are merged in execution order (forward: stage 0 first; backward: last first).",
+    )
+    data_parallel: int = Field(
+        default=1,
+        ge=1,
+        description="Data-parallel replicas of the whole tensor-/pipeline-parallel model. "
+        "Only replica 0 is gathered and compared; the others are not read.",
     )
     modules: list[ModuleRule] = Field(
         default_factory=list,
@@ -236,14 +244,20 @@ class LayoutSpec(BaseModel):
         return rule.resolved.placement(phase, role, index, name)
 
     def grid(self, world_size: int) -> list[list[int]]:
-        """The ranks of each pipeline stage, in tensor-parallel order, for ``world_size`` ranks."""
-        tp = self.tensor_parallel or world_size // self.pipeline_stages
-        if tp < 1 or tp * self.pipeline_stages != world_size:
+        """The ranks of each pipeline stage of replica 0, in tensor-parallel order.
+
+        Ranks are numbered as Megatron numbers them by default (tensor-parallel
+        fastest, then data-parallel, then pipeline): ``rank = tp_rank + TP *
+        (dp_rank + DP * stage)``.
+        """
+        pp, dp = self.pipeline_stages, self.data_parallel
+        tp = self.tensor_parallel or world_size // (pp * dp)
+        if tp < 1 or tp * pp * dp != world_size:
             raise UsageError(
-                f"layout {self.name!r}: {world_size} rank(s) are not {self.pipeline_stages} "
-                f"pipeline stage(s) x tensor_parallel {self.tensor_parallel or '?'}"
+                f"layout {self.name!r}: {world_size} rank(s) are not {pp} pipeline stage(s) x "
+                f"{dp} data-parallel replica(s) x tensor_parallel {self.tensor_parallel or '?'}"
             )
-        return [list(range(s * tp, (s + 1) * tp)) for s in range(self.pipeline_stages)]
+        return [[t + tp * dp * s for t in range(tp)] for s in range(pp)]
 
 
 def builtin_layouts() -> dict[str, Path]:
