@@ -246,3 +246,30 @@ def test_the_rank_grid_follows_megatrons_order():
     assert LayoutSpec(tensor_parallel=1, pipeline_stages=2).grid(2) == [[0], [1]]
     with pytest.raises(UsageError, match="data-parallel"):
         LayoutSpec(data_parallel=3).grid(4)
+
+
+@pytest.mark.parametrize("tensors", [True, False])
+def test_sequence_parallel_activations_are_split_along_the_sequence(tmp_path, tensors):
+    """megatron-sp: a layer norm's [s, b, h] activations, half the sequence per rank."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(8, 2, 4, generator=g) * 3 + 1
+    norm = "decoder.layers.0.input_layernorm"
+    y = torch.nn.functional.layer_norm(x, (4,))
+    items = [
+        (norm, "forward", "input", 0, "args.0", x),
+        (norm, "forward", "output", 0, "output", y),
+    ]
+    golden = write_run(tmp_path / "golden", {0: items}, tensors=tensors)
+    ranks = {
+        r: [(m, p, role, i, n, t.chunk(2, 0)[r]) for m, p, role, i, n, t in items] for r in (0, 1)
+    }
+    module, phase, role, index, name, t = ranks[1][1]
+    ranks[1][1] = (module, phase, role, index, name, t * 1.1)  # rank 1's half of the output
+    actual = write_run(tmp_path / "actual", ranks, tensors=tensors)
+    result = precguard.compare(golden, actual, layout="megatron-sp")
+    records = {r.role: r for r in result.records}
+    assert records["input"].status == "pass"  # the halves' statistics combine exactly
+    assert records["output"].status == "fail"
+    assert result.first_divergence.module == norm
+    if tensors:  # which half is wrong needs the golden's halves
+        assert result.first_divergence.rank == 1
