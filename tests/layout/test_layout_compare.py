@@ -273,3 +273,12 @@ def test_sequence_parallel_activations_are_split_along_the_sequence(tmp_path, te
     assert result.first_divergence.module == norm
     if tensors:  # which half is wrong needs the golden's halves
         assert result.first_divergence.rank == 1
+
+
+def test_records_only_a_later_rank_of_the_group_has_are_reported(tmp_path, spec_file):
+    def plant(ranks):
+        ranks[1].append(("extra", "forward", "output", 0, "output", torch.ones(2)))
+
+    golden, actual = _runs(tmp_path, plant=plant)
+    result = precguard.compare(golden, actual, layout=spec_file)
+    assert any("rank 1" in w and "extra.0.forward.output.0" in w for w in result.warnings)

@@ -109,7 +109,10 @@ def gather_run(run: Run | str | os.PathLike[str], spec: LayoutSpec, out: Path) -
     try:
         for step, by_rank in steps:
             last_step = step
-            stages = [_gather_stage(original, spec, ranks, by_rank, renamer) for ranks in grid]
+            stages = [
+                _gather_stage(original, spec, ranks, by_rank, renamer, gathered.warnings)
+                for ranks in grid
+            ]
             for rec, tensor, source in _merge_stages(stages):
                 gathered.sources.setdefault((step, rec.key), source)
                 if source.replica_mismatch and rec.role == "param" and len(mismatched) < 5:
@@ -175,6 +178,7 @@ def _gather_stage(
     ranks: list[int],
     by_rank: dict[int, list[Record]],
     renamer: Renamer,
+    warnings: list[str],
 ) -> list[_Item]:
     lead = by_rank[ranks[0]]
     others: list[dict[str, deque[Record]]] = []
@@ -200,6 +204,13 @@ def _gather_stage(
         module = renamer.name(rec.module, root_wrapped=wrapped)
         placement = spec.placement(module, rec.phase, rec.role, rec.index, rec.name)
         items.append(_combine(run, ranks, parts, placement))
+    for r, index in zip(ranks[1:], others, strict=True):
+        extra = [q[0].key for q in index.values() if q]
+        if extra and len(warnings) < 20:
+            warnings.append(
+                f"rank {r} step {lead[0].step if lead else '?'}: {len(extra)} record(s) that "
+                f"rank {ranks[0]} does not have (e.g. {shown(extra[0])}); not gathered"
+            )
     return items
 
 
