@@ -282,3 +282,12 @@ def test_records_only_a_later_rank_of_the_group_has_are_reported(tmp_path, spec_
     golden, actual = _runs(tmp_path, plant=plant)
     result = precguard.compare(golden, actual, layout=spec_file)
     assert any("rank 1" in w and "extra.0.forward.output.0" in w for w in result.warnings)
+
+
+def test_the_golden_may_be_the_split_side(tmp_path, spec_file):
+    x, w1, w2 = weights()
+    golden = write_run(tmp_path / "golden", {r: split(x, w1, w2, r) for r in (0, 1)})
+    actual = write_run(tmp_path / "actual", {0: whole(x, w1 * 1.05, w2)})
+    result = precguard.compare(golden, actual, layout=spec_file)
+    assert result.verdict == "diverged" and result.first_divergence.module == "col"
+    assert result.golden == str(golden) and result.counts.full == 6
