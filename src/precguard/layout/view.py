@@ -95,14 +95,7 @@ class LayoutViews:
             coverage = result.coverage
             if coverage is not None:
                 coverage = coverage.model_copy(
-                    update={
-                        "gaps": [
-                            g.replace(
-                                str(self.golden.path), str(self.golden_original.path)
-                            ).replace(str(self.actual.path), str(self.actual_original.path))
-                            for g in coverage.gaps
-                        ]
-                    }
+                    update={"gaps": [self.real_paths(g) for g in coverage.gaps]}
                 )
             return result.model_copy(
                 update={
