@@ -291,3 +291,10 @@ def test_the_golden_may_be_the_split_side(tmp_path, spec_file):
     result = precguard.compare(golden, actual, layout=spec_file)
     assert result.verdict == "diverged" and result.first_divergence.module == "col"
     assert result.golden == str(golden) and result.counts.full == 6
+
+
+def test_replay_is_refused_with_a_layout(tmp_path, capsys, spec_file):
+    golden, actual = _runs(tmp_path)
+    args = ["compare", str(golden), str(actual), "--layout", str(spec_file)]
+    code, _, err = run_cli([*args, "--replay", "--target", "x.py"], capsys)
+    assert code == 2 and "--replay cannot be used with --layout" in err

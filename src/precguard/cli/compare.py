@@ -121,6 +121,11 @@ def compare(
         from precguard.dump.reader import load_run
 
         raise UsageError(replay_suggestion(load_run(actual).manifest.target))
+    if replay and layout is not None:
+        raise UsageError(
+            "--replay cannot be used with --layout: a sharded module runs only inside its "
+            "process group (see docs/layouts.md)"
+        )
     if target is not None and not replay:
         raise UsageError("--target is used only with --replay")
     stderr = Console(stderr=True)
