@@ -166,6 +166,10 @@ def test_shipped_layouts_load_and_say_what_megatron_and_llama_split():
     assert llama.rule_for("model.layers.0.mlp.down_proj").kind == "row"
     assert llama.rule_for("model.layers.0.input_layernorm") is None  # replicated
     assert load_layout("fsdp2").placement("fc1", "backward", "grad", 0, "weight").shard == 0
+    sp, norm = load_layout("megatron-sp"), "decoder.layers.0.input_layernorm"
+    assert sp.placement(norm, "forward", "param", 0, "weight") == "replicate"
+    assert sp.placement(norm, "backward", "grad", 0, "weight") == "partial"
+    assert sp.placement(norm, "backward", "input", 0, "args.0").shard == 0
 
 
 def test_pipeline_stages_merge_in_execution_order(tmp_path):
