@@ -499,6 +499,12 @@ class Monitor:
     ) -> None:
         if self.removed or p.grad is None:
             return
+        grad = p.grad
+        if hasattr(grad, "to_local") and hasattr(grad, "placements"):
+            # a DTensor (FSDP2, tensor parallel): record this rank's shard; its statistics
+            # as a whole mix local values with the global numel, and safetensors cannot
+            # save it. compare --layout puts the shards back together.
+            grad = grad.to_local()
         sink = self._sink_fn()
         if sink is None or sink.closed:
             return
@@ -509,7 +515,7 @@ class Monitor:
                 0,
                 "backward",
                 "grad",
-                [(pname, p.grad)],
+                [(pname, grad)],
                 first_index=index,
                 save=save,
             )

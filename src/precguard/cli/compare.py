@@ -84,6 +84,16 @@ def compare(
         "checkpointing) are stripped.",
         metavar="OLD=NEW",
     ),
+    layout: str | None = typer.Option(
+        None,
+        "--layout",
+        help="Layout spec (YAML file, or a shipped one: megatron, megatron-sp, llama, "
+        "column-row, fsdp2) of a "
+        "tensor-/pipeline-parallel recording: its shards are gathered into whole tensors "
+        "and compared with a single-device golden; the first divergence names the rank "
+        "whose shard holds the error. See docs/layouts.md.",
+        metavar="SPEC",
+    ),
     replay: bool = typer.Option(
         False,
         "--replay",
@@ -126,6 +136,11 @@ def compare(
         from precguard.dump.reader import load_run
 
         raise UsageError(replay_suggestion(load_run(actual).manifest.target))
+    if replay and layout is not None:
+        raise UsageError(
+            "--replay cannot be used with --layout: a sharded module runs only inside its "
+            "process group (see docs/layouts.md)"
+        )
     if target is not None and not replay:
         raise UsageError("--target is used only with --replay")
     from precguard.report.page import ensure_writable
@@ -148,6 +163,7 @@ def compare(
             step=step,
             tolerance_dtype=tolerance_dtype,
             rename=rename,
+            layout=layout,
             on_step=lambda r, s: bar.update(task, advance=1, description=f"rank {r} step {s}"),
         )
     # name the directories the user gave, not a converted msprobe dump's temporary copy

@@ -11,13 +11,14 @@ from precguard.cli._app import app
 
 @app.command()
 def schema(
-    which: str = typer.Argument("all", help="manifest, record, or all."),
+    which: str = typer.Argument("all", help="manifest, record, layout, or all."),
 ) -> None:
-    """Print the JSON Schema of the recording's manifest and records."""
+    """Print the JSON Schema of the recording's manifest and records, and of a layout spec."""
     from precguard.dump.schema import schemas
     from precguard.errors import UsageError
+    from precguard.layout.spec import layout_schema
 
-    found = schemas()
+    found = schemas() | {"layout": layout_schema()}
     if which != "all":
         if which not in found:
             raise UsageError(f"unknown schema {which!r}; expected one of: all, {', '.join(found)}")

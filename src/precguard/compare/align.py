@@ -38,6 +38,15 @@ WRAPPER_TYPES = frozenset(
 )
 #: the attribute under which those wrappers hold the wrapped module, anywhere in a name
 WRAPPER_SEGMENTS = frozenset({"_fsdp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_module"})
+#: FSDP2's ``fully_shard`` wraps nothing: it swaps a module's class for ``FSDP<Class>``
+_FSDP2_PREFIX = "FSDP"
+
+
+def fsdp2_class(name: str | None) -> str | None:
+    """The class ``fully_shard`` gave a module of class ``name`` (``M`` -> ``FSDPM``)."""
+    return None if name is None else _FSDP2_PREFIX + name
+
+
 #: wrappers of the whole model that hold it as ``module`` (only a leading segment)
 _ROOT_WRAPPERS = frozenset({"DistributedDataParallel", "DataParallel"})
 

@@ -14,7 +14,13 @@ from itertools import groupby
 from typing import Any
 
 from precguard._logging import get_logger
-from precguard.compare.align import WRAPPER_TYPES, Renamer, align, closest_unmatched
+from precguard.compare.align import (
+    WRAPPER_TYPES,
+    Renamer,
+    align,
+    closest_unmatched,
+    fsdp2_class,
+)
 from precguard.compare.coverage import CoverageTracker, ensure_distinct, incomplete_note
 from precguard.compare.divergence import (
     Candidate,
@@ -79,6 +85,7 @@ def compare(
     tolerance_dtype: str = "auto",
     on_step: Callable[[int, int], None] | None = None,
     rename: Sequence[str] = (),
+    layout: str | os.PathLike[str] | None = None,
 ) -> Comparison:
     """Compare an ``actual`` recording with a ``golden`` one and name where they diverge.
 
@@ -99,6 +106,9 @@ def compare(
         (the CLI's progress bar).
     :param rename: ``OLD=NEW`` module rename rules (globs), applied to both sides after
         wrapper prefixes (DDP, FSDP, torch.compile, checkpointing) are stripped.
+    :param layout: a layout spec (YAML file or shipped name, see docs/layouts.md): the
+        shards of a tensor-/pipeline-parallel side are gathered into whole tensors, and
+        the first divergence names the rank whose shard holds the error.
     :raises IncomparableRunsError: the recordings are of different models.
     :raises DumpFormatError: a recording is missing, corrupt or of a newer schema.
 
@@ -108,6 +118,25 @@ def compare(
     """
     g_run = golden if isinstance(golden, Run) else load_run(golden)
     a_run = actual if isinstance(actual, Run) else load_run(actual)
+    if layout is not None:  # gather the parallel side(s) into one rank: precguard.layout
+        from precguard.layout.view import LayoutViews
+
+        if rank is not None:
+            raise UsageError("--rank cannot be used with --layout (the ranks are gathered)")
+        views = LayoutViews(g_run, a_run, layout)
+        try:
+            result = compare(
+                views.golden, views.actual, profile=profile, rtol=rtol, atol=atol, step=step,
+                suspects=suspects, tolerance_dtype=tolerance_dtype, on_step=on_step,
+                rename=rename,
+            )  # fmt: skip
+            prof = get_profile(profile) if isinstance(profile, str) else profile
+            tol_mode = _DTYPE_ALIASES.get(tolerance_dtype, tolerance_dtype)
+            return views.finish(result, prof.with_overrides(rtol, atol), tol_mode)
+        except PrecguardError as exc:  # name the recordings, not the gathered views
+            raise type(exc)(views.real_paths(str(exc))) from exc
+        finally:
+            views.close()
     prof = get_profile(profile) if isinstance(profile, str) else profile
     prof = prof.with_overrides(rtol, atol)
     tolerance_dtype = _DTYPE_ALIASES.get(tolerance_dtype, tolerance_dtype)
@@ -273,6 +302,7 @@ def _check_models(g_run: Run, a_run: Run, *, renamed: bool = False) -> list[str]
     warnings: list[str] = []
     gm, am = g_run.manifest, a_run.manifest
     wrapped = gm.model in WRAPPER_TYPES or am.model in WRAPPER_TYPES
+    wrapped = wrapped or fsdp2_class(gm.model) == am.model or fsdp2_class(am.model) == gm.model
     if gm.model and am.model and gm.model != am.model and renamed and not wrapped:
         warnings.append(
             f"model classes differ (golden {gm.model}, actual {am.model}); compared "
@@ -427,6 +457,7 @@ def pair_metrics(
         raise IncomparableRunsError(
             f"{a_store.root / f'rank{a.rank}' / 'records.jsonl'}: a recording of a different "
             f"model: parameter {g.key} ({g.name}) has shape {a.shape}, golden {g.shape}"
+            + _shard_hint(g.shape, a.shape)
         )
     if _squeezed(g.shape) != _squeezed(a.shape):
         return Metrics(
@@ -456,6 +487,19 @@ def pair_metrics(
         )
         return with_bias(metrics, profile)
     return stats_metrics(g, a, dtype=dtype)
+
+
+def _shard_hint(golden: list[int], actual: list[int]) -> str:
+    """A pointer to --layout when one shape is the other split along one dimension."""
+    if len(golden) != len(actual):
+        return ""
+    differ = [(g, a) for g, a in zip(golden, actual, strict=True) if g != a]
+    if len(differ) == 1 and min(differ[0]) > 0 and max(differ[0]) % min(differ[0]) == 0:
+        return (
+            "; if one side is a shard of a tensor-parallel run, compare with --layout "
+            "(docs/layouts.md)"
+        )
+    return ""
 
 
 def _squeezed(shape: list[int]) -> list[int]:

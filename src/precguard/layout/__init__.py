@@ -1,0 +1,29 @@
+"""Tensor- and pipeline-parallel layouts: gather a parallel recording into whole tensors.
+
+``compare GOLDEN ACTUAL --layout SPEC`` (:func:`precguard.compare.compare` with
+``layout=``) compares a sharded run with a single-device golden. The spec
+(:class:`LayoutSpec`, YAML) says how each module's tensors are split;
+:func:`gather_run` writes the one-rank view; :class:`LayoutViews` maps the
+comparison back onto ranks. See docs/layouts.md.
+"""
+
+from __future__ import annotations
+
+from precguard.layout.combine import concat_stats, sum_partials, tensor_stats
+from precguard.layout.gather import Gathered, gather_run
+from precguard.layout.spec import LayoutSpec, ModuleRule, Shard, builtin_layouts, load_layout
+from precguard.layout.view import LayoutViews
+
+__all__ = [
+    "Gathered",
+    "LayoutSpec",
+    "LayoutViews",
+    "ModuleRule",
+    "Shard",
+    "builtin_layouts",
+    "concat_stats",
+    "gather_run",
+    "load_layout",
+    "sum_partials",
+    "tensor_stats",
+]
