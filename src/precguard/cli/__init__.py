@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "precguard.cli.plugins_cmd",
     "precguard.cli.check",
     "precguard.cli.bisect",
+    "precguard.cli.opcheck",
 )
 
 for _name in COMMAND_MODULES:
