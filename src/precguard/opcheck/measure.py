@@ -18,6 +18,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from precguard.backend import Backend
 from precguard.oracle import map_tensors_keeping_types
 
 _FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
@@ -99,6 +100,22 @@ def ulp(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     _, exponent = torch.frexp(values.abs())
     lowest = round(math.log2(info.tiny)) + 1
     return torch.ldexp(torch.ones_like(values), exponent.clamp(min=lowest) - 1 - bits)
+
+
+def probe_compute_dtype(backend: Backend) -> torch.dtype:
+    """Find the precision the device computes fp32 arithmetic in, by experiment.
+
+    Inside ``backend.numerics()``: ``1 + 2**-12`` survives only in fp32;
+    ``1 + 2**-9`` survives in fp16 but not in bf16.
+    """
+    dev = backend.torch_device()
+    one = torch.ones(4, device=dev)
+    with backend.numerics(), torch.no_grad():
+        fine = ((one + torch.full_like(one, 2.0**-12)) - one).abs().max().item()
+        coarse = ((one + torch.full_like(one, 2.0**-9)) - one).abs().max().item()
+    if fine > 0:
+        return torch.float32
+    return torch.float16 if coarse > 0 else torch.bfloat16
 
 
 Status = Literal["pass", "fail", "nonfinite"]

@@ -19,15 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from precguard._logging import get_logger
-from precguard.backend import Backend
 from precguard.errors import PrecguardError, TargetError, UsageError
 from precguard.opcheck import rotary
 from precguard.opcheck.builtin import BUILTIN_OPS, OpSpec, max_angle
 from precguard.opcheck.measure import (
     Growth,
     fit_growth,
-    float_leaves,
     measure,
+    probe_compute_dtype,
     rope_allowed,
     round_floats,
     run_on_device,
@@ -92,22 +91,6 @@ class OpCheckResult(BaseModel):
     def exit_code(self) -> int:
         """1 when a point fails (or is not finite), else 0."""
         return 1 if any(p.status != "pass" for p in self.results) else 0
-
-
-def probe_compute_dtype(backend: Backend) -> torch.dtype:
-    """Find the precision the device computes fp32 arithmetic in, by experiment.
-
-    Inside ``backend.numerics()``: ``1 + 2**-12`` survives only in fp32;
-    ``1 + 2**-9`` survives in fp16 but not in bf16.
-    """
-    dev = backend.torch_device()
-    one = torch.ones(4, device=dev)
-    with backend.numerics(), torch.no_grad():
-        fine = ((one + torch.full_like(one, 2.0**-12)) - one).abs().max().item()
-        coarse = ((one + torch.full_like(one, 2.0**-9)) - one).abs().max().item()
-    if fine > 0:
-        return torch.float32
-    return torch.float16 if coarse > 0 else torch.bfloat16
 
 
 def lowest(*dtypes: torch.dtype) -> torch.dtype:
@@ -281,11 +264,7 @@ def batch_of_length(batch: Any, length: int) -> Any:
     Every tensor whose dim 1 has the length of the first such tensor is
     changed (ids, masks, labels alike); a batch without one is returned as is.
     """
-    seq = None
-    for t in float_leaves(batch) + _int_leaves(batch):
-        if t.dim() >= 2:
-            seq = t.shape[1]
-            break
+    seq = next((t.shape[1] for t in _tensor_leaves(batch) if t.dim() >= 2), None)
     if not seq or seq == length:
         return batch
     reps = -(-length // seq)
@@ -298,10 +277,10 @@ def batch_of_length(batch: Any, length: int) -> Any:
     return map_tensors_keeping_types(batch, fit)
 
 
-def _int_leaves(value: Any) -> list[torch.Tensor]:
+def _tensor_leaves(value: Any) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
     map_tensors_keeping_types(value, lambda t: found.append(t) or t)
-    return [t for t in found if not t.is_floating_point()]
+    return found
 
 
 def max_length(model: nn.Module) -> int | None:
@@ -377,7 +356,7 @@ def module_points(
             allowed = rope_allowed(bench.eps, (n - 1) * fmax)
             add(bench.point(got, want, n, allowed, module=name))
         return lens
-    own = next((t.shape[1] for t in _int_leaves(batch) + float_leaves(batch) if t.dim() >= 2), None)
+    own = next((t.shape[1] for t in _tensor_leaves(batch) if t.dim() >= 2), None)
     default = sorted(
         {*(n for n in DEFAULT_SEQ_LENS if not limit or n <= limit), *([own] if own else [])}
     )
