@@ -80,3 +80,31 @@ def one_overflow() -> precguard.Target:
 def two_overflows() -> precguard.Target:
     """Blocks 1 and 6 of eight overflow in fp16, independently."""
     return decoder_target(8, (1, 6))
+
+
+# -- a real transformers model -----------------------------------------------------------------
+class OverflowingLinear(nn.Module):
+    """``linear(x * 1e6) / 1e6``: the same numbers in fp32, inf past 65504 in fp16."""
+
+    def __init__(self, inner: nn.Linear) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x * 1e6) / 1e6
+
+
+def _llama_with_overflow() -> nn.Module:
+    from precguard.targets import build_tiny_llama
+
+    model = build_tiny_llama()
+    layer = model.model.layers[1].mlp
+    layer.down_proj = OverflowingLinear(layer.down_proj)
+    return model
+
+
+def llama_overflow() -> precguard.Target:
+    """tiny-llama whose layer 1 MLP down projection overflows in fp16."""
+    from precguard.targets import lm_batch
+
+    return precguard.Target(model=_llama_with_overflow, batch=lm_batch, seed=0)

@@ -52,6 +52,22 @@ def test_a_model_that_is_already_fine_has_no_culprits():
     assert result.baseline_error <= result.threshold
 
 
+def test_a_transformers_llama_layer_that_overflows_is_named_down_to_the_module():
+    """tiny-llama (transformers, seeded init) with layer 1's down projection overflowing."""
+    result = bisect(f"{MODELS}:llama_overflow", device="emu:fp16")
+    assert result.baseline_error == math.inf
+    assert result.culprits == ["model.layers.1.mlp.down_proj"]
+    # the blocks were searched before their children
+    first_layer_probe = next(
+        i for i, p in enumerate(result.probes) if p.at_reference == ["model.layers.1"]
+    )
+    first_child_probe = next(
+        i for i, p in enumerate(result.probes)
+        if any(n.startswith("model.layers.1.") for n in p.at_reference)
+    )  # fmt: skip
+    assert first_layer_probe < first_child_probe
+
+
 def test_the_same_model_on_the_cpu_is_exact():
     result = bisect(f"{MODELS}:one_overflow", device="cpu")
     assert result.culprits == [] and result.baseline_error == 0.0
