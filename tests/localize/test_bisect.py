@@ -17,7 +17,13 @@ import pytest
 import torch
 
 from precguard.backends.cpu import CpuBackend
-from precguard.localize.bisect import Bisector, ReferencePrecision, bisect, output_error
+from precguard.localize.bisect import (
+    Bisector,
+    ReferencePrecision,
+    bisect,
+    default_threshold,
+    output_error,
+)
 from tests.localize import models
 from tests.localize.models import Decoder, decoder_target
 
@@ -142,6 +148,14 @@ def test_output_error_metrics():
     assert output_error(got, ref, "max_rel") == pytest.approx(0.25)
     assert output_error(torch.tensor([1.0, math.inf, 0.0]), ref) == math.inf
     assert output_error(ref, ref, "cosine") == 0.0
+
+
+def test_default_threshold_follows_the_compute_precision():
+    """16 eps of what the device computes in, a vendor's named TF32 mode included."""
+    assert default_threshold(torch.float16) == 16 * 2**-10
+    assert default_threshold(torch.bfloat16) == 16 * 2**-7
+    assert default_threshold("tfloat32") == default_threshold(torch.float16)
+    assert default_threshold(torch.float32) < 2e-6
 
 
 # -- the command line ------------------------------------------------------------------------

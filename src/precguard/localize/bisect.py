@@ -44,10 +44,11 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from precguard._logging import get_logger
 from precguard.backend import Backend
+from precguard.compare.tolerance import SIGNIFICAND_BITS, unit_roundoff
 from precguard.errors import PrecguardError, TargetError, UsageError
 from precguard.oracle import map_tensors_keeping_types
 from precguard.runner import construct_model, parse_dtype, resolve_backend
-from precguard.target import Target, call_model, load_target, move_batch
+from precguard.target import Target, call_model, load_target, move_batch, raised
 
 logger = get_logger(__name__)
 
@@ -62,9 +63,17 @@ MetricName = Literal["rel_l2", "max_abs", "mean_abs", "max_rel", "cosine"]
 DEFAULT_EPS_FACTOR = 16
 
 
-def default_threshold(compute_dtype: torch.dtype) -> float:
-    """The default ``rel_l2`` threshold: :data:`DEFAULT_EPS_FACTOR` eps of ``compute_dtype``."""
-    return DEFAULT_EPS_FACTOR * float(torch.finfo(compute_dtype).eps)
+def precision_eps(precision: torch.dtype | str) -> float:
+    """Machine epsilon of a dtype or of a backend's named precision (``tfloat32``, ``hfloat32``)."""
+    name = str(precision).removeprefix("torch.")
+    if name not in SIGNIFICAND_BITS:
+        raise UsageError(f"unknown compute precision {name!r}")
+    return 2 * unit_roundoff(name)
+
+
+def default_threshold(compute: torch.dtype | str) -> float:
+    """The default ``rel_l2`` threshold: :data:`DEFAULT_EPS_FACTOR` eps of ``compute``."""
+    return DEFAULT_EPS_FACTOR * precision_eps(compute)
 
 
 ROOT = "root"
@@ -447,7 +456,7 @@ def bisect(
     if threshold is None:
         if metric != "rel_l2":
             raise UsageError(f"--metric {metric} needs --threshold (a default exists for rel_l2)")
-        threshold = default_threshold(max(compute, model_dtype, key=_eps))
+        threshold = default_threshold(max(compute, model_dtype, key=precision_eps))
 
     built = construct_model(target_obj, backend)
     if prepare is not None:
@@ -455,22 +464,16 @@ def bisect(
     built.eval()
     reference_model = copy.deepcopy(built).to(device=ref_backend.torch_device(), dtype=ref_dtype)
     model = built.to(device=backend.torch_device(), dtype=model_dtype)
-    try:
-        batch = target_obj.batch(step)
-    except Exception as exc:
-        raise TargetError(
-            f"target {target_obj.name!r}: batch({step}) raised {type(exc).__name__}: {exc}"
-        ) from exc
 
     def user_code(what: str, fn: Callable[[], Any]) -> Any:
         try:
             return fn()
         except PrecguardError:
             raise
-        except Exception as exc:
-            raise TargetError(
-                f"target {target_obj.name!r}: {what} raised {type(exc).__name__}: {exc}"
-            ) from exc
+        except (Exception, SystemExit) as exc:  # a target's sys.exit() is its error too
+            raise TargetError(f"target {target_obj.name!r}: {what} {raised(exc)}") from exc
+
+    batch = user_code(f"batch({step})", lambda: target_obj.batch(step))
 
     ref_batch = _cast_batch(move_batch(batch, ref_backend.torch_device()), ref_dtype)
     dev_batch = _cast_batch(move_batch(batch, backend.torch_device()), model_dtype)
@@ -525,10 +528,6 @@ def bisect(
         baseline_error=baseline,
         fixed_error=fixed,
     )
-
-
-def _eps(dtype: torch.dtype) -> float:
-    return float(torch.finfo(dtype).eps)
 
 
 def _name(dtype: torch.dtype) -> str:

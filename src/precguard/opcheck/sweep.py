@@ -33,7 +33,7 @@ from precguard.opcheck.measure import (
 )
 from precguard.oracle import map_tensors_keeping_types, run_in_fp64
 from precguard.runner import construct_model, parse_dtype, resolve_backend
-from precguard.target import Target, call_model, load_target
+from precguard.target import Target, call_model, load_target, raised
 
 logger = get_logger(__name__)
 
@@ -249,8 +249,8 @@ def _capture(model: nn.Module, module: nn.Module, batch: Any, who: str) -> tuple
     try:
         with torch.no_grad():
             call_model(model, batch)
-    except Exception as exc:
-        raise TargetError(f"{who}: the forward raised {type(exc).__name__}: {exc}") from exc
+    except (Exception, SystemExit) as exc:  # a target's sys.exit() is its error too
+        raise TargetError(f"{who}: the forward {raised(exc)}") from exc
     finally:
         handle.remove()
     if not seen:
@@ -332,10 +332,8 @@ def module_points(
     who = f"module {name!r} of {target_obj.name!r}"
     try:
         batch = target_obj.batch(0)
-    except Exception as exc:
-        raise TargetError(
-            f"target {target_obj.name!r}: batch(0) raised {type(exc).__name__}: {exc}"
-        ) from exc
+    except (Exception, SystemExit) as exc:
+        raise TargetError(f"target {target_obj.name!r}: batch(0) {raised(exc)}") from exc
     args, kwargs = _capture(model, mod, batch, who)
     limit = max_length(model)
     if rotary.looks_rotary(mod):
@@ -371,7 +369,7 @@ def module_points(
             )
         except PrecguardError:
             raise
-        except Exception as exc:
-            raise TargetError(f"{who} at {n} tokens raised {type(exc).__name__}: {exc}") from exc
+        except (Exception, SystemExit) as exc:
+            raise TargetError(f"{who} at {n} tokens {raised(exc)}") from exc
         add(bench.point(got, want, n, bench.allowed(n), module=name))
     return lens
