@@ -108,3 +108,15 @@ def llama_overflow() -> precguard.Target:
     from precguard.targets import lm_batch
 
     return precguard.Target(model=_llama_with_overflow, batch=lm_batch, seed=0)
+
+
+class NoisyDecoder(Decoder):
+    """Adds fresh unseeded noise in every forward: no two forwards agree."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + torch.randn((*x.shape[:-1], 8))
+
+
+def noisy() -> precguard.Target:
+    """A forward that does not reproduce itself, even on the reference."""
+    return precguard.Target(model=lambda: NoisyDecoder(2), batch=_batch, seed=0)

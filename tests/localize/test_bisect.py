@@ -198,6 +198,7 @@ def test_cli_exits_0_for_a_fine_model_with_json_on_stdout(capsys):
         (["--threshold", "-1"], "--threshold"),
         (["--device", "emu:nope"], "emu:nope"),
         (["--target", "no/such.py"], "no such file"),
+        (["--target", f"{MODELS}:noisy"], "does not reproduce the reference"),
     ],
 )
 def test_cli_unusable_input_exits_2_with_one_line(capsys, args, message):

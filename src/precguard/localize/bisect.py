@@ -392,7 +392,14 @@ class Bisector:
         top = child_units(self.model, ROOT, self.called)
         found = self.minimal([], top)
         if found is None:  # the root's own code (outside every child) is needed
-            return [ROOT] if self.passes([ROOT]) else []
+            if not self.passes([ROOT]):
+                raise TargetError(
+                    f"even with the whole model at reference precision the output error is "
+                    f"{self.error([ROOT]):.3g} (threshold {self.threshold:.3g}): the forward "
+                    "does not reproduce the reference (random ops or state it changes), so "
+                    "there is nothing to bisect"
+                )
+            return [ROOT]
         final: list[str] = []
         queue = list(found)
         while queue:

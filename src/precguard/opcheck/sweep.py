@@ -314,7 +314,8 @@ def module_points(
     A rotary module (named *Rotary*/*RoPE*, following ``forward(x,
     position_ids) -> (cos, sin)``) is called on positions 0..n-1 for each n
     (default: x4 steps from 128 up to the model's maximum length, or 4096);
-    any other module on the inputs captured from a forward of the target's
+    any other module (and a rotary-named one that does not follow that
+    convention) on the inputs captured from a forward of the target's
     batch tiled or cut to n tokens (default: the batch's own length and the
     built-in lengths up to the model's maximum).
     """
@@ -337,23 +338,14 @@ def module_points(
     args, kwargs = _capture(model, mod, batch, who)
     limit = max_length(model)
     if rotary.looks_rotary(mod):
-        x = rotary.first_input(name, args, kwargs)
-        lens = seq_lens or rotary_lengths(limit or 4096)
-        inv = getattr(mod, "inv_freq", None)
-        fmax = float(inv.detach().abs().max()) if isinstance(inv, torch.Tensor) else 1.0
-        for n in lens:
-            positions = torch.arange(n)[None, :]
-            try:
-                want = rotary.rotary_oracle(name, mod, x, positions, kwargs)
-                _, got = rotary.rotary_on(
-                    name, mod, x, positions, kwargs, dtype=bench.dtype, device=bench.dev,
-                    numerics=bench.backend.numerics,
-                )  # fmt: skip
-            except rotary.NotRotary as exc:
-                raise UsageError(str(exc)) from exc
-            allowed = rope_allowed(bench.eps, (n - 1) * fmax)
-            add(bench.point(got, want, n, allowed, module=name))
-        return lens
+        try:
+            return _rotary_points(bench, name, mod, args, kwargs, seq_lens, limit, add)
+        except rotary.NotRotary as exc:  # named like one, called otherwise: sweep it as captured
+            logger.info("rotary_convention_not_followed", module=name, reason=str(exc))
+        except PrecguardError:
+            raise
+        except (Exception, SystemExit) as exc:
+            raise TargetError(f"{who} on positions 0..n-1 {raised(exc)}") from exc
     own = next((t.shape[1] for t in _tensor_leaves(batch) if t.dim() >= 2), None)
     default = sorted(
         {*(n for n in DEFAULT_SEQ_LENS if not limit or n <= limit), *([own] if own else [])}
@@ -372,4 +364,34 @@ def module_points(
         except (Exception, SystemExit) as exc:
             raise TargetError(f"{who} at {n} tokens {raised(exc)}") from exc
         add(bench.point(got, want, n, bench.allowed(n), module=name))
+    return lens
+
+
+def _rotary_points(
+    bench: _Bench,
+    name: str,
+    mod: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    seq_lens: list[int] | None,
+    limit: int | None,
+    add: Callable[[OpPoint], None],
+) -> list[int]:
+    """Positions 0..n-1 of a rotary module for each n; :class:`NotRotary` before any point."""
+    x = rotary.first_input(name, args, kwargs)
+    lens = seq_lens or rotary_lengths(limit or 4096)
+    inv = getattr(mod, "inv_freq", None)
+    fmax = float(inv.detach().abs().max()) if isinstance(inv, torch.Tensor) else 1.0
+    points = []
+    for n in lens:
+        positions = torch.arange(n)[None, :]
+        want = rotary.rotary_oracle(name, mod, x, positions, kwargs)
+        _, got = rotary.rotary_on(
+            name, mod, x, positions, kwargs, dtype=bench.dtype, device=bench.dev,
+            numerics=bench.backend.numerics,
+        )  # fmt: skip
+        allowed = rope_allowed(bench.eps, (n - 1) * fmax)
+        points.append(bench.point(got, want, n, allowed, module=name))
+    for point in points:  # all or nothing: a module that fails the convention falls back whole
+        add(point)
     return lens
