@@ -10,32 +10,31 @@ import typer
 
 from precguard.cli._app import app
 
-_HELP = """Find the smallest set of modules that must run at reference precision on DEVICE.
-
-The target's model runs on the reference (default: the CPU in float32) for the trusted
-output, then on DEVICE; each probe reruns the device forward with some modules run at
-reference precision instead (outside the emu: emulation, on the reference device) and
-measures the final output's error. A binary search over the module tree (blocks first,
-then their children) and a last linear pass find a minimal set in O(k log L) probes for
-k culprits among L blocks. No golden recording is needed.
-
-Exit codes: 0 the device output is already within the threshold, 1 culprits found,
-2 unusable input.
-"""
+_HELP = (
+    "Find the smallest set of modules that must run at reference precision on DEVICE.\n\n"
+    "The target's model runs on the reference (default: the CPU in float32) for the trusted "
+    "output, then on DEVICE; each probe reruns the device forward with some modules run at "
+    "reference precision instead (outside the emu: emulation, on the reference device) and "
+    "measures the final output's error. A binary search over the module tree (blocks first, "
+    "then their children) and a last linear pass find a minimal set in O(k log L) probes for "
+    "k culprits among L blocks. No golden recording is needed.\n\n"
+    "Exit codes: 0 the device output is already within the threshold, 1 culprits found, 2 "
+    "unusable input."
+)
 
 
 @app.command(help=_HELP)
 def bisect(
     target: str = typer.Option(
-        "tiny-llama", "--target", "-t", help="Built-in name, path/file.py[:fn] or pkg.mod[:fn]."
+        "tiny-llama", "--target", "-t", help="Built-in name, path/file.py[:fn) or pkg.mod[:fn]."
     ),
     device: str = typer.Option(..., "--device", "-d", help="Device under test: emu:fp16, npu…"),
     reference: str = typer.Option("cpu", "--reference", help="Trusted reference device."),
     dtype: str | None = typer.Option(
         None,
         "--dtype",
-        help="Model dtype on the device [default: float32, or the storage dtype of a "
-        "mixed-precision emu: profile].",
+        help="Model dtype on the device (default: float32, or the storage dtype of a "
+        "mixed-precision emu: profile).",
     ),
     reference_dtype: str = typer.Option(
         "float32", "--reference-dtype", help="Model dtype on the reference."

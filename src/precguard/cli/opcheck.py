@@ -9,18 +9,17 @@ import typer
 
 from precguard.cli._app import app
 
-_HELP = """Sweep the ops that cause most cross-chip trouble on DEVICE against an fp64 oracle.
-
-Built-in ops: rope, rmsnorm, layernorm, softmax, attention (SDPA), matmul, cross_entropy,
-each at every --seq-lens length, on the device in its dtype vs the same inputs in fp64.
-With --target T --module NAME: that module of the model, on inputs captured from a real
-forward at each length; a rotary module is swept over positions up to the model's maximum
-length. Reports max/mean absolute, relative and ULP error per point and how the error
-grows with length (log-log slope; verdict flat or grows).
-
-Exit codes: 0 every point within tolerance, 1 a point fails (or is not finite), 2 unusable
-input.
-"""
+_HELP = (
+    "Sweep the ops that cause most cross-chip trouble on DEVICE against an fp64 oracle.\n\n"
+    "Built-in ops: rope, rmsnorm, layernorm, softmax, attention (SDPA), matmul, "
+    "cross_entropy, each at every --seq-lens length, on the device in its dtype vs the same "
+    "inputs in fp64. With --target T --module NAME: that module of the model, on inputs "
+    "captured from a real forward at each length; a rotary module is swept over positions up "
+    "to the model's maximum length. Reports max/mean absolute, relative and ULP error per "
+    "point and how the error grows with length (log-log slope; verdict flat or grows).\n\n"
+    "Exit codes: 0 every point within tolerance, 1 a point fails (or is not finite), 2 "
+    "unusable input."
+)
 
 
 @app.command("op-check", help=_HELP)
@@ -29,17 +28,17 @@ def op_check(
     dtype: str | None = typer.Option(
         None,
         "--dtype",
-        help="Activation dtype on the device [default: float32, or the storage dtype of a "
-        "mixed-precision emu: profile].",
+        help="Activation dtype on the device (default: float32, or the storage dtype of a "
+        "mixed-precision emu: profile).",
     ),
     ops: str | None = typer.Option(
-        None, "--ops", help="Comma-separated built-in ops [default: all]."
+        None, "--ops", help="Comma-separated built-in ops (default: all)."
     ),
     seq_lens: str | None = typer.Option(
         None,
         "--seq-lens",
-        help="Comma-separated sequence lengths [default: 128,1024,4096; for a rotary module "
-        "x4 steps up to the model's maximum length].",
+        help="Comma-separated sequence lengths (default: 128,1024,4096; for a rotary module "
+        "x4 steps up to the model's maximum length).",
     ),
     target: str | None = typer.Option(
         None, "--target", "-t", help="Model whose --module to sweep: built-in or file.py[:fn]."
@@ -50,8 +49,8 @@ def op_check(
     tolerance: float | None = typer.Option(
         None,
         "--tolerance",
-        help="Largest max_rel_err that passes [default: 8 eps of the compute dtype + "
-        "sqrt(n) fp32 roundoffs; rotary: the angle allowance].",
+        help="Largest max_rel_err that passes (default: 8 eps of the compute dtype + "
+        "sqrt(n) fp32 roundoffs; rotary: the angle allowance).",
     ),
     json_out: Path | None = typer.Option(
         None, "--json", help="Write the results as JSON to this file ('-' for stdout)."
