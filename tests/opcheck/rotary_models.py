@@ -47,6 +47,13 @@ class Fp32Rotary(nn.Module):
         return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
 
 
+class StackedRotary(Fp32Rotary):
+    """Named like a rotary embedding, but returns one stacked (2, ...) tensor, not (cos, sin)."""
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
+        return torch.stack(super().forward(x, position_ids))
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     a, b = x.chunk(2, dim=-1)
     return torch.cat((-b, a), dim=-1)
@@ -90,3 +97,8 @@ def activation_dtype_rope() -> precguard.Target:
 def fp32_rope() -> precguard.Target:
     """Rotary angles in fp32."""
     return _target(Fp32Rotary)
+
+
+def stacked_rope() -> precguard.Target:
+    """A rotary-named module off the HF convention (swept on captured inputs instead)."""
+    return _target(StackedRotary)

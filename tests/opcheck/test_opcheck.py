@@ -82,6 +82,15 @@ def test_a_plain_module_runs_on_inputs_captured_at_each_length():
     assert all(0 < p.mean_rel_err < 2**-7 for p in result.results)
 
 
+def test_a_rotary_named_module_off_the_convention_is_swept_on_captured_inputs():
+    result = op_check(
+        device="emu:bf16-mixed", target=f"{MODELS}:stacked_rope", module="rotary_emb",
+        seq_lens="24,96",
+    )  # fmt: skip
+    assert [p.seq_len for p in result.results] == [24, 96]
+    assert result.exit_code == 0
+
+
 def test_builtin_ops_at_their_own_precision_pass_and_rope_on_bf16_fails():
     result = op_check(device="emu:bf16", ops=["rope", "softmax", "matmul"], seq_lens="64,512")
     by_op = {(p.op, p.seq_len): p for p in result.results}
