@@ -78,3 +78,11 @@ def test_checklist_speed_benchmark():
         "benchmarks/checklist_speed.py", "--checklist", "quick", "--only", "env", "--device", "cpu"
     )
     assert "checklist quick on cpu:" in out and "(exit code 0)" in out
+
+
+def test_bisect_probes_benchmark():
+    out = run_script("benchmarks/bisect_probes.py", "--blocks", "4")
+    rows = [line.split() for line in out.splitlines()[1:] if line.strip()]
+    assert rows and all(row[-1] == "ok" for row in rows), out
+    # one row per placement: no culprit, each single block, each pair
+    assert {row[1] for row in rows} == {"0", "1", "2"}

@@ -22,6 +22,7 @@ from torch import nn
 from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.checks.base import CheckContext, Finding, NotApplicable, Status
+from precguard.opcheck.measure import cast_floats, probe_compute_dtype, run_on_device
 from precguard.runner import construct_model, seed_everything
 from precguard.target import Target, call_model, move_batch
 
@@ -125,16 +126,6 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return value
 
 
-def cast_floats(value: Any, dtype: torch.dtype, device: torch.device | None = None) -> Any:
-    """Cast every floating tensor in a nested value to ``dtype`` (and move all to ``device``)."""
-
-    def cast(t: torch.Tensor) -> torch.Tensor:
-        t = t.to(device) if device is not None else t
-        return t.to(dtype) if t.is_floating_point() else t
-
-    return map_tensors(value, cast)
-
-
 def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """Relative L2 error of ``actual`` against ``expected`` (both cast to fp64 on the CPU)."""
     a = actual.detach().to("cpu", torch.float64)
@@ -144,22 +135,6 @@ def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     denom = e.norm().item()
     diff = (a - e).norm().item()
     return diff / denom if denom > 0 else diff
-
-
-def probe_compute_dtype(backend: Backend) -> torch.dtype:
-    """Find the precision the device computes fp32 arithmetic in, by experiment.
-
-    Inside ``backend.numerics()``: ``1 + 2**-12`` survives only in fp32;
-    ``1 + 2**-9`` survives in fp16 but not in bf16.
-    """
-    dev = backend.torch_device()
-    one = torch.ones(4, device=dev)
-    with backend.numerics(), torch.no_grad():
-        fine = ((one + torch.full_like(one, 2.0**-12)) - one).abs().max().item()
-        coarse = ((one + torch.full_like(one, 2.0**-9)) - one).abs().max().item()
-    if fine > 0:
-        return torch.float32
-    return torch.float16 if coarse > 0 else torch.bfloat16
 
 
 class Lab:
@@ -510,12 +485,12 @@ def run_module(
     device: torch.device,
     numerics: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
 ) -> Any:
-    """Run a private copy of ``module`` at ``dtype`` on ``device`` with the given numerics."""
-    mod = copy.deepcopy(module).to(device=device, dtype=dtype)
-    a = cast_floats(args, dtype, device)
-    k = cast_floats(kwargs, dtype, device)
-    with torch.no_grad(), numerics() if numerics else contextlib.nullcontext():
-        return mod(*a, **k)
+    """Run a private copy of ``module`` at ``dtype`` on ``device`` with the given numerics.
+
+    op-check's :func:`~precguard.opcheck.measure.run_on_device`, so checks and
+    op-check run a module on the device the same way.
+    """
+    return run_on_device(module, args, kwargs, dtype=dtype, device=device, numerics=numerics)
 
 
 def first_tensor(value: Any) -> torch.Tensor | None:

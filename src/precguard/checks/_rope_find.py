@@ -28,8 +28,9 @@ import torch
 from torch import nn
 
 from precguard._logging import get_logger
-from precguard.checks._lab import Lab, flatten, map_tensors, run_module
+from precguard.checks._lab import Lab, flatten, run_module
 from precguard.checks._trace import watch_ops
+from precguard.opcheck.sweep import batch_of_length
 from precguard.oracle import run_in_fp64
 from precguard.target import call_model
 
@@ -104,10 +105,10 @@ def _watched_forward(model: nn.Module, batch: Any, keep_args: bool) -> dict[tupl
 
 
 def longer_batch(batch: Any, length: int) -> Any:
-    """``batch`` with its sequence axis (dim 1 of its 2-D+ tensors) repeated up to ``length``.
+    """``batch`` with its sequence axis tiled up to ``length`` (never cut).
 
-    Every tensor whose dim 1 has the length of the first such tensor is
-    tiled (ids, masks, labels alike); a batch without one is returned as is.
+    op-check's :func:`~precguard.opcheck.sweep.batch_of_length` when the batch
+    is shorter; a batch already as long is returned as is.
     """
     seq = next(
         (t.shape[1] for _, t in flatten(batch) if isinstance(t, torch.Tensor) and t.dim() >= 2),
@@ -115,14 +116,7 @@ def longer_batch(batch: Any, length: int) -> Any:
     )
     if not seq or seq >= length:
         return batch
-    reps = -(-length // seq)
-
-    def tile(t: torch.Tensor) -> torch.Tensor:
-        if t.dim() < 2 or t.shape[1] != seq:
-            return t
-        return t.repeat(1, reps, *([1] * (t.dim() - 2)))[:, :length]
-
-    return map_tensors(batch, tile)
+    return batch_of_length(batch, length)
 
 
 def rope_by_behaviour(bench: Lab, exclude: list[str], length: int) -> dict[str, TrigFound]:

@@ -5,6 +5,8 @@ that a vendor replaced, a function that silently upcasts on one chip and not
 on another. Each custom leaf module is re-run on the inputs it received in a
 real forward, once on the device and once under the fp64 oracle
 (:mod:`precguard.oracle`: the module's own downcasts run in fp64 there too).
+Both runs are op-check's (:func:`precguard.opcheck.measure.run_on_device` and
+the oracle), the same ones ``precguard op-check`` sweeps over lengths.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from precguard.checks._lab import (
     run_module,
 )
 from precguard.checks.base import Check, CheckContext, Finding
+from precguard.opcheck.measure import run_on_device
 from precguard.oracle import run_in_fp64
 
 
@@ -145,8 +148,9 @@ def op_precision(ctx: CheckContext) -> Finding:
     lowered: list[str] = []
     for name, fn in PROBED_OPS.items():
         want = run_in_fp64(fn, x)
-        with torch.no_grad(), bench.device.numerics():
-            got = fn(x.to(device=bench.dev, dtype=bench.dtype))
+        got = run_on_device(
+            fn, (x,), dtype=bench.dtype, device=bench.dev, numerics=bench.device.numerics
+        )
         err = rel_error(got, want)
         precision = effective_precision(err)
         flushed = int(((got.detach().cpu() == 0) & (want != 0)).sum())

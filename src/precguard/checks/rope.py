@@ -13,21 +13,25 @@ over positions; declare others that follow it with the checklist parameter
 function in a hand-written attention) is found by behaviour
 (:mod:`precguard.checks._rope_find`) and judged on a batch tiled to the
 sweep's length. The truth is always the fp64 oracle (:mod:`precguard.oracle`).
+
+The rotary sweep itself (calling a module on any positions, on the device and
+under the oracle, the error per position, the angle allowance) is op-check's
+(:mod:`precguard.opcheck.rotary`); these checks judge its curves.
 """
 
 from __future__ import annotations
 
-import copy
 import fnmatch
 from typing import Any
 
 import torch
 from torch import nn
 
-from precguard.checks._lab import Lab, NotApplicable, cast_floats, finding, lab
+from precguard.checks._lab import Lab, NotApplicable, finding, lab
 from precguard.checks._rope_find import rope_by_behaviour, rotation_modules
 from precguard.checks.base import Check, CheckContext, Finding
-from precguard.oracle import run_in_fp64
+from precguard.opcheck import rotary
+from precguard.opcheck.measure import rope_allowed
 
 _BINS = 8
 
@@ -38,71 +42,40 @@ def rotary_modules(
     """Rotary modules with their captured call: by class name, or by ``patterns`` (globs)."""
     found = {}
     for name, (mod, args, kwargs) in bench.module_inputs().items():
-        cls = type(mod).__name__.lower()
         declared = patterns and any(fnmatch.fnmatchcase(name, p) for p in patterns)
-        if declared or (not patterns and ("rotary" in cls or "rope" in cls)):
+        if declared or (not patterns and rotary.looks_rotary(mod)):
             found[name] = (mod, args, kwargs)
     return found
-
-
-def _call(mod: nn.Module, x: torch.Tensor, positions: torch.Tensor, kwargs: dict) -> Any:
-    if "position_ids" in kwargs:
-        return mod(x, **{**kwargs, "position_ids": positions})
-    return mod(x, positions)
-
-
-def _cos_sin(out: Any, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    if (
-        isinstance(out, tuple | list)
-        and len(out) >= 2
-        and all(isinstance(t, torch.Tensor) for t in out[:2])
-    ):
-        return out[0], out[1]
-    raise NotApplicable(
-        f"{name} does not follow forward(x, position_ids) -> (cos, sin); "
-        f"it returned {type(out).__name__}"
-    )
 
 
 def _errors(
     bench: Lab, name: str, mod: nn.Module, args: tuple, kwargs: dict, positions: torch.Tensor
 ) -> dict[str, Any]:
-    """Max abs error of cos/sin per position on device and reference (and inv_freq's dtype)."""
-    x = args[0] if args else kwargs.get("x")
-    if not isinstance(x, torch.Tensor):
-        raise NotApplicable(f"{name} was not called with a tensor first argument")
-    # the oracle also turns the module's own .float()/autocast/dtype= casts into fp64
-    cos64, sin64 = _cos_sin(run_in_fp64(_call, x, positions, kwargs, module=mod), name)
-    runs = {
-        "device": (bench.dtype, bench.dev, bench.device.numerics),
-        "reference": (torch.float32, bench.reference.torch_device(), bench.reference.numerics),
-    }
-    errors: dict[str, Any] = {}
-    for label, (dtype, dev, numerics) in runs.items():
-        m = copy.deepcopy(mod).to(device=dev, dtype=dtype)
-        inv = getattr(m, "inv_freq", None)
-        if label == "device" and isinstance(inv, torch.Tensor):
-            errors["inv_freq_dtype"] = inv.dtype
-        with torch.no_grad(), numerics():
-            cos, sin = _cos_sin(
-                _call(
-                    m,
-                    cast_floats(x, dtype, dev),
-                    positions.to(dev),
-                    cast_floats(kwargs, dtype, dev),
-                ),
-                name,
+    """Max abs error of cos/sin per position on device and reference (and inv_freq's dtype).
+
+    op-check's rotary sweep (:mod:`precguard.opcheck.rotary`) does the work: the
+    fp64 oracle (which also turns the module's own .float()/autocast/dtype= casts
+    into fp64) and the device and reference runs of a copy of the module.
+    """
+    try:
+        x = rotary.first_input(name, args, kwargs)
+        want = rotary.rotary_oracle(name, mod, x, positions, kwargs)
+        runs = {
+            "device": (bench.dtype, bench.dev, bench.device.numerics),
+            "reference": (torch.float32, bench.reference.torch_device(), bench.reference.numerics),
+        }
+        errors: dict[str, Any] = {}
+        for label, (dtype, dev, numerics) in runs.items():
+            m, got = rotary.rotary_on(
+                name, mod, x, positions, kwargs, dtype=dtype, device=dev, numerics=numerics
             )
-        err = torch.maximum(
-            (cos.detach().cpu().double() - cos64).abs(), (sin.detach().cpu().double() - sin64).abs()
-        )
-        err = torch.nan_to_num(err, nan=float("inf"))
-        errors[label] = err.reshape(-1, positions.shape[-1], err.shape[-1]).amax(dim=(0, 2))
+            inv = getattr(m, "inv_freq", None)
+            if label == "device" and isinstance(inv, torch.Tensor):
+                errors["inv_freq_dtype"] = inv.dtype
+            errors[label] = rotary.per_position_error(got, want, positions.shape[-1])
+    except rotary.NotRotary as exc:
+        raise NotApplicable(str(exc)) from exc
     return errors
-
-
-#: fp32 unit roundoff: the error a correct fp32 rotary embedding has per radian of angle
-_FP32_UNIT = 2.0**-24
 
 
 def _judge(
@@ -121,14 +94,13 @@ def _judge(
     reference is judged by the same rule: when it fails too, the code computes
     the angles in low precision everywhere, not only on the device.
     """
-    tol = 4 * bench.eps
     dev_bins = [float(b.max()) for b in device_err.tensor_split(_BINS)]
     ref_bins = [float(b.max()) for b in reference_err.tensor_split(_BINS)]
     angle_bins = [float(b.max()) for b in max_angle.tensor_split(_BINS)]
     edges = [int(b[0]) for b in positions.tensor_split(_BINS)]
     first, last = dev_bins[0], dev_bins[-1]
     growth = last / max(first, bench.eps / 2)
-    allowed = [max(tol, 4 * _FP32_UNIT * (1 + a)) for a in angle_bins]
+    allowed = [rope_allowed(bench.eps, a) for a in angle_bins]
     entry: dict[str, Any] = {
         "bin_start_positions": edges,
         "device_max_abs_error": dev_bins,

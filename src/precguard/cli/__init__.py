@@ -26,6 +26,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "precguard.cli.compare",
     "precguard.cli.plugins_cmd",
     "precguard.cli.check",
+    "precguard.cli.bisect",
+    "precguard.cli.opcheck",
     "precguard.cli.msprobe",
     "precguard.cli.report",
 )

@@ -1,0 +1,561 @@
+"""Bisect: which modules must run at reference precision for the output to be right?
+
+No golden recording is needed. The target's model runs twice from one seeded
+build: once on the reference (device and dtype, e.g. the CPU in fp32) for the
+trusted output, and once on the device under test. A *probe* reruns the device
+forward with a set of modules swapped for their reference twins: the module's
+``forward`` is replaced, for that forward only, by a call of the same module
+of the reference model (inputs moved and cast in, outputs cast back to the
+dtype of the module's input), run outside the device's numerics (on ``emu:``:
+outside the emulation) and without autocast. The output error of a probe says
+whether that set is enough.
+
+The search (:class:`Bisector`):
+
+1. the units are the top-level modules in call order, containers
+   (``ModuleList``/``ModuleDict``) opened, so a decoder's blocks are units;
+2. QuickXplain (Junker, 2004) finds a minimal subset of the units that brings
+   the error under the threshold: ``O(k log(n/k))`` probes for ``k`` culprits
+   among ``n`` units, not ``n``;
+3. each culprit is refined the same way into its children (the other
+   culprits stay at reference meanwhile); a module whose children all at
+   reference are not enough is kept whole (its own code is the problem);
+4. a linear pass drops each culprit whose removal still passes.
+
+Probes are cached by the set they test. The user's model is never touched:
+both models are private builds, and every swapped ``forward`` is restored.
+
+>>> result = bisect("tiny-llama", device="emu:fp16")   # doctest: +SKIP
+>>> result.culprits, result.probe_count                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
+
+from precguard._logging import get_logger
+from precguard.backend import Backend
+from precguard.compare.tolerance import SIGNIFICAND_BITS, unit_roundoff
+from precguard.errors import PrecguardError, TargetError, UsageError
+from precguard.oracle import map_tensors_keeping_types
+from precguard.runner import construct_model, parse_dtype, resolve_backend
+from precguard.target import Target, call_model, load_target, move_batch, raised
+
+logger = get_logger(__name__)
+
+_FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
+
+MetricName = Literal["rel_l2", "max_abs", "mean_abs", "max_rel", "cosine"]
+
+#: the default threshold of the ``rel_l2`` metric, in units of the machine epsilon of the
+#: device's compute dtype. A correct low-precision forward of tiny-llama lands near 1 eps
+#: on every ``emu:`` profile (fp16 9e-4, bf16 7e-3); 16 eps leaves room for deeper models,
+#: while an overflow, a flushed norm or angles rounded to bf16 land at 0.1 to inf.
+DEFAULT_EPS_FACTOR = 16
+
+
+def precision_eps(precision: torch.dtype | str) -> float:
+    """Machine epsilon of a dtype or of a backend's named precision (``tfloat32``, ``hfloat32``)."""
+    name = str(precision).removeprefix("torch.")
+    if name not in SIGNIFICAND_BITS:
+        raise UsageError(f"unknown compute precision {name!r}")
+    return 2 * unit_roundoff(name)
+
+
+def default_threshold(compute: torch.dtype | str) -> float:
+    """The default ``rel_l2`` threshold: :data:`DEFAULT_EPS_FACTOR` eps of ``compute``."""
+    return DEFAULT_EPS_FACTOR * precision_eps(compute)
+
+
+ROOT = "root"
+
+
+def output_error(actual: torch.Tensor, expected: torch.Tensor, metric: str = "rel_l2") -> float:
+    """The error of ``actual`` against ``expected`` (fp64): inf when ``actual`` is not finite.
+
+    ``rel_l2`` ||a-e||/||e||, ``max_abs`` max|a-e|, ``mean_abs`` mean|a-e|,
+    ``max_rel`` max|a-e|/max|e|, ``cosine`` 1 - cos(a, e).
+    """
+    a = actual.detach().to("cpu", torch.float64).flatten()
+    e = expected.detach().to("cpu", torch.float64).flatten()
+    if a.shape != e.shape:
+        raise UsageError(
+            f"the device output has {a.numel()} elements, the reference {e.numel()}: "
+            "they cannot be compared"
+        )
+    if not bool(torch.isfinite(a).all()):
+        return math.inf
+    diff = a - e
+    if metric == "rel_l2":
+        denom = float(e.norm())
+        return float(diff.norm()) / denom if denom else float(diff.norm())
+    if metric == "max_abs":
+        return float(diff.abs().max()) if diff.numel() else 0.0
+    if metric == "mean_abs":
+        return float(diff.abs().mean()) if diff.numel() else 0.0
+    if metric == "max_rel":
+        denom = float(e.abs().max()) if e.numel() else 0.0
+        top = float(diff.abs().max()) if diff.numel() else 0.0
+        return top / denom if denom else top
+    if metric == "cosine":
+        na, ne = float(a.norm()), float(e.norm())
+        if not na or not ne:
+            return 0.0 if na == ne else 1.0
+        return max(0.0, 1.0 - float(a @ e) / (na * ne))
+    raise UsageError(f"unknown metric {metric!r}; expected one of: {', '.join(METRICS)}")
+
+
+METRICS: tuple[str, ...] = ("rel_l2", "max_abs", "mean_abs", "max_rel", "cosine")
+
+
+class Probe(BaseModel):
+    """One forward on the device with some modules at reference precision."""
+
+    model_config = _FROZEN
+
+    index: int = Field(description="0-based order of the probe.")
+    at_reference: list[str] = Field(description="Modules run at reference precision.")
+    error: float = Field(description="Output error against the reference (the metric).")
+    passed: bool = Field(description="True when the error is within the threshold.")
+
+
+class BisectResult(BaseModel):
+    """The smallest set of modules whose reference precision fixes the output."""
+
+    model_config = _FROZEN
+
+    schema_version: int = Field(default=1, description="Format version of this file.")
+    target: str = Field(description="Target spec.")
+    device: str = Field(description="Device under test.")
+    dtype: str = Field(description="Model dtype on the device.")
+    reference: str = Field(description="Reference device.")
+    reference_dtype: str = Field(description="Model dtype on the reference.")
+    metric: str = Field(description="Error metric of the final output.")
+    threshold: float = Field(description="An output error at or below this passes.")
+    culprits: list[str] = Field(
+        description="Modules that must run at reference precision (empty: already fine)."
+    )
+    probes: list[Probe] = Field(description="Every probe run, in order.")
+    probe_count: int = Field(description="Number of probes (forwards on the device).")
+    units: int = Field(description="Top-level modules the search started from.")
+    baseline_error: float = Field(description="Output error with every module on the device.")
+    fixed_error: float = Field(description="Output error with the culprits at reference.")
+
+    @property
+    def exit_code(self) -> int:
+        """0 when the device output is within the threshold, 1 when culprits were found."""
+        return 1 if self.culprits else 0
+
+
+# -- swapping modules for their reference twins ----------------------------------------------
+
+
+def _first_float(value: Any) -> torch.Tensor | None:
+    found: list[torch.Tensor] = []
+
+    def look(t: torch.Tensor) -> torch.Tensor:
+        if not found and t.is_floating_point():
+            found.append(t)
+        return t
+
+    map_tensors_keeping_types(value, look)
+    return found[0] if found else None
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    found: list[torch.Tensor] = []
+    map_tensors_keeping_types(value, lambda t: found.append(t) or t)
+    return found[0] if found else None
+
+
+@contextlib.contextmanager
+def _outside_device() -> Iterator[None]:
+    """Leave the device's dispatch modes (the ``emu:`` emulator) and autocast for a while."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_disable_current_modes())
+        stack.enter_context(torch.autocast("cpu", enabled=False))
+        if torch.cuda.is_available():
+            stack.enter_context(torch.autocast("cuda", enabled=False))
+        yield
+
+
+class ReferencePrecision:
+    """Run named modules of ``model`` on their twins in ``reference_model`` (a context manager).
+
+    Inside the context, calling one of those modules on the device model calls
+    the module of the same name in the reference model instead: floating inputs
+    cast to ``dtype`` on ``device``, the reference backend's numerics around it,
+    outside the device's numerics; floating outputs come back on the device in
+    the dtype of the module's first floating input (the model's dtype when it
+    has none, e.g. an embedding). Hooks on the device module still run. On exit
+    every ``forward`` is restored exactly as it was.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        reference_model: nn.Module,
+        names: Sequence[str],
+        reference: Backend,
+        dtype: torch.dtype,
+    ) -> None:
+        self.model = model
+        self.reference_model = reference_model
+        self.names = list(names)
+        self.reference = reference
+        self.dtype = dtype
+        self._saved: list[tuple[nn.Module, bool, Any]] = []
+
+    def _wrapper(self, module: nn.Module, twin: nn.Module) -> Callable[..., Any]:
+        param = next(module.parameters(), None)
+        model_dtype = param.dtype if param is not None and param.is_floating_point() else None
+        ref_device = self.reference.torch_device()
+        dtype = self.dtype
+        numerics = self.reference.numerics
+
+        def at_reference(*args: Any, **kwargs: Any) -> Any:
+            first = _first_float((args, kwargs))
+            anchor = first if first is not None else _first_tensor((args, kwargs))
+            out_dtype = first.dtype if first is not None else model_dtype
+            out_device = anchor.device if anchor is not None else None
+
+            def inward(t: torch.Tensor) -> torch.Tensor:
+                t = t.to(ref_device)
+                return t.to(dtype) if t.is_floating_point() else t
+
+            def outward(t: torch.Tensor) -> torch.Tensor:
+                if out_device is not None:
+                    t = t.to(out_device)
+                if t.is_floating_point() and out_dtype is not None:
+                    t = t.to(out_dtype)
+                return t
+
+            ref_args = map_tensors_keeping_types(args, inward)
+            ref_kwargs = map_tensors_keeping_types(kwargs, inward)
+            with _outside_device(), numerics():
+                out = twin(*ref_args, **ref_kwargs)
+            return map_tensors_keeping_types(out, outward)
+
+        return at_reference
+
+    def __enter__(self) -> ReferencePrecision:
+        try:
+            for name in self.names:
+                path = "" if name == ROOT else name
+                module = self.model.get_submodule(path)
+                twin = self.reference_model.get_submodule(path)
+                had = "forward" in module.__dict__
+                self._saved.append((module, had, module.__dict__.get("forward")))
+                module.forward = self._wrapper(module, twin)  # type: ignore[method-assign]
+        except BaseException:
+            self._restore()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        while self._saved:
+            module, had, old = self._saved.pop()
+            if had:
+                module.forward = old  # type: ignore[method-assign]
+            else:
+                del module.forward
+
+
+# -- the module tree ---------------------------------------------------------------------------
+
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
+
+
+def call_order(model: nn.Module, run: Callable[[], Any]) -> dict[str, int]:
+    """Qualified names (root as ``root``) of the modules ``run()`` calls, by first call."""
+    order: dict[str, int] = {}
+    handles = []
+    for name, mod in model.named_modules():
+
+        def pre(_m: nn.Module, _args: Any, _name: str = name or ROOT) -> None:
+            order.setdefault(_name, len(order))
+
+        handles.append(mod.register_forward_pre_hook(pre))
+    try:
+        run()
+    finally:
+        for h in handles:
+            h.remove()
+    return order
+
+
+def child_units(model: nn.Module, name: str, called: dict[str, int]) -> list[str]:
+    """The called children of ``name`` in call order, containers opened into their members."""
+    module = model.get_submodule("" if name == ROOT else name)
+    prefix = "" if name == ROOT else f"{name}."
+    units: list[str] = []
+
+    def walk(mod: nn.Module, at: str) -> None:
+        for child_name, child in mod.named_children():
+            qualified = f"{at}{child_name}"
+            if isinstance(child, _CONTAINERS):
+                walk(child, f"{qualified}.")
+            elif qualified in called:
+                units.append(qualified)
+
+    walk(module, prefix)
+    return sorted(units, key=called.__getitem__)
+
+
+# -- the search --------------------------------------------------------------------------------
+
+
+class Bisector:
+    """Find the culprits with ``probe(names) -> error`` over the module tree of ``model``.
+
+    ``probe`` runs the device forward with ``names`` at reference precision and
+    returns the output error; ``called`` maps the modules a forward calls to
+    their call order. ``on_probe`` sees every probe as it completes.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        probe: Callable[[list[str]], float],
+        called: dict[str, int],
+        threshold: float,
+        on_probe: Callable[[Probe], None] | None = None,
+    ) -> None:
+        self.model = model
+        self._probe = probe
+        self.called = called
+        self.threshold = threshold
+        self.on_probe = on_probe
+        self.probes: list[Probe] = []
+        self._cache: dict[frozenset[str], float] = {}
+
+    def error(self, names: Sequence[str]) -> float:
+        """The output error with ``names`` at reference (cached by the set)."""
+        key = frozenset(names)
+        if key not in self._cache:
+            ordered = sorted(key, key=lambda n: self.called.get(n, -1))
+            err = self._probe(ordered)
+            self._cache[key] = err
+            probe = Probe(
+                index=len(self.probes),
+                at_reference=ordered,
+                error=err,
+                passed=self.passes_error(err),
+            )
+            self.probes.append(probe)
+            if self.on_probe is not None:
+                self.on_probe(probe)
+        return self._cache[key]
+
+    def passes_error(self, err: float) -> bool:
+        """True when ``err`` is finite and within the threshold."""
+        return math.isfinite(err) and err <= self.threshold
+
+    def passes(self, names: Sequence[str]) -> bool:
+        """True when the output with ``names`` at reference is within the threshold."""
+        return self.passes_error(self.error(names))
+
+    def _quickxplain(self, background: list[str], delta: bool, units: list[str]) -> list[str]:
+        """A minimal subset X of ``units`` passing with ``background`` (Junker's QuickXplain)."""
+        if delta and self.passes(background):
+            return []
+        if len(units) == 1:
+            return list(units)
+        half = len(units) // 2
+        first, second = units[:half], units[half:]
+        found_second = self._quickxplain(background + first, bool(first), second)
+        found_first = self._quickxplain(background + found_second, bool(found_second), first)
+        return found_first + found_second
+
+    def minimal(self, background: list[str], units: list[str]) -> list[str] | None:
+        """A minimal subset of ``units`` that passes with ``background``; None if all do not."""
+        if not units or not self.passes(background + units):
+            return None
+        return self._quickxplain(list(background), False, list(units))
+
+    def run(self) -> list[str]:
+        """The minimal set of culprits (empty when the device output already passes)."""
+        if self.passes([]):
+            return []
+        top = child_units(self.model, ROOT, self.called)
+        found = self.minimal([], top)
+        if found is None:  # the root's own code (outside every child) is needed
+            if not self.passes([ROOT]):
+                raise TargetError(
+                    f"even with the whole model at reference precision the output error is "
+                    f"{self.error([ROOT]):.3g} (threshold {self.threshold:.3g}): the forward "
+                    "does not reproduce the reference (random ops or state it changes), so "
+                    "there is nothing to bisect"
+                )
+            return [ROOT]
+        final: list[str] = []
+        queue = list(found)
+        while queue:
+            culprit = queue.pop(0)
+            children = child_units(self.model, culprit, self.called)
+            refined = self.minimal(final + queue, children) if children else None
+            if refined is None:
+                final.append(culprit)  # a leaf, or its own code needs the reference
+            else:
+                queue = refined + queue
+        # linear pass: drop each culprit the others can do without
+        for culprit in list(final):
+            rest = [c for c in final if c != culprit]
+            if rest and self.passes(rest):
+                final = rest
+        return sorted(final, key=lambda n: self.called.get(n, -1))
+
+
+# -- the command's engine ----------------------------------------------------------------------
+
+
+def bisect(
+    target: str | Target,
+    *,
+    device: str,
+    reference: str = "cpu",
+    dtype: str | torch.dtype | None = None,
+    reference_dtype: str | torch.dtype = "float32",
+    metric: str = "rel_l2",
+    threshold: float | None = None,
+    step: int = 0,
+    on_probe: Callable[[Probe], None] | None = None,
+    prepare: Callable[[nn.Module], Any] | None = None,
+) -> BisectResult:
+    """Bisect the modules of ``target`` that make its output on ``device`` differ.
+
+    The model is built once from the target's seed; one copy runs on
+    ``reference`` in ``reference_dtype``, the other on ``device`` in ``dtype``
+    (default: float32, or the storage dtype of a mixed-precision ``emu:``
+    profile). Batch ``step`` is the input. ``threshold`` defaults to
+    :func:`default_threshold` of the device's compute dtype for ``rel_l2``
+    and must be given for any other metric. ``prepare(model)`` may alter the
+    built model before it is copied (tests plant faults with it).
+    """
+    if metric not in METRICS:
+        from precguard.suggest import did_you_mean
+
+        raise UsageError(
+            f"unknown metric {metric!r}{did_you_mean(metric, METRICS, n=1)}; "
+            f"expected one of: {', '.join(METRICS)}"
+        )
+    if threshold is not None and not (threshold >= 0 and math.isfinite(threshold)):
+        raise UsageError(f"--threshold must be a finite number >= 0, got {threshold}")
+    target_obj = load_target(target)
+    backend = resolve_backend(device)
+    ref_backend = resolve_backend(reference)
+    model_dtype = parse_dtype(dtype) if dtype is not None else backend.model_dtype()
+    model_dtype = model_dtype or torch.float32
+    ref_dtype = parse_dtype(reference_dtype)
+    compute = backend.compute_dtype() or model_dtype
+    if threshold is None:
+        if metric != "rel_l2":
+            raise UsageError(f"--metric {metric} needs --threshold (a default exists for rel_l2)")
+        threshold = default_threshold(max(compute, model_dtype, key=precision_eps))
+
+    built = construct_model(target_obj, backend)
+    if prepare is not None:
+        prepare(built)
+    built.eval()
+    reference_model = copy.deepcopy(built).to(device=ref_backend.torch_device(), dtype=ref_dtype)
+    model = built.to(device=backend.torch_device(), dtype=model_dtype)
+
+    def user_code(what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except PrecguardError:
+            raise
+        except (Exception, SystemExit) as exc:  # a target's sys.exit() is its error too
+            raise TargetError(f"target {target_obj.name!r}: {what} {raised(exc)}") from exc
+
+    batch = user_code(f"batch({step})", lambda: target_obj.batch(step))
+
+    ref_batch = _cast_batch(move_batch(batch, ref_backend.torch_device()), ref_dtype)
+    dev_batch = _cast_batch(move_batch(batch, backend.torch_device()), model_dtype)
+
+    def reference_forward() -> Any:
+        with torch.no_grad(), ref_backend.numerics():
+            out = call_model(reference_model, ref_batch)
+        ref_backend.synchronize()
+        return out
+
+    expected = _main_tensor(user_code("the reference forward", reference_forward), "reference")
+    if not bool(torch.isfinite(expected).all()):
+        raise TargetError(
+            f"target {target_obj.name!r}: the reference output on {reference} is not finite; "
+            "there is nothing trustworthy to bisect against"
+        )
+    expected = expected.detach().to("cpu", torch.float64)
+    called = call_order(reference_model, reference_forward)
+
+    def probe(names: list[str]) -> float:
+        def forward() -> Any:
+            with (
+                torch.no_grad(),
+                ReferencePrecision(model, reference_model, names, ref_backend, ref_dtype),
+                backend.numerics(),
+            ):
+                out = call_model(model, dev_batch)
+            backend.synchronize()
+            return out
+
+        out = _main_tensor(user_code("the device forward", forward), "device")
+        return output_error(out, expected, metric)
+
+    bisector = Bisector(model, probe, called, threshold, on_probe)
+    culprits = bisector.run()
+    probes = bisector.probes
+    baseline = probes[0].error
+    fixed = bisector.error(culprits) if culprits else baseline
+    logger.info("bisect_done", culprits=culprits, probes=len(probes))
+    return BisectResult(
+        target=target_obj.name,
+        device=device,
+        dtype=_name(model_dtype),
+        reference=reference,
+        reference_dtype=_name(ref_dtype),
+        metric=metric,
+        threshold=threshold,
+        culprits=culprits,
+        probes=list(bisector.probes),
+        probe_count=len(bisector.probes),
+        units=len(child_units(model, ROOT, called)),
+        baseline_error=baseline,
+        fixed_error=fixed,
+    )
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _cast_batch(batch: Any, dtype: torch.dtype) -> Any:
+    return map_tensors_keeping_types(batch, lambda t: t.to(dtype) if t.is_floating_point() else t)
+
+
+def _main_tensor(output: Any, where: str) -> torch.Tensor:
+    """The output's logits, or its first floating tensor."""
+    if isinstance(output, torch.Tensor) and output.is_floating_point():
+        return output
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    found = _first_float(output)
+    if found is None:
+        raise TargetError(
+            f"the model's {where} output ({type(output).__name__}) holds no floating tensor "
+            "to measure"
+        )
+    return found

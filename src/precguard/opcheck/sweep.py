@@ -1,0 +1,397 @@
+"""``op-check``: ops and modules on the device vs the fp64 oracle, over sequence lengths.
+
+Built-in sweeps run each op of :data:`~precguard.opcheck.builtin.BUILTIN_OPS`
+at every sequence length; ``module=`` runs one module of the user's model on
+inputs captured from a real forward (the target's batch tiled or cut to each
+length), and a rotary module on positions 0..n-1 for each n up to the model's
+maximum length. Device and oracle see the same inputs, rounded to the device's
+compute dtype first, so each error is the op's own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from precguard._logging import get_logger
+from precguard.errors import PrecguardError, TargetError, UsageError
+from precguard.opcheck import rotary
+from precguard.opcheck.builtin import BUILTIN_OPS, OpSpec, max_angle
+from precguard.opcheck.measure import (
+    Growth,
+    fit_growth,
+    measure,
+    probe_compute_dtype,
+    rope_allowed,
+    round_floats,
+    run_on_device,
+)
+from precguard.oracle import map_tensors_keeping_types, run_in_fp64
+from precguard.runner import construct_model, parse_dtype, resolve_backend
+from precguard.target import Target, call_model, load_target, raised
+
+logger = get_logger(__name__)
+
+_FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
+
+#: sequence lengths of the built-in sweeps when none are given
+DEFAULT_SEQ_LENS: tuple[int, ...] = (128, 1024, 4096)
+
+#: default tolerance of max_rel_err, in units of the compute dtype's epsilon
+TOLERANCE_EPS = 8
+
+
+def default_tolerance(eps: float, n: int) -> float:
+    """``8 eps`` of the compute dtype plus ``sqrt(n)`` fp32 unit roundoffs.
+
+    The second term is what accumulating ``n`` terms in fp32 costs (Higham and
+    Mary's probabilistic bound): it lets a softmax or matmul over 4096 terms on
+    an fp32 device pass, and is negligible next to fp16/bf16 output rounding.
+    """
+    return TOLERANCE_EPS * eps + math.sqrt(n) * 2.0**-24
+
+
+class OpPoint(BaseModel):
+    """One op (or module) at one sequence length: its errors against fp64."""
+
+    model_config = _FROZEN
+
+    op: str | None = Field(default=None, description="Built-in op name.")
+    module: str | None = Field(default=None, description="Module of the user's model.")
+    seq_len: int = Field(description="Sequence length (positions for a rotary module).")
+    dtype: str = Field(description="The device's compute dtype.")
+    max_abs_err: float = Field(description="max |device - fp64|.")
+    mean_abs_err: float = Field(description="mean |device - fp64|.")
+    max_rel_err: float = Field(description="max |device - fp64| / max |fp64|.")
+    mean_rel_err: float = Field(description="mean |device - fp64| / mean |fp64|.")
+    ulp_err: float = Field(description="max |device - fp64| in ULPs of the compute dtype.")
+    allowed: float = Field(description="Largest max_rel_err that passes.")
+    status: Literal["pass", "fail", "nonfinite"] = Field(description="Verdict of this point.")
+
+
+class OpCheckResult(BaseModel):
+    """Every point of an op-check run and the growth of each op's error with length."""
+
+    model_config = _FROZEN
+
+    schema_version: int = Field(default=1, description="Format version of this file.")
+    device: str = Field(description="Device under test.")
+    dtype: str = Field(description="Model (activation) dtype on the device.")
+    compute_dtype: str = Field(description="The lowest precision the device computes in.")
+    seq_lens: list[int] = Field(description="Sequence lengths swept.")
+    results: list[OpPoint] = Field(description="One entry per op (or module) and length.")
+    growth: dict[str, Growth] = Field(description="Per op or module: error growth with length.")
+
+    @property
+    def exit_code(self) -> int:
+        """1 when a point fails (or is not finite), else 0."""
+        return 1 if any(p.status != "pass" for p in self.results) else 0
+
+
+def lowest(*dtypes: torch.dtype) -> torch.dtype:
+    """The least precise of ``dtypes``."""
+    return max(dtypes, key=lambda d: torch.finfo(d).eps)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class _Bench:
+    """The device, its dtypes and the tolerance shared by every point of one run."""
+
+    def __init__(self, device: str, dtype: str | torch.dtype | None, tolerance: float | None):
+        self.device = device
+        self.backend = resolve_backend(device)
+        requested = parse_dtype(dtype) if dtype is not None else None
+        self.dtype = requested or self.backend.model_dtype() or torch.float32
+        self.compute = lowest(self.dtype, probe_compute_dtype(self.backend))
+        self.eps = float(torch.finfo(self.compute).eps)
+        self.tolerance = tolerance
+        self.dev = self.backend.torch_device()
+
+    def allowed(self, n: int) -> float:
+        """The max_rel_err a (non-rotary) op of length ``n`` may have."""
+        return self.tolerance if self.tolerance is not None else default_tolerance(self.eps, n)
+
+    def point(self, got: Any, want: Any, seq_len: int, allowed: float, **name: str) -> OpPoint:
+        errors = measure(got, want, self.compute)
+        if not math.isfinite(errors["max_abs_err"]):
+            status: Literal["pass", "fail", "nonfinite"] = "nonfinite"
+        else:
+            status = "pass" if errors["max_rel_err"] <= allowed else "fail"
+        return OpPoint(
+            **name, seq_len=seq_len, dtype=_name(self.compute), allowed=allowed, status=status,
+            **errors,
+        )  # fmt: skip
+
+    def result(self, seq_lens: Sequence[int], points: list[OpPoint]) -> OpCheckResult:
+        growth: dict[str, Growth] = {}
+        for key in dict.fromkeys(p.op or p.module or "" for p in points):
+            mine = [p for p in points if (p.op or p.module) == key]
+            growth[key] = fit_growth(
+                [p.seq_len for p in mine], [p.mean_rel_err for p in mine], floor=self.eps / 16
+            )
+        return OpCheckResult(
+            device=self.device,
+            dtype=_name(self.dtype),
+            compute_dtype=_name(self.compute),
+            seq_lens=list(seq_lens),
+            results=points,
+            growth=growth,
+        )
+
+
+def parse_seq_lens(text: str | Sequence[int] | None) -> list[int] | None:
+    """``"128,1024,8192"`` -> ``[128, 1024, 8192]`` (sorted, unique); UsageError when malformed."""
+    if text is None or text == "":
+        return None
+    items = [s.strip() for s in text.split(",")] if isinstance(text, str) else list(text)
+    try:
+        values = sorted({int(v) for v in items})
+    except ValueError:
+        raise UsageError(f"--seq-lens: expected comma-separated integers, got {text!r}") from None
+    if not values or values[0] < 1:
+        raise UsageError(f"--seq-lens: lengths must be at least 1, got {text!r}")
+    return values
+
+
+def builtin_point(bench: _Bench, spec: OpSpec, n: int, seed: int = 0) -> OpPoint:
+    """One built-in op at sequence length ``n`` on the device vs fp64."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + n)
+    inputs = round_floats(spec.inputs(n, gen), bench.compute)
+    want = run_in_fp64(spec.fn, *inputs)
+    got = run_on_device(
+        spec.fn, inputs, dtype=bench.dtype, device=bench.dev, numerics=bench.backend.numerics
+    )
+    bench.backend.synchronize()
+    allowed = rope_allowed(bench.eps, max_angle(n)) if spec.rotary else bench.allowed(n)
+    return bench.point(got, want, n, allowed, op=spec.name)
+
+
+def op_check(
+    *,
+    device: str,
+    dtype: str | torch.dtype | None = None,
+    ops: Sequence[str] | None = None,
+    seq_lens: Sequence[int] | str | None = None,
+    target: str | Target | None = None,
+    module: str | None = None,
+    tolerance: float | None = None,
+    on_point: Callable[[OpPoint], None] | None = None,
+) -> OpCheckResult:
+    """Sweep built-in ops (or one module of ``target``) on ``device`` against fp64.
+
+    Without ``module``: each op of ``ops`` (default: all of
+    :data:`BUILTIN_OPS`) at each of ``seq_lens`` (default
+    :data:`DEFAULT_SEQ_LENS`). With ``target`` and ``module``: that module,
+    see :func:`module_points`. ``tolerance`` bounds ``max_rel_err``
+    (default :func:`default_tolerance`; rotary ones get the angle allowance).
+    """
+    lens = parse_seq_lens(seq_lens)
+    if tolerance is not None and not (tolerance > 0 and math.isfinite(tolerance)):
+        raise UsageError(f"--tolerance must be a positive number, got {tolerance}")
+    if module is not None and target is None:
+        raise UsageError("--module needs --target: the model the module belongs to")
+    if module is None and target is not None:
+        raise UsageError("--target needs --module: which module of the model to sweep")
+    if module is not None and ops:
+        raise UsageError("--module and --ops cannot be used together")
+    if module is None:
+        names = list(ops) if ops else list(BUILTIN_OPS)
+        unknown = [n for n in names if n not in BUILTIN_OPS]
+        if unknown:
+            from precguard.suggest import did_you_mean
+
+            raise UsageError(
+                f"unknown op {unknown[0]!r}{did_you_mean(unknown[0], BUILTIN_OPS, n=1)}; "
+                f"built-in ops: {', '.join(BUILTIN_OPS)}"
+            )
+    bench = _Bench(device, dtype, tolerance)
+    points: list[OpPoint] = []
+
+    def add(point: OpPoint) -> None:
+        points.append(point)
+        if on_point is not None:
+            on_point(point)
+
+    if module is None:
+        lens = lens or list(DEFAULT_SEQ_LENS)
+        for name in names:
+            for n in lens:
+                add(builtin_point(bench, BUILTIN_OPS[name], n))
+    else:
+        assert target is not None
+        lens = module_points(bench, target, module, lens, add)
+    return bench.result(lens, points)
+
+
+# -- a module of the user's model -------------------------------------------------------------
+
+
+def _capture(model: nn.Module, module: nn.Module, batch: Any, who: str) -> tuple[tuple, dict]:
+    """The (args, kwargs) of ``module``'s first call in a forward of ``batch`` (CPU, fp32)."""
+    seen: list[tuple[tuple, dict]] = []
+
+    def pre(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+        if not seen:
+            detach = lambda t: t.detach().clone()  # noqa: E731
+            seen.append(
+                (map_tensors_keeping_types(args, detach), map_tensors_keeping_types(kwargs, detach))
+            )
+
+    handle = module.register_forward_pre_hook(pre, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            call_model(model, batch)
+    except (Exception, SystemExit) as exc:  # a target's sys.exit() is its error too
+        raise TargetError(f"{who}: the forward {raised(exc)}") from exc
+    finally:
+        handle.remove()
+    if not seen:
+        raise UsageError(f"{who}: the module is not called in the model's forward")
+    return seen[0]
+
+
+def batch_of_length(batch: Any, length: int) -> Any:
+    """``batch`` with its sequence axis (dim 1 of its 2-D+ tensors) tiled or cut to ``length``.
+
+    Every tensor whose dim 1 has the length of the first such tensor is
+    changed (ids, masks, labels alike); a batch without one is returned as is.
+    """
+    seq = next((t.shape[1] for t in _tensor_leaves(batch) if t.dim() >= 2), None)
+    if not seq or seq == length:
+        return batch
+    reps = -(-length // seq)
+
+    def fit(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() < 2 or t.shape[1] != seq:
+            return t
+        return t.repeat(1, reps, *([1] * (t.dim() - 2)))[:, :length]
+
+    return map_tensors_keeping_types(batch, fit)
+
+
+def _tensor_leaves(value: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    map_tensors_keeping_types(value, lambda t: found.append(t) or t)
+    return found
+
+
+def max_length(model: nn.Module) -> int | None:
+    """The model's maximum sequence length from its config, if it says."""
+    config = getattr(model, "config", None)
+    for attr in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def rotary_lengths(limit: int) -> list[int]:
+    """128, 512, 2048, ... (x4) below ``limit``, and ``limit`` itself."""
+    lens, n = [], 128
+    while n < limit:
+        lens.append(n)
+        n *= 4
+    return [*lens, limit]
+
+
+def module_points(
+    bench: _Bench,
+    target: str | Target,
+    name: str,
+    seq_lens: list[int] | None,
+    add: Callable[[OpPoint], None],
+) -> list[int]:
+    """Sweep module ``name`` of ``target``'s model; returns the lengths swept.
+
+    A rotary module (named *Rotary*/*RoPE*, following ``forward(x,
+    position_ids) -> (cos, sin)``) is called on positions 0..n-1 for each n
+    (default: x4 steps from 128 up to the model's maximum length, or 4096);
+    any other module (and a rotary-named one that does not follow that
+    convention) on the inputs captured from a forward of the target's
+    batch tiled or cut to n tokens (default: the batch's own length and the
+    built-in lengths up to the model's maximum).
+    """
+    target_obj = load_target(target)
+    model = construct_model(target_obj, bench.backend).to("cpu", torch.float32).eval()
+    try:
+        mod = model.get_submodule(name)
+    except AttributeError:
+        from precguard.suggest import did_you_mean
+
+        names = [n for n, _ in model.named_modules() if n]
+        raise UsageError(
+            f"target {target_obj.name!r} has no module {name!r}{did_you_mean(name, names, n=1)}"
+        ) from None
+    who = f"module {name!r} of {target_obj.name!r}"
+    try:
+        batch = target_obj.batch(0)
+    except (Exception, SystemExit) as exc:
+        raise TargetError(f"target {target_obj.name!r}: batch(0) {raised(exc)}") from exc
+    args, kwargs = _capture(model, mod, batch, who)
+    limit = max_length(model)
+    if rotary.looks_rotary(mod):
+        try:
+            return _rotary_points(bench, name, mod, args, kwargs, seq_lens, limit, add)
+        except rotary.NotRotary as exc:  # named like one, called otherwise: sweep it as captured
+            logger.info("rotary_convention_not_followed", module=name, reason=str(exc))
+        except PrecguardError:
+            raise
+        except (Exception, SystemExit) as exc:
+            raise TargetError(f"{who} on positions 0..n-1 {raised(exc)}") from exc
+    own = next((t.shape[1] for t in _tensor_leaves(batch) if t.dim() >= 2), None)
+    default = sorted(
+        {*(n for n in DEFAULT_SEQ_LENS if not limit or n <= limit), *([own] if own else [])}
+    )
+    lens = seq_lens or default
+    for n in lens:
+        a, k = (args, kwargs) if n == own else _capture(model, mod, batch_of_length(batch, n), who)
+        a, k = round_floats(a, bench.compute), round_floats(k, bench.compute)
+        try:
+            want = run_in_fp64(mod, *a, **k)
+            got = run_on_device(
+                mod, a, k, dtype=bench.dtype, device=bench.dev, numerics=bench.backend.numerics
+            )
+        except PrecguardError:
+            raise
+        except (Exception, SystemExit) as exc:
+            raise TargetError(f"{who} at {n} tokens {raised(exc)}") from exc
+        add(bench.point(got, want, n, bench.allowed(n), module=name))
+    return lens
+
+
+def _rotary_points(
+    bench: _Bench,
+    name: str,
+    mod: nn.Module,
+    args: tuple,
+    kwargs: dict,
+    seq_lens: list[int] | None,
+    limit: int | None,
+    add: Callable[[OpPoint], None],
+) -> list[int]:
+    """Positions 0..n-1 of a rotary module for each n; :class:`NotRotary` before any point."""
+    x = rotary.first_input(name, args, kwargs)
+    lens = seq_lens or rotary_lengths(limit or 4096)
+    inv = getattr(mod, "inv_freq", None)
+    fmax = float(inv.detach().abs().max()) if isinstance(inv, torch.Tensor) else 1.0
+    points = []
+    for n in lens:
+        positions = torch.arange(n)[None, :]
+        want = rotary.rotary_oracle(name, mod, x, positions, kwargs)
+        _, got = rotary.rotary_on(
+            name, mod, x, positions, kwargs, dtype=bench.dtype, device=bench.dev,
+            numerics=bench.backend.numerics,
+        )  # fmt: skip
+        allowed = rope_allowed(bench.eps, (n - 1) * fmax)
+        points.append(bench.point(got, want, n, allowed, module=name))
+    for point in points:  # all or nothing: a module that fails the convention falls back whole
+        add(point)
+    return lens

@@ -1,0 +1,225 @@
+"""``precguard bisect``: without a golden run, name the modules a device gets wrong.
+
+The user's story: a model gives a worse output on an fp16 chip (``emu:fp16``
+here); they ask which modules must run at reference precision for the output
+to match the CPU in fp32, and get the fragile norm by name, in a few probes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from precguard.backends.cpu import CpuBackend
+from precguard.localize.bisect import (
+    Bisector,
+    ReferencePrecision,
+    bisect,
+    default_threshold,
+    output_error,
+)
+from tests.localize import models
+from tests.localize.models import Decoder, decoder_target
+
+MODELS = str(Path(models.__file__))
+
+
+def test_a_module_that_overflows_in_fp16_is_the_culprit():
+    result = bisect(f"{MODELS}:one_overflow", device="emu:fp16")
+    assert result.culprits == ["blocks.2.norm"]
+    assert result.exit_code == 1
+    assert result.baseline_error > result.threshold >= result.fixed_error
+    # the first probe is the plain device run; one probe tests exactly the culprit set
+    assert result.probes[0].at_reference == [] and not result.probes[0].passed
+    assert any(p.at_reference == ["blocks.2.norm"] and p.passed for p in result.probes)
+    assert result.probe_count == len(result.probes)
+
+
+def test_two_independent_fragile_modules_are_both_found():
+    result = bisect(f"{MODELS}:two_overflows", device="emu:fp16")
+    assert result.culprits == ["blocks.1.norm", "blocks.6.norm"]
+    # neither alone is enough: that is why both are named
+    alone = {tuple(p.at_reference): p.passed for p in result.probes}
+    assert alone.get(("blocks.1.norm",)) is False
+    assert alone.get(("blocks.6.norm",)) is False
+
+
+def test_a_model_that_is_already_fine_has_no_culprits():
+    result = bisect(f"{MODELS}:fine", device="emu:fp16")
+    assert result.culprits == []
+    assert result.exit_code == 0
+    assert result.probe_count == 1
+    assert result.baseline_error <= result.threshold
+
+
+def test_a_transformers_llama_layer_that_overflows_is_named_down_to_the_module():
+    """tiny-llama (transformers, seeded init) with layer 1's down projection overflowing."""
+    result = bisect(f"{MODELS}:llama_overflow", device="emu:fp16")
+    assert result.baseline_error == math.inf
+    assert result.culprits == ["model.layers.1.mlp.down_proj"]
+    # the blocks were searched before their children
+    first_layer_probe = next(
+        i for i, p in enumerate(result.probes) if p.at_reference == ["model.layers.1"]
+    )
+    first_child_probe = next(
+        i for i, p in enumerate(result.probes)
+        if any(n.startswith("model.layers.1.") for n in p.at_reference)
+    )  # fmt: skip
+    assert first_layer_probe < first_child_probe
+
+
+def test_the_same_model_on_the_cpu_is_exact():
+    result = bisect(f"{MODELS}:one_overflow", device="cpu")
+    assert result.culprits == [] and result.baseline_error == 0.0
+
+
+def test_probes_grow_with_the_log_of_the_depth_not_the_depth():
+    """One culprit among 16 blocks costs a few probes more than among 4, far fewer than 16."""
+    counts = {}
+    for blocks in (4, 16):
+        result = bisect(decoder_target(blocks, (blocks // 2,)), device="emu:fp16")
+        assert result.culprits == [f"blocks.{blocks // 2}.norm"]
+        counts[blocks] = result.probe_count
+    assert counts[16] < 16
+    # 4x the blocks adds about 2 log2(4) = 4 probes of binary search, not 12
+    assert counts[16] - counts[4] <= 6, counts
+
+
+def test_the_search_is_minimal_on_a_synthetic_oracle():
+    """k culprits among many units: QuickXplain returns exactly them, in O(k log n) probes."""
+    model = Decoder(blocks=64)
+    called = {n or "root": i for i, (n, _) in enumerate(model.named_modules())}
+    culprits = {"blocks.5.norm", "blocks.40.mlp"}
+
+    def probe(names):
+        fixed = {c for c in culprits if any(c == n or c.startswith(f"{n}.") for n in names)}
+        return 0.0 if fixed == culprits else 1.0
+
+    search = Bisector(model, probe, called, threshold=0.5)
+    assert search.run() == ["blocks.5.norm", "blocks.40.mlp"]
+    assert len(search.probes) < 2 * 2 * math.log2(66) + 12
+
+
+def test_reference_precision_swaps_forward_and_restores_it():
+    torch.manual_seed(0)
+    device_model = Decoder(blocks=2, fragile=(0,)).eval()
+    reference_model = Decoder(blocks=2, fragile=(0,)).eval().double()
+    reference_model.load_state_dict(device_model.state_dict())
+    x = torch.randn(2, 3, 16)
+    plain = device_model(x)
+    norm = device_model.blocks[0].norm
+    with torch.no_grad():
+        with ReferencePrecision(
+            device_model, reference_model, ["blocks.0.norm"], CpuBackend("cpu"), torch.float64
+        ):
+            assert "forward" in norm.__dict__
+            h = torch.randn(2, 3, 32)
+            swapped = norm(h)
+            # computed by the fp64 twin, handed back in the caller's dtype
+            assert swapped.dtype == torch.float32
+            torch.testing.assert_close(swapped, reference_model.blocks[0].norm(h.double()).float())
+        assert "forward" not in norm.__dict__
+    assert torch.equal(device_model(x), plain)
+
+
+def test_reference_precision_restores_forward_when_the_forward_raises():
+    model = Decoder(blocks=1)
+    with (
+        pytest.raises(RuntimeError),
+        ReferencePrecision(
+            model, Decoder(blocks=1), ["blocks.0"], CpuBackend("cpu"), torch.float32
+        ),
+    ):
+        model.blocks[0](torch.randn(2, 5))  # wrong width: the twin raises
+    assert "forward" not in model.blocks[0].__dict__
+
+
+def test_output_error_metrics():
+    ref = torch.tensor([1.0, -2.0, 2.0])
+    got = torch.tensor([1.0, -2.0, 2.5])
+    assert output_error(got, ref, "max_abs") == 0.5
+    assert output_error(got, ref, "rel_l2") == pytest.approx(0.5 / 3)
+    assert output_error(got, ref, "max_rel") == pytest.approx(0.25)
+    assert output_error(torch.tensor([1.0, math.inf, 0.0]), ref) == math.inf
+    assert output_error(ref, ref, "cosine") == 0.0
+
+
+def test_default_threshold_follows_the_compute_precision():
+    """16 eps of what the device computes in, a vendor's named TF32 mode included."""
+    assert default_threshold(torch.float16) == 16 * 2**-10
+    assert default_threshold(torch.bfloat16) == 16 * 2**-7
+    assert default_threshold("tfloat32") == default_threshold(torch.float16)
+    assert default_threshold(torch.float32) < 2e-6
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+def _main(capsys, *args: str) -> tuple[int, str, str]:
+    from precguard.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["bisect", *args])
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+def test_cli_names_the_culprit_and_writes_json(capsys, tmp_path):
+    path = tmp_path / "bisect.json"
+    code, out, _ = _main(
+        capsys, "--target", f"{MODELS}:one_overflow", "--device", "emu:fp16", "--json", str(path)
+    )
+    assert code == 1
+    assert "blocks.2.norm" in out and "probe   0" in out
+    data = json.loads(path.read_text())
+    assert data["culprits"] == ["blocks.2.norm"]
+    assert data["baseline_error"] > data["threshold"] >= data["fixed_error"]
+    assert len(data["probes"]) == data["probe_count"] > 1
+    assert {"at_reference", "error", "passed"} <= set(data["probes"][0])
+
+
+def test_cli_exits_0_for_a_fine_model_with_json_on_stdout(capsys):
+    code, out, _ = _main(capsys, "-t", f"{MODELS}:fine", "-d", "emu:fp16", "--json", "-")
+    assert code == 0
+    assert json.loads(out)["culprits"] == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--metric", "cosin"], "unknown metric 'cosin'"),
+        (["--metric", "max_abs"], "needs --threshold"),
+        (["--threshold", "-1"], "--threshold"),
+        (["--device", "emu:nope"], "emu:nope"),
+        (["--target", "no/such.py"], "no such file"),
+        (["--target", f"{MODELS}:noisy"], "does not reproduce the reference"),
+    ],
+)
+def test_cli_unusable_input_exits_2_with_one_line(capsys, args, message):
+    base = {"--target": f"{MODELS}:fine", "--device": "emu:fp16"}
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        base[flag] = value
+    code, _, err = _main(capsys, *[x for kv in base.items() for x in kv])
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_cli_in_a_real_process(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "precguard", "bisect", "-t", f"{MODELS}:two_overflows",
+         "-d", "emu:fp16", "--json", str(tmp_path / "b.json")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    assert json.loads((tmp_path / "b.json").read_text())["culprits"] == [
+        "blocks.1.norm",
+        "blocks.6.norm",
+    ]
