@@ -53,7 +53,7 @@ def plot(result: OpCheckResult, path: Path) -> Path:
     try:
         import matplotlib
     except ImportError as exc:
-        raise UsageError("--plot needs matplotlib: pip install 'precguard[plot]'") from exc
+        raise UsageError("--plot needs matplotlib (pip install matplotlib)") from exc
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
