@@ -13,7 +13,7 @@ from tests.compare.conftest import FAULTS, record
 
 
 def _needs(device: str) -> None:
-    from precguard.runner import resolve_backend
+    from precguard.devices import resolve_backend
 
     try:
         resolve_backend(device)

@@ -12,16 +12,32 @@ from typing import Any, TypeVar, overload
 
 from torch import nn
 
+from precguard import plugins
 from precguard._logging import get_logger
 from precguard.capture.flatten import named_tensors
 from precguard.capture.monitor import Monitor
 from precguard.capture.options import CaptureOptions, OnNonFinite
-from precguard.capture.recording import Recording, environment_fingerprint
+from precguard.capture.recording import Recording
 from precguard.errors import NonFiniteError
 
 logger = get_logger(__name__)
 
 _ACTIVE: list[Recording] = []
+
+
+def environment_fingerprint(device: str) -> dict[str, Any]:
+    """The plugins' environment fingerprint of ``device`` for a manifest ({} if one fails).
+
+    A recording is worth keeping even when a plugin cannot describe its
+    device, so a failure is logged rather than raised.
+    """
+    try:
+        return plugins.fingerprint(device)
+    except Exception as exc:
+        logger.warning("fingerprint_failed", device=device, error=f"{type(exc).__name__}: {exc}")
+        return {}
+
+
 _DECORATED: weakref.WeakKeyDictionary[nn.Module, Monitor] = weakref.WeakKeyDictionary()
 
 T = TypeVar("T")
@@ -167,6 +183,8 @@ def monitor(
         fingerprint=fingerprint,
         auto_step=auto_step,
         compute_dtype=compute_dtype,
+        to_host=plugins.to_host,
+        fingerprint_of=environment_fingerprint,
     )
     mon = Monitor(model, recording, options)
     _warn_unmatched_patterns(options, mon.names.values())
@@ -260,6 +278,8 @@ def record(
         fingerprint=fingerprint,
         auto_step=auto_step,
         compute_dtype=compute_dtype,
+        to_host=plugins.to_host,
+        fingerprint_of=environment_fingerprint,
     )
     _ACTIVE.append(recording)
     try:

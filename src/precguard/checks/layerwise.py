@@ -9,8 +9,8 @@ from __future__ import annotations
 import tempfile
 from typing import Any
 
-from precguard.checks._lab import NotApplicable, finding, lab
-from precguard.checks.base import Check, CheckContext, Finding
+from precguard.checks._lab import lab
+from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
 
 
 def first_divergence(ctx: CheckContext, profile: str = "default") -> Finding:

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from precguard.checks._lab import Lab, NotApplicable, cast_floats, finding, lab
+from precguard.checks._lab import Lab, cast_floats, lab
 from precguard.checks._rope_find import rope_by_behaviour, rotation_modules
-from precguard.checks.base import Check, CheckContext, Finding
+from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
 from precguard.oracle import run_in_fp64
 
 _BINS = 8

@@ -95,7 +95,7 @@ def replay_module(
     >>> r.verdict, r.local_error                                           # doctest: +SKIP
     ('diverged', 0.0031)
     """
-    from precguard.runner import build_model, parse_dtype, resolve_backend
+    from precguard.devices import build_model, parse_dtype, resolve_backend
     from precguard.target import load_target
 
     run = load_run(golden)
