@@ -23,6 +23,7 @@ import torch
 from precguard._logging import get_logger
 from precguard.capture.options import CaptureOptions, OnNonFinite
 from precguard.capture.stats import StatsBuffer, capture_scope, has_stats
+from precguard.dump.paths import rank_dir
 from precguard.dump.writer import RunWriter, prepare_run_dir, write_json_atomic
 from precguard.errors import NonFiniteError
 
@@ -367,7 +368,7 @@ class Recording:
                 reason="watch-only mode (no out=): pass out= to save the origin's inputs",
             )
             return
-        base = self.path / f"rank{self.rank}"
+        base = rank_dir(self.path, self.rank)
         folder = base / f"nonfinite-step{self.step_index:06d}-{module.replace('/', '_')}"
         folder.mkdir(parents=True, exist_ok=True)
         with capture_scope():

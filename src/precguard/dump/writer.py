@@ -9,8 +9,6 @@ and records are appended one line each and flushed per step.
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import os
 import shutil
 import tempfile
@@ -20,21 +18,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from safetensors.torch import save_file
 
 from precguard._logging import get_logger
-from precguard.dump.schema import SCHEMA_VERSION, Manifest, RunError
+from precguard.dump.paths import RECORDS_FILE, rank_dir
+from precguard.dump.schema import SCHEMA_VERSION, Manifest, Record, RunError
 from precguard.errors import DumpFormatError, OutputExistsError, UsageError
 from precguard.text import shown
 
 logger = get_logger(__name__)
 
 
-def _json_float(v: float) -> float | str:
-    if math.isfinite(v):
-        return v
-    return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+#: validates one flushed batch of records in a single call (pydantic-core, no per-record
+#: Python work); the hooks only queue plain dicts
+_RECORDS: TypeAdapter[list[Record]] = TypeAdapter(list[Record])
+_RECORD_JSON = Record.__pydantic_serializer__
 
 
 def prepare_run_dir(path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
@@ -153,7 +152,7 @@ class RunWriter:
 
         self.root = root
         self.rank = rank
-        self.rank_dir = root / f"rank{rank}"
+        self.rank_dir = rank_dir(root, rank)
         self.rank_dir.mkdir(parents=True, exist_ok=True)
         self.manifest = Manifest(
             schema_version=SCHEMA_VERSION,
@@ -171,7 +170,7 @@ class RunWriter:
         )
         if rank == 0:
             self._write_manifest()
-        self._records = open(self.rank_dir / "records.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        self._records = open(self.rank_dir / RECORDS_FILE, "ab")  # noqa: SIM115
         self._chunk = 0
 
     def _write_manifest(self) -> None:
@@ -197,16 +196,30 @@ class RunWriter:
         return name
 
     def write_records(self, records: list[dict[str, Any]]) -> None:
-        """Append ``records`` as JSON lines and flush them to the OS."""
-        lines = []
-        for rec in records:
-            stats = rec.get("stats")
-            if stats is not None:
-                rec["stats"] = {k: _json_float(v) for k, v in stats.items()}
-            lines.append(json.dumps(rec, separators=(",", ":")))
-        if lines:
-            self._records.write("\n".join(lines) + "\n")
-            self._records.flush()
+        """Validate ``records`` as :class:`Record` s, append them as JSON lines, flush to the OS.
+
+        The whole batch is validated at once, before anything is written: a
+        record the format does not allow is a precguard bug, and raises
+        ValueError naming it rather than leaving a line no reader accepts. The
+        lines are the model's own JSON (non-finite floats as ``"NaN"``,
+        ``"Infinity"``, ``"-Infinity"``; fields the record did not set are left
+        out, as readers default them).
+        """
+        if not records:
+            return
+        try:
+            validated = _RECORDS.validate_python(records)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            index = err["loc"][0] if err["loc"] else 0
+            key = records[index].get("key") if isinstance(index, int) else None
+            raise ValueError(
+                f"{self.rank_dir / RECORDS_FILE}: refusing to write record {key!r}: "
+                f"{'.'.join(str(p) for p in err['loc'][1:])}: {err['msg']}"
+            ) from exc
+        lines = b"\n".join(_RECORD_JSON.to_json(rec, exclude_unset=True) for rec in validated)
+        self._records.write(lines + b"\n")
+        self._records.flush()
 
     def close(self, *, steps: int | None = None, error: BaseException | None = None) -> None:
         """Flush and close the records; mark the manifest complete (rank 0).
