@@ -16,7 +16,8 @@ import torch
 
 from precguard import plugins
 from precguard._logging import get_logger
-from precguard.capture.api import monitor
+from precguard.capture.api import capture_options, monitor
+from precguard.capture.options import CaptureOptions
 from precguard.devices import build_model, parse_dtype, resolve_backend
 from precguard.dump.vendor import record_vendor_state
 from precguard.errors import PrecguardError, TargetError, UsageError
@@ -52,10 +53,11 @@ def record_target(
     out: str | os.PathLike[str],
     steps: int = 1,
     train: bool = False,
-    tensors: bool | list[str] = False,
+    options: CaptureOptions | None = None,
     overwrite: bool = False,
     on_step: Callable[[int], None] | None = None,
     prepare: Callable[[torch.nn.Module], Any] | None = None,
+    **overrides: Any,
 ) -> Path:
     """Record ``steps`` steps of ``target`` on ``device`` into ``out`` and return the path.
 
@@ -63,6 +65,11 @@ def record_target(
     an optimizer step. ``prepare(model)`` may alter the built model before
     recording (tests and the demo use it to plant faults). ``dtype`` None means
     float32, or the storage dtype of a mixed-precision device (``emu:fp16-mixed``).
+
+    What to capture is a :class:`CaptureOptions` (``options``) and/or its fields
+    as keyword arguments (``tensors=True``), as for :func:`~precguard.monitor`;
+    unless set there, gradients are recorded with ``train`` and parameter
+    statistics at every step of training (at the first step otherwise).
     """
     if steps < 1:
         raise UsageError(f"--steps must be at least 1, got {steps}")
@@ -93,9 +100,7 @@ def record_target(
     handle = monitor(
         model,
         out,
-        tensors=tensors,
-        backward=train,
-        params="every_step" if train else "first_step",
+        _record_options(train, options, overrides),
         overwrite=overwrite,
         device=device,
         target=_target_spec(target, target_obj),
@@ -134,6 +139,15 @@ def record_target(
         raise user.error(exc) from exc
     logger.info("recording_written", path=str(out), steps=steps, device=device)
     return Path(out)
+
+
+def _record_options(
+    train: bool, options: CaptureOptions | None, overrides: dict[str, Any]
+) -> CaptureOptions:
+    """The capture options of a recorded target: ``train`` decides what the user left unset."""
+    by_mode = CaptureOptions(backward=train, params="every_step" if train else "first_step")
+    given = options.model_dump(exclude_unset=True) if options is not None else {}
+    return capture_options(by_mode, **{**given, **overrides})
 
 
 def _target_spec(spec: str | Target, target: Target) -> str:
