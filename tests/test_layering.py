@@ -202,6 +202,54 @@ def test_no_module_imports_another_subpackages_private_name() -> None:
     assert not offences, "private names used across subpackages:\n" + "\n".join(offences)
 
 
+#: the layers above the recording: what runs a model, judges recordings or talks to the user
+_UPPER = frozenset(
+    {
+        "precguard.cli",
+        "precguard.checklist",
+        "precguard.checks",
+        "precguard.compare",
+        "precguard.demo",
+        "precguard.localize",
+        "precguard.report",
+        "precguard.runner",
+    }
+)
+
+#: unit -> the units it must not import: the direction of dependencies (docs: DESIGN.md)
+LAYERS: dict[str, frozenset[str]] = {
+    "precguard.dump": _UPPER | {"precguard.capture", "precguard.devices"},
+    "precguard.devices": _UPPER | {"precguard.capture"},
+    "precguard.capture": _UPPER | {"precguard.devices"},
+}
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports against :data:`LAYERS`, and of the CLI by anything but ``__main__``."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        forbidden = LAYERS.get(_unit(module), frozenset())
+        for target in sorted(targets):
+            if _unit(target) in forbidden:
+                found.append(f"{module} -> {target}")
+            elif _unit(target) == "precguard.cli" and _unit(module) not in (
+                "precguard.cli",
+                "precguard.__main__",
+            ):
+                found.append(f"{module} -> {target} (nothing imports the CLI)")
+    return found
+
+
+def test_lower_layers_do_not_import_upper_ones() -> None:
+    violations = layer_violations(import_graph())
+    assert not violations, "imports against the layering:\n" + "\n".join(violations)
+
+
+def test_a_recording_module_importing_compare_is_a_layer_violation() -> None:
+    graph = {"precguard.dump.writer": {"precguard.compare.engine"}, "precguard.x": set()}
+    assert layer_violations(graph) == ["precguard.dump.writer -> precguard.compare.engine"]
+
+
 # -- the checkers themselves must be able to fail ----------------------------------------
 
 

@@ -108,3 +108,41 @@ def test_run_tensor_reads_through_the_store_compare_and_replay_use(tmp_path):
     assert torch.equal(loaded, model[0](torch.ones(2, 4)).detach())
     loaded += 1  # a copy of its own: the mapped file is never written
     assert not torch.equal(run.tensor(rec), loaded)
+
+
+class _MakesNaN(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+        self.log = _Log()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.log(self.proj(x))
+
+
+class _Log(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x - 10.0)  # NaN from finite inputs
+
+
+def test_a_session_writes_nothing_outside_its_recordings(tmp_path, monkeypatch):
+    """Record (saving a NaN origin's inputs), compare: the working directory stays empty."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    torch.manual_seed(0)
+    model = _MakesNaN()
+    runs = []
+    for name in ("golden", "actual"):
+        with (
+            torch.no_grad(),
+            precguard.monitor(model, tmp_path / name, tensors=True, on_nonfinite="save"),
+        ):
+            model(torch.ones(2, 4))
+        runs.append(tmp_path / name)
+
+    precguard.compare_runs(*runs)
+
+    assert list(cwd.iterdir()) == []
+    (origin,) = (tmp_path / "golden" / "rank0").glob("nonfinite-*")
+    assert (origin / "inputs.safetensors").is_file()
