@@ -16,6 +16,7 @@ import torch
 
 from precguard import plugins
 from precguard.errors import DeviceUnavailableError, TargetError, UsageError
+from precguard.target import raised
 
 if TYPE_CHECKING:
     from precguard.backend import Backend
@@ -101,10 +102,8 @@ def construct_model(target: Target, backend: Backend) -> torch.nn.Module:
     seed_everything(backend, target.seed)
     try:
         return target.model()
-    except Exception as exc:
-        raise TargetError(
-            f"target {target.name!r}: building the model raised {type(exc).__name__}: {exc}"
-        ) from exc
+    except (Exception, SystemExit) as exc:
+        raise TargetError(f"target {target.name!r}: building the model {raised(exc)}") from exc
 
 
 def build_model(target: Target, backend: Backend, dtype: torch.dtype) -> torch.nn.Module:

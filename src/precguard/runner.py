@@ -21,7 +21,7 @@ from precguard.capture.options import CaptureOptions
 from precguard.devices import build_model, parse_dtype, resolve_backend
 from precguard.dump.vendor import record_vendor_state
 from precguard.errors import PrecguardError, TargetError, UsageError
-from precguard.target import Target, call_model, load_target, move_batch
+from precguard.target import Target, call_model, load_target, move_batch, raised
 
 logger = get_logger(__name__)
 
@@ -38,11 +38,9 @@ class _TargetCode:
         self.target = target
         self.doing: str | None = None  # None: precguard's own code is running
 
-    def error(self, exc: Exception) -> TargetError:
+    def error(self, exc: BaseException) -> TargetError:
         """The target's error for ``exc``, raised while running :attr:`doing`."""
-        return TargetError(
-            f"target {self.target.name!r}: {self.doing} raised {type(exc).__name__}: {exc}"
-        )
+        return TargetError(f"target {self.target.name!r}: {self.doing} {raised(exc)}")
 
 
 def record_target(
@@ -133,7 +131,7 @@ def record_target(
                     on_step(step)
     except PrecguardError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a target's sys.exit() is its error too
         if user.doing is None:
             raise  # ours, not the target's: the CLI reports it as an internal error
         raise user.error(exc) from exc
