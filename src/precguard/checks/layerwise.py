@@ -1,6 +1,6 @@
 """``layerwise`` checks: record the device under test and compare it with the golden recording.
 
-The golden says what every layer *should* compute; :func:`precguard.compare`
+The golden says what every layer *should* compute; :func:`precguard.compare_runs`
 names the first layer that introduced error (not merely passed it on).
 """
 

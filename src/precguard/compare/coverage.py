@@ -196,7 +196,7 @@ def last_step(run: Run, rank: int) -> int | None:
 
 
 class CoverageTracker:
-    """Keeps the account while :func:`precguard.compare.compare` walks the steps.
+    """Keeps the account while :func:`precguard.compare_runs` walks the steps.
 
     Call :meth:`pair` with each step both sides recorded (it returns the
     records to align: those of the phases both sides have in that step), then

@@ -1,4 +1,4 @@
-"""``precguard.compare``: stream two recordings, pair their records, judge, localize.
+"""``precguard.compare_runs``: stream two recordings, pair their records, judge, localize.
 
 Records are read one step at a time from both recordings (``records.jsonl``
 is written in step order), so memory holds one step's metadata and one pair
