@@ -201,9 +201,12 @@ class RunWriter:
         The whole batch is validated at once, before anything is written: a
         record the format does not allow is a precguard bug, and raises
         ValueError naming it rather than leaving a line no reader accepts. The
-        lines are the model's own JSON (non-finite floats as ``"NaN"``,
-        ``"Infinity"``, ``"-Infinity"``; fields the record did not set are left
-        out, as readers default them).
+        lines are the model's own JSON, encoded by pydantic-core (non-finite
+        floats as ``"NaN"``, ``"Infinity"``, ``"-Infinity"``, floats in their
+        shortest round-trip form; fields the record did not set are left out,
+        as readers default them). This runs at the end of every monitored
+        forward: validating and encoding cost about what ``json.dumps`` alone
+        did (``benchmarks/record_write.py``).
         """
         if not records:
             return
