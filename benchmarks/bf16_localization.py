@@ -43,13 +43,13 @@ def main() -> None:
         for setting in settings:
             golden = record(root / setting.name / "golden", setting.golden, target=target)
             clean_run = record(root / setting.name / "clean", setting.actual, target=target)
-            clean = precguard.compare(golden, clean_run)
+            clean = precguard.compare_runs(golden, clean_run)
             ok = passed_clean(clean)
             clean_ok += ok
             found = 0
             for fault in FAULTS:
                 actual = record(root / setting.name / fault.name, setting.actual, fault, target)
-                result = precguard.compare(golden, actual)
+                result = precguard.compare_runs(golden, actual)
                 hit = localized(result, fault)
                 found += hit
                 if args.verbose:

@@ -42,7 +42,7 @@ def hwm_kb():
 import precguard.compare as pc
 base = hwm_kb()
 t = time.perf_counter()
-result = pc.compare(sys.argv[1], sys.argv[2])
+result = pc.compare_runs(sys.argv[1], sys.argv[2])
 elapsed = time.perf_counter() - t
 print(json.dumps({"seconds": elapsed, "startup_kb": base, "peak_kb": hwm_kb(),
                   "verdict": result.verdict, "records": len(result.records)}))

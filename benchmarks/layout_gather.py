@@ -105,7 +105,7 @@ def main() -> None:
             ):
                 before = _peak_mb()
                 start = time.perf_counter()
-                result = precguard.compare(
+                result = precguard.compare_runs(
                     root / f"golden{save}", root / f"{actual}{save}", layout=layout
                 )
                 rows.append((name, time.perf_counter() - start, _peak_mb() - before, result))

@@ -38,7 +38,7 @@ def main() -> None:
         kw = {"tensors": False, "steps": args.steps, "train": True}
         golden = record(Path(tmp) / "golden", **kw)
         actual = record(Path(tmp) / "actual", fault=fault, noise=True, **kw)
-        result = precguard.compare(golden, actual)
+        result = precguard.compare_runs(golden, actual)
     data = result.model_dump(mode="json")
     base = data["records"]
     copies = max(1, -(-args.records // len(base)))

@@ -47,7 +47,7 @@ def main() -> int:
     # here): "is this more than bf16 rounding?". Held to the golden's fp32, bf16
     # diverges where it first rounds.
     for judge in ("golden", "actual"):
-        result = precguard.compare(out / "fp32", out / "bf16", tolerance_dtype=judge)
+        result = precguard.compare_runs(out / "fp32", out / "bf16", tolerance_dtype=judge)
         print(f"judged by the {judge}'s precision: {result.verdict}")
         if result.first_divergence is not None:
             fd = result.first_divergence

@@ -83,7 +83,7 @@ def test_internal_error_under_debug_does_not_ask_for_debug(monkeypatch, capsys) 
     def broken(*_a, **_k):
         raise ZeroDivisionError("a bug in precguard")
 
-    monkeypatch.setattr(compare_pkg, "compare", broken)
+    monkeypatch.setattr(compare_pkg, "compare_runs", broken)
     code, _, err = run_cli(["compare", "a", "b"], capsys)
     assert code == 2 and "internal error" in err and "rerun with --debug" in err
     code, _, err = run_cli(["--debug", "compare", "a", "b"], capsys)

@@ -27,7 +27,7 @@ _EXPORTS: dict[str, str] = {
     "hookimpl": "precguard.plugins",
     "PrecguardError": "precguard.errors",
     "NonFiniteError": "precguard.errors",
-    "compare": "precguard.compare",
+    "compare_runs": "precguard.compare",
     "Comparison": "precguard.compare",
     "check": "precguard.checklist",
     "Diagnosis": "precguard.checklist",
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     )
     from precguard.capture.options import CaptureOptions
     from precguard.checklist import Diagnosis, check
-    from precguard.compare import Comparison, compare
+    from precguard.compare import Comparison, compare_runs
     from precguard.dump.reader import Run, load_run
     from precguard.dump.schema import Manifest, Record
     from precguard.errors import NonFiniteError, PrecguardError
@@ -55,12 +55,18 @@ if TYPE_CHECKING:
     from precguard.target import Target, load_target
 
 
+#: subpackages reachable as attributes whatever was imported first
+_SUBPACKAGES = frozenset({"compare"})
+
+
 def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"precguard.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'precguard' has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -278,7 +278,7 @@ def run_check(check: Check, ctx: CheckContext, params: dict[str, Any]) -> list[F
     A :class:`~precguard.errors.PrecguardError` (the target cannot be built, the
     golden is corrupt) is not the check's result but unusable input: it propagates.
     """
-    from precguard.checks._lab import finding
+    from precguard.checks.base import finding
 
     if check.needs_target and ctx.target is None:
         return [finding(check.id, "skip", "needs a target (--target)")]
@@ -301,7 +301,7 @@ def run_check(check: Check, ctx: CheckContext, params: dict[str, Any]) -> list[F
 
 
 def _error(check: Check, exc: BaseException, hint: str = "") -> Finding:
-    from precguard.checks._lab import finding
+    from precguard.checks.base import finding
 
     logger.warning("check_raised", check=check.id, error=f"{type(exc).__name__}: {exc}")
     tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
@@ -361,8 +361,7 @@ def check(
     >>> d = precguard.check("quick", "tiny-llama", device="emu:fp16")   # doctest: +SKIP
     >>> d.verdict, d.root_cause
     """
-    from precguard.checks._lab import dtype_name
-    from precguard.runner import parse_dtype, resolve_backend
+    from precguard.devices import dtype_name, parse_dtype, resolve_backend
     from precguard.target import load_target
 
     started = time.perf_counter()
@@ -373,14 +372,19 @@ def check(
         native = device_backend.model_dtype()
         dtype = dtype_name(native) if native is not None else "float32"
     model_dtype = parse_dtype(dtype)
-    resolve_backend(reference)
+    reference_backend = resolve_backend(reference)
     golden_path = Path(golden) if golden is not None else None
     if golden_path is not None and not (golden_path / "manifest.json").is_file():
         raise UsageError(f"--golden {golden_path}: not a precguard recording (no manifest.json)")
     target_obj = load_target(target) if target is not None else None
     steps = plan(spec, registered_checks(), only, skip)
     ctx = CheckContext(
-        device=device, reference=reference, target=target_obj, golden=golden_path, dtype=dtype
+        device=device,
+        reference=reference,
+        target=target_obj,
+        golden=golden_path,
+        dtype=dtype,
+        backends={reference: reference_backend, device: device_backend},
     )
     findings: list[Finding] = []
     durations: dict[str, float] = {}

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         prepare=lambda model: plant_fp16_rmsnorm(model, planted),
     )
     console.print("[bold]3. Comparing[/] the two recordings layer by layer\n")
-    result = precguard.compare(golden, actual)
+    result = precguard.compare_runs(golden, actual)
     render(result, console, top=8)
     found = result.first_divergence.module if result.first_divergence else None
     console.print(

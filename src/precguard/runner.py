@@ -1,108 +1,29 @@
-"""Run a target on a device under ``monitor``: what ``precguard record`` does."""
+"""Run a target on a device under ``monitor``: what ``precguard record`` does.
+
+This module only orchestrates a recording; the device services it uses
+(dtypes, backends, seeding, building the model) live in :mod:`precguard.devices`.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from precguard import plugins
 from precguard._logging import get_logger
-from precguard.backend import Backend
-from precguard.capture.api import monitor
+from precguard.capture.api import capture_options, monitor
+from precguard.capture.options import CaptureOptions
+from precguard.devices import build_model, parse_dtype, resolve_backend
 from precguard.dump.vendor import record_vendor_state
-from precguard.errors import DeviceUnavailableError, PrecguardError, TargetError, UsageError
+from precguard.errors import PrecguardError, TargetError, UsageError
 from precguard.target import Target, call_model, load_target, move_batch, raised
 
 logger = get_logger(__name__)
-
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "float64": torch.float64,
-    "fp64": torch.float64,
-}
-
-
-def parse_dtype(name: str | torch.dtype) -> torch.dtype:
-    """Return the torch dtype for ``name`` (``float32``, ``bf16``, ...)."""
-    if isinstance(name, torch.dtype):
-        return name
-    dtype = DTYPES.get(name.lower().removeprefix("torch."))
-    if dtype is None:
-        from precguard.suggest import did_you_mean
-
-        raise UsageError(
-            f"unknown dtype {name!r}{did_you_mean(name, DTYPES, n=1)}; "
-            "expected one of: float32, bfloat16, float16"
-        )
-    return dtype
-
-
-def find_backend(device: str) -> Backend:
-    """Return the backend that claims ``device``, usable or not.
-
-    Raises DeviceUnavailableError naming the known device types when no plugin
-    claims it.
-    """
-    backend = plugins.get_backend(device)
-    if backend is None:
-        from precguard.suggest import did_you_mean
-
-        known = sorted({t for types in plugins.device_types().values() for t in types})
-        kind, sep, rest = device.partition(":")
-        # suggest the device type, keeping what followed it: "nup:1" -> "npu:1"
-        hint = did_you_mean(kind, known, n=1)
-        if hint and sep:
-            hint = did_you_mean(device, [f"{k}:{rest}" for k in known], n=1)
-        raise DeviceUnavailableError(
-            f"unknown device {device!r}{hint}: no plugin claims it (known device types: "
-            f"{', '.join(known)})"
-        )
-    return backend
-
-
-def resolve_backend(device: str) -> Backend:
-    """Return the usable backend for ``device`` or raise DeviceUnavailableError saying why."""
-    backend = find_backend(device)
-    ok, reason = backend.availability()
-    if not ok:
-        raise DeviceUnavailableError(f"device {device!r} is unavailable: {reason}")
-    return backend
-
-
-def seed_everything(backend: Backend, seed: int) -> None:
-    """Seed torch and the device (through the backend), Python's ``random`` and NumPy."""
-    backend.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-
-
-def construct_model(target: Target, backend: Backend) -> torch.nn.Module:
-    """Seed everything, then build the target's model on the CPU (float32, not moved)."""
-    seed_everything(backend, target.seed)
-    try:
-        return target.model()
-    except (Exception, SystemExit) as exc:
-        raise TargetError(f"target {target.name!r}: building the model {raised(exc)}") from exc
-
-
-def build_model(target: Target, backend: Backend, dtype: torch.dtype) -> torch.nn.Module:
-    """Seed, build the target's model on the CPU, then move it to the device and dtype.
-
-    Initialising on the CPU gives identical weights on every device.
-    """
-    return construct_model(target, backend).to(device=backend.torch_device(), dtype=dtype)
 
 
 class _TargetCode:
@@ -130,10 +51,11 @@ def record_target(
     out: str | os.PathLike[str],
     steps: int = 1,
     train: bool = False,
-    tensors: bool | list[str] = False,
+    options: CaptureOptions | None = None,
     overwrite: bool = False,
     on_step: Callable[[int], None] | None = None,
     prepare: Callable[[torch.nn.Module], Any] | None = None,
+    **overrides: Any,
 ) -> Path:
     """Record ``steps`` steps of ``target`` on ``device`` into ``out`` and return the path.
 
@@ -141,6 +63,11 @@ def record_target(
     an optimizer step. ``prepare(model)`` may alter the built model before
     recording (tests and the demo use it to plant faults). ``dtype`` None means
     float32, or the storage dtype of a mixed-precision device (``emu:fp16-mixed``).
+
+    What to capture is a :class:`CaptureOptions` (``options``) and/or its fields
+    as keyword arguments (``tensors=True``), as for :func:`~precguard.monitor`;
+    unless set there, gradients are recorded with ``train`` and parameter
+    statistics at every step of training (at the first step otherwise).
     """
     if steps < 1:
         raise UsageError(f"--steps must be at least 1, got {steps}")
@@ -171,9 +98,7 @@ def record_target(
     handle = monitor(
         model,
         out,
-        tensors=tensors,
-        backward=train,
-        params="every_step" if train else "first_step",
+        _record_options(train, options, overrides),
         overwrite=overwrite,
         device=device,
         target=_target_spec(target, target_obj),
@@ -212,6 +137,15 @@ def record_target(
         raise user.error(exc) from exc
     logger.info("recording_written", path=str(out), steps=steps, device=device)
     return Path(out)
+
+
+def _record_options(
+    train: bool, options: CaptureOptions | None, overrides: dict[str, Any]
+) -> CaptureOptions:
+    """The capture options of a recorded target: ``train`` decides what the user left unset."""
+    by_mode = CaptureOptions(backward=train, params="every_step" if train else "first_step")
+    given = options.model_dump(exclude_unset=True) if options is not None else {}
+    return capture_options(by_mode, **{**given, **overrides})
 
 
 def _target_spec(spec: str | Target, target: Target) -> str:

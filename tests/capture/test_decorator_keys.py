@@ -94,7 +94,7 @@ def test_a_fault_in_the_second_instance_is_named(
 
     assert code == 1
     assert out.startswith("DIVERGED")
-    result = precguard.compare(clean, faulty)
+    result = precguard.compare_runs(clean, faulty)
     assert result.first_divergence is not None
     assert result.first_divergence.module == "Block#1.proj"
 

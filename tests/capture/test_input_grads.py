@@ -58,7 +58,7 @@ def test_input_gradient_is_the_modules_own(tiny_llama, input_ids, tmp_path):
         tiny_llama(input_ids, labels=input_ids).loss.backward()
     run = precguard.load_run(tmp_path / "run")
     records = {r.key: r for r in run.records()}
-    from precguard.compare.tensors import TensorStore
+    from precguard.dump.tensors import TensorStore
 
     store = TensorStore(run.path)
 

@@ -142,8 +142,8 @@ def test_a_static_loss_scale_that_overflows_is_halved_like_a_dynamic_scaler():
 
 def test_batches_are_classified_by_one_rule_for_a_second_pass_and_a_golden():
     """Order, padding and content are told apart the same way whatever the other side is."""
-    from precguard.checks._lab import value_hash
-    from precguard.checks.data import _classify, padding_hash, sample_hashes
+    from precguard.checks.data import _classify
+    from precguard.checks.fingerprints import padding_hash, sample_hashes, value_hash
     from precguard.targets import lm_batch
 
     ids = lm_batch(0)["input_ids"]

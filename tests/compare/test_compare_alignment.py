@@ -39,7 +39,7 @@ def test_ddp_wrapped_run_compares_cleanly_with_single_process_golden(tmp_path: P
     keys = {r.key for r in precguard.load_run(tmp_path / "ddp").records()}
     assert "module.model.layers.0.mlp.0.forward.output.0" in keys  # really wrapped
 
-    result = precguard.compare(tmp_path / "golden", tmp_path / "ddp")
+    result = precguard.compare_runs(tmp_path / "golden", tmp_path / "ddp")
 
     assert result.verdict == "match", [r.key for r in result.records if r.status != "pass"]
     assert result.counts.missing == 0 and not result.unmatched.actual_only

@@ -69,7 +69,7 @@ def test_wrong_backward_is_named_local(
     actual = precguard.record_target(
         "tiny-llama", out=tmp_path / "actual", train=True, tensors=tensors, prepare=plant
     )
-    result = precguard.compare(golden, actual)
+    result = precguard.compare_runs(golden, actual)
 
     forward = [r for r in result.records if r.phase == "forward"]
     assert forward and all(r.status == "pass" for r in forward)  # forward bitwise equal
@@ -92,6 +92,6 @@ def test_wrong_backward_is_named_local(
 
 def test_clean_training_step_matches(train_golden: Path, tmp_path: Path) -> None:
     again = record(tmp_path / "again", train=True)
-    result = precguard.compare(train_golden, again)
+    result = precguard.compare_runs(train_golden, again)
     assert result.verdict == "match"
     assert any(r.phase == "backward" and r.role == "input" for r in result.records)

@@ -62,7 +62,7 @@ def test_truncated_last_line_is_skipped_with_a_warning(tmp_path: Path, pair, cap
 
     assert code == 0, err
     assert "truncated_last_line_skipped" in err
-    result = precguard.compare(pair[0], cut)
+    result = precguard.compare_runs(pair[0], cut)
     assert len(result.unmatched.golden_only) == 1
     assert result.verdict == "match"
 

@@ -48,7 +48,7 @@ def test_planted_fault_is_the_first_divergence(
 ) -> None:
     actual = record(tmp_path / "actual", setting.actual, fault)
 
-    result = precguard.compare(goldens[setting.name], actual)
+    result = precguard.compare_runs(goldens[setting.name], actual)
 
     fd = result.first_divergence
     assert localized(result, fault), fd and (fd.module, fd.local, fd.reason)
@@ -78,7 +78,7 @@ def test_clean_bf16_actual_matches_within_bf16_exit_0(
     assert "matches within bfloat16 precision" in out
     assert "first divergence" not in out and "suspects" not in out
     # the two runs do differ: bf16 rounding (and accumulation) everywhere, within bf16
-    result = precguard.compare(goldens[setting.name], actual)
+    result = precguard.compare_runs(goldens[setting.name], actual)
     assert result.first_divergence is None and not result.suspects
     errors = [r.metrics.error for r in result.records if r.metrics and r.role == "output"]
     assert max(errors) > 2**-9
@@ -97,7 +97,7 @@ def test_large_fault_upstream_and_1pct_bias_downstream_are_both_named(
     upstream = "model.layers.0.post_attention_layernorm"
     actual = record(tmp_path / "two", _BY_NAME[name].actual, Fault("two", "", _two_faults))
 
-    result = precguard.compare(goldens[name], actual)
+    result = precguard.compare_runs(goldens[name], actual)
 
     fd = result.first_divergence
     assert fd is not None and fd.module == upstream and fd.local is True, fd

@@ -127,7 +127,7 @@ def test_the_same_steps_and_phases_are_a_complete_match(
     code, out, _ = run_cli(["compare", str(golden), str(actual_eval1)], capsys)
     assert code == 0, out
     assert out.startswith("MATCH")
-    assert precguard.compare(golden, actual_eval1).coverage.complete
+    assert precguard.compare_runs(golden, actual_eval1).coverage.complete
 
 
 def test_a_recording_compared_with_itself_is_refused(
@@ -140,7 +140,7 @@ def test_a_recording_compared_with_itself_is_refused(
     copy = tmp_path / "copy"
     shutil.copytree(actual_eval1, copy)
     with pytest.raises(SameRecordingError, match="a copy"):
-        precguard.compare(actual_eval1, copy)
+        precguard.compare_runs(actual_eval1, copy)
 
 
 def test_an_incomplete_run_is_said_first(
@@ -176,8 +176,8 @@ def test_a_run_that_raised_before_recording_anything_is_named_in_the_error(
 
 def test_step_narrows_what_must_be_covered(actual_eval1: Path, tmp_path: Path) -> None:
     golden = monitor_golden(tmp_path / "golden", steps=3, train=False)
-    everything = precguard.compare(golden, actual_eval1)
-    step0 = precguard.compare(golden, actual_eval1, step=0)
+    everything = precguard.compare_runs(golden, actual_eval1)
+    step0 = precguard.compare_runs(golden, actual_eval1, step=0)
     assert everything.coverage is not None and not everything.coverage.complete
     assert (everything.coverage.golden_steps, everything.coverage.steps_compared) == (3, 1)
     assert step0.coverage is not None and step0.coverage.complete

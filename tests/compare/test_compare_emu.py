@@ -13,7 +13,7 @@ from tests.compare.conftest import FAULTS, record
 
 
 def _needs(device: str) -> None:
-    from precguard.runner import resolve_backend
+    from precguard.devices import resolve_backend
 
     try:
         resolve_backend(device)
@@ -25,7 +25,7 @@ def test_another_reduction_order_matches(tiny_golden: Path, tmp_path: Path) -> N
     _needs("emu:fp32-shuffled")
     actual = record(tmp_path / "shuffled", device="emu:fp32-shuffled")
 
-    result = precguard.compare(tiny_golden, actual)
+    result = precguard.compare_runs(tiny_golden, actual)
 
     assert result.verdict == "match"
     assert result.fingerprint_diff["emu.profile"] == [None, "fp32-shuffled"]
@@ -36,7 +36,7 @@ def test_fault_under_another_reduction_order_is_named(tiny_golden: Path, tmp_pat
     fault = next(f for f in FAULTS if f.name == "rmsnorm-fp16-first-layer")
     actual = record(tmp_path / "fault", device="emu:fp32-shuffled", fault=fault)
 
-    result = precguard.compare(tiny_golden, actual)
+    result = precguard.compare_runs(tiny_golden, actual)
 
     assert result.first_divergence is not None
     assert result.first_divergence.module == fault.module
@@ -48,7 +48,7 @@ def test_chip_running_softmax_in_fp16_is_traced_to_attention(
     _needs("emu:softmax-fp16")
     actual = record(tmp_path / "softmax", device="emu:softmax-fp16")
 
-    result = precguard.compare(tiny_golden, actual)
+    result = precguard.compare_runs(tiny_golden, actual)
 
     fd = result.first_divergence
     assert result.verdict == "diverged"

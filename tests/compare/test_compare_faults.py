@@ -19,7 +19,7 @@ def test_planted_fault_is_named(
 ) -> None:
     actual = record(tmp_path / "actual", fault=fault, noise=noise)
 
-    result = precguard.compare(tiny_golden, actual)
+    result = precguard.compare_runs(tiny_golden, actual)
 
     assert result.verdict == "diverged"
     fd = result.first_divergence
@@ -34,7 +34,7 @@ def test_planted_fault_is_named(
 def test_background_noise_alone_matches(tiny_golden: Path, tmp_path: Path) -> None:
     actual = record(tmp_path / "noise", noise=True)
 
-    result = precguard.compare(tiny_golden, actual)
+    result = precguard.compare_runs(tiny_golden, actual)
 
     assert result.verdict == "match", [
         (r.key, r.metrics.error) for r in result.records if r.status != "pass"
@@ -112,7 +112,7 @@ def test_stats_only_recordings_still_localize(tmp_path: Path) -> None:
     golden = record(tmp_path / "g", tensors=False)
     actual = record(tmp_path / "a", fault=fault, tensors=False)
 
-    result = precguard.compare(golden, actual)
+    result = precguard.compare_runs(golden, actual)
 
     assert result.verdict == "diverged"
     assert result.first_divergence is not None

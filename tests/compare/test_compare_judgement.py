@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import precguard
-from precguard.compare.divergence import fallback, step_candidates
+from precguard.compare.divergence import Decision, classify_step, fallback
 from precguard.compare.expected import rounding_floor
 from precguard.compare.metrics import full_metrics, precision, tolerance_dtype
 from precguard.compare.report import Metrics, RecordResult
@@ -45,7 +45,7 @@ def test_each_side_is_as_precise_as_the_less_precise_of_stored_and_computed() ->
 
 def test_an_unknown_tolerance_dtype_is_a_usage_error(tiny_golden: Path) -> None:
     with pytest.raises(UsageError, match="--tolerance-dtype"):
-        precguard.compare(tiny_golden, tiny_golden, tolerance_dtype="bf17")
+        precguard.compare_runs(tiny_golden, tiny_golden, tolerance_dtype="bf17")
 
 
 def test_emu_bf16_run_stored_as_float32_is_judged_as_bf16(
@@ -56,15 +56,15 @@ def test_emu_bf16_run_stored_as_float32_is_judged_as_bf16(
     assert run.manifest.compute_dtype == "bfloat16"
     assert {r.dtype for r in run.records() if r.role == "output" and r.stats} == {"float32"}
 
-    result = precguard.compare(tiny_golden, actual)
-    held = precguard.compare(tiny_golden, actual, tolerance_dtype="golden")
+    result = precguard.compare_runs(tiny_golden, actual)
+    held = precguard.compare_runs(tiny_golden, actual, tolerance_dtype="golden")
 
     assert result.compute_dtypes == [None, "bfloat16"]
     floats = [r for r in result.records if r.metrics and r.metrics.level == "full"]
     assert floats and {r.metrics.dtype for r in floats} == {"bfloat16"}
     assert result.verdict == "match"
     assert held.verdict == "diverged"  # the override still holds it to fp32
-    as_fp16 = precguard.compare(tiny_golden, actual, tolerance_dtype="fp16")
+    as_fp16 = precguard.compare_runs(tiny_golden, actual, tolerance_dtype="fp16")
     assert {r.metrics.dtype for r in as_fp16.records if r.metrics.level == "full"} == {"float16"}
     code, out, _ = run_cli(["compare", str(tiny_golden), str(actual)], capsys)
     assert code == 0 and "matches within bfloat16 precision" in out
@@ -122,7 +122,7 @@ def test_the_rounding_floor_is_the_compute_dtypes_not_fp32s() -> None:
 
 
 def _rec(key: str, seq: int, error: float, *, scale: float = 1.0, bias: bool = False):
-    module, _call, phase, role, _index = key.rsplit(".", 4)
+    module, call, phase, role, index = key.rsplit(".", 4)
     m = Metrics(level="full", dtype="float32", error=error, cosine=1.0, max_abs_err=error)
     m = m.model_copy(update={"rel_l2": error, "scale": scale, "scale_se": 1e-9, "bias": bias})
     status = judge(m, get_profile("default"))
@@ -130,6 +130,8 @@ def _rec(key: str, seq: int, error: float, *, scale: float = 1.0, bias: bool = F
         key=key,
         module=module,
         module_type="Block",
+        call=int(call),
+        index=int(index),
         golden_dtype="float32",
         actual_dtype="float32",
         shape=[4, 64],
@@ -151,7 +153,7 @@ def test_a_backward_call_that_makes_its_input_gradient_wrong_is_local() -> None:
         _rec("blk.0.backward.input.0", 3, 1e-2),  # the gradient it computed: not
     ]
 
-    (cand,) = step_candidates(results, get_profile("default"))
+    (cand,) = classify_step(results, get_profile("default")).candidates
 
     assert cand.result.module == "blk" and cand.result.phase == "backward"
     assert cand.local is True and cand.expected_error is not None
@@ -164,11 +166,12 @@ def test_a_backward_call_that_passes_gradient_error_on_is_not_local() -> None:
         _rec("blk.0.backward.output.0", 2, 1e-2),
         _rec("blk.0.backward.input.0", 3, 1.2e-2),
     ]
-    classified: dict = {}
+    classified = classify_step(results, get_profile("default"))
 
-    assert step_candidates(results, get_profile("default"), classified) == []
-    local, amplification, expected = classified["blk.0.backward.input.0"]
-    assert local is False and expected == pytest.approx(1e-2) and amplification < 2
+    assert classified.candidates == []
+    decision = classified.decisions["blk.0.backward.input.0"]
+    assert decision.local is False and decision.expected_error == pytest.approx(1e-2)
+    assert decision.amplification is not None and decision.amplification < 2
 
 
 def test_a_1pct_scaled_gradient_is_local_by_its_bias() -> None:
@@ -176,7 +179,7 @@ def test_a_1pct_scaled_gradient_is_local_by_its_bias() -> None:
         _rec("blk.0.backward.output.0", 2, 1e-7),
         _rec("blk.0.backward.input.0", 3, 1e-2, scale=1.01, bias=True),
     ]
-    (cand,) = step_candidates(results, get_profile("default"))
+    (cand,) = classify_step(results, get_profile("default")).candidates
     assert cand.local is True and cand.result.phase == "backward"
 
 
@@ -186,10 +189,10 @@ def test_backward_without_input_gradients_stays_undecided_and_says_why() -> None
         _rec("blk.0.backward.output.0", 2, 1e-7),
         _rec("blk.0.backward.grad.0", 3, 1e-2),
     ]
-    classified: dict = {}
+    classified = classify_step(results, get_profile("default"))
 
-    assert step_candidates(results, get_profile("default"), classified) == []
-    assert classified["blk.0.backward.grad.0"] == (None, None, None)
+    assert classified.candidates == []
+    assert classified.decisions["blk.0.backward.grad.0"] == Decision(None, None, None)
     first = fallback(results)
     assert first is not None and first.local is None
     assert "no gradients w.r.t. module inputs" in first.reason
@@ -204,7 +207,7 @@ def test_suspects_name_every_module_with_its_own_error() -> None:
         _rec("c.0.forward.input.0", 4, 1.1e-2),
         _rec("c.0.forward.output.0", 5, 1.2e-2),  # only passes it on
     ]
-    cands = step_candidates(results, get_profile("default"))
+    cands = classify_step(results, get_profile("default")).candidates
     assert [c.result.module for c in cands] == ["a", "b"]
 
 
@@ -218,7 +221,7 @@ def test_stats_only_verdict_states_its_confidence_and_the_glob_that_settles_it(
     golden = record(tmp_path / "g", tensors=False)
     actual = record(tmp_path / "a", fault=fault, tensors=False)
 
-    result = precguard.compare(golden, actual)
+    result = precguard.compare_runs(golden, actual)
     code, out, _ = run_cli(["compare", str(golden), str(actual)], capsys)
 
     fd = result.first_divergence
@@ -241,7 +244,7 @@ def test_a_parent_is_explained_by_its_child_in_the_same_phase_only() -> None:
         _rec("blk.0.backward.output.0", 4, 1e-7),
         _rec("blk.0.backward.input.0", 5, 1e-2),
     ]
-    cands = step_candidates(results, get_profile("default"))
+    cands = classify_step(results, get_profile("default")).candidates
     assert [(c.result.module, c.result.phase) for c in cands] == [
         ("blk.inner", "forward"),
         ("blk", "backward"),

@@ -64,7 +64,7 @@ def test_fault_in_one_encoder_layer_is_localized(
 
     actual = precguard.record_target(minilm, out=tmp_path / "a", tensors=True, prepare=prepare)
 
-    result = precguard.compare(golden, actual)
+    result = precguard.compare_runs(golden, actual)
 
     assert result.verdict == "diverged"
     assert result.first_divergence is not None
@@ -78,7 +78,7 @@ def test_noise_alone_matches(minilm: precguard.Target, golden: Path, tmp_path: P
     actual = precguard.record_target(
         minilm, out=tmp_path / "n", tensors=True, prepare=background_noise
     )
-    result = precguard.compare(golden, actual)
+    result = precguard.compare_runs(golden, actual)
     assert result.verdict == "match", [
         (r.key, r.metrics.error) for r in result.records if r.status != "pass"
     ][:5]

@@ -117,7 +117,7 @@ def test_compare_replay_of_a_clean_module_says_it_is_not_local(
 
     target = _faulty_target(tmp_path, {DOWN: 1.01})
     actual = precguard.record_target(str(target), out=tmp_path / "actual", tensors=True)
-    result = precguard.compare(tiny_golden, actual)
+    result = precguard.compare_runs(tiny_golden, actual)
 
     # replayed with the golden's own code, the module is clean on this device: the
     # difference lies in the actual's code, which the wrong target does not have
@@ -210,15 +210,15 @@ def test_no_hint_when_the_error_came_from_upstream(
 
 def test_replay_runs_on_the_actuals_device(tiny_golden: Path, tmp_path: Path) -> None:
     from precguard.compare.hints import replay_hint
+    from precguard.devices import resolve_backend
     from precguard.localize.confirm import replay_suspects
-    from precguard.runner import resolve_backend
 
     try:
         resolve_backend("emu:softmax-fp16")
     except precguard.PrecguardError as exc:
         pytest.skip(f"emu:softmax-fp16 unavailable: {exc}")
     actual = record(tmp_path / "softmax", device="emu:softmax-fp16")
-    result = precguard.compare(tiny_golden, actual)
+    result = precguard.compare_runs(tiny_golden, actual)
 
     hint = replay_hint(result)
     assert hint is not None and hint.command is not None

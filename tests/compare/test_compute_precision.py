@@ -62,8 +62,8 @@ def test_a_tf32_run_matches_an_fp32_golden_within_tf32_precision(tmp_path: Path)
     _record(tmp_path / "golden", tf32=False, compute_dtype=None)
     _record(tmp_path / "gpu", tf32=True, compute_dtype="tfloat32")
 
-    judged = precguard.compare(tmp_path / "golden", tmp_path / "gpu")
-    strict = precguard.compare(tmp_path / "golden", tmp_path / "gpu", tolerance_dtype="golden")
+    judged = precguard.compare_runs(tmp_path / "golden", tmp_path / "gpu")
+    strict = precguard.compare_runs(tmp_path / "golden", tmp_path / "gpu", tolerance_dtype="golden")
 
     assert judged.verdict == "match", judged.first_divergence
     assert {r.metrics.dtype for r in judged.records if r.metrics and r.role == "output"} == {
@@ -77,7 +77,7 @@ def test_a_real_fault_still_shows_through_tf32_precision(tmp_path: Path) -> None
     _record(tmp_path / "golden", tf32=False, compute_dtype=None)
     _record(tmp_path / "gpu", tf32=True, compute_dtype="tfloat32", scale=1.01)
 
-    result = precguard.compare(tmp_path / "golden", tmp_path / "gpu")
+    result = precguard.compare_runs(tmp_path / "golden", tmp_path / "gpu")
 
     assert result.verdict == "diverged"
     assert result.first_divergence is not None and result.first_divergence.module == "down"

@@ -140,7 +140,7 @@ def test_truncated_safetensors_is_reported(tmp_path):
     rec = next(r for r in run.records() if r.tensor is not None)
     f = out / "rank0" / rec.tensor.file
     f.write_bytes(f.read_bytes()[:40])
-    with pytest.raises(DumpFormatError, match="unreadable safetensors"):
+    with pytest.raises(DumpFormatError, match="truncated or corrupt safetensors file"):
         precguard.load_run(out).tensor(rec)
 
 

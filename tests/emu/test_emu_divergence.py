@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from precguard.compare import compare
+from precguard.compare import compare_runs
 from precguard.dump.reader import load_run
 from precguard.runner import record_target
 
@@ -18,9 +18,9 @@ def test_cpu_and_emu_bf16_recordings_diverge(tmp_path: Path) -> None:
     again = record_target("tiny-llama", device="cpu", out=tmp_path / "cpu2")
     # held to the golden's fp32 the emulated run diverges; judged by its own bf16
     # (the default: rounding is not a fault) it matches
-    assert compare(golden, actual, tolerance_dtype="golden").verdict == "diverged"
-    assert compare(golden, actual).verdict == "match"
-    assert compare(golden, again).verdict == "match"
+    assert compare_runs(golden, actual, tolerance_dtype="golden").verdict == "diverged"
+    assert compare_runs(golden, actual).verdict == "match"
+    assert compare_runs(golden, again).verdict == "match"
     g = {r.key: r.stats for r in load_run(golden).records() if r.stats}
     a = {r.key: r.stats for r in load_run(actual).records() if r.stats}
     assert g.keys() == a.keys()

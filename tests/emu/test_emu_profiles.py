@@ -10,9 +10,10 @@ import pytest
 from precguard import plugins
 from precguard.backends.emu.profile import EmuProfileError, builtin_profiles, load_profile
 from precguard.cli import main
+from precguard.devices import resolve_backend
 from precguard.dump.reader import load_run
 from precguard.errors import DeviceUnavailableError
-from precguard.runner import record_target, resolve_backend
+from precguard.runner import record_target
 from tests.emu.models import blowup_target
 
 REQUIRED = {

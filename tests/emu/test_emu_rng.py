@@ -8,6 +8,7 @@ import torch
 from precguard import plugins
 from precguard.backend import Backend
 from precguard.checks.base import CheckContext
+from precguard.devices import resolve_backend
 from tests.emu.models import dropout_target
 
 
@@ -57,7 +58,10 @@ def test_rng_state_round_trips() -> None:
 def test_the_checklist_tells_the_user_to_seed_through_the_backend() -> None:
     from precguard.checks.rng import cross_device, same_seed
 
-    ctx = CheckContext(device="emu:fp32-rng", reference="cpu", target=dropout_target())
+    backends = {d: resolve_backend(d) for d in ("emu:fp32-rng", "cpu")}
+    ctx = CheckContext(
+        device="emu:fp32-rng", reference="cpu", target=dropout_target(), backends=backends
+    )
     assert same_seed(ctx).status == "pass"  # seeded through the backend: runs repeat
     finding = cross_device(ctx)
     assert finding.status == "fail"

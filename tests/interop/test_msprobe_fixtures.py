@@ -44,7 +44,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _compare(golden: Path, actual: Path) -> precguard.compare.Comparison:
-    return precguard.compare(open_recording(golden), open_recording(actual))
+    return precguard.compare_runs(open_recording(golden), open_recording(actual))
 
 
 @pytest.mark.parametrize("dump", ["stats", "tensor"])

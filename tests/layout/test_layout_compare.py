@@ -34,7 +34,7 @@ def _runs(tmp_path, *, tensors=True, plant=None):
 
 def test_a_clean_split_run_matches_its_whole_golden(tmp_path, spec_file):
     golden, actual = _runs(tmp_path)
-    result = precguard.compare(golden, actual, layout=spec_file)
+    result = precguard.compare_runs(golden, actual, layout=spec_file)
     assert result.verdict == "match"
     assert result.counts.passed == 6 and result.counts.full == 6
     assert result.actual == str(actual)  # the real recording, not the gathered view
@@ -45,7 +45,7 @@ def test_a_clean_split_run_matches_its_whole_golden(tmp_path, spec_file):
 def test_without_the_layout_the_shards_are_refused_with_a_pointer_to_it(tmp_path):
     golden, actual = _runs(tmp_path)
     with pytest.raises(IncomparableRunsError, match="--layout"):
-        precguard.compare(golden, actual)
+        precguard.compare_runs(golden, actual)
 
 
 def test_a_fault_in_rank_1s_row_shard_names_the_module_and_rank_1(tmp_path, spec_file):
@@ -54,7 +54,7 @@ def test_a_fault_in_rank_1s_row_shard_names_the_module_and_rank_1(tmp_path, spec
         ranks[1][4] = (module, phase, role, index, name, w * 1.05)
 
     golden, actual = _runs(tmp_path, plant=plant)
-    result = precguard.compare(golden, actual, layout=spec_file)
+    result = precguard.compare_runs(golden, actual, layout=spec_file)
     first = result.first_divergence
     assert result.verdict == "diverged"
     assert (first.module, first.rank) == ("row", 1)
@@ -63,7 +63,7 @@ def test_a_fault_in_rank_1s_row_shard_names_the_module_and_rank_1(tmp_path, spec
 
 def test_statistics_only_partial_sums_are_not_combinable_and_not_a_pass(tmp_path, spec_file):
     golden, actual = _runs(tmp_path, tensors=False)
-    result = precguard.compare(golden, actual, layout=spec_file)
+    result = precguard.compare_runs(golden, actual, layout=spec_file)
     by_key = {r.key: r for r in result.records}
     partial = by_key["row.0.forward.output.0"]
     assert partial.status == "missing" and "not combinable" in partial.metrics.note
@@ -83,7 +83,7 @@ def test_statistics_only_a_nan_in_one_shard_names_its_rank(tmp_path, spec_file):
             ranks[r][2] = (module, phase, role, index, name, t)
 
     golden, actual = _runs(tmp_path, tensors=False, plant=plant)
-    result = precguard.compare(golden, actual, layout=spec_file)
+    result = precguard.compare_runs(golden, actual, layout=spec_file)
     assert (result.first_divergence.module, result.first_divergence.rank) == ("col", 1)
 
 
@@ -139,7 +139,7 @@ def test_an_unknown_layout_lists_the_shipped_ones(tmp_path, capsys):
 def test_ranks_that_are_not_the_layouts_grid_are_refused(tmp_path):
     golden, actual = _runs(tmp_path)
     with pytest.raises(UsageError, match="pipeline stage"):
-        precguard.compare(golden, actual, layout=LayoutSpec(pipeline_stages=3))
+        precguard.compare_runs(golden, actual, layout=LayoutSpec(pipeline_stages=3))
 
 
 def test_the_layout_schema_is_printed_by_precguard_schema(capsys):
@@ -226,7 +226,7 @@ def test_shipped_layouts_gather_their_frameworks_names(tmp_path, layout, col, ro
     module, phase, role, index, name, w = ranks[1][4]
     ranks[1][4] = (module, phase, role, index, name, w * 1.05)  # rank 1's row shard
     actual = write_run(tmp_path / "actual", ranks)
-    result = precguard.compare(golden, actual, layout=layout)
+    result = precguard.compare_runs(golden, actual, layout=layout)
     assert (result.first_divergence.module, result.first_divergence.rank) == (row, 1)
     assert result.counts.missing == 0 and result.counts.full == 6
 
@@ -238,7 +238,7 @@ def test_data_parallel_replicas_other_than_the_first_are_not_read(tmp_path, spec
     ranks[3] = split(x, w1, w2 * 2, 1)  # a different replica 1 is not this layout's concern
     actual = write_run(tmp_path / "actual", ranks)
     spec = load_layout(spec_file).model_copy(update={"data_parallel": 2})
-    result = precguard.compare(golden, actual, layout=spec)
+    result = precguard.compare_runs(golden, actual, layout=spec)
     assert result.verdict == "match" and result.counts.passed == 6
     assert any("replica 0 (ranks [0, 1])" in w for w in result.warnings)
 
@@ -270,7 +270,7 @@ def test_sequence_parallel_activations_are_split_along_the_sequence(tmp_path, te
     module, phase, role, index, name, t = ranks[1][1]
     ranks[1][1] = (module, phase, role, index, name, t * 1.1)  # rank 1's half of the output
     actual = write_run(tmp_path / "actual", ranks, tensors=tensors)
-    result = precguard.compare(golden, actual, layout="megatron-sp")
+    result = precguard.compare_runs(golden, actual, layout="megatron-sp")
     records = {r.role: r for r in result.records}
     assert records["input"].status == "pass"  # the halves' statistics combine exactly
     assert records["output"].status == "fail"
@@ -284,7 +284,7 @@ def test_records_only_a_later_rank_of_the_group_has_are_reported(tmp_path, spec_
         ranks[1].append(("extra", "forward", "output", 0, "output", torch.ones(2)))
 
     golden, actual = _runs(tmp_path, plant=plant)
-    result = precguard.compare(golden, actual, layout=spec_file)
+    result = precguard.compare_runs(golden, actual, layout=spec_file)
     assert any("rank 1" in w and "extra.0.forward.output.0" in w for w in result.warnings)
 
 
@@ -292,7 +292,7 @@ def test_the_golden_may_be_the_split_side(tmp_path, spec_file):
     x, w1, w2 = weights()
     golden = write_run(tmp_path / "golden", {r: split(x, w1, w2, r) for r in (0, 1)})
     actual = write_run(tmp_path / "actual", {0: whole(x, w1 * 1.05, w2)})
-    result = precguard.compare(golden, actual, layout=spec_file)
+    result = precguard.compare_runs(golden, actual, layout=spec_file)
     assert result.verdict == "diverged" and result.first_divergence.module == "col"
     assert result.golden == str(golden) and result.counts.full == 6
 

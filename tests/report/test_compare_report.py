@@ -75,7 +75,7 @@ def test_csv_opens_with_one_row_per_record_in_execution_order(
     table = tmp_path / "records.csv"
     code, _, _ = run_cli(["compare", str(golden), str(actual), "--csv", str(table)], capsys)
     assert code == 1
-    result = precguard.compare(golden, actual)
+    result = precguard.compare_runs(golden, actual)
     with table.open(newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == len(result.records)

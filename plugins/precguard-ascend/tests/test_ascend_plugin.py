@@ -14,9 +14,9 @@ from precguard_ascend.backend import AscendBackend
 from precguard import plugins
 from precguard.checks.base import CheckContext
 from precguard.cli import main
+from precguard.devices import resolve_backend
 from precguard.dump.vendor import record_vendor_state
 from precguard.errors import DeviceUnavailableError
-from precguard.runner import resolve_backend
 
 
 def _checks() -> dict:

@@ -9,8 +9,8 @@ from precguard_cambricon.backend import CambriconBackend
 
 from precguard import plugins
 from precguard.checks.base import CheckContext
+from precguard.devices import resolve_backend
 from precguard.errors import DeviceUnavailableError
-from precguard.runner import resolve_backend
 
 
 def _checks() -> dict:

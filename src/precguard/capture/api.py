@@ -8,28 +8,79 @@ import os
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, TypeVar, overload
 
 from torch import nn
 
+from precguard import plugins
 from precguard._logging import get_logger
 from precguard.capture.flatten import named_tensors
 from precguard.capture.monitor import Monitor
 from precguard.capture.options import CaptureOptions, OnNonFinite
-from precguard.capture.recording import Recording, environment_fingerprint
+from precguard.capture.recording import Recording
 from precguard.errors import NonFiniteError
 
 logger = get_logger(__name__)
 
-_ACTIVE: list[Recording] = []
+#: the open recordings of this context, innermost last. A tuple, replaced on every change:
+#: each thread and asyncio task sees the recordings opened in its own context
+_ACTIVE: ContextVar[tuple[Recording, ...]] = ContextVar("precguard_active", default=())
+
+
+def environment_fingerprint(device: str) -> dict[str, Any]:
+    """The plugins' environment fingerprint of ``device`` for a manifest ({} if one fails).
+
+    A recording is worth keeping even when a plugin cannot describe its
+    device, so a failure is logged rather than raised.
+    """
+    try:
+        return plugins.fingerprint(device)
+    except Exception as exc:
+        logger.warning("fingerprint_failed", device=device, error=f"{type(exc).__name__}: {exc}")
+        return {}
+
+
 _DECORATED: weakref.WeakKeyDictionary[nn.Module, Monitor] = weakref.WeakKeyDictionary()
 
 T = TypeVar("T")
 
 
 def active_recording() -> Recording | None:
-    """Return the innermost open recording (``record`` or ``monitor`` with ``out``), or None."""
-    return _ACTIVE[-1] if _ACTIVE else None
+    """Return the innermost recording open in this context (``record`` or ``monitor`` with
+    ``out``), or None."""
+    stack = _ACTIVE.get()
+    return stack[-1] if stack else None
+
+
+def _push(recording: Recording) -> None:
+    _ACTIVE.set((*_ACTIVE.get(), recording))
+
+
+def _pop(recording: Recording) -> None:
+    stack = _ACTIVE.get()
+    if recording in stack:
+        _ACTIVE.set(tuple(r for r in stack if r is not recording))
+
+
+def capture_options(options: CaptureOptions | None = None, **overrides: Any) -> CaptureOptions:
+    """``options`` (default: all defaults) with the keyword ``overrides`` applied, validated.
+
+    What ``monitor``, ``record``, ``precision_monitor`` and ``record_target``
+    do with their keyword arguments: an unknown name or a bad value is a
+    pydantic ``ValidationError`` naming it. The fields set explicitly are
+    those set in ``options`` plus the overrides (a decorator's explicit
+    options win over a recording's, see :func:`effective_options`).
+
+    >>> capture_options(CaptureOptions(tensors=True), backward=False)   # doctest: +SKIP
+    CaptureOptions(tensors=True, backward=False, ...)
+    """
+    if options is None and not overrides:
+        return CaptureOptions()
+    if not overrides:
+        return options  # type: ignore[return-value]
+    given = options.model_dump(exclude_unset=True) if options is not None else {}
+    return CaptureOptions.model_validate({**given, **overrides})
 
 
 class MonitorHandle:
@@ -46,7 +97,7 @@ class MonitorHandle:
         self.recording = recording
         self._pushed = recording.writer is not None
         if self._pushed:
-            _ACTIVE.append(recording)
+            _push(recording)
 
     @property
     def path(self) -> os.PathLike[str] | None:
@@ -85,8 +136,7 @@ def _close(
     decorated modules and functions that ran (``record()``, which cannot know
     the names before they run).
     """
-    if recording in _ACTIVE:
-        _ACTIVE.remove(recording)
+    _pop(recording)
     state = _IN_RECORDING.pop(recording, None)
     if check_patterns:
         _warn_unmatched_patterns(recording.options, state.names if state is not None else ())
@@ -100,31 +150,30 @@ def _close(
 def monitor(
     model: nn.Module,
     out: str | os.PathLike[str] | None = None,
+    options: CaptureOptions | None = None,
     *,
-    tensors: bool | list[str] = False,
-    backward: bool = True,
-    input_grads: bool = True,
-    on_nonfinite: str = "record",
-    params: str = "first_step",
     overwrite: bool = False,
     device: str | None = None,
     target: str | None = None,
     fingerprint: dict[str, Any] | None = None,
     auto_step: bool = True,
     compute_dtype: str | None = None,
+    **overrides: Any,
 ) -> MonitorHandle:
     """Instrument every submodule of ``model`` and record into ``out``.
+
+    What to capture is a :class:`~precguard.capture.options.CaptureOptions`:
+    pass one as ``options``, or its fields as keyword arguments (``tensors``,
+    ``backward``, ``input_grads``, ``on_nonfinite``, ``params``; they override
+    ``options``). An unknown option is an error, never a silent default.
 
     :param model: the root module; its name in keys is ``root``.
     :param out: recording directory (refused if non-empty unless ``overwrite``);
         None only watches for NaN/Inf and logs.
-    :param tensors: save full tensors: True for all modules, or glob patterns.
-    :param backward: record gradients of module outputs and parameters.
-    :param input_grads: with ``backward``, also record gradients w.r.t. module inputs
-        (``backward.input`` records; see docs/capture.md for what they mean and cost).
-    :param on_nonfinite: ``"record"``, ``"save"`` (write the origin's inputs)
-        or ``"raise"`` (:class:`~precguard.errors.NonFiniteError` at the origin).
-    :param params: parameter statistics at ``"first_step"``, ``"every_step"`` or ``"never"``.
+    :param options: what to capture (default: statistics of every module, forward and
+        backward, parameters at the first step); see :class:`CaptureOptions`.
+    :param overrides: fields of :class:`CaptureOptions`, e.g. ``tensors=["model.layers.3.*"]``
+        (full tensors), ``on_nonfinite="raise"``, ``params="every_step"``.
     :param device: device string for the manifest (default: the model's device type).
     :param target: the target spec the run was made from, for the manifest.
     :param fingerprint: the environment fingerprint for the manifest (default:
@@ -143,13 +192,7 @@ def monitor(
     >>> with precguard.monitor(model, out="runs/golden"):   # doctest: +SKIP
     ...     model(input_ids)
     """
-    options = CaptureOptions(
-        tensors=tensors,
-        backward=backward,
-        input_grads=input_grads,
-        on_nonfinite=on_nonfinite,
-        params=params,
-    )
+    options = capture_options(options, **overrides)
     if device is None:
         first = next(itertools.chain(model.parameters(), model.buffers()), None)
         device = first.device.type if first is not None else "cpu"
@@ -167,6 +210,8 @@ def monitor(
         fingerprint=fingerprint,
         auto_step=auto_step,
         compute_dtype=compute_dtype,
+        to_host=plugins.to_host,
+        fingerprint_of=environment_fingerprint,
     )
     mon = Monitor(model, recording, options)
     _warn_unmatched_patterns(options, mon.names.values())
@@ -221,21 +266,20 @@ class RecordingHandle:
 @contextmanager
 def record(
     out: str | os.PathLike[str],
+    options: CaptureOptions | None = None,
     *,
-    tensors: bool | list[str] = False,
-    backward: bool = True,
-    input_grads: bool = True,
-    on_nonfinite: str = "record",
-    params: str = "first_step",
     overwrite: bool = False,
     device: str | None = None,
     fingerprint: dict[str, Any] | None = None,
     auto_step: bool = True,
     compute_dtype: str | None = None,
+    **overrides: Any,
 ) -> Iterator[RecordingHandle]:
     """Open a recording that ``@precision_monitor`` modules and functions write into.
 
-    Options are those of :func:`monitor`. Decorated objects record only while
+    Options are those of :func:`monitor` (a :class:`CaptureOptions` and/or its
+    fields as keyword arguments). The recording is active in the current
+    context (thread or asyncio task) until the block ends. Decorated objects record only while
     a recording is open; outside one they only watch for NaN/Inf. The
     manifest's device (unless given), dtype, model and environment
     fingerprint come from the first decorated module (or function) called.
@@ -245,13 +289,7 @@ def record(
     >>> with precguard.record("runs/npu") as rec:   # doctest: +SKIP
     ...     model(x)          # a @precision_monitor model
     """
-    options = CaptureOptions(
-        tensors=tensors,
-        backward=backward,
-        input_grads=input_grads,
-        on_nonfinite=on_nonfinite,
-        params=params,
-    )
+    options = capture_options(options, **overrides)
     recording = Recording(
         out,
         options,
@@ -260,8 +298,10 @@ def record(
         fingerprint=fingerprint,
         auto_step=auto_step,
         compute_dtype=compute_dtype,
+        to_host=plugins.to_host,
+        fingerprint_of=environment_fingerprint,
     )
-    _ACTIVE.append(recording)
+    _push(recording)
     try:
         yield RecordingHandle(recording)
     except BaseException as exc:
@@ -282,10 +322,16 @@ class _WatchSinks:
         self.options = options
         self.only_when_idle = only_when_idle
         self._watch: Recording | None = None
+        self._last: Recording | None = None  # the recording last written into
 
     def __call__(self) -> Recording | None:
         rec = active_recording()
+        if rec is None and self._last is not None and not self._last.closed:
+            # a context that never opened a recording while the last one we wrote into is
+            # still open: an autograd worker thread running this module's backward
+            rec = self._last
         if rec is not None:
+            self._last = rec
             return None if self.only_when_idle else rec
         if self._watch is None:
             self._watch = Recording(None, self.options)
@@ -326,7 +372,16 @@ class _RecordingDecorations:
 
 
 def _if_innermost(rec: Recording) -> Recording | None:
-    return rec if _ACTIVE and _ACTIVE[-1] is rec else None
+    """``rec`` while it is the innermost recording of this context.
+
+    A context with no recording at all (an autograd worker thread running the
+    backward of a forward recorded into ``rec``) still writes into ``rec``
+    while it is open: its hooks exist only for it and go when it closes.
+    """
+    stack = _ACTIVE.get()
+    if stack:
+        return rec if stack[-1] is rec else None
+    return None if rec.closed else rec
 
 
 #: per open recording: the instances of decorated classes recorded into it
@@ -425,15 +480,27 @@ def effective_options(recording: CaptureOptions, decorator: CaptureOptions) -> C
 def precision_monitor(obj: T) -> T: ...
 @overload
 def precision_monitor(
-    obj: None = None, *, name: str | None = None, **options: Any
+    obj: None = None,
+    *,
+    name: str | None = None,
+    options: CaptureOptions | None = None,
+    **overrides: Any,
 ) -> Callable[[T], T]: ...
 
 
-def precision_monitor(obj: Any = None, *, name: str | None = None, **options: Any) -> Any:
+def precision_monitor(
+    obj: Any = None,
+    *,
+    name: str | None = None,
+    options: CaptureOptions | None = None,
+    **overrides: Any,
+) -> Any:
     """Instrument a module class, a module instance, or a function.
 
-    Bare or with the options of :func:`monitor` (``tensors``, ``backward``,
-    ``on_nonfinite``, ``params``). Decorated objects write into the active
+    Bare or with the options of :func:`monitor` (a :class:`CaptureOptions`
+    as ``options``, and/or its fields: ``tensors``, ``backward``,
+    ``on_nonfinite``, ``params``). The options set explicitly here win over
+    the recording's; the others follow the recording. Decorated objects write into the active
     :func:`record` (or :func:`monitor`) recording; with none open they only
     watch for NaN/Inf and log the origin.
 
@@ -452,7 +519,7 @@ def precision_monitor(obj: Any = None, *, name: str | None = None, **options: An
     >>> @precguard.precision_monitor(on_nonfinite="raise")   # doctest: +SKIP
     ... class MyAttention(nn.Module): ...
     """
-    opts = CaptureOptions(**options)
+    opts = capture_options(options, **overrides)
     if obj is None:
         return functools.partial(_decorate, opts=opts, name=name)
     return _decorate(obj, opts=opts, name=name)

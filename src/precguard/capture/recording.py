@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import torch
 from precguard._logging import get_logger
 from precguard.capture.options import CaptureOptions, OnNonFinite
 from precguard.capture.stats import StatsBuffer, capture_scope, dtype_info
+from precguard.dump.paths import rank_dir
 from precguard.dump.writer import RunWriter, prepare_run_dir, write_json_atomic
 from precguard.errors import NonFiniteError
 
@@ -35,15 +37,14 @@ def dist_rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-def to_host(t: torch.Tensor) -> torch.Tensor:
-    """Copy ``t`` to a plain, contiguous CPU tensor for saving.
+def plain_host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A plain, contiguous CPU copy of ``t``: what a recording saves unless told otherwise.
 
-    The tensor's backend does it (:meth:`~precguard.backend.Backend.to_host`),
-    for layouts the CPU cannot read directly (e.g. Ascend's internal NZ format).
+    Devices whose tensors the CPU cannot read directly (Ascend's internal NZ
+    layout) need their backend's :meth:`~precguard.backend.Backend.to_host`:
+    the public API hands the recording :func:`precguard.plugins.to_host`.
     """
-    from precguard import plugins
-
-    return plugins.to_host(t)
+    return t.detach().to("cpu", copy=True).contiguous()
 
 
 def _autocast_dtype(t: torch.Tensor) -> str | None:
@@ -59,21 +60,6 @@ def _autocast_dtype(t: torch.Tensor) -> str | None:
         return str(torch.get_autocast_dtype(kind)).removeprefix("torch.")
     except RuntimeError:  # a device type autocast does not know
         return None
-
-
-def environment_fingerprint(device: str) -> dict[str, Any]:
-    """The plugins' environment fingerprint of ``device`` for a manifest ({} if one fails).
-
-    A recording is worth keeping even when a plugin cannot describe its
-    device, so a failure is logged rather than raised.
-    """
-    from precguard import plugins
-
-    try:
-        return plugins.fingerprint(device)
-    except Exception as exc:
-        logger.warning("fingerprint_failed", device=device, error=f"{type(exc).__name__}: {exc}")
-        return {}
 
 
 class CallFrame:
@@ -114,8 +100,14 @@ class Recording:
         fingerprint: dict[str, Any] | None = None,
         auto_step: bool = True,
         compute_dtype: str | None = None,
+        to_host: Callable[[torch.Tensor], torch.Tensor] = plain_host_copy,
+        fingerprint_of: Callable[[str], dict[str, Any]] | None = None,
     ) -> None:
         self.options = options or CaptureOptions()
+        #: copies a tensor to host memory before it is saved (the device's backend's job)
+        self.to_host = to_host
+        #: the environment fingerprint of a device, for facts learnt after opening
+        self.fingerprint_of = fingerprint_of
         self.rank, world_size = dist_rank_world()
         self.path: Path | None = None
         self.writer: RunWriter | None = None
@@ -182,8 +174,8 @@ class Recording:
             facts["dtype"] = dtype
         if "model" in missing and model is not None:
             facts["model"] = model
-        if "fingerprint" in missing:
-            facts["fingerprint"] = environment_fingerprint(
+        if "fingerprint" in missing and self.fingerprint_of is not None:
+            facts["fingerprint"] = self.fingerprint_of(
                 facts.get("device", self.writer.manifest.device)
             )
         if facts:
@@ -332,7 +324,7 @@ class Recording:
             self._seq += 1
             if keep:
                 with capture_scope():
-                    host = to_host(t)
+                    host = self.to_host(t)
                 self._tensors[key] = host
                 self._tensor_bytes += host.numel() * host.element_size()
             self._pending.append((rec, slot))
@@ -382,11 +374,11 @@ class Recording:
                 reason="watch-only mode (no out=): pass out= to save the origin's inputs",
             )
             return
-        base = self.path / f"rank{self.rank}"
+        base = rank_dir(self.path, self.rank)
         folder = base / f"nonfinite-step{self.step_index:06d}-{module.replace('/', '_')}"
         folder.mkdir(parents=True, exist_ok=True)
         with capture_scope():
-            tensors = {name: to_host(t) for name, t in inputs}
+            tensors = {name: self.to_host(t) for name, t in inputs}
         save_file(tensors, str(folder / "inputs.safetensors"))
         note = {
             "module": module,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,72 +20,14 @@ from torch import nn
 
 from precguard._logging import get_logger
 from precguard.backend import Backend
-from precguard.checks.base import CheckContext, Finding, NotApplicable, Status
+from precguard.checks.base import CheckContext, NotApplicable
+from precguard.devices import construct_model, dtype_name, parse_dtype, seed_everything
 from precguard.opcheck.measure import cast_floats, probe_compute_dtype, run_on_device
-from precguard.runner import construct_model, seed_everything
 from precguard.target import Target, call_model, move_batch
 
 logger = get_logger(__name__)
 
 On = Literal["device", "reference", "fp64"]
-
-
-def finding(
-    check_id: str,
-    status: Status,
-    summary: str,
-    evidence: dict[str, Any] | None = None,
-    remedy: str = "",
-) -> Finding:
-    """Build a :class:`Finding` with JSON-friendly evidence (floats rounded, tuples as lists).
-
-    A ``pass`` or ``skip`` finding carries no remedy: there is nothing to fix.
-    """
-    if status in ("pass", "skip"):
-        remedy = ""
-    return Finding(
-        id=check_id, status=status, summary=summary, evidence=_plain(evidence or {}), remedy=remedy
-    )
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set):
-        return [_plain(v) for v in value]
-    if isinstance(value, torch.Tensor):
-        return _plain(value.tolist()) if value.numel() <= 64 else f"tensor{list(value.shape)}"
-    if isinstance(value, float):
-        if math.isfinite(value) and value != 0.0:
-            return float(f"{value:.4g}")
-        return value
-    if isinstance(value, torch.dtype):
-        return str(value).removeprefix("torch.")
-    return value
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.float16`` -> ``float16``."""
-    return str(dtype).removeprefix("torch.")
-
-
-def tensor_hash(tensor: torch.Tensor) -> str:
-    """A short content hash of a tensor (dtype, shape and bytes)."""
-    t = tensor.detach().to("cpu").contiguous()
-    h = hashlib.sha256(f"{t.dtype}{list(t.shape)}".encode())
-    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()[:16]
-
-
-def value_hash(value: Any) -> str:
-    """Hash every tensor and plain value in a nested batch (dict/tuple/list/tensor)."""
-    h = hashlib.sha256()
-    for path, leaf in flatten(value):
-        h.update(path.encode())
-        h.update(
-            tensor_hash(leaf).encode() if isinstance(leaf, torch.Tensor) else repr(leaf).encode()
-        )
-    return h.hexdigest()[:16]
 
 
 def flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
@@ -146,8 +87,6 @@ class Lab:
     def __init__(self, ctx: CheckContext) -> None:
         if ctx.target is None:
             raise NotApplicable("no target given")
-        from precguard.runner import parse_dtype
-
         self.ctx = ctx
         self.target: Target = ctx.target
         self.device: Backend = ctx.backend()

@@ -18,16 +18,10 @@ from typing import Any
 
 import torch
 
-from precguard.checks._lab import (
-    Lab,
-    NotApplicable,
-    declared_loss_scale,
-    dtype_name,
-    finding,
-    lab,
-)
+from precguard.checks._lab import Lab, declared_loss_scale, lab
 from precguard.checks._trace import watch_ops
-from precguard.checks.base import Check, CheckContext, Finding
+from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
+from precguard.devices import dtype_name
 
 #: ops that lose accuracy when run below fp32 (what autocast keeps in fp32 on CUDA)
 SENSITIVE_OPS = {

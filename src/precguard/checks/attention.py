@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from precguard._logging import get_logger
-from precguard.checks._lab import Lab, NotApplicable, finding, lab, logits_of, rel_error
+from precguard.checks._lab import Lab, lab, logits_of, rel_error
 from precguard.checks._trace import watch_ops
-from precguard.checks.base import Check, CheckContext, Finding
+from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
 from precguard.oracle import run_in_fp64
 from precguard.target import call_model
 

@@ -7,11 +7,13 @@ built-in ones the same way as a vendor plugin's. A check is a function
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
@@ -79,9 +81,49 @@ class Finding(BaseModel):
         return self.id.split(".", 1)[0]
 
 
+def finding(
+    check_id: str,
+    status: Status,
+    summary: str,
+    evidence: dict[str, Any] | None = None,
+    remedy: str = "",
+) -> Finding:
+    """Build a :class:`Finding` with JSON-friendly evidence (floats rounded, tuples as lists).
+
+    A ``pass`` or ``skip`` finding carries no remedy: there is nothing to fix.
+    """
+    if status in ("pass", "skip"):
+        remedy = ""
+    return Finding(
+        id=check_id, status=status, summary=summary, evidence=_plain(evidence or {}), remedy=remedy
+    )
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set):
+        return [_plain(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return _plain(value.tolist()) if value.numel() <= 64 else f"tensor{list(value.shape)}"
+    if isinstance(value, float):
+        if math.isfinite(value) and value != 0.0:
+            return float(f"{value:.4g}")
+        return value
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    return value
+
+
 @dataclass
 class CheckContext:
-    """What a check runs against. The checklist runner builds it once per run."""
+    """What a check runs against. The checklist runner builds it once per run.
+
+    ``backends`` holds the resolved backend of ``device`` and of ``reference``
+    (the checklist resolves them, so a device that is unknown or unavailable
+    is refused before any check runs); checks reach them through
+    :meth:`backend`. Checks never resolve devices themselves.
+    """
 
     device: str
     reference: str = "cpu"
@@ -91,12 +133,24 @@ class CheckContext:
     #: dtype the model's parameters are cast to on the device under test
     #: (``float32`` by default: an ``emu:`` device or autocast lowers the compute dtype)
     dtype: str = "float32"
+    #: resolved backends by device string: ``device`` and ``reference``
+    backends: Mapping[str, Backend] = field(default_factory=dict)
 
     def backend(self, device: str | None = None) -> Backend:
-        """Return the usable backend for ``device`` (default: the device under test)."""
-        from precguard.runner import resolve_backend
+        """Return the resolved backend of ``device`` (default: the device under test).
 
-        return resolve_backend(device or self.device)
+        Only the context's own ``device`` and ``reference`` are resolved; asking
+        for another device, or building a context without ``backends`` and then
+        running a check that needs one, is a LookupError (the check errors).
+        """
+        wanted = device or self.device
+        backend = self.backends.get(wanted)
+        if backend is None:
+            raise LookupError(
+                f"no resolved backend for {wanted!r} in this check context "
+                f"(it has: {', '.join(sorted(self.backends)) or 'none'})"
+            )
+        return backend
 
 
 CheckFunc = Callable[..., "Finding | list[Finding]"]

@@ -15,30 +15,10 @@ from typing import Any
 import torch
 
 from precguard.checks import fingerprints
-from precguard.checks._lab import finding, flatten, lab, seed_everything, tensor_hash, value_hash
-from precguard.checks.base import Check, CheckContext, Finding
-
-_PAD_KEYS = ("attention_mask", "padding_mask")
-
-
-def sample_hashes(batch: Any) -> list[str]:
-    """One hash per sample of a batch (row i of every tensor leaf, for each i)."""
-    leaves = [(p, t) for p, t in flatten(batch) if isinstance(t, torch.Tensor) and t.dim() > 0]
-    if not leaves:
-        return []
-    n = min(t.shape[0] for _, t in leaves)
-    return ["".join(tensor_hash(t[i]) for _, t in leaves) for i in range(n)]
-
-
-def padding_hash(batch: Any) -> str:
-    """A hash of the batch's attention/padding masks, or '' when it has none."""
-    masks = [
-        t
-        for p, t in flatten(batch)
-        if isinstance(t, torch.Tensor) and any(k in p for k in _PAD_KEYS)
-    ]
-    return "".join(tensor_hash(m) for m in masks)
-
+from precguard.checks._lab import lab
+from precguard.checks.base import Check, CheckContext, Finding, finding
+from precguard.checks.fingerprints import padding_hash, sample_hashes, value_hash
+from precguard.devices import seed_everything
 
 _WHAT = {
     "order": "the same samples arrive in a different order",

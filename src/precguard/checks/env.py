@@ -11,8 +11,7 @@ from typing import Any
 
 import torch
 
-from precguard.checks._lab import finding
-from precguard.checks.base import Check, CheckContext, Finding
+from precguard.checks.base import Check, CheckContext, Finding, finding
 
 #: fingerprint keys whose difference matters even when the devices differ
 _ALWAYS_COMPARE = ("torch.version", "torch.float32_matmul_precision", "torch.default_dtype")

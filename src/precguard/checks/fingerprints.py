@@ -15,16 +15,89 @@ texts against it whenever ``--golden runs/golden`` is given.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from precguard.checks._lab import flatten
+from precguard.devices import resolve_backend, seed_everything
 from precguard.errors import DumpFormatError
 
 FILE_NAME = "fingerprints.json"
 SCHEMA_VERSION = 1
+
+SAMPLE_TEXTS: tuple[str, ...] = (
+    "The quick brown fox jumps over the lazy dog.",
+    "  leading and trailing spaces  ",
+    "Numbers 3.14159, 2**16 = 65536; tabs\tand\nnewlines.",
+    "中文分词测试：精度对齐。",
+    "def f(x):\n    return x ** 2  # code",
+)
+#: batch leaves whose path names one of these are masks (:func:`padding_hash`)
+_PAD_KEYS = ("attention_mask", "padding_mask")
+
+
+# -- what is hashed -------------------------------------------------------------------
+
+
+def tensor_hash(tensor: torch.Tensor) -> str:
+    """A short content hash of a tensor (dtype, shape and bytes)."""
+    t = tensor.detach().to("cpu").contiguous()
+    h = hashlib.sha256(f"{t.dtype}{list(t.shape)}".encode())
+    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+def value_hash(value: Any) -> str:
+    """Hash every tensor and plain value in a nested batch (dict/tuple/list/tensor)."""
+    h = hashlib.sha256()
+    for path, leaf in flatten(value):
+        h.update(path.encode())
+        h.update(
+            tensor_hash(leaf).encode() if isinstance(leaf, torch.Tensor) else repr(leaf).encode()
+        )
+    return h.hexdigest()[:16]
+
+
+def sample_hashes(batch: Any) -> list[str]:
+    """One hash per sample of a batch (row i of every tensor leaf, for each i)."""
+    leaves = [(p, t) for p, t in flatten(batch) if isinstance(t, torch.Tensor) and t.dim() > 0]
+    if not leaves:
+        return []
+    n = min(t.shape[0] for _, t in leaves)
+    return ["".join(tensor_hash(t[i]) for _, t in leaves) for i in range(n)]
+
+
+def padding_hash(batch: Any) -> str:
+    """A hash of the batch's attention/padding masks, or '' when it has none."""
+    masks = [
+        t
+        for p, t in flatten(batch)
+        if isinstance(t, torch.Tensor) and any(k in p for k in _PAD_KEYS)
+    ]
+    return "".join(tensor_hash(m) for m in masks)
+
+
+def encode(tok: Any, text: str, **kwargs: Any) -> list[int]:
+    """Token ids of ``text``, from a transformers tokenizer or a ``tokenizers`` one."""
+    ids = tok.encode(text, **kwargs)
+    if hasattr(ids, "ids"):  # a `tokenizers` Encoding
+        ids = ids.ids
+    if isinstance(ids, dict):
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+def special_ids(tok: Any) -> dict[str, int | None]:
+    """The bos/eos/pad/unk token ids of ``tok`` (None where it has none)."""
+    return {name: getattr(tok, f"{name}_token_id", None) for name in ("bos", "eos", "pad", "unk")}
+
+
+# -- the file ---------------------------------------------------------------------------
 
 
 class TokenizerFingerprint(BaseModel):
@@ -59,11 +132,6 @@ class Fingerprints(BaseModel):
 
 def take(target: Any, batches: int = 4) -> Fingerprints:
     """Fingerprint a target's first ``batches`` batches (seeded) and its tokenizer."""
-    from precguard.checks._lab import seed_everything, value_hash
-    from precguard.checks.data import padding_hash, sample_hashes
-    from precguard.checks.tokenizer import SAMPLE_TEXTS, encode, special_ids
-    from precguard.runner import resolve_backend
-
     seed_everything(resolve_backend("cpu"), target.seed)
     drawn = [target.batch(step) for step in range(batches)]
     tok_fp = None

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from precguard.checks._lab import Gradients, NotApplicable, finding, first_tensor, flatten, lab
-from precguard.checks.base import Check, CheckContext, Finding
+from precguard.checks._lab import Gradients, first_tensor, flatten, lab
+from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
 from precguard.target import call_model
 
 

@@ -1,6 +1,6 @@
 """``layerwise`` checks: record the device under test and compare it with the golden recording.
 
-The golden says what every layer *should* compute; :func:`precguard.compare`
+The golden says what every layer *should* compute; :func:`precguard.compare_runs`
 names the first layer that introduced error (not merely passed it on).
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import tempfile
 from typing import Any
 
-from precguard.checks._lab import NotApplicable, finding, lab
-from precguard.checks.base import Check, CheckContext, Finding
+from precguard.checks._lab import lab
+from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
 
 
 def first_divergence(ctx: CheckContext, profile: str = "default") -> Finding:
@@ -19,7 +19,7 @@ def first_divergence(ctx: CheckContext, profile: str = "default") -> Finding:
     if ctx.golden is None:
         raise NotApplicable("no golden recording given (--golden DIR)")
     try:
-        from precguard.compare import compare
+        from precguard.compare import compare_runs
     except ImportError as exc:  # compare is an optional part of some installs
         raise NotApplicable(f"precguard.compare is not available ({exc})") from exc
     from precguard.dump.reader import load_run
@@ -39,7 +39,7 @@ def first_divergence(ctx: CheckContext, profile: str = "default") -> Finding:
             tensors=options.get("tensors", False),
             overwrite=True,
         )
-        result = compare(ctx.golden, f"{tmp}/actual", profile=profile)
+        result = compare_runs(ctx.golden, f"{tmp}/actual", profile=profile)
     counts = result.counts.model_dump() if hasattr(result.counts, "model_dump") else result.counts
     evidence: dict[str, Any] = {
         "golden": str(ctx.golden),

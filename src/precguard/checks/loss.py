@@ -16,8 +16,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from precguard.checks._lab import Lab, NotApplicable, finding, flatten, lab, logits_of
-from precguard.checks.base import Check, CheckContext, Finding
+from precguard.checks._lab import Lab, flatten, lab, logits_of
+from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
 from precguard.oracle import map_tensors_keeping_types, run_in_fp64
 
 IGNORE_INDEX = -100

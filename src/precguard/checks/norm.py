@@ -17,17 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from precguard.checks._lab import (
-    NORM_TYPES,
-    Lab,
-    NotApplicable,
-    finding,
-    first_tensor,
-    lab,
-    rel_error,
-    run_module,
-)
-from precguard.checks.base import Check, CheckContext, Finding
+from precguard.checks._lab import NORM_TYPES, Lab, first_tensor, lab, rel_error, run_module
+from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
 from precguard.oracle import run_in_fp64
 
 _EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")

@@ -15,16 +15,8 @@ from typing import Any
 
 import torch
 
-from precguard.checks._lab import (
-    NotApplicable,
-    finding,
-    flatten,
-    is_custom,
-    lab,
-    rel_error,
-    run_module,
-)
-from precguard.checks.base import Check, CheckContext, Finding
+from precguard.checks._lab import flatten, is_custom, lab, rel_error, run_module
+from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
 from precguard.opcheck.measure import run_on_device
 from precguard.oracle import run_in_fp64
 

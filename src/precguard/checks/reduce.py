@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from precguard.checks._lab import finding, lab, logits_of, rel_error
-from precguard.checks.base import Check, CheckContext, Finding
+from precguard.checks._lab import lab, logits_of, rel_error
+from precguard.checks.base import Check, CheckContext, Finding, finding
 
 
 class ShuffledReduction(TorchFunctionMode):

@@ -17,8 +17,10 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from precguard.checks._lab import finding, first_tensor, lab, seed_everything, tensor_hash
-from precguard.checks.base import Check, CheckContext, Finding
+from precguard.checks._lab import first_tensor, lab
+from precguard.checks.base import Check, CheckContext, Finding, finding
+from precguard.checks.fingerprints import tensor_hash
+from precguard.devices import seed_everything
 
 _RANDOM_OPS = {
     "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like",

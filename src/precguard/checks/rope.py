@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from precguard.checks._lab import Lab, NotApplicable, finding, lab
+from precguard.checks._lab import Lab, lab
 from precguard.checks._rope_find import rope_by_behaviour, rotation_modules
-from precguard.checks.base import Check, CheckContext, Finding
+from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
 from precguard.opcheck import rotary
 from precguard.opcheck.measure import rope_allowed
 

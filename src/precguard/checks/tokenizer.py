@@ -9,16 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from precguard.checks._lab import NotApplicable, finding, lab
-from precguard.checks.base import Check, CheckContext, Finding
-
-SAMPLE_TEXTS: tuple[str, ...] = (
-    "The quick brown fox jumps over the lazy dog.",
-    "  leading and trailing spaces  ",
-    "Numbers 3.14159, 2**16 = 65536; tabs\tand\nnewlines.",
-    "中文分词测试：精度对齐。",
-    "def f(x):\n    return x ** 2  # code",
-)
+from precguard.checks import fingerprints
+from precguard.checks._lab import lab
+from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
+from precguard.checks.fingerprints import SAMPLE_TEXTS, encode, special_ids
 
 
 def _texts(ctx: CheckContext) -> list[str]:
@@ -26,24 +20,11 @@ def _texts(ctx: CheckContext) -> list[str]:
     return list(target.texts) or list(SAMPLE_TEXTS)
 
 
-def encode(tok: Any, text: str, **kwargs: Any) -> list[int]:
-    ids = tok.encode(text, **kwargs)
-    if hasattr(ids, "ids"):  # a `tokenizers` Encoding
-        ids = ids.ids
-    if isinstance(ids, dict):
-        ids = ids["input_ids"]
-    return [int(i) for i in ids]
-
-
 def _decode(tok: Any, ids: list[int]) -> str:
     try:
         return str(tok.decode(ids, skip_special_tokens=True))
     except TypeError:
         return str(tok.decode(ids))
-
-
-def special_ids(tok: Any) -> dict[str, int | None]:
-    return {name: getattr(tok, f"{name}_token_id", None) for name in ("bos", "eos", "pad", "unk")}
 
 
 def round_trip(ctx: CheckContext) -> Finding:
@@ -181,8 +162,6 @@ def vocab_range(ctx: CheckContext) -> Finding:
 
 def matches_golden(ctx: CheckContext) -> Finding:
     """Token ids of the golden's texts and the special tokens equal the golden's fingerprints."""
-    from precguard.checks import fingerprints
-
     cid = "tokenizer.matches_golden"
     if ctx.golden is None:
         raise NotApplicable("no golden recording given (--golden DIR)")

@@ -123,7 +123,7 @@ def compare(
     from rich.console import Console
     from rich.progress import Progress
 
-    from precguard.compare import compare as run_compare
+    from precguard.compare import compare_runs as run_compare
     from precguard.compare.render import render
     from precguard.errors import UsageError
 

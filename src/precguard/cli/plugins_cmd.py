@@ -61,7 +61,7 @@ def env(
     why the device is unavailable). The same facts go into each recording's manifest.
     """
     from precguard import plugins as plugin_manager
-    from precguard.runner import find_backend
+    from precguard.devices import find_backend
 
     backend = find_backend(device)
     usable, reason = backend.availability()

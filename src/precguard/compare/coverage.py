@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 from rich.text import Text
 
+from precguard.dump.paths import RECORDS_FILE, rank_dir
 from precguard.dump.reader import Run
 from precguard.dump.schema import Record
 from precguard.errors import PrecguardError
@@ -127,8 +128,8 @@ def _same_records(golden: Run, actual: Run) -> bool:
     """
     if golden.ranks != actual.ranks:
         return False
-    files = [(golden.path / f"rank{r}", actual.path / f"rank{r}") for r in golden.ranks]
-    pairs = [(g / "records.jsonl", a / "records.jsonl") for g, a in files]
+    files = [(rank_dir(golden.path, r), rank_dir(actual.path, r)) for r in golden.ranks]
+    pairs = [(g / RECORDS_FILE, a / RECORDS_FILE) for g, a in files]
     if any(g.stat().st_size != a.stat().st_size for g, a in pairs):
         return False
     return all(_digest(g) == _digest(a) for g, a in pairs)
@@ -175,7 +176,7 @@ def last_step(run: Run, rank: int) -> int | None:
     the rank recorded without reading the whole file; a line cut short by a
     kill is skipped.
     """
-    path = run.path / f"rank{rank}" / "records.jsonl"
+    path = rank_dir(run.path, rank) / RECORDS_FILE
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
@@ -195,7 +196,7 @@ def last_step(run: Run, rank: int) -> int | None:
 
 
 class CoverageTracker:
-    """Keeps the account while :func:`precguard.compare.compare` walks the steps.
+    """Keeps the account while :func:`precguard.compare_runs` walks the steps.
 
     Call :meth:`pair` with each step both sides recorded (it returns the
     records to align: those of the phases both sides have in that step), then

@@ -87,12 +87,7 @@ class Candidate:
         r = self.result
         assert r.metrics is not None
         return FirstDivergence(
-            key=r.key,
-            module=r.module,
-            module_type=r.module_type,
-            step=r.step,
-            rank=r.rank,
-            phase=r.phase,
+            **r.identity_fields(),
             metrics=r.metrics,
             local=self.local,
             amplification=self.amplification,
@@ -108,12 +103,7 @@ class Candidate:
         r = self.result
         assert r.metrics is not None
         return Suspect(
-            module=r.module,
-            module_type=r.module_type,
-            key=r.key,
-            step=r.step,
-            rank=r.rank,
-            phase=r.phase,
+            **r.identity_fields(),
             amplification=self.amplification,
             error=r.metrics.error,
             expected_error=self.expected_error,
@@ -147,14 +137,23 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
-#: record key -> (local, amplification, expected error) for every failing produced record
-#: and parameter
-Classification = dict[str, tuple[bool | None, float | None, float | None]]
+@dataclass(frozen=True)
+class Decision:
+    """The local/propagated decision on one failing produced record or parameter."""
+
+    local: bool | None
+    amplification: float | None
+    expected_error: float | None
 
 
-def _call_index(r: RecordResult) -> int:
-    parts = r.key.rsplit(".", 4)
-    return int(parts[1]) if len(parts) == 5 and parts[1].isdigit() else 0
+@dataclass
+class StepClassification:
+    """What :func:`classify_step` found in one rank and step."""
+
+    #: module calls that introduced error, in execution order, explained ones dropped
+    candidates: list[Candidate]
+    #: record key -> the decision on every failing produced record and parameter
+    decisions: dict[str, Decision]
 
 
 def _calls(results: list[RecordResult]) -> list[_Call]:
@@ -164,7 +163,7 @@ def _calls(results: list[RecordResult]) -> list[_Call]:
     for r in results:
         if r.metrics is None:
             continue
-        key = (r.module, _call_index(r))
+        key = (r.module, r.call)
         if r.phase == "forward":
             call = forward.setdefault(key, _Call(r.module, r.module_type, "forward"))
             if r.role == "output":
@@ -187,15 +186,14 @@ def _calls(results: list[RecordResult]) -> list[_Call]:
     return [*forward.values(), *backward.values()]
 
 
-def step_candidates(
-    results: list[RecordResult], profile: Profile, classified: Classification | None = None
-) -> list[Candidate]:
-    """Local candidates of one rank and step, in execution order (see the module doc).
+def classify_step(results: list[RecordResult], profile: Profile) -> StepClassification:
+    """Classify one rank and step: its local candidates and a decision per failing record.
 
-    ``classified``, if given, receives the local/propagated decision, the
-    amplification and the expected error of every failing produced record and parameter.
+    The candidates are in execution order (see the module doc); the decisions
+    say, for every failing produced record and parameter, whether its module
+    made the error itself, the amplification and the expected error.
     """
-    classified = {} if classified is None else classified
+    decisions: dict[str, Decision] = {}
     forward = [r for r in results if r.phase == "forward" and r.metrics is not None]
     found: list[Candidate] = []
     # gradients w.r.t. module inputs are recorded for the whole run or not at all; a module
@@ -204,7 +202,8 @@ def step_candidates(
     for call in _calls(results):
         bad_params = [p for p in call.params if p.status in _BAD]
         for p in bad_params:
-            classified[p.key] = (True, None, rounding_floor(p.metrics.dtype) if p.metrics else None)
+            floor = rounding_floor(p.metrics.dtype) if p.metrics else None
+            decisions[p.key] = Decision(True, None, floor)
         for p in bad_params[:1]:
             found.append(_param_candidate(call, p))
         bad = [o for o in call.produced if o.status in _BAD]
@@ -212,11 +211,14 @@ def step_candidates(
             continue
         if call.phase == "backward" and not (input_grads and call.has_output_grads):
             for o in bad:  # without input or output gradients the consumed side is incomplete
-                classified[o.key] = (None, None, None)
+                decisions[o.key] = Decision(None, None, None)
             continue
-        found.extend(_classify(call, bad, profile, classified, forward))
+        candidate, decision = _classify(call, bad, profile, forward)
+        decisions.update(dict.fromkeys((o.key for o in bad), decision))
+        if candidate is not None:
+            found.append(candidate)
     found.sort(key=lambda c: c.order)
-    return _drop_explained(found)
+    return StepClassification(_drop_explained(found), decisions)
 
 
 def _param_candidate(call: _Call, p: RecordResult) -> Candidate:
@@ -244,12 +246,9 @@ def _param_candidate(call: _Call, p: RecordResult) -> Candidate:
 
 
 def _classify(
-    call: _Call,
-    bad: list[RecordResult],
-    profile: Profile,
-    classified: Classification,
-    forward: list[RecordResult],
-) -> list[Candidate]:
+    call: _Call, bad: list[RecordResult], profile: Profile, forward: list[RecordResult]
+) -> tuple[Candidate | None, Decision]:
+    """Whether ``call``, whose produced records ``bad`` fail, made the error itself."""
     first = bad[0]
     tol_dtype = first.metrics.dtype if first.metrics else "float32"
     in_err = max((_err(r) for r in call.consumed), default=0.0)
@@ -260,13 +259,12 @@ def _classify(
     reason = _local_reason(call, first, in_err, out_err, expected, amp, profile)
     if reason is None:
         reason = _bias_reason(call, bad, profile)
-    for o in bad:
-        classified[o.key] = (reason is not None, amp, expected)
+    decision = Decision(reason is not None, amp, expected)
     if reason is None:
-        return []
+        return None, decision
     if call.phase == "forward":
         reason += _glue_note(call, first, forward)
-    return [Candidate(first, True, amp, in_err, reason, expected)]
+    return Candidate(first, True, amp, in_err, reason, expected), decision
 
 
 def _local_reason(

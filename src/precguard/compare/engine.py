@@ -1,4 +1,4 @@
-"""``precguard.compare``: stream two recordings, pair their records, judge, localize.
+"""``precguard.compare_runs``: stream two recordings, pair their records, judge, localize.
 
 Records are read one step at a time from both recordings (``records.jsonl``
 is written in step order), so memory holds one step's metadata and one pair
@@ -24,10 +24,10 @@ from precguard.compare.align import (
 from precguard.compare.coverage import CoverageTracker, ensure_distinct, incomplete_note
 from precguard.compare.divergence import (
     Candidate,
-    Classification,
+    Decision,
+    classify_step,
     fallback,
     rank_suspects,
-    step_candidates,
 )
 from precguard.compare.metrics import (
     TOLERANCE_MODES,
@@ -46,10 +46,11 @@ from precguard.compare.report import (
     Status,
     Unmatched,
 )
-from precguard.compare.tensors import TensorStore
 from precguard.compare.tolerance import Profile, get_profile, judge, with_bias
+from precguard.dump.paths import RECORDS_FILE, rank_dir
 from precguard.dump.reader import Run, load_run
 from precguard.dump.schema import Record
+from precguard.dump.tensors import TensorStore
 from precguard.errors import DumpFormatError, PrecguardError, UsageError
 from precguard.interop.msprobe.names import API_NAMESPACE
 from precguard.text import shown
@@ -72,7 +73,7 @@ class IncomparableRunsError(PrecguardError):
     """The two recordings are not of the same model (or share no rank or step)."""
 
 
-def compare(
+def compare_runs(
     golden: str | os.PathLike[str] | Run,
     actual: str | os.PathLike[str] | Run,
     *,
@@ -112,7 +113,7 @@ def compare(
     :raises IncomparableRunsError: the recordings are of different models.
     :raises DumpFormatError: a recording is missing, corrupt or of a newer schema.
 
-    >>> result = precguard.compare("runs/cpu", "runs/npu")      # doctest: +SKIP
+    >>> result = precguard.compare_runs("runs/cpu", "runs/npu")      # doctest: +SKIP
     >>> result.verdict, result.first_divergence.module          # doctest: +SKIP
     ('diverged', 'model.layers.3.mlp')
     """
@@ -125,7 +126,7 @@ def compare(
             raise UsageError("--rank cannot be used with --layout (the ranks are gathered)")
         views = LayoutViews(g_run, a_run, layout)
         try:
-            result = compare(
+            result = compare_runs(
                 views.golden, views.actual, profile=profile, rtol=rtol, atol=atol, step=step,
                 suspects=suspects, tolerance_dtype=tolerance_dtype, on_step=on_step,
                 rename=rename,
@@ -166,9 +167,9 @@ def compare(
                 step_results = _compare_step(
                     g_recs, a_recs, g_store, a_store, prof, tolerance_dtype, computes, renamer
                 )
-                classified: Classification = {}
-                found = step_candidates(step_results.results, prof, classified)
-                results.extend(_annotate(step_results.results, classified))
+                classified = classify_step(step_results.results, prof)
+                found = classified.candidates
+                results.extend(_annotate(step_results.results, classified.decisions))
                 golden_only.extend(step_results.golden_only)
                 actual_only.extend(step_results.actual_only)
                 candidates.extend(found)
@@ -403,15 +404,18 @@ def _compare_step(
     return out
 
 
-def _annotate(results: list[RecordResult], classified: Classification) -> list[RecordResult]:
+def _annotate(results: list[RecordResult], decisions: dict[str, Decision]) -> list[RecordResult]:
     """Copy the local/propagated decision onto the failing records it was made for."""
     out = []
     for r in results:
-        decision = classified.get(r.key) if r.status in ("fail", "nonfinite") else None
+        decision = decisions.get(r.key) if r.status in ("fail", "nonfinite") else None
         if decision is not None:
-            local, amplification, expected = decision
             r = r.model_copy(
-                update={"local": local, "amplification": amplification, "expected_error": expected}
+                update={
+                    "local": decision.local,
+                    "amplification": decision.amplification,
+                    "expected_error": decision.expected_error,
+                }
             )
         out.append(r)
     return out
@@ -423,6 +427,8 @@ def _result(g: Record, a: Record | None, status: Status, metrics: Metrics | None
         actual_key=a.key if a is not None and a.key != g.key else None,
         module=g.module,
         module_type=g.module_type,
+        call=g.call,
+        index=g.index,
         golden_dtype=g.dtype,
         actual_dtype=a.dtype if a is not None else None,
         shape=list(g.shape),
@@ -455,7 +461,7 @@ def pair_metrics(
     dtype = tolerance_dtype(g_prec, a_prec, tol_mode)
     if g.role == "param" and g.shape != a.shape:
         raise IncomparableRunsError(
-            f"{a_store.root / f'rank{a.rank}' / 'records.jsonl'}: a recording of a different "
+            f"{rank_dir(a_store.root, a.rank) / RECORDS_FILE}: a recording of a different "
             f"model: parameter {g.key} ({g.name}) has shape {a.shape}, golden {g.shape}"
             + _shard_hint(g.shape, a.shape)
         )

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from precguard.compare.coverage import Coverage
+from precguard.dump.schema import Phase, Role
 
 COMPARISON_SCHEMA_VERSION = 1
 
@@ -94,26 +95,49 @@ class Metrics(BaseModel):
     note: str | None = Field(default=None, description="Why the level is weaker, if it is.")
 
 
-class RecordResult(BaseModel):
-    """One aligned pair (or an unmatched record) and its status."""
+class RecordIdentity(BaseModel):
+    """Which record a result is about: the fields of its key, and where it was captured.
+
+    :class:`RecordResult`, :class:`FirstDivergence` and :class:`Suspect` all
+    are one (they extend it), so a record's identity is written once and read
+    the same way everywhere; in JSON its fields stay flat beside the others.
+    """
 
     model_config = _FROZEN
 
-    key: str = Field(description="Golden record key (actual's key if golden has none).")
+    key: str = Field(
+        description="Record key, {module}.{call}.{phase}.{role}.{index} (the golden's; the "
+        "actual's when golden has no counterpart)."
+    )
+    module: str = Field(description="Qualified module name ('root' for the root module).")
+    module_type: str = Field(description="Module class name ('function' for functions).")
+    call: int = Field(description="0-based call of the module within the step.")
+    step: int = Field(description="Step.")
+    rank: int = Field(description="Rank.")
+    phase: Phase = Field(description="forward or backward.")
+    role: Role = Field(description="input, output, param or grad (see docs/recording.md).")
+    index: int = Field(description="Position among the tensors of that role.")
+
+    def identity(self) -> RecordIdentity:
+        """Just the identity fields, as a :class:`RecordIdentity` of its own."""
+        return RecordIdentity(**self.identity_fields())
+
+    def identity_fields(self) -> dict[str, Any]:
+        """The identity fields by name, to build another report model about the same record."""
+        return {name: getattr(self, name) for name in RecordIdentity.model_fields}
+
+
+class RecordResult(RecordIdentity):
+    """One aligned pair (or an unmatched record) and its status."""
+
     actual_key: str | None = Field(
         default=None, description="Actual record key when it differs (aligned by order)."
     )
-    module: str = Field(description="Qualified module name.")
-    module_type: str = Field(description="Module class name.")
     golden_dtype: str = Field(
         description="dtype of the golden tensor (of the only side if unmatched)."
     )
     actual_dtype: str | None = Field(default=None, description="dtype of the actual tensor.")
     shape: list[int] = Field(description="Golden shape.")
-    phase: str = Field(description="forward or backward.")
-    role: str = Field(description="input, output, param or grad.")
-    step: int = Field(description="Step.")
-    rank: int = Field(description="Rank.")
     seq: int = Field(description="Golden capture order (execution order).")
     status: Status = Field(description="pass, fail, missing (no counterpart) or nonfinite.")
     metrics: Metrics | None = Field(default=None, description="None when missing.")
@@ -134,17 +158,9 @@ class RecordResult(BaseModel):
     )
 
 
-class FirstDivergence(BaseModel):
-    """Where the error was first introduced."""
+class FirstDivergence(RecordIdentity):
+    """Where the error was first introduced: the record that shows it (an output or a param)."""
 
-    model_config = _FROZEN
-
-    key: str = Field(description="Record that shows the introduction (output or param).")
-    module: str = Field(description="Module that introduced the error.")
-    module_type: str = Field(description="Its class name.")
-    step: int = Field(description="Step.")
-    rank: int = Field(description="Rank.")
-    phase: str = Field(description="forward or backward.")
     metrics: Metrics = Field(description="Metrics of that record.")
     local: bool | None = Field(
         description="True: this module made the error itself (inputs within tolerance, or "
@@ -174,17 +190,10 @@ class FirstDivergence(BaseModel):
     reason: str = Field(description="One sentence saying why this module was named.")
 
 
-class Suspect(BaseModel):
-    """Another module call that made error on its own, ranked by amplification."""
+class Suspect(RecordIdentity):
+    """Another module call that made error on its own (its failing output or param record),
+    ranked by amplification."""
 
-    model_config = _FROZEN
-
-    module: str = Field(description="Module name.")
-    module_type: str = Field(description="Class name.")
-    key: str = Field(description="Its failing output (or param) record.")
-    step: int = Field(description="Step.")
-    rank: int = Field(description="Rank.")
-    phase: str = Field(default="forward", description="forward or backward.")
     amplification: float | None = Field(description="Output / input error (None for params).")
     error: float = Field(description="Output error.")
     expected_error: float | None = Field(

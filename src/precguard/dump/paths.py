@@ -24,8 +24,26 @@ from precguard.text import shown
 #: a rank folder: ``rank`` and the rank in ASCII digits, without leading zeros
 RANK_DIR = re.compile(r"rank(0|[1-9][0-9]{0,8})", re.ASCII)
 
+#: the records file of each rank folder
+RECORDS_FILE = "records.jsonl"
+#: the run's manifest, at the top of the recording
+MANIFEST_FILE = "manifest.json"
+
 #: longest name accepted for one path component (most file systems allow 255 bytes)
 MAX_COMPONENT_BYTES = 255
+
+
+def rank_dir_name(rank: int) -> str:
+    """The folder of ``rank``'s part of a recording, relative to the run: ``rank3``.
+
+    The one place the name is spelled; :func:`rank_of` reads it back.
+    """
+    return f"rank{rank}"
+
+
+def rank_dir(run: str | os.PathLike[str], rank: int) -> Path:
+    """``RUN/rank{R}``: where ``rank`` writes its records, tensors and vendor state."""
+    return Path(run) / rank_dir_name(rank)
 
 
 def rank_of(name: str) -> int | None:

@@ -23,8 +23,9 @@ from pydantic import ValidationError
 from pydantic_core import from_json
 
 from precguard._logging import get_logger
-from precguard.dump.paths import rank_of, resolve_member
+from precguard.dump.paths import RECORDS_FILE, rank_dir, rank_dir_name, rank_of, resolve_member
 from precguard.dump.schema import SCHEMA_VERSION, Manifest, Record
+from precguard.dump.tensors import TensorStore
 from precguard.errors import DumpFormatError
 from precguard.text import shown
 
@@ -84,7 +85,6 @@ class Run:
             self.manifest = Manifest.model_validate(raw)
         except ValidationError as exc:
             raise DumpFormatError(f"{shown_path}: {first_error(exc)}") from exc
-        self._open_files: dict[Path, tuple[Any, set[str]]] = {}
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r}, device={self.manifest.device!r})"
@@ -108,7 +108,9 @@ class Run:
             rank = rank_of(name)
             if rank is None:
                 continue
-            records = resolve_member(self.path, f"{name}/records.jsonl", what=f"rank folder {name}")
+            records = resolve_member(
+                self.path, f"{name}/{RECORDS_FILE}", what=f"rank folder {name}"
+            )
             if records.is_file():
                 found.append(rank)
         return sorted(found)
@@ -125,8 +127,10 @@ class Run:
             yield from self._read_rank(r)
 
     def _read_rank(self, rank: int) -> Iterator[Record]:
-        shown_path = shown(self.path / f"rank{rank}" / "records.jsonl")
-        path = resolve_member(self.path, f"rank{rank}/records.jsonl", what=f"rank {rank}")
+        shown_path = shown(rank_dir(self.path, rank) / RECORDS_FILE)
+        path = resolve_member(
+            self.path, f"{rank_dir_name(rank)}/{RECORDS_FILE}", what=f"rank {rank}"
+        )
         if not path.is_file():
             raise DumpFormatError(f"{shown_path}: missing")
         checker = _Consistency(shown_path, rank)
@@ -163,35 +167,20 @@ class Run:
         checker.check_end(self.manifest)
 
     def tensor(self, record: Record) -> torch.Tensor:
-        """Load the full tensor saved for ``record`` (through the safetensors library).
+        """Load the full tensor saved for ``record``, as a tensor of its own.
 
-        The file is found with the recording's path rules, and the tensor's
-        dtype and shape must be the record's.
+        Read through the same store compare and replay use
+        (:class:`~precguard.dump.tensors.TensorStore`): the file is found with
+        the recording's path rules, its header is validated, and the tensor's
+        dtype and shape must be the record's. The result is a copy, so it stays
+        valid and writable after the run's files are closed.
         """
-        from safetensors import SafetensorError, safe_open
+        return self.tensors.tensor(record).clone()
 
-        fpath = tensor_path(self.path, record)
-        opened = self._open_files.get(fpath)
-        where = shown(self.path / f"rank{record.rank}" / record.tensor.file)  # type: ignore[union-attr]
-        try:
-            if opened is None:
-                if not fpath.is_file():
-                    raise DumpFormatError(f"{where}: missing (referenced by {shown(record.key)})")
-                handle = safe_open(str(fpath), framework="pt")
-                opened = self._open_files[fpath] = (handle, set(handle.keys()))
-            handle, names = opened
-            name = record.tensor.name  # type: ignore[union-attr]
-            if name not in names:
-                raise DumpFormatError(
-                    f"{where}: has no tensor {shown(name, 80)} (record {shown(record.key)})"
-                )
-            tensor = handle.get_tensor(name)
-        except SafetensorError as exc:
-            raise DumpFormatError(f"{where}: unreadable safetensors file ({shown(exc)})") from exc
-        except OSError as exc:
-            raise DumpFormatError(f"{where}: cannot read ({exc.strerror or exc})") from exc
-        check_tensor_matches(record, str(tensor.dtype).removeprefix("torch."), tensor.shape, where)
-        return tensor
+    @cached_property
+    def tensors(self) -> TensorStore:
+        """The run's tensor store: zero-copy, memory-mapped views of saved tensors."""
+        return TensorStore(self.path)
 
 
 def _line_problem(line: bytes, exc: ValidationError) -> str:
@@ -203,27 +192,6 @@ def _line_problem(line: bytes, exc: ValidationError) -> str:
     if exc.errors()[0]["type"].startswith("json"):
         return "expected a JSON object, got malformed JSON"
     return first_error(exc)
-
-
-def tensor_path(root: Path, record: Record) -> Path:
-    """The real path of ``record``'s tensor file, inside ``root/rank{R}/`` by the path rules."""
-    if record.tensor is None:
-        raise DumpFormatError(f"{shown(root)}: record {shown(record.key)} has no saved tensor")
-    if rank_of(f"rank{record.rank}") is None:
-        raise DumpFormatError(f"{shown(root)}: record {shown(record.key)}: bad rank {record.rank}")
-    return resolve_member(
-        root, f"rank{record.rank}/{record.tensor.file}", what=f"record {shown(record.key)}"
-    )
-
-
-def check_tensor_matches(record: Record, dtype: str, shape: Any, where: str) -> None:
-    """Refuse a saved tensor whose dtype or shape is not what ``record`` says."""
-    if dtype != record.dtype or list(shape) != list(record.shape):
-        raise DumpFormatError(
-            f"{where}: tensor of record {shown(record.key)} is {shown(dtype, 20)} "
-            f"{shown(list(shape), 60)}, the record says {shown(record.dtype, 20)} "
-            f"{shown(record.shape, 60)}"
-        )
 
 
 def check_schema_version(version: object, where: str) -> None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from precguard._logging import get_logger
+from precguard.dump.paths import rank_dir
 
 if TYPE_CHECKING:
     from precguard.backend import Backend
@@ -33,10 +33,10 @@ def record_vendor_state(
     written as ``{"step", "device", "error"}``: the recording goes on, and the
     failure stays in it as evidence.
     """
-    rank_dir = Path(run_dir) / f"rank{rank}"
+    folder = rank_dir(run_dir, rank)
     line: dict[str, Any] = {"step": step, "device": backend.device}
     try:
-        state = backend.vendor_state(step, rank_dir / "vendor" / backend.device_type)
+        state = backend.vendor_state(step, folder / "vendor" / backend.device_type)
     except Exception as exc:
         line["error"] = f"{type(backend).__name__}.vendor_state raised {type(exc).__name__}: {exc}"
         logger.error("vendor_state_failed", device=backend.device, step=step, cause=line["error"])
@@ -44,7 +44,7 @@ def record_vendor_state(
         if state is None:
             return None
         line["state"] = state
-    rank_dir.mkdir(parents=True, exist_ok=True)
-    with open(rank_dir / VENDOR_FILE, "a", encoding="utf-8") as fh:
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / VENDOR_FILE, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(line, default=str) + "\n")
     return line

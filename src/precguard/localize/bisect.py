@@ -45,9 +45,9 @@ from torch.utils._python_dispatch import _disable_current_modes
 from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.compare.tolerance import SIGNIFICAND_BITS, unit_roundoff
+from precguard.devices import construct_model, parse_dtype, resolve_backend
 from precguard.errors import PrecguardError, TargetError, UsageError
 from precguard.oracle import map_tensors_keeping_types
-from precguard.runner import construct_model, parse_dtype, resolve_backend
 from precguard.target import Target, call_model, load_target, move_batch, raised
 
 logger = get_logger(__name__)

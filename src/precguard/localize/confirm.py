@@ -31,7 +31,7 @@ def replay_suspects(result: Comparison, *, target: str, top: int = 3) -> Compari
     a decorated function, an error building the target) gets a note instead.
     Returns ``result`` with :attr:`Comparison.replays` filled in.
 
-    >>> checked = replay_suspects(precguard.compare(g, a), target="model.py")  # doctest: +SKIP
+    >>> checked = replay_suspects(precguard.compare_runs(g, a), target="model.py")  # doctest: +SKIP
     >>> [(r.module, r.verdict, r.local_error) for r in checked.replays]        # doctest: +SKIP
     [('model.layers.1.mlp.down_proj', 'diverged', 0.00099)]
     """

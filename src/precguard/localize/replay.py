@@ -23,10 +23,10 @@ from precguard.capture.flatten import named_tensors
 from precguard.compare.metrics import golden_rms, tensor_metrics
 from precguard.compare.render import format_cosine, format_number
 from precguard.compare.report import Metrics, Status
-from precguard.compare.tensors import TensorStore
 from precguard.compare.tolerance import Profile, get_profile, judge
 from precguard.dump.reader import Run, load_run
 from precguard.dump.schema import Record
+from precguard.dump.tensors import TensorStore
 from precguard.errors import DumpFormatError, PrecguardError, UsageError
 from precguard.text import shown
 
@@ -95,7 +95,7 @@ def replay_module(
     >>> r.verdict, r.local_error                                           # doctest: +SKIP
     ('diverged', 0.0031)
     """
-    from precguard.runner import build_model, parse_dtype, resolve_backend
+    from precguard.devices import build_model, parse_dtype, resolve_backend
     from precguard.target import load_target
 
     run = load_run(golden)

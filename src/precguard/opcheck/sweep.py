@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from precguard._logging import get_logger
+from precguard.devices import construct_model, parse_dtype, resolve_backend
 from precguard.errors import PrecguardError, TargetError, UsageError
 from precguard.opcheck import rotary
 from precguard.opcheck.builtin import BUILTIN_OPS, OpSpec, max_angle
@@ -32,7 +33,6 @@ from precguard.opcheck.measure import (
     run_on_device,
 )
 from precguard.oracle import map_tensors_keeping_types, run_in_fp64
-from precguard.runner import construct_model, parse_dtype, resolve_backend
 from precguard.target import Target, call_model, load_target, raised
 
 logger = get_logger(__name__)

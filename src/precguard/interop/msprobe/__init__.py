@@ -2,7 +2,7 @@
 
 >>> from precguard.interop.msprobe import import_msprobe, open_recording
 >>> import_msprobe("msprobe_dump", "runs/npu")                 # doctest: +SKIP
->>> precguard.compare("runs/cpu", open_recording("msprobe_dump"))  # doctest: +SKIP
+>>> precguard.compare_runs("runs/cpu", open_recording("msprobe_dump"))  # doctest: +SKIP
 
 See docs/msprobe.md for the mapping of msprobe's names and statistics.
 """

@@ -1,4 +1,7 @@
-"""Zero-copy, memory-mapped access to the tensors of a recording.
+"""Zero-copy, memory-mapped access to the tensors of a recording: the one tensor store.
+
+Compare, replay and :meth:`Run.tensor <precguard.dump.reader.Run.tensor>` all
+read saved tensors through :class:`TensorStore`.
 
 ``safe_open(...).get_tensor`` copies each tensor into fresh memory. Compare
 reads every tensor of two recordings once, in chunks, so it maps the file
@@ -29,7 +32,7 @@ from typing import Any, BinaryIO
 import torch
 from pydantic_core import from_json
 
-from precguard.dump.reader import check_tensor_matches, tensor_path
+from precguard.dump.paths import rank_dir, rank_dir_name, rank_of, resolve_member
 from precguard.dump.schema import Record
 from precguard.errors import DumpFormatError
 from precguard.text import shown
@@ -52,6 +55,29 @@ _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 
 #: ``release(first_element, end_element)``: the caller is done with those elements
 Release = Callable[[int, int], None]
+
+
+def tensor_path(root: Path, record: Record) -> Path:
+    """The real path of ``record``'s tensor file, inside ``root/rank{R}/`` by the path rules."""
+    if record.tensor is None:
+        raise DumpFormatError(f"{shown(root)}: record {shown(record.key)} has no saved tensor")
+    if rank_of(rank_dir_name(record.rank)) is None:
+        raise DumpFormatError(f"{shown(root)}: record {shown(record.key)}: bad rank {record.rank}")
+    return resolve_member(
+        root,
+        f"{rank_dir_name(record.rank)}/{record.tensor.file}",
+        what=f"record {shown(record.key)}",
+    )
+
+
+def check_tensor_matches(record: Record, dtype: str, shape: Any, where: str) -> None:
+    """Refuse a saved tensor whose dtype or shape is not what ``record`` says."""
+    if dtype != record.dtype or list(shape) != list(record.shape):
+        raise DumpFormatError(
+            f"{where}: tensor of record {shown(record.key)} is {shown(dtype, 20)} "
+            f"{shown(list(shape), 60)}, the record says {shown(record.dtype, 20)} "
+            f"{shown(record.shape, 60)}"
+        )
 
 
 class _MappedFile:
@@ -260,7 +286,7 @@ class TensorStore:
             path = self._paths[ref] = tensor_path(self.root, record)
         mapped = self._files.get(path)
         if mapped is None:
-            where = shown(self.root / f"rank{record.rank}" / record.tensor.file)
+            where = shown(rank_dir(self.root, record.rank) / record.tensor.file)
             if not path.is_file():
                 raise DumpFormatError(
                     f"{where}: missing (referenced by record {shown(record.key)})"
