@@ -13,6 +13,7 @@ from typing import Any, TypeVar, overload
 from torch import nn
 
 from precguard._logging import get_logger
+from precguard.capture import collectives
 from precguard.capture.flatten import named_tensors
 from precguard.capture.monitor import Monitor
 from precguard.capture.options import CaptureOptions, OnNonFinite
@@ -46,7 +47,7 @@ class MonitorHandle:
         self.recording = recording
         self._pushed = recording.writer is not None
         if self._pushed:
-            _ACTIVE.append(recording)
+            _open(recording)
 
     @property
     def path(self) -> os.PathLike[str] | None:
@@ -76,6 +77,12 @@ class MonitorHandle:
         self.remove(exc)
 
 
+def _open(recording: Recording) -> None:
+    """Make ``recording`` the innermost active one; collectives record into it from now on."""
+    _ACTIVE.append(recording)
+    collectives.install()
+
+
 def _close(
     recording: Recording, error: BaseException | None, *, check_patterns: bool = False
 ) -> None:
@@ -87,6 +94,7 @@ def _close(
     """
     if recording in _ACTIVE:
         _ACTIVE.remove(recording)
+        collectives.uninstall()
     state = _IN_RECORDING.pop(recording, None)
     if check_patterns:
         _warn_unmatched_patterns(recording.options, state.names if state is not None else ())
@@ -261,7 +269,7 @@ def record(
         auto_step=auto_step,
         compute_dtype=compute_dtype,
     )
-    _ACTIVE.append(recording)
+    _open(recording)
     try:
         yield RecordingHandle(recording)
     except BaseException as exc:
