@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "precguard.cli.compare",
     "precguard.cli.plugins_cmd",
     "precguard.cli.check",
+    "precguard.cli.ranks",
 )
 
 for _name in COMMAND_MODULES:
