@@ -86,6 +86,13 @@ def compare(
         help="With --replay: the target whose code ran on the actual's side (never taken "
         "from a recording implicitly).",
     ),
+    workers: int = typer.Option(
+        1,
+        "--workers",
+        "-w",
+        help="Processes comparing (rank, step) units in parallel; the result is the same "
+        "as with one. Across machines: torchrun ... -m precguard.compare (docs/distributed.md).",
+    ),
     allow_partial: bool = typer.Option(
         False,
         "--allow-partial",
@@ -131,6 +138,7 @@ def compare(
             tolerance_dtype=tolerance_dtype,
             rename=rename,
             on_step=lambda r, s: bar.update(task, advance=1, description=f"rank {r} step {s}"),
+            workers=workers,
         )
     if replay:
         from precguard.localize.confirm import replay_suspects
