@@ -5,9 +5,9 @@ results put back together in (rank, step) order by
 :func:`~precguard.compare.engine.merge_shards`, which makes the result the same
 JSON whatever the number of processes:
 
-* ``compare(..., workers=N)`` / ``precguard compare --workers N``: N processes
-  on this machine (``fork`` where available, else ``spawn``), each rebuilding
-  the comparison plan from its plain arguments;
+* ``compare(..., workers=N)`` / ``precguard compare --workers N``: this process
+  and N-1 more on this machine (``fork`` where available, else ``spawn``), each
+  rebuilding the comparison plan from its plain arguments;
 * ``torchrun --nnodes ... -m precguard.compare GOLDEN ACTUAL ...``: every process
   of the job takes a share, sends it to rank 0 with ``gather_object`` and rank 0
   merges and prints (see :mod:`precguard.compare.__main__`).
@@ -207,7 +207,7 @@ def shard_json(arguments: dict[str, Any], me: int, count: int) -> str:
         payload = to_payload(compare_shard(plan, owns_fn(plan, me, count)))
     except PrecguardError as exc:
         payload = ShardPayload(error=type(exc).__name__, message=str(exc))
-    return payload.model_dump_json()
+    return payload.model_dump_json(exclude_defaults=True)
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -224,9 +224,11 @@ def compare_shards(
     if workers == 1:
         return [compare_shard(plan, lambda _r, _s: True, on_unit=on_step)]
     workers = min(workers, max(1, os.cpu_count() or 1) * 4)
-    shards: list[ShardResult] = []
-    with ProcessPoolExecutor(max_workers=workers, mp_context=_context()) as pool:
-        futures = [pool.submit(shard_json, plan.arguments, me, workers) for me in range(workers)]
+    # this process compares share 0 itself while the others run: one process fewer to
+    # start, and one share less to send and parse
+    with ProcessPoolExecutor(max_workers=workers - 1, mp_context=_context()) as pool:
+        futures = [pool.submit(shard_json, plan.arguments, me, workers) for me in range(1, workers)]
+        shards = [compare_shard(plan, owns_fn(plan, 0, workers), on_unit=on_step)]
         for future in futures:
             shard = from_payload(ShardPayload.model_validate_json(future.result()))
             if on_step is not None:
@@ -274,7 +276,7 @@ def compare_in_job(
     else:
         failure = None
     gathered: list[Any] | None = [None] * count if me == 0 else None
-    dist.gather_object(payload.model_dump_json(), gathered, dst=0)
+    dist.gather_object(payload.model_dump_json(exclude_defaults=True), gathered, dst=0)
     if me != 0:
         raise ShareSent
     if failure is not None:
