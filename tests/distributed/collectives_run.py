@@ -61,34 +61,44 @@ class Net(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.poison(self.mlp(x))
-        total = h.sum(dim=0, keepdim=True)
+        total = h.detach().sum(dim=0, keepdim=True)
         dist.all_reduce(total)  # a statistic every rank shares (as a loss scale would be)
         return h - total / (dist.get_world_size() * h.shape[0])
+
+
+def train_step(net: nn.Module, opt: torch.optim.Optimizer, scenario: str, step: int) -> None:
+    rank = dist.get_rank()
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(100 * rank + step))
+    net(x).square().mean().backward()
+    if scenario != "drift":
+        for p in net.parameters():
+            work = dist.all_reduce(p.grad, async_op=True)  # as overlapping code would
+            work.wait()
+            p.grad /= dist.get_world_size()
+    elif rank == 1:
+        net.module.mlp.down.weight.grad.mul_(1.001)
+    opt.step()
+    opt.zero_grad()
+
+
+def build(scenario: str) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    net: nn.Module = Net(1 if scenario == "nan" else None)
+    if scenario == "drift":
+        net = nn.parallel.DistributedDataParallel(net)
+    return net, torch.optim.SGD(net.parameters(), lr=0.1)
 
 
 def main() -> None:
     out, scenario = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    torch.manual_seed(0)
-    net: nn.Module = Net(1 if scenario == "nan" else None)
-    if scenario == "drift":
-        net = nn.parallel.DistributedDataParallel(net)
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    net, opt = build(scenario)
     original = dist.all_reduce
     try:
         with precguard.monitor(net, out=out, params="every_step") as mon:
             for step in range(2):
-                x = torch.randn(4, 8, generator=torch.Generator().manual_seed(100 * rank + step))
-                net(x).square().mean().backward()
-                if scenario != "drift":
-                    for p in net.parameters():
-                        dist.all_reduce(p.grad)
-                        p.grad /= dist.get_world_size()
-                elif rank == 1:
-                    net.module.mlp.down.weight.grad.mul_(1.001)
-                opt.step()
-                opt.zero_grad()
+                train_step(net, opt, scenario, step)
                 mon.step()
             if scenario == "die" and rank == 1:
                 dist.barrier()  # rank 0 has closed its recording
@@ -98,7 +108,15 @@ def main() -> None:
         sys.exit(exc.exit_code)
     if scenario == "die":
         dist.barrier()
-    assert dist.all_reduce is original, "a collective stayed patched after the recording"
+    if dist.all_reduce is not original:
+        sys.exit("a collective stayed patched after the recording")
+    # the same training without precguard: every parameter bit for bit the same (NaN too)
+    plain, plain_opt = build(scenario)
+    for step in range(2):
+        train_step(plain, plain_opt, scenario, step)
+    for (name, a), b in zip(net.named_parameters(), plain.parameters(), strict=True):
+        if not torch.equal(a.detach().view(torch.int32), b.detach().view(torch.int32)):
+            sys.exit(f"recording changed what the model computes: {name}")
     dist.destroy_process_group()
 
 

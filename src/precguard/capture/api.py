@@ -114,6 +114,7 @@ def monitor(
     input_grads: bool = True,
     on_nonfinite: str = "record",
     params: str = "first_step",
+    collectives: bool = True,
     overwrite: bool = False,
     device: str | None = None,
     target: str | None = None,
@@ -133,6 +134,8 @@ def monitor(
     :param on_nonfinite: ``"record"``, ``"save"`` (write the origin's inputs)
         or ``"raise"`` (:class:`~precguard.errors.NonFiniteError` at the origin).
     :param params: parameter statistics at ``"first_step"``, ``"every_step"`` or ``"never"``.
+    :param collectives: record torch.distributed collectives called while the recording
+        is open as ``dist.<op>`` records (see docs/distributed.md).
     :param device: device string for the manifest (default: the model's device type).
     :param target: the target spec the run was made from, for the manifest.
     :param fingerprint: the environment fingerprint for the manifest (default:
@@ -157,6 +160,7 @@ def monitor(
         input_grads=input_grads,
         on_nonfinite=on_nonfinite,
         params=params,
+        collectives=collectives,
     )
     if device is None:
         first = next(itertools.chain(model.parameters(), model.buffers()), None)
@@ -235,6 +239,7 @@ def record(
     input_grads: bool = True,
     on_nonfinite: str = "record",
     params: str = "first_step",
+    collectives: bool = True,
     overwrite: bool = False,
     device: str | None = None,
     fingerprint: dict[str, Any] | None = None,
@@ -259,6 +264,7 @@ def record(
         input_grads=input_grads,
         on_nonfinite=on_nonfinite,
         params=params,
+        collectives=collectives,
     )
     recording = Recording(
         out,
