@@ -119,3 +119,15 @@ def test_collectives_off_records_none(one_rank, tmp_path):
 
 def test_outside_a_recording_a_collective_is_the_original_function(one_rank):
     assert getattr(dist.all_reduce, "__precguard_original__", None) is None
+
+
+def test_a_run_with_collectives_compares_with_a_golden_without(one_rank, tmp_path):
+    torch.manual_seed(0)
+    model, x = TensorParallelish(), torch.randn(3, 8)
+    with precguard.monitor(model, out=tmp_path / "golden", collectives=False):
+        run(model, x)
+    with precguard.monitor(model, out=tmp_path / "actual"):
+        run(model, x)
+    result = precguard.compare(tmp_path / "golden", tmp_path / "actual")
+    assert result.verdict == "match" and not result.unmatched.actual_only
+    assert any("collective (dist.*) records only in actual" in w for w in result.warnings)

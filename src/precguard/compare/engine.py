@@ -235,6 +235,7 @@ class UnitResult:
     __slots__ = (
         "actual_only",
         "candidates",
+        "collectives_dropped",
         "first",
         "golden_only",
         "rank",
@@ -251,6 +252,7 @@ class UnitResult:
         actual_only: list[str],
         candidates: list[Candidate],
         first: Candidate | None,
+        collectives_dropped: tuple[int, int] = (0, 0),
     ) -> None:
         self.rank = rank
         self.step = step
@@ -259,6 +261,8 @@ class UnitResult:
         self.actual_only = actual_only
         self.candidates = candidates
         self.first = first
+        #: dist.<op> records (golden, actual) left out: the other side recorded no collective
+        self.collectives_dropped = collectives_dropped
 
 
 class ShardResult:
@@ -282,7 +286,13 @@ def compare_unit(
     g_recs: list[Record],
     a_recs: list[Record],
 ) -> UnitResult:
-    """Compare the records of one rank and step; every worker calls this per unit."""
+    """Compare the records of one rank and step; every worker calls this per unit.
+
+    When only one side recorded collectives (``dist.<op>`` records: a distributed
+    run against a single-process golden), they have nothing to pair with and are
+    left out (counted, and said in a warning) rather than listed as unmatched.
+    """
+    g_recs, a_recs, dropped = _one_sided_collectives(g_recs, a_recs)
     step_results = _compare_step(
         g_recs,
         a_recs,
@@ -305,7 +315,24 @@ def compare_unit(
         step_results.actual_only,
         found,
         first,
+        dropped,
     )
+
+
+def _is_collective(rec: Record) -> bool:
+    return rec.collective is not None and rec.module.startswith("dist.")
+
+
+def _one_sided_collectives(
+    g_recs: list[Record], a_recs: list[Record]
+) -> tuple[list[Record], list[Record], tuple[int, int]]:
+    g_dist = sum(map(_is_collective, g_recs))
+    a_dist = sum(map(_is_collective, a_recs))
+    if g_dist and not a_dist:
+        return [r for r in g_recs if not _is_collective(r)], a_recs, (g_dist, 0)
+    if a_dist and not g_dist:
+        return g_recs, [r for r in a_recs if not _is_collective(r)], (0, a_dist)
+    return g_recs, a_recs, (0, 0)
 
 
 def compare_shard(
@@ -405,6 +432,13 @@ def merge_shards(
             + incomplete_note(g_run, a_run)
         )
     first = min(firsts, key=lambda c: c.order) if firsts else None
+    for side, i in (("golden", 0), ("actual", 1)):
+        dropped = sum(u.collectives_dropped[i] for u in units)
+        if dropped:
+            warnings.append(
+                f"{dropped} collective (dist.*) records only in {side}, whose other side "
+                "recorded no collective (e.g. a single-process golden): not compared"
+            )
     if golden_only or actual_only:
         warnings.append(
             f"{len(golden_only)} golden and {len(actual_only)} actual records have no "

@@ -81,6 +81,9 @@ class UnitModel(BaseModel):
     first_is_candidate: bool = Field(
         default=False, description="The unit's first is candidates[0] (the same object)."
     )
+    collectives_dropped: tuple[int, int] = Field(
+        default=(0, 0), description="dist.* records left out (golden, actual)."
+    )
 
 
 class ShardPayload(BaseModel):
@@ -128,6 +131,7 @@ def to_payload(shard: ShardResult) -> ShardPayload:
                 candidates=[_candidate_model(c) for c in u.candidates],
                 first=None if in_list or u.first is None else _candidate_model(u.first),
                 first_is_candidate=in_list,
+                collectives_dropped=u.collectives_dropped,
             )
         )
     return ShardPayload(
