@@ -131,3 +131,15 @@ def test_a_run_with_collectives_compares_with_a_golden_without(one_rank, tmp_pat
     result = precguard.compare(tmp_path / "golden", tmp_path / "actual")
     assert result.verdict == "match" and not result.unmatched.actual_only
     assert any("collective (dist.*) records only in actual" in w for w in result.warnings)
+
+
+def test_object_collectives_record_no_pickled_bytes(one_rank, tmp_path):
+    box = [{"step": 3}]
+    with precguard.record(tmp_path / "run"):
+        dist.broadcast_object_list(box, src=0)
+        gathered = [None]
+        dist.all_gather_object(gathered, "hello")
+        dist.all_reduce(torch.ones(2))
+    modules = {r.module for r in precguard.load_run(tmp_path / "run").records()}
+    assert box == [{"step": 3}] and gathered == ["hello"]
+    assert modules == {"dist.all_reduce"}

@@ -61,6 +61,18 @@ C10D_OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "all_to_all_single": (("input",), ("output",)),
 }
 
+#: collectives of Python objects: they pickle the object into a byte tensor and call the
+#: tensor collectives above, which record nothing while one of these runs (the bytes of
+#: a pickled object are not the model's numbers)
+OBJECT_OPS: tuple[str, ...] = (
+    "broadcast_object_list",
+    "all_gather_object",
+    "gather_object",
+    "scatter_object_list",
+    "send_object_list",
+    "recv_object_list",
+)
+
 #: functional collectives: the input is ``self``, the output is the return value
 FUNCTIONAL_OPS: tuple[str, ...] = (
     "all_reduce",
@@ -79,7 +91,12 @@ _DEPTH = 0
 _PATCHED: dict[tuple[Any, str], tuple[Callable[..., Any], Callable[..., Any]]] = {}
 
 
+_QUIET = threading.local()
+
+
 def _sink() -> Any:
+    if getattr(_QUIET, "depth", 0):
+        return None
     from precguard.capture.api import active_recording
 
     rec = active_recording()
@@ -259,6 +276,19 @@ def _wrap_functional(op: str, original: Callable[..., Any]) -> Callable[..., Any
     return wrapper
 
 
+def _wrap_object_op(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _QUIET.depth = getattr(_QUIET, "depth", 0) + 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _QUIET.depth -= 1
+
+    wrapper.__precguard_original__ = original  # type: ignore[attr-defined]
+    return wrapper
+
+
 def _defaults(signature: inspect.Signature) -> dict[str, Any]:
     return {
         n: p.default for n, p in signature.parameters.items() if p.default is not inspect._empty
@@ -285,6 +315,10 @@ def _targets() -> Iterator[tuple[Any, str, Callable[[str, Callable[..., Any]], A
         for module in (torch.distributed, distributed_c10d):
             if hasattr(module, op):
                 yield module, op, _wrap_c10d, op
+    for op in OBJECT_OPS:
+        for module in (torch.distributed, distributed_c10d):
+            if hasattr(module, op):
+                yield module, op, _wrap_object_op, op
     try:
         from torch.distributed import _functional_collectives as funcol
     except ImportError:  # a torch without functional collectives
