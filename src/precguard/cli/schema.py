@@ -11,9 +11,9 @@ from precguard.cli._app import app
 
 @app.command()
 def schema(
-    which: str = typer.Argument("all", help="manifest, record, or all."),
+    which: str = typer.Argument("all", help="manifest, record, status, or all."),
 ) -> None:
-    """Print the JSON Schema of the recording's manifest and records."""
+    """Print the JSON Schema of the recording's manifest, records and rank status files."""
     from precguard.dump.schema import schemas
     from precguard.errors import UsageError
 

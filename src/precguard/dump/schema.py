@@ -205,8 +205,9 @@ class RankStatus(BaseModel):
 
 
 def schemas() -> dict[str, Any]:
-    """Return the JSON Schemas of the manifest and the record."""
+    """Return the JSON Schemas of the manifest, the record and a rank's status.json."""
     return {
         "manifest": Manifest.model_json_schema(),
         "record": Record.model_json_schema(),
+        "status": RankStatus.model_json_schema(),
     }
