@@ -155,3 +155,48 @@ def test_progress_on_a_terminal_and_nothing_extra_in_a_pipe(tmp_path: Path) -> N
     assert proc.stdout.splitlines() == [
         f"recorded 3 step(s) of target.py on cpu (float32) -> {tmp_path / 'pipe'}"
     ]
+
+
+EXITING_TARGET = """
+import sys
+import torch
+import precguard
+
+
+class Quits(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.sum() > -1e9:
+            sys.exit(0)  # a script's "done" deep inside the model
+        return self.lin(x)
+
+
+def quits_at_import():
+    return precguard.Target(model=Quits, batch=lambda step: torch.ones(2, 4))
+
+
+def target():
+    sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize(
+    ("function", "said"),
+    [
+        ("target", "target() called sys.exit(0)"),
+        ("quits_at_import", "the model called sys.exit(0)"),
+    ],
+)
+def test_a_target_calling_sys_exit_is_the_targets_error_not_success(
+    function: str, said: str, tmp_path: Path, capsys
+) -> None:
+    script = tmp_path / "exiting.py"
+    script.write_text(EXITING_TARGET)
+    code, _, err = run_cli(
+        ["record", "-t", f"{script}:{function}", "--out", str(tmp_path / "run")], capsys
+    )
+    assert code == 2, err
+    assert said in err and len(err.strip().splitlines()) == 1

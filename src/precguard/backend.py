@@ -134,13 +134,14 @@ class Backend:
         """
         return None
 
-    def compute_dtype(self) -> torch.dtype | None:
+    def compute_dtype(self) -> torch.dtype | str | None:
         """Return the precision float ops compute in when it is lower than their storage dtype.
 
         None (the default) means values are as precise as the dtype they are stored
         in. An emulator storing float32 while rounding every op to bf16 returns
-        ``torch.bfloat16``; a vendor plugin returns the dtype its precision mode
-        silently computes fp32 ops in. Compare judges the run by this precision.
+        ``torch.bfloat16``; a vendor plugin returns the precision its switches
+        silently compute fp32 matmuls in: a torch dtype, or ``"tfloat32"``/``"hfloat32"``
+        for TF32 and Ascend's HF32. Compare judges the run by this precision.
         """
         return None
 

@@ -18,7 +18,7 @@ from precguard.backend import Backend
 from precguard.capture.api import monitor
 from precguard.dump.vendor import record_vendor_state
 from precguard.errors import DeviceUnavailableError, PrecguardError, TargetError, UsageError
-from precguard.target import Target, call_model, load_target, move_batch
+from precguard.target import Target, call_model, load_target, move_batch, raised
 
 logger = get_logger(__name__)
 
@@ -93,10 +93,8 @@ def construct_model(target: Target, backend: Backend) -> torch.nn.Module:
     seed_everything(backend, target.seed)
     try:
         return target.model()
-    except Exception as exc:
-        raise TargetError(
-            f"target {target.name!r}: building the model raised {type(exc).__name__}: {exc}"
-        ) from exc
+    except (Exception, SystemExit) as exc:
+        raise TargetError(f"target {target.name!r}: building the model {raised(exc)}") from exc
 
 
 def build_model(target: Target, backend: Backend, dtype: torch.dtype) -> torch.nn.Module:
@@ -119,11 +117,9 @@ class _TargetCode:
         self.target = target
         self.doing: str | None = None  # None: precguard's own code is running
 
-    def error(self, exc: Exception) -> TargetError:
+    def error(self, exc: BaseException) -> TargetError:
         """The target's error for ``exc``, raised while running :attr:`doing`."""
-        return TargetError(
-            f"target {self.target.name!r}: {self.doing} raised {type(exc).__name__}: {exc}"
-        )
+        return TargetError(f"target {self.target.name!r}: {self.doing} {raised(exc)}")
 
 
 def record_target(
@@ -210,7 +206,7 @@ def record_target(
                     on_step(step)
     except PrecguardError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a target's sys.exit() is its error too
         if user.doing is None:
             raise  # ours, not the target's: the CLI reports it as an internal error
         raise user.error(exc) from exc

@@ -85,10 +85,8 @@ def load_target(spec: str | Target) -> Target:
         raise TargetError(f"target {spec!r}: {module_part} has no function {func_name!r}")
     try:
         target = func()
-    except Exception as exc:
-        raise TargetError(
-            f"target {spec!r}: {func_name}() raised {type(exc).__name__}: {exc}"
-        ) from exc
+    except (Exception, SystemExit) as exc:  # sys.exit() in a target is its error, not ours
+        raise TargetError(f"target {spec!r}: {func_name}() {raised(exc)}") from exc
     if not isinstance(target, Target):
         raise TargetError(
             f"target {spec!r}: {func_name}() returned {type(target).__name__}, "
@@ -97,6 +95,13 @@ def load_target(spec: str | Target) -> Target:
     if not target.name:
         target.name = spec
     return target
+
+
+def raised(exc: BaseException) -> str:
+    """How user code ended: ``raised ValueError: ...``, or ``called sys.exit(2)``."""
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r})"
+    return f"raised {type(exc).__name__}: {exc}"
 
 
 def _import_file(path: Path, spec: str) -> Any:
@@ -116,11 +121,9 @@ def _import_file(path: Path, spec: str) -> Any:
         sys.path.insert(0, folder)
     try:
         loader_spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         sys.modules.pop(mod_name, None)
-        raise TargetError(
-            f"target {spec!r}: importing {path} raised {type(exc).__name__}: {exc}"
-        ) from exc
+        raise TargetError(f"target {spec!r}: importing {path} {raised(exc)}") from exc
     return module
 
 

@@ -228,3 +228,32 @@ def test_vendor_state_records_the_overflow_flag_in_saturation_mode(npu_sdk, tmp_
     npu_sdk.inf_nan = True
     assert record_vendor_state(backend, tmp_path, 1) is None  # INF_NAN mode: inf shows itself
     assert len((tmp_path / "rank0" / "vendor.jsonl").read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "matmul", "device_name", "expected"),
+    [
+        ({"ACL_PRECISION_MODE": "must_keep_origin_dtype"}, {}, "Ascend910B-FAKE", None),
+        ({"ACL_PRECISION_MODE": "allow_fp32_to_fp16"}, {}, "Ascend910B-FAKE", "float16"),
+        ({"ACL_PRECISION_MODE": "allow_mix_precision_bf16"}, {}, "Ascend910B-FAKE", "bfloat16"),
+        ({}, {}, "Ascend910B-FAKE", None),  # unset on a 910B: dtypes are kept
+        ({}, {}, "Ascend910A", "float16"),  # unset before 910B: allow_fp32_to_fp16
+        ({}, {"allow_hf32": True}, "Ascend910B-FAKE", "hfloat32"),
+        ({}, {"cube_math_type": 2}, "Ascend910B-FAKE", "float16"),  # USE_FP16
+        ({}, {"cube_math_type": 3}, "Ascend910B-FAKE", "hfloat32"),  # USE_HF32
+        # several lower precisions: the least precise one counts
+        ({"ACL_PRECISION_MODE": "allow_fp32_to_fp16"}, {"allow_hf32": True}, "A", "float16"),
+    ],
+)
+def test_compute_precision_follows_the_precision_switches(
+    npu_sdk, monkeypatch, options, matmul, device_name, expected
+) -> None:
+    npu = __import__("torch_npu").npu
+    npu_sdk.options.update(options)
+    for name, value in matmul.items():
+        monkeypatch.setattr(npu.matmul, name, value)
+    monkeypatch.setattr(npu, "get_device_name", lambda index=0: device_name)
+    calls = len(npu_sdk.calls)
+
+    assert AscendBackend("npu:0").compute_dtype() == expected
+    assert not [c for c in npu_sdk.calls[calls:] if "set" in c[0]]  # reading sets nothing

@@ -99,3 +99,10 @@ def test_cpu_fallback_reads_the_variables_as_torch_mlu_does(
             monkeypatch.setenv(name, value)
     finding = _checks()["env.mlu_cpu_fallback"].func(CheckContext(device="mlu"))
     assert finding.status == status, finding.summary
+
+
+def test_compute_precision_is_tf32_when_the_mlu_matmul_flag_is_on(mlu_sdk) -> None:
+    backend = CambriconBackend("mlu")
+    assert backend.compute_dtype() is None  # torch_mlu's default for matmuls
+    torch.backends.mlu.matmul.allow_tf32 = True
+    assert backend.compute_dtype() == "tfloat32"

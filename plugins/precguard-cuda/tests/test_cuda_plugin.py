@@ -94,3 +94,14 @@ def test_checks(monkeypatch) -> None:
         for flag, value in saved.items():
             setattr(matmul, flag, value)
     assert checks["env.cuda_tf32"].func(CheckContext(device="cpu")).status == "skip"
+
+
+def test_compute_precision_is_tf32_when_fp32_matmuls_may_use_it() -> None:
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert CudaBackend("cuda").compute_dtype() is None
+        torch.set_float32_matmul_precision("high")  # what most training scripts set
+        assert CudaBackend("cuda").compute_dtype() == "tfloat32"
+    finally:
+        torch.set_float32_matmul_precision(before)

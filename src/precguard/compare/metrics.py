@@ -276,9 +276,11 @@ def full_metrics(
 
 
 def _ulp_dtype(name: str | None, actual: torch.dtype, golden: torch.dtype) -> torch.dtype:
-    if name is not None:
-        chosen: torch.dtype = getattr(torch, name)
+    chosen = getattr(torch, name, None) if name is not None else None
+    if isinstance(chosen, torch.dtype):
         return chosen
+    # a compute precision that is no storage dtype (tfloat32, hfloat32): ULPs of the
+    # stored values
     return actual if actual in _FLOATS else (golden if golden in _FLOATS else torch.float32)
 
 

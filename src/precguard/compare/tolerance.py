@@ -28,7 +28,17 @@ from precguard.errors import UsageError
 
 #: the floating dtypes compare measures with error metrics, and their precision in bits
 #: (significand including the implicit bit): fewer bits is less precise
-SIGNIFICAND_BITS: dict[str, int] = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}
+#: significand bits (with the implicit one) of the precisions compare judges by; besides
+#: torch's float dtypes, the reduced-precision fp32 matmul modes a backend can report as its
+#: compute precision: TF32 (NVIDIA, Cambricon: 10 stored mantissa bits) and Ascend's HF32 (11)
+SIGNIFICAND_BITS: dict[str, int] = {
+    "float64": 53,
+    "float32": 24,
+    "hfloat32": 12,
+    "tfloat32": 11,
+    "float16": 11,
+    "bfloat16": 8,
+}
 
 
 class DtypeTolerance(BaseModel):
@@ -110,12 +120,22 @@ class Profile(BaseModel):
 # assert_close's per-dtype (rtol, atol)
 _ASSERT_CLOSE = {
     "float16": (1e-3, 1e-5),
+    # not in assert_close: fp16's significand (TF32) and one bit more (HF32), fp32's range
+    "tfloat32": (1e-3, 1e-5),
+    "hfloat32": (5e-4, 1e-5),
     "bfloat16": (1.6e-2, 1e-5),
     "float32": (1.3e-6, 1e-5),
     "float64": (1e-7, 1e-7),
 }
 # dynamo's k: a run may carry k times the reference's own error
-_DYNAMO_K = {"float16": 3.0, "bfloat16": 3.0, "float32": 2.0, "float64": 2.0}
+_DYNAMO_K = {
+    "float16": 3.0,
+    "bfloat16": 3.0,
+    "tfloat32": 3.0,
+    "hfloat32": 3.0,
+    "float32": 2.0,
+    "float64": 2.0,
+}
 
 
 def _default() -> Profile:

@@ -112,6 +112,14 @@ class AscendBackend(Backend):
             finally:
                 set_level(before)
 
+    def compute_dtype(self) -> str | None:
+        """The precision fp32 matmuls compute in under the precision switches, or None.
+
+        Read from the same facts as the fingerprint (reading changes nothing):
+        see :func:`matmul_precision`.
+        """
+        return matmul_precision(self.fingerprint())
+
     def fingerprint(self) -> dict[str, Any]:
         """torch_npu version, HF32, precision/impl modes, overflow mode, formats, env.
 
@@ -190,3 +198,51 @@ class AscendBackend(Backend):
         with contextlib.suppress(Exception):
             npu.npu.clear_npu_overflow_flag()
         return {"inf_nan_mode": False, "overflow_flag": None if flag is None else bool(flag)}
+
+
+#: ACL_PRECISION_MODE values under which fp32 cube (matmul) ops compute in a lower dtype
+_PRECISION_MODE_DTYPES = {
+    "allow_fp32_to_fp16": "float16",
+    "force_fp16": "float16",
+    "allow_mix_precision": "float16",
+    "allow_mix_precision_fp16": "float16",
+    "allow_mix_precision_bf16": "bfloat16",
+    "force_lowerprecision": "float16",
+}
+#: cube_math_type (``torch.npu.matmul.cube_math_type``), by name or by aclnn's cubeMathType
+#: code (0 KEEP_DTYPE, 1 ALLOW_FP32_DOWN_PRECISION, 2 USE_FP16, 3 USE_HF32); ALLOW_FP32_DOWN
+#: lets the kernel choose, so it is not counted
+_CUBE_MATH_DTYPES: dict[str | int, str] = {
+    "USE_FP16": "float16",
+    "USE_HF32": "hfloat32",
+    2: "float16",
+    3: "hfloat32",
+}
+
+
+def matmul_precision(facts: dict[str, Any]) -> str | None:
+    """The precision fp32 matmuls compute in, from Ascend fingerprint facts; None: fp32.
+
+    The least precise of: the ACL precision mode (``allow_fp32_to_fp16``, the
+    default before the 910B chips, runs fp32 matmuls in fp16; an unset mode on a
+    910A-class chip counts as that default), the cube math type (``USE_FP16``,
+    ``USE_HF32``) and ``torch.npu.matmul.allow_hf32`` (HF32: fp32's range, 11
+    mantissa bits). Unreadable facts count as not lowering precision.
+    """
+    found: list[str] = []
+    mode = facts.get("npu.precision_mode")
+    if mode == "unset":
+        name = str(facts.get("npu.device_name") or "")
+        if name.startswith("Ascend910") and not name.startswith(("Ascend910B", "Ascend910_93")):
+            mode = "allow_fp32_to_fp16"
+    if isinstance(mode, str) and mode in _PRECISION_MODE_DTYPES:
+        found.append(_PRECISION_MODE_DTYPES[mode])
+    cube = facts.get("npu.matmul.cube_math_type")
+    cube = getattr(cube, "name", cube)  # an enum member
+    cube = cube.upper() if isinstance(cube, str) else cube
+    if isinstance(cube, str | int) and not isinstance(cube, bool) and cube in _CUBE_MATH_DTYPES:
+        found.append(_CUBE_MATH_DTYPES[cube])
+    if facts.get("npu.matmul.allow_hf32") is True:
+        found.append("hfloat32")
+    bits = {"bfloat16": 8, "float16": 11, "hfloat32": 12}
+    return min(found, key=bits.__getitem__) if found else None

@@ -107,6 +107,16 @@ class CambriconBackend(Backend):
                 if cnnl is not None:
                     cnnl.deterministic = before
 
+    def compute_dtype(self) -> str | None:
+        """``"tfloat32"`` when fp32 matmuls run as TF32 (``torch.backends.mlu.matmul.allow_tf32``).
+
+        The flag follows ``torch.get_float32_matmul_precision()``; the CUDA flags
+        are no-ops on MLU and are not read. Convolutions (``cnnl.allow_tf32``) are
+        not counted: the models precguard targets are matmul-bound.
+        """
+        mlu = getattr(torch.backends, "mlu", None)
+        return "tfloat32" if read_flag(lambda: mlu.matmul.allow_tf32) else None
+
     def fingerprint(self) -> dict[str, Any]:
         """torch_mlu version, TF32 and determinism switches, fallback and overflow variables."""
         mlu = torch_mlu()

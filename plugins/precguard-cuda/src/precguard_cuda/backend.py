@@ -80,6 +80,18 @@ class CudaBackend(Backend):
             finally:
                 cudnn.deterministic, cudnn.benchmark = before
 
+    def compute_dtype(self) -> str | None:
+        """``"tfloat32"`` when fp32 matmuls run as TF32, else None.
+
+        ``torch.backends.cuda.matmul.allow_tf32`` (set by
+        ``torch.set_float32_matmul_precision("high"/"medium")`` or by
+        ``matmul.fp32_precision = "tf32"``) makes cuBLAS round fp32 matmul operands
+        to 10 mantissa bits: a run in fp32 is then only as precise as TF32, and
+        compare judges it so. Convolutions (``cudnn.allow_tf32``) are not counted:
+        the models precguard targets are matmul-bound.
+        """
+        return "tfloat32" if read_flag(lambda: torch.backends.cuda.matmul.allow_tf32) else None
+
     def fingerprint(self) -> dict[str, Any]:
         """Versions, TF32 and reduced-precision switches, cuDNN flags, SDPA backends, env."""
         cuda = torch.backends.cuda
