@@ -23,12 +23,12 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 pytestmark = pytest.mark.slow
 
 
-def torchrun(*args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+def torchrun(*args: str, timeout: int = 240, monitor: int = 2) -> subprocess.CompletedProcess[str]:
     """``torchrun --nproc-per-node 2 --standalone ARGS`` as a subprocess."""
     # --monitor-interval: let each rank exit by itself before torchrun stops the others,
     # so every rank's own exit code is in torchrun's summary
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-           "--monitor-interval=2", *args]  # fmt: skip
+           f"--monitor-interval={monitor}", *args]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
 
 
@@ -108,7 +108,9 @@ def test_a_non_empty_output_directory_stops_every_rank_with_exit_2(tmp_path):
     out = tmp_path / "taken"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    proc = torchrun(str(SCRIPT), str(out), "clean", timeout=120)  # before: a hang at a barrier
+    # before: a hang at a barrier. A long monitor interval gives a slow machine time to
+    # let both ranks exit by themselves (the decision itself takes a broadcast)
+    proc = torchrun(str(SCRIPT), str(out), "clean", timeout=120, monitor=10)
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("precguard: error:")]
     assert len(lines) == 2 and lines[0] == lines[1] and "not empty" in lines[0]
     assert proc.stderr.count("exitcode  : 2") == 2, proc.stderr[-3000:]
