@@ -107,7 +107,8 @@ def main() -> None:
         print(f"precguard: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
     if scenario == "die":
-        dist.barrier()
+        dist.barrier()  # rank 1 dies right after it: nothing more to do with it
+        return
     if dist.all_reduce is not original:
         sys.exit("a collective stayed patched after the recording")
     # the same training without precguard: every parameter bit for bit the same (NaN too)
