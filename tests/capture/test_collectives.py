@@ -40,6 +40,8 @@ class TensorParallelish(nn.Module):
         gathered = [torch.empty_like(y)]
         dist.all_gather(gathered, y)
         out = torch.empty(y.numel(), dtype=y.dtype)
+        if hasattr(dist, "all_gather_single"):  # torch >= 2.13's name for the one below
+            dist.all_gather_single(out, y.flatten())
         dist.all_gather_into_tensor(out, y.flatten())
         dist.broadcast(out, src=0)
         return gathered[0] + out.view_as(y)
@@ -58,9 +60,18 @@ def test_collectives_become_dist_records_with_group_and_reduce_op(one_rank, tmp_
     recs = [r for r in precguard.load_run(tmp_path / "run").records() if r.collective]
     keys = [r.key for r in recs]
     assert keys[:2] == ["dist.all_reduce.0.forward.input.0", "dist.all_reduce.0.forward.output.0"]
-    assert {r.module for r in recs} == {
-        "dist.all_reduce", "dist.all_gather", "dist.all_gather_into_tensor", "dist.broadcast"
-    }  # fmt: skip
+    expected = {"dist.all_reduce", "dist.all_gather", "dist.all_gather_into_tensor",
+                "dist.broadcast"} | ({"dist.all_gather_single"} if hasattr(dist,
+                "all_gather_single") else set())  # fmt: skip
+    assert {r.module for r in recs} == expected
+    # the old name calls the new one: recorded once, under the name called
+    assert sum(r.module == "dist.all_gather_single" for r in recs) == 2 * (
+        "dist.all_gather_single" in expected
+    )
+    assert [r.key for r in recs if r.module == "dist.all_gather_into_tensor"] == [
+        "dist.all_gather_into_tensor.0.forward.input.0",
+        "dist.all_gather_into_tensor.0.forward.output.0",
+    ]
     assert all(r.collective.group == [0] and r.collective.api == "c10d" for r in recs)
     assert recs[0].collective.reduce_op == "sum"
     assert all(r.module_type == r.collective.op for r in recs)

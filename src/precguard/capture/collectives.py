@@ -57,6 +57,9 @@ C10D_OPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "reduce_scatter_tensor": (("input",), ("output",)),
     "all_gather": (("tensor",), ("tensor_list",)),
     "all_gather_into_tensor": (("input_tensor",), ("output_tensor",)),
+    # torch >= 2.13 names of the two above (the old names call these)
+    "all_gather_single": (("input_tensor",), ("output_tensor",)),
+    "reduce_scatter_single": (("input",), ("output",)),
     "all_to_all": (("input_tensor_list",), ("output_tensor_list",)),
     "all_to_all_single": (("input",), ("output",)),
 }
@@ -226,7 +229,7 @@ def _wrap_c10d(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:
             _report(op, exc)
             return original(*args, **kwargs)
-        result = original(*args, **kwargs)
+        result = _quietly(original, args, kwargs)
 
         def record_outputs() -> None:
             try:
@@ -265,7 +268,7 @@ def _wrap_functional(op: str, original: Callable[..., Any]) -> Callable[..., Any
         except Exception as exc:
             _report(op, exc)
             return original(*args, **kwargs)
-        result = original(*args, **kwargs)
+        result = _quietly(original, args, kwargs)
         try:
             rec.add("output", _tensors(result, "output"))
         except Exception as exc:
@@ -276,14 +279,20 @@ def _wrap_functional(op: str, original: Callable[..., Any]) -> Callable[..., Any
     return wrapper
 
 
+def _quietly(original: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """Call ``original`` with recording off: a collective that calls another (the old
+    ``all_gather_into_tensor`` calls ``all_gather_single``) is recorded once, as called."""
+    _QUIET.depth = getattr(_QUIET, "depth", 0) + 1
+    try:
+        return original(*args, **kwargs)
+    finally:
+        _QUIET.depth -= 1
+
+
 def _wrap_object_op(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        _QUIET.depth = getattr(_QUIET, "depth", 0) + 1
-        try:
-            return original(*args, **kwargs)
-        finally:
-            _QUIET.depth -= 1
+        return _quietly(original, args, kwargs)
 
     wrapper.__precguard_original__ = original  # type: ignore[attr-defined]
     return wrapper

@@ -53,10 +53,17 @@ logger = get_logger(__name__)
 
 #: collectives whose output is the same on every rank of the group
 REPLICATED_OUTPUTS = frozenset(
-    {"all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_tensor", "broadcast"}
+    {
+        "all_reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_single",
+        "all_gather_tensor",
+        "broadcast",
+    }
 )
 #: collectives whose output on each rank combines every rank's input (a NaN spreads)
-MIXING = REPLICATED_OUTPUTS | {"reduce_scatter", "reduce_scatter_tensor"}
+MIXING = REPLICATED_OUTPUTS | {"reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single"}
 
 _EXACT_STATS = ("min", "max", "absmax", "nan", "inf", "zeros", "numel")
 _SUM_STATS = ("mean", "std", "l2")
