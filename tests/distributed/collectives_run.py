@@ -104,7 +104,7 @@ def main() -> None:
                 dist.barrier()  # rank 0 has closed its recording
                 os.kill(os.getpid(), signal.SIGKILL)
     except PrecguardError as exc:
-        print(f"precguard: error: {exc}", file=sys.stderr)
+        sys.stderr.write(f"precguard: error: {exc}\n")  # one write: ranks share stderr
         sys.exit(exc.exit_code)
     if scenario == "die":
         dist.barrier()  # rank 1 dies right after it: nothing more to do with it
