@@ -30,9 +30,15 @@ def run_script(relpath: str, *args: str) -> str:
 
 def test_overhead_benchmark():
     out = run_script(
-        "benchmarks/overhead.py", "--hidden", "64", "--layers", "1", "--seq", "8", "--repeats", "2"
+        "benchmarks/overhead.py",
+        *("--hidden", "64", "128", "--layers", "1", "--seq", "8", "--repeats", "2"),
+        *("--threads", "1", "--backward", "--profile"),
     )
-    assert "overhead ratio:" in out and "KiB/step" in out
+    table = out.split("ratio: median monitored")[0].splitlines()
+    rows = {line.split()[0]: line for line in table if line.split()[0].isdigit()}
+    assert rows.keys() == {"64", "128"}  # both sizes, one run
+    assert all(rows[h].count("x") >= 3 for h in rows)  # ratio, quartiles, cpu ratio
+    assert "-- profile: hidden=64" in out and "tottime" in out
     assert "monitored, input grads median:" in out and "input-gradient recording costs:" in out
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -22,23 +22,32 @@ def named_tensors(obj: Any, prefix: str) -> list[tuple[str, torch.Tensor]]:
     >>> named_tensors((torch.ones(1), {"a": torch.zeros(2)}), "output")[1][0]
     'output.1.a'
     """
+    if isinstance(obj, torch.Tensor):  # most modules' output: nothing to walk
+        return [(prefix, obj)]
     out: list[tuple[str, torch.Tensor]] = []
     _walk(obj, prefix, out, 0)
     return out
 
 
+#: never containers: skipped without further checks
+_SCALARS = (str, bytes, int, float, bool, type(None))
+
+
 def _walk(obj: Any, path: str, out: list[tuple[str, torch.Tensor]], depth: int) -> None:
-    if isinstance(obj, torch.Tensor):
-        out.append((path, obj))
+    """Append the tensors inside container ``obj`` (not itself a tensor) to ``out``."""
+    if depth >= _MAX_DEPTH or isinstance(obj, _SCALARS):
         return
-    if depth >= _MAX_DEPTH or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
-        return
+    children: Iterable[tuple[Any, Any]]
     if isinstance(obj, (tuple, list)):
-        for i, item in enumerate(obj):
-            _walk(item, f"{path}.{i}", out, depth + 1)
-    elif isinstance(obj, Mapping):
-        for k, v in obj.items():
-            _walk(v, f"{path}.{k}", out, depth + 1)
+        children = enumerate(obj)
+    elif isinstance(obj, (dict, Mapping)):
+        children = obj.items()
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            _walk(getattr(obj, f.name), f"{path}.{f.name}", out, depth + 1)
+        children = [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+    else:
+        return
+    for key, item in children:
+        if isinstance(item, torch.Tensor):
+            out.append((f"{path}.{key}", item))
+        elif not isinstance(item, _SCALARS):
+            _walk(item, f"{path}.{key}", out, depth + 1)

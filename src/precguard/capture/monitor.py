@@ -130,6 +130,31 @@ def module_names(root: nn.Module, root_name: str = "root") -> dict[nn.Module, st
 _Open = tuple[Recording, CallFrame, list[tuple[int, str, torch.Tensor, int]]]
 
 
+class _Site:
+    """One hooked module: what its hooks need, resolved once at registration.
+
+    It holds no reference to the module: hooks live on the module, so a
+    reference back would keep the model alive through C++-held parameter
+    hooks that the garbage collector cannot see.
+    """
+
+    __slots__ = ("frames", "leaf", "name", "root", "save", "skip_covered", "type")
+
+    def __init__(
+        self, name: str, mtype: str, save: bool, root: bool, skip_covered: bool, leaf: bool
+    ) -> None:
+        self.name = name
+        self.type = mtype
+        self.save = save
+        self.root = root
+        #: a decorated instance's hooks: skip a module a monitor() already records
+        self.skip_covered = skip_covered
+        #: no submodules: its own input gradients come from its graph's edges
+        self.leaf = leaf
+        #: open calls, innermost last (None where the call is not recorded)
+        self.frames: list[_Open | None] = []
+
+
 class Monitor:
     """Hooks on every module under ``root`` that write into a sink.
 
@@ -153,34 +178,48 @@ class Monitor:
         )
         self._fixed_sink = sink if isinstance(sink, Recording) else None
         self._handles: list[RemovableHandle] = []
-        # per module: a stack of open calls (None where the call is not recorded)
-        self._frames: dict[int, list[_Open | None]] = {}
+        self._sites: list[_Site] = []
         self._failed: set[tuple[str, str]] = set()
         # id(tensor) -> the input-gradient hook on that tensor, one per tensor however
         # many modules read it; entries leave when the gradient arrives or the tensor dies
         self._input_grads: dict[int, _InputGradWatch] = {}
         self._root_name = root_name
+        self._backward = options.backward
         self._watch_inputs = options.backward and options.input_grads
+        self._on_nonfinite = options.on_nonfinite
         self.removed = False
-        self.names = module_names(root, root_name)
-        self._leaves = {id(m) for m in self.names if next(m.children(), None) is None}
-        for mod, name in self.names.items():
+        names = module_names(root, root_name)
+        #: module -> qualified name; weak, so that the monitor (or a handle on it that
+        #: the user keeps) never keeps a model alive
+        self.names: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary(names)
+        self._covered: list[int] = []
+        for mod, name in names.items():
             if isinstance(mod, _CONTAINERS):
                 continue
             if covers and self._fixed_sink is not None:
                 self._fixed_sink.covered.add(id(mod))
-            info = (name, type(mod).__name__, options.saves(name), mod is root, not covers)
+                self._covered.append(id(mod))
+            mtype = type(mod).__name__
+            site = _Site(
+                name,
+                mtype,
+                options.saves(name),
+                mod is root,
+                not covers,
+                next(mod.children(), None) is None,
+            )
+            self._sites.append(site)
             self._handles.append(
-                mod.register_forward_pre_hook(functools.partial(self._pre, info), with_kwargs=True)
+                mod.register_forward_pre_hook(functools.partial(self._pre, site), with_kwargs=True)
             )
             self._handles.append(
-                mod.register_forward_hook(functools.partial(self._post, info), with_kwargs=True)
+                mod.register_forward_hook(functools.partial(self._post, site), with_kwargs=True)
             )
             if options.backward:
                 for index, (pname, p) in enumerate(mod.named_parameters(recurse=False)):
                     if p.requires_grad:
                         hook = functools.partial(
-                            self._param_grad, name, type(mod).__name__, index, pname, info[2]
+                            self._param_grad, name, mtype, index, pname, site.save
                         )
                         self._handles.append(p.register_post_accumulate_grad_hook(hook))
 
@@ -193,7 +232,7 @@ class Monitor:
         logger.error("hook_failed", module=name, hook=where, error=f"{type(exc).__name__}: {exc}")
 
     def _resolve(self, module: nn.Module, skip_covered: bool) -> Recording | None:
-        sink = self._sink_fn()
+        sink = self._fixed_sink if self._fixed_sink is not None else self._sink_fn()
         if sink is None or sink.closed:
             return None
         if skip_covered and id(module) in sink.covered:
@@ -201,28 +240,25 @@ class Monitor:
         return sink
 
     def _pre(
-        self,
-        info: tuple[str, str, bool, bool, bool],
-        module: nn.Module,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        self, site: _Site, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        name, mtype, save, is_root, skip_covered = info
         if self.removed:
             return
         opened: _Open | None = None
         try:
-            sink = self._resolve(module, skip_covered)
+            sink = self._resolve(module, site.skip_covered)
             if sink is not None:
-                items = named_tensors(args, "args") + named_tensors(kwargs, "kwargs")
+                items = named_tensors(args, "args")
+                if kwargs:
+                    items += named_tensors(kwargs, "kwargs")
                 frame = sink.enter(
                     module,
-                    name,
-                    mtype,
+                    site.name,
+                    site.type,
                     items,
-                    root=is_root,
-                    save=save,
-                    on_nonfinite=self.options.on_nonfinite,
+                    root=site.root,
+                    save=site.save,
+                    on_nonfinite=self._on_nonfinite,
                 )
                 needs_grad = (
                     [(i, n, t, t._version) for i, (n, t) in enumerate(items) if t.requires_grad]
@@ -232,9 +268,9 @@ class Monitor:
                 opened = (sink, frame, needs_grad)
                 self._record_params(sink, module, frame)
         except Exception as exc:
-            self._report_failure(name, "forward_pre", exc)
+            self._report_failure(site.name, "forward_pre", exc)
         # always push, so that the post-hook pops the frame of its own call
-        self._frames.setdefault(id(module), []).append(opened)
+        site.frames.append(opened)
 
     def _record_params(self, sink: Recording, module: nn.Module, frame: CallFrame) -> None:
         # call 0 happens once per module and step, so each step records them at most once
@@ -251,22 +287,22 @@ class Monitor:
 
     def _post(
         self,
-        info: tuple[str, str, bool, bool, bool],
+        site: _Site,
         module: nn.Module,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         output: Any,
     ) -> None:
-        name, mtype, _, is_root, _ = info
-        stack = self._frames.get(id(module))
-        opened = stack.pop() if stack else None
+        frames = site.frames
+        opened = frames.pop() if frames else None
         if opened is None or self.removed:
             return
         sink, frame, needs_grad = opened
+        name, mtype = site.name, site.type
         try:
             items = named_tensors(output, "output")
             sink.leave(frame, items)
-            if self.options.backward and torch.is_grad_enabled():
+            if self._backward and torch.is_grad_enabled():
                 for index, (tname, t) in enumerate(items):
                     if t.requires_grad:
                         t.register_hook(
@@ -281,30 +317,43 @@ class Monitor:
                                 frame.save,
                             )
                         )
-            # Registered after the call, so a module's readers are listed innermost
-            # first (children finish before their parent), the order they are recorded in.
-            # A call none of whose outputs requires grad adds nothing to its inputs'
-            # gradients (rotary_emb reads hidden_states only for its dtype): not a reader.
-            if needs_grad and not any(t.requires_grad for _, t in items):
-                needs_grad = []
-            # modified in place (ReLU(inplace=True)): the tensor's gradient is now that of
-            # the result; its input's is beyond a hook that changes nothing
-            needs_grad = [x for x in needs_grad if x[2]._version == x[3]]
-            readers = [
-                _Reader(sink, name, mtype, frame.call, index, tname, frame.save)
-                for index, tname, _, _ in needs_grad
-            ]
-            if readers and id(module) in self._leaves:
-                readers = self._watch_own_edges(items, needs_grad, readers)
-            for (_, _, t, _), reader in zip(needs_grad, readers, strict=True):
-                if reader is not None:
-                    self._watch_input(t, reader)
-            if is_root:
+            if needs_grad:
+                self._watch_inputs_of(site, items, needs_grad, sink, frame)
+            if site.root:
                 sink.flush()
         except NonFiniteError:
             raise
         except Exception as exc:
             self._report_failure(name, "forward", exc)
+
+    def _watch_inputs_of(
+        self,
+        site: _Site,
+        outputs: list[tuple[str, torch.Tensor]],
+        needs_grad: list[tuple[int, str, torch.Tensor, int]],
+        sink: Recording,
+        frame: CallFrame,
+    ) -> None:
+        """Hook the inputs of a finished call that require grad, for their gradients."""
+        # Registered after the call, so a module's readers are listed innermost
+        # first (children finish before their parent), the order they are recorded in.
+        # A call none of whose outputs requires grad adds nothing to its inputs'
+        # gradients (rotary_emb reads hidden_states only for its dtype): not a reader.
+        if not any(t.requires_grad for _, t in outputs):
+            return
+        # modified in place (ReLU(inplace=True)): the tensor's gradient is now that of
+        # the result; its input's is beyond a hook that changes nothing
+        needs_grad = [x for x in needs_grad if x[2]._version == x[3]]
+        readers = [
+            _Reader(sink, site.name, site.type, frame.call, index, tname, frame.save)
+            for index, tname, _, _ in needs_grad
+        ]
+        watched: list[_Reader | None] = list(readers)
+        if readers and site.leaf:
+            watched = self._watch_own_edges(outputs, needs_grad, readers)
+        for (_, _, t, _), reader in zip(needs_grad, watched, strict=True):
+            if reader is not None:
+                self._watch_input(t, reader)
 
     def _output_grad(
         self,
@@ -477,8 +526,8 @@ class Monitor:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        self._frames.clear()
+        for site in self._sites:
+            site.frames.clear()
         self._input_grads.clear()
         if self._fixed_sink is not None:
-            for mod in self.names:
-                self._fixed_sink.covered.discard(id(mod))
+            self._fixed_sink.covered.difference_update(self._covered)

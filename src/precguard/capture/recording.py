@@ -22,7 +22,7 @@ import torch
 from precguard._logging import get_logger
 from precguard.capture.options import CaptureOptions, OnNonFinite
 from precguard.capture.run_dir import agree_on_run_dir
-from precguard.capture.stats import StatsBuffer, capture_scope, has_stats
+from precguard.capture.stats import StatsBuffer, capture_scope, dtype_info
 from precguard.dump.writer import RunWriter, write_json_atomic
 from precguard.errors import NonFiniteError
 
@@ -294,13 +294,19 @@ class Recording:
         for each record (a collective's ``collective`` description).
         """
         all_finite: bool | None = True
-        autocast = _autocast_dtype(items[0][1]) if items else None
-        for offset, (name, t) in enumerate(items):
-            index = first_index + offset
-            key = f"{module}.{call}.{phase}.{role}.{index}"
+        if not items:
+            return all_finite
+        autocast = _autocast_dtype(items[0][1])
+        prefix = f"{module}.{call}.{phase}.{role}."
+        stats_add = self._stats.add
+        step, rank = self.step_index, self.rank
+        keep = save and self.writer is not None
+        for index, (name, t) in enumerate(items, first_index):
+            key = prefix + str(index)
+            info = dtype_info(t.dtype)
             slot: int | None = None
-            if has_stats(t):
-                slot, finite = self._stats.add(t, need_finite=need_finite)
+            if info.has_stats and t.numel():
+                slot, finite = stats_add(t, need_finite=need_finite)
                 if finite is None:
                     all_finite = None
                 elif not finite and all_finite is not None:
@@ -314,18 +320,18 @@ class Recording:
                 "role": role,
                 "index": index,
                 "name": name,
-                "step": self.step_index,
-                "rank": self.rank,
+                "step": step,
+                "rank": rank,
                 "seq": self._seq,
-                "dtype": str(t.dtype).removeprefix("torch."),
+                "dtype": info.name,
                 "shape": list(t.shape),
             }
-            if autocast is not None and t.is_floating_point():
+            if autocast is not None and info.is_floating_point:
                 rec["compute_dtype"] = autocast
             if extra:
                 rec.update(extra)
             self._seq += 1
-            if save and self.writer is not None:
+            if keep:
                 with capture_scope():
                     host = to_host(t)
                 self._tensors[key] = host

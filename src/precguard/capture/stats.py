@@ -1,13 +1,20 @@
 """Tensor statistics without a host sync per tensor.
 
 On accelerators every statistic (``var_mean``, ``aminmax``, ``vector_norm``,
-``count_nonzero``, NaN and Inf counts) stays on the device as a 0-d tensor,
-and all tensors' statistics of a step come to the host in one transfer.
+``count_nonzero``, NaN and Inf counts) stays on the device, stacked into two
+small tensors per tensor, and all tensors' statistics of a step come to the
+host in one transfer.
 
-On the CPU, reading a scalar is free, so the code branches: sum, norm,
-aminmax and count_nonzero (four fast multi-threaded passes), NaN/Inf counts
-only when min or max is not finite (any NaN or Inf makes one of them so),
-and a two-pass std only when the one-pass formula would cancel.
+On the CPU, reading a scalar is free, so the code branches: ``aminmax``,
+``sum``, ``vector_norm`` and ``count_nonzero`` (four fast multi-threaded
+passes), NaN/Inf counts only when min or max is not finite (any NaN or Inf
+makes one of them so), and a two-pass std only when the one-pass formula
+would cancel.
+
+This runs for every tensor of every module call, so it is written for the
+interpreter as much as for the machine: no context manager per tensor (the
+tensor is detached, so no graph is built without ``torch.no_grad()``), one
+dictionary lookup for everything precguard needs to know about a dtype.
 """
 
 from __future__ import annotations
@@ -18,12 +25,18 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 _FLOAT_TYPES = (torch.float32, torch.float64)
-_STATE = threading.local()
+
+
+class _CaptureDepth(threading.local):
+    depth = 0
+
+
+_STATE = _CaptureDepth()
 
 
 def in_capture() -> bool:
@@ -32,22 +45,48 @@ def in_capture() -> bool:
     Op-intercepting modes (the ``emu:`` emulator, a user's dispatch mode)
     check this to let precguard's own reductions through unchanged.
     """
-    return getattr(_STATE, "depth", 0) > 0
+    return _STATE.depth > 0
 
 
 @contextmanager
 def capture_scope() -> Iterator[None]:
     """Mark precguard's own tensor work on this thread (see :func:`in_capture`)."""
-    _STATE.depth = getattr(_STATE, "depth", 0) + 1
+    _STATE.depth += 1
     try:
         yield
     finally:
         _STATE.depth -= 1
 
 
+class DtypeInfo(NamedTuple):
+    """What the capture path needs to know about a dtype, looked up once per tensor."""
+
+    #: the name records carry (``float32``: torch's name without ``torch.``)
+    name: str
+    #: statistics are recorded for non-empty tensors of this dtype
+    has_stats: bool
+    is_floating_point: bool
+
+
+_DTYPE_INFO: dict[torch.dtype, DtypeInfo] = {}
+
+
+def dtype_info(dtype: torch.dtype) -> DtypeInfo:
+    """The :class:`DtypeInfo` of ``dtype`` (computed on first use, then a dict lookup)."""
+    info = _DTYPE_INFO.get(dtype)
+    if info is None:
+        info = DtypeInfo(
+            str(dtype).removeprefix("torch."),
+            not dtype.is_complex and dtype not in (torch.quint8, torch.qint8),
+            dtype.is_floating_point,
+        )
+        _DTYPE_INFO[dtype] = info
+    return info
+
+
 def has_stats(t: torch.Tensor) -> bool:
     """Return True for tensors whose statistics precguard records (real, non-empty)."""
-    return t.numel() > 0 and not t.is_complex() and t.dtype not in (torch.quint8, torch.qint8)
+    return dtype_info(t.dtype).has_stats and t.numel() > 0
 
 
 class StatsBuffer:
@@ -59,14 +98,16 @@ class StatsBuffer:
 
     On the CPU a slot holds Python numbers (reading a CPU scalar costs no
     sync); on accelerators it holds two small device tensors, fetched for
-    all slots together in :meth:`materialize`.
+    all slots together in :meth:`materialize`. ``defer=True`` takes the
+    accelerator path on any device (tests run it on the CPU).
     """
 
     # Entries hold weak references: the cache must never keep an activation
     # alive (on a 70B model one activation can be hundreds of MB of device memory).
     _CACHE_SIZE = 256
 
-    def __init__(self) -> None:
+    def __init__(self, *, defer: bool = False) -> None:
+        self._defer = defer
         # per slot: (min, max, mean, std, l2, nonzero, nan, inf) as numbers, or None
         self._host: list[tuple[float, ...] | None] = []
         # per device slot: [min, max, mean, std, l2] and [nonzero, nan, inf]
@@ -88,64 +129,48 @@ class StatsBuffer:
         the CPU, or when ``need_finite`` forces the sync), else None.
         """
         cache_key = (id(t), t._version)
-        hit = self._cache.get(cache_key)
+        cache = self._cache
+        hit = cache.get(cache_key)
         if hit is not None and hit[0]() is t:
-            self._cache.move_to_end(cache_key)
+            cache.move_to_end(cache_key)
             slot, finite = hit[1], hit[2]
             if finite is None and need_finite:
                 finite = self.finite(slot)
             return slot, finite
-        with torch.no_grad(), capture_scope():
+        state = _STATE
+        state.depth += 1  # also around detach and the dtype cast: emu lets them through
+        try:
+            # Detached, the reductions build no graph: no torch.no_grad() needed.
             x = t.detach()
             if x.dtype not in _FLOAT_TYPES:
                 # low-precision floats in fp32; integers and bools exactly in fp64
                 x = x.float() if x.is_floating_point() else x.double()
+            n = x.numel()
             slot = len(self._numel)
-            self._numel.append(x.numel())
-            if x.device.type == "cpu":
-                finite = self._add_host(x)
+            if self._defer or x.device.type != "cpu":
+                finite = self._add_device(x, n, slot, need_finite)
             else:
-                finite = self._add_device(x, slot, need_finite)
-        self._cache[cache_key] = (weakref.ref(t), slot, finite)
-        if len(self._cache) > self._CACHE_SIZE:
-            self._cache.popitem(last=False)
+                row = _host_stats(x, n)
+                self._host.append(row)
+                finite = row[6] == 0 and row[7] == 0
+        finally:
+            state.depth -= 1
+        # appended last: a reduction that raised leaves the slots consistent
+        self._numel.append(n)
+        cache[cache_key] = (weakref.ref(t), slot, finite)
+        if len(cache) > self._CACHE_SIZE:
+            cache.popitem(last=False)
         return slot, finite
 
-    def _add_host(self, x: torch.Tensor) -> bool:
-        # sum, norm, aminmax and count_nonzero are multi-threaded single passes
-        # on the CPU; var_mean is ~10x slower than all four together.
-        n = x.numel()
-        mn_t, mx_t = torch.aminmax(x)
-        mn, mx = mn_t.item(), mx_t.item()
-        total = x.sum().item()
-        l2 = torch.linalg.vector_norm(x).item()
-        nonzero = _count_nonzero_host(x)
-        mean = total / n
-        finite = math.isfinite(mn) and math.isfinite(mx)
-        if finite:
-            nan = inf = 0
-            sq = l2 * l2
-            if n > 1 and n * mean * mean > 0.999 * sq:
-                # var = (sum x^2 - n mean^2)/(n-1) cancels when |mean| >> std: use two passes
-                std = torch.std(x).item()
-            else:
-                std = math.sqrt(max(sq - n * mean * mean, 0.0) / max(n - 1, 1))
-        else:
-            nan = int(torch.isnan(x).sum().item())
-            inf = int(torch.isinf(x).sum().item())
-            std = torch.std(x, correction=1 if n > 1 else 0).item()
-        self._host.append((mn, mx, mean, std, l2, nonzero, nan, inf))
-        return finite
-
-    def _add_device(self, x: torch.Tensor, slot: int, need_finite: bool) -> bool | None:
-        n = x.numel()
+    def _add_device(self, x: torch.Tensor, n: int, slot: int, need_finite: bool) -> bool | None:
         var, mean = torch.var_mean(x, correction=1 if n > 1 else 0)
         mn, mx = torch.aminmax(x)
         l2 = torch.linalg.vector_norm(x)
         counts = torch.stack([torch.count_nonzero(x), torch.isnan(x).sum(), torch.isinf(x).sum()])
+        floats = torch.stack([mn, mx, mean, var.sqrt(), l2])
         self._host.append(None)
         self._dev_slots.append(slot)
-        self._dev_floats.append(torch.stack([mn, mx, mean, var.sqrt(), l2]))
+        self._dev_floats.append(floats)
         self._dev_counts.append(counts)
         return int(counts[1:].sum().item()) == 0 if need_finite else None
 
@@ -199,24 +224,33 @@ class StatsBuffer:
         self._cache.clear()
 
 
-_BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
+def _host_stats(x: torch.Tensor, n: int) -> tuple[float, ...]:
+    """``(min, max, mean, std, l2, nonzero, nan, inf)`` of a float32/float64 CPU tensor.
 
-
-def _count_nonzero_host(x: torch.Tensor) -> int:
-    """Count non-zero elements of a float32/float64 CPU tensor (``-0.0`` counts as zero).
-
-    Counting non-zero *bit patterns* is ~3x faster than comparing floats. Only
-    ``-0.0`` has a non-zero pattern while being zero; its pattern is the
-    smallest integer of that width, so one cheap integer ``min`` tells
-    whether the slower float count is needed.
+    ``aminmax``, ``sum``, ``vector_norm`` and ``count_nonzero`` are
+    multi-threaded single passes on the CPU; ``var_mean`` alone costs ~10x
+    all four. Counting zeros on the float values (not on integer bit
+    patterns plus a ``-0.0`` check) is one pass instead of two and no slower.
     """
-    bits = _BITS.get(x.dtype)
-    if bits is None:
-        return int(torch.count_nonzero(x).item())
-    xi = x.view(bits)
-    if xi.min().item() == torch.iinfo(bits).min:  # a -0.0 is present
-        return int(torch.count_nonzero(x).item())
-    return int(torch.count_nonzero(xi).item())
+    mn_t, mx_t = torch.aminmax(x)
+    total = x.sum().item()
+    l2 = torch.linalg.vector_norm(x).item()
+    nonzero = torch.count_nonzero(x).item()
+    mn, mx = mn_t.item(), mx_t.item()
+    mean = total / n
+    if math.isfinite(mn) and math.isfinite(mx):
+        nan = inf = 0
+        sq = l2 * l2
+        if n > 1 and n * mean * mean > 0.999 * sq:
+            # var = (sum x^2 - n mean^2)/(n-1) cancels when |mean| >> std: use two passes
+            std = torch.std(x).item()
+        else:
+            std = math.sqrt(max(sq - n * mean * mean, 0.0) / max(n - 1, 1))
+    else:
+        nan = int(torch.isnan(x).sum().item())
+        inf = int(torch.isinf(x).sum().item())
+        std = torch.std(x, correction=1 if n > 1 else 0).item()
+    return (mn, mx, mean, std, l2, nonzero, nan, inf)
 
 
 def _gather(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:

@@ -255,6 +255,8 @@ def _against_golden(
             paired.add(name)
             mine = _stats(t)
             for key, value in mine.items():
+                if getattr(stats, key) is None:  # not recorded (an imported msprobe dump)
+                    continue
                 theirs = float(getattr(stats, key))
                 if not math.isclose(value, theirs, rel_tol=1e-5, abs_tol=1e-6):
                     mismatch.append(

@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "precguard.cli.plugins_cmd",
     "precguard.cli.check",
     "precguard.cli.ranks",
+    "precguard.cli.msprobe",
 )
 
 for _name in COMMAND_MODULES:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from precguard.cli._app import app
+
+if TYPE_CHECKING:
+    from precguard.dump.reader import Run
 
 _COMPARE_HELP = """Compare ACTUAL with GOLDEN and name the layer that introduced the error.
 
@@ -35,6 +39,9 @@ finish (it raised, or was killed). The gaps are printed first. --allow-partial m
 Exit 2: unusable input (missing or corrupt recording, different models, a recording compared
 with itself), one line on stderr.
 
+GOLDEN and ACTUAL may each be an msprobe (mindstudio-probe) dump directory, read as a
+recording (see docs/msprobe.md; `precguard import-msprobe` converts one once).
+
 Profiles: default (rel-L2 <= k x assert_close rtol, cosine >= 0.99), strict (every element
 as torch.testing.assert_close), msprobe (Ascend msprobe's lax verdict). See docs/compare.md.
 """
@@ -42,8 +49,10 @@ as torch.testing.assert_close), msprobe (Ascend msprobe's lax verdict). See docs
 
 @app.command(help=_COMPARE_HELP)
 def compare(
-    golden: Path = typer.Argument(..., help="Golden (reference) recording directory."),
-    actual: Path = typer.Argument(..., help="Recording under test."),
+    golden: Path = typer.Argument(
+        ..., help="Golden (reference) recording directory, or an msprobe dump."
+    ),
+    actual: Path = typer.Argument(..., help="Recording under test, or an msprobe dump."),
     json_out: Path | None = typer.Option(
         None, "--json", help="Write the full Comparison as JSON to this file ('-' for stdout)."
     ),
@@ -128,8 +137,8 @@ def compare(
             total=_steps_to_compare(golden, rank, step) if tty else None,
         )
         result = run_compare(
-            golden,
-            actual,
+            _recording(golden),
+            _recording(actual),
             profile=profile,
             rtol=rtol,
             atol=atol,
@@ -140,6 +149,8 @@ def compare(
             on_step=lambda r, s: bar.update(task, advance=1, description=f"rank {r} step {s}"),
             workers=workers,
         )
+    # name the directories the user gave, not a converted msprobe dump's temporary copy
+    result = result.model_copy(update={"golden": str(golden), "actual": str(actual)})
     if replay:
         from precguard.localize.confirm import replay_suspects
 
@@ -214,6 +225,13 @@ def replay(
     render_replay(result, Console())
     if result.verdict != "match":
         raise typer.Exit(1)
+
+
+def _recording(path: Path) -> Path | Run:
+    """``path`` itself, or for an msprobe dump the recording it converts into (docs/msprobe.md)."""
+    from precguard.interop.msprobe import is_msprobe_dump, open_recording
+
+    return open_recording(path) if is_msprobe_dump(path) else path
 
 
 def _steps_to_compare(golden: Path, rank: int | None, step: int | None) -> int | None:

@@ -45,6 +45,7 @@ from precguard.compare.tolerance import Profile, get_profile, judge, with_bias
 from precguard.dump.reader import Run, load_run
 from precguard.dump.schema import Record
 from precguard.errors import DumpFormatError, PrecguardError, UsageError
+from precguard.interop.msprobe.names import API_NAMESPACE
 from precguard.text import shown
 
 logger = get_logger(__name__)
@@ -53,6 +54,9 @@ logger = get_logger(__name__)
 #: side, or the recordings are taken to be of different models
 MIN_ALIGNED_SHARE = 0.5
 
+
+#: key prefix of msprobe's API-level records
+API_PREFIX = API_NAMESPACE + "."
 
 #: short dtype names accepted by ``tolerance_dtype``
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
@@ -420,7 +424,8 @@ def merge_shards(
         )
     counts = _counts(results)
     matched = len(results) - counts.missing
-    if matched < MIN_ALIGNED_SHARE * max(len(golden_only), len(actual_only)):
+    unmatched_modules = max(_module_level(golden_only), _module_level(actual_only))
+    if matched < MIN_ALIGNED_SHARE * unmatched_modules:
         truncated = truncation_note(g_run, a_run, results, golden_only, actual_only)
         if truncated is not None:
             raise DumpFormatError(truncated)
@@ -430,6 +435,7 @@ def merge_shards(
             f"{len(actual_only)} only in actual"
             + _closest(golden_only, actual_only)
             + incomplete_note(g_run, a_run)
+            + _api_only_note(golden_only, actual_only)
         )
     first = min(firsts, key=lambda c: c.order) if firsts else None
     for side, i in (("golden", 0), ("actual", 1)):
@@ -466,6 +472,24 @@ def merge_shards(
         warnings=warnings,
         coverage=coverage.result(),
     )
+
+
+def _module_level(keys: list[str]) -> int:
+    """How many of ``keys`` are module records: msprobe's API-level records (a namespace
+    precguard never records, docs/msprobe.md) are extra detail, not evidence of a
+    different model, and are only listed as unmatched."""
+    return sum(1 for k in keys if not k.startswith(API_PREFIX))
+
+
+def _api_only_note(golden_only: list[str], actual_only: list[str]) -> str:
+    """A hint when one side holds msprobe API-level records only (an L1 dump)."""
+    for keys in (golden_only, actual_only):
+        if keys and not _module_level(keys):
+            return (
+                "; one side holds only msprobe API calls (an msprobe L1 dump), which "
+                "precguard's module records cannot pair with: dump with msprobe level L0 or mix"
+            )
+    return ""
 
 
 def truncation_note(

@@ -100,7 +100,7 @@ def is_float_dtype(name: str) -> bool:
 
 def golden_rms(stats: Stats | None) -> float | None:
     """Root mean square of a tensor from its recorded statistics (None if they cannot say)."""
-    if stats is None or not stats.numel or not math.isfinite(stats.l2):
+    if stats is None or not stats.numel or stats.l2 is None or not math.isfinite(stats.l2):
         return None
     return stats.l2 / math.sqrt(stats.numel)
 
@@ -526,12 +526,14 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
     diffs: dict[str, float] = {}
     for name in ("min", "max", "mean", "std", "absmax", "l2"):
         gv, av = getattr(gs, name), getattr(as_, name)
+        if gv is None or av is None:  # one side did not record it (an imported msprobe dump)
+            continue
         if not (math.isfinite(gv) and math.isfinite(av)):
             diffs[name] = 0.0 if (gv == av or (math.isnan(gv) and math.isnan(av))) else math.inf
             continue
         den = max(abs(gv), rms, 1e-30)
         diffs[name] = abs(av - gv) / den
-    if gs.numel and as_.numel:
+    if gs.numel and as_.numel and gs.zeros is not None and as_.zeros is not None:
         diffs["zeros"] = abs(as_.zeros - gs.zeros) / max(gs.numel, 1)
     error = max(diffs.values()) if diffs else 0.0
     if not is_float_dtype(golden.dtype) and not is_float_dtype(actual.dtype):
@@ -543,10 +545,17 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
         dtype=dtype,
         error=error,
         stat_rel_diff=diffs,
-        nan_mismatch=abs(as_.nan - gs.nan),
-        inf_mismatch=abs(as_.inf - gs.inf),
+        nan_mismatch=_count_mismatch(gs.nan, as_.nan, gs.has_nan, as_.has_nan),
+        inf_mismatch=_count_mismatch(gs.inf, as_.inf, gs.has_inf, as_.has_inf),
         note=level_note,
     )
+
+
+def _count_mismatch(g: int | None, a: int | None, g_has: bool, a_has: bool) -> int:
+    """How many more NaN (or Inf) one side has; 1 or 0 from presence where a count is unknown."""
+    if g is not None and a is not None:
+        return abs(a - g)
+    return int(g_has != a_has)
 
 
 assert set(STAT_FIELDS) >= {"min", "max", "mean", "std", "absmax", "l2", "nan", "inf", "zeros"}

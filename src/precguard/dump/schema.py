@@ -13,6 +13,7 @@ and ``"-Infinity"`` so every file is strict JSON.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,25 +30,59 @@ class Stats(BaseModel):
     """Summary statistics of one tensor, computed in float32 or wider over all elements.
 
     ``min``/``max``/``mean``/``std``/``absmax``/``l2`` are NaN when the tensor holds NaN.
+
+    precguard's own capture fills every field. A recording imported from another
+    tool (an msprobe dump records only max, min, mean and norm; see docs/msprobe.md)
+    leaves what that tool did not measure as None, and compare judges only the
+    statistics both sides have.
     """
 
     model_config = _FROZEN
 
     min: float = Field(description="Smallest element.")
     max: float = Field(description="Largest element.")
-    mean: float = Field(description="Arithmetic mean.")
-    std: float = Field(description="Standard deviation (unbiased; 0 for one element).")
+    mean: float | None = Field(default=None, description="Arithmetic mean (None: not recorded).")
+    std: float | None = Field(
+        default=None,
+        description="Standard deviation (unbiased; 0 for one element; None: not recorded).",
+    )
     absmax: float = Field(description="Largest absolute value.")
-    l2: float = Field(description="Euclidean norm of all elements.")
-    nan: int = Field(description="Number of NaN elements.")
-    inf: int = Field(description="Number of +Inf or -Inf elements.")
-    zeros: int = Field(description="Number of elements equal to zero.")
+    l2: float | None = Field(
+        default=None, description="Euclidean norm of all elements (None: not recorded)."
+    )
+    nan: int | None = Field(default=None, description="Number of NaN elements (None: unknown).")
+    inf: int | None = Field(
+        default=None, description="Number of +Inf or -Inf elements (None: unknown)."
+    )
+    zeros: int | None = Field(
+        default=None, description="Number of elements equal to zero (None: unknown)."
+    )
     numel: int = Field(description="Number of elements.")
 
     @property
+    def has_nan(self) -> bool:
+        """Whether the tensor holds NaN (from the count, else from a NaN extreme).
+
+        Only the extremes tell: max and min propagate NaN, while a NaN mean also
+        comes from +Inf and -Inf in one tensor.
+        """
+        if self.nan is not None:
+            return self.nan > 0
+        return math.isnan(self.min) or math.isnan(self.max)
+
+    @property
+    def has_inf(self) -> bool:
+        """Whether the tensor holds +-Inf (from the count, else from its extremes)."""
+        if self.inf is not None:
+            return self.inf > 0
+        return math.isinf(self.min) or math.isinf(self.max)
+
+    @property
     def nonfinite(self) -> int:
-        """NaN plus Inf count."""
-        return self.nan + self.inf
+        """NaN plus Inf count (1 for each kind known present where a count is unknown)."""
+        nan = self.nan if self.nan is not None else int(self.has_nan)
+        inf = self.inf if self.inf is not None else int(self.has_inf)
+        return nan + inf
 
 
 STAT_FIELDS: tuple[str, ...] = tuple(Stats.model_fields)

@@ -1,0 +1,69 @@
+"""Load the tensor files of an msprobe dump without running code from them.
+
+msprobe saves tensors with ``torch.save`` (``.pt``, a pickle) or ``numpy.save``
+(``.npy``). A pickle can run any code when loaded, so a ``.pt`` file is read
+only with ``torch.load(..., weights_only=True)`` (torch's restricted unpickler:
+tensors, containers and numbers, nothing else), a ``.npy`` file only with
+``numpy.load(..., allow_pickle=False)`` (object arrays refused), and any other
+suffix is refused. A file that does not load under those rules, or holds
+something other than one tensor of the dtype and shape its record says, is a
+:class:`~precguard.errors.DumpFormatError`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from precguard.errors import DumpFormatError
+from precguard.text import shown
+
+#: the suffixes msprobe writes and how each is read
+SUFFIXES = (".pt", ".npy")
+
+
+def load_tensor(path: Path, *, shown_path: str, dtype: str, shape: list[int]) -> torch.Tensor:
+    """Load one msprobe tensor file safely; it must hold one tensor of ``dtype`` and ``shape``.
+
+    :param path: the real path (already confined to the dump directory).
+    :param shown_path: how to name the file in an error.
+    :param dtype: the torch dtype name its record gives (``float32``).
+    :param shape: the shape its record gives.
+    """
+    if not path.is_file():
+        raise DumpFormatError(f"{shown_path}: missing")
+    if path.suffix == ".pt":
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # the restricted unpickler refused it, or a corrupt file
+            raise DumpFormatError(
+                f"{shown_path}: does not load as plain tensor data (torch.load with "
+                f"weights_only=True: {shown(exc, 120)}); refused"
+            ) from exc
+    elif path.suffix == ".npy":
+        try:
+            array = np.load(path, allow_pickle=False)
+        except Exception as exc:
+            raise DumpFormatError(
+                f"{shown_path}: not a plain .npy array (numpy.load with allow_pickle=False: "
+                f"{shown(exc, 120)}); refused"
+            ) from exc
+        if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
+            raise DumpFormatError(f"{shown_path}: not a numeric array; refused")
+        obj = torch.from_numpy(np.ascontiguousarray(array))
+    else:
+        raise DumpFormatError(
+            f"{shown_path}: unsupported tensor file type {shown(path.suffix or '(none)', 20)}; "
+            "only .pt (loaded with weights_only=True) and .npy (allow_pickle=False) are read"
+        )
+    if not isinstance(obj, torch.Tensor):
+        raise DumpFormatError(f"{shown_path}: holds a {type(obj).__name__}, not a tensor; refused")
+    got = str(obj.dtype).removeprefix("torch.")
+    if got != dtype or list(obj.shape) != list(shape):
+        raise DumpFormatError(
+            f"{shown_path}: holds a {got} tensor of shape {list(obj.shape)}, its dump.json "
+            f"record says {shown(dtype, 20)} {shown(shape, 60)}"
+        )
+    return obj.detach().contiguous()

@@ -1,0 +1,235 @@
+"""The fast statistics path records the same numbers as the straightforward one.
+
+The hot path (``StatsBuffer``: four reductions per CPU tensor read at once, a
+reuse cache, one stacked transfer per step on accelerators) is checked
+against the definition in docs/capture.md computed the plain way: one torch
+op per statistic, each read at once, for every tensor again.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import precguard
+from precguard.capture.stats import StatsBuffer
+from tests.capture.models import Branchy
+
+INTEGER_FIELDS = ("nan", "inf", "zeros", "numel")
+FLOAT_FIELDS = ("min", "max", "mean", "std", "absmax", "l2")
+
+
+def straightforward(t: torch.Tensor) -> dict[str, Any]:
+    """Every statistic on its own, as docs/capture.md defines it."""
+    x = t.detach()
+    if x.dtype not in (torch.float32, torch.float64):
+        x = x.float() if x.is_floating_point() else x.double()
+    n = x.numel()
+    mn, mx = x.min().item(), x.max().item()
+    total = x.sum().item()
+    l2 = torch.linalg.vector_norm(x).item()
+    nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
+    mean = total / n
+    if nan or inf:
+        std = torch.std(x, correction=1 if n > 1 else 0).item()
+    elif n > 1 and n * mean * mean > 0.999 * l2 * l2:  # the one-pass formula would cancel
+        std = torch.std(x).item()
+    else:
+        std = math.sqrt(max(l2 * l2 - n * mean * mean, 0.0) / max(n - 1, 1))
+    return {
+        "min": mn,
+        "max": mx,
+        "mean": mean,
+        "std": std,
+        "absmax": math.nan if nan else max(abs(mn), abs(mx)),
+        "l2": l2,
+        "nan": nan,
+        "inf": inf,
+        "zeros": int((x == 0).sum()),
+        "numel": n,
+    }
+
+
+class StraightforwardStats(StatsBuffer):
+    """A statistics buffer that computes every tensor from scratch, no cache, no batching."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, t: torch.Tensor, *, need_finite: bool = False) -> tuple[int, bool | None]:
+        self.rows.append(straightforward(t))
+        return len(self.rows) - 1, self.rows[-1]["nan"] == 0 and self.rows[-1]["inf"] == 0
+
+    def materialize(self) -> list[dict[str, Any]]:
+        rows, self.rows = self.rows, []
+        return rows
+
+
+def assert_same_stats(got: dict[str, Any], want: dict[str, Any], where: str) -> None:
+    for field in INTEGER_FIELDS:
+        assert got[field] == want[field], (where, field)
+    for field in FLOAT_FIELDS:
+        a, b = got[field], want[field]
+        same = (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-12)
+        assert same, (where, field, a, b)
+
+
+def record_training(model: nn.Module, step, out, *, reference: bool) -> dict[tuple, Any]:
+    """Two training steps under monitor(); return each record's statistics by (step, key)."""
+    with precguard.monitor(model, out=out, params="every_step") as handle:
+        if reference:
+            handle.recording._stats = StraightforwardStats()
+        for _ in range(2):
+            step()
+            model.zero_grad(set_to_none=True)
+            handle.step()
+    found = {}
+    for rec in precguard.load_run(out).records():
+        if rec.stats is not None:
+            found[(rec.step, rec.key)] = rec.stats.model_dump()
+    return found
+
+
+def test_llama_training_records_the_straightforward_statistics(tiny_llama, input_ids, tmp_path):
+    def step() -> None:
+        tiny_llama(input_ids, labels=input_ids).loss.backward()
+
+    fast = record_training(tiny_llama, step, tmp_path / "fast", reference=False)
+    plain = record_training(tiny_llama, step, tmp_path / "plain", reference=True)
+    assert fast.keys() == plain.keys()
+    phases = {key.split(".")[-3] for _, key in fast}
+    assert phases == {"forward", "backward"} and len(fast) > 300
+    for where, stats in fast.items():
+        assert_same_stats(stats, plain[where], str(where))
+
+
+def test_hand_written_model_records_the_straightforward_statistics(tmp_path):
+    torch.manual_seed(0)
+    model = Branchy()
+    x = torch.randn(4, 8, requires_grad=True)
+
+    def step() -> None:
+        h, d, pair = model(x, scale=0.5)
+        (h.sum() + d["b"].square().sum() + pair.aux.mean()).backward()
+
+    fast = record_training(model, step, tmp_path / "fast", reference=False)
+    plain = record_training(model, step, tmp_path / "plain", reference=True)
+    assert fast.keys() == plain.keys() and fast
+    for where, stats in fast.items():
+        assert_same_stats(stats, plain[where], str(where))
+
+
+EDGE_CASES = {
+    "randn": lambda: torch.randn(3, 1000),
+    "offset": lambda: torch.randn(4096) * 1e-3 + 1e4,
+    "bf16": lambda: torch.randn(64, 64).to(torch.bfloat16),
+    "int": lambda: torch.randint(-5, 32000, (2, 128)),
+    "bool": lambda: torch.rand(50) > 0.5,
+    "signed_zeros": lambda: torch.tensor([0.0, -0.0, 1.0, -2.0, 0.0]),
+    "nonfinite": lambda: torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.0]),
+    "only_inf": lambda: torch.tensor([float("inf"), 2.0]),
+    "single": lambda: torch.tensor([3.5]),
+    "strided": lambda: torch.randn(64, 48).t()[::2],
+    "float64": lambda: torch.randn(100, dtype=torch.float64),
+}
+
+
+@pytest.mark.parametrize("name", list(EDGE_CASES))
+def test_host_path_equals_the_straightforward_computation(name):
+    torch.manual_seed(0)
+    t = EDGE_CASES[name]()
+    buf = StatsBuffer()
+    slot, finite = buf.add(t)
+    want = straightforward(t)
+    assert finite == (want["nan"] == 0 and want["inf"] == 0)
+    assert_same_stats(buf.materialize()[slot], want, name)
+
+
+def straightforward_deferred(t: torch.Tensor) -> dict[str, Any]:
+    """The accelerator definition: var_mean for mean and std, NaN/Inf always counted."""
+    x = t.detach()
+    if x.dtype not in (torch.float32, torch.float64):
+        x = x.float() if x.is_floating_point() else x.double()
+    n = x.numel()
+    var, mean = torch.var_mean(x, correction=1 if n > 1 else 0)
+    mn, mx = x.min().item(), x.max().item()
+    nan = int(torch.isnan(x).sum())
+    return {
+        "min": mn,
+        "max": mx,
+        "mean": mean.item(),
+        "std": var.sqrt().item(),
+        "absmax": math.nan if nan else max(abs(mn), abs(mx)),
+        "l2": torch.linalg.vector_norm(x).item(),
+        "nan": nan,
+        "inf": int(torch.isinf(x).sum()),
+        "zeros": int((x == 0).sum()),
+        "numel": n,
+    }
+
+
+def test_deferred_path_equals_the_straightforward_computation():
+    # the accelerator path, run on the CPU: every tensor's statistics stay tensors until
+    # one transfer at materialize(); a tensor seen again unchanged reuses its slot
+    torch.manual_seed(0)
+    tensors = {name: make() for name, make in EDGE_CASES.items()}
+    buf = StatsBuffer(defer=True)
+    slots = {name: buf.add(t)[0] for name, t in tensors.items()}
+    assert buf.add(tensors["randn"]) == (slots["randn"], None)  # unknown without a sync
+    assert buf.add(tensors["nonfinite"], need_finite=True) == (slots["nonfinite"], False)
+    got = buf.materialize()
+    for name, t in tensors.items():
+        assert_same_stats(got[slots[name]], straightforward_deferred(t), name)
+
+
+class Refuses(torch.Tensor):
+    """A user's tensor subclass that does not support ``aminmax``."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.aminmax:
+            raise NotImplementedError("aminmax is not supported by Refuses")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+class Wrap(nn.Module):
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h.as_subclass(Refuses)
+
+
+class WithSubclass(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.wrap = Wrap()
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.wrap(self.a(x)).as_subclass(torch.Tensor))
+
+
+def test_a_failing_statistic_loses_only_its_own_record(tmp_path, caplog):
+    torch.manual_seed(0)
+    model = WithSubclass()
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        plain = model(x)
+        with (
+            caplog.at_level("ERROR", logger="precguard"),
+            precguard.monitor(model, out=tmp_path / "run"),
+        ):
+            watched = [model(x) for _ in range(2)]
+    assert all(torch.equal(plain, w) for w in watched)
+    failed = [r.precguard_data for r in caplog.records if "hook_failed" in r.getMessage()]
+    assert [(f["module"], f["hook"]) for f in failed] == [("wrap", "forward")]
+    keys = [(r.step, r.key) for r in precguard.load_run(tmp_path / "run").records()]
+    for step in (0, 1):
+        assert (step, "b.0.forward.output.0") in keys
+        assert (step, "root.0.forward.output.0") in keys
+        assert (step, "wrap.0.forward.input.0") in keys  # the call's other records stay
+        assert (step, "wrap.0.forward.output.0") not in keys
