@@ -20,7 +20,8 @@ from precguard.errors import DumpFormatError
 
 def test_schema_describes_manifest_and_record():
     found = schemas()
-    assert set(found) == {"manifest", "record"}
+    assert set(found) == {"manifest", "record", "status"}
+    assert {"rank", "complete", "steps", "error"} <= set(found["status"]["properties"])
     props = found["record"]["properties"]
     for field in (
         "key",

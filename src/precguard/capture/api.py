@@ -8,13 +8,17 @@ import os
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any, TypeVar, overload
 
 from torch import nn
 
 from precguard import plugins
 from precguard._logging import get_logger
+from precguard.capture import collectives
+from precguard.capture.active import ACTIVE as _ACTIVE
+from precguard.capture.active import active_recording
+from precguard.capture.active import pop as _pop
+from precguard.capture.active import push as _push
 from precguard.capture.flatten import named_tensors
 from precguard.capture.monitor import Monitor
 from precguard.capture.options import CaptureOptions, OnNonFinite
@@ -22,10 +26,6 @@ from precguard.capture.recording import Recording
 from precguard.errors import NonFiniteError
 
 logger = get_logger(__name__)
-
-#: the open recordings of this context, innermost last. A tuple, replaced on every change:
-#: each thread and asyncio task sees the recordings opened in its own context
-_ACTIVE: ContextVar[tuple[Recording, ...]] = ContextVar("precguard_active", default=())
 
 
 def environment_fingerprint(device: str) -> dict[str, Any]:
@@ -44,23 +44,6 @@ def environment_fingerprint(device: str) -> dict[str, Any]:
 _DECORATED: weakref.WeakKeyDictionary[nn.Module, Monitor] = weakref.WeakKeyDictionary()
 
 T = TypeVar("T")
-
-
-def active_recording() -> Recording | None:
-    """Return the innermost recording open in this context (``record`` or ``monitor`` with
-    ``out``), or None."""
-    stack = _ACTIVE.get()
-    return stack[-1] if stack else None
-
-
-def _push(recording: Recording) -> None:
-    _ACTIVE.set((*_ACTIVE.get(), recording))
-
-
-def _pop(recording: Recording) -> None:
-    stack = _ACTIVE.get()
-    if recording in stack:
-        _ACTIVE.set(tuple(r for r in stack if r is not recording))
 
 
 def capture_options(options: CaptureOptions | None = None, **overrides: Any) -> CaptureOptions:
@@ -97,7 +80,7 @@ class MonitorHandle:
         self.recording = recording
         self._pushed = recording.writer is not None
         if self._pushed:
-            _push(recording)
+            _open(recording)
 
     @property
     def path(self) -> os.PathLike[str] | None:
@@ -127,6 +110,12 @@ class MonitorHandle:
         self.remove(exc)
 
 
+def _open(recording: Recording) -> None:
+    """Make ``recording`` the innermost active one; collectives record into it from now on."""
+    _push(recording)
+    collectives.install()
+
+
 def _close(
     recording: Recording, error: BaseException | None, *, check_patterns: bool = False
 ) -> None:
@@ -136,7 +125,8 @@ def _close(
     decorated modules and functions that ran (``record()``, which cannot know
     the names before they run).
     """
-    _pop(recording)
+    if _pop(recording):
+        collectives.uninstall()
     state = _IN_RECORDING.pop(recording, None)
     if check_patterns:
         _warn_unmatched_patterns(recording.options, state.names if state is not None else ())
@@ -301,7 +291,7 @@ def record(
         to_host=plugins.to_host,
         fingerprint_of=environment_fingerprint,
     )
-    _push(recording)
+    _open(recording)
     try:
         yield RecordingHandle(recording)
     except BaseException as exc:

@@ -31,6 +31,12 @@ class CaptureOptions(BaseModel):
         "requires grad (backward.input records), which localizes a module whose backward is "
         "wrong. One tensor hook per input and call; turn off to save that cost.",
     )
+    collectives: bool = Field(
+        default=True,
+        description="Record the inputs and outputs of torch.distributed collectives "
+        "(all_reduce, reduce_scatter, all_gather, broadcast, all_to_all) as dist.<op> records "
+        "while the recording is open (see docs/distributed.md).",
+    )
     on_nonfinite: OnNonFinite = Field(
         default="record",
         description="'record': mark and log the origin; 'save': also write the origin's "

@@ -22,9 +22,10 @@ import torch
 
 from precguard._logging import get_logger
 from precguard.capture.options import CaptureOptions, OnNonFinite
+from precguard.capture.run_dir import agree_on_run_dir
 from precguard.capture.stats import StatsBuffer, capture_scope, dtype_info
 from precguard.dump.paths import rank_dir
-from precguard.dump.writer import RunWriter, prepare_run_dir, write_json_atomic
+from precguard.dump.writer import RunWriter, write_json_atomic
 from precguard.errors import NonFiniteError
 
 logger = get_logger(__name__)
@@ -112,15 +113,11 @@ class Recording:
         self.path: Path | None = None
         self.writer: RunWriter | None = None
         if out is not None:
-            # Every rank writes its own rank{R}/ below the same run directory.
-            # Rank 0 alone checks and prepares it; the others wait for that, or
-            # rank 0 would find their files and refuse a "non-empty" directory.
-            if self.rank == 0:
-                self.path = prepare_run_dir(out, overwrite=overwrite)
-            if world_size > 1:
-                torch.distributed.barrier()
-            if self.rank != 0:
-                self.path = Path(out)
+            # Every rank writes its own rank{R}/ below the same run directory;
+            # rank 0 decides whether it can be used and every rank follows.
+            self.path = agree_on_run_dir(
+                out, overwrite=overwrite, rank=self.rank, world_size=world_size
+            )
             self.writer = RunWriter(
                 self.path,
                 rank=self.rank,
@@ -280,11 +277,13 @@ class Recording:
         save: bool = False,
         need_finite: bool = False,
         first_index: int = 0,
+        extra: dict[str, Any] | None = None,
     ) -> bool | None:
         """Queue one record per tensor in ``items``; return whether all were finite.
 
         The return value is None when finiteness is unknown without a host
-        sync (accelerators, unless ``need_finite``).
+        sync (accelerators, unless ``need_finite``). ``extra``: further fields
+        for each record (a collective's ``collective`` description).
         """
         all_finite: bool | None = True
         if not items:
@@ -321,6 +320,8 @@ class Recording:
             }
             if autocast is not None and info.is_floating_point:
                 rec["compute_dtype"] = autocast
+            if extra:
+                rec.update(extra)
             self._seq += 1
             if keep:
                 with capture_scope():

@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "precguard.cli.check",
     "precguard.cli.bisect",
     "precguard.cli.opcheck",
+    "precguard.cli.ranks",
     "precguard.cli.msprobe",
     "precguard.cli.report",
 )

@@ -111,6 +111,13 @@ def compare(
         help="With --replay: the target whose code ran on the actual's side (never taken "
         "from a recording implicitly).",
     ),
+    workers: int = typer.Option(
+        1,
+        "--workers",
+        "-w",
+        help="Processes comparing (rank, step) units in parallel; the result is the same "
+        "as with one. Across machines: torchrun ... -m precguard.compare (docs/distributed.md).",
+    ),
     allow_partial: bool = typer.Option(
         False,
         "--allow-partial",
@@ -165,6 +172,7 @@ def compare(
             rename=rename,
             layout=layout,
             on_step=lambda r, s: bar.update(task, advance=1, description=f"rank {r} step {s}"),
+            workers=workers,
         )
     # name the directories the user gave, not a converted msprobe dump's temporary copy
     result = result.model_copy(update={"golden": str(golden), "actual": str(actual)})

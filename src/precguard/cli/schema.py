@@ -11,9 +11,10 @@ from precguard.cli._app import app
 
 @app.command()
 def schema(
-    which: str = typer.Argument("all", help="manifest, record, layout, or all."),
+    which: str = typer.Argument("all", help="manifest, record, status, layout, or all."),
 ) -> None:
-    """Print the JSON Schema of the recording's manifest and records, and of a layout spec."""
+    """Print the JSON Schema of a recording's manifest, records and rank status files, and of a
+    layout spec."""
     from precguard.dump.schema import schemas
     from precguard.errors import UsageError
     from precguard.layout.spec import layout_schema

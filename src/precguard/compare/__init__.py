@@ -10,8 +10,9 @@ The function is :func:`precguard.compare_runs` (``compare_runs`` here);
 
 from __future__ import annotations
 
-from precguard.compare.engine import IncomparableRunsError, compare_runs, fingerprint_diff
+from precguard.compare.engine import IncomparableRunsError, fingerprint_diff
 from precguard.compare.report import Comparison, FirstDivergence, Metrics, RecordResult
+from precguard.compare.runs import compare_runs
 from precguard.compare.tolerance import PROFILES, Profile, get_profile
 
 __all__ = [

@@ -73,7 +73,41 @@ class IncomparableRunsError(PrecguardError):
     """The two recordings are not of the same model (or share no rank or step)."""
 
 
-def compare_runs(
+class ComparePlan:
+    """What every process of a comparison agrees on before any unit is compared.
+
+    Built the same way from the same arguments in each worker process, so a
+    worker needs only the arguments (:meth:`arguments`), never a pickled object.
+    """
+
+    def __init__(
+        self,
+        g_run: Run,
+        a_run: Run,
+        prof: Profile,
+        tolerance_dtype: str,
+        renamer: Renamer,
+        warnings: list[str],
+        ranks: list[int],
+        *,
+        rank: int | None,
+        step: int | None,
+        arguments: dict[str, Any],
+    ) -> None:
+        self.g_run = g_run
+        self.a_run = a_run
+        self.prof = prof
+        self.tolerance_dtype = tolerance_dtype
+        self.computes = (g_run.manifest.compute_dtype, a_run.manifest.compute_dtype)
+        self.renamer = renamer
+        self.warnings = warnings
+        self.ranks = ranks
+        self.rank = rank
+        self.step = step
+        self.arguments = arguments
+
+
+def plan_comparison(
     golden: str | os.PathLike[str] | Run,
     actual: str | os.PathLike[str] | Run,
     *,
@@ -82,62 +116,13 @@ def compare_runs(
     atol: float | None = None,
     rank: int | None = None,
     step: int | None = None,
-    suspects: int | None = None,
     tolerance_dtype: str = "auto",
-    on_step: Callable[[int, int], None] | None = None,
     rename: Sequence[str] = (),
-    layout: str | os.PathLike[str] | None = None,
-) -> Comparison:
-    """Compare an ``actual`` recording with a ``golden`` one and name where they diverge.
-
-    :param profile: tolerance profile name (``default``, ``strict``, ``msprobe``) or object.
-    :param rtol: override the profile's relative tolerance for every dtype
-        (``rel_l2`` keeps its ratio to ``rtol``).
-    :param atol: override the absolute tolerance.
-    :param rank: compare only this rank (default: every rank both recorded).
-    :param step: compare only this step (default: every step).
-    :param suspects: how many further suspects to list (default: every module call
-        with a local error of its own).
-    :param tolerance_dtype: ``"auto"`` (default; ``"actual"`` is the same): judge each
-        pair by the less precise of the two sides' compute precisions (a bf16 run, or an
-        ``emu:bf16`` run stored as float32, is judged as bf16); ``"golden"``: by the
-        golden's (a bf16 run must match an fp32 golden to fp32 tolerances); a float
-        dtype name: by that dtype.
-    :param on_step: called as ``on_step(rank, step)`` after each step is compared
-        (the CLI's progress bar).
-    :param rename: ``OLD=NEW`` module rename rules (globs), applied to both sides after
-        wrapper prefixes (DDP, FSDP, torch.compile, checkpointing) are stripped.
-    :param layout: a layout spec (YAML file or shipped name, see docs/layouts.md): the
-        shards of a tensor-/pipeline-parallel side are gathered into whole tensors, and
-        the first divergence names the rank whose shard holds the error.
-    :raises IncomparableRunsError: the recordings are of different models.
-    :raises DumpFormatError: a recording is missing, corrupt or of a newer schema.
-
-    >>> result = precguard.compare_runs("runs/cpu", "runs/npu")      # doctest: +SKIP
-    >>> result.verdict, result.first_divergence.module          # doctest: +SKIP
-    ('diverged', 'model.layers.3.mlp')
-    """
+    check_distinct: bool = True,
+) -> ComparePlan:
+    """Open both recordings and settle everything the units share (see :func:`compare`)."""
     g_run = golden if isinstance(golden, Run) else load_run(golden)
     a_run = actual if isinstance(actual, Run) else load_run(actual)
-    if layout is not None:  # gather the parallel side(s) into one rank: precguard.layout
-        from precguard.layout.view import LayoutViews
-
-        if rank is not None:
-            raise UsageError("--rank cannot be used with --layout (the ranks are gathered)")
-        views = LayoutViews(g_run, a_run, layout)
-        try:
-            result = compare_runs(
-                views.golden, views.actual, profile=profile, rtol=rtol, atol=atol, step=step,
-                suspects=suspects, tolerance_dtype=tolerance_dtype, on_step=on_step,
-                rename=rename,
-            )  # fmt: skip
-            prof = get_profile(profile) if isinstance(profile, str) else profile
-            tol_mode = _DTYPE_ALIASES.get(tolerance_dtype, tolerance_dtype)
-            return views.finish(result, prof.with_overrides(rtol, atol), tol_mode)
-        except PrecguardError as exc:  # name the recordings, not the gathered views
-            raise type(exc)(views.real_paths(str(exc))) from exc
-        finally:
-            views.close()
     prof = get_profile(profile) if isinstance(profile, str) else profile
     prof = prof.with_overrides(rtol, atol)
     tolerance_dtype = _DTYPE_ALIASES.get(tolerance_dtype, tolerance_dtype)
@@ -146,44 +131,232 @@ def compare_runs(
             f"--tolerance-dtype must be one of {', '.join(TOLERANCE_MODES)} or a float dtype "
             f"(float32, bfloat16, float16, float64), got {tolerance_dtype!r}"
         )
-    computes = (g_run.manifest.compute_dtype, a_run.manifest.compute_dtype)
-    ensure_distinct(g_run, a_run)
+    if check_distinct:
+        ensure_distinct(g_run, a_run)
     renamer = Renamer.from_strings(rename)
     warnings = _check_models(g_run, a_run, renamed=bool(rename))
     ranks = _ranks(g_run, a_run, rank, warnings)
-    coverage = CoverageTracker(g_run, a_run, rank=rank, step=step)
+    arguments = {
+        "golden": str(g_run.path),
+        "actual": str(a_run.path),
+        "profile": prof.model_dump(mode="python"),
+        "rank": rank,
+        "step": step,
+        "tolerance_dtype": tolerance_dtype,
+        "rename": list(rename),
+    }
+    return ComparePlan(
+        g_run,
+        a_run,
+        prof,
+        tolerance_dtype,
+        renamer,
+        warnings,
+        ranks,
+        rank=rank,
+        step=step,
+        arguments=arguments,
+    )
+
+
+def plan_from_arguments(arguments: dict[str, Any]) -> ComparePlan:
+    """Rebuild a :class:`ComparePlan` in a worker from :attr:`ComparePlan.arguments`."""
+    return plan_comparison(
+        arguments["golden"],
+        arguments["actual"],
+        profile=Profile.model_validate(arguments["profile"]),
+        rank=arguments["rank"],
+        step=arguments["step"],
+        tolerance_dtype=arguments["tolerance_dtype"],
+        rename=arguments["rename"],
+        check_distinct=False,  # the coordinating process checked
+    )
+
+
+class UnitResult:
+    """The comparison of one (rank, step) unit: what :func:`merge_shards` puts together."""
+
+    __slots__ = (
+        "actual_only",
+        "candidates",
+        "collectives_dropped",
+        "first",
+        "golden_only",
+        "rank",
+        "results",
+        "step",
+    )
+
+    def __init__(
+        self,
+        rank: int,
+        step: int,
+        results: list[RecordResult],
+        golden_only: list[str],
+        actual_only: list[str],
+        candidates: list[Candidate],
+        first: Candidate | None,
+        collectives_dropped: tuple[int, int] = (0, 0),
+    ) -> None:
+        self.rank = rank
+        self.step = step
+        self.results = results
+        self.golden_only = golden_only
+        self.actual_only = actual_only
+        self.candidates = candidates
+        self.first = first
+        #: dist.<op> records (golden, actual) left out: the other side recorded no collective
+        self.collectives_dropped = collectives_dropped
+
+
+class ShardResult:
+    """One process's share: its units in (rank, step) order, its warnings and coverage."""
+
+    def __init__(self) -> None:
+        self.units: list[UnitResult] = []
+        self.warnings: dict[int, list[str]] = {}  # per rank, in the order met
+        self.compared: set[tuple[int, int]] = set()
+        self.phases: set[str] = set()
+        self.only_golden: set[str] = set()
+        self.only_actual: set[str] = set()
+
+
+def compare_unit(
+    plan: ComparePlan,
+    g_store: TensorStore,
+    a_store: TensorStore,
+    r: int,
+    s: int,
+    g_recs: list[Record],
+    a_recs: list[Record],
+) -> UnitResult:
+    """Compare the records of one rank and step; every worker calls this per unit.
+
+    When only one side recorded collectives (``dist.<op>`` records: a distributed
+    run against a single-process golden), they have nothing to pair with and are
+    left out (counted, and said in a warning) rather than listed as unmatched.
+    """
+    g_recs, a_recs, dropped = _one_sided_collectives(g_recs, a_recs)
+    step_results = _compare_step(
+        g_recs,
+        a_recs,
+        g_store,
+        a_store,
+        plan.prof,
+        plan.tolerance_dtype,
+        plan.computes,
+        plan.renamer,
+    )
+    classified = classify_step(step_results.results, plan.prof)
+    found = classified.candidates
+    first = found[0] if found else fallback(step_results.results)
+    logger.debug("step_compared", rank=r, step=s, records=len(step_results.results))
+    return UnitResult(
+        r,
+        s,
+        _annotate(step_results.results, classified.decisions),
+        step_results.golden_only,
+        step_results.actual_only,
+        found,
+        first,
+        dropped,
+    )
+
+
+def _is_collective(rec: Record) -> bool:
+    return rec.collective is not None and rec.module.startswith("dist.")
+
+
+def _one_sided_collectives(
+    g_recs: list[Record], a_recs: list[Record]
+) -> tuple[list[Record], list[Record], tuple[int, int]]:
+    g_dist = sum(map(_is_collective, g_recs))
+    a_dist = sum(map(_is_collective, a_recs))
+    if g_dist and not a_dist:
+        return [r for r in g_recs if not _is_collective(r)], a_recs, (g_dist, 0)
+    if a_dist and not g_dist:
+        return g_recs, [r for r in a_recs if not _is_collective(r)], (0, a_dist)
+    return g_recs, a_recs, (0, 0)
+
+
+def compare_shard(
+    plan: ComparePlan,
+    owns: Callable[[int, int], bool | None],
+    on_unit: Callable[[int, int], None] | None = None,
+) -> ShardResult:
+    """Compare the units this process owns.
+
+    ``owns(rank, step)`` says whether the unit is this process's; ``owns(rank, -1)``
+    whether the rank's pairing warnings are (True), and None when the process owns
+    nothing of that rank (its records are then not read at all). ``on_unit(rank,
+    step)`` is called after each unit.
+    """
+    out = ShardResult()
+    coverage = CoverageTracker(plan.g_run, plan.a_run, rank=plan.rank, step=plan.step)
+    g_store, a_store = TensorStore(plan.g_run.path), TensorStore(plan.a_run.path)
+    try:
+        for r in plan.ranks:
+            keeps_warnings = owns(r, -1)
+            if keeps_warnings is None:
+                continue
+            warnings: list[str] = []
+            for s, g_recs, a_recs in _paired_steps(plan.g_run, plan.a_run, r, plan.step, warnings):
+                if not owns(r, s):
+                    continue
+                g_recs, a_recs = coverage.pair(r, s, g_recs, a_recs)
+                out.units.append(compare_unit(plan, g_store, a_store, r, s, g_recs, a_recs))
+                if on_unit is not None:
+                    on_unit(r, s)
+            if keeps_warnings and warnings:
+                out.warnings[r] = warnings
+    finally:
+        g_store.close()
+        a_store.close()
+    out.compared = coverage.compared
+    out.phases = coverage.phases
+    out.only_golden = coverage.only_golden
+    out.only_actual = coverage.only_actual
+    return out
+
+
+def merge_shards(
+    plan: ComparePlan,
+    shards: list[ShardResult],
+    *,
+    suspects: int | None = None,
+) -> Comparison:
+    """Put the shards' units together in (rank, step) order and judge the whole comparison.
+
+    The order is the one a single process compares in, so the result does not
+    depend on how many processes shared the work.
+    """
+    g_run, a_run = plan.g_run, plan.a_run
+    warnings = list(plan.warnings)
+    for r in plan.ranks:
+        for shard in shards:
+            warnings.extend(shard.warnings.get(r, []))
+    coverage = CoverageTracker(g_run, a_run, rank=plan.rank, step=plan.step)
+    for shard in shards:
+        coverage.compared |= shard.compared
+        coverage.phases |= shard.phases
+        coverage.only_golden |= shard.only_golden
+        coverage.only_actual |= shard.only_actual
+    units = sorted((u for shard in shards for u in shard.units), key=lambda u: (u.rank, u.step))
     results: list[RecordResult] = []
     golden_only: list[str] = []
     actual_only: list[str] = []
     candidates: list[Candidate] = []
     firsts: list[Candidate] = []
-    g_store, a_store = TensorStore(g_run.path), TensorStore(a_run.path)
-    steps_seen = 0
-    try:
-        for r in ranks:
-            for s, g_recs, a_recs in _paired_steps(g_run, a_run, r, step, warnings):
-                steps_seen += 1
-                g_recs, a_recs = coverage.pair(r, s, g_recs, a_recs)
-                step_results = _compare_step(
-                    g_recs, a_recs, g_store, a_store, prof, tolerance_dtype, computes, renamer
-                )
-                classified = classify_step(step_results.results, prof)
-                found = classified.candidates
-                results.extend(_annotate(step_results.results, classified.decisions))
-                golden_only.extend(step_results.golden_only)
-                actual_only.extend(step_results.actual_only)
-                candidates.extend(found)
-                first = found[0] if found else fallback(step_results.results)
-                if first is not None:
-                    firsts.append(first)
-                logger.debug("step_compared", rank=r, step=s, records=len(step_results.results))
-                if on_step is not None:
-                    on_step(r, s)
-    finally:
-        g_store.close()
-        a_store.close()
-    if step is not None and steps_seen == 0:
-        raise UsageError(f"step {step} is in neither recording (or in only one of them)")
+    for unit in units:
+        results.extend(unit.results)
+        golden_only.extend(unit.golden_only)
+        actual_only.extend(unit.actual_only)
+        candidates.extend(unit.candidates)
+        if unit.first is not None:
+            firsts.append(unit.first)
+    steps_seen = len(units)
+    if plan.step is not None and steps_seen == 0:
+        raise UsageError(f"step {plan.step} is in neither recording (or in only one of them)")
     if steps_seen == 0:
         raise IncomparableRunsError(
             f"{g_run.path} and {a_run.path} share no step of any rank: nothing to compare"
@@ -205,18 +378,26 @@ def compare_runs(
             + _api_only_note(golden_only, actual_only)
         )
     first = min(firsts, key=lambda c: c.order) if firsts else None
+    for side, i in (("golden", 0), ("actual", 1)):
+        dropped = sum(u.collectives_dropped[i] for u in units)
+        if dropped:
+            warnings.append(
+                f"{dropped} collective (dist.*) records only in {side}, whose other side "
+                "recorded no collective (e.g. a single-process golden): not compared"
+            )
     if golden_only or actual_only:
         warnings.append(
             f"{len(golden_only)} golden and {len(actual_only)} actual records have no "
             "counterpart (listed under 'unmatched')" + _closest(golden_only, actual_only)
         )
+    prof = plan.prof
     return Comparison(
         golden=str(g_run.path),
         actual=str(a_run.path),
         devices=[g_run.manifest.device, a_run.manifest.device],
         dtypes=[g_run.manifest.dtype, a_run.manifest.dtype],
-        compute_dtypes=list(computes),
-        tolerance_dtype=tolerance_dtype,
+        compute_dtypes=list(plan.computes),
+        tolerance_dtype=plan.tolerance_dtype,
         targets=[g_run.manifest.target, a_run.manifest.target],
         profile=prof.name,
         tolerances={k: v.model_dump() for k, v in prof.dtypes.items()}

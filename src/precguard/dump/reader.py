@@ -24,7 +24,7 @@ from pydantic_core import from_json
 
 from precguard._logging import get_logger
 from precguard.dump.paths import RECORDS_FILE, rank_dir, rank_dir_name, rank_of, resolve_member
-from precguard.dump.schema import SCHEMA_VERSION, Manifest, Record
+from precguard.dump.schema import SCHEMA_VERSION, Manifest, RankStatus, Record
 from precguard.dump.tensors import TensorStore
 from precguard.errors import DumpFormatError
 from precguard.text import shown
@@ -114,6 +114,34 @@ class Run:
             if records.is_file():
                 found.append(rank)
         return sorted(found)
+
+    def rank_status(self) -> dict[int, RankStatus | None]:
+        """Each rank's own account of how it ended (``rank{R}/status.json``).
+
+        Covers every rank of the manifest's ``world_size`` and every rank
+        folder found: None for a rank that wrote no status (a recording made
+        before ranks kept one, or a rank that never started). A rank whose
+        status says ``complete: false`` was killed, is still running, or raised
+        (then ``error`` says what).
+        """
+        out: dict[int, RankStatus | None] = {}
+        for rank in sorted(set(range(self.manifest.world_size)) | set(self.ranks)):
+            path = resolve_member(self.path, f"rank{rank}/status.json", what=f"rank {rank}")
+            if not path.is_file():
+                out[rank] = None
+                continue
+            raw = read_json_file(path, limit=MAX_MANIFEST_BYTES, what="rank status")
+            try:
+                out[rank] = RankStatus.model_validate(raw)
+            except ValidationError as exc:
+                raise DumpFormatError(
+                    f"{shown(self.path / f'rank{rank}' / 'status.json')}: {first_error(exc)}"
+                ) from exc
+        return out
+
+    def completed_ranks(self) -> list[int]:
+        """Ranks whose status says they closed cleanly (see :meth:`rank_status`)."""
+        return [r for r, s in self.rank_status().items() if s is not None and s.complete]
 
     def records(self, rank: int | None = None) -> Iterator[Record]:
         """Stream records of one rank (default: every rank, in rank order).

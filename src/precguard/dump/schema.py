@@ -97,6 +97,26 @@ class TensorRef(BaseModel):
     name: str = Field(description="Tensor name inside that file (the record key).")
 
 
+class Collective(BaseModel):
+    """What a ``dist.<op>`` record's collective was: op, API, process group, reduce op."""
+
+    model_config = _FROZEN
+
+    op: str = Field(description="The collective, e.g. 'all_reduce', 'all_gather_into_tensor'.")
+    api: str = Field(description="'c10d' (torch.distributed) or 'functional'.")
+    group: list[int] | None = Field(
+        default=None, description="Global ranks of the process group (None when unknown)."
+    )
+    reduce_op: str | None = Field(
+        default=None, description="The reduction ('sum', 'avg', 'max', ...) if the op reduces."
+    )
+    async_: bool = Field(
+        default=False,
+        alias="async",
+        description="Called with async_op=True: the output was recorded at wait().",
+    )
+
+
 class Record(BaseModel):
     """One captured tensor."""
 
@@ -139,6 +159,11 @@ class Record(BaseModel):
         default=False,
         description="True on the first non-finite output of the module that introduced "
         "NaN/Inf (its inputs were finite).",
+    )
+    collective: Collective | None = Field(
+        default=None,
+        description="On dist.<op> records (a torch.distributed collective): the op and its "
+        "process group.",
     )
 
 
@@ -192,9 +217,32 @@ class Manifest(BaseModel):
     steps: int | None = Field(default=None, description="Steps recorded, once complete.")
 
 
+class RankStatus(BaseModel):
+    """How one rank's part of a recording ended: ``rank{R}/status.json``.
+
+    ``manifest.json`` is rank 0's; every rank writes its own status when it
+    opens (``complete: false``) and again when it closes, so a rank killed
+    mid-run is told apart from ranks that finished.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    rank: int = Field(description="The rank.")
+    complete: bool = Field(
+        default=False, description="True once this rank closed its recording cleanly."
+    )
+    steps: int | None = Field(default=None, description="Steps this rank recorded, once closed.")
+    error: RunError | None = Field(
+        default=None, description="The exception that ended this rank's run, if it raised."
+    )
+    host: str = Field(default="", description="Host name the rank ran on.")
+    pid: int | None = Field(default=None, description="Process id of the rank.")
+
+
 def schemas() -> dict[str, Any]:
-    """Return the JSON Schemas of the manifest and the record."""
+    """Return the JSON Schemas of the manifest, the record and a rank's status.json."""
     return {
         "manifest": Manifest.model_json_schema(),
         "record": Record.model_json_schema(),
+        "status": RankStatus.model_json_schema(),
     }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import tempfile
 import uuid
 from datetime import datetime, timezone
@@ -24,7 +25,7 @@ from safetensors.torch import save_file
 
 from precguard._logging import get_logger
 from precguard.dump.paths import RECORDS_FILE, rank_dir
-from precguard.dump.schema import SCHEMA_VERSION, Manifest, Record, RunError
+from precguard.dump.schema import SCHEMA_VERSION, Manifest, RankStatus, Record, RunError
 from precguard.errors import DumpFormatError, OutputExistsError, UsageError
 from precguard.text import shown
 
@@ -170,11 +171,17 @@ class RunWriter:
         )
         if rank == 0:
             self._write_manifest()
+        self._write_status(RankStatus(rank=rank, host=socket.gethostname(), pid=os.getpid()))
         self._records = open(self.rank_dir / RECORDS_FILE, "ab")  # noqa: SIM115
         self._chunk = 0
 
     def _write_manifest(self) -> None:
         write_json_atomic(self.root / "manifest.json", self.manifest.model_dump_json(indent=2))
+
+    def _write_status(self, status: RankStatus) -> None:
+        """Replace this rank's ``status.json`` (its own account of whether it completed)."""
+        self._status = status
+        write_json_atomic(self.rank_dir / "status.json", status.model_dump_json(indent=2))
 
     def update_manifest(self, **fields: Any) -> None:
         """Change manifest fields (e.g. ``model``, ``dtype``) and rewrite it (rank 0)."""
@@ -237,7 +244,9 @@ class RunWriter:
             return
         self._records.close()
         if error is None:
+            self._write_status(self._status.model_copy(update={"complete": True, "steps": steps}))
             self.update_manifest(complete=True, steps=steps)
         else:
             failure = RunError(type=type(error).__name__, message=str(error)[:500])
+            self._write_status(self._status.model_copy(update={"steps": steps, "error": failure}))
             self.update_manifest(complete=False, steps=steps, error=failure)

@@ -1,0 +1,294 @@
+"""Compare at scale: (rank, step) units shared by worker processes or by a torchrun job.
+
+Comparing is independent per rank and step, so the units are dealt out and the
+results put back together in (rank, step) order by
+:func:`~precguard.compare.engine.merge_shards`, which makes the result the same
+JSON whatever the number of processes:
+
+* ``compare(..., workers=N)`` / ``precguard compare --workers N``: this process
+  and N-1 more on this machine (``fork`` where available, else ``spawn``), each
+  rebuilding the comparison plan from its plain arguments;
+* ``torchrun --nnodes ... -m precguard.compare GOLDEN ACTUAL ...``: every process
+  of the job takes a share, sends it to rank 0 with ``gather_object`` and rank 0
+  merges and prints (see :mod:`precguard.compare.__main__`).
+
+A share travels as a JSON string (:class:`ShardPayload`), never as a pickled
+object. Unit ``(i, s)`` (the i-th rank compared, step ``s``) belongs to process
+``(i + n_ranks * (s mod k)) mod N`` with ``k = ceil(N / n_ranks)``: whole ranks
+when there are at least as many ranks as processes (a process reads only its
+ranks' records), steps of a rank spread over processes when there are fewer.
+
+Workers keep the parent's torch thread count: full-tensor metrics reduce in
+fp64 on the CPU, and a different thread count could round their last bits
+differently from a single-process run.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from precguard.compare.divergence import Candidate
+from precguard.compare.engine import (
+    ComparePlan,
+    ShardResult,
+    UnitResult,
+    compare_shard,
+    plan_from_arguments,
+)
+from precguard.compare.report import RecordResult
+from precguard.errors import PrecguardError, UsageError
+
+_FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
+
+#: set by ``python -m precguard.compare`` under torchrun: share units with the job's ranks
+_DISTRIBUTED: dict[str, Any] = {"active": False}
+
+
+class CandidateModel(BaseModel):
+    """A :class:`~precguard.compare.divergence.Candidate` as JSON."""
+
+    model_config = _FROZEN
+
+    result: RecordResult
+    local: bool | None
+    amplification: float | None
+    input_error: float | None
+    reason: str
+    expected_error: float | None = None
+
+
+class UnitModel(BaseModel):
+    """A :class:`~precguard.compare.engine.UnitResult` as JSON."""
+
+    model_config = _FROZEN
+
+    rank: int
+    step: int
+    results: list[RecordResult]
+    golden_only: list[str]
+    actual_only: list[str]
+    candidates: list[CandidateModel]
+    first: CandidateModel | None = Field(
+        default=None, description="The unit's first candidate when it is not candidates[0]."
+    )
+    first_is_candidate: bool = Field(
+        default=False, description="The unit's first is candidates[0] (the same object)."
+    )
+    collectives_dropped: tuple[int, int] = Field(
+        default=(0, 0), description="dist.* records left out (golden, actual)."
+    )
+
+
+class ShardPayload(BaseModel):
+    """One process's share of a comparison, or the error that stopped it."""
+
+    model_config = _FROZEN
+
+    units: list[UnitModel] = Field(default_factory=list)
+    warnings: dict[int, list[str]] = Field(default_factory=dict)
+    compared: list[tuple[int, int]] = Field(default_factory=list)
+    phases: list[str] = Field(default_factory=list)
+    only_golden: list[str] = Field(default_factory=list)
+    only_actual: list[str] = Field(default_factory=list)
+    error: str | None = Field(default=None, description="Class name of the error raised.")
+    message: str = Field(default="", description="Its message.")
+
+
+def _candidate_model(c: Candidate) -> CandidateModel:
+    return CandidateModel(
+        result=c.result,
+        local=c.local,
+        amplification=c.amplification,
+        input_error=c.input_error,
+        reason=c.reason,
+        expected_error=c.expected_error,
+    )
+
+
+def _candidate(m: CandidateModel) -> Candidate:
+    return Candidate(m.result, m.local, m.amplification, m.input_error, m.reason, m.expected_error)
+
+
+def to_payload(shard: ShardResult) -> ShardPayload:
+    """A shard as a JSON-able model."""
+    units = []
+    for u in shard.units:
+        in_list = bool(u.candidates) and u.first is u.candidates[0]
+        units.append(
+            UnitModel(
+                rank=u.rank,
+                step=u.step,
+                results=u.results,
+                golden_only=u.golden_only,
+                actual_only=u.actual_only,
+                candidates=[_candidate_model(c) for c in u.candidates],
+                first=None if in_list or u.first is None else _candidate_model(u.first),
+                first_is_candidate=in_list,
+                collectives_dropped=u.collectives_dropped,
+            )
+        )
+    return ShardPayload(
+        units=units,
+        warnings=shard.warnings,
+        compared=sorted(shard.compared),
+        phases=sorted(shard.phases),
+        only_golden=sorted(shard.only_golden),
+        only_actual=sorted(shard.only_actual),
+    )
+
+
+def from_payload(payload: ShardPayload) -> ShardResult:
+    """Rebuild a shard from its JSON-able model; re-raise the error it carries."""
+    if payload.error is not None:
+        raise error_class(payload.error)(payload.message)
+    out = ShardResult()
+    for u in payload.units:
+        candidates = [_candidate(c) for c in u.candidates]
+        if u.first_is_candidate:
+            first: Candidate | None = candidates[0]
+        else:
+            first = _candidate(u.first) if u.first is not None else None
+        out.units.append(
+            UnitResult(u.rank, u.step, u.results, u.golden_only, u.actual_only, candidates, first)
+        )
+    out.warnings = dict(payload.warnings)
+    out.compared = {tuple(x) for x in payload.compared}  # type: ignore[misc]
+    out.phases = set(payload.phases)
+    out.only_golden = set(payload.only_golden)
+    out.only_actual = set(payload.only_actual)
+    return out
+
+
+def error_class(name: str) -> type[PrecguardError]:
+    """The precguard error class named ``name`` (PrecguardError when unknown)."""
+    from precguard import errors
+    from precguard.compare import coverage, engine
+
+    for module in (errors, engine, coverage):
+        cls = getattr(module, name, None)
+        if isinstance(cls, type) and issubclass(cls, PrecguardError):
+            return cls
+    return PrecguardError
+
+
+def owner(index: int, step: int, n_ranks: int, count: int) -> int:
+    """The process (0..count-1) that compares the ``index``-th rank's ``step``."""
+    k = math.ceil(count / n_ranks)
+    return (index + n_ranks * (step % k)) % count
+
+
+def owns_fn(plan: ComparePlan, me: int, count: int) -> Callable[[int, int], bool | None]:
+    """``owns(rank, step)`` for process ``me`` of ``count`` (see engine.compare_shard)."""
+    position = {r: i for i, r in enumerate(plan.ranks)}
+    n = len(plan.ranks)
+    k = math.ceil(count / n)
+
+    def owns(rank: int, step: int) -> bool | None:
+        i = position[rank]
+        if step == -1:  # does this process hold anything of the rank; its warnings?
+            mine = any(owner(i, s, n, count) == me for s in range(k))
+            return owner(i, 0, n, count) == me if mine else None
+        return owner(i, step, n, count) == me
+
+    return owns
+
+
+def shard_json(arguments: dict[str, Any], me: int, count: int) -> str:
+    """Compare process ``me``'s share (the worker's entry point); its payload as JSON.
+
+    A :class:`PrecguardError` is returned inside the payload, so the coordinator
+    raises it as a single process would.
+    """
+    try:
+        plan = plan_from_arguments(arguments)
+        payload = to_payload(compare_shard(plan, owns_fn(plan, me, count)))
+    except PrecguardError as exc:
+        payload = ShardPayload(error=type(exc).__name__, message=str(exc))
+    return payload.model_dump_json(exclude_defaults=True)
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+
+
+def compare_shards(
+    plan: ComparePlan, workers: int, *, on_step: Callable[[int, int], None] | None = None
+) -> list[ShardResult]:
+    """Every shard of the comparison, computed here, by worker processes, or by the job."""
+    if workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {workers}")
+    if workers == 1:
+        return [compare_shard(plan, lambda _r, _s: True, on_unit=on_step)]
+    workers = min(workers, max(1, os.cpu_count() or 1) * 4)
+    # this process compares share 0 itself while the others run: one process fewer to
+    # start, and one share less to send and parse
+    with ProcessPoolExecutor(max_workers=workers - 1, mp_context=_context()) as pool:
+        futures = [pool.submit(shard_json, plan.arguments, me, workers) for me in range(1, workers)]
+        shards = [compare_shard(plan, owns_fn(plan, 0, workers), on_unit=on_step)]
+        for future in futures:
+            shard = from_payload(ShardPayload.model_validate_json(future.result()))
+            if on_step is not None:
+                for u in shard.units:
+                    on_step(u.rank, u.step)
+            shards.append(shard)
+    return shards
+
+
+class ShareSent(BaseException):
+    """Raised by ``compare`` on a torchrun job's ranks other than 0 once their share is sent.
+
+    Not an error: rank 0 merges and reports. ``python -m precguard.compare`` catches
+    it; like ``SystemExit`` it is a ``BaseException`` so no ``except Exception`` in
+    between swallows it.
+    """
+
+
+def job_active() -> bool:
+    """True when comparisons are shared with a torch.distributed job (see :func:`activate_job`)."""
+    return bool(_DISTRIBUTED["active"])
+
+
+def compare_in_job(
+    make_plan: Callable[[], ComparePlan],
+) -> tuple[ComparePlan, list[ShardResult]]:
+    """Compare this process's share and gather every share on rank 0.
+
+    Every rank reaches the gather, also when its plan failed (a recording it
+    cannot read): the error travels in its payload and rank 0 raises it, so no
+    rank waits for one that gave up.
+
+    :raises ShareSent: on ranks other than 0, once their share is sent.
+    """
+    import torch.distributed as dist
+
+    me, count = dist.get_rank(), dist.get_world_size()
+    plan: ComparePlan | None = None
+    try:
+        plan = make_plan()
+        payload = to_payload(compare_shard(plan, owns_fn(plan, me, count)))
+    except PrecguardError as exc:
+        failure: PrecguardError | None = exc
+        payload = ShardPayload(error=type(exc).__name__, message=str(exc))
+    else:
+        failure = None
+    gathered: list[Any] | None = [None] * count if me == 0 else None
+    dist.gather_object(payload.model_dump_json(exclude_defaults=True), gathered, dst=0)
+    if me != 0:
+        raise ShareSent
+    if failure is not None:
+        raise failure
+    assert gathered is not None and plan is not None
+    return plan, [from_payload(ShardPayload.model_validate_json(t)) for t in gathered]
+
+
+def activate_job() -> None:
+    """Share comparisons with the processes of the current torch.distributed job."""
+    _DISTRIBUTED["active"] = True
