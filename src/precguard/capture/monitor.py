@@ -458,16 +458,7 @@ class Monitor:
                     continue
                 with torch.no_grad():
                     grad = functools.reduce(torch.add, got)
-                r.sink.add(
-                    r.module,
-                    r.module_type,
-                    r.call,
-                    "backward",
-                    "input",
-                    [(r.name, grad)],
-                    first_index=r.index,
-                    save=r.save,
-                )
+                _add_input_grad(r, grad)
             except Exception as exc:
                 self._report_failure(r.module, "input_grad", exc)
 
@@ -481,16 +472,7 @@ class Monitor:
             if r.exact or r.sink.closed:
                 continue
             try:
-                r.sink.add(
-                    r.module,
-                    r.module_type,
-                    r.call,
-                    "backward",
-                    "input",
-                    [(r.name, grad)],
-                    first_index=r.index,
-                    save=r.save,
-                )
+                _add_input_grad(r, grad)
             except Exception as exc:
                 self._report_failure(r.module, "input_grad", exc)
 
@@ -537,3 +519,17 @@ class Monitor:
         self._input_grads.clear()
         if self._fixed_sink is not None:
             self._fixed_sink.covered.difference_update(self._covered)
+
+
+def _add_input_grad(reader: _Reader, grad: torch.Tensor) -> None:
+    """Record ``grad`` as ``reader``'s gradient w.r.t. the input it read (``backward.input``)."""
+    reader.sink.add(
+        reader.module,
+        reader.module_type,
+        reader.call,
+        "backward",
+        "input",
+        [(reader.name, grad)],
+        first_index=reader.index,
+        save=reader.save,
+    )

@@ -36,19 +36,7 @@ def concat_stats(parts: Sequence[Stats]) -> Stats:
     inf = sum(p.inf for p in parts)
     zeros = sum(p.zeros for p in parts)
     if nan:
-        # the recorder writes every float statistic of a tensor holding NaN as NaN
-        return Stats(
-            min=math.nan,
-            max=math.nan,
-            mean=math.nan,
-            std=math.nan,
-            absmax=math.nan,
-            l2=math.nan,
-            nan=nan,
-            inf=inf,
-            zeros=zeros,
-            numel=n,
-        )
+        return _nan_stats(nan, inf, zeros, n)
     total = math.fsum(p.mean * p.numel for p in parts)
     mean = total / n if n else 0.0
     if math.isfinite(mean):
@@ -72,6 +60,22 @@ def concat_stats(parts: Sequence[Stats]) -> Stats:
     )
 
 
+def _nan_stats(nan: int, inf: int, zeros: int, numel: int) -> Stats:
+    """A tensor holding NaN: the recorder writes every float statistic of it as NaN."""
+    return Stats(
+        min=math.nan,
+        max=math.nan,
+        mean=math.nan,
+        std=math.nan,
+        absmax=math.nan,
+        l2=math.nan,
+        nan=nan,
+        inf=inf,
+        zeros=zeros,
+        numel=numel,
+    )
+
+
 def tensor_stats(t: torch.Tensor) -> Stats:
     """Statistics of a whole (gathered) tensor, computed in fp64 like the recorder's.
 
@@ -84,18 +88,7 @@ def tensor_stats(t: torch.Tensor) -> Stats:
     inf = int(torch.isinf(x).sum())
     zeros = int((x == 0).sum())
     if nan:
-        return Stats(
-            min=math.nan,
-            max=math.nan,
-            mean=math.nan,
-            std=math.nan,
-            absmax=math.nan,
-            l2=math.nan,
-            nan=nan,
-            inf=inf,
-            zeros=zeros,
-            numel=n,
-        )
+        return _nan_stats(nan, inf, zeros, n)
     mn, mx = (v.item() for v in torch.aminmax(x))
     return Stats(
         min=mn,
