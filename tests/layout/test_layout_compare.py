@@ -9,6 +9,7 @@ import torch
 
 import precguard
 from precguard.compare.engine import IncomparableRunsError
+from precguard.compare.hints import replay_hint
 from precguard.errors import UsageError
 from precguard.layout import LayoutSpec, gather_run, load_layout
 from tests.compare.conftest import run_cli
@@ -59,6 +60,9 @@ def test_a_fault_in_rank_1s_row_shard_names_the_module_and_rank_1(tmp_path, spec
     assert result.verdict == "diverged"
     assert (first.module, first.rank) == ("row", 1)
     assert "rank 1's part of parameter weight" in first.reason and "ranks [0] match" in first.reason
+    hint = replay_hint(result)  # replay runs one rank's whole module: say so, not "no tensors"
+    assert hint is not None and hint.command is None
+    assert "no full tensors" not in hint.reason and "rank 1" in hint.reason, hint.reason
 
 
 def test_statistics_only_partial_sums_are_not_combinable_and_not_a_pass(tmp_path, spec_file):

@@ -109,8 +109,14 @@ def unreplayable(result: Comparison, spot: ReplaySpot) -> str | None:
         and r.role in ("input", "output")
         and call_of(r.key) == spot.call
     ]
+    if not needed:  # e.g. compare --layout: records gathered at a group's first rank
+        return (
+            f"this comparison holds no forward inputs and outputs of {spot.module} (call "
+            f"{spot.call}) at step {spot.step}, rank {spot.rank}: replay one rank's module from "
+            "a recording made on that rank"
+        )
     unsaved = [r for r in needed if not _saved(r)]
-    if not needed or unsaved:
+    if unsaved:
         return (
             f"the golden holds no full tensors of {spot.module}'s inputs and outputs; record "
             f"both runs with --tensors '{spot.module}' to replay it"
