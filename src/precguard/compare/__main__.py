@@ -43,7 +43,12 @@ def main(argv: list[str] | None = None) -> None:
     box = [json.dumps(code if isinstance(code, int) or code is None else 2)]
     dist.broadcast_object_list(box, src=0)
     dist.destroy_process_group()
-    sys.exit(json.loads(box[0]) or 0)
+    # gloo's threads can abort the interpreter's teardown ("terminate called without an
+    # active exception"), which would replace rank 0's exit code by -6: the report is
+    # written, so flush and leave without the teardown
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(json.loads(box[0]) or 0)
 
 
 if __name__ == "__main__":

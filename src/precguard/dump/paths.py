@@ -26,6 +26,8 @@ RANK_DIR = re.compile(r"rank(0|[1-9][0-9]{0,8})", re.ASCII)
 
 #: the records file of each rank folder
 RECORDS_FILE = "records.jsonl"
+#: each rank's own account of how it ended (dump.schema.RankStatus)
+STATUS_FILE = "status.json"
 #: the run's manifest, at the top of the recording
 MANIFEST_FILE = "manifest.json"
 

@@ -23,7 +23,14 @@ from pydantic import ValidationError
 from pydantic_core import from_json
 
 from precguard._logging import get_logger
-from precguard.dump.paths import RECORDS_FILE, rank_dir, rank_dir_name, rank_of, resolve_member
+from precguard.dump.paths import (
+    RECORDS_FILE,
+    STATUS_FILE,
+    rank_dir,
+    rank_dir_name,
+    rank_of,
+    resolve_member,
+)
 from precguard.dump.schema import SCHEMA_VERSION, Manifest, RankStatus, Record
 from precguard.dump.tensors import TensorStore
 from precguard.errors import DumpFormatError
@@ -126,7 +133,9 @@ class Run:
         """
         out: dict[int, RankStatus | None] = {}
         for rank in sorted(set(range(self.manifest.world_size)) | set(self.ranks)):
-            path = resolve_member(self.path, f"rank{rank}/status.json", what=f"rank {rank}")
+            path = resolve_member(
+                self.path, f"{rank_dir_name(rank)}/{STATUS_FILE}", what=f"rank {rank}"
+            )
             if not path.is_file():
                 out[rank] = None
                 continue
@@ -135,7 +144,7 @@ class Run:
                 out[rank] = RankStatus.model_validate(raw)
             except ValidationError as exc:
                 raise DumpFormatError(
-                    f"{shown(self.path / f'rank{rank}' / 'status.json')}: {first_error(exc)}"
+                    f"{shown(rank_dir(self.path, rank) / STATUS_FILE)}: {first_error(exc)}"
                 ) from exc
         return out
 

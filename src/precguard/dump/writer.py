@@ -24,7 +24,7 @@ from pydantic_core import to_json
 from safetensors.torch import save_file
 
 from precguard._logging import get_logger
-from precguard.dump.paths import RECORDS_FILE, rank_dir
+from precguard.dump.paths import RECORDS_FILE, STATUS_FILE, rank_dir
 from precguard.dump.schema import SCHEMA_VERSION, Manifest, RankStatus, Record, RunError
 from precguard.errors import DumpFormatError, OutputExistsError, UsageError
 from precguard.text import shown
@@ -181,7 +181,7 @@ class RunWriter:
     def _write_status(self, status: RankStatus) -> None:
         """Replace this rank's ``status.json`` (its own account of whether it completed)."""
         self._status = status
-        write_json_atomic(self.rank_dir / "status.json", status.model_dump_json(indent=2))
+        write_json_atomic(self.rank_dir / STATUS_FILE, status.model_dump_json(indent=2))
 
     def update_manifest(self, **fields: Any) -> None:
         """Change manifest fields (e.g. ``model``, ``dtype``) and rewrite it (rank 0)."""
