@@ -42,7 +42,7 @@ def cpu(who):
 import precguard.compare as pc
 t = time.perf_counter()
 c0 = cpu(resource.RUSAGE_SELF)
-result = pc.compare(sys.argv[1], sys.argv[2], workers=int(sys.argv[3]))
+result = pc.compare_runs(sys.argv[1], sys.argv[2], workers=int(sys.argv[3]))
 elapsed = time.perf_counter() - t
 own_cpu = cpu(resource.RUSAGE_SELF) - c0
 open(sys.argv[4], "w").write(result.model_dump_json())
