@@ -105,7 +105,8 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
     except PrecguardError as exc:
         sys.stderr.write(f"precguard: error: {exc}\n")  # one write: ranks share stderr
-        sys.exit(exc.exit_code)
+        sys.stderr.flush()
+        os._exit(exc.exit_code)  # not through gloo's teardown, which can abort with -6
     if scenario == "die":
         dist.barrier()  # rank 1 dies right after it: nothing more to do with it
         return
