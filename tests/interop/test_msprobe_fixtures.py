@@ -63,7 +63,7 @@ def test_clean_msprobe_dump_matches_precguard_both_ways(runs, dump: str) -> None
 def test_tensor_dump_is_compared_on_full_tensors_where_it_saved_them(runs) -> None:
     result = _compare(runs["clean"], FIXTURES / "tensor")
     full = {r.key for r in result.records if r.metrics is not None and r.metrics.level != "stats"}
-    # the fixture keeps the .pt files of layer 1's MLP: 13 tensors, compared element-wise
+    # the fixture keeps the tensors of layer 1's MLP (as .npy): 13, compared element-wise
     assert len(full) == 13
     assert all(k.startswith("model.layers.1.mlp.") for k in full)
 

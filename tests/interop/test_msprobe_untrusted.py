@@ -19,8 +19,20 @@ MLP_OUT = "Module.model.layers.1.mlp.LlamaMLP.forward.0"
 
 
 def _copy(name: str, tmp_path: Path) -> tuple[Path, Path, dict]:
+    """A copy of a fixture dump, its tensors in msprobe's own form: ``.pt`` files.
+
+    The repository keeps them as ``.npy`` (no pickle is tracked); msprobe writes
+    ``torch.save`` files, so the copy turns each back into one.
+    """
     dest = shutil.copytree(FIXTURES / name, tmp_path / name)
     dump = json.loads((dest / RANK / "dump.json").read_text())
+    for npy in sorted((dest / RANK).glob("dump_tensor_data/*.npy")):
+        torch.save(torch.from_numpy(np.load(npy, allow_pickle=False)), npy.with_suffix(".pt"))
+        npy.unlink()
+    if any(True for _ in (dest / RANK).glob("dump_tensor_data/*.pt")):
+        text = json.dumps(dump).replace('.npy"', '.pt"')
+        dump = json.loads(text)
+        _save(dest / RANK, dump)
     return dest, dest / RANK, dump
 
 
