@@ -23,6 +23,8 @@ from precguard.errors import TargetError
 #: built-in target name -> "module:function"
 BUILTIN_TARGETS: dict[str, str] = {
     "tiny-llama": "precguard.targets:tiny_llama",
+    "handwritten-llama": "precguard.targets:handwritten_llama",
+    "handwritten-llama-rope-bug": "precguard.targets:handwritten_llama_rope_bug",
 }
 
 
