@@ -78,16 +78,26 @@ def test_wrong_backward_is_named_local(
     assert fd is not None
     assert (fd.module, fd.phase, fd.local) == (module, "backward", True), fd.reason
     assert fd.key == f"{module}.0.backward.input.0"
-    # modules upstream in backward only passed the error on
-    upstream = [
+    # modules upstream in backward only passed the error on: the gradients they compute
+    # carry it, and the error they consumed explains it (judged by their expected error)
+    failing = [r for r in result.records if r.phase == "backward" and r.status == "fail"]
+    assert all(r.module == module or module.startswith(r.module + ".") for r in failing), [
+        r.key for r in failing
+    ]
+    passed_on = [
         r
         for r in result.records
-        if r.phase == "backward" and r.status == "fail" and r.local is not None
+        if r.phase == "backward" and r.status == "pass" and r.seq > fd_seq(result, fd.key)
     ]
-    assert any(r.local is False for r in upstream)
+    assert any(r.metrics and r.metrics.error > 0 for r in passed_on)
     assert all(s.module != module for s in result.suspects)
     hint = replay_hint(result)
     assert hint is not None and hint.command is None and "backward" in hint.reason
+
+
+def fd_seq(result: precguard.compare.Comparison, key: str) -> int:
+    """Capture order of the record ``key`` in ``result``."""
+    return next(r.seq for r in result.records if r.key == key)
 
 
 def test_clean_training_step_matches(train_golden: Path, tmp_path: Path) -> None:

@@ -256,6 +256,15 @@ def _classify(
     k = max((r.shape[-1] for r in call.consumed if r.shape), default=None)
     expected = expected_error(in_err, tol_dtype, k)
     amp = out_err / expected
+    # the expected-error gate (judge.py) judged each record against everything it
+    # consumed, concentrated error included: its ratio, where larger, is the measure
+    gated = [o for o in bad if o.amplification is not None and o.expected_error is not None]
+    if gated:
+        worst = max(gated, key=lambda o: o.amplification or 0.0)
+        if (worst.amplification or 0.0) > amp:
+            first, amp = worst, worst.amplification or 0.0
+            expected = worst.expected_error or expected
+            out_err = _err(worst)
     reason = _local_reason(call, first, in_err, out_err, expected, amp, profile)
     if reason is None:
         reason = _bias_reason(call, bad, profile)
@@ -286,10 +295,11 @@ def _local_reason(
         )
     dtype = first.metrics.dtype if first.metrics else "float32"
     inputs_bad = any(r.status in _BAD for r in call.consumed)
+    where = _concentration(first)
     if not inputs_bad and amp >= MIN_LOCAL_GROWTH:
         return (
             f"{call.module} ({call.module_type}): its {ins} match (error {_fmt(in_err)}) but "
-            f"{what} does not: error {_fmt(out_err)} where {dtype} precision and the "
+            f"{what} does not: error {_fmt(out_err)}{where} where {dtype} precision and the "
             f"{ins}' error explain {_fmt(expected)} ({_fmt(amp)}x)"
         )
     if amp >= profile.amplification:
@@ -299,6 +309,21 @@ def _local_reason(
             f"{_fmt(expected)}), threshold {_fmt(profile.amplification)}x"
         )
     return None
+
+
+def _concentration(r: RecordResult) -> str:
+    """', concentrated in ...' when the worst slice or element is what failed the record."""
+    m = r.metrics
+    if m is None or m.level != "full":
+        return ""
+    parts = []
+    if m.slice_error is not None and m.slice_dim is not None and m.slice_error > 2 * m.error:
+        parts.append(
+            f"worst slice {_fmt(m.slice_error)} at index {m.slice_index} of dim {m.slice_dim}"
+        )
+    if m.peak_error is not None and m.peak_error > 2 * m.error:
+        parts.append(f"max-abs {_fmt(m.peak_error)} of max|golden|")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _bias_reason(call: _Call, bad: list[RecordResult], profile: Profile) -> str | None:

@@ -29,6 +29,7 @@ from precguard.compare.divergence import (
     fallback,
     rank_suspects,
 )
+from precguard.compare.judge import judge_step
 from precguard.compare.metrics import (
     TOLERANCE_MODES,
     golden_rms,
@@ -105,6 +106,8 @@ class ComparePlan:
         self.rank = rank
         self.step = step
         self.arguments = arguments
+        #: per rank: the error each parameter's gradient carried at the last step compared
+        self.carried: dict[int, dict[str, float]] = {}
 
 
 def plan_comparison(
@@ -247,6 +250,11 @@ def compare_unit(
         plan.computes,
         plan.renamer,
     )
+    if plan.prof.rule == "expected":
+        judged, plan.carried[r] = judge_step(
+            step_results.results, plan.prof, plan.carried.get(r) if s > 0 else None
+        )
+        step_results.results = judged
     classified = classify_step(step_results.results, plan.prof)
     found = classified.candidates
     first = found[0] if found else fallback(step_results.results)

@@ -40,6 +40,12 @@ REL_FLOOR = 1e-3
 #: contiguous blocks of the flattened tensor over which the scale's standard error is
 #: estimated (fewer when the tensor has fewer elements)
 BIAS_BLOCKS = 64
+#: a slice's relative error is taken against at least this share of rms(golden) per
+#: element, so a slice of near-zero golden values (a causal first position, a dead
+#: channel) does not read as a concentrated error
+SLICE_FLOOR = 0.1
+#: dimensions longer than this are not sliced (one accumulator entry per index)
+MAX_SLICED = 1 << 18
 
 STATS_NOTE = (
     "statistics only, a weaker test: equal statistics do not prove equal tensors; record full "
@@ -160,9 +166,13 @@ class _Acc:
     inf_mismatch: int = 0
     sum_signed_rel: float = 0.0
     bands: list[int] = field(default_factory=lambda: [0] * len(REL_BANDS))
+    g_absmax: float = 0.0
     #: per bias block: <g, a-g> and <g, g>
     block_gd: np.ndarray | None = None
     block_gg: np.ndarray | None = None
+    #: per sliced dimension: sum of (a-g)^2 and of g^2 over each index of that dimension
+    slice_dd: dict[int, np.ndarray] = field(default_factory=dict)
+    slice_gg: dict[int, np.ndarray] = field(default_factory=dict)
 
     def merge(self, part: _Acc) -> None:
         self.n += part.n
@@ -179,6 +189,14 @@ class _Acc:
         self.inf_mismatch += part.inf_mismatch
         self.sum_signed_rel += part.sum_signed_rel
         self.bands = [x + y for x, y in zip(self.bands, part.bands, strict=True)]
+        self.g_absmax = max(self.g_absmax, part.g_absmax)
+        for dim, dd in part.slice_dd.items():
+            if dim in self.slice_dd:
+                self.slice_dd[dim] += dd
+                self.slice_gg[dim] += part.slice_gg[dim]
+            else:
+                self.slice_dd[dim] = dd.copy()
+                self.slice_gg[dim] = part.slice_gg[dim].copy()
         if part.block_gd is not None and part.block_gg is not None:
             if self.block_gd is None or self.block_gg is None:
                 self.block_gd, self.block_gg = part.block_gd.copy(), part.block_gg.copy()
@@ -195,6 +213,8 @@ class _Params:
     atol: float
     block_size: int
     blocks: int
+    #: (dimension, its size, its stride in the flattened tensor) for each sliced dimension
+    slices: tuple[tuple[int, int, int], ...] = ()
 
 
 def _pool() -> ThreadPoolExecutor | None:
@@ -233,6 +253,7 @@ def full_metrics(
     golden_rms: float | None = None,
     chunk: int = CHUNK,
     release: Callable[[int, int], None] | None = None,
+    shape: tuple[int, ...] | list[int] | None = None,
 ) -> Metrics:
     """Compare two full tensors of equal element count, chunk by chunk.
 
@@ -244,6 +265,12 @@ def full_metrics(
     one thread, or on ``PRECGUARD_COMPARE_THREADS`` threads (numpy releases the GIL);
     ``release(start, end)``, if given, is called once each chunk's elements
     are no longer needed (the tensor store gives their pages back).
+
+    Along each dimension of ``shape`` (default: the golden's), the chunks also
+    accumulate the error of every slice (one position, one channel, one head when
+    heads have a dimension of their own): ``slice_error`` is the worst slice's
+    relative L2 error, so an error confined to late positions or a few channels is
+    seen although the tensor's global ``rel_l2`` is small.
     """
     g_flat = golden.reshape(-1)
     a_flat = actual.reshape(-1)
@@ -258,6 +285,7 @@ def full_metrics(
         atol=max(atol, rtol * golden_rms),
         block_size=-(-numel // blocks),
         blocks=blocks,
+        slices=_sliced_dims(tuple(golden.shape) if shape is None else tuple(shape), numel),
     )
     acc = _Acc()
     starts = range(0, numel, chunk)
@@ -272,7 +300,39 @@ def full_metrics(
     parts = map(one, starts) if pool is None else pool.map(one, starts)
     for part in parts:
         acc.merge(part)
-    return _finish(acc, dtype, numel)
+    return _finish(acc, dtype, numel, golden_rms, params.slices)
+
+
+def _sliced_dims(shape: tuple[int, ...], numel: int) -> tuple[tuple[int, int, int], ...]:
+    """The dimensions whose slices are measured: size > 1 and not one element per slice."""
+    if math.prod(shape) != numel or len(shape) < 2:
+        return ()
+    out = []
+    stride = 1
+    for dim in range(len(shape) - 1, -1, -1):
+        size = shape[dim]
+        if 1 < size <= MAX_SLICED and size < numel:
+            out.append((dim, size, stride))
+        stride *= size
+    return tuple(out)
+
+
+def _slice_sums(x: np.ndarray, start: int, size: int, stride: int) -> np.ndarray:
+    """Sum of ``x`` (elements ``start...`` of the flattened tensor) per index of one dim."""
+    n = x.size
+    if stride == 1 and start % size == 0 and n % size == 0:
+        summed: np.ndarray = x.reshape(-1, size).sum(axis=0)
+        return summed
+    first, last = start // stride, (start + n - 1) // stride
+    if last - first < 64:  # a few runs of consecutive elements share an index
+        edges = [0, *(i * stride - start for i in range(first + 1, last + 1))]
+        runs = np.add.reduceat(x, edges)
+        out = np.zeros(size, dtype=np.float64)
+        np.add.at(out, np.arange(first, last + 1) % size, runs)
+        return out
+    idx = (np.arange(start, start + n) // stride) % size
+    counted: np.ndarray = np.bincount(idx, weights=x, minlength=size)
+    return counted
 
 
 def _ulp_dtype(name: str | None, actual: torch.dtype, golden: torch.dtype) -> torch.dtype:
@@ -399,14 +459,25 @@ def _chunk(g_t: torch.Tensor, a_t: torch.Tensor, start: int, p: _Params) -> _Acc
             d = a - g
             acc.sum_sq = float(np.dot(d, d))
         acc.n = d.size
+        acc.g_absmax = float(np.abs(g).max())
         acc.block_gg = _block_dots(g, g, start, p)
         acc.gg = float(acc.block_gg.sum())
         if acc.sum_sq == 0 and not np.any(d):
             # Bitwise equal chunk (weights, exact layers): nothing else to measure.
             acc.aa = acc.ga = acc.gg
             acc.block_gd = np.zeros(p.blocks, dtype=np.float64)
+            if p.slices:
+                g2 = g * g
+                for dim, size, stride in p.slices:
+                    acc.slice_gg[dim] = _slice_sums(g2, start, size, stride)
+                    acc.slice_dd[dim] = np.zeros(size, dtype=np.float64)
             return acc
         acc.block_gd = _block_dots(g, d, start, p)
+        if p.slices:
+            g2, d2 = g * g, d * d
+            for dim, size, stride in p.slices:
+                acc.slice_dd[dim] = _slice_sums(d2, start, size, stride)
+                acc.slice_gg[dim] = _slice_sums(g2, start, size, stride)
         gd = float(acc.block_gd.sum())
         # <g,a> and <a,a> from <g,g>, <g,d>, <d,d>: a = g + d
         acc.ga = acc.gg + gd
@@ -435,7 +506,38 @@ def _chunk(g_t: torch.Tensor, a_t: torch.Tensor, start: int, p: _Params) -> _Acc
     return acc
 
 
-def _finish(acc: _Acc, dtype: str, numel: int) -> Metrics:
+def _worst_slice(
+    acc: _Acc, rms: float, numel: int, slices: tuple[tuple[int, int, int], ...]
+) -> tuple[float | None, int | None, int | None]:
+    """The worst slice's relative L2 error, its dimension and index (None: not sliced).
+
+    A slice's golden norm is floored at :data:`SLICE_FLOOR` times rms(golden) per
+    element; an exactly equal tensor has no slice error.
+    """
+    if not slices or not acc.slice_dd:
+        return (0.0, None, None) if slices and acc.sum_sq == 0 else (None, None, None)
+    worst, where = 0.0, (None, None)
+    for dim, size, _ in slices:
+        dd, gg = acc.slice_dd.get(dim), acc.slice_gg.get(dim)
+        if dd is None or gg is None:
+            continue
+        per = numel / size
+        den = np.maximum(gg, (SLICE_FLOOR * rms) ** 2 * per)
+        with np.errstate(all="ignore"):
+            err = np.sqrt(dd / np.maximum(den, np.finfo(np.float64).tiny))
+        i = int(np.argmax(err))
+        if err[i] > worst:
+            worst, where = float(err[i]), (dim, i)
+    return worst, where[0], where[1]
+
+
+def _finish(
+    acc: _Acc,
+    dtype: str,
+    numel: int,
+    rms: float = 0.0,
+    slices: tuple[tuple[int, int, int], ...] = (),
+) -> Metrics:
     n = max(acc.n, 1)
     # <a,a> comes from <g,g> + 2<g,d> + <d,d>: where a is close to -g that sum cancels
     # and rounding can leave it a hair below zero
@@ -448,6 +550,8 @@ def _finish(acc: _Acc, dtype: str, numel: int) -> Metrics:
         cosine = 1.0 if g_norm == a_norm else 0.0
     total = max(numel, 1)
     scale, scale_se = _scale(acc)
+    slice_error, slice_dim, slice_index = _worst_slice(acc, rms, numel, slices)
+    peak = acc.max_abs / acc.g_absmax if acc.g_absmax > 0 else (0.0 if acc.max_abs == 0 else None)
     return Metrics(
         level="full",
         dtype=dtype,
@@ -469,6 +573,10 @@ def _finish(acc: _Acc, dtype: str, numel: int) -> Metrics:
         scale=scale,
         scale_se=scale_se,
         mean_rel_err=acc.sum_signed_rel / n,
+        peak_error=peak,
+        slice_error=slice_error,
+        slice_dim=slice_dim,
+        slice_index=slice_index,
     )
 
 

@@ -92,6 +92,21 @@ class Metrics(BaseModel):
         description="True when |scale - 1| is significant: beyond bias_z standard errors "
         "plus bias_floor_ulps unit roundoffs of the tolerance dtype (a systematic error).",
     )
+    peak_error: float | None = Field(
+        default=None,
+        description="max |actual - golden| / max |golden| (full level): the largest element "
+        "error against the element-wise bound one rounding gives (u * max|golden|).",
+    )
+    slice_error: float | None = Field(
+        default=None,
+        description="Relative L2 error of the worst slice along any dimension (one position, "
+        "one channel, one head), each slice's golden norm floored at 0.1 rms(golden) per "
+        "element (full level): an error confined to a few slices shows here.",
+    )
+    slice_dim: int | None = Field(default=None, description="Dimension of the worst slice.")
+    slice_index: int | None = Field(
+        default=None, description="Index of the worst slice along slice_dim."
+    )
     note: str | None = Field(default=None, description="Why the level is weaker, if it is.")
 
 

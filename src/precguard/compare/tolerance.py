@@ -65,7 +65,10 @@ class Profile(BaseModel):
 
     name: str = Field(description="Profile name.")
     description: str = Field(description="What it is for and where its numbers come from.")
-    rule: str = Field(description="'rel_l2' (precguard default) or 'msprobe'.")
+    rule: str = Field(
+        description="'expected' (the default: each record against its expected error, "
+        "judged per step), 'rel_l2' (fixed k*rtol), 'strict' or 'msprobe'."
+    )
     dtypes: dict[str, DtypeTolerance] = Field(description="Thresholds per dtype name.")
     amplification: float = Field(
         default=10.0, description="Output/input error ratio from which a module is 'local'."
@@ -112,6 +115,8 @@ class Profile(BaseModel):
                 update["atol"] = atol
             dtypes[name] = tol.model_copy(update=update)
         update: dict[str, object] = {"dtypes": dtypes, "name": f"{self.name}+custom"}
+        if self.rule == "expected":  # a number the user gives is a fixed tolerance
+            update["rule"] = "rel_l2"
         if rtol is not None:
             update["bias_floor"] = rtol
         return self.model_copy(update=update)
@@ -138,7 +143,7 @@ _DYNAMO_K = {
 }
 
 
-def _default() -> Profile:
+def _fixed() -> Profile:
     dtypes = {}
     for name, (rtol, atol) in _ASSERT_CLOSE.items():
         k = _DYNAMO_K[name]
@@ -151,12 +156,26 @@ def _default() -> Profile:
             stats_rtol=k * rtol,
         )
     return Profile(
-        name="default",
+        name="fixed",
         description="Fail when ||a-g||/||g|| > k*rtol (rtol from torch.testing.assert_close, "
         "k from torch dynamo's accuracy check: 2 for fp32/fp64, 3 for fp16/bf16), when "
         "cosine < 0.99 (msprobe), or when NaN/Inf differ.",
         rule="rel_l2",
         dtypes=dtypes,
+    )
+
+
+def _expected() -> Profile:
+    return _fixed().model_copy(
+        update={
+            "name": "default",
+            "rule": "expected",
+            "description": "Judge every record by the error its precision explains: one "
+            "rounding, the accumulation error of its reduction length and the errors of what "
+            "it consumed (inputs, parameters, submodules' outputs); fail beyond "
+            "amplification (10) times that, on a significant systematic scale error of its "
+            "own, or when NaN/Inf differ (docs/compare.md).",
+        }
     )
 
 
@@ -200,7 +219,7 @@ def _msprobe() -> Profile:
     )
 
 
-PROFILES: dict[str, Profile] = {p.name: p for p in (_default(), _strict(), _msprobe())}
+PROFILES: dict[str, Profile] = {p.name: p for p in (_expected(), _fixed(), _strict(), _msprobe())}
 
 
 def get_profile(name: str) -> Profile:

@@ -1,0 +1,309 @@
+"""Judge every record by the error its module's precision explains (the default gate).
+
+A fixed tolerance per dtype is too loose for a module that should be nearly
+exact (rotary angles from exact positions) and too tight for a long reduction
+done in another order (tensor-parallel partial sums, backward accumulation).
+So each record of a step is judged against its **expected error**
+(:func:`precguard.compare.expected.expected_error`): one rounding in its
+precision, the accumulation error of its reduction length, and the errors of
+everything it consumed, with those records' own measured errors:
+
+- a forward **output** of a module consumed the module's inputs, parameters and
+  everything its submodules recorded during the call (the loss a root computes
+  from bf16 logits is judged against the logits' error);
+- a forward **input** was produced by the code of the enclosing module before
+  it: the enclosing module's inputs and parameters and what its submodules
+  recorded so far in that call (a root's float input is judged by one rounding);
+- a **parameter** by one rounding to its precision; at a step after the first,
+  by its error at the step before plus what the gradient of that step carried
+  (an optimizer turns a different gradient into a different update);
+- in **backward**, the gradients a module computes (``backward.input``,
+  ``backward.grad``) consumed the earlier gradients in its subtree (its own
+  ``backward.output`` among them) and its forward call's records; the gradient
+  of its outputs (``backward.output``) the earlier gradients in the enclosing
+  module's subtree and that module's forward records.
+
+Records stored in a wider dtype than what they consumed (an fp32 loss of bf16
+logits, an fp32-upcast norm inside a bf16 model) are judged by the least
+precise dtype among them and their consumed records.
+
+Two numbers are judged: the global relative error (``error``) against the
+consumed records' largest global error, and the concentrated error (the worst
+slice along a dimension, and max-abs against the element-wise bound
+``u * max|golden|``) against the consumed records' largest concentrated error.
+A record fails when either exceeds ``profile.amplification`` times its
+expected error, or when it carries a systematic scale error that its consumed
+records cannot explain (:func:`precguard.compare.expected.own_bias`), or when
+NaN/Inf differ. Records compared on statistics only go through the same model
+(the statistic error is the measured error; their verdicts say "likely").
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+from precguard.compare.expected import (
+    BIAS_GROWTH,
+    BIAS_MAX_INPUT_ERROR,
+    LINEAR_TYPES,
+    carried_bias,
+    expected_error,
+    own_bias,
+)
+from precguard.compare.metrics import less_precise
+from precguard.compare.report import Metrics, RecordResult
+from precguard.compare.tolerance import Profile
+
+#: the growth of consumed error a correct module may show; the gate multiplies the
+#: expected error by the profile's amplification (10) on top
+_GROWTH = 1.0
+
+
+@dataclass
+class _Scope:
+    """Running maxima of what a module's subtree recorded so far."""
+
+    err: float = 0.0  # global error
+    conc: float = 0.0  # concentrated error
+    dtype: str | None = None  # least precise float dtype seen
+    bias: float = 0.0  # largest scale error a record carried (carried_bias)
+
+    def add(self, m: Metrics, e: float, c: float, profile: Profile) -> None:
+        self.err = max(self.err, e)
+        self.conc = max(self.conc, c)
+        self.bias = max(self.bias, carried_bias([m], profile))
+        if m.level in ("full", "stats"):
+            self.dtype = m.dtype if self.dtype is None else less_precise(self.dtype, m.dtype)
+
+    def merged(self, other: _Scope) -> _Scope:
+        out = _Scope(
+            max(self.err, other.err),
+            max(self.conc, other.conc),
+            self.dtype,
+            max(self.bias, other.bias),
+        )
+        if other.dtype is not None:
+            out.dtype = other.dtype if out.dtype is None else less_precise(out.dtype, other.dtype)
+        return out
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The gate's verdict on one record."""
+
+    status: str
+    expected_error: float | None
+    amplification: float | None
+
+
+def _measured(m: Metrics) -> tuple[float, float]:
+    """(global error, concentrated error) of one record; exact records: 0 or inf."""
+    if m.level == "exact":
+        e = math.inf if m.mismatched else 0.0
+        return e, e
+    e = m.error if math.isfinite(m.error) else math.inf
+    conc = max(x for x in (e, m.slice_error, m.peak_error) if x is not None)
+    return e, conc if math.isfinite(conc) else math.inf
+
+
+def _ancestors(module: str) -> list[str]:
+    """``module`` and every module enclosing it, innermost first, ending with root."""
+    if module == "root":
+        return ["root"]
+    parts = module.split(".")
+    out = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+    return [*out, "root"]
+
+
+def _parent(module: str, called: set[str]) -> str | None:
+    """The innermost enclosing module that was called (a ModuleList never is)."""
+    for name in _ancestors(module)[1:]:
+        if name in called:
+            return name
+    return None
+
+
+def _reduction(records: list[RecordResult], backward: bool) -> int | None:
+    """The reduction length of what consumed ``records``: their last dimension (a
+    Linear's K); in backward also their leading dimensions (a weight gradient sums
+    over every row)."""
+    k = 0
+    for r in records:
+        if not r.shape:
+            continue
+        last = r.shape[-1]
+        k = max(k, last)
+        if backward and last:
+            k = max(k, math.prod(r.shape) // last)
+    return k or None
+
+
+def judge_step(
+    results: list[RecordResult],
+    profile: Profile,
+    previous: dict[str, float] | None = None,
+) -> tuple[list[RecordResult], dict[str, float]]:
+    """Judge one rank and step's records; return them with status and expected error set.
+
+    ``previous`` maps a parameter's module-and-index to the error its gradient (or,
+    failing that, the parameter itself) carried at the step before; the returned map
+    is the one for the next step. Missing records are returned unchanged.
+    """
+    previous = previous or {}
+    fwd: dict[str, _Scope] = defaultdict(_Scope)  # subtree records of the current call
+    fwd_all: dict[str, _Scope] = defaultdict(_Scope)  # subtree records of the whole step
+    bwd: dict[str, _Scope] = defaultdict(_Scope)  # subtree backward records so far
+    inputs: dict[tuple[str, int], list[RecordResult]] = defaultdict(list)
+    out_grads: dict[tuple[str, int], list[RecordResult]] = defaultdict(list)
+    started: set[tuple[str, int]] = set()
+    called: set[str] = {r.module for r in results if r.metrics is not None}
+    carried: dict[str, float] = {}
+    glue_bad: set[str] = set()  # modules whose code between submodules made error
+    out: list[RecordResult] = []
+    for r in results:
+        m = r.metrics
+        if m is None:
+            out.append(r)
+            continue
+        e, c = _measured(m)
+        call = (r.module, r.call)
+        if r.phase == "forward":
+            if r.role in ("input", "param") and call not in started:
+                started.add(call)
+                fwd[r.module] = _Scope()  # a new call of this module starts
+                glue_bad.discard(r.module)
+            if r.role == "input":
+                parent = _parent(r.module, called)
+                scope = fwd[parent] if parent is not None else _Scope()
+                consumed = [] if parent is None else inputs[(parent, -1)]
+                k = None
+            elif r.role == "param":
+                scope = _Scope()
+                prior = previous.get(_param_id(r))
+                if prior is not None:
+                    scope.err = scope.conc = prior
+                consumed, k = [], None
+            else:
+                scope = fwd[r.module]
+                consumed = inputs[call]
+                k = _reduction(consumed, backward=False)
+        else:
+            forward_scope = fwd_all[r.module]
+            if r.role == "output":
+                # the gradient of a module's outputs is recorded before the enclosing
+                # modules' (hooks on one tensor fire inner first): it came from the
+                # innermost enclosing module whose backward has recorded something
+                parent = _parent(r.module, called)
+                scope = fwd_all[parent if parent is not None else r.module]
+                for name in _ancestors(r.module)[1:]:
+                    if name in bwd:
+                        scope = scope.merged(bwd[name])
+                        break
+                consumed, k = [], None
+            else:
+                scope = bwd[r.module].merged(forward_scope)
+                consumed = [*inputs[call], *out_grads[call]]
+                k = _reduction(inputs[call], backward=True)
+        judged = _judge(r, m, e, c, scope, consumed, k, profile)
+        if r.phase == "forward" and r.role == "input" and judged.status == "fail":
+            parent = _parent(r.module, called)
+            if parent is not None:  # the enclosing module's own code made it
+                glue_bad.add(parent)
+        elif (
+            r.phase == "forward"
+            and r.role == "output"
+            and r.module in glue_bad
+            and judged.status == "pass"
+        ):  # it carries the error its own code made
+            judged = judged.model_copy(update={"status": "fail"})
+        out.append(judged)
+        if r.phase == "forward":
+            if r.role == "input":
+                inputs[call].append(judged)
+                parent = _parent(r.module, called)
+                if parent is not None:
+                    inputs[(parent, -1)].append(judged)
+            if r.role == "param":
+                inputs[call].append(judged)
+            # a module's outputs do not feed one another: they count for its ancestors
+            own = r.role != "output"
+            for name in _ancestors(r.module)[0 if own else 1 :]:
+                fwd[name].add(m, e, c, profile)
+            for name in _ancestors(r.module):
+                fwd_all[name].add(m, e, c, profile)
+        else:
+            for name in _ancestors(r.module):
+                bwd[name].add(m, e, c, profile)
+            if r.role == "output":
+                out_grads[call].append(judged)
+            if r.role == "grad":
+                carried[_param_id(r)] = max(e, carried.get(_param_id(r), 0.0))
+    for r in results:
+        if r.role == "param" and r.phase == "forward" and r.metrics is not None:
+            pid = _param_id(r)
+            carried.setdefault(pid, _measured(r.metrics)[0])
+            carried[pid] = max(carried[pid], _measured(r.metrics)[0])
+    return out, carried
+
+
+def _param_id(r: RecordResult) -> str:
+    return f"{r.module}.{r.index}"
+
+
+def _own_bias(
+    r: RecordResult, m: Metrics, scope: _Scope, consumed: list[RecordResult], profile: Profile
+) -> bool:
+    """Whether ``m``'s significant scale error is the record's own, not carried in.
+
+    A parameter's is its own unless its step's optimizer update carried error in. A
+    linear module's output with one scaled input: ``s_out / s_in`` must differ from 1
+    (:func:`own_bias`). Otherwise ``|s - 1|`` less ``bias_z`` standard errors must exceed
+    :data:`BIAS_GROWTH` times the largest scale error anything in scope carried.
+    """
+    if m.scale is None:
+        return False
+    direct = [x.metrics for x in consumed if x.metrics is not None and x.role != "param"]
+    scaled = [x for x in direct if x.scale is not None and x.level == "full"]
+    if r.module_type in LINEAR_TYPES and len(scaled) == 1 and r.phase == "forward":
+        return own_bias(m, direct, profile, r.module_type) is not None
+    if scope.err > BIAS_MAX_INPUT_ERROR:
+        return False
+    if r.role == "param":
+        return scope.err == 0.0
+    excess = abs(m.scale - 1.0) - profile.bias_z * (m.scale_se or 0.0)
+    return excess > BIAS_GROWTH * scope.bias
+
+
+def _judge(
+    r: RecordResult,
+    m: Metrics,
+    e: float,
+    c: float,
+    scope: _Scope,
+    consumed: list[RecordResult],
+    k: int | None,
+    profile: Profile,
+) -> RecordResult:
+    """One record against what its scope explains."""
+    if m.nan_mismatch or m.inf_mismatch:
+        return r.model_copy(update={"status": "nonfinite"})
+    if m.level == "exact":
+        return r.model_copy(update={"status": "fail" if m.mismatched else "pass"})
+    if m.level == "none":
+        return r.model_copy(update={"status": "fail" if m.error > 0 else "pass"})
+    dtype = m.dtype if scope.dtype is None else less_precise(m.dtype, scope.dtype)
+    expected = expected_error(_GROWTH * scope.err, dtype, k)
+    expected_conc = expected_error(_GROWTH * scope.conc, dtype, k)
+    amp = max(e / expected, c / expected_conc) if expected > 0 else math.inf
+    bad = amp > profile.amplification
+    if not bad and m.bias and m.level == "full":
+        bad = _own_bias(r, m, scope, consumed, profile)
+    return r.model_copy(
+        update={
+            "status": "fail" if bad else "pass",
+            "expected_error": expected,
+            "amplification": amp if math.isfinite(amp) else None,
+        }
+    )
