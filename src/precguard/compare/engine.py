@@ -108,6 +108,8 @@ class ComparePlan:
         self.arguments = arguments
         #: per rank: the error each parameter's gradient carried at the last step compared
         self.carried: dict[int, dict[str, float]] = {}
+        #: per rank: the golden's parameter records of the last step compared, by key
+        self.golden_params: dict[int, dict[str, Record]] = {}
 
 
 def plan_comparison(
@@ -251,8 +253,12 @@ def compare_unit(
         plan.renamer,
     )
     if plan.prof.rule == "expected":
+        updates = _golden_updates(plan, g_store, r, g_recs)
         judged, plan.carried[r] = judge_step(
-            step_results.results, plan.prof, plan.carried.get(r) if s > 0 else None
+            step_results.results,
+            plan.prof,
+            plan.carried.get(r) if s > 0 else None,
+            updates,
         )
         step_results.results = judged
     classified = classify_step(step_results.results, plan.prof)
@@ -269,6 +275,35 @@ def compare_unit(
         first,
         dropped,
     )
+
+
+def _golden_updates(
+    plan: ComparePlan, g_store: TensorStore, rank: int, g_recs: list[Record]
+) -> dict[str, float]:
+    """Per parameter: the golden optimizer step's relative size since the last step compared.
+
+    ``max(||w_s - w_{s-1}|| / ||w_s||, max|w_s - w_{s-1}| / max|w_s|)``, from the
+    golden's full tensors of both steps (held as memory-mapped records between
+    units). Two correct runs fed gradients that differ by rounding take updates
+    that differ by at most about twice that (AdamW's first step is a sign).
+    """
+    out: dict[str, float] = {}
+    held = plan.golden_params.setdefault(rank, {})
+    for rec in g_recs:
+        if rec.role != "param" or rec.phase != "forward" or rec.tensor is None:
+            continue
+        prev = held.get(rec.key)
+        held[rec.key] = rec
+        if prev is None or prev.step >= rec.step or prev.shape != rec.shape:
+            continue
+        now = g_store.tensor(rec).double()
+        before = g_store.tensor(prev).double()
+        delta = now - before
+        norm, peak = float(now.norm()), float(now.abs().max()) if now.numel() else 0.0
+        rel = float(delta.norm()) / norm if norm > 0 else 0.0
+        rel_peak = float(delta.abs().max()) / peak if peak > 0 else 0.0
+        out[f"{rec.module}.{rec.index}"] = max(rel, rel_peak)
+    return out
 
 
 def _is_collective(rec: Record) -> bool:
@@ -599,13 +634,11 @@ def _annotate(results: list[RecordResult], decisions: dict[str, Decision]) -> li
     for r in results:
         decision = decisions.get(r.key) if r.status in ("fail", "nonfinite") else None
         if decision is not None:
-            r = r.model_copy(
-                update={
-                    "local": decision.local,
-                    "amplification": decision.amplification,
-                    "expected_error": decision.expected_error,
-                }
-            )
+            update: dict[str, Any] = {"local": decision.local}
+            if r.expected_error is None:  # the expected-error gate's own figures stay
+                update["amplification"] = decision.amplification
+                update["expected_error"] = decision.expected_error
+            r = r.model_copy(update=update)
         out.append(r)
     return out
 

@@ -144,14 +144,20 @@ def judge_step(
     results: list[RecordResult],
     profile: Profile,
     previous: dict[str, float] | None = None,
+    updates: dict[str, float] | None = None,
 ) -> tuple[list[RecordResult], dict[str, float]]:
     """Judge one rank and step's records; return them with status and expected error set.
 
     ``previous`` maps a parameter's module-and-index to the error its gradient (or,
     failing that, the parameter itself) carried at the step before; the returned map
-    is the one for the next step. Missing records are returned unchanged.
+    is the one for the next step. ``updates`` maps a parameter to the relative size of
+    the golden's optimizer step that produced it (see ``engine._golden_updates``): a
+    correct optimizer fed a gradient that differs by rounding takes a step that differs
+    by at most about twice that, which the parameter's expected error then includes.
+    Missing records are returned unchanged.
     """
     previous = previous or {}
+    updates = updates or {}
     fwd: dict[str, _Scope] = defaultdict(_Scope)  # subtree records of the current call
     fwd_all: dict[str, _Scope] = defaultdict(_Scope)  # subtree records of the whole step
     bwd: dict[str, _Scope] = defaultdict(_Scope)  # subtree backward records so far
@@ -183,7 +189,8 @@ def judge_step(
                 scope = _Scope()
                 prior = previous.get(_param_id(r))
                 if prior is not None:
-                    scope.err = scope.conc = prior
+                    step = 2.0 * updates.get(_param_id(r), 0.0)
+                    scope.err = scope.conc = prior + step
                 consumed, k = [], None
             else:
                 scope = fwd[r.module]
@@ -266,7 +273,15 @@ def _own_bias(
         return False
     direct = [x.metrics for x in consumed if x.metrics is not None and x.role != "param"]
     scaled = [x for x in direct if x.scale is not None and x.level == "full"]
-    if r.module_type in LINEAR_TYPES and len(scaled) == 1 and r.phase == "forward":
+    weights_differ = any(
+        x.role == "param" and x.metrics is not None and x.metrics.error > 0 for x in consumed
+    )
+    if (
+        r.module_type in LINEAR_TYPES
+        and len(scaled) == 1
+        and r.phase == "forward"
+        and not weights_differ  # else the weights' own scale is in the output's
+    ):
         return own_bias(m, direct, profile, r.module_type) is not None
     if scope.err > BIAS_MAX_INPUT_ERROR:
         return False

@@ -1,0 +1,83 @@
+"""Calibrate compare's expected-error judge on a corpus of clean and faulty pairs (issue 17).
+
+Records every pair of ``tests/compare/calibration_corpus.py`` (goldens shared),
+compares it and prints one line per pair (verdict, the module named, seconds
+for recording the actual and comparing), then the false alarms on the clean
+pairs, the faults localized by kind and magnitude, and the smallest magnitude
+localized per kind.
+
+    .venv/bin/python benchmarks/calibration.py [--fast] [--only SUBSTRING] [--verbose]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "compare"))
+
+from calibration_corpus import CORPUS, MAGNITUDES, Outcome, Runner, smallest_localized
+
+
+def main() -> int:
+    """Run the corpus and print the table; exit 1 on a false alarm or a missed fault >= 1 %."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fast", action="store_true", help="Only the test suite's subset.")
+    parser.add_argument("--only", action="append", help="Only pairs whose name contains this.")
+    parser.add_argument("--verbose", action="store_true", help="Print compare's reason too.")
+    args = parser.parse_args()
+    pairs = [p for p in CORPUS if not args.fast or p.fast]
+    if args.only:
+        pairs = [p for p in pairs if any(s in p.name for s in args.only)]
+    outcomes: list[Outcome] = []
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="precguard-calibration-") as tmp:
+        runner = Runner(Path(tmp))
+        for pair in pairs:
+            o = runner.run(pair)
+            if o is None:
+                print(f"skip  {pair.name}: model not installed")
+                continue
+            outcomes.append(o)
+            mark = "ok  " if o.ok else "MISS" if pair.expect else "FALSE ALARM"
+            print(f"{mark:5} {pair.name:58} {o.verdict:8} {o.named or '-':34} {o.seconds:5.1f}s")
+            if args.verbose and o.reason:
+                print(f"      {o.reason}")
+    clean = [o for o in outcomes if o.pair.expect is None]
+    faults = [o for o in outcomes if o.pair.expect is not None]
+    alarms = [o for o in clean if not o.ok]
+    print()
+    print(f"clean pairs: {len(clean)}, false alarms: {len(alarms)}")
+    kinds = sorted({o.pair.kind for o in faults})
+    header = "kind".ljust(12) + "".join(f"{m:>8.1%}" for m in MAGNITUDES) + "  smallest"
+    print(header)
+    smallest = smallest_localized(faults)
+    for kind in kinds:
+        row = kind.ljust(12)
+        for m in MAGNITUDES:
+            here = [o for o in faults if o.pair.kind == kind and o.pair.magnitude == m]
+            row += f"{sum(o.ok for o in here)}/{len(here)}".rjust(8) if here else "-".rjust(8)
+        best = smallest.get(kind)
+        if kind == "rotary-bug":
+            here = [o for o in faults if o.pair.kind == kind]
+            row = kind.ljust(12) + f"{sum(o.ok for o in here)}/{len(here)} (the classic bug)"
+        else:
+            row += f"  {best:.1%}" if best is not None else "  none"
+        print(row)
+    missed = [o for o in faults if not o.ok and (o.pair.magnitude >= 0.01 or not o.pair.magnitude)]
+    found = sum(o.ok for o in faults)
+    print(f"faults localized: {found}/{len(faults)}; missed at >= 1 %: {len(missed)}")
+    times = [o.seconds for o in outcomes]
+    if times:
+        print(
+            f"time per pair (record actual + compare): mean {sum(times) / len(times):.1f}s, "
+            f"max {max(times):.1f}s; total {time.perf_counter() - start:.0f}s"
+        )
+    return 1 if alarms or missed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

