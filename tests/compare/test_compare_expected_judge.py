@@ -1,0 +1,116 @@
+"""The expected-error judge on hand-made records: what each record consumed explains it.
+
+Each test is a small step of records as compare pairs them (inputs, parameters,
+outputs in capture order) with the errors a real run measured, judged by
+:func:`precguard.compare.judge.judge_step`.
+"""
+
+from __future__ import annotations
+
+from precguard.compare.judge import judge_step
+from precguard.compare.report import Metrics, RecordResult
+from precguard.compare.tolerance import get_profile
+
+DEFAULT = get_profile("default")
+
+
+def _rec(
+    key: str,
+    seq: int,
+    error: float,
+    *,
+    dtype: str = "float32",
+    shape: tuple[int, ...] = (2, 16, 64),
+    slice_error: float | None = None,
+    peak: float | None = None,
+    module_type: str = "Module",
+) -> RecordResult:
+    module, call, phase, role, index = key.rsplit(".", 4)
+    metrics = Metrics(
+        level="full",
+        dtype=dtype,
+        error=error,
+        rel_l2=error,
+        cosine=1.0,
+        max_abs_err=error,
+        slice_error=error if slice_error is None else slice_error,
+        peak_error=error if peak is None else peak,
+    )
+    return RecordResult(
+        key=key,
+        module=module,
+        module_type=module_type,
+        call=int(call),
+        index=int(index),
+        step=0,
+        rank=0,
+        phase=phase,  # type: ignore[arg-type]
+        role=role,  # type: ignore[arg-type]
+        golden_dtype="float32",
+        shape=list(shape),
+        seq=seq,
+        status="pass",
+        metrics=metrics,
+    )
+
+
+def _statuses(records: list[RecordResult]) -> dict[str, str]:
+    judged, _ = judge_step(records, DEFAULT)
+    return {r.key: r.status for r in judged}
+
+
+def test_another_reduction_order_in_fp32_passes_by_construction() -> None:
+    # a tensor-parallel run's weight gradient: rel_l2 2.3e-7 (it failed fp32's fixed 2.6e-6
+    # tolerance on another machine only when larger); sqrt(K) u for K = 256 rows is 1e-6
+    records = [
+        _rec("fc.0.forward.input.0", 0, 0.0, shape=(2, 128, 64)),
+        _rec("fc.0.forward.param.0", 1, 0.0, shape=(64, 64)),
+        _rec("fc.0.forward.output.0", 2, 3e-7, shape=(2, 128, 64)),
+        _rec("fc.0.backward.output.0", 3, 2e-7, shape=(2, 128, 64)),
+        _rec("fc.0.backward.input.0", 4, 2.3e-7, shape=(2, 128, 64)),
+        _rec("fc.0.backward.grad.0", 5, 2.3e-6, shape=(64, 64)),
+    ]
+    assert set(_statuses(records).values()) == {"pass"}
+
+
+def test_an_output_beyond_ten_times_its_expected_error_fails() -> None:
+    records = [
+        _rec("fc.0.forward.input.0", 0, 0.0),
+        _rec("fc.0.forward.output.0", 1, 1e-4),  # 0.01 % from exact fp32 inputs
+    ]
+    assert _statuses(records)["fc.0.forward.output.0"] == "fail"
+
+
+def test_error_confined_to_a_few_positions_fails_although_its_global_error_is_small() -> None:
+    # rotary cos/sin from exact positions: global rel_l2 7.7x one bf16 rounding, but the
+    # late positions are wrong by 0.09 (the classic rope bug)
+    records = [
+        _rec("rot.0.forward.input.0", 0, 0.0017, dtype="bfloat16", slice_error=0.002),
+        _rec("rot.0.forward.output.0", 1, 0.03, dtype="bfloat16", slice_error=0.094, peak=0.2),
+    ]
+    assert _statuses(records)["rot.0.forward.output.0"] == "fail"
+    uniform = [records[0], _rec("rot.0.forward.output.0", 1, 0.0039, dtype="bfloat16")]
+    assert _statuses(uniform)["rot.0.forward.output.0"] == "pass"
+
+
+def test_a_loss_is_judged_against_the_error_of_the_logits_it_was_computed_from() -> None:
+    # root = LlamaForCausalLM with labels: fp32 loss of bf16 logits (amplification 1.1e4
+    # when judged at fp32 as if token ids were all it consumed)
+    records = [
+        _rec("root.0.forward.input.0", 0, 0.0, shape=(2, 32)),
+        _rec("lm_head.0.forward.input.0", 1, 0.01, dtype="bfloat16"),
+        _rec("lm_head.0.forward.output.0", 2, 0.012, dtype="bfloat16", shape=(2, 32, 256)),
+        _rec("root.0.forward.output.0", 3, 0.004, shape=()),
+    ]
+    statuses = _statuses(records)
+    assert statuses["root.0.forward.output.0"] == "pass"
+
+
+def test_a_parameter_after_an_optimizer_step_is_judged_with_that_step() -> None:
+    records = [_rec("fc.0.forward.param.0", 0, 2e-5, shape=(64, 64))]
+    # without the golden's step: 2e-5 is far beyond one fp32 rounding
+    judged, _ = judge_step(records, DEFAULT, previous={"fc.0": 1e-7})
+    assert judged[0].status == "fail"
+    # AdamW moved the weight by 1e-3 of its norm: a different step explains 2e-5
+    judged, _ = judge_step(records, DEFAULT, previous={"fc.0": 1e-7}, updates={"fc.0": 1e-3})
+    assert judged[0].status == "pass"
