@@ -420,6 +420,7 @@ def merge_shards(
             + incomplete_note(g_run, a_run)
             + _api_only_note(golden_only, actual_only)
         )
+    candidates, firsts = _across_ranks(results, candidates, firsts)
     first = min(firsts, key=lambda c: c.order) if firsts else None
     for side, i in (("golden", 0), ("actual", 1)):
         dropped = sum(u.collectives_dropped[i] for u in units)
@@ -455,6 +456,57 @@ def merge_shards(
         warnings=warnings,
         coverage=coverage.result(),
     )
+
+
+def _across_ranks(
+    results: list[RecordResult], candidates: list[Candidate], firsts: list[Candidate]
+) -> tuple[list[Candidate], list[Candidate]]:
+    """Drop a collective named on one rank when another rank's input to it was wrong.
+
+    Each rank is judged on its own records, so an all-reduce whose output differs
+    while this rank's input matches looks local to the collective; it only summed
+    what it was given. When the same collective call (step, key) received a failing
+    input on another rank, the module that produced that input on that rank (its
+    own candidate) is the one to name, and the collective is dropped.
+    """
+    wrong_inputs: dict[tuple[int, str], set[int]] = {}
+    for r in results:
+        if r.module.startswith("dist.") and r.role == "input" and r.status in ("fail", "nonfinite"):
+            call = r.key.rsplit(".", 2)[0]
+            wrong_inputs.setdefault((r.step, call), set()).add(r.rank)
+
+    def explained(c: Candidate) -> bool:
+        r = c.result
+        if not r.module.startswith("dist."):
+            return False
+        ranks = wrong_inputs.get((r.step, r.key.rsplit(".", 2)[0]), set())
+        return bool(ranks - {r.rank})
+
+    if not wrong_inputs:
+        return candidates, firsts
+    kept = [c for c in candidates if not explained(c)]
+    for c in kept:
+        r = c.result
+        senders = {
+            rank
+            for (step, call), ranks in wrong_inputs.items()
+            if step == r.step
+            for rank in ranks
+            if rank == r.rank
+        }
+        if senders and "rank" not in c.reason:
+            c.reason += (
+                f"; on rank {r.rank} it fed a collective a wrong input, which every rank "
+                "then received"
+            )
+    firsts_kept = [c for c in firsts if not explained(c)]
+    if len(firsts_kept) < len(firsts):  # a rank's first was the collective: its next one
+        by_rank = {c.result.rank for c in firsts_kept}
+        for c in sorted(kept, key=lambda c: c.order):
+            if c.result.rank not in by_rank:
+                firsts_kept.append(c)
+                by_rank.add(c.result.rank)
+    return kept, firsts_kept
 
 
 def _module_level(keys: list[str]) -> int:

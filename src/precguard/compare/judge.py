@@ -167,6 +167,7 @@ def judge_step(
     called: set[str] = {r.module for r in results if r.metrics is not None}
     carried: dict[str, float] = {}
     glue_bad: set[str] = set()  # modules whose code between submodules made error
+    open_calls: list[str] = []  # forward calls whose outputs are not recorded yet
     out: list[RecordResult] = []
     for r in results:
         m = r.metrics
@@ -175,13 +176,20 @@ def judge_step(
             continue
         e, c = _measured(m)
         call = (r.module, r.call)
+        fparent: str | None = None
         if r.phase == "forward":
+            # the enclosing module is the innermost call still open (a collective's
+            # dist.<op> record sits inside the module that called it, whatever its name)
+            fparent = next((n for n in reversed(open_calls) if n != r.module), None)
+            if fparent is None:
+                fparent = _parent(r.module, called)
             if r.role in ("input", "param") and call not in started:
                 started.add(call)
                 fwd[r.module] = _Scope()  # a new call of this module starts
                 glue_bad.discard(r.module)
+                open_calls.append(r.module)
             if r.role == "input":
-                parent = _parent(r.module, called)
+                parent = fparent
                 scope = fwd[parent] if parent is not None else _Scope()
                 consumed = [] if parent is None else inputs[(parent, -1)]
                 k = None
@@ -215,9 +223,8 @@ def judge_step(
                 k = _reduction(inputs[call], backward=True)
         judged = _judge(r, m, e, c, scope, consumed, k, profile)
         if r.phase == "forward" and r.role == "input" and judged.status == "fail":
-            parent = _parent(r.module, called)
-            if parent is not None:  # the enclosing module's own code made it
-                glue_bad.add(parent)
+            if fparent is not None:  # the enclosing module's own code made it
+                glue_bad.add(fparent)
         elif (
             r.phase == "forward"
             and r.role == "output"
@@ -229,17 +236,21 @@ def judge_step(
         if r.phase == "forward":
             if r.role == "input":
                 inputs[call].append(judged)
-                parent = _parent(r.module, called)
-                if parent is not None:
-                    inputs[(parent, -1)].append(judged)
+                if fparent is not None:
+                    inputs[(fparent, -1)].append(judged)
             if r.role == "param":
                 inputs[call].append(judged)
             # a module's outputs do not feed one another: they count for its ancestors
+            # (by name, and every call still open around it)
             own = r.role != "output"
-            for name in _ancestors(r.module)[0 if own else 1 :]:
+            enclosing = {*_ancestors(r.module)[1:], *open_calls} - {r.module}
+            for name in [r.module] * own + sorted(enclosing):
                 fwd[name].add(m, e, c, profile)
-            for name in _ancestors(r.module):
+            for name in {r.module, *enclosing}:
                 fwd_all[name].add(m, e, c, profile)
+            if r.role == "output" and r.module in open_calls:
+                while open_calls and open_calls.pop() != r.module:
+                    pass
         else:
             for name in _ancestors(r.module):
                 bwd[name].add(m, e, c, profile)
@@ -281,6 +292,8 @@ def _own_bias(
         and len(scaled) == 1
         and r.phase == "forward"
         and not weights_differ  # else the weights' own scale is in the output's
+        # and nothing else it consumed (a collective it called) carries more error
+        and scope.err <= max((x.error for x in direct), default=0.0)
     ):
         return own_bias(m, direct, profile, r.module_type) is not None
     if scope.err > BIAS_MAX_INPUT_ERROR:
