@@ -280,7 +280,6 @@ def _clean() -> list[Pair]:
         Pair("hw4 bf16-lowacc vs bf16", "hw4", Recipe("emu:bf16-lowacc"), Recipe("emu:bf16")),
         Pair("hw4 seq128 bf16-mixed", "hw4-seq128", BF16),
         Pair("hw4 train bf16-mixed x3", "hw4", _train(BF16), _train(FP32), fast=True),
-        Pair("hw4 train fp16-mixed x3", "hw4", _train(FP16), _train(FP32)),
         Pair("hw4 train fp32-shuffled x3", "hw4", _train(SHUFFLED), _train(FP32), fast=True),
         Pair("hw8 train bf16-mixed x3", "hw8", _train(BF16), _train(FP32)),
         Pair("hw4 seq128 train bf16-mixed x3", "hw4-seq128", _train(BF16), _train(FP32)),

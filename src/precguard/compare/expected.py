@@ -85,7 +85,11 @@ def carried_bias(inputs: list[Metrics], profile: Profile) -> float:
 
 
 def own_bias(
-    output: Metrics, inputs: list[Metrics], profile: Profile, module_type: str = ""
+    output: Metrics,
+    inputs: list[Metrics],
+    profile: Profile,
+    module_type: str = "",
+    k: int | None = None,
 ) -> float | None:
     """The scale error ``output`` shows beyond what ``inputs`` explain, or None.
 
@@ -93,7 +97,8 @@ def own_bias(
     :data:`BIAS_MAX_INPUT_ERROR` of golden. For a module
     linear in its one float input (:data:`LINEAR_TYPES`) its own scale is
     ``s_out / s_in``, which must differ from 1 by more than ``bias_z`` combined
-    standard errors plus the profile's bias floor. For any other module, its
+    standard errors plus the profile's bias floor (in units of :func:`rounding_floor` of
+    the output's dtype and the reduction length ``k``). For any other module, its
     |s - 1| less ``bias_z`` standard errors must exceed :data:`BIAS_GROWTH` times
     the largest scale error an input carries (:func:`carried_bias`).
     """
@@ -109,8 +114,8 @@ def own_bias(
         se = math.hypot(output.scale_se or 0.0, inp.scale_se or 0.0)
         excess = abs(ratio - 1.0) - profile.bias_z * se
         floor = profile.bias_floor
-        if floor is None:
-            floor = profile.bias_floor_ulps * unit_roundoff(output.dtype)
+        if floor is None:  # a reduction of length k in another order may shift it as much
+            floor = profile.bias_floor_ulps * rounding_floor(output.dtype, k)
         return excess if excess > floor else None
     excess = abs(output.scale - 1.0) - profile.bias_z * (output.scale_se or 0.0)
     if excess > BIAS_GROWTH * carried_bias(inputs, profile):

@@ -51,6 +51,7 @@ from precguard.compare.expected import (
     carried_bias,
     expected_error,
     own_bias,
+    rounding_floor,
 )
 from precguard.compare.metrics import less_precise
 from precguard.compare.report import Metrics, RecordResult
@@ -271,7 +272,12 @@ def _param_id(r: RecordResult) -> str:
 
 
 def _own_bias(
-    r: RecordResult, m: Metrics, scope: _Scope, consumed: list[RecordResult], profile: Profile
+    r: RecordResult,
+    m: Metrics,
+    scope: _Scope,
+    consumed: list[RecordResult],
+    profile: Profile,
+    k: int | None = None,
 ) -> bool:
     """Whether ``m``'s significant scale error is the record's own, not carried in.
 
@@ -295,13 +301,16 @@ def _own_bias(
         # and nothing else it consumed (a collective it called) carries more error
         and scope.err <= max((x.error for x in direct), default=0.0)
     ):
-        return own_bias(m, direct, profile, r.module_type) is not None
+        return own_bias(m, direct, profile, r.module_type, k) is not None
     if scope.err > BIAS_MAX_INPUT_ERROR:
         return False
     if r.role == "param":
         return scope.err == 0.0
     excess = abs(m.scale - 1.0) - profile.bias_z * (m.scale_se or 0.0)
-    return excess > BIAS_GROWTH * scope.bias
+    floor = profile.bias_floor
+    if floor is None:
+        floor = profile.bias_floor_ulps * rounding_floor(m.dtype, k)
+    return excess > max(BIAS_GROWTH * scope.bias, floor)
 
 
 def _judge(
@@ -327,7 +336,7 @@ def _judge(
     amp = max(e / expected, c / expected_conc) if expected > 0 else math.inf
     bad = amp > profile.amplification
     if not bad and m.bias and m.level == "full":
-        bad = _own_bias(r, m, scope, consumed, profile)
+        bad = _own_bias(r, m, scope, consumed, profile, k)
     return r.model_copy(
         update={
             "status": "fail" if bad else "pass",
