@@ -16,8 +16,9 @@ _COMPARE_HELP = """Compare ACTUAL with GOLDEN and name the layer that introduced
 
 Records are paired by key (then by order within the same parent module), measured
 (full tensors when both runs saved them, else statistics, a weaker test) and judged
-against the tolerance profile of the less precise side's compute precision
-(--tolerance-dtype).
+by the error their precision (the less precise side's, --tolerance-dtype), their
+reduction length and what they consumed explain (--profile fixed: a fixed
+tolerance per dtype).
 
 [bold]Reading the verdict[/bold]
 
@@ -62,7 +63,9 @@ def compare(
     csv_out: Path | None = typer.Option(
         None, "--csv", help="Write one row per record (execution order) as CSV here."
     ),
-    profile: str = typer.Option("default", "--profile", help="default, strict or msprobe."),
+    profile: str = typer.Option(
+        "default", "--profile", help="default (expected error), fixed, strict or msprobe."
+    ),
     rtol: float | None = typer.Option(None, "--rtol", help="Override the relative tolerance."),
     atol: float | None = typer.Option(None, "--atol", help="Override the absolute tolerance."),
     rank: int | None = typer.Option(None, "--rank", help="Compare only this rank."),
