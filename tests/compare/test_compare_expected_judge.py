@@ -114,3 +114,33 @@ def test_a_parameter_after_an_optimizer_step_is_judged_with_that_step() -> None:
     # AdamW moved the weight by 1e-3 of its norm: a different step explains 2e-5
     judged, _ = judge_step(records, DEFAULT, previous={"fc.0": 1e-7}, updates={"fc.0": 1e-3})
     assert judged[0].status == "pass"
+
+
+def test_a_calibration_run_raises_the_expected_error_where_the_model_is_too_low() -> None:
+    # an ill-conditioned op: 5e-3 from an exact fp32 input is 1e4 times one rounding ...
+    records = [
+        _rec("cos.0.forward.input.0", 0, 0.0),
+        _rec("cos.0.forward.output.0", 1, 5e-3),
+    ]
+    assert _statuses(records)["cos.0.forward.output.0"] == "fail"
+    # ... but the golden's own code at the actual's precision shows 2e-3 there
+    judged, _ = judge_step(records, DEFAULT, calibrated={"cos.0.forward.output.0": (2e-3, 2e-3)})
+    assert judged[1].status == "pass" and judged[1].expected_error == 2e-3
+
+
+def test_the_calibration_pass_perturbs_each_modules_inputs_by_one_unit_roundoff() -> None:
+    import torch
+
+    from precguard.compare.calibrate import perturb_inputs
+
+    lin = torch.nn.Linear(8, 8, bias=False)
+    torch.nn.init.eye_(lin.weight)
+    x = torch.ones(4, 8)
+    plain = lin(x)
+    handles = perturb_inputs(lin, "bfloat16")
+    perturbed = lin(x)
+    for h in handles:
+        h.remove()
+    rel = ((perturbed - plain).abs() / plain.abs()).unique()
+    assert torch.allclose(rel, torch.tensor([2.0**-8]))
+    assert torch.equal(lin(x), plain)  # hooks removed: the model computes as before

@@ -121,6 +121,13 @@ def compare(
         help="Processes comparing (rank, step) units in parallel; the result is the same "
         "as with one. Across machines: torchrun ... -m precguard.compare (docs/distributed.md).",
     ),
+    calibration: Path | None = typer.Option(
+        None,
+        "--calibration",
+        help="A second golden recording of the same code at the actual's precision "
+        "(TTrace's calibration pass): raises each record's expected error to what that "
+        "precision does to it on this model.",
+    ),
     allow_partial: bool = typer.Option(
         False,
         "--allow-partial",
@@ -176,6 +183,7 @@ def compare(
             layout=layout,
             on_step=lambda r, s: bar.update(task, advance=1, description=f"rank {r} step {s}"),
             workers=workers,
+            calibration=calibration,
         )
     # name the directories the user gave, not a converted msprobe dump's temporary copy
     result = result.model_copy(update={"golden": str(golden), "actual": str(actual)})

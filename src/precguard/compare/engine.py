@@ -110,6 +110,18 @@ class ComparePlan:
         self.carried: dict[int, dict[str, float]] = {}
         #: per rank: the golden's parameter records of the last step compared, by key
         self.golden_params: dict[int, dict[str, Record]] = {}
+        #: a calibration recording (the golden's code at the actual's precision), if any
+        self.calibration: Run | None = None
+        self._calibration_records: dict[int, dict[tuple[int, str], Record]] = {}
+
+    def calibration_records(self, rank: int) -> dict[tuple[int, str], Record]:
+        """The calibration run's records of ``rank`` by (step, key), read once."""
+        if self.calibration is None:
+            return {}
+        if rank not in self._calibration_records:
+            recs = self.calibration.records(rank) if rank in self.calibration.ranks else []
+            self._calibration_records[rank] = {(r.step, r.key): r for r in recs}
+        return self._calibration_records[rank]
 
 
 def plan_comparison(
@@ -124,6 +136,7 @@ def plan_comparison(
     tolerance_dtype: str = "auto",
     rename: Sequence[str] = (),
     check_distinct: bool = True,
+    calibration: str | os.PathLike[str] | None = None,
 ) -> ComparePlan:
     """Open both recordings and settle everything the units share (see :func:`compare`)."""
     g_run = golden if isinstance(golden, Run) else load_run(golden)
@@ -149,8 +162,9 @@ def plan_comparison(
         "step": step,
         "tolerance_dtype": tolerance_dtype,
         "rename": list(rename),
+        "calibration": str(calibration) if calibration is not None else None,
     }
-    return ComparePlan(
+    plan = ComparePlan(
         g_run,
         a_run,
         prof,
@@ -162,6 +176,9 @@ def plan_comparison(
         step=step,
         arguments=arguments,
     )
+    if calibration is not None:
+        plan.calibration = load_run(calibration)
+    return plan
 
 
 def plan_from_arguments(arguments: dict[str, Any]) -> ComparePlan:
@@ -175,6 +192,7 @@ def plan_from_arguments(arguments: dict[str, Any]) -> ComparePlan:
         tolerance_dtype=arguments["tolerance_dtype"],
         rename=arguments["rename"],
         check_distinct=False,  # the coordinating process checked
+        calibration=arguments.get("calibration"),
     )
 
 
@@ -259,6 +277,7 @@ def compare_unit(
             plan.prof,
             plan.carried.get(r) if s > 0 else None,
             updates,
+            _calibrated(plan, g_store, r, s, g_recs),
         )
         step_results.results = judged
     classified = classify_step(step_results.results, plan.prof)
@@ -275,6 +294,38 @@ def compare_unit(
         first,
         dropped,
     )
+
+
+def _calibrated(
+    plan: ComparePlan, g_store: TensorStore, rank: int, step: int, g_recs: list[Record]
+) -> dict[str, tuple[float, float]]:
+    """Per golden record key: (error, concentrated error) of the calibration run on it."""
+    if plan.calibration is None:
+        return {}
+    cal = plan.calibration_records(rank)
+    out: dict[str, tuple[float, float]] = {}
+    c_store = TensorStore(plan.calibration.path)
+    try:
+        for g in g_recs:
+            c = cal.get((step, g.key))
+            if c is None or c.role == "param":
+                continue
+            m = pair_metrics(
+                g,
+                c,
+                g_store,
+                c_store,
+                plan.prof,
+                plan.tolerance_dtype,
+                (plan.computes[0], plan.calibration.manifest.compute_dtype),
+            )
+            if m.level not in ("full", "stats") or not math.isfinite(m.error):
+                continue
+            conc = max(x for x in (m.error, m.slice_error, m.peak_error) if x is not None)
+            out[g.key] = (m.error, conc)
+    finally:
+        c_store.close()
+    return out
 
 
 def _golden_updates(

@@ -146,6 +146,7 @@ def judge_step(
     profile: Profile,
     previous: dict[str, float] | None = None,
     updates: dict[str, float] | None = None,
+    calibrated: dict[str, tuple[float, float]] | None = None,
 ) -> tuple[list[RecordResult], dict[str, float]]:
     """Judge one rank and step's records; return them with status and expected error set.
 
@@ -155,10 +156,14 @@ def judge_step(
     the golden's optimizer step that produced it (see ``engine._golden_updates``): a
     correct optimizer fed a gradient that differs by rounding takes a step that differs
     by at most about twice that, which the parameter's expected error then includes.
+    ``calibrated`` maps a record key to the (global, concentrated) error a calibration
+    run (the golden's code at the actual's precision) showed on it: measured, it
+    raises the expected error where the analytic model is too low.
     Missing records are returned unchanged.
     """
     previous = previous or {}
     updates = updates or {}
+    calibrated = calibrated or {}
     fwd: dict[str, _Scope] = defaultdict(_Scope)  # subtree records of the current call
     fwd_all: dict[str, _Scope] = defaultdict(_Scope)  # subtree records of the whole step
     bwd: dict[str, _Scope] = defaultdict(_Scope)  # subtree backward records so far
@@ -222,6 +227,9 @@ def judge_step(
                 scope = bwd[r.module].merged(forward_scope)
                 consumed = [*inputs[call], *out_grads[call]]
                 k = _reduction(inputs[call], backward=True)
+        cal = calibrated.get(r.key)
+        if cal is not None:
+            scope = scope.merged(_Scope(cal[0], cal[1]))
         judged = _judge(r, m, e, c, scope, consumed, k, profile)
         if r.phase == "forward" and r.role == "input" and judged.status == "fail":
             if fparent is not None:  # the enclosing module's own code made it

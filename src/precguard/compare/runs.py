@@ -40,6 +40,7 @@ def compare_runs(
     rename: Sequence[str] = (),
     layout: str | os.PathLike[str] | None = None,
     workers: int = 1,
+    calibration: str | os.PathLike[str] | None = None,
 ) -> Comparison:
     """Compare an ``actual`` recording with a ``golden`` one and name where they diverge.
 
@@ -66,6 +67,10 @@ def compare_runs(
     :param workers: processes that compare (rank, step) units in parallel; the result
         is the same as with one (see :mod:`precguard.compare.parallel`). Under
         ``torchrun -m precguard.compare`` the job's processes share the units instead.
+    :param calibration: a second golden recording of the same code at the actual's
+        precision (TTrace's calibration pass): each record's error there is what that
+        precision does to it on this model, and raises its expected error where the
+        analytic model is too low (docs/compare.md).
     :raises IncomparableRunsError: the recordings are of different models.
     :raises DumpFormatError: a recording is missing, corrupt or of a newer schema.
 
@@ -106,6 +111,7 @@ def compare_runs(
             step=step,
             tolerance_dtype=tolerance_dtype,
             rename=rename,
+            calibration=calibration,
         )
 
     if parallel.job_active():
