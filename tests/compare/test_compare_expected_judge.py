@@ -144,3 +144,15 @@ def test_the_calibration_pass_perturbs_each_modules_inputs_by_one_unit_roundoff(
     rel = ((perturbed - plain).abs() / plain.abs()).unique()
     assert torch.allclose(rel, torch.tensor([2.0**-8]))
     assert torch.equal(lin(x), plain)  # hooks removed: the model computes as before
+
+
+def test_a_causal_mask_built_with_each_precisions_finfo_min_is_no_error() -> None:
+    import torch
+
+    from precguard.compare.metrics import full_metrics
+
+    causal = torch.ones(8, 8, dtype=torch.bool).tril()
+    golden = torch.zeros(8, 8).masked_fill(~causal, torch.finfo(torch.float32).min)
+    actual = torch.zeros(8, 8).masked_fill(~causal, torch.finfo(torch.float16).min)
+    m = full_metrics(golden, actual, dtype="float16", rtol=1e-3, atol=1e-5, ulp_dtype="float16")
+    assert m.error == 0.0

@@ -215,6 +215,9 @@ class _Params:
     blocks: int
     #: (dimension, its size, its stride in the flattened tensor) for each sliced dimension
     slices: tuple[tuple[int, int, int], ...] = ()
+    #: the most negative finite value of the actual's precision: an element at or below it
+    #: on both sides is each side's stand-in for -inf (a causal mask's finfo(dtype).min)
+    mask_floor: float = -math.inf
 
 
 def _pool() -> ThreadPoolExecutor | None:
@@ -286,6 +289,7 @@ def full_metrics(
         block_size=-(-numel // blocks),
         blocks=blocks,
         slices=_sliced_dims(tuple(golden.shape) if shape is None else tuple(shape), numel),
+        mask_floor=_mask_floor(_ulp_dtype(ulp_dtype, actual.dtype, golden.dtype)),
     )
     acc = _Acc()
     starts = range(0, numel, chunk)
@@ -301,6 +305,13 @@ def full_metrics(
     for part in parts:
         acc.merge(part)
     return _finish(acc, dtype, numel, golden_rms, params.slices)
+
+
+def _mask_floor(dtype: torch.dtype) -> float:
+    """Values at or below this are a precision's stand-in for -inf (None: no such floor)."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return float(torch.finfo(dtype).min)
+    return -math.inf
 
 
 def _sliced_dims(shape: tuple[int, ...], numel: int) -> tuple[tuple[int, int, int], ...]:
@@ -442,6 +453,10 @@ def _chunk(g_t: torch.Tensor, a_t: torch.Tensor, start: int, p: _Params) -> _Acc
     if g.size == 0:
         return acc
     with np.errstate(all="ignore"):
+        if p.mask_floor > -math.inf and float(g.min()) <= p.mask_floor:
+            # -inf stand-ins (finfo(dtype).min of each side's precision) are equal
+            masked = (g <= p.mask_floor) & (a <= p.mask_floor)
+            a = np.where(masked, g, a)
         d = a - g  # exact in float64 for float32 and narrower inputs
         acc.sum_sq = float(np.dot(d, d))
         if not math.isfinite(acc.sum_sq):
