@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "compare"))
 
-from calibration_corpus import CORPUS, MAGNITUDES, Outcome, Runner, smallest_localized
+from calibration_corpus import CORPUS, MAGNITUDES, Outcome, Runner, label, smallest_localized
 
 
 def main() -> int:
@@ -51,21 +51,22 @@ def main() -> int:
     alarms = [o for o in clean if not o.ok]
     print()
     print(f"clean pairs: {len(clean)}, false alarms: {len(alarms)}")
-    kinds = sorted({o.pair.kind for o in faults})
-    header = "kind".ljust(12) + "".join(f"{m:>8.1%}" for m in MAGNITUDES) + "  smallest"
-    print(header)
+    kinds = sorted({label(o.pair) for o in faults})
+    header = "fault, setting".ljust(26) + "".join(f"{m:>8.1%}" for m in MAGNITUDES)
+    print(header + "  smallest localized")
     smallest = smallest_localized(faults)
     for kind in kinds:
-        row = kind.ljust(12)
+        here_all = [o for o in faults if label(o.pair) == kind]
+        if not here_all[0].pair.magnitude:
+            ok = sum(o.ok for o in here_all)
+            print(kind.ljust(26) + f"{ok}/{len(here_all)} localized (the classic bug)")
+            continue
+        row = kind.ljust(26)
         for m in MAGNITUDES:
-            here = [o for o in faults if o.pair.kind == kind and o.pair.magnitude == m]
+            here = [o for o in here_all if o.pair.magnitude == m]
             row += f"{sum(o.ok for o in here)}/{len(here)}".rjust(8) if here else "-".rjust(8)
         best = smallest.get(kind)
-        if kind == "rotary-bug":
-            here = [o for o in faults if o.pair.kind == kind]
-            row = kind.ljust(12) + f"{sum(o.ok for o in here)}/{len(here)} (the classic bug)"
-        else:
-            row += f"  {best:.1%}" if best is not None else "  none"
+        row += f"  {best:.1%}" if best is not None else "  none"
         print(row)
     missed = [o for o in faults if not o.ok and (o.pair.magnitude >= 0.01 or not o.pair.magnitude)]
     found = sum(o.ok for o in faults)

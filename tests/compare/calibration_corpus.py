@@ -431,17 +431,23 @@ class Runner:
         )
 
 
+def label(pair: Pair) -> str:
+    """A fault's kind and the actual's setting: ``projection bf16-mixed``."""
+    return f"{pair.kind} {pair.actual.device.removeprefix('emu:')}"
+
+
 def smallest_localized(outcomes: list[Outcome]) -> dict[str, float | None]:
-    """Per fault kind, the smallest magnitude localized (None: none was)."""
+    """Per fault kind and setting (:func:`label`), the smallest magnitude localized."""
     out: dict[str, float | None] = {}
     for o in outcomes:
         if o.pair.expect is None or not o.pair.magnitude:
             continue
-        best = out.get(o.pair.kind)
+        key = label(o.pair)
+        best = out.get(key)
         if o.ok and (best is None or o.pair.magnitude < best):
-            out[o.pair.kind] = o.pair.magnitude
+            out[key] = o.pair.magnitude
         else:
-            out.setdefault(o.pair.kind, None)
+            out.setdefault(key, None)
     return out
 
 
