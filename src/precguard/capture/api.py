@@ -203,9 +203,20 @@ def monitor(
         to_host=plugins.to_host,
         fingerprint_of=environment_fingerprint,
     )
-    mon = Monitor(model, recording, options)
+    mon = _module_and_op_hooks(model, recording, options)
     _warn_unmatched_patterns(options, mon.names.values())
     return MonitorHandle(mon, recording)
+
+
+def _module_and_op_hooks(model: nn.Module, recording: Recording, options: CaptureOptions) -> Any:
+    """The hooks ``options.level`` asks for: a :class:`Monitor`, op capture, or both."""
+    if options.level == "module":
+        return Monitor(model, recording, options)
+    from precguard.capture.ops import CaptureHooks, OpCapture
+
+    modules = Monitor(model, recording, options) if options.level == "both" else None
+    ops = OpCapture(model, recording, options, own_steps=modules is None)
+    return CaptureHooks(*(p for p in (modules, ops) if p is not None))
 
 
 def _warn_unmatched_patterns(options: CaptureOptions, names: Iterable[str]) -> None:
