@@ -165,6 +165,11 @@ class Record(BaseModel):
         description="On dist.<op> records (a torch.distributed collective): the op and its "
         "process group.",
     )
+    device: str | None = Field(
+        default=None,
+        description="On op-level records: the device type the op's output was on when it "
+        "differs from the model's (an op that fell back to the CPU); None: the run's device.",
+    )
 
 
 class RunError(BaseModel):
