@@ -88,6 +88,7 @@ def test_a_fused_rope_shows_as_many_to_one_in_each_attention(tiny_llama, input_i
     assert not [d for d in diff.differences if d.kind != "regrouped"]
 
 
+@pytest.mark.slow  # torch.export's first use costs ~10 s of imports and tracing
 def test_aten_level_export_and_trace_of_the_same_model_agree_on_the_layers(tiny_llama, input_ids):
     exported = exported_graph(tiny_llama, (input_ids,), {"use_cache": False})
     traced = trace_graph(tiny_llama, _forward(tiny_llama, input_ids), level="aten")
