@@ -48,3 +48,15 @@ def test_a_softmax_run_in_bf16_is_listed_with_its_module(monkeypatch):
 
 def test_a_float32_run_has_no_op_below_the_reference():
     assert _graph_dtypes(None).evidence["count"] == 0
+
+
+def test_autocast_ops_lists_the_ops_autocast_ran_below_the_reference():
+    d = precguard.check(
+        "llama-finetune", "tiny-llama", device="emu:bf16-mixed", only=["amp.autocast_ops"]
+    )
+    (found,) = d.findings
+    below = found.evidence["ops_below_reference"]
+    ran_low = {(e["module"].rsplit(".", 1)[-1], e["op"]) for e in below if e["what"] == "ran in"}
+    assert ("self_attn", "matmul") in ran_low and ("q_proj", "linear") in ran_low
+    # autocast keeps softmax in fp32: not listed as run lower
+    assert not any(e["op"] == "softmax" and e["what"] == "ran in" for e in below)
