@@ -12,6 +12,7 @@ import precguard
 from precguard.cli import main
 from precguard.graph.build import exported_graph, graph_from_run, load_graph, trace_graph
 from precguard.graph.diff import diff_graphs
+from precguard.targets import build_tiny_llama
 
 
 @torch.library.custom_op("precguard_test::fused_rope", mutates_args=())
@@ -103,7 +104,7 @@ def test_aten_level_export_and_trace_of_the_same_model_agree_on_the_layers(tiny_
 
 def test_graph_diff_of_two_op_level_recordings_from_the_cli(tmp_path, capsys):
     torch.manual_seed(0)
-    model = precguard.targets.build_tiny_llama().eval()
+    model = build_tiny_llama().eval()
     ids = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(2))
     with torch.no_grad(), precguard.monitor(model, out=tmp_path / "fp32", level="op"):
         model(ids)

@@ -155,8 +155,8 @@ def _period(ops: list[str], k: int) -> list[str] | None:
 
 
 def _fmt_ops(ops: list[str]) -> str:
-    shown = ", ".join(ops[:8]) + (f", ... ({len(ops)} ops)" if len(ops) > 8 else "")
-    return shown if len(ops) > 8 or len(ops) == 1 else f"{shown} ({len(ops)} ops)"
+    shown = ", ".join(ops[:12]) + (f", ... ({len(ops)} ops)" if len(ops) > 12 else "")
+    return shown if len(ops) > 12 or len(ops) == 1 else f"{shown} ({len(ops)} ops)"
 
 
 def _regrouped(module: str, g: list[str], a: list[str]) -> OpDifference:
