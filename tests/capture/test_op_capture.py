@@ -153,3 +153,17 @@ def test_a_forward_that_raises_leaves_no_mode_behind(tmp_path):
 def test_an_unknown_level_is_an_error_not_a_default():
     with pytest.raises(pydantic.ValidationError, match="level"):
         precguard.monitor(_Block(), level="ops")
+
+
+def test_record_from_the_cli_at_op_level(tmp_path, capsys):
+    from precguard.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["record", "-t", "tiny-llama", "--level", "op", "--out", str(tmp_path / "r")])
+    assert info.value.code in (0, None)
+    keys = {r.key for r in _records(tmp_path / "r")}
+    assert "model.layers.3.self_attn.op.softmax.0.forward.output.0" in keys
+    with pytest.raises(SystemExit) as info:
+        main(["record", "-t", "tiny-llama", "--level", "ops", "--out", str(tmp_path / "s")])
+    assert info.value.code == 2
+    assert "--level: expected module, op or both" in capsys.readouterr().err

@@ -34,6 +34,11 @@ def record(
         [], "--tensors", help="Save full tensors of modules matching this glob ('*' for all)."
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing recording."),
+    level: str = typer.Option(
+        "module",
+        "--level",
+        help="module, op (every torch op, under its module: docs/ops.md) or both.",
+    ),
 ) -> None:
     """Record a target's per-layer statistics (and chosen tensors) on one device."""
     from rich.console import Console
@@ -53,6 +58,10 @@ def record(
             + "), path/file.py[:function] or package.module[:function]"
         )
 
+    if level not in ("module", "op", "both"):
+        from precguard.errors import UsageError
+
+        raise UsageError(f"--level: expected module, op or both, got {level!r}")
     save: bool | list[str] = True if tensors == ["*"] else list(tensors)
     console = Console(stderr=True)
     with Progress(console=console, transient=True, disable=not sys.stderr.isatty()) as bar:
@@ -67,6 +76,7 @@ def record(
             tensors=save,
             overwrite=overwrite,
             on_step=lambda _s: bar.advance(task),
+            **({"level": level} if level != "module" else {}),
         )
     from precguard.dump.reader import load_run
 
