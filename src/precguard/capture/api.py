@@ -291,6 +291,9 @@ def record(
     ...     model(x)          # a @precision_monitor model
     """
     options = capture_options(options, **overrides)
+    if options.level != "module":
+        # op capture hooks a root module; record() has none until decorated ones run
+        logger.warning("op_level_needs_monitor", level=options.level, recorded="modules only")
     recording = Recording(
         out,
         options,
