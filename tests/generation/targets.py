@@ -61,6 +61,18 @@ def scale_projection(layer: int = 2, factor: float = 1.25) -> Any:
     return prepare
 
 
+def scaled() -> Target:
+    """The peaked LLaMA with layer 2's MLP down projection scaled by 1.25 (a planted fault)."""
+
+    def model() -> nn.Module:
+        m = peaked_model()
+        scale_projection()(m)
+        return m
+
+    t = peaked()
+    return Target(model=model, batch=t.batch, tokenizer=CharTokenizer, texts=t.texts, name="scaled")
+
+
 class RotaryInActivationDtype(nn.Module):
     """The rotary embedding computing its angles ``position_ids * inv_freq`` in the
     activation dtype (bf16 on ``emu:bf16-mixed``): a fault seen in ported kernels."""
@@ -134,13 +146,9 @@ class StepLlama(nn.Module):
                 hf.update(k.to(dtype), v.to(dtype), i)
             past = self.offset + cache[0][0].shape[-2]
         positions = torch.arange(past, past + input_ids.shape[1])[None]
-        out = self.inner(
-            input_ids=input_ids, past_key_values=hf, use_cache=True, position_ids=positions
-        )
+        out = self.inner(input_ids=input_ids, cache=hf, use_cache=True, position_ids=positions)
         store = torch.float16 if self.cache_fp16 else dtype
-        layers = tuple(
-            (layer.keys.to(store), layer.values.to(store)) for layer in out.past_key_values.layers
-        )
+        layers = tuple((layer.keys.to(store), layer.values.to(store)) for layer in hf.layers)
         return out.logits, layers
 
 

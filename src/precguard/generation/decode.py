@@ -91,13 +91,20 @@ def is_hf_causal_lm(model: nn.Module) -> bool:
 def step_callable(model: nn.Module) -> StepFn:
     """``step(input_ids, cache) -> (logits, cache)`` for an HF model or a plain step module."""
     if is_hf_causal_lm(model):
+        import inspect
+
         from transformers import DynamicCache
+
+        # transformers 5.x renamed past_key_values to cache; pass whichever forward names
+        name = "cache" if "cache" in inspect.signature(model.forward).parameters else None
+        name = name or "past_key_values"
 
         def hf_step(ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
             if cache is None:
                 cache = DynamicCache(config=model.config)
-            out = model(input_ids=ids, past_key_values=cache, use_cache=True)
-            return out.logits, out.past_key_values
+            out = model(input_ids=ids, use_cache=True, **{name: cache})
+            returned = getattr(out, "past_key_values", None)
+            return out.logits, cache if returned is None else returned
 
         return hf_step
 
