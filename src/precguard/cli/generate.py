@@ -20,17 +20,33 @@ stay comparable); the KV caches after the prefill and after N steps. The first r
 divergence is replayed teacher-forced under monitor on both sides and compared
 layer by layer: the first divergent layer at that token.
 
+A reference on another machine: `--save-run GOLDEN` there, `--save-run ACTUAL
+--against GOLDEN` on the machine under test (same prompts and options, fed the
+golden's tokens; its replay of the first divergence is kept in ACTUAL/layerwise),
+then `generate-diff GOLDEN ACTUAL` anywhere (add --target and --reference on the
+reference machine to compare the replays layer by layer).
+
 Exit codes: 0 no divergence (near-ties at most), 1 a divergence, 2 unusable input.
 """
 
 
 @app.command("generate-diff", help=_HELP)
 def generate_diff_cmd(
-    target: str = typer.Option(
-        "tiny-llama", "--target", "-t", help="Built-in name, path/file.py[:fn] or pkg.mod[:fn]."
+    runs: list[Path] | None = typer.Argument(
+        None, metavar="[GOLDEN ACTUAL]", help="Two --save-run directories to compare."
     ),
-    device: str = typer.Option(..., "--device", "-d", help="Device under test: emu:bf16, npu…"),
-    reference: str = typer.Option("cpu", "--reference", help="Trusted reference device."),
+    target: str | None = typer.Option(
+        None,
+        "--target",
+        "-t",
+        help="Built-in name, path/file.py[:fn] or pkg.mod[:fn] [default: tiny-llama].",
+    ),
+    device: str | None = typer.Option(
+        None, "--device", "-d", help="Device under test: emu:bf16, npu… (required unless runs)."
+    ),
+    reference: str | None = typer.Option(
+        None, "--reference", help="Trusted reference device [default: cpu]."
+    ),
     dtype: str | None = typer.Option(
         None,
         "--dtype",
@@ -59,6 +75,14 @@ def generate_diff_cmd(
     keep_recordings: Path | None = typer.Option(
         None, "--keep-recordings", help="Keep the replay's two recordings in this directory."
     ),
+    save_run: Path | None = typer.Option(
+        None, "--save-run", help="Decode on DEVICE only and save it here (a new directory)."
+    ),
+    against: Path | None = typer.Option(
+        None,
+        "--against",
+        help="With --save-run: a saved golden run to take prompts and tokens from.",
+    ),
     json_out: Path | None = typer.Option(
         None, "--json", help="Write the result as JSON here ('-' for stdout)."
     ),
@@ -86,29 +110,70 @@ def generate_diff_cmd(
         transient=True,
         disable=not sys.stderr.isatty(),
     )
-    with progress:
-        task = progress.add_task("decoding", total=None)
+    task = progress.add_task("decoding", total=None)
 
-        def on_progress(prompt: int, step: int, steps: int) -> None:
-            progress.update(task, description=f"prompt {prompt}", total=steps, completed=step + 1)
+    def on_progress(prompt: int, step: int, steps: int) -> None:
+        progress.update(task, description=f"prompt {prompt}", total=steps, completed=step + 1)
 
-        result = generate_diff(
-            target,
-            device=device,
-            reference=reference,
-            dtype=dtype,
-            reference_dtype=reference_dtype,
-            reference_target=reference_target,
-            prompts=given,
-            max_new_tokens=max_new_tokens,
-            sample=sample,
-            seed=seed,
-            temperature=temperature,
+    if runs:
+        from precguard.generation import compare_generation_runs
+
+        if len(runs) != 2:
+            raise UsageError(f"expected two saved runs GOLDEN ACTUAL, got {len(runs)}")
+        if device is not None or save_run is not None or prompts is not None:
+            raise UsageError("comparing saved runs takes no --device, --save-run or --prompts")
+        result = compare_generation_runs(
+            runs[0],
+            runs[1],
             top_k=top_k,
-            layerwise=layerwise,
-            keep_recordings=keep_recordings,
-            on_progress=on_progress,
+            target=target,
+            reference=reference,
+            reference_dtype=reference_dtype,
         )
+    elif device is None:
+        raise UsageError("give --device DEV (or two saved runs GOLDEN ACTUAL to compare)")
+    elif save_run is not None:
+        from precguard.generation import generate_run
+
+        if reference is not None or reference_target is not None:
+            raise UsageError("--save-run decodes one side (--device); it takes no --reference")
+        with progress:
+            path = generate_run(
+                target or "tiny-llama",
+                device=device,
+                out=save_run,
+                dtype=dtype,
+                prompts=given,
+                max_new_tokens=max_new_tokens,
+                sample=sample,
+                seed=seed,
+                temperature=temperature,
+                against=against,
+                on_progress=on_progress,
+            )
+        typer.echo(f"saved the decoding on {device} to {path}")
+        return
+    else:
+        if against is not None:
+            raise UsageError("--against goes with --save-run")
+        with progress:
+            result = generate_diff(
+                target or "tiny-llama",
+                device=device,
+                reference=reference or "cpu",
+                dtype=dtype,
+                reference_dtype=reference_dtype,
+                reference_target=reference_target,
+                prompts=given,
+                max_new_tokens=max_new_tokens,
+                sample=sample,
+                seed=seed,
+                temperature=temperature,
+                top_k=top_k,
+                layerwise=layerwise,
+                keep_recordings=keep_recordings,
+                on_progress=on_progress,
+            )
     out = Console(stderr=to_stdout, highlight=False, soft_wrap=True)
     render_terminal(result, out)
     text = result.model_dump_json(indent=2)

@@ -9,5 +9,12 @@ from __future__ import annotations
 
 from precguard.generation.api import generate_diff
 from precguard.generation.report import GenerationDiff, generation_schema
+from precguard.generation.separate import compare_generation_runs, generate_run
 
-__all__ = ["GenerationDiff", "generate_diff", "generation_schema"]
+__all__ = [
+    "GenerationDiff",
+    "compare_generation_runs",
+    "generate_diff",
+    "generate_run",
+    "generation_schema",
+]

@@ -351,7 +351,7 @@ def assemble(
     summary = summarize(results, opts.steps)
     verdict = "diverged" if summary.diverged else ("near-ties" if summary.near_ties else "match")
     if note is None and summary.diverged and replay is None:
-        note = "the layerwise replay was not run"
+        note = "the layerwise replay was not run (--no-layerwise)"
     return GenerationDiff(
         golden=golden,
         actual=actual,
@@ -363,6 +363,6 @@ def assemble(
         prompts=results,
         summary=summary,
         layerwise=replay,
-        layerwise_note=note if summary.diverged else None,
+        layerwise_note=note,
         cause=find_cause(results, replay),
     )

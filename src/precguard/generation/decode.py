@@ -103,8 +103,9 @@ def step_callable(model: nn.Module) -> StepFn:
             if cache is None:
                 cache = DynamicCache(config=model.config)
             out = model(input_ids=ids, use_cache=True, **{name: cache})
-            returned = getattr(out, "past_key_values", None)
-            return out.logits, cache if returned is None else returned
+            # a DynamicCache is updated in place (reading the output's past_key_values
+            # only prints transformers' deprecation notice)
+            return out.logits, cache
 
         return hf_step
 

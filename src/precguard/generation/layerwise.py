@@ -58,35 +58,21 @@ def record_replay(side: DecodeSide, ids: torch.Tensor, out: Path, *, prefix: int
         ) from exc
 
 
-def replay_layerwise(
-    golden: DecodeSide,
-    actual: DecodeSide,
-    prompt: torch.Tensor,
-    golden_tokens: list[int],
-    *,
-    index: int,
-    step: int,
-    keep: str | os.PathLike[str] | None = None,
-) -> Layerwise:
-    """Replay prompt ``index`` up to ``step`` on both sides and compare the recordings.
+def replay_ids(
+    prompt: torch.Tensor, golden_tokens: list[int], step: int
+) -> tuple[torch.Tensor, int]:
+    """The ids of the replay of ``step`` and how many of them go into the cache first."""
+    ids = torch.cat([prompt, torch.tensor([golden_tokens[:step]], dtype=prompt.dtype)], dim=1)
+    return ids, (ids.shape[1] - 1 if step > 0 else 0)
 
-    ``keep`` is a directory to keep the two recordings in (``golden/``, ``actual/``);
-    by default they live in a temporary directory removed afterwards.
-    """
+
+def compare_replays(
+    golden: Path, actual: Path, *, index: int, step: int, position: int, keep: bool = False
+) -> Layerwise:
+    """Compare two replay recordings with :func:`precguard.compare_runs`."""
     from precguard import compare_runs
 
-    ids = torch.cat([prompt, torch.tensor([golden_tokens[:step]], dtype=prompt.dtype)], dim=1)
-    prefix = ids.shape[1] - 1 if step > 0 else 0
-    with contextlib.ExitStack() as stack:
-        if keep is None:
-            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="precguard-gen-")))
-        else:
-            root = Path(keep)
-            root.mkdir(parents=True, exist_ok=True)
-        paths = root / "golden", root / "actual"
-        record_replay(golden, ids, paths[0], prefix=prefix)
-        record_replay(actual, ids, paths[1], prefix=prefix)
-        result = compare_runs(paths[0], paths[1])
+    result = compare_runs(golden, actual)
     dumped = result.model_dump(mode="json")
     logger.info(
         "layerwise_replayed",
@@ -98,9 +84,48 @@ def replay_layerwise(
     return Layerwise(
         prompt=index,
         step=step,
-        position=int(ids.shape[1]) - 1,
+        position=position,
         verdict=str(result.verdict),
         first_divergence=dumped.get("first_divergence"),
         comparison=dumped,
-        recordings=[str(p) for p in paths] if keep is not None else None,
+        recordings=[str(golden), str(actual)] if keep else None,
     )
+
+
+def replay_layerwise(
+    golden: DecodeSide,
+    actual: DecodeSide | Path,
+    prompt: torch.Tensor,
+    golden_tokens: list[int],
+    *,
+    index: int,
+    step: int,
+    keep: str | os.PathLike[str] | None = None,
+) -> Layerwise:
+    """Replay prompt ``index`` up to ``step`` on both sides and compare the recordings.
+
+    ``actual`` may be a recording made earlier (a saved run's ``layerwise/``).
+    ``keep`` is a directory to keep the recordings in (``golden/``, ``actual/``);
+    by default they live in a temporary directory removed afterwards.
+    """
+    ids, prefix = replay_ids(prompt, golden_tokens, step)
+    with contextlib.ExitStack() as stack:
+        if keep is None:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="precguard-gen-")))
+        else:
+            root = Path(keep)
+            root.mkdir(parents=True, exist_ok=True)
+        record_replay(golden, ids, root / "golden", prefix=prefix)
+        if isinstance(actual, Path):
+            actual_path = actual
+        else:
+            actual_path = root / "actual"
+            record_replay(actual, ids, actual_path, prefix=prefix)
+        return compare_replays(
+            root / "golden",
+            actual_path,
+            index=index,
+            step=step,
+            position=int(ids.shape[1]) - 1,
+            keep=keep is not None,
+        )
