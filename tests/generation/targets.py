@@ -129,11 +129,19 @@ class StepLlama(nn.Module):
     ``(keys, values)`` per layer, read back into HF's ``DynamicCache`` each step.
     """
 
-    def __init__(self, inner: nn.Module, cache_fp16: bool = False, offset: int = 0) -> None:
+    def __init__(
+        self,
+        inner: nn.Module,
+        cache_fp16: bool = False,
+        offset: int = 0,
+        restart_positions: bool = False,
+    ) -> None:
         super().__init__()
         self.inner = inner
         self.cache_fp16 = cache_fp16
         self.offset = offset
+        # a port that forgets the cache's length: each new token is rotated as position 0
+        self.restart_positions = restart_positions
 
     def forward(self, input_ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
         from transformers import DynamicCache
@@ -144,7 +152,7 @@ class StepLlama(nn.Module):
         if cache is not None:
             for i, (k, v) in enumerate(cache):
                 hf.update(k.to(dtype), v.to(dtype), i)
-            past = self.offset + cache[0][0].shape[-2]
+            past = self.offset + (0 if self.restart_positions else cache[0][0].shape[-2])
         positions = torch.arange(past, past + input_ids.shape[1])[None]
         out = self.inner(input_ids=input_ids, cache=hf, use_cache=True, position_ids=positions)
         store = torch.float16 if self.cache_fp16 else dtype
@@ -197,6 +205,28 @@ def step_llama_fp16_cache() -> Target:
         tokenizer=CharTokenizer,
         texts=list(PROMPTS),
         name="step-llama-fp16-cache",
+    )
+
+
+def step_peaked() -> Target:
+    """The peaked LLaMA through a plain step module (positions right)."""
+    return Target(
+        model=lambda: StepLlama(peaked_model()),
+        batch=peaked().batch,
+        tokenizer=CharTokenizer,
+        texts=list(PROMPTS),
+        name="step-peaked",
+    )
+
+
+def rope_offset_bug() -> Target:
+    """The peaked LLaMA through a step module that rotates every cached step as position 0."""
+    return Target(
+        model=lambda: StepLlama(peaked_model(), restart_positions=True),
+        batch=peaked().batch,
+        tokenizer=CharTokenizer,
+        texts=list(PROMPTS),
+        name="rope-offset-bug",
     )
 
 
