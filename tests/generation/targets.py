@@ -186,6 +186,20 @@ def deep_context() -> Target:
     )
 
 
+def rope_bf16() -> Target:
+    """:func:`deep_context` with the rotary angles computed in the activation dtype."""
+
+    def model() -> nn.Module:
+        m = StepLlama(peaked_model(), offset=3000)
+        rope_in_activation_dtype(m)
+        return m
+
+    t = deep_context()
+    return Target(
+        model=model, batch=t.batch, tokenizer=CharTokenizer, texts=t.texts, name="rope-bf16"
+    )
+
+
 def step_llama() -> Target:
     """The outlier LLaMA driven through a plain step module, cache in fp32."""
     return Target(

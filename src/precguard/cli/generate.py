@@ -9,25 +9,23 @@ import typer
 
 from precguard.cli._app import app
 
-_HELP = """Decode the same prompts on a reference and on DEVICE and find where they part.
-
-Greedy decoding (or seeded sampling with --sample) with a KV cache on both sides.
-Per prompt: the first step where the chosen tokens differ, judged a near-tie (the
-two tokens are within what the compute precision explains for the logits) or a
-divergence; the KL divergence and top-k overlap of the next-token distributions
-along the steps (after a flip both sides are fed the golden's tokens, so the curves
-stay comparable); the KV caches after the prefill and after N steps. The first real
-divergence is replayed teacher-forced under monitor on both sides and compared
-layer by layer: the first divergent layer at that token.
-
-A reference on another machine: `--save-run GOLDEN` there, `--save-run ACTUAL
---against GOLDEN` on the machine under test (same prompts and options, fed the
-golden's tokens; its replay of the first divergence is kept in ACTUAL/layerwise),
-then `generate-diff GOLDEN ACTUAL` anywhere (add --target and --reference on the
-reference machine to compare the replays layer by layer).
-
-Exit codes: 0 no divergence (near-ties at most), 1 a divergence, 2 unusable input.
-"""
+_HELP = (
+    "Decode the same prompts on a reference and on DEVICE and find where they part.\n\n"
+    "Greedy decoding (or seeded sampling with --sample) with a KV cache on both sides. Per "
+    "prompt: the first step where the chosen tokens differ, judged a near-tie (the two tokens "
+    "are within what the compute precision explains for the logits) or a divergence; the KL "
+    "divergence and top-k overlap of the next-token distributions along the steps (after a "
+    "flip both sides are fed the golden's tokens, so the curves stay comparable); the KV "
+    "caches after the prefill and after N steps. The first real divergence is replayed "
+    "teacher-forced under monitor on both sides and compared layer by layer: the first "
+    "divergent layer at that token.\n\n"
+    "A reference on another machine: --save-run GOLDEN there, --save-run ACTUAL --against "
+    "GOLDEN on the machine under test (same prompts and options, fed the golden's tokens; its "
+    "replay of the first divergence is kept in ACTUAL/layerwise), then generate-diff GOLDEN "
+    "ACTUAL anywhere (add --target and --reference on the reference machine to compare the "
+    "replays layer by layer).\n\n"
+    "Exit codes: 0 no divergence (near-ties at most), 1 a divergence, 2 unusable input."
+)
 
 
 @app.command("generate-diff", help=_HELP)
@@ -39,13 +37,13 @@ def generate_diff_cmd(
         None,
         "--target",
         "-t",
-        help="Built-in name, path/file.py[:fn] or pkg.mod[:fn] [default: tiny-llama].",
+        help="Built-in name, path/file.py[:fn] or pkg.mod[:fn] (default: tiny-llama).",
     ),
     device: str | None = typer.Option(
         None, "--device", "-d", help="Device under test: emu:bf16, npu… (required unless runs)."
     ),
     reference: str | None = typer.Option(
-        None, "--reference", help="Trusted reference device [default: cpu]."
+        None, "--reference", help="Trusted reference device (default: cpu)."
     ),
     dtype: str | None = typer.Option(
         None,
@@ -62,7 +60,7 @@ def generate_diff_cmd(
         None,
         "--prompts",
         help="Prompts file: text (one a line), .jsonl ({'text': ...} or {'input_ids': [...]}) "
-        "or .json list [default: the target's texts].",
+        "or .json list (default: the target's texts).",
     ),
     max_new_tokens: int = typer.Option(16, "--max-new-tokens", "-n", help="Tokens to decode."),
     sample: bool = typer.Option(False, "--sample", help="Seeded sampling instead of greedy."),
