@@ -97,3 +97,17 @@ def test_rope_at_the_wrong_offset_with_a_cache_is_traced_to_the_cache() -> None:
     assert kv.consistency.golden_consistent and not kv.consistency.actual_consistent
     # the prefill's caches agree: the fault starts with the first cached step
     assert kv.snapshots[0].first_divergence is None
+
+
+def test_a_reference_with_non_finite_logits_is_unusable() -> None:
+    from precguard.errors import UsageError
+
+    def poison(model: torch.nn.Module) -> None:
+        with torch.no_grad():
+            model.lm_head.weight[5] = math.nan
+
+    with pytest.raises(UsageError, match="cannot serve as the golden"):
+        generate_diff(
+            T.peaked(), device="cpu", prompts=[[1, 2, 3]], max_new_tokens=1,
+            prepare_reference=poison,
+        )  # fmt: skip

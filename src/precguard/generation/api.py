@@ -153,6 +153,12 @@ def judge_prompt(
 ) -> PromptResult:
     """Compare the two sides' decodings of one prompt."""
     g, a = golden.decodings[index], actual.decodings[index]
+    bad = (~torch.isfinite(g.scores)).any(dim=-1).nonzero()
+    if bad.numel():
+        raise UsageError(
+            f"the reference ({golden.side.device}) computed non-finite logits for prompt "
+            f"{index} at step {int(bad[0])}: it cannot serve as the golden"
+        )
     dtype = logits_dtype(golden.side.compute_dtype, actual.side.compute_dtype)
     explained = explained_error(dtype, golden.hidden, golden.layers)
     vocab = g.scores.shape[-1]

@@ -32,7 +32,9 @@ from precguard.target import Target, raised
 
 logger = get_logger(__name__)
 
-StepFn = Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
+#: ``step(input_ids, cache, keep=1) -> (logits, cache)``; ``keep``: how many last positions'
+#: logits are needed (a hint: a plain step module may return them all)
+StepFn = Callable[..., tuple[torch.Tensor, Any]]
 
 
 @dataclass
@@ -99,17 +101,23 @@ def step_callable(model: nn.Module) -> StepFn:
         name = "cache" if "cache" in inspect.signature(model.forward).parameters else None
         name = name or "past_key_values"
 
-        def hf_step(ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
+        params = inspect.signature(model.forward).parameters
+        trims = "logits_to_keep" in params
+
+        def hf_step(ids: torch.Tensor, cache: Any, keep: int = 1) -> tuple[torch.Tensor, Any]:
             if cache is None:
                 cache = DynamicCache(config=model.config)
-            out = model(input_ids=ids, use_cache=True, **{name: cache})
+            # only the last `keep` positions' logits: a prefill of 2k tokens over a 128k
+            # vocabulary would otherwise hold a gigabyte of logits nobody reads
+            extra = {"logits_to_keep": keep} if trims else {}
+            out = model(input_ids=ids, use_cache=True, **{name: cache}, **extra)
             # a DynamicCache is updated in place (reading the output's past_key_values
             # only prints transformers' deprecation notice)
             return out.logits, cache
 
         return hf_step
 
-    def plain_step(ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
+    def plain_step(ids: torch.Tensor, cache: Any, keep: int = 1) -> tuple[torch.Tensor, Any]:
         out = model(ids, cache)
         if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.Tensor)):
             raise TargetError(
@@ -250,8 +258,8 @@ def decode(
             free = None
             if cache_free:
                 ids = torch.cat([prompt, torch.tensor([fed], dtype=prompt.dtype)], dim=1)
-                logits, _ = step(side.to_device(ids), None)
-                free = logits.reshape(-1, logits.shape[-1])[prompt.shape[1] - 1 :].float().cpu()
+                logits, _ = step(side.to_device(ids), None, keep=steps)
+                free = logits.reshape(-1, logits.shape[-1])[-steps:].float().cpu()
     except TargetError:
         raise
     except (Exception, SystemExit) as exc:
