@@ -107,3 +107,21 @@ def _one_prompt(tmp_path: Path) -> Path:
     path = tmp_path / "one.jsonl"
     path.write_text(json.dumps({"text": "The quick brown fox"}) + "\n", encoding="utf-8")
     return path
+
+
+def test_a_tampered_saved_run_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    golden = tmp_path / "golden"
+    code, _, _ = run(["-t", f"{TARGETS}:peaked", "--device", "cpu", "--save-run", str(golden),
+                      "--prompts", str(_one_prompt(tmp_path)), "-n", "2"], capsys)  # fmt: skip
+    assert code == 0
+    meta = json.loads((golden / "generation.json").read_text())
+    meta["prompts"][0]["chosen"] = [10**9, 1]
+    (golden / "generation.json").write_text(json.dumps(meta))
+    code, _, err = run([str(golden), str(golden)], capsys)
+    assert code == 2 and "token id outside" in err
+    meta["prompts"][0]["surprise"] = 1
+    (golden / "generation.json").write_text(json.dumps(meta))
+    code, _, err = run([str(golden), str(golden)], capsys)
+    assert code == 2 and "surprise" in err

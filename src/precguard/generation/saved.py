@@ -118,13 +118,26 @@ def load_run(path: str | os.PathLike[str]) -> tuple[SavedRun, list[Decoding]]:
             tensors = load_file(str(file))
         except (OSError, SafetensorError) as exc:
             raise DumpFormatError(f"{file}: cannot read ({exc})") from exc
+        if len(p.chosen) != meta.steps or len(p.fed) != meta.steps:
+            raise DumpFormatError(
+                f"{meta_path}: prompt {i}: expected {meta.steps} chosen and fed tokens, got "
+                f"{len(p.chosen)} and {len(p.fed)}"
+            )
         scores = tensors.get("scores")
-        if scores is None or scores.dim() != 2 or scores.shape[0] != len(p.chosen):
-            raise DumpFormatError(f"{file}: expected scores [{len(p.chosen)}, vocab]")
+        if scores is None or scores.dim() != 2 or scores.shape[0] != meta.steps:
+            raise DumpFormatError(f"{file}: expected scores [{meta.steps}, vocab]")
+        vocab = scores.shape[1]
+        if any(not 0 <= t < vocab for t in [*p.chosen, *p.fed]):
+            raise DumpFormatError(f"{meta_path}: prompt {i}: a token id outside [0, {vocab})")
+        free = tensors.get("free_scores")
+        if free is not None and free.shape != scores.shape:
+            raise DumpFormatError(
+                f"{file}: free_scores {list(free.shape)} != scores {list(scores.shape)}"
+            )
         caches: dict[str, dict[str, torch.Tensor]] = {after: {} for after in p.snapshots}
         for key, t in tensors.items():
             if key.startswith("cache/"):
                 _, after, name = key.split("/", 2)
                 caches.setdefault(after, {})[name] = t
-        decodings.append(Decoding(scores, list(p.chosen), caches, tensors.get("free_scores")))
+        decodings.append(Decoding(scores.float(), list(p.chosen), caches, free))
     return meta, decodings
