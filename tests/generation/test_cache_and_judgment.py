@@ -111,3 +111,24 @@ def test_a_reference_with_non_finite_logits_is_unusable() -> None:
             T.peaked(), device="cpu", prompts=[[1, 2, 3]], max_new_tokens=1,
             prepare_reference=poison,
         )  # fmt: skip
+
+
+class _NoCache(torch.nn.Module):
+    """A decoder without a KV cache: forward(input_ids) -> logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(32, 16)
+        self.head = torch.nn.Linear(16, 32)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cumsum(self.embed(input_ids), dim=1)) * 10
+
+
+def test_a_model_without_a_cache_decodes_by_rerunning_the_sequence() -> None:
+    from precguard.target import Target
+
+    target = Target(model=_NoCache, batch=lambda step: torch.tensor([[1, 2, 3]]), name="no-cache")
+    result = generate_diff(target, device="cpu", max_new_tokens=3)
+    assert result.verdict == "match" and len(result.prompts[0].golden_tokens) == 3
+    assert result.prompts[0].kv_cache is None  # nothing to compare, nothing claimed

@@ -6,7 +6,9 @@ A model is driven one of two ways:
   is ``model(input_ids=..., past_key_values=cache, use_cache=True)`` with a
   ``DynamicCache``;
 - any other module whose ``forward`` is ``step(input_ids, cache) -> (logits, cache)``,
-  called with ``cache=None`` for the prefill (docs/generate.md shows one).
+  called with ``cache=None`` for the prefill (docs/generate.md shows one);
+- a module whose ``forward(input_ids)`` returns logits and keeps no cache: each step
+  runs the whole sequence again (there is then no cache to compare).
 
 Both sides feed the golden's tokens (teacher forcing): before the first flip
 this is each side's own free-running decoding, after it the next-token
@@ -117,6 +119,9 @@ def step_callable(model: nn.Module) -> StepFn:
 
         return hf_step
 
+    if _takes_one_input(model):
+        return _history_step(model)
+
     def plain_step(ids: torch.Tensor, cache: Any, keep: int = 1) -> tuple[torch.Tensor, Any]:
         out = model(ids, cache)
         if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.Tensor)):
@@ -127,6 +132,43 @@ def step_callable(model: nn.Module) -> StepFn:
         return out
 
     return plain_step
+
+
+class TokenHistory:
+    """The "cache" of a model without one: the ids so far (holds no tensor to compare)."""
+
+    def __init__(self, ids: torch.Tensor) -> None:
+        self.ids = ids
+
+
+def _takes_one_input(model: nn.Module) -> bool:
+    """True when ``forward`` takes the input ids alone (no cache argument)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    variadic = any(p.kind == p.VAR_POSITIONAL for p in params)
+    return len(positional) == 1 and not variadic
+
+
+def _history_step(model: nn.Module) -> StepFn:
+    """Decode a model without a KV cache: each step runs the whole sequence again."""
+
+    def step(ids: torch.Tensor, cache: Any, keep: int = 1) -> tuple[torch.Tensor, Any]:
+        full = ids if cache is None else torch.cat([cache.ids, ids], dim=1)
+        out = model(full)
+        logits = out.logits if hasattr(out, "logits") else out
+        if not isinstance(logits, torch.Tensor):
+            raise TargetError(
+                f"model {type(model).__name__}: expected forward(input_ids) to return logits, "
+                f"got {type(out).__name__}"
+            )
+        return logits, TokenHistory(full)
+
+    return step
 
 
 def hidden_size(model: nn.Module, vocab: int) -> int | None:
