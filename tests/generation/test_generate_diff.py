@@ -17,8 +17,17 @@ FIRST = [T.PROMPTS[0]]
 
 
 def test_same_device_on_both_sides_never_diverges() -> None:
-    result = generate_diff(T.peaked(), device="cpu", prompts=T.PROMPTS[:2], max_new_tokens=3)
+    ticks: list[tuple[str, int, int, int]] = []
+    result = generate_diff(
+        T.peaked(),
+        device="cpu",
+        prompts=T.PROMPTS[:2],
+        max_new_tokens=3,
+        on_progress=lambda *tick: ticks.append(tick),
+    )
     assert result.verdict == "match" and result.exit_code == 0
+    # the progress bar hears of every step of every prompt on both sides
+    assert len(ticks) == 2 * 2 * 3 and ticks[-1] == ("cpu", 1, 2, 3)
     for p in result.prompts:
         assert p.first_divergence is None and p.flips == 0
         assert p.golden_tokens == p.actual_tokens and len(p.golden_tokens) == 3

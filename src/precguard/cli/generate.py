@@ -110,8 +110,9 @@ def generate_diff_cmd(
     )
     task = progress.add_task("decoding", total=None)
 
-    def on_progress(prompt: int, step: int, steps: int) -> None:
-        progress.update(task, description=f"prompt {prompt}", total=steps, completed=step + 1)
+    def on_progress(device: str, prompt: int, step: int, steps: int) -> None:
+        what = f"{device}: prompt {prompt}"
+        progress.update(task, description=what, total=steps, completed=step + 1)
 
     if runs:
         from precguard.generation import compare_generation_runs

@@ -55,8 +55,8 @@ from precguard.target import Target, load_target
 
 logger = get_logger(__name__)
 
-#: (prompt index, step, steps per prompt) after each decoded step of either side
-ProgressFn = Callable[[int, int, int], None]
+#: (device, prompt index, step, steps per prompt) after each decoded step of either side
+ProgressFn = Callable[[str, int, int, int], None]
 
 
 @dataclass
@@ -113,7 +113,7 @@ def decode_side(
 
         def tick(i: int = i, counter: Any = counter) -> None:
             if on_progress is not None:
-                on_progress(i, next(counter, opts.steps - 1), opts.steps)
+                on_progress(side.device, i, next(counter, opts.steps - 1), opts.steps)
 
         noise = None
         if opts.sample:
