@@ -31,6 +31,8 @@ _EXPORTS: dict[str, str] = {
     "Comparison": "precguard.compare",
     "check": "precguard.checklist",
     "Diagnosis": "precguard.checklist",
+    "generate_diff": "precguard.generation",
+    "GenerationDiff": "precguard.generation",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from precguard.dump.reader import Run, load_run
     from precguard.dump.schema import Manifest, Record
     from precguard.errors import NonFiniteError, PrecguardError
+    from precguard.generation import GenerationDiff, generate_diff
     from precguard.plugins import hookimpl
     from precguard.runner import record_target
     from precguard.target import Target, load_target
