@@ -53,6 +53,13 @@ def check(
         None, "--json", help="Write the Diagnosis as JSON to this file ('-' for stdout)."
     ),
     html_out: Path | None = typer.Option(None, "--html", help="Write an HTML report here."),
+    junit_out: Path | None = typer.Option(
+        None,
+        "--junit-xml",
+        help="Write JUnit XML here for CI: one test case per finding (fail: <failure>, "
+        "error: <error>, skip: <skipped>).",
+        metavar="FILE",
+    ),
     fingerprints_out: Path | None = typer.Option(
         None,
         "--fingerprints-out",
@@ -84,7 +91,7 @@ def check(
         return
     from precguard.report.page import ensure_writable
 
-    ensure_writable(html=html_out)
+    ensure_writable(html=html_out, **{"junit-xml": junit_out})
     err = Console(stderr=True)
     progress = Progress(
         TextColumn("[progress.description]{task.description}"),
@@ -119,6 +126,10 @@ def check(
             json_out.write_text(as_json(diagnosis) + "\n", encoding="utf-8")
     if html_out is not None:
         write_html(diagnosis, html_out)
+    if junit_out is not None:
+        from precguard.report.junit import diagnosis_junit, write_junit
+
+        write_junit(junit_out, diagnosis_junit(diagnosis))
     if json_out is None or str(json_out) != "-":
         render_terminal(diagnosis, out)
     if diagnosis.exit_code:
