@@ -49,7 +49,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Register the summary of the session's precision tests."""
-    config.pluginmanager.register(PrecisionSummary(), "precguard-summary")
+    config.pluginmanager.register(PrecisionSummary(config.rootpath), "precguard-summary")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -89,7 +89,8 @@ def precguard_golden(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
 class PrecisionSummary:
     """Collects what precision tests left in their reports and lists it at the end."""
 
-    def __init__(self) -> None:
+    def __init__(self, rootpath: Path) -> None:
+        self.rootpath = rootpath
         self.seen: list[tuple[str, Outcome]] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -108,18 +109,19 @@ class PrecisionSummary:
         tr.write_sep("=", "precguard precision tests")
         width = min(max(len(nodeid) for nodeid, _ in self.seen), 70)
         for nodeid, outcome in self.seen:
-            tr.write_line(f"{nodeid:<{width}}  {_describe(outcome)}")
+            tr.write_line(f"{nodeid:<{width}}  {_describe(outcome, self.rootpath)}")
         if any(o.action == "compared" for _, o in self.seen):
             tr.write_line("margin: measured error / allowed error of the worst record (1: limit)")
 
 
-def _describe(outcome: Outcome) -> str:
+def _describe(outcome: Outcome, rootpath: Path) -> str:
+    golden = _relative(outcome.golden, rootpath)
     if outcome.action != "compared":
-        return f"golden {outcome.action}: {outcome.golden}"
+        return f"golden {outcome.action}: {golden}"
     if outcome.verdict == "no-golden":
-        return f"NO GOLDEN (run pytest {UPDATE_OPTION}): {outcome.golden}"
+        return f"NO GOLDEN (run pytest {UPDATE_OPTION}): {golden}"
     if outcome.verdict == "unusable":
-        return f"UNUSABLE: cannot compare with {outcome.golden}"
+        return f"UNUSABLE: cannot compare with {golden}"
     word = {"match": "match", "diverged": "DIVERGED", "partial": "PARTIAL"}.get(
         outcome.verdict, outcome.verdict
     )
@@ -129,6 +131,14 @@ def _describe(outcome: Outcome) -> str:
     shown = "inf" if math.isinf(margin) else f"{margin:.3g}"
     where = f"  {outcome.worst_key}" if margin > 0 and outcome.worst_key else ""
     return f"{word:<9} worst margin {shown:>7}{where}"
+
+
+def _relative(path: str, rootpath: Path) -> str:
+    """``path`` relative to the rootdir when it lies below it (shorter, same on every machine)."""
+    try:
+        return Path(path).resolve().relative_to(rootpath.resolve()).as_posix()
+    except ValueError:
+        return path
 
 
 def _folder_name(test_name: str) -> str:
