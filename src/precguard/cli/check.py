@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
 
-from precguard.cli._app import app
+from precguard.cli._app import app, show_progress
 
 _HELP = """Run a checklist of known precision failure patterns on a target and diagnose.
 
@@ -100,7 +99,7 @@ def check(
         TimeElapsedColumn(),
         console=err,
         transient=True,
-        disable=not sys.stderr.isatty(),
+        disable=not show_progress(),
     )
     with progress:
         task = progress.add_task(f"{checklist} on {device}", total=None)

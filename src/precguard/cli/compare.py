@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from precguard.cli._app import app
+from precguard.cli._app import app, show_progress
 
 if TYPE_CHECKING:
     from precguard.dump.reader import Run
@@ -132,7 +132,6 @@ def compare(
         "one side lacks, an unfinished run); the gaps are still printed.",
     ),
 ) -> None:
-    import sys
 
     from rich.console import Console
     from rich.progress import Progress
@@ -161,7 +160,7 @@ def compare(
 
     ensure_writable(html=html_out, csv=csv_out, **{"junit-xml": junit_out})
     stderr = Console(stderr=True)
-    tty = sys.stderr.isatty()
+    tty = show_progress()
     with Progress(console=stderr, transient=True, disable=not tty) as bar:
         task = bar.add_task(
             f"comparing {actual} with {golden}",
