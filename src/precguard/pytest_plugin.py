@@ -7,6 +7,9 @@ calls :func:`precguard.testing.assert_matches_golden`.
 
 - ``--precguard-update-golden``: precision assertions write (or refresh) their
   goldens instead of comparing; the summary lists each one written.
+- ``--precguard-device DEVICE``: the device of precision assertions that name
+  none, so one test writes its golden on the reference device and checks the
+  port's device against it (``--precguard-device npu`` in the port's CI).
 - ``precguard_golden``: a fixture giving the test's own golden folder,
   ``<test folder>/goldens/<test module>/<test name>`` (the ini option
   ``precguard_golden_dir`` moves the root, relative to the rootdir).
@@ -26,6 +29,7 @@ import pytest
 from precguard.guard.session import PROPERTY, Outcome, TestContext, running
 
 UPDATE_OPTION = "--precguard-update-golden"
+DEVICE_OPTION = "--precguard-device"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -38,6 +42,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="write or refresh the golden recordings of precision tests instead of "
         "comparing with them (review the diff, then commit them)",
+    )
+    group.addoption(
+        DEVICE_OPTION,
+        default=None,
+        metavar="DEVICE",
+        help="device for precision assertions that name none (cpu, cuda, npu:0, emu:bf16): "
+        "write the goldens on the reference device, check them on the port's",
     )
     parser.addini(
         "precguard_golden_dir",
@@ -59,6 +70,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     context = TestContext(
         nodeid=item.nodeid,
         update=bool(item.config.getoption(UPDATE_OPTION)),
+        device=item.config.getoption(DEVICE_OPTION),
         properties=item.user_properties,
         tmp_path=lambda: funcargs.get("tmp_path"),
     )

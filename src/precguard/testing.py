@@ -84,7 +84,7 @@ def assert_matches_golden(
         ``model(**m)`` for a mapping (the :class:`precguard.Target` convention).
     :param golden: the golden's folder, e.g. the ``precguard_golden`` fixture.
     :param device: device to run on (``cpu``, ``cuda``, ``npu:0``, ``emu:bf16``...);
-        default: where the model's parameters are.
+        default: ``pytest --precguard-device``, else where the model's parameters are.
     :param dtype: dtype to cast the model (and floating inputs) to; default: the
         device's model dtype (a mixed-precision ``emu:`` profile's storage dtype),
         else the model's own.
@@ -106,6 +106,8 @@ def assert_matches_golden(
     context = session.current()
     if update is None:
         update = context.update if context is not None else False
+    if device is None and context is not None:
+        device = context.device
     if workdir is not None:
         work = Path(workdir)
         work.mkdir(parents=True, exist_ok=True)

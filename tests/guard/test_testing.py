@@ -8,9 +8,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from precguard.guard import session
 from precguard.guard.margin import worst_margin
 from precguard.testing import assert_matches_golden, default_loss
 from tests.guard.models import batch, build
+
+
+@pytest.fixture(autouse=True)
+def _outside_the_session_summary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests fail on purpose; keep them out of the suite's precision summary
+    (which lists the project's real precision tests: test_regression_tiny_llama.py)."""
+    monkeypatch.setattr(session, "current", lambda: None)
 
 
 def _fault(model: torch.nn.Module, layer: int, factor: float) -> torch.nn.Module:

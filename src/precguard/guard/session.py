@@ -60,6 +60,7 @@ class TestContext:
 
     nodeid: str
     update: bool = False
+    device: str | None = None
     properties: list[tuple[str, object]] = field(default_factory=list)
     tmp_path: Callable[[], Path | None] = lambda: None
     calls: int = 0
