@@ -103,6 +103,7 @@ def assert_matches_golden(
     :returns: a :class:`GoldenCheck` (the test passed, or the golden was written).
     :raises AssertionError: the run does not match the golden, or there is none.
     """
+    __tracebackhide__ = True  # pytest shows the test's line and the message, not our frames
     context = session.current()
     if update is None:
         update = context.update if context is not None else False
@@ -233,6 +234,7 @@ def _compare(
     profile: str,
     context: session.TestContext | None,
 ) -> GoldenCheck:
+    __tracebackhide__ = True
     from precguard.compare import compare_runs
     from precguard.errors import PrecguardError
 
