@@ -277,13 +277,20 @@ def _compare(
     verdict, lines = problem
     from precguard.report.comparison import write_comparison_html
 
-    report = write_comparison_html(result, work / "report.html", golden, recording)
+    path = work / "report.html"
+    report: Path | None = path
+    try:
+        write_comparison_html(result, path, golden, recording)
+        where = str(path)
+    except Exception as exc:  # the verdict stands without its report: say why, fail as due
+        logger.warning("golden_report_failed", path=str(path), error=repr(exc))
+        where, report = f"not written ({type(exc).__name__}: {exc})", None
     lines += [
-        f"HTML report: {report}",
+        f"HTML report: {where}",
         f"compare it yourself: precguard compare {golden} {recording}",
         f"if the change is intended, refresh the golden: {UPDATE_HINT} (and review the diff)",
     ]
-    raise fail(verdict, "\n".join(lines), report=str(report), **found)
+    raise fail(verdict, "\n".join(lines), report=str(report) if report else None, **found)
 
 
 def _problem(result: Comparison, worst: RecordMargin | None) -> tuple[str, list[str]] | None:

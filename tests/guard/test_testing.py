@@ -134,3 +134,19 @@ def test_margins_are_error_over_the_records_own_allowed_error(tmp_path: Path) ->
     assert math.isclose(worst.margin, record.metrics.error / worst.allowed)
     assert worst.margin > 1 and record.status == "fail"
     assert worst.module.startswith("layers.2") or worst.module in ("head", "root")
+
+
+def test_a_report_that_cannot_be_written_still_fails_the_test_with_the_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    golden = tmp_path / "golden"
+    assert_matches_golden(build(), batch(), golden, update=True, workdir=tmp_path / "w1")
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr("precguard.report.comparison.write_comparison_html", broken)
+    with pytest.raises(
+        AssertionError, match=r"(?s)first divergence: layers\.1 .*not written \(OSError"
+    ):
+        assert_matches_golden(_fault(build(), 1, 1.001), batch(), golden, workdir=tmp_path / "w2")
