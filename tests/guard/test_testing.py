@@ -150,3 +150,16 @@ def test_a_report_that_cannot_be_written_still_fails_the_test_with_the_verdict(
         AssertionError, match=r"(?s)first divergence: layers\.1 .*not written \(OSError"
     ):
         assert_matches_golden(_fault(build(), 1, 1.001), batch(), golden, workdir=tmp_path / "w2")
+
+
+def test_the_sessions_device_runs_assertions_that_name_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pytest --precguard-device emu:bf16``: the same test checks the port's device."""
+    golden = tmp_path / "golden"
+    assert_matches_golden(build(), batch(), golden, update=True, workdir=tmp_path / "w1")
+    context = session.TestContext(nodeid="t", device="emu:bf16")
+    monkeypatch.setattr(session, "current", lambda: context)
+    check = assert_matches_golden(build(), batch(), golden, workdir=tmp_path / "w2")
+    assert check.comparison is not None and check.comparison.devices == ["cpu", "emu:bf16"]
+    assert context.properties[0][1]["verdict"] == "match"
