@@ -6,6 +6,7 @@ fails: 0 for identical numbers, 1 at the edge of what the verdict accepts,
 above 1 for a record that fails on its error.
 
 The allowed error is the threshold the record's error was held to: the
+record's own ``allowed_error`` where the comparison records one, else the
 tolerance of the record's judging dtype (the less precise side's precision,
 ``Metrics.dtype``) in the comparison's profile, ``rel_l2`` for full tensors
 and ``stats_rtol`` for statistics. A record judged by another rule as well
@@ -54,6 +55,11 @@ def allowed_error(record: RecordResult, tolerances: dict[str, Any]) -> float | N
     metrics = record.metrics
     if metrics is None or metrics.level not in _BOUND:
         return None
+    # a judgment that records the bound it held each record to (per record, from its
+    # precision and inputs) is the allowed error itself; the profile's is the fallback
+    own = getattr(record, "allowed_error", None)
+    if isinstance(own, int | float):
+        return float(own)
     tol = tolerances.get(metrics.dtype) or tolerances.get("float32")
     if not isinstance(tol, dict):
         return None
