@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from precguard.cli._app import app
+from precguard.cli._app import app, show_progress
 
 if TYPE_CHECKING:
     from precguard.dump.reader import Run
@@ -61,6 +61,13 @@ def compare(
     ),
     csv_out: Path | None = typer.Option(
         None, "--csv", help="Write one row per record (execution order) as CSV here."
+    ),
+    junit_out: Path | None = typer.Option(
+        None,
+        "--junit-xml",
+        help="Write JUnit XML here for CI: one test case per record, a failing record a "
+        "<failure> (see docs/guard.md).",
+        metavar="FILE",
     ),
     profile: str = typer.Option("default", "--profile", help="default, strict or msprobe."),
     rtol: float | None = typer.Option(None, "--rtol", help="Override the relative tolerance."),
@@ -125,7 +132,6 @@ def compare(
         "one side lacks, an unfinished run); the gaps are still printed.",
     ),
 ) -> None:
-    import sys
 
     from rich.console import Console
     from rich.progress import Progress
@@ -152,9 +158,9 @@ def compare(
         raise UsageError("--target is used only with --replay")
     from precguard.report.page import ensure_writable
 
-    ensure_writable(html=html_out, csv=csv_out)
+    ensure_writable(html=html_out, csv=csv_out, **{"junit-xml": junit_out})
     stderr = Console(stderr=True)
-    tty = sys.stderr.isatty()
+    tty = show_progress()
     with Progress(console=stderr, transient=True, disable=not tty) as bar:
         task = bar.add_task(
             f"comparing {actual} with {golden}",
@@ -185,6 +191,10 @@ def compare(
         from precguard.report.comparison import write_comparison_reports
 
         write_comparison_reports(result, html=html_out, csv=csv_out, golden=golden, actual=actual)
+    if junit_out is not None:
+        from precguard.report.junit import comparison_junit, write_junit
+
+        write_junit(junit_out, comparison_junit(result, allow_partial=allow_partial))
     payload = result.model_dump_json(indent=2)
     if json_out is not None and str(json_out) == "-":
         typer.echo(payload)
