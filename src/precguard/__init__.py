@@ -31,9 +31,10 @@ _EXPORTS: dict[str, str] = {
     "Comparison": "precguard.compare",
     "check": "precguard.checklist",
     "Diagnosis": "precguard.checklist",
+    "WatchHandle": "precguard.watch",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = ["__version__", "watch", *_EXPORTS]
 
 if TYPE_CHECKING:
     from precguard.backend import Backend
@@ -53,10 +54,11 @@ if TYPE_CHECKING:
     from precguard.plugins import hookimpl
     from precguard.runner import record_target
     from precguard.target import Target, load_target
+    from precguard.watch import WatchHandle, watch
 
 
 #: subpackages reachable as attributes whatever was imported first
-_SUBPACKAGES = frozenset({"compare"})
+_SUBPACKAGES = frozenset({"compare", "watch"})
 
 
 def __getattr__(name: str) -> Any:

@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "precguard.cli.ranks",
     "precguard.cli.msprobe",
     "precguard.cli.report",
+    "precguard.cli.watch",
 )
 
 for _name in COMMAND_MODULES:
