@@ -12,7 +12,7 @@ _HELP = """Render a watch directory (precguard.watch(..., out=DIR)) as HTML and/
 
 The page shows the loss and the global gradient norm along the steps with the
 alerts and recorded steps marked, the alerts table, and per-layer small multiples
-of the update/param ratio and of the gradient norm. The CSV has one row per step
+of the update/param ratio. The CSV has one row per step
 (scalars, alert kinds, one column per layer and series). Without --html or --csv,
 the alerts are printed.
 

@@ -2,8 +2,8 @@
 
 The page shows the loss and the global gradient norm along the steps with
 each alert and each recorded step marked, the alerts as a table, and per-layer
-small multiples of the update/param ratio (and of the gradient norm): the
-layers an alert named first, then the others in the model's order. The CSV
+small multiples of the update/param ratio: the layers an alert named first,
+then the others in the model's order. The CSV
 has one row per step: the scalars, the alert kinds, then one column per layer
 and series (``update_ratio:LAYER``, ``grad_norm:LAYER``).
 
@@ -195,7 +195,10 @@ def _line_plot(run: WatchRun, key: str, title: str, *, log: bool) -> str:
 
 
 def _panels(run: WatchRun, series: str, title: str) -> str:
-    from precguard.report.plots import figure, log_floor, positive, to_svg
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    from precguard.report.plots import log_floor, positive, to_svg
 
     named = []
     for a in run.alerts:
@@ -206,7 +209,9 @@ def _panels(run: WatchRun, series: str, title: str) -> str:
         return "<p class=note>no per-layer data</p>"
     cols = 4
     rows = math.ceil(len(shown_layers) / cols)
-    fig = figure(11.0, 1.7 * rows)
+    # a fixed grid: constrained layout costs seconds for dozens of axes
+    fig = Figure(figsize=(11.0, 1.6 * rows))
+    fig.subplots_adjust(left=0.06, right=0.99, bottom=0.5 / rows, top=1 - 0.3 / rows, hspace=0.7)
     steps = [row["step"] for row in run.per_layer]
     alert_steps = {name: [a.step for a in run.alerts if name in {e.layer for e in a.layers}]
                    for name in shown_layers}  # fmt: skip
@@ -214,16 +219,16 @@ def _panels(run: WatchRun, series: str, title: str) -> str:
         i = run.layers.index(name)
         values = [_float(row[series][i]) for row in run.per_layer]
         ax = fig.add_subplot(rows, cols, k + 1)
-        ax.plot(steps, positive(values, log_floor(values)), lw=0.8, color="#0969da")
-        if any(v is not None and v > 0 for v in values):
-            ax.set_yscale("log")
+        # log10 on a linear axis: log-scale tick labels are mathtext, parsed per label
+        ax.plot(steps, np.log10(positive(values, log_floor(values))), lw=0.8, color="#0969da")
         for step in alert_steps[name]:
             ax.axvline(step, color="#cf222e", lw=0.8)
         ax.set_title(name, fontsize=7)
+        ax.locator_params(nbins=3)
         ax.tick_params(labelsize=6)
     more = len(order) - len(shown_layers)
     note = f"<p class=note>{more} more layers in the CSV</p>" if more > 0 else ""
-    return f"<h2>{title}</h2>{to_svg(fig)}{note}"
+    return f"<h2>{title} (log10)</h2>{to_svg(fig)}{note}"
 
 
 def watch_html(run: WatchRun) -> str:
@@ -252,6 +257,6 @@ def watch_html(run: WatchRun) -> str:
         if rows
         else "<p>no alerts</p>",
         _panels(run, "update_ratio", "update/param ratio per layer"),
-        _panels(run, "grad_norm", "gradient norm per layer"),
+        "<p class=note>per-layer gradient norms: the CSV (grad_norm:LAYER columns)</p>",
     ]
     return document(f"precguard watch {run.path}", "\n".join(body))
