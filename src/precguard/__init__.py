@@ -31,10 +31,11 @@ _EXPORTS: dict[str, str] = {
     "Comparison": "precguard.compare",
     "check": "precguard.checklist",
     "Diagnosis": "precguard.checklist",
-    "WatchHandle": "precguard.watch",
+    "watch": "precguard.training.handle",
+    "WatchHandle": "precguard.training.handle",
 }
 
-__all__ = ["__version__", "watch", *_EXPORTS]
+__all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
     from precguard.backend import Backend
@@ -54,11 +55,11 @@ if TYPE_CHECKING:
     from precguard.plugins import hookimpl
     from precguard.runner import record_target
     from precguard.target import Target, load_target
-    from precguard.watch import WatchHandle, watch
+    from precguard.training.handle import WatchHandle, watch
 
 
 #: subpackages reachable as attributes whatever was imported first
-_SUBPACKAGES = frozenset({"compare", "watch"})
+_SUBPACKAGES = frozenset({"compare"})
 
 
 def __getattr__(name: str) -> Any:

@@ -159,3 +159,12 @@ def test_an_unknown_option_is_an_error_and_a_used_directory_is_refused(tmp_path:
         precguard.watch(model, out=tmp_path, overwrite=True)
     assert (tmp_path / "notes.txt").read_text() == "mine"
     assert not any(p._post_accumulate_grad_hooks for p in model.parameters())
+
+
+def test_precguard_watch_stays_the_function_whatever_was_imported_first() -> None:
+    # a submodule import must not shadow the function
+    import precguard.training.hf
+    import precguard.training.report
+
+    assert callable(precguard.watch)
+    assert precguard.watch is precguard.training.handle.watch

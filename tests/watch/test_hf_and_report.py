@@ -25,7 +25,7 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
 def _train_with_trainer(out: Path, steps: int = 4) -> Path:
     from transformers import Trainer, TrainingArguments
 
-    from precguard.watch.hf import PrecguardWatchCallback
+    from precguard.training.hf import PrecguardWatchCallback
 
     torch.manual_seed(0)
     model = build_tiny_llama(num_hidden_layers=2)

@@ -27,7 +27,7 @@ def watch_report(
     csv_out: Path | None = typer.Option(None, "--csv", help="Write one row per step here."),
 ) -> None:
     from precguard.report.page import ensure_writable, write_page
-    from precguard.watch.report import load_watch, watch_csv, watch_html
+    from precguard.training.report import load_watch, watch_csv, watch_html
 
     ensure_writable(html=html_out, csv=csv_out)
     run = load_watch(directory)

@@ -1,7 +1,7 @@
 """``precguard.watch``: a training monitor cheap enough to stay on for the whole run.
 
 Every step costs a few on-device reductions and one small transfer
-(:mod:`precguard.watch.pulse`); every ``every``-th step (and, with
+(:mod:`precguard.training.pulse`); every ``every``-th step (and, with
 ``on_alert="record"``, the step after an alert) is recorded in full into
 ``OUT/recording/`` in the recording format, so ``compare``, ``replay`` and
 the reports work on it. No module hook is attached between recorded steps.
@@ -36,9 +36,9 @@ from precguard.capture.recording import Recording
 from precguard.capture.stats import capture_scope
 from precguard.errors import OutputExistsError, UsageError
 from precguard.text import shown
-from precguard.watch.alerts import Alert, WatchOptions
-from precguard.watch.detect import Detectors
-from precguard.watch.pulse import Pulse, StepScalars
+from precguard.training.alerts import Alert, WatchOptions
+from precguard.training.detect import Detectors
+from precguard.training.pulse import Pulse, StepScalars
 
 logger = get_logger(__name__)
 

@@ -27,8 +27,8 @@ from pydantic import ValidationError
 from precguard._logging import get_logger
 from precguard.errors import DumpFormatError
 from precguard.text import shown
-from precguard.watch.alerts import Alert
-from precguard.watch.handle import (
+from precguard.training.alerts import Alert
+from precguard.training.handle import (
     ALERTS_FILE,
     LAYERS_FILE,
     RECORDING_DIR,
@@ -231,6 +231,13 @@ def _panels(run: WatchRun, series: str, title: str) -> str:
     return f"<h2>{title} (log10)</h2>{to_svg(fig)}{note}"
 
 
+def _alert_z(alert: Alert) -> float | None:
+    """The global z-score, or the largest of the layers' (None for a non-finite alert)."""
+    if alert.z is not None:
+        return alert.z
+    return max((e.z for e in alert.layers if e.z is not None), default=None)
+
+
 def watch_html(run: WatchRun) -> str:
     """The self-contained HTML page of a watch directory."""
     from precguard.report.page import document, esc, num_cell, table
@@ -242,7 +249,8 @@ def watch_html(run: WatchRun) -> str:
         )
         rows.append(
             f"<tr><td class=n>{a.step}</td><td>{esc(a.kind)}</td><td>{esc(layers)}</td>"
-            f"{num_cell(a.z)}<td>{esc(a.message)}</td>"
+            f"{num_cell(_alert_z(a))}"
+            f"<td>{esc(a.message)}</td>"
             f"<td>{'' if a.recorded_step is None else a.recorded_step}</td></tr>"
         )
     steps = len(run.scalars)

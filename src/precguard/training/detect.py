@@ -26,8 +26,8 @@ import warnings
 
 import numpy as np
 
-from precguard.watch.alerts import Alert, LayerEvidence, WatchOptions
-from precguard.watch.pulse import StepScalars
+from precguard.training.alerts import Alert, LayerEvidence, WatchOptions
+from precguard.training.pulse import StepScalars
 
 #: the smallest robust scale of a logarithmic series (norms, ratios)
 LOG_FLOOR = 0.1

@@ -1,6 +1,6 @@
 """The watch as a ``transformers.Trainer`` callback.
 
->>> from precguard.watch.hf import PrecguardWatchCallback          # doctest: +SKIP
+>>> from precguard.training.hf import PrecguardWatchCallback          # doctest: +SKIP
 >>> trainer = Trainer(model, args, train_dataset=ds,
 ...                   callbacks=[PrecguardWatchCallback("runs/watch", every=500)])
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from precguard.watch.handle import WatchHandle, watch
+from precguard.training.handle import WatchHandle, watch
 
 
 class PrecguardWatchCallback(TrainerCallback):  # type: ignore[misc]
