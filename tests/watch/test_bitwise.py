@@ -152,3 +152,12 @@ def test_monitor_records_hashes_when_asked(tmp_path: Path) -> None:
     records = {r.key: r for r in precguard.load_run(tmp_path / "r").records()}
     assert records["root.0.forward.output.0"].hash == tensor_hash(y)
     assert records["root.0.forward.input.0"].hash == tensor_hash(x)
+
+
+def test_bitwise_refuses_options_it_would_ignore(tmp_path: Path, capsys) -> None:
+    code, _out, err = run_cli(
+        ["compare", "--bitwise", str(tmp_path), str(tmp_path), "--html", str(tmp_path / "x")],
+        capsys,
+    )
+    assert code == 2
+    assert "--bitwise compares hashes only" in err and "--html" in err

@@ -133,6 +133,16 @@ def compare(
     ),
 ) -> None:
     if bitwise:
+        given = {"--html": html_out, "--csv": csv_out, "--layout": layout, "--map": rename}
+        given |= {"--replay": replay, "--target": target, "--rtol": rtol, "--atol": atol}
+        ignored = [name for name, value in given.items() if value]
+        if ignored:
+            from precguard.errors import UsageError
+
+            raise UsageError(
+                f"--bitwise compares hashes only; it takes --json, --rank and --step, not "
+                f"{', '.join(ignored)}"
+            )
         _compare_bitwise(golden, actual, rank=rank, step=step, json_out=json_out)
         return
     import sys
