@@ -76,6 +76,7 @@ def test_a_nan_in_one_layers_gradient_alerts_at_its_step_with_that_layer(tmp_pat
     assert len(nonfinite) == 1  # the first one; the NaN spreads after it, unannounced
     assert nonfinite[0].step == bad_step
     assert [e.layer for e in nonfinite[0].layers] == ["out.weight"]
+    assert math.isnan(nonfinite[0].layers[0].value)
     assert "out.weight" in nonfinite[0].message
     scalars = [json.loads(x) for x in (tmp_path / "w" / "scalars.jsonl").read_text().splitlines()]
     assert next(s["step"] for s in scalars if s["nonfinite"]) == bad_step

@@ -73,10 +73,6 @@ def _log(x: np.ndarray) -> np.ndarray:
         return np.where(x > 0, np.log(np.where(x > 0, x, 1.0)), np.nan)
 
 
-def _num(v: float) -> float | None:
-    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
-
-
 class Detectors:
     """Every detector of one watch: feed :meth:`observe` each step's scalars, get alerts."""
 
@@ -191,7 +187,8 @@ class Detectors:
             LayerEvidence(
                 layer=self.layers[i],
                 module=self.modules[i],
-                value=s.grad_norms[i] if s.grad_norms[i] is not None else s.update_ratios[i],
+                # the non-finite one: the gradient norm, else the update ratio
+                value=s.grad_norms[i] if _bad(s.grad_norms[i]) else s.update_ratios[i],
             )
             for i in bad
         ]
@@ -212,7 +209,7 @@ class Detectors:
             step=s.step,
             message=f"first non-finite value at step {s.step}: " + "; ".join(where),
             layers=layers,
-            value=_num(s.loss) if s.loss is not None else None,
+            value=s.loss,
         )
 
 
