@@ -44,3 +44,20 @@ def test_a_falling_loss_and_a_slow_drift_raise_nothing() -> None:
 def test_nothing_alerts_before_min_history_steps() -> None:
     losses = [1.0] * 5 + [100.0]
     assert _alerts(_steps(losses, [1.0] * 6)) == []
+
+
+def test_the_column_median_ignores_missing_values_as_numpy_does() -> None:
+    import warnings
+
+    from precguard.training.detect import _column_nanmedian
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((100, 6))
+    a[rng.random(a.shape) < 0.3] = np.nan
+    a[:, 3] = np.nan  # a layer with no history yet
+    a[:51, 4] = np.nan  # an odd count
+    median, count = _column_nanmedian(a)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        np.testing.assert_array_equal(median, np.nanmedian(a, axis=0))
+    np.testing.assert_array_equal(count, np.sum(~np.isnan(a), axis=0))

@@ -22,7 +22,6 @@ each parameter involved; the next non-finite alert needs a finite step first.
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 
@@ -33,6 +32,20 @@ from precguard.training.pulse import StepScalars
 LOG_FLOOR = 0.1
 #: the smallest robust scale of the loss, relative to its median
 LOSS_FLOOR = 0.02
+
+
+def _column_nanmedian(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The median of each column ignoring NaN (NaN for an all-NaN column), and the counts.
+
+    One sort (NaN sorts last) and two gathers: ``np.nanmedian`` takes a masked-array
+    path that costs ~10x this on the small arrays a watch keeps.
+    """
+    n = np.sum(~np.isnan(a), axis=0)
+    ordered = np.sort(a, axis=0)
+    lo = np.maximum((n - 1) // 2, 0)[None, :]
+    hi = np.maximum(n // 2, 0)[None, :]
+    median = 0.5 * (np.take_along_axis(ordered, lo, 0) + np.take_along_axis(ordered, hi, 0))[0]
+    return np.where(n > 0, median, np.nan), n
 
 
 class RobustHistory:
@@ -49,13 +62,11 @@ class RobustHistory:
 
         The robust scale is at least ``floor + rel_floor x |median|``.
         """
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
-            median = np.nanmedian(self._buf, axis=0)
-            mad = np.nanmedian(np.abs(self._buf - median), axis=0)
+        median, enough_n = _column_nanmedian(self._buf)
+        mad, _n = _column_nanmedian(np.abs(self._buf - median))
         scale = np.maximum(1.4826 * mad, floor + rel_floor * np.abs(median))
         z = (x - median) / scale
-        enough = np.sum(~np.isnan(self._buf), axis=0) >= min_history
+        enough = enough_n >= min_history
         return np.where(enough & np.isfinite(x), z, np.nan), median
 
     def push(self, x: np.ndarray) -> None:
