@@ -33,6 +33,8 @@ _EXPORTS: dict[str, str] = {
     "Diagnosis": "precguard.checklist",
     "generate_diff": "precguard.generation",
     "GenerationDiff": "precguard.generation",
+    "watch": "precguard.training.handle",
+    "WatchHandle": "precguard.training.handle",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
     from precguard.plugins import hookimpl
     from precguard.runner import record_target
     from precguard.target import Target, load_target
+    from precguard.training.handle import WatchHandle, watch
 
 
 #: subpackages reachable as attributes whatever was imported first

@@ -32,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "precguard.cli.msprobe",
     "precguard.cli.report",
     "precguard.cli.generate",
+    "precguard.cli.watch",
 )
 
 for _name in COMMAND_MODULES:

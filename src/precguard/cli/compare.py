@@ -131,7 +131,28 @@ def compare(
         help="Exit 0 on a match that covers only part of the recordings (steps or phases "
         "one side lacks, an unfinished run); the gaps are still printed.",
     ),
+    bitwise: bool = typer.Option(
+        False,
+        "--bitwise",
+        help="Compare by the tensor hashes of recordings made with hashes=True: no "
+        "tolerance; names the first tensor whose bits differ (exit 0 identical, 1 differs, "
+        "3 records without hashes). See docs/watch.md.",
+    ),
 ) -> None:
+    if bitwise:
+        given = {"--html": html_out, "--csv": csv_out, "--layout": layout, "--map": rename}
+        given |= {"--junit-xml": junit_out}
+        given |= {"--replay": replay, "--target": target, "--rtol": rtol, "--atol": atol}
+        ignored = [name for name, value in given.items() if value]
+        if ignored:
+            from precguard.errors import UsageError
+
+            raise UsageError(
+                f"--bitwise compares hashes only; it takes --json, --rank and --step, not "
+                f"{', '.join(ignored)}"
+            )
+        _compare_bitwise(golden, actual, rank=rank, step=step, json_out=json_out)
+        return
 
     from rich.console import Console
     from rich.progress import Progress
@@ -264,6 +285,25 @@ def replay(
     render_replay(result, Console())
     if result.verdict != "match":
         raise typer.Exit(1)
+
+
+def _compare_bitwise(
+    golden: Path, actual: Path, *, rank: int | None, step: int | None, json_out: Path | None
+) -> None:
+    """``compare --bitwise``: hashes only; exit 0 identical, 1 differs, 3 inconclusive."""
+    from precguard.compare.bitwise import compare_bitwise, render_bitwise
+
+    result = compare_bitwise(_recording(golden), _recording(actual), rank=rank, step=step)
+    result = result.model_copy(update={"golden": str(golden), "actual": str(actual)})
+    payload = result.model_dump_json(indent=2)
+    if json_out is not None and str(json_out) == "-":
+        typer.echo(payload)
+    else:
+        if json_out is not None:
+            _write(json_out, payload)
+        typer.echo(render_bitwise(result))
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
 
 
 def _recording(path: Path) -> Path | Run:

@@ -165,6 +165,11 @@ class Record(BaseModel):
         description="On dist.<op> records (a torch.distributed collective): the op and its "
         "process group.",
     )
+    hash: str | None = Field(
+        default=None,
+        description="Hash of the tensor's bits in logical order (16 hex digits), when "
+        "recorded with hashes=True; equal hashes mean bitwise equal values.",
+    )
 
 
 class RunError(BaseModel):
