@@ -18,6 +18,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from precguard import tree
 from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.checks.base import CheckContext, NotApplicable
@@ -31,14 +32,15 @@ On = Literal["device", "reference", "fp64"]
 
 
 def flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """Flatten a nested dict/tuple/list into ``(path, leaf)`` pairs in a stable order."""
-    if isinstance(value, dict):
-        return [p for k in sorted(value, key=str) for p in flatten(value[k], f"{prefix}.{k}")]
-    if isinstance(value, list | tuple):
-        return [p for i, v in enumerate(value) for p in flatten(v, f"{prefix}[{i}]")]
-    if hasattr(value, "to_tuple") and callable(value.to_tuple):  # transformers ModelOutput
-        return flatten(dict(value.items()), prefix)
-    return [(prefix or "value", value)]
+    """``(path, leaf)`` pairs of a nested value (:func:`precguard.tree.leaves`), mapping keys
+    sorted: ``.key`` for a mapping's entries, ``[i]`` for a sequence's."""
+    return [
+        (
+            prefix + "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in keys) or "value",
+            leaf,
+        )
+        for keys, leaf in tree.leaves(value, sort_keys=True)
+    ]
 
 
 def logits_of(output: Any) -> torch.Tensor:
@@ -54,17 +56,8 @@ def logits_of(output: Any) -> torch.Tensor:
     return found
 
 
-def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """Apply ``fn`` to every tensor of a nested dict/tuple/list; other leaves are kept."""
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, dict):
-        return {k: map_tensors(v, fn) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(map_tensors(v, fn) for v in value)
-    if isinstance(value, list):
-        return [map_tensors(v, fn) for v in value]
-    return value
+#: apply a function to every tensor of a nested value, containers kept
+map_tensors = tree.map_tensors
 
 
 def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -433,8 +426,6 @@ def run_module(
 
 
 def first_tensor(value: Any) -> torch.Tensor | None:
-    """The first floating tensor in a nested output, or None."""
-    for _, leaf in flatten(value):
-        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
-            return leaf
-    return None
+    """The first floating tensor in a nested output (mapping keys sorted: ``logits``
+    before ``loss``), or None."""
+    return tree.first_tensor(value, sort_keys=True)
