@@ -361,17 +361,16 @@ def check(
     >>> d = precguard.check("quick", "tiny-llama", device="emu:fp16")   # doctest: +SKIP
     >>> d.verdict, d.root_cause
     """
-    from precguard.devices import dtype_name, parse_dtype, resolve_backend
+    from precguard.devices import dtype_name, resolve_backend
     from precguard.target import load_target
+    from precguard.target_run import model_dtype as target_model_dtype
 
     started = time.perf_counter()
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     spec = checklist if isinstance(checklist, Checklist) else load_checklist(checklist)
     device_backend = resolve_backend(device)
-    if dtype is None:
-        native = device_backend.model_dtype()
-        dtype = dtype_name(native) if native is not None else "float32"
-    model_dtype = parse_dtype(dtype)
+    model_dtype = target_model_dtype(device_backend, dtype)
+    dtype = dtype_name(model_dtype)
     reference_backend = resolve_backend(reference)
     golden_path = Path(golden) if golden is not None else None
     if golden_path is not None and not (golden_path / "manifest.json").is_file():

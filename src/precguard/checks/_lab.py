@@ -22,9 +22,10 @@ from precguard import tree
 from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.checks.base import CheckContext, NotApplicable
-from precguard.devices import construct_model, dtype_name, parse_dtype, seed_everything
+from precguard.devices import dtype_name, parse_dtype, seed_everything
 from precguard.opcheck.measure import cast_floats, probe_compute_dtype, run_on_device
-from precguard.target import Target, call_model, move_batch
+from precguard.target import Target, call_model
+from precguard.target_run import TargetRun
 
 logger = get_logger(__name__)
 
@@ -85,6 +86,9 @@ class Lab:
         self.device: Backend = ctx.backend()
         self.reference: Backend = ctx.backend(ctx.reference)
         self.dtype: torch.dtype = parse_dtype(ctx.dtype)
+        #: the set-up every command shares, on the device and on the reference
+        self.run = TargetRun(self.target, ctx.device, self.device, self.dtype)
+        self.reference_run = TargetRun(self.target, ctx.reference, self.reference, torch.float32)
         self._cache: dict[str, Any] = {}
 
     # -- facts -------------------------------------------------------------
@@ -145,7 +149,10 @@ class Lab:
 
     def build_fresh(self, backend: Backend) -> nn.Module:
         """Seed through ``backend`` and build a brand-new model (for init experiments)."""
-        return construct_model(self.target, backend)
+        run = self.reference_run if backend is self.reference else self.run
+        if backend is not run.backend:  # another backend (an init experiment's own)
+            run = TargetRun(self.target, run.device, backend, run.dtype)
+        return run.construct()
 
     # -- data --------------------------------------------------------------
 
@@ -160,10 +167,10 @@ class Lab:
     def place(self, batch: Any, on: On) -> Any:
         """Move a CPU batch where ``on`` runs (fp64 casts floating inputs)."""
         if on == "device":
-            return cast_floats(move_batch(batch, self.dev), self.dtype)
+            return cast_floats(self.run.move(batch), self.dtype)
         if on == "fp64":
             return cast_floats(batch, torch.float64)
-        return move_batch(batch, self.reference.torch_device())
+        return self.reference_run.move(batch)
 
     @contextlib.contextmanager
     def numerics(self, on: On) -> Iterator[None]:
