@@ -24,7 +24,7 @@ _EXPORTS: dict[str, str] = {
     "load_target": "precguard.target",
     "record_target": "precguard.runner",
     "Backend": "precguard.backend",
-    "hookimpl": "precguard.plugins",
+    "hookimpl": "precguard.hookspecs",
     "PrecguardError": "precguard.errors",
     "NonFiniteError": "precguard.errors",
     "compare_runs": "precguard.compare",
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from precguard.dump.reader import Run, load_run
     from precguard.dump.schema import Manifest, Record
     from precguard.errors import NonFiniteError, PrecguardError
-    from precguard.plugins import hookimpl
+    from precguard.hookspecs import hookimpl
     from precguard.runner import record_target
     from precguard.target import Target, load_target
 

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from precguard.checks.base import Check
 
 hookspec = pluggy.HookspecMarker("precguard")
+#: the marker of hook implementations (``from precguard import hookimpl``); here beside the
+#: specs, as in llm, so a plugin imports the specs' module and never the plugin manager
+hookimpl = pluggy.HookimplMarker("precguard")
 
 
 @hookspec

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 logger = get_logger(__name__)
 
-hookimpl = pluggy.HookimplMarker("precguard")
+hookimpl = hookspecs.hookimpl  # re-exported: plugins written against precguard.plugins
 
 
 class PluginManager(pluggy.PluginManager):
