@@ -31,6 +31,15 @@ _EXPORTS: dict[str, str] = {
     "Comparison": "precguard.compare",
     "check": "precguard.checklist",
     "Diagnosis": "precguard.checklist",
+    # one function per command (precguard replay / bisect / op-check / ranks / import-msprobe)
+    "replay_module": "precguard.localize.replay",
+    "bisect": "precguard.localize.bisect",
+    "op_check": "precguard.opcheck.sweep",
+    "check_replicas": "precguard.ranks",
+    "import_msprobe": "precguard.interop.msprobe",
+    # clearer names: `recording` is the context manager (`record` kept as its alias);
+    # `record_target` is what `precguard record --target` runs
+    "recording": "precguard.capture.api",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -42,6 +51,7 @@ if TYPE_CHECKING:
         monitor,
         precision_monitor,
         record,
+        recording,
         unmonitor,
     )
     from precguard.capture.options import CaptureOptions
@@ -51,6 +61,11 @@ if TYPE_CHECKING:
     from precguard.dump.schema import Manifest, Record
     from precguard.errors import NonFiniteError, PrecguardError
     from precguard.hookspecs import hookimpl
+    from precguard.interop.msprobe import import_msprobe
+    from precguard.localize.bisect import bisect
+    from precguard.localize.replay import replay_module
+    from precguard.opcheck.sweep import op_check
+    from precguard.ranks import check_replicas
     from precguard.runner import record_target
     from precguard.target import Target, load_target
 
