@@ -25,6 +25,7 @@ import torch
 #: never containers: skipped without further checks (the hot path of capture hooks)
 _SCALARS = (str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device)
 _LEAVES = (torch.Tensor, *_SCALARS)
+_SEQUENCES = (tuple, list)
 
 Key = str | int
 
@@ -33,7 +34,7 @@ def children(value: Any) -> Iterable[tuple[Key, Any]] | None:
     """The ``(key, child)`` pairs of a container, or None when ``value`` is a leaf."""
     if isinstance(value, _LEAVES):
         return None
-    if isinstance(value, tuple | list):
+    if isinstance(value, _SEQUENCES):
         return enumerate(value)
     if isinstance(value, Mapping):
         return value.items()
@@ -94,8 +95,17 @@ def named_tensors(value: Any, prefix: str, *, max_depth: int = 6) -> list[tuple[
 
 
 def _named(value: Any, path: str, out: list[tuple[str, torch.Tensor]], depth: int) -> None:
-    kids = children(value) if depth > 0 else None
-    if kids is None:
+    # children() inlined: this runs in capture's hooks, for every module call
+    if depth <= 0:
+        return
+    kids: Iterable[tuple[Key, Any]]
+    if isinstance(value, _SEQUENCES):
+        kids = enumerate(value)
+    elif isinstance(value, Mapping):
+        kids = value.items()
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        kids = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
+    else:
         return
     for key, item in kids:
         if isinstance(item, torch.Tensor):
