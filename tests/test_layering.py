@@ -28,6 +28,8 @@ the registry; they take no part in the cycle and direction rules.
 from __future__ import annotations
 
 import ast
+import copy
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,7 +175,18 @@ class Graph:
 
 
 def build_graph(src: Path = SRC) -> Graph:
-    """The import graph of the package under ``src``."""
+    """The import graph of the package under ``src`` (the real package's is built once)."""
+    if src == SRC:
+        return _package_graph()
+    return _build_graph(src)
+
+
+@functools.cache
+def _package_graph() -> Graph:
+    return _build_graph(SRC)
+
+
+def _build_graph(src: Path) -> Graph:
     modules = _modules(src)
     lazy = _lazy_exports(modules) if PACKAGE in modules else {}
     graph = Graph({m: set() for m in modules}, {m: set() for m in modules}, {}, [])
@@ -195,8 +208,8 @@ def build_graph(src: Path = SRC) -> Graph:
 
 
 def import_graph(src: Path = SRC) -> dict[str, set[str]]:
-    """Module -> the project modules it makes run."""
-    return build_graph(src).runs
+    """Module -> the project modules it makes run (a copy: callers may change it)."""
+    return copy.deepcopy(build_graph(src).runs)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
