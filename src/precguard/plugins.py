@@ -1,30 +1,19 @@
-"""The plugin manager: built-in plugins plus lazily loaded entry points.
+"""The plugin manager: built-in plugins plus lazily loaded entry points, in llm's shape.
 
-Built-in plugins (:data:`DEFAULT_PLUGINS`) are plain modules registered
-exactly like third-party plugins, which arrive through the ``precguard``
-entry-point group. Nothing is imported until the first call that needs a
-plugin (:func:`load_plugins` is lazy and idempotent).
+Built-in plugins (:data:`DEFAULT_PLUGINS`) are plain modules registered exactly
+like the ``precguard`` entry points; nothing is imported before the first call
+that needs a plugin (:func:`load_plugins` is lazy and idempotent). Plugins only
+register things (:mod:`precguard.hookspecs`). Each plugin is asked on its own,
+through pluggy's ``subset_hook_caller``, with a ``register`` bound to it: what it
+registers is its own by construction, and a plugin whose hook raises is left out
+alone (unregistered, listed in :data:`load_errors`) while the others' stand. A
+hook wrapper runs around its own plugin's call; ``tryfirst``/``trylast`` order
+the plugins as pluggy documents.
 
-Plugins only register things (:mod:`precguard.hookspecs`): backend classes
-and checks. Each plugin is asked on its own, through pluggy's
-``subset_hook_caller``, with a ``register`` bound to it: what it registers is
-attributed to it by construction, and a plugin whose hook raises is left out
-alone (the others' registrations stand). A hook wrapper therefore runs around
-its own plugin's call; ``tryfirst``/``trylast`` order the plugins as pluggy
-documents.
-
-Environment variables:
-
-``PRECGUARD_DISABLE_PLUGIN_AUTOLOAD=1``
-    load no entry-point plugins (built-ins only).
-``PRECGUARD_PLUGINS=cuda,ascend``
-    load only these entry-point plugins (by entry-point name).
-``PRECGUARD_TRACE_HOOKS=1``
-    write every hook call to stderr: which plugin was asked, and what it registered.
-
-A plugin that fails to import or register, or whose registration hook
-raises, is recorded in :data:`load_errors` (name -> cause), logged and left
-out; the other plugins keep working.
+``PRECGUARD_DISABLE_PLUGIN_AUTOLOAD=1`` loads no entry points (built-ins only);
+``PRECGUARD_PLUGINS=cuda,ascend`` only these entry points;
+``PRECGUARD_TRACE_HOOKS=1`` writes every hook call to stderr (which plugin was
+asked, what it registered).
 """
 
 from __future__ import annotations
@@ -179,21 +168,22 @@ def builtin_name(module_name: str) -> str:
     return parts[-2] if parts[-1] == "builtin" and len(parts) > 1 else parts[-1]
 
 
-def _record_load_error(name: str, cause: str) -> None:
+def _record_load_error(name: str, cause: str, event: str = "plugin_load_failed") -> None:
     load_errors[name] = cause
-    logger.error("plugin_load_failed", plugin=name, cause=cause)
+    logger.error(event, plugin=name, cause=cause)
+    if _tracing:
+        _trace(f"  {name}: {cause}")
 
 
 def _load_builtin(module_name: str) -> None:
     name = builtin_name(module_name)
-    if pm.get_plugin(name) is not None:
-        return
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # a broken built-in must not take the others down
-        _record_load_error(name, f"{type(exc).__name__}: {exc}")
-        return
-    _register(module, PluginSource(name=name, builtin=True, module=module_name))
+    if pm.get_plugin(name) is None:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # a broken built-in must not take the others down
+            _record_load_error(name, f"{type(exc).__name__}: {exc}")
+        else:
+            _register(module, PluginSource(name=name, builtin=True, module=module_name))
 
 
 def _load_entry_points() -> None:
@@ -324,10 +314,7 @@ def _ask(caller: Any, plugin: str, key_of: Callable[[Any], str]) -> dict[str, An
 
 def _drop_plugin(name: str, plugin: object, cause: str) -> None:
     """Unregister one plugin whose registration hook raised, and say so by name."""
-    load_errors[name] = cause
-    logger.error("plugin_registration_failed", plugin=name, cause=cause)
-    if _tracing:
-        _trace(f"  {name}: {cause}")
+    _record_load_error(name, cause, "plugin_registration_failed")
     if plugin is not None and pm.is_registered(plugin):
         pm.unregister(plugin=plugin, name=name)
     _sources.pop(name, None)
