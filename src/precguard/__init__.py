@@ -24,7 +24,7 @@ _EXPORTS: dict[str, str] = {
     "load_target": "precguard.target",
     "record_target": "precguard.runner",
     "Backend": "precguard.backend",
-    "hookimpl": "precguard.plugins",
+    "hookimpl": "precguard.hookspecs",
     "PrecguardError": "precguard.errors",
     "NonFiniteError": "precguard.errors",
     "compare_runs": "precguard.compare",
@@ -35,6 +35,15 @@ _EXPORTS: dict[str, str] = {
     "GenerationDiff": "precguard.generation",
     "watch": "precguard.training.handle",
     "WatchHandle": "precguard.training.handle",
+    # one function per command (precguard replay / bisect / op-check / ranks / import-msprobe)
+    "replay_module": "precguard.localize.replay",
+    "bisect": "precguard.localize.bisect",
+    "op_check": "precguard.opcheck.sweep",
+    "check_replicas": "precguard.ranks",
+    "import_msprobe": "precguard.interop.msprobe",
+    # clearer names: `recording` is the context manager (`record` kept as its alias);
+    # `record_target` is what `precguard record --target` runs
+    "recording": "precguard.capture.api",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -46,6 +55,7 @@ if TYPE_CHECKING:
         monitor,
         precision_monitor,
         record,
+        recording,
         unmonitor,
     )
     from precguard.capture.options import CaptureOptions
@@ -55,7 +65,12 @@ if TYPE_CHECKING:
     from precguard.dump.schema import Manifest, Record
     from precguard.errors import NonFiniteError, PrecguardError
     from precguard.generation import GenerationDiff, generate_diff
-    from precguard.plugins import hookimpl
+    from precguard.hookspecs import hookimpl
+    from precguard.interop.msprobe import import_msprobe
+    from precguard.localize.bisect import bisect
+    from precguard.localize.replay import replay_module
+    from precguard.opcheck.sweep import op_check
+    from precguard.ranks import check_replicas
     from precguard.runner import record_target
     from precguard.target import Target, load_target
     from precguard.training.handle import WatchHandle, watch
