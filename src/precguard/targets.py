@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from precguard import tree
 from precguard.target import Target
 
 TINY_LLAMA_CONFIG: dict[str, Any] = {
@@ -48,7 +49,7 @@ def lm_batch(step: int, *, batch: int = 2, seq: int = 32, vocab: int = 256, seed
 def causal_lm_loss(output: Any, batch: Any) -> torch.Tensor:
     """Next-token cross-entropy of a causal LM output against its own input ids."""
     logits = output.logits if hasattr(output, "logits") else output
-    ids = batch["input_ids"] if isinstance(batch, dict) else batch
+    ids = batch["input_ids"] if tree.is_mapping(batch) else batch
     return nn.functional.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1)
     )
@@ -121,3 +122,33 @@ def tiny_llama() -> Target:
         seed=0,
         name="tiny-llama",
     )
+
+
+def _handwritten(rope_bug: bool, name: str) -> Target:
+    from precguard.models.handwritten_llama import HandwrittenConfig, HandwrittenLlama
+
+    config = HandwrittenConfig(rope_bug=rope_bug)
+    return Target(
+        model=lambda: HandwrittenLlama(config),
+        batch=lambda step: lm_batch(step, seq=128, vocab=config.vocab_size),
+        loss=causal_lm_loss,
+        optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3),
+        seed=0,
+        name=name,
+    )
+
+
+def handwritten_llama() -> Target:
+    """``handwritten-llama``: a LLaMA-style decoder written by hand (4 layers, hidden 128, 2×128).
+
+    RMSNorm with an fp32 upcast, an HF-convention rotary module, SwiGLU; correct code.
+    """
+    return _handwritten(False, "handwritten-llama")
+
+
+def handwritten_llama_rope_bug() -> Target:
+    """``handwritten-llama-rope-bug``: the same decoder, rotary angles in the activation dtype.
+
+    The classic port bug: harmless in fp32, wrong late positions in bf16.
+    """
+    return _handwritten(True, "handwritten-llama-rope-bug")

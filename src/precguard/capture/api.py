@@ -314,6 +314,11 @@ def record(
     _close(recording, None, check_patterns=True)
 
 
+#: the clearer name of :func:`record`, the context manager (``precguard record`` on the
+#: command line is :func:`precguard.record_target`): ``with precguard.recording("runs/npu"):``
+recording = record
+
+
 class _WatchSinks:
     """The sink of a decorated object: the active recording, else a watch-only one.
 

@@ -49,6 +49,12 @@ class CaptureOptions(BaseModel):
         description="Record parameter statistics at each module's first call of the first "
         "step, of every step (training), or never.",
     )
+    hashes: bool = Field(
+        default=False,
+        description="Also record a hash of each tensor's bits (16 hex digits, computed on the "
+        "device) so two runs that should be bitwise identical are compared by "
+        "`precguard compare --bitwise` (see docs/watch.md).",
+    )
 
     level: CaptureLevel = Field(
         default="module",

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from precguard._logging import get_logger
+from precguard.capture.hashing import HashBuffer
 from precguard.capture.options import CaptureOptions, OnNonFinite
 from precguard.capture.run_dir import agree_on_run_dir
 from precguard.capture.stats import StatsBuffer, capture_scope, dtype_info
@@ -142,6 +143,7 @@ class Recording:
         self.covered: set[int] = set()  # ids of modules hooked by monitor() into this sink
         self._seq = 0
         self._stats = StatsBuffer()
+        self._hashes = HashBuffer() if self.options.hashes else None
         self._pending: list[tuple[dict[str, Any], int | None]] = []
         self._tensors: dict[str, torch.Tensor] = {}  # saved tensors not yet on disk
         self._tensor_bytes = 0
@@ -322,6 +324,9 @@ class Recording:
                 rec["compute_dtype"] = autocast
             if extra:
                 rec.update(extra)
+            if self._hashes is not None and t.numel():
+                with capture_scope():
+                    rec["hash"] = self._hashes.add(t)  # the slot, until flush
             self._seq += 1
             if keep:
                 with capture_scope():
@@ -436,6 +441,11 @@ class Recording:
             rec["stats"] = stats[slot] if slot is not None else None
             records.append(rec)
         self._pending = []
+        if self._hashes is not None:
+            hashes = self._hashes.materialize()
+            for rec in records:
+                if "hash" in rec:
+                    rec["hash"] = hashes[rec["hash"]]
         self._scan_nonfinite(records)
         if self.writer is None:
             return

@@ -20,42 +20,17 @@ dictionary lookup for everything precguard needs to know about a dtype.
 from __future__ import annotations
 
 import math
-import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import torch
 
+# in backend.py (below the emulator, which asks it); re-exported here for capture's callers
+from precguard.backend import CAPTURE_DEPTH as _STATE
+from precguard.backend import capture_scope, in_capture  # noqa: F401
+
 _FLOAT_TYPES = (torch.float32, torch.float64)
-
-
-class _CaptureDepth(threading.local):
-    depth = 0
-
-
-_STATE = _CaptureDepth()
-
-
-def in_capture() -> bool:
-    """Return True while precguard computes statistics on this thread.
-
-    Op-intercepting modes (the ``emu:`` emulator, a user's dispatch mode)
-    check this to let precguard's own reductions through unchanged.
-    """
-    return _STATE.depth > 0
-
-
-@contextmanager
-def capture_scope() -> Iterator[None]:
-    """Mark precguard's own tensor work on this thread (see :func:`in_capture`)."""
-    _STATE.depth += 1
-    try:
-        yield
-    finally:
-        _STATE.depth -= 1
 
 
 class DtypeInfo(NamedTuple):

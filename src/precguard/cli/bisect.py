@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import typer
 
-from precguard.cli._app import app
+from precguard.cli._app import app, show_progress
 
 _HELP = (
     "Find the smallest set of modules that must run at reference precision on DEVICE.\n\n"
@@ -70,7 +69,7 @@ def bisect(
         TimeElapsedColumn(),
         console=Console(stderr=True),
         transient=True,
-        disable=not sys.stderr.isatty(),
+        disable=not show_progress(),
     )
 
     def show(probe: Probe) -> None:

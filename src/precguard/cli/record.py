@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
 
-from precguard.cli._app import app
+from precguard.cli._app import app, show_progress
 
 
 @app.command()
@@ -64,7 +63,7 @@ def record(
         raise UsageError(f"--level: expected module, op or both, got {level!r}")
     save: bool | list[str] = True if tensors == ["*"] else list(tensors)
     console = Console(stderr=True)
-    with Progress(console=console, transient=True, disable=not sys.stderr.isatty()) as bar:
+    with Progress(console=console, transient=True, disable=not show_progress()) as bar:
         task = bar.add_task(f"recording {target} on {device}", total=steps)
         path = record_target(
             target,

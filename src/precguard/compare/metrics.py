@@ -293,6 +293,8 @@ def _raw(t: torch.Tensor) -> np.ndarray:
     if t.dtype is torch.bfloat16:
         raw: np.ndarray = t.view(torch.int16).numpy().view(np.uint16)
         return raw
+    if t.dtype.itemsize == 1 and t.dtype.is_floating_point:  # float8: numpy has none
+        return t.float().numpy()  # exact: every float8 value is a float32
     return t.numpy()
 
 

@@ -170,6 +170,11 @@ class Record(BaseModel):
         description="On op-level records: the device type the op's output was on when it "
         "differs from the model's (an op that fell back to the CPU); None: the run's device.",
     )
+    hash: str | None = Field(
+        default=None,
+        description="Hash of the tensor's bits in logical order (16 hex digits), when "
+        "recorded with hashes=True; equal hashes mean bitwise equal values.",
+    )
 
 
 class RunError(BaseModel):

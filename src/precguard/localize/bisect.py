@@ -45,10 +45,11 @@ from torch.utils._python_dispatch import _disable_current_modes
 from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.compare.tolerance import SIGNIFICAND_BITS, unit_roundoff
-from precguard.devices import construct_model, parse_dtype, resolve_backend
-from precguard.errors import PrecguardError, TargetError, UsageError
+from precguard.devices import parse_dtype, resolve_backend
+from precguard.errors import TargetError, UsageError
 from precguard.oracle import map_tensors_keeping_types
-from precguard.target import Target, call_model, load_target, move_batch, raised
+from precguard.target import Target, call_model
+from precguard.target_run import TargetRun
 
 logger = get_logger(__name__)
 
@@ -453,11 +454,9 @@ def bisect(
         )
     if threshold is not None and not (threshold >= 0 and math.isfinite(threshold)):
         raise UsageError(f"--threshold must be a finite number >= 0, got {threshold}")
-    target_obj = load_target(target)
-    backend = resolve_backend(device)
+    run = TargetRun.open(target, device, dtype)
+    target_obj, backend, model_dtype = run.target, run.backend, run.dtype
     ref_backend = resolve_backend(reference)
-    model_dtype = parse_dtype(dtype) if dtype is not None else backend.model_dtype()
-    model_dtype = model_dtype or torch.float32
     ref_dtype = parse_dtype(reference_dtype)
     compute = backend.compute_dtype() or model_dtype
     if threshold is None:
@@ -465,25 +464,18 @@ def bisect(
             raise UsageError(f"--metric {metric} needs --threshold (a default exists for rel_l2)")
         threshold = default_threshold(max(compute, model_dtype, key=precision_eps))
 
-    built = construct_model(target_obj, backend)
+    built = run.construct()
     if prepare is not None:
         prepare(built)
     built.eval()
     reference_model = copy.deepcopy(built).to(device=ref_backend.torch_device(), dtype=ref_dtype)
     model = built.to(device=backend.torch_device(), dtype=model_dtype)
 
-    def user_code(what: str, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except PrecguardError:
-            raise
-        except (Exception, SystemExit) as exc:  # a target's sys.exit() is its error too
-            raise TargetError(f"target {target_obj.name!r}: {what} {raised(exc)}") from exc
+    user_code = run.call
+    batch = run.batch(step)
 
-    batch = user_code(f"batch({step})", lambda: target_obj.batch(step))
-
-    ref_batch = _cast_batch(move_batch(batch, ref_backend.torch_device()), ref_dtype)
-    dev_batch = _cast_batch(move_batch(batch, backend.torch_device()), model_dtype)
+    ref_batch = _cast_batch(run.move(batch, ref_backend.torch_device()), ref_dtype)
+    dev_batch = _cast_batch(run.move(batch), model_dtype)
 
     def reference_forward() -> Any:
         with torch.no_grad(), ref_backend.numerics():

@@ -95,8 +95,7 @@ def replay_module(
     >>> r.verdict, r.local_error                                           # doctest: +SKIP
     ('diverged', 0.0031)
     """
-    from precguard.devices import build_model, parse_dtype, resolve_backend
-    from precguard.target import load_target
+    from precguard.target_run import TargetRun
 
     run = load_run(golden)
     prof = get_profile(profile)
@@ -121,10 +120,9 @@ def replay_module(
     if not target:
         raise UsageError(missing_target_message(run))
     target_spec = target
-    torch_dtype = parse_dtype(dtype or run.manifest.dtype or "float32")
-    backend = resolve_backend(device)
-    target_obj = load_target(target_spec)
-    model = build_model(target_obj, backend, torch_dtype)
+    setup = TargetRun.open(target_spec, device, dtype or run.manifest.dtype or "float32")
+    torch_dtype, backend = setup.dtype, setup.backend
+    model = setup.build_model()
     model.eval()
     try:
         sub = model if module == "root" else model.get_submodule(module)

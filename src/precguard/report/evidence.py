@@ -206,7 +206,7 @@ def _position_curves(evidence: Mapping[str, Any]) -> str | None:
 
 def _case_points(evidence: Mapping[str, Any]) -> str | None:
     """Error per input case (norm.*): one marker series per module."""
-    from precguard.checks.norm import CASE_LABELS
+    from precguard.report.models import NORM_CASE_LABELS as CASE_LABELS
     from precguard.report.plots import figure, log_floor, positive, to_svg
 
     cases = list(CASE_LABELS)

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from precguard.checklist import Diagnosis
     from precguard.compare.report import Comparison
+    from precguard.report.models import Diagnosis
 
 #: largest result file read (a comparison of a large model holds many records)
 MAX_RESULT_BYTES = 1 << 30
@@ -26,10 +26,10 @@ def load_result(path: Path) -> Comparison | Diagnosis:
     """
     from pydantic import ValidationError
 
-    from precguard.checklist import Diagnosis
     from precguard.compare.report import Comparison
     from precguard.dump.reader import first_error, read_json_file
     from precguard.errors import DumpFormatError, UsageError
+    from precguard.report.models import Diagnosis
     from precguard.text import shown
 
     try:
