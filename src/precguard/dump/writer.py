@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import to_json
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from precguard._logging import get_logger
@@ -130,6 +132,15 @@ def write_json_atomic(path: Path, data: str) -> None:
     os.replace(tmp, path)
 
 
+def _as_os_error(exc: Exception, path: Path) -> OSError:
+    """The OSError behind a safetensors write error ("I/O error: ... (os error 28)")."""
+    found = re.search(r"os error (\d+)", str(exc))
+    if found is None:
+        return OSError(f"{path}: {exc}")
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code), str(path))
+
+
 class RunWriter:
     """Writes one rank's part of a recording.
 
@@ -172,7 +183,8 @@ class RunWriter:
         if rank == 0:
             self._write_manifest()
         self._write_status(RankStatus(rank=rank, host=socket.gethostname(), pid=os.getpid()))
-        self._records = open(self.rank_dir / RECORDS_FILE, "ab")  # noqa: SIM115
+        # unbuffered: each flushed batch is one write, undone whole if it fails
+        self._records = open(self.rank_dir / RECORDS_FILE, "ab", buffering=0)  # noqa: SIM115
         self._chunk = 0
 
     def _write_manifest(self) -> None:
@@ -198,8 +210,17 @@ class RunWriter:
         name = f"tensors-{step:06d}-{self._chunk:04d}.safetensors"
         self._chunk += 1
         tmp = self.rank_dir / (name + ".tmp")
-        save_file(tensors, str(tmp))
-        os.replace(tmp, self.rank_dir / name)
+        try:
+            try:
+                save_file(tensors, str(tmp))
+            except SafetensorError as exc:  # safetensors' Rust side reports I/O errors so
+                raise _as_os_error(exc, tmp) from exc
+            os.replace(tmp, self.rank_dir / name)
+        except BaseException:
+            # a half-written file on a full disk holds the space the manifest needs
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         return name
 
     def write_records(self, records: list[dict[str, Any]]) -> None:
@@ -230,23 +251,51 @@ class RunWriter:
         # the dicts just validated, encoded by pydantic-core as the model would encode
         # them (a model instance per record costs ~5 us more to serialize)
         lines = b"\n".join(to_json(rec, inf_nan_mode="strings") for rec in records)
-        self._records.write(lines + b"\n")
-        self._records.flush()
+        self._append(lines + b"\n")
 
-    def close(self, *, steps: int | None = None, error: BaseException | None = None) -> None:
+    def _append(self, data: bytes) -> None:
+        """Append ``data`` to records.jsonl whole, or not at all (the file is cut back).
+
+        A write that fails half-way (a full disk) would leave a truncated line
+        that readers refuse; cutting the file back to its last whole batch keeps
+        every step written before the failure readable.
+        """
+        fh = self._records
+        start = fh.seek(0, os.SEEK_END)
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[fh.write(view) or 0 :]
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fh.fileno(), start)
+            raise
+
+    def close(
+        self,
+        *,
+        steps: int | None = None,
+        error: BaseException | None = None,
+        steps_run: int | None = None,
+    ) -> None:
         """Flush and close the records; mark the manifest complete (rank 0).
 
-        With ``error`` (the exception the run's body raised) the manifest says
-        ``complete: false`` and names it: what was recorded is kept, but it is
-        not the whole run.
+        With ``error`` (the exception the run's body raised, or the I/O error
+        that stopped the recording) the manifest says ``complete: false`` and
+        names it: what was recorded is kept, but it is not the whole run.
+        ``steps_run``: the steps the run went through, when more than ``steps``
+        were recorded (the recording stopped early).
         """
         if self._records.closed:
             return
         self._records.close()
+        ended: dict[str, Any] = {"steps": steps}
+        if steps_run is not None:
+            ended["steps_run"] = steps_run
         if error is None:
-            self._write_status(self._status.model_copy(update={"complete": True, "steps": steps}))
-            self.update_manifest(complete=True, steps=steps)
+            self._write_status(self._status.model_copy(update={"complete": True, **ended}))
+            self.update_manifest(complete=True, **ended)
         else:
             failure = RunError(type=type(error).__name__, message=str(error)[:500])
-            self._write_status(self._status.model_copy(update={"steps": steps, "error": failure}))
-            self.update_manifest(complete=False, steps=steps, error=failure)
+            self._write_status(self._status.model_copy(update={"error": failure, **ended}))
+            self.update_manifest(complete=False, error=failure, **ended)
