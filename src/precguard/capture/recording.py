@@ -24,6 +24,7 @@ from precguard._logging import get_logger
 from precguard.capture.options import CaptureOptions, OnNonFinite
 from precguard.capture.run_dir import agree_on_run_dir
 from precguard.capture.stats import StatsBuffer, capture_scope, dtype_info
+from precguard.dump.lock import release_writer_lock
 from precguard.dump.paths import rank_dir
 from precguard.dump.writer import RunWriter, write_json_atomic
 from precguard.errors import NonFiniteError
@@ -127,19 +128,23 @@ class Recording:
             self.path = agree_on_run_dir(
                 out, overwrite=overwrite, rank=self.rank, world_size=world_size
             )
-            self.writer = RunWriter(
-                self.path,
-                rank=self.rank,
-                world_size=world_size,
-                device=device or "cpu",
-                dtype=dtype,
-                model=model,
-                target=target,
-                options=self.options.model_dump(mode="json"),
-                fingerprint=fingerprint,
-            )
-            if compute_dtype is not None:
-                self.writer.update_manifest(compute_dtype=compute_dtype)
+            try:
+                self.writer = RunWriter(
+                    self.path,
+                    rank=self.rank,
+                    world_size=world_size,
+                    device=device or "cpu",
+                    dtype=dtype,
+                    model=model,
+                    target=target,
+                    options=self.options.model_dump(mode="json"),
+                    fingerprint=fingerprint,
+                )
+                if compute_dtype is not None:
+                    self.writer.update_manifest(compute_dtype=compute_dtype)
+            except BaseException:
+                release_writer_lock(self.path)  # the directory is free for the next try
+                raise
         # manifest facts not known when the recording opened (record(): the
         # device, dtype and model come with the first decorated module called)
         self.missing_facts: set[str] = set()

@@ -26,6 +26,7 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from precguard._logging import get_logger
+from precguard.dump.lock import hold_writer_lock, holds_writer_lock, release_writer_lock
 from precguard.dump.paths import RECORDS_FILE, STATUS_FILE, rank_dir
 from precguard.dump.schema import SCHEMA_VERSION, Manifest, RankStatus, Record, RunError
 from precguard.errors import DumpFormatError, OutputExistsError, UsageError
@@ -49,6 +50,18 @@ def prepare_run_dir(path: str | os.PathLike[str], *, overwrite: bool = False) ->
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise UsageError(f"{shown(out)}: exists and is not a directory")
+    if out.is_dir():
+        hold_writer_lock(out)  # before anything is looked at or removed
+    try:
+        _prepare_locked(out, overwrite=overwrite)
+    except BaseException:
+        release_writer_lock(out)
+        raise
+    return out
+
+
+def _prepare_locked(out: Path, *, overwrite: bool) -> None:
+    """The body of :func:`prepare_run_dir`, run holding ``out``'s writer lock (once it exists)."""
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise OutputExistsError(
@@ -58,13 +71,17 @@ def prepare_run_dir(path: str | os.PathLike[str], *, overwrite: bool = False) ->
         remove_recording(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{shown(out)}: cannot write here ({exc.strerror or exc})") from exc
+    if not holds_writer_lock(out):
+        hold_writer_lock(out)  # a new directory: a writer racing for it is refused here
+    try:
         # a fresh, randomly named file: a planted link cannot redirect the probe
         fd, probe = tempfile.mkstemp(prefix=".precguard-write-test-", dir=out)
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
         raise UsageError(f"{shown(out)}: cannot write here ({exc.strerror or exc})") from exc
-    return out
 
 
 def remove_recording(out: Path) -> None:
@@ -289,6 +306,15 @@ class RunWriter:
         if self._records.closed:
             return
         self._records.close()
+        try:
+            self._mark_closed(steps=steps, error=error, steps_run=steps_run)
+        finally:
+            if self.rank == 0:
+                release_writer_lock(self.root)
+
+    def _mark_closed(
+        self, *, steps: int | None, error: BaseException | None, steps_run: int | None
+    ) -> None:
         ended: dict[str, Any] = {"steps": steps}
         if steps_run is not None:
             ended["steps_run"] = steps_run
