@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from precguard.report.page import esc, number, sort_value
@@ -22,6 +22,8 @@ from precguard.report.page import esc, number, sort_value
 MAX_INLINE = 24
 #: table rows shown per mapping before '… N more'
 MAX_ROWS = 200
+#: columns a table shows (evidence naming 100k modules per row would make a page no one reads)
+MAX_COLUMNS = 200
 #: a mapping of at most this many rows with many more columns is shown transposed
 TRANSPOSE_UP_TO = 4
 #: nesting rendered as tables; deeper values are shown as compact JSON
@@ -67,17 +69,22 @@ def _cell(v: Any, depth: int) -> str:
     return f"<td>{_inline(v)}</td>"
 
 
+def _columns(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Every key of ``rows``, in first-seen order (a dict: linear in the keys, not quadratic)."""
+    seen: dict[str, None] = {}
+    for row in rows:
+        seen.update(dict.fromkeys(row))
+    return list(seen)
+
+
 def _rows_table(rows: Mapping[str, Mapping[str, Any]], depth: int) -> str:
-    columns: list[str] = []
-    for row in rows.values():
-        for k in row:
-            if k not in columns:
-                columns.append(k)
+    columns = _columns(rows.values())
     if len(rows) <= TRANSPOSE_UP_TO and len(columns) > 2 * len(rows):
         # a few sides with many facts (device vs reference fingerprints): side by side
         flipped = {c: {name: row.get(c) for name, row in rows.items()} for c in columns}
         return _rows_table(flipped, depth)
     items = list(rows.items())
+    columns = columns[:MAX_COLUMNS]  # after transposing: many facts become rows instead
     body = [
         f"<tr><td class=name><code>{esc(name)}</code></td>"
         + "".join(_cell(row.get(c), depth) for c in columns)
@@ -93,11 +100,7 @@ def _rows_table(rows: Mapping[str, Mapping[str, Any]], depth: int) -> str:
 
 
 def _list_table(items: list[Mapping[str, Any]], depth: int) -> str:
-    columns: list[str] = []
-    for row in items:
-        for k in row:
-            if k not in columns:
-                columns.append(k)
+    columns = _columns(items)[:MAX_COLUMNS]
     body = [
         "<tr>" + "".join(_cell(row.get(c), depth) for c in columns) + "</tr>"
         for row in items[:MAX_ROWS]
