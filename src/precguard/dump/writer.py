@@ -158,6 +158,26 @@ def _as_os_error(exc: Exception, path: Path) -> OSError:
     return OSError(code, os.strerror(code), str(path))
 
 
+def _write_json_or_in_place(path: Path, data: str) -> None:
+    """:func:`write_json_atomic`, or, where no new file can be made, rewrite ``path`` in place.
+
+    A directory made read-only (or a full disk) refuses the temporary file, but
+    the manifest itself may still be writable: its owner's last word
+    (``complete: false`` and the error) is worth the small risk of a torn file
+    that only a kill during this write could leave.
+    """
+    try:
+        write_json_atomic(path, data)
+    except OSError:
+        if path.is_symlink() or not path.is_file():
+            raise
+        with contextlib.suppress(OSError):
+            os.unlink(path.with_name(path.name + ".tmp"))
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(data)
+
+
 class RunWriter:
     """Writes one rank's part of a recording.
 
@@ -205,12 +225,14 @@ class RunWriter:
         self._chunk = 0
 
     def _write_manifest(self) -> None:
-        write_json_atomic(self.root / "manifest.json", self.manifest.model_dump_json(indent=2))
+        _write_json_or_in_place(
+            self.root / "manifest.json", self.manifest.model_dump_json(indent=2)
+        )
 
     def _write_status(self, status: RankStatus) -> None:
         """Replace this rank's ``status.json`` (its own account of whether it completed)."""
         self._status = status
-        write_json_atomic(self.rank_dir / STATUS_FILE, status.model_dump_json(indent=2))
+        _write_json_or_in_place(self.rank_dir / STATUS_FILE, status.model_dump_json(indent=2))
 
     def update_manifest(self, **fields: Any) -> None:
         """Change manifest fields (e.g. ``model``, ``dtype``) and rewrite it (rank 0)."""
