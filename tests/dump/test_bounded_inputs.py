@@ -93,3 +93,16 @@ def test_report_refuses_an_unknown_schema_version(
     code, _, err = run_cli(["report", str(result), "--html", str(tmp_path / "r.html")], capsys)
     assert code == 2
     assert "schema_version 999" in err and "Traceback" not in err
+
+
+def test_evidence_naming_thousands_of_modules_renders_a_bounded_page() -> None:
+    from precguard.report.evidence import MAX_PLOT_LAYERS, MAX_ROWS, evidence_plots, render_value
+
+    names = [f"model.layers.{i}" for i in range(5000)]
+    sides = {"device": dict.fromkeys(names, 1.0), "reference": dict.fromkeys(names, 2.0)}
+    page = render_value(sides)
+    assert page.count("<tr>") <= MAX_ROWS + 1 and "4800 more" in page
+    per_layer = {"layers": {n: {"grad_norm": 1.0 + i} for i, n in enumerate(names)}}
+    (svg,) = evidence_plots(per_layer)
+    assert f"first {MAX_PLOT_LAYERS} of 5000 layers drawn" in svg
+    assert names[MAX_PLOT_LAYERS] not in svg

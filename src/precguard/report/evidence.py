@@ -24,6 +24,8 @@ MAX_INLINE = 24
 MAX_ROWS = 200
 #: columns a table shows (evidence naming 100k modules per row would make a page no one reads)
 MAX_COLUMNS = 200
+#: layers a per-layer plot draws (one tick label each)
+MAX_PLOT_LAYERS = 128
 #: a mapping of at most this many rows with many more columns is shown transposed
 TRANSPOSE_UP_TO = 4
 #: nesting rendered as tables; deeper values are shown as compact JSON
@@ -248,27 +250,33 @@ def _layer_norms(evidence: Mapping[str, Any]) -> str | None:
 
     for _, rows in _row_maps(evidence):
         names = list(rows)
+        shown_names = names[:MAX_PLOT_LAYERS]  # a tick per layer: 100k would take minutes
         columns = sorted(
-            {k for r in rows.values() for k in r if k.endswith("_norm")},
+            {k for n in shown_names for k in rows[n] if k.endswith("_norm")},
         )
         if len(names) < 2 or not columns:
             continue
         fig = figure(9, 3.2)
         ax = fig.add_subplot()
         ax.set_yscale("log")
-        data = {c: [_num(rows[n].get(c)) for n in names] for c in columns}
+        data = {c: [_num(rows[n].get(c)) for n in shown_names] for c in columns}
         floor = log_floor([v for vals in data.values() for v in vals])
-        xs = list(range(len(names)))
+        xs = list(range(len(shown_names)))
         missing = 0
         # device and reference often coincide: different line styles keep both visible
         for (c, ys), (ls, marker) in zip(data.items(), itertools.cycle(_STYLES), strict=False):
             ax.plot(xs, positive(ys, floor), ls=ls, marker=marker, ms=4, lw=1, label=c)
             missing += sum(1 for y in ys if not math.isfinite(y))
-        ax.set_xticks(xs, names, rotation=30, fontsize=7, ha="right")
+        ax.set_xticks(xs, shown_names, rotation=30, fontsize=7, ha="right")
         ax.set_ylabel("norm (log)")
         ax.grid(True, alpha=0.3)
+        notes = []
         if missing:
-            ax.set_title(f"{missing} non-finite value(s) not drawn", fontsize=8, color="#8250df")
+            notes.append(f"{missing} non-finite value(s) not drawn")
+        if len(names) > len(shown_names):
+            notes.append(f"first {len(shown_names)} of {len(names)} layers drawn")
+        if notes:
+            ax.set_title("; ".join(notes), fontsize=8, color="#8250df")
         fig.legend(fontsize=7, loc="outside right center")
         return to_svg(fig)
     return None
