@@ -225,6 +225,11 @@ class Manifest(BaseModel):
         default=None, description="The exception that ended the run, when its body raised."
     )
     steps: int | None = Field(default=None, description="Steps recorded, once complete.")
+    steps_run: int | None = Field(
+        default=None,
+        description="Steps the run went through; more than 'steps' when the recording "
+        "stopped early (an I/O error while writing, then 'error' names it).",
+    )
 
 
 class RankStatus(BaseModel):
@@ -242,6 +247,9 @@ class RankStatus(BaseModel):
         default=False, description="True once this rank closed its recording cleanly."
     )
     steps: int | None = Field(default=None, description="Steps this rank recorded, once closed.")
+    steps_run: int | None = Field(
+        default=None, description="Steps this rank's run went through, once closed."
+    )
     error: RunError | None = Field(
         default=None, description="The exception that ended this rank's run, if it raised."
     )

@@ -48,7 +48,26 @@ def load_result(path: Path) -> Comparison | Diagnosis:
             f"{shown(path)}: neither a comparison (compare --json) nor a diagnosis "
             "(check --json): it has no 'records' nor 'findings'"
         )
+    _check_version(raw, path, model, what)
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
         raise UsageError(f"{shown(path)}: not a valid {what}: {first_error(exc)}") from exc
+
+
+def _check_version(raw: dict, path: Path, model: type, what: str) -> None:
+    """Refuse a result of a format version this precguard does not know.
+
+    A newer version may mean fields this one would misread; an older file
+    without the field is version 1.
+    """
+    from precguard.errors import UsageError
+    from precguard.text import shown
+
+    known = model.model_fields["schema_version"].default
+    version = raw.get("schema_version", 1)
+    if type(version) is not int or not 1 <= version <= known:
+        raise UsageError(
+            f"{shown(path)}: a {what} of schema_version {shown(repr(version), 20)}; this "
+            f"precguard reads versions 1 to {known} (a newer precguard wrote it?)"
+        )
