@@ -31,15 +31,15 @@ def straightforward(t: torch.Tensor) -> dict[str, Any]:
     n = x.numel()
     mn, mx = x.min().item(), x.max().item()
     total = x.sum().item()
-    l2 = torch.linalg.vector_norm(x).item()
     nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
     mean = total / n
     if nan or inf:
         std = torch.std(x, correction=1 if n > 1 else 0).item()
-    elif n > 1 and n * mean * mean > 0.999 * l2 * l2:  # the one-pass formula would cancel
-        std = torch.std(x).item()
-    else:
-        std = math.sqrt(max(l2 * l2 - n * mean * mean, 0.0) / max(n - 1, 1))
+        l2 = torch.linalg.vector_norm(x).item()
+    else:  # two passes: the spread about the mean, then l2 without cancellation
+        spread = ((x - mean) ** 2).sum().item()
+        std = math.sqrt(spread / (n - 1)) if n > 1 else 0.0
+        l2 = math.sqrt(spread + n * mean * mean)
     return {
         "min": mn,
         "max": mx,
@@ -151,23 +151,24 @@ def test_host_path_equals_the_straightforward_computation(name):
 
 
 def straightforward_deferred(t: torch.Tensor) -> dict[str, Any]:
-    """The accelerator definition: var_mean for mean and std, NaN/Inf always counted."""
+    """The accelerator definition: var_mean for mean, std and l2, NaN/Inf always counted."""
     x = t.detach()
     if x.dtype not in (torch.float32, torch.float64):
         x = x.float() if x.is_floating_point() else x.double()
     n = x.numel()
     var, mean = torch.var_mean(x, correction=1 if n > 1 else 0)
     mn, mx = x.min().item(), x.max().item()
-    nan = int(torch.isnan(x).sum())
+    nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
+    l2 = math.inf if inf and not nan else (var * max(n - 1, 1) + mean * mean * n).sqrt().item()
     return {
         "min": mn,
         "max": mx,
         "mean": mean.item(),
         "std": var.sqrt().item(),
         "absmax": math.nan if nan else max(abs(mn), abs(mx)),
-        "l2": torch.linalg.vector_norm(x).item(),
+        "l2": l2,
         "nan": nan,
-        "inf": int(torch.isinf(x).sum()),
+        "inf": inf,
         "zeros": int((x == 0).sum()),
         "numel": n,
     }

@@ -8,8 +8,9 @@ host in one transfer.
 On the CPU, reading a scalar is free, so the code branches: ``aminmax``,
 ``sum``, ``vector_norm`` and ``count_nonzero`` (four fast multi-threaded
 passes), NaN/Inf counts only when min or max is not finite (any NaN or Inf
-makes one of them so), and a two-pass std only when the one-pass formula
-would cancel.
+makes one of them so), and a two-pass std unless the mean is negligible beside
+the spread (where the one-pass formula cannot cancel): both paths then agree
+within float32 rounding, also for tensors whose |mean| is far above their std.
 
 This runs for every tensor of every module call, so it is written for the
 interpreter as much as for the machine: no context manager per tensor (the
@@ -165,8 +166,12 @@ class StatsBuffer:
     def _add_device(self, x: torch.Tensor, n: int, slot: int, need_finite: bool) -> bool | None:
         var, mean = torch.var_mean(x, correction=1 if n > 1 else 0)
         mn, mx = torch.aminmax(x)
-        l2 = torch.linalg.vector_norm(x)
         counts = torch.stack([torch.count_nonzero(x), torch.isnan(x).sum(), torch.isinf(x).sum()])
+        # var_mean is Welford's (stable); l2 from it adds two positive terms, where
+        # float32 vector_norm rounds ~1e-5 on 1M elements on the CPU. An Inf without
+        # NaN makes var NaN but l2 Inf, as on the CPU path.
+        l2 = (var * max(n - 1, 1) + mean * mean * n).sqrt()
+        l2 = torch.where((counts[2] > 0) & (counts[1] == 0), math.inf, l2)
         floats = torch.stack([mn, mx, mean, var.sqrt(), l2])
         self._host.append(None)
         self._dev_slots.append(slot)
@@ -227,28 +232,32 @@ class StatsBuffer:
 def _host_stats(x: torch.Tensor, n: int) -> tuple[float, ...]:
     """``(min, max, mean, std, l2, nonzero, nan, inf)`` of a float32/float64 CPU tensor.
 
-    ``aminmax``, ``sum``, ``vector_norm`` and ``count_nonzero`` are
-    multi-threaded single passes on the CPU; ``var_mean`` alone costs ~10x
-    all four. Counting zeros on the float values (not on integer bit
+    ``aminmax``, ``sum``, the squared deviations and ``count_nonzero`` are
+    multi-threaded passes on the CPU; ``var_mean`` alone costs ~10x all of
+    them. Counting zeros on the float values (not on integer bit
     patterns plus a ``-0.0`` check) is one pass instead of two and no slower.
     """
     mn_t, mx_t = torch.aminmax(x)
     total = x.sum().item()
-    l2 = torch.linalg.vector_norm(x).item()
     nonzero = torch.count_nonzero(x).item()
     mn, mx = mn_t.item(), mx_t.item()
     mean = total / n
     if math.isfinite(mn) and math.isfinite(mx):
         nan = inf = 0
-        sq = l2 * l2
-        if n > 1 and n * mean * mean > 0.999 * sq:
-            # var = (sum x^2 - n mean^2)/(n-1) cancels when |mean| >> std: use two passes
-            std = torch.std(x).item()
-        else:
-            std = math.sqrt(max(sq - n * mean * mean, 0.0) / max(n - 1, 1))
+        # Two passes: the spread about the mean, then l2^2 = sum (x-mean)^2 + n mean^2
+        # (no cancellation). The one-pass sum x^2 - n mean^2 loses sum x^2 / (n var)
+        # times its rounding (25x the fp32 statistics tolerance for norm weights), and
+        # torch's float32 vector_norm rounds ~1e-5 on 1M elements; a cascaded sum does not.
+        # An error d in the mean only adds d^2 to the variance.
+        dev = x - mean
+        dev.mul_(dev)
+        spread = dev.sum().item()
+        std = math.sqrt(spread / (n - 1)) if n > 1 else 0.0
+        l2 = math.sqrt(spread + n * mean * mean)
     else:
         nan = int(torch.isnan(x).sum().item())
         inf = int(torch.isinf(x).sum().item())
+        l2 = torch.linalg.vector_norm(x).item()
         std = torch.std(x, correction=1 if n > 1 else 0).item()
     return (mn, mx, mean, std, l2, nonzero, nan, inf)
 
