@@ -28,7 +28,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
+
+from precguard.capture import evidence as _evidence
 
 _FLOAT_TYPES = (torch.float32, torch.float64)
 
@@ -101,14 +104,21 @@ class StatsBuffer:
     sync); on accelerators it holds two small device tensors, fetched for
     all slots together in :meth:`materialize`. ``defer=True`` takes the
     accelerator path on any device (tests run it on the CPU).
+
+    With ``evidence=True`` (default) each floating tensor also leaves its
+    sampled elements and per-position norms (:mod:`precguard.capture.evidence`),
+    gathered on its device and transferred with the statistics.
     """
 
     # Entries hold weak references: the cache must never keep an activation
     # alive (on a 70B model one activation can be hundreds of MB of device memory).
     _CACHE_SIZE = 256
 
-    def __init__(self, *, defer: bool = False) -> None:
+    def __init__(self, *, defer: bool = False, evidence: bool = True) -> None:
         self._defer = defer
+        self._evidence_on = evidence
+        # per slot: (plan, gathered values: numpy on the host, a tensor on devices) or None
+        self._evidence: list[tuple[_evidence.EvidencePlan, Any] | None] = []
         # per slot: (min, max, mean, std, l2, nonzero, nan, inf) as numbers, or None
         self._host: list[tuple[float, ...] | None] = []
         # per device slot: [min, max, mean, std, l2] and [nonzero, nan, inf]
@@ -123,11 +133,15 @@ class StatsBuffer:
     def __len__(self) -> int:
         return len(self._numel)
 
-    def add(self, t: torch.Tensor, *, need_finite: bool = False) -> tuple[int, bool | None]:
+    def add(
+        self, t: torch.Tensor, *, need_finite: bool = False, positions: bool = False
+    ) -> tuple[int, bool | None]:
         """Queue statistics of ``t``; return ``(slot, finite)``.
 
         ``finite`` is True/False when known without a host sync (always on
         the CPU, or when ``need_finite`` forces the sync), else None.
+        ``positions``: keep per-position norms if ``t`` is sequence-shaped (forward
+        inputs and outputs; not parameters).
         """
         cache_key = (id(t), t._version)
         cache = self._cache
@@ -148,7 +162,13 @@ class StatsBuffer:
                 x = x.float() if x.is_floating_point() else x.double()
             n = x.numel()
             slot = len(self._numel)
-            if self._defer or x.device.type != "cpu":
+            deferred = self._defer or x.device.type != "cpu"
+            ev: tuple[_evidence.EvidencePlan, Any] | None = None
+            if self._evidence_on and t.is_floating_point():
+                plan = _evidence.plan_for(tuple(x.shape), x.device, positions)
+                values = _evidence.gather(x, plan)
+                ev = (plan, values if deferred else values.numpy())
+            if deferred:
                 finite = self._add_device(x, n, slot, need_finite)
             else:
                 row = _host_stats(x, n)
@@ -157,6 +177,7 @@ class StatsBuffer:
         finally:
             state.depth -= 1
         # appended last: a reduction that raised leaves the slots consistent
+        self._evidence.append(ev)
         self._numel.append(n)
         cache[cache_key] = (weakref.ref(t), slot, finite)
         if len(cache) > self._CACHE_SIZE:
@@ -192,6 +213,18 @@ class StatsBuffer:
 
         One transfer per device holding statistics.
         """
+        return self.materialize_with_evidence()[0]
+
+    def materialize_with_evidence(
+        self,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any] | None]]:
+        """Like :meth:`materialize`, with each slot's evidence record fields (or None).
+
+        The evidence (``sample`` and ``positions``, see
+        :func:`precguard.capture.evidence.record_fields`) comes in one more transfer
+        per device.
+        """
+        evidence = self._evidence_fields()
         rows = list(self._host)
         if self._dev_slots:
             floats = _gather(self._dev_floats, torch.float64).tolist()
@@ -217,7 +250,32 @@ class StatsBuffer:
                 }
             )
         self.clear()
-        return out
+        return out, evidence
+
+    def _evidence_fields(self) -> list[dict[str, Any] | None]:
+        """Each slot's evidence as record fields; device values fetched once per device."""
+        host: list[np.ndarray | None] = [None] * len(self._evidence)
+        groups: dict[torch.device, list[int]] = {}
+        for slot, ev in enumerate(self._evidence):
+            if ev is None:
+                continue
+            if isinstance(ev[1], np.ndarray):
+                host[slot] = ev[1]
+            else:
+                groups.setdefault(ev[1].device, []).append(slot)
+        for slots in groups.values():
+            parts = [self._evidence[s][1] for s in slots]  # type: ignore[index]
+            flat = torch.cat([p.to(torch.float64) for p in parts]).to("cpu").numpy()
+            start = 0
+            for slot, part in zip(slots, parts, strict=True):
+                size = part.numel()
+                chunk = flat[start : start + size]
+                host[slot] = chunk if part.dtype == torch.float64 else chunk.astype(np.float32)
+                start += size
+        return [
+            None if ev is None or values is None else _evidence.record_fields(ev[0], values)
+            for ev, values in zip(self._evidence, host, strict=True)
+        ]
 
     def clear(self) -> None:
         """Drop everything queued, including the reuse cache."""
@@ -226,6 +284,7 @@ class StatsBuffer:
         self._dev_counts.clear()
         self._dev_slots.clear()
         self._numel.clear()
+        self._evidence.clear()
         self._cache.clear()
 
 
