@@ -61,13 +61,17 @@ class StraightforwardStats(StatsBuffer):
         super().__init__()
         self.rows: list[dict[str, Any]] = []
 
-    def add(self, t: torch.Tensor, *, need_finite: bool = False) -> tuple[int, bool | None]:
+    def add(
+        self, t: torch.Tensor, *, need_finite: bool = False, positions: bool = False
+    ) -> tuple[int, bool | None]:
         self.rows.append(straightforward(t))
         return len(self.rows) - 1, self.rows[-1]["nan"] == 0 and self.rows[-1]["inf"] == 0
 
-    def materialize(self) -> list[dict[str, Any]]:
+    def materialize_with_evidence(
+        self,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any] | None]]:
         rows, self.rows = self.rows, []
-        return rows
+        return rows, [None] * len(rows)
 
 
 def assert_same_stats(got: dict[str, Any], want: dict[str, Any], where: str) -> None:

@@ -562,8 +562,8 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
 
 
 SAMPLE_NOTE = (
-    "statistics and sampled elements only: the error is an estimate; record full tensors "
-    "(--tensors) of this module for a conclusive test"
+    "statistics and sampled elements only, a weaker test: the error is an estimate from the "
+    "sample; record full tensors (--tensors) of this module for a conclusive test"
 )
 
 
