@@ -100,7 +100,6 @@ class EvidencePlan(NamedTuple):
     index: torch.Tensor
     #: sequence dimension, or None when no per-position norms are kept
     seq_dim: int | None
-    reduce_dims: tuple[int, ...]
     #: consecutive positions per norm, number of norms, sequence length
     bin: int
     bins: int
@@ -125,7 +124,6 @@ def plan_for(shape: tuple[int, ...], device: torch.device, positions: bool) -> E
         seed=sample_seed(shape),
         index=index,
         seq_dim=seq,
-        reduce_dims=tuple(d for d in range(len(shape)) if d != seq),
         bin=per,
         bins=-(-length // per) if length else 0,
         length=length,
@@ -145,14 +143,18 @@ def gather(x: torch.Tensor, plan: EvidencePlan) -> torch.Tensor:
     sample = torch.take(x, plan.index)
     if plan.seq_dim is None:
         return sample
-    norms = torch.linalg.vector_norm(x, dim=plan.reduce_dims)
+    # The norm over the trailing dims first (contiguous, one fast pass), then the squares
+    # summed over the leading ones: a single vector_norm over dims (0, 2) is a strided
+    # reduction ~20x slower on the CPU.
+    seq = plan.seq_dim
+    inner = torch.linalg.vector_norm(x, dim=tuple(range(seq + 1, x.dim())))
+    sq = inner.square().sum(dim=tuple(range(seq))) if seq else inner.square()
     if plan.bin > 1:
-        sq = norms.square()
         pad = plan.bins * plan.bin - plan.length
         if pad:
             sq = torch.nn.functional.pad(sq, (0, pad))
-        norms = sq.view(plan.bins, plan.bin).sum(1).sqrt()
-    return torch.cat([sample, norms])
+        sq = sq.view(plan.bins, plan.bin).sum(1)
+    return torch.cat([sample, sq.sqrt()])
 
 
 def encode(values: np.ndarray) -> str:
