@@ -7,7 +7,10 @@ plain and the monitored forward alternates, so drift in the machine's load
 hits both alike. Prints, per size, the median plain and monitored forward, the
 ratio of the medians (goal: <= 1.25x at hidden 256, <= 1.10x at hidden 1024),
 the quartiles of the per-repeat ratios (how noisy the machine was) and the
-recording's size per step.
+recording's size per step. A third forward, monitored without the evidence
+statistics-mode records keep (sampled elements and per-position norms,
+``CaptureOptions(evidence=False)``), runs in the same interleaved repeats, so
+the evidence's own cost is the ratio of the two monitored columns.
 
 ``--ops`` times op-level capture (``level="op"``/``"both"``, function and
 aten level) beside module level, interleaved, with the machine load.
@@ -94,6 +97,7 @@ def main() -> None:
     # per size: (wall, CPU) seconds of each forward
     plain: dict[int, list[tuple[float, float]]] = {h: [] for h in models}
     monitored: dict[int, list[tuple[float, float]]] = {h: [] for h in models}
+    bare: dict[int, list[tuple[float, float]]] = {h: [] for h in models}
     sizes: dict[int, tuple[float, float]] = {}
 
     def timed(model: torch.nn.Module) -> tuple[float, float]:
@@ -103,7 +107,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         options = CaptureOptions()
+        no_evidence = CaptureOptions(evidence=False)
         recordings = {h: Recording(Path(tmp) / f"h{h}", options) for h in models}
+        bare_recordings = {h: Recording(Path(tmp) / f"b{h}", no_evidence) for h in models}
         for model in models.values():
             for _ in range(2):  # warm-up
                 model(ids)
@@ -121,9 +127,15 @@ def main() -> None:
                     mon = Monitor(model, recordings[h], options)
                     t_mon = timed(model)
                     mon.remove()
+                mon = Monitor(model, bare_recordings[h], no_evidence)
+                t_bare = timed(model)
+                mon.remove()
                 if i:  # repeat 0 also records parameter statistics once
                     plain[h].append(t_plain)
                     monitored[h].append(t_mon)
+                    bare[h].append(t_bare)
+        for rec in bare_recordings.values():
+            rec.close()
         for h, rec in recordings.items():
             rec.close()
             # a step without the parameter records of step 0: the last one
@@ -137,7 +149,7 @@ def main() -> None:
     )
     print(
         f"{'hidden':>6}  {'plain':>9}  {'monitored':>9}  {'ratio':>7}  {'q1-q3':>13}  "
-        f"{'cpu ratio':>9}  {'goal':>5}  {'records':>7}  {'KiB/step':>8}"
+        f"{'cpu ratio':>9}  {'goal':>5}  {'records':>7}  {'KiB/step':>8}  {'no evidence':>11}"
     )
     for h in models:
         wall_p, cpu_p = zip(*plain[h], strict=True)
@@ -145,15 +157,17 @@ def main() -> None:
         p, m = statistics.median(wall_p), statistics.median(wall_m)
         q1, q3 = quartiles([b / a for a, b in zip(wall_p, wall_m, strict=True)])
         cpu = statistics.median(cpu_m) / statistics.median(cpu_p)
+        b = statistics.median(w for w, _ in bare[h])
         goal = f"{GOALS[h]:.2f}x" if h in GOALS else "-"
         print(
             f"{h:>6}  {p * 1e3:6.1f} ms  {m * 1e3:6.1f} ms  {m / p:6.3f}x  "
             f"{q1:5.3f}-{q3:5.3f}x  {cpu:8.3f}x  {goal:>5}  {sizes[h][0]:7.0f}  "
-            f"{sizes[h][1]:8.1f}"
+            f"{sizes[h][1]:8.1f}  {b / p:10.3f}x"
         )
     print(
         "ratio: median monitored / median plain forward (wall clock); q1-q3: quartiles of "
-        "the per-repeat ratios (the noise); cpu ratio: the same in process CPU time"
+        "the per-repeat ratios (the noise); cpu ratio: the same in process CPU time; "
+        "no evidence: the ratio monitored without samples and per-position norms"
     )
     if args.profile:
         for h, model in models.items():

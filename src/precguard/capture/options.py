@@ -39,6 +39,13 @@ class CaptureOptions(BaseModel):
         "(all_reduce, reduce_scatter, all_gather, broadcast, all_to_all) as dist.<op> records "
         "while the recording is open (see docs/distributed.md).",
     )
+    evidence: bool = Field(
+        default=True,
+        description="Keep, besides the statistics, a sample of 128 elements of every floating "
+        "tensor and per-position norms of sequence-shaped forward tensors, so a "
+        "statistics-only run compared with a full golden can still name the module "
+        "(docs/compare.md, 'Evidence in statistics-mode records').",
+    )
     on_nonfinite: OnNonFinite = Field(
         default="record",
         description="'record': mark and log the origin; 'save': also write the origin's "

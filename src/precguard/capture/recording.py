@@ -156,7 +156,7 @@ class Recording:
         self.closed = False
         self.covered: set[int] = set()  # ids of modules hooked by monitor() into this sink
         self._seq = 0
-        self._stats = StatsBuffer()
+        self._stats = StatsBuffer(evidence=self.options.evidence)
         self._hashes = HashBuffer() if self.options.hashes else None
         self._pending: list[tuple[dict[str, Any], int | None]] = []
         self._tensors: dict[str, torch.Tensor] = {}  # saved tensors not yet on disk
@@ -315,12 +315,13 @@ class Recording:
         stats_add = self._stats.add
         step, rank = self.step_index, self.rank
         keep = save and self.writer is not None
+        positions = role in ("input", "output")
         for index, (name, t) in enumerate(items, first_index):
             key = prefix + str(index)
             info = dtype_info(t.dtype)
             slot: int | None = None
             if info.has_stats and t.numel():
-                slot, finite = stats_add(t, need_finite=need_finite)
+                slot, finite = stats_add(t, need_finite=need_finite, positions=positions)
                 if finite is None:
                     all_finite = None
                 elif not finite and all_finite is not None:
@@ -459,10 +460,12 @@ class Recording:
         """Materialize queued statistics (one host transfer) and write the records."""
         if not self._pending:
             return
-        stats = self._stats.materialize()
+        stats, evidence = self._stats.materialize_with_evidence()
         records = []
         for rec, slot in self._pending:
             rec["stats"] = stats[slot] if slot is not None else None
+            if slot is not None and evidence[slot] is not None:
+                rec.update(evidence[slot])
             records.append(rec)
         self._pending = []
         if self._hashes is not None:

@@ -106,8 +106,14 @@ def bisect(
         )
         for name in result.culprits:
             out.print(f"  {name}")
-    else:
+    elif result.overflow is None:
         out.print("[green]the device output is already within the threshold: no culprits[/]")
+    from precguard.text import shown
+
+    if result.overflow is not None:
+        out.print(f"[bold red]overflow:[/] {shown(result.overflow.describe(), 600, markup=True)}")
+    if result.note:
+        out.print(f"[yellow]note:[/] {shown(result.note, 400, markup=True)}")
     if json_out is not None:
         payload = result.model_dump_json(indent=2)
         if to_stdout:

@@ -251,12 +251,19 @@ def replay(
     ),
     device: str = typer.Option("cpu", "--device", "-d", help="Device to run the module on."),
     dtype: str | None = typer.Option(
-        None, "--dtype", help="dtype to run in (default: the golden's)."
+        None,
+        "--dtype",
+        help="dtype to run in (default: the one `precguard record` uses on DEVICE).",
     ),
     call: int = typer.Option(0, "--call", help="Which call of the module (0-based)."),
     step: int = typer.Option(0, "--step", help="Which step's inputs to replay."),
     rank: int = typer.Option(0, "--rank", help="Which rank's inputs to replay."),
-    profile: str = typer.Option("default", "--profile", help="Tolerance profile."),
+    profile: str | None = typer.Option(
+        None,
+        "--profile",
+        help="Judge by this fixed tolerance profile instead of the error a correct module "
+        "explains at the replay's precision.",
+    ),
     json_out: Path | None = typer.Option(None, "--json", help="Write the result as JSON."),
 ) -> None:
     """Run one module alone on DEVICE with the golden's recorded inputs: its local error.
