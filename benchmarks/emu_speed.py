@@ -1,6 +1,6 @@
 """How fast the ``emu:`` emulator is against native low-precision CPU kernels.
 
-Times one matmul (DESIGN.md's 256×1024 by 1024×1024) and one tiny-LLaMA
+Times one matmul (256×1024 by 1024×1024, docs/emu.md) and one tiny-LLaMA
 forward pass: fp32, native fp16/bf16 (the tensors converted), and each
 emulated profile (fp32 tensors, rounded per op).
 

@@ -7,8 +7,13 @@ plain and the monitored forward alternates, so drift in the machine's load
 hits both alike. Prints, per size, the median plain and monitored forward, the
 ratio of the medians (goal: <= 1.25x at hidden 256, <= 1.10x at hidden 1024),
 the quartiles of the per-repeat ratios (how noisy the machine was) and the
-recording's size per step.
+recording's size per step. A third forward, monitored without the evidence
+statistics-mode records keep (sampled elements and per-position norms,
+``CaptureOptions(evidence=False)``), runs in the same interleaved repeats, so
+the evidence's own cost is the ratio of the two monitored columns.
 
+``--ops`` times op-level capture (``level="op"``/``"both"``, function and
+aten level) beside module level, interleaved, with the machine load.
 ``--backward`` then times a training step (forward, backward) plain and
 monitored, with and without the gradients w.r.t. module inputs
 (``input_grads``). ``--profile`` prints where a monitored forward spends its
@@ -73,6 +78,12 @@ def main() -> None:
     parser.add_argument(
         "--profile", action="store_true", help="Print where a monitored forward spends its time."
     )
+    parser.add_argument(
+        "--ops",
+        action="store_true",
+        help="Also time op-level capture (level='op' and 'both', function and aten level) "
+        "beside module level, interleaved in one run.",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -86,6 +97,7 @@ def main() -> None:
     # per size: (wall, CPU) seconds of each forward
     plain: dict[int, list[tuple[float, float]]] = {h: [] for h in models}
     monitored: dict[int, list[tuple[float, float]]] = {h: [] for h in models}
+    bare: dict[int, list[tuple[float, float]]] = {h: [] for h in models}
     sizes: dict[int, tuple[float, float]] = {}
 
     def timed(model: torch.nn.Module) -> tuple[float, float]:
@@ -95,7 +107,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         options = CaptureOptions()
+        no_evidence = CaptureOptions(evidence=False)
         recordings = {h: Recording(Path(tmp) / f"h{h}", options) for h in models}
+        bare_recordings = {h: Recording(Path(tmp) / f"b{h}", no_evidence) for h in models}
         for model in models.values():
             for _ in range(2):  # warm-up
                 model(ids)
@@ -113,9 +127,15 @@ def main() -> None:
                     mon = Monitor(model, recordings[h], options)
                     t_mon = timed(model)
                     mon.remove()
+                mon = Monitor(model, bare_recordings[h], no_evidence)
+                t_bare = timed(model)
+                mon.remove()
                 if i:  # repeat 0 also records parameter statistics once
                     plain[h].append(t_plain)
                     monitored[h].append(t_mon)
+                    bare[h].append(t_bare)
+        for rec in bare_recordings.values():
+            rec.close()
         for h, rec in recordings.items():
             rec.close()
             # a step without the parameter records of step 0: the last one
@@ -129,7 +149,7 @@ def main() -> None:
     )
     print(
         f"{'hidden':>6}  {'plain':>9}  {'monitored':>9}  {'ratio':>7}  {'q1-q3':>13}  "
-        f"{'cpu ratio':>9}  {'goal':>5}  {'records':>7}  {'KiB/step':>8}"
+        f"{'cpu ratio':>9}  {'goal':>5}  {'records':>7}  {'KiB/step':>8}  {'no evidence':>11}"
     )
     for h in models:
         wall_p, cpu_p = zip(*plain[h], strict=True)
@@ -137,15 +157,17 @@ def main() -> None:
         p, m = statistics.median(wall_p), statistics.median(wall_m)
         q1, q3 = quartiles([b / a for a, b in zip(wall_p, wall_m, strict=True)])
         cpu = statistics.median(cpu_m) / statistics.median(cpu_p)
+        b = statistics.median(w for w, _ in bare[h])
         goal = f"{GOALS[h]:.2f}x" if h in GOALS else "-"
         print(
             f"{h:>6}  {p * 1e3:6.1f} ms  {m * 1e3:6.1f} ms  {m / p:6.3f}x  "
             f"{q1:5.3f}-{q3:5.3f}x  {cpu:8.3f}x  {goal:>5}  {sizes[h][0]:7.0f}  "
-            f"{sizes[h][1]:8.1f}"
+            f"{sizes[h][1]:8.1f}  {b / p:10.3f}x"
         )
     print(
         "ratio: median monitored / median plain forward (wall clock); q1-q3: quartiles of "
-        "the per-repeat ratios (the noise); cpu ratio: the same in process CPU time"
+        "the per-repeat ratios (the noise); cpu ratio: the same in process CPU time; "
+        "no evidence: the ratio monitored without samples and per-position norms"
     )
     if args.profile:
         for h, model in models.items():
@@ -154,6 +176,9 @@ def main() -> None:
         for h, model in models.items():
             train_overhead(model.train(), ids, args.repeats, h)
             model.eval()
+    if args.ops:
+        for h, model in models.items():
+            op_overhead(model, ids, args.repeats, h)
 
 
 def profile_forward(model: torch.nn.Module, ids: torch.Tensor, hidden: int, steps: int = 5) -> None:
@@ -229,6 +254,68 @@ def train_overhead(model: torch.nn.Module, ids: torch.Tensor, repeats: int, hidd
     with_in = statistics.median(times["monitored, input grads"])
     without = statistics.median(times["monitored, no input grads"])
     print(f"input-gradient recording costs: {with_in / without:8.3f}x of monitored")
+
+
+def op_overhead(model: torch.nn.Module, ids: torch.Tensor, repeats: int, hidden: int) -> None:
+    """Median forward time: plain, module level, op level and both, side by side.
+
+    Every configuration attaches its hooks just around its own forward, and the
+    configurations take turns within each repeat, so load drift hits all alike.
+    """
+    import os
+
+    from precguard.capture.monitor import Monitor
+    from precguard.capture.ops import CaptureHooks, OpCapture
+    from precguard.capture.options import CaptureOptions
+    from precguard.capture.recording import Recording
+
+    configs = {
+        "plain": None,
+        "module": CaptureOptions(backward=False),
+        "op (function)": CaptureOptions(backward=False, level="op"),
+        "op (aten)": CaptureOptions(backward=False, level="op", ops_at="aten"),
+        "both (function)": CaptureOptions(backward=False, level="both"),
+    }
+
+    def attach(rec: Recording, opts: CaptureOptions) -> CaptureHooks:
+        mod = Monitor(model, rec, opts) if opts.level != "op" else None
+        ops = OpCapture(model, rec, opts, own_steps=mod is None) if opts.level != "module" else None
+        return CaptureHooks(mod, ops)
+
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    records: dict[str, int] = {}
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        recs = {
+            name: Recording(Path(tmp) / str(i), opts)
+            for i, (name, opts) in enumerate(configs.items())
+            if opts is not None
+        }
+        for i in range(repeats + 1):
+            names = list(configs) if i % 2 else list(reversed(configs))
+            for name in names:
+                opts = configs[name]
+                hooks = attach(recs[name], opts) if opts is not None else None
+                t0 = time.perf_counter()
+                model(ids)
+                t1 = time.perf_counter()
+                if hooks is not None:
+                    recs[name].step()
+                    hooks.remove()
+                if i:
+                    times[name].append(t1 - t0)
+        for name, rec in recs.items():
+            rec.close()
+            lines = (rec.path / "rank0" / "records.jsonl").read_bytes().splitlines()
+            records[name] = sum(1 for ln in lines if json.loads(ln)["step"] == repeats)
+    base = statistics.median(times["plain"])
+    print(f"\n-- op-level capture, hidden={hidden}, forward, statistics only --")
+    print(f"uptime: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
+    print(f"{'config':<18}{'median':>10}  {'ratio':>7}  {'q1-q3':>13}  {'records/step':>12}")
+    for name in configs:
+        med = statistics.median(times[name])
+        q1, q3 = quartiles([b / a for a, b in zip(times["plain"], times[name], strict=True)])
+        n = records.get(name, 0)
+        print(f"{name:<18}{med * 1e3:7.1f} ms  {med / base:6.3f}x  {q1:5.3f}-{q3:5.3f}x  {n:>12}")
 
 
 if __name__ == "__main__":

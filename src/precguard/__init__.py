@@ -24,13 +24,26 @@ _EXPORTS: dict[str, str] = {
     "load_target": "precguard.target",
     "record_target": "precguard.runner",
     "Backend": "precguard.backend",
-    "hookimpl": "precguard.plugins",
+    "hookimpl": "precguard.hookspecs",
     "PrecguardError": "precguard.errors",
     "NonFiniteError": "precguard.errors",
     "compare_runs": "precguard.compare",
     "Comparison": "precguard.compare",
     "check": "precguard.checklist",
     "Diagnosis": "precguard.checklist",
+    "generate_diff": "precguard.generation",
+    "GenerationDiff": "precguard.generation",
+    "watch": "precguard.training.handle",
+    "WatchHandle": "precguard.training.handle",
+    # one function per command (precguard replay / bisect / op-check / ranks / import-msprobe)
+    "replay_module": "precguard.localize.replay",
+    "bisect": "precguard.localize.bisect",
+    "op_check": "precguard.opcheck.sweep",
+    "check_replicas": "precguard.ranks",
+    "import_msprobe": "precguard.interop.msprobe",
+    # clearer names: `recording` is the context manager (`record` kept as its alias);
+    # `record_target` is what `precguard record --target` runs
+    "recording": "precguard.capture.api",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -42,6 +55,7 @@ if TYPE_CHECKING:
         monitor,
         precision_monitor,
         record,
+        recording,
         unmonitor,
     )
     from precguard.capture.options import CaptureOptions
@@ -50,9 +64,16 @@ if TYPE_CHECKING:
     from precguard.dump.reader import Run, load_run
     from precguard.dump.schema import Manifest, Record
     from precguard.errors import NonFiniteError, PrecguardError
-    from precguard.plugins import hookimpl
+    from precguard.generation import GenerationDiff, generate_diff
+    from precguard.hookspecs import hookimpl
+    from precguard.interop.msprobe import import_msprobe
+    from precguard.localize.bisect import bisect
+    from precguard.localize.replay import replay_module
+    from precguard.opcheck.sweep import op_check
+    from precguard.ranks import check_replicas
     from precguard.runner import record_target
     from precguard.target import Target, load_target
+    from precguard.training.handle import WatchHandle, watch
 
 
 #: subpackages reachable as attributes whatever was imported first

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,41 @@ def scoped_env(values: Mapping[str, str | None]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+# -- precguard's own tensor work -----------------------------------------------------------
+# Op-intercepting modes (the ``emu:`` emulator, a user's dispatch mode) ask
+# :func:`in_capture` to let precguard's statistics through unchanged; capture marks its
+# work with :func:`capture_scope`. Here, below both, so that neither imports the other.
+
+
+class CaptureDepth(threading.local):
+    """How deep precguard's own tensor work is nested on this thread (0: none)."""
+
+    depth = 0
+
+
+#: the thread's depth of precguard's own tensor work (capture reads it without a call)
+CAPTURE_DEPTH = CaptureDepth()
+
+
+def in_capture() -> bool:
+    """Return True while precguard computes statistics on this thread.
+
+    Op-intercepting modes (the ``emu:`` emulator, a user's dispatch mode)
+    check this to let precguard's own reductions through unchanged.
+    """
+    return CAPTURE_DEPTH.depth > 0
+
+
+@contextlib.contextmanager
+def capture_scope() -> Iterator[None]:
+    """Mark precguard's own tensor work on this thread (see :func:`in_capture`)."""
+    CAPTURE_DEPTH.depth += 1
+    try:
+        yield
+    finally:
+        CAPTURE_DEPTH.depth -= 1
 
 
 class Backend:

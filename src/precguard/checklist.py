@@ -41,16 +41,13 @@ from precguard.checks.base import (
     family_of,
 )
 from precguard.errors import PrecguardError, UsageError
+from precguard.report.models import Diagnosis
 
 logger = get_logger(__name__)
 
 SCHEMA_VERSION = 1
 
 _STATUS_RANK = {"fail": 0, "error": 1, "warn": 2}
-
-#: exit code of a run in which no check produced a result (all skipped, or none selected):
-#: neither a pass (nothing was shown to be right) nor a failure (nothing was found wrong)
-EXIT_INCONCLUSIVE = 3
 
 
 class ChecklistError(UsageError):
@@ -90,47 +87,6 @@ class Checklist(BaseModel):
         if isinstance(value, list):
             return [{"id": v} if isinstance(v, str) else v for v in value]
         return value
-
-
-class Diagnosis(BaseModel):
-    """Everything one checklist run found, most likely root cause first."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
-
-    schema_version: int = Field(default=SCHEMA_VERSION, description="Diagnosis format version.")
-    checklist: str = Field(description="Name of the checklist that ran.")
-    target: str | None = Field(description="Target the checks ran on.")
-    device: str = Field(description="Device under test.")
-    reference: str = Field(description="Reference device.")
-    dtype: str = Field(description="Dtype of the model's parameters on the device.")
-    compute_dtype: str | None = Field(
-        default=None, description="Precision the device was found to compute in (by experiment)."
-    )
-    golden: str | None = Field(default=None, description="Golden recording, if one was given.")
-    verdict: Literal["pass", "fail", "inconclusive"] = Field(
-        description="'fail' when any finding failed or errored; 'inconclusive' when no check "
-        "produced a result (every one skipped, or none was selected); else 'pass'."
-    )
-    counts: dict[str, int] = Field(description="Number of findings per status.")
-    root_causes: list[Finding] = Field(
-        description="Failed, errored and warned findings, the most likely root cause first "
-        "(fail before error before warn; upstream families such as env, rng, data and "
-        "tokenizer before the numeric symptoms they cause)."
-    )
-    findings: list[Finding] = Field(description="Every finding, in checklist order.")
-    durations: dict[str, float] = Field(description="Seconds each check took.")
-    duration_s: float = Field(description="Seconds the whole run took.")
-    created: str = Field(description="ISO 8601 time the run started.")
-
-    @property
-    def root_cause(self) -> Finding | None:
-        """The most likely root cause, or None when nothing failed or warned."""
-        return self.root_causes[0] if self.root_causes else None
-
-    @property
-    def exit_code(self) -> int:
-        """The CLI's exit code: 0 pass, 1 fail, 3 inconclusive (:data:`EXIT_INCONCLUSIVE`)."""
-        return {"pass": 0, "fail": 1}.get(self.verdict, EXIT_INCONCLUSIVE)
 
 
 # -- loading ----------------------------------------------------------------
@@ -361,17 +317,16 @@ def check(
     >>> d = precguard.check("quick", "tiny-llama", device="emu:fp16")   # doctest: +SKIP
     >>> d.verdict, d.root_cause
     """
-    from precguard.devices import dtype_name, parse_dtype, resolve_backend
+    from precguard.devices import dtype_name, resolve_backend
     from precguard.target import load_target
+    from precguard.target_run import model_dtype as target_model_dtype
 
     started = time.perf_counter()
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     spec = checklist if isinstance(checklist, Checklist) else load_checklist(checklist)
     device_backend = resolve_backend(device)
-    if dtype is None:
-        native = device_backend.model_dtype()
-        dtype = dtype_name(native) if native is not None else "float32"
-    model_dtype = parse_dtype(dtype)
+    model_dtype = target_model_dtype(device_backend, dtype)
+    dtype = dtype_name(model_dtype)
     reference_backend = resolve_backend(reference)
     golden_path = Path(golden) if golden is not None else None
     if golden_path is not None and not (golden_path / "manifest.json").is_file():

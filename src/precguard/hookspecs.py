@@ -12,8 +12,9 @@ decorated with ``precguard.hookimpl``. Built-in plugins (``cpu``, ``emu``,
 through the ``precguard`` entry-point group. ``docs/plugins.md`` walks through
 both hooks with a worked plugin for an imaginary chip.
 
-Every hook is called with keyword arguments through pluggy, so hook wrappers
-(``@hookimpl(wrapper=True)``) and ``tryfirst``/``trylast`` work as usual. A
+Every hook is called with keyword arguments through pluggy, one plugin at a
+time with a ``register`` bound to that plugin, so ``tryfirst``/``trylast``
+order the plugins and a hook wrapper runs around its own plugin's call. A
 plugin whose registration hook raises is reported by name (``precguard
 plugins`` lists it as failed) and unregistered; the other plugins still work.
 """
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
     from precguard.checks.base import Check
 
 hookspec = pluggy.HookspecMarker("precguard")
+#: the marker of hook implementations (``from precguard import hookimpl``); here beside the
+#: specs, as in llm, so a plugin imports the specs' module and never the plugin manager
+hookimpl = pluggy.HookimplMarker("precguard")
 
 
 @hookspec

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
 
@@ -50,6 +50,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
+
+from precguard import tree
 
 __all__ = ["Fp64Mode", "map_tensors_keeping_types", "run_in_fp64", "to_fp64"]
 
@@ -119,28 +121,9 @@ class Fp64Mode(TorchDispatchMode):
         return tree_map(_widen, out)
 
 
-def map_tensors_keeping_types(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """Apply ``fn`` to every tensor of a nested value, keeping the containers' types.
-
-    Walks tuples (namedtuples too), lists, dicts and dict-like outputs (a
-    transformers ``ModelOutput`` stays one, so ``out.logits`` still works);
-    other leaves are returned unchanged.
-    """
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
-        return type(value)(*(map_tensors_keeping_types(v, fn) for v in value))
-    if isinstance(value, tuple | list):
-        return type(value)(map_tensors_keeping_types(v, fn) for v in value)
-    if isinstance(value, Mapping):
-        items = {k: map_tensors_keeping_types(v, fn) for k, v in value.items()}
-        if type(value) is dict:
-            return items
-        try:
-            return type(value)(**items)  # ModelOutput and other dataclass-like mappings
-        except TypeError:
-            return items
-    return value
+#: apply a function to every tensor of a nested value, keeping the containers' types
+#: (the package's one walker, :func:`precguard.tree.map_tensors`)
+map_tensors_keeping_types = tree.map_tensors
 
 
 def to_fp64(value: Any) -> Any:

@@ -1,28 +1,19 @@
-"""The plugin manager: built-in plugins plus lazily loaded entry points.
+"""The plugin manager: built-in plugins plus lazily loaded entry points, in llm's shape.
 
-Built-in plugins (:data:`DEFAULT_PLUGINS`) are plain modules registered
-exactly like third-party plugins, which arrive through the ``precguard``
-entry-point group. Nothing is imported until the first call that needs a
-plugin (:func:`load_plugins` is lazy and idempotent).
+Built-in plugins (:data:`DEFAULT_PLUGINS`) are plain modules registered exactly
+like the ``precguard`` entry points; nothing is imported before the first call
+that needs a plugin (:func:`load_plugins` is lazy and idempotent). Plugins only
+register things (:mod:`precguard.hookspecs`). Each plugin is asked on its own,
+through pluggy's ``subset_hook_caller``, with a ``register`` bound to it: what it
+registers is its own by construction, and a plugin whose hook raises is left out
+alone (unregistered, listed in :data:`load_errors`) while the others' stand. A
+hook wrapper runs around its own plugin's call; ``tryfirst``/``trylast`` order
+the plugins as pluggy documents.
 
-Plugins only register things (:mod:`precguard.hookspecs`): backend classes
-and checks. precguard asks for them with a plain ``pm.hook.*`` call, so hook
-wrappers, ``tryfirst``/``trylast`` and hook-call monitoring behave as pluggy
-documents; what a device does lives on its :class:`~precguard.backend.Backend`.
-
-Environment variables:
-
-``PRECGUARD_DISABLE_PLUGIN_AUTOLOAD=1``
-    load no entry-point plugins (built-ins only).
-``PRECGUARD_PLUGINS=cuda,ascend``
-    load only these entry-point plugins (by entry-point name).
-``PRECGUARD_TRACE_HOOKS=1``
-    write every hook call to stderr: which plugins were asked, and what each
-    one registered.
-
-A plugin that fails to import or register, or whose registration hook
-raises, is recorded in :data:`load_errors` (name -> cause), logged and left
-out; the other plugins keep working.
+``PRECGUARD_DISABLE_PLUGIN_AUTOLOAD=1`` loads no entry points (built-ins only);
+``PRECGUARD_PLUGINS=cuda,ascend`` only these entry points;
+``PRECGUARD_TRACE_HOOKS=1`` writes every hook call to stderr (which plugin was
+asked, what it registered).
 """
 
 from __future__ import annotations
@@ -33,49 +24,40 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import CodeType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import pluggy
 
 from precguard import hookspecs
 from precguard._logging import get_logger
+from precguard.backend import Backend, torch_facts
 
 if TYPE_CHECKING:
     import torch
 
-    from precguard.backend import Backend
-    from precguard.checks.base import Check
-
 logger = get_logger(__name__)
 
-hookimpl = pluggy.HookimplMarker("precguard")
+hookimpl = hookspecs.hookimpl  # re-exported: plugins written against precguard.plugins
 
 
 class PluginManager(pluggy.PluginManager):
-    """pluggy's manager, counting changes to the set of plugins.
+    """pluggy's manager, counting changes to the set of plugins (:attr:`generation`).
 
-    The registries the hooks fill are kept until the set changes (a plugin
-    registered or unregistered, by precguard or directly on :data:`pm`), so a
-    lookup such as :func:`get_backend` costs a dict access, not a hook call.
+    The registries the hooks fill are kept until the set changes, by precguard
+    or directly on :data:`pm`, so :func:`get_backend` costs a dict access.
     """
 
-    #: bumped by every register/unregister
     generation: int = 0
 
     def register(self, plugin: object, name: str | None = None) -> str | None:
         """Register ``plugin`` (see pluggy) and mark the registries stale."""
-        try:
-            return super().register(plugin, name)
-        finally:
-            self.generation += 1
+        self.generation += 1
+        return super().register(plugin, name)
 
     def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
         """Unregister ``plugin`` or ``name`` (see pluggy) and mark the registries stale."""
-        try:
-            return super().unregister(plugin, name)
-        finally:
-            self.generation += 1
+        self.generation += 1
+        return super().unregister(plugin, name)
 
 
 pm = PluginManager("precguard")
@@ -106,13 +88,30 @@ class PluginSource:
     warnings: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Registration:
+    """One thing a plugin registered: a backend class or a check, and the plugin's name."""
+
+    item: Any
+    plugin: str
+
+
+@runtime_checkable
+class CheckLike(Protocol):
+    """What the registry needs of a check (``precguard.checks.base.Check`` is one)."""
+
+    id: str
+    func: Callable[..., Any]
+
+
 _sources: dict[str, PluginSource] = {}
+#: hook name -> (pm.generation it was built at, what the hook registered, by key)
+_registries: dict[str, tuple[int, dict[str, Registration]]] = {}
 _loaded = False
 _loading = False
 _lock = threading.RLock()
 _undo_monitoring: Callable[[], None] | None = None
-#: PRECGUARD_TRACE_HOOKS as read by the last load, like the hook-call monitoring it installs
-_tracing = False
+_tracing = False  # PRECGUARD_TRACE_HOOKS as read by the last load
 
 
 def _env_on(name: str) -> bool:
@@ -123,12 +122,16 @@ def _trace(message: str) -> None:
     sys.stderr.write(f"precguard hook: {message}\n")
 
 
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def load_plugins() -> pluggy.PluginManager:
     """Register built-in and entry-point plugins once and return the manager.
 
-    Idempotent: later calls return the same manager at once. Call
-    :func:`reset` first to load again (tests do, after changing the
-    environment variables above).
+    Idempotent: later calls return the same manager at once. Call :func:`reset`
+    first to load again (tests do, after changing the environment variables).
     """
     global _loaded, _loading, _undo_monitoring, _tracing
     if _loaded:
@@ -138,10 +141,13 @@ def load_plugins() -> pluggy.PluginManager:
             return pm
         _loading = True
         try:
-            _load_all()
+            for module_name in DEFAULT_PLUGINS:
+                _load_builtin(module_name)
+            if not _env_on("PRECGUARD_DISABLE_PLUGIN_AUTOLOAD"):
+                _load_entry_points()
             _tracing = _env_on("PRECGUARD_TRACE_HOOKS")
             if _tracing:
-                _undo_monitoring = pm.add_hookcall_monitoring(_trace_before, _trace_after)
+                _undo_monitoring = pm.add_hookcall_monitoring(_trace_call, lambda *a: None)
             # registering backends is cheap (their modules came with the plugins):
             # do it now, so a plugin whose registration raises is reported at load
             _gather("precguard_register_backends", _backend_type, "device_type")
@@ -151,50 +157,33 @@ def load_plugins() -> pluggy.PluginManager:
     return pm
 
 
-def _load_all() -> None:
-    """Register the built-ins, then (unless disabled) the entry points."""
-    for module_name in DEFAULT_PLUGINS:
-        name = builtin_name(module_name)
-        if pm.get_plugin(name) is not None:
-            continue
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as exc:  # a broken built-in must not take the others down
-            _record_load_error(name, exc)
-            continue
-        _register(module, PluginSource(name=name, builtin=True, module=module_name))
-    if not _env_on("PRECGUARD_DISABLE_PLUGIN_AUTOLOAD"):
-        _load_entry_points()
+def _trace_call(hook_name: str, hook_impls: list[Any], kwargs: dict[str, Any]) -> None:
+    args = ", ".join(f"{k}={_short(v)}" for k, v in kwargs.items())
+    _trace(f"{hook_name}({args}) asks [{', '.join(i.plugin_name for i in hook_impls)}]")
 
 
 def builtin_name(module_name: str) -> str:
     """The plugin name of a built-in module: ``precguard.backends.cpu`` -> ``cpu``."""
     parts = module_name.split(".")
-    if parts[-1] == "builtin" and len(parts) > 1:
-        return parts[-2]
-    return parts[-1]
+    return parts[-2] if parts[-1] == "builtin" and len(parts) > 1 else parts[-1]
 
 
-def _record_load_error(name: str, exc: BaseException) -> None:
-    load_errors[name] = f"{type(exc).__name__}: {exc}"
-    logger.error("plugin_load_failed", plugin=name, cause=load_errors[name])
+def _record_load_error(name: str, cause: str, event: str = "plugin_load_failed") -> None:
+    load_errors[name] = cause
+    logger.error(event, plugin=name, cause=cause)
+    if _tracing:
+        _trace(f"  {name}: {cause}")
 
 
-def _register(plugin: object, source: PluginSource) -> None:
-    try:
-        pm.register(plugin, name=source.name)
-    except Exception as exc:  # pluggy validation: wrong hook signature and the like
-        _record_load_error(source.name, exc)
-        return
-    known = {n for n in dir(hookspecs) if n.startswith("precguard_")}
-    for attr in dir(plugin):
-        if attr.startswith("precguard_") and attr not in known and callable(getattr(plugin, attr)):
-            source.warnings.append(
-                f"implements unknown hook {attr!r} "
-                "(a typo, or written for another precguard version)"
-            )
-            logger.warning("plugin_unknown_hook", plugin=source.name, hook=attr)
-    _sources[source.name] = source
+def _load_builtin(module_name: str) -> None:
+    name = builtin_name(module_name)
+    if pm.get_plugin(name) is None:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # a broken built-in must not take the others down
+            _record_load_error(name, f"{type(exc).__name__}: {exc}")
+        else:
+            _register(module, PluginSource(name=name, builtin=True, module=module_name))
 
 
 def _load_entry_points() -> None:
@@ -211,19 +200,30 @@ def _load_entry_points() -> None:
                 )
             continue
         dist = getattr(ep, "dist", None)
-        source = PluginSource(
-            name=ep.name,
-            builtin=False,
-            module=ep.value,
-            distribution=getattr(dist, "name", None),
-            version=getattr(dist, "version", None),
-        )
         try:
             plugin = ep.load()
         except Exception as exc:  # a broken plugin must not take the others down
-            _record_load_error(ep.name, exc)
+            _record_load_error(ep.name, f"{type(exc).__name__}: {exc}")
             continue
+        source = PluginSource(
+            ep.name, False, ep.value, getattr(dist, "name", None), getattr(dist, "version", None)
+        )
         _register(plugin, source)
+
+
+def _register(plugin: object, source: PluginSource) -> None:
+    try:
+        pm.register(plugin, name=source.name)
+    except Exception as exc:  # pluggy validation: wrong hook signature and the like
+        _record_load_error(source.name, f"{type(exc).__name__}: {exc}")
+        return
+    known = {n for n in dir(hookspecs) if n.startswith("precguard_")}
+    for attr in dir(plugin):
+        if attr.startswith("precguard_") and attr not in known and callable(getattr(plugin, attr)):
+            why = "a typo, or written for another precguard version"
+            source.warnings.append(f"implements unknown hook {attr!r} ({why})")
+            logger.warning("plugin_unknown_hook", plugin=source.name, hook=attr)
+    _sources[source.name] = source
 
 
 def reset() -> None:
@@ -254,145 +254,73 @@ def sources() -> dict[str, PluginSource]:
 # -- the registries the hooks fill ------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Registration:
-    """One thing a plugin registered: a backend class or a check, and the plugin's name."""
-
-    item: Any
-    plugin: str
-
-
-def _fmt_kwargs(kwargs: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={_short(v)}" for k, v in kwargs.items())
-
-
-def _short(value: Any, limit: int = 120) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _trace_before(hook_name: str, hook_impls: list[Any], kwargs: dict[str, Any]) -> None:
-    names = ", ".join(i.plugin_name for i in reversed(hook_impls))
-    _trace(f"{hook_name}({_fmt_kwargs(kwargs)}) asks [{names}]")
-
-
-def _trace_after(outcome: Any, hook_name: str, hook_impls: list[Any], kwargs: Any) -> None:
-    exc = getattr(outcome, "exception", None)
-    if exc is not None:
-        _trace(f"  {hook_name} raised {type(exc).__name__}: {exc}")
-    else:
-        _trace(f"  {hook_name} -> {_short(outcome.get_result())}")
-
-
-def _impl_owners(hook_name: str) -> dict[CodeType, str]:
-    """The code object of every implementation of ``hook_name`` (wrappers too) -> its plugin."""
-    caller = getattr(pm.hook, hook_name)
-    return {impl.function.__code__: impl.plugin_name for impl in caller.get_hookimpls()}
-
-
-def _plugin_on_stack(owners: dict[CodeType, str]) -> str:
-    """The plugin whose hook implementation is running below the caller of ``register``.
-
-    One ``pm.hook`` call asks every plugin with the same ``register``; the
-    running implementation's frame says which plugin is registering (also when
-    it calls ``register`` from a helper function of its own).
-    """
-    frame = sys._getframe(2)
-    while frame is not None:
-        plugin = owners.get(frame.f_code)
-        if plugin is not None:
-            return plugin
-        frame = frame.f_back
-    return "?"
-
-
-def _plugin_in_traceback(exc: BaseException, owners: dict[CodeType, str]) -> str | None:
-    """The plugin whose hook implementation raised ``exc`` (the innermost one), or None."""
-    culprit = None
-    tb = exc.__traceback__
-    while tb is not None:
-        culprit = owners.get(tb.tb_frame.f_code, culprit)
-        tb = tb.tb_next
-    return culprit
-
-
-def _drop_plugin(name: str, hook_name: str, exc: BaseException) -> None:
-    """Unregister a plugin whose registration hook raised, and say so by name."""
-    with _lock:
-        load_errors[name] = f"{hook_name} raised {type(exc).__name__}: {exc}"
-        logger.error("plugin_registration_failed", plugin=name, cause=load_errors[name])
-        if pm.get_plugin(name) is not None:
-            pm.unregister(name=name)
-        _sources.pop(name, None)
-
-
-#: hook name -> (pm.generation it was built at, what the hook registered)
-_registries: dict[str, tuple[int, dict[str, Registration]]] = {}
-
-
 def _gather(
     hook_name: str, key_of: Callable[[Any], str], field_name: str
 ) -> dict[str, Registration]:
-    """Call the registration hook ``hook_name`` through pluggy; return what it registered, by key.
+    """Ask each plugin's ``hook_name`` in pluggy's order; return what they registered, by key.
 
     pluggy asks the last registered (and ``tryfirst``) plugins first, so the
     first registration of a key wins and a later one is logged as displaced.
-    A plugin whose implementation raises is unregistered and listed in
-    :data:`load_errors`, and the hook is asked again without it: one broken
-    plugin never takes the others down. The result is kept until the set of
-    plugins changes (:attr:`PluginManager.generation`); do not modify it.
+    A plugin whose implementation raises (or registers something ``key_of``
+    refuses) is unregistered and listed in :data:`load_errors`, and nothing it
+    registered is kept. The result is kept until the set of plugins changes
+    (:attr:`PluginManager.generation`); do not modify it.
     """
-    cached = _registries.get(hook_name)
-    if cached is not None and cached[0] == pm.generation:
-        return cached[1]
-    while True:
-        generation = pm.generation
-        owners = _impl_owners(hook_name)
-        try:
-            found = _ask(hook_name, key_of, field_name, owners)
-        except Exception as exc:
-            culprit = _plugin_in_traceback(exc, owners)
-            if culprit is None:
-                raise
-            _drop_plugin(culprit, hook_name, exc)
-            continue
-        _registries[hook_name] = (generation, found)
+    with _lock:
+        cached = _registries.get(hook_name)
+        if cached is not None and cached[0] == pm.generation:
+            return cached[1]
+        hook = getattr(pm.hook, hook_name)
+        names = list(dict.fromkeys(i.plugin_name for i in reversed(hook.get_hookimpls())))
+        found: dict[str, Registration] = {}
+        for name in names:
+            plugin = pm.get_plugin(name)
+            others = [p for n, p in pm.list_name_plugin() if n != name]
+            try:
+                mine = _ask(pm.subset_hook_caller(hook_name, others), name, key_of)
+            except Exception as exc:
+                _drop_plugin(name, plugin, f"{hook_name} raised {type(exc).__name__}: {exc}")
+                continue
+            for key, item in mine.items():
+                if key in found:
+                    owner = found[key].plugin
+                    logger.warning(
+                        f"{field_name}_taken", **{field_name: key}, plugin=name, owner=owner
+                    )
+                    continue
+                found[key] = Registration(item, name)
+                if _tracing:
+                    _trace(f"  {name} registers {field_name} {key!r}: {_short(item)}")
+        _registries[hook_name] = (pm.generation, found)
         return found
 
 
-def _ask(
-    hook_name: str,
-    key_of: Callable[[Any], str],
-    field_name: str,
-    owners: dict[CodeType, str],
-) -> dict[str, Registration]:
-    """Call ``hook_name`` once; a ``register`` kept and called later is refused."""
-    found: dict[str, Registration] = {}
+def _ask(caller: Any, plugin: str, key_of: Callable[[Any], str]) -> dict[str, Any]:
+    """Call one plugin's hook with a ``register`` bound to it; a ``register`` kept is refused."""
+    mine: dict[str, Any] = {}
     open_ = True
 
     def register(item: Any) -> None:
         if not open_:
-            raise RuntimeError(f"register() was called after {hook_name} returned")
-        plugin = _plugin_on_stack(owners)
-        key = key_of(item)
-        if key in found:
-            owner = found[key].plugin
-            logger.warning(f"{field_name}_taken", **{field_name: key}, plugin=plugin, owner=owner)
-            return
-        found[key] = Registration(item, plugin)
-        if _tracing:
-            _trace(f"  {plugin} registers {field_name} {key!r}: {_short(item)}")
+            raise RuntimeError(f"register() was called after {caller.name} returned")
+        mine.setdefault(key_of(item), item)
 
     try:
-        getattr(pm.hook, hook_name)(register=register)
+        caller(register=register)
     finally:
         open_ = False
-    return found
+    return mine
+
+
+def _drop_plugin(name: str, plugin: object, cause: str) -> None:
+    """Unregister one plugin whose registration hook raised, and say so by name."""
+    _record_load_error(name, cause, "plugin_registration_failed")
+    if plugin is not None and pm.is_registered(plugin):
+        pm.unregister(plugin=plugin, name=name)
+    _sources.pop(name, None)
 
 
 def _backend_type(backend_class: Any) -> str:
-    from precguard.backend import Backend
-
     if not (isinstance(backend_class, type) and issubclass(backend_class, Backend)):
         raise TypeError(f"register() expects a Backend subclass, got {backend_class!r}")
     if not backend_class.device_type:
@@ -401,9 +329,7 @@ def _backend_type(backend_class: Any) -> str:
 
 
 def _check_id(check: Any) -> str:
-    from precguard.checks.base import Check
-
-    if not isinstance(check, Check):
+    if not isinstance(check, CheckLike) or isinstance(check, type):
         raise TypeError(f"register() expects a Check, got {check!r}")
     return check.id
 
@@ -414,8 +340,8 @@ def backends() -> dict[str, Registration]:
     return dict(_gather("precguard_register_backends", _backend_type, "device_type"))
 
 
-def collect_checks() -> dict[str, Check]:
-    """Return every check the plugins register, by check id.
+def collect_checks() -> dict[str, Any]:
+    """Return every check (a ``precguard.checks.base.Check``) the plugins register, by check id.
 
     Plugins are asked in pluggy's order (the last registered first), so a
     plugin installed later can replace a check by registering the same id; the
@@ -457,8 +383,6 @@ def to_host(tensor: torch.Tensor) -> torch.Tensor:
     """
     if tensor.device.type == "cpu":
         return tensor.detach().to("cpu", copy=True).contiguous()
-    from precguard.backend import Backend
-
     device = str(tensor.device)
     return (get_backend(device) or Backend(device)).to_host(tensor)
 
@@ -471,8 +395,6 @@ def fingerprint(device: str) -> dict[str, Any]:
     fingerprint raises is reported under ``fingerprint.error`` and logged: the
     fingerprint is evidence, so a broken one must be visible, not fatal.
     """
-    from precguard.backend import torch_facts
-
     facts = torch_facts()
     backend = get_backend(device)
     if backend is not None:
@@ -488,35 +410,30 @@ def fingerprint(device: str) -> dict[str, Any]:
 def describe() -> dict[str, Any]:
     """Return what ``precguard plugins --json`` prints: every plugin and every load error.
 
-    Each plugin entry has its name, whether it is built in, its module,
-    distribution and version, the device types and check ids it registers, the
-    hooks it implements and any warnings found while registering it. Both
-    registration hooks are asked first, so a plugin that breaks there is
-    listed under ``load_errors``.
+    Each plugin: name, built in or not, module, distribution, version, the
+    device types and check ids it registers, its hooks and any warnings. Both
+    registration hooks are asked first, so a plugin that breaks there is listed
+    under ``load_errors``.
     """
     load_plugins()
     from precguard import __version__
 
     checks = _gather("precguard_register_checks", _check_id, "check")
     claimed = device_types()
-    entries = []
-    for name, source in sorted(_sources.items(), key=lambda kv: (not kv[1].builtin, kv[0])):
-        plugin = pm.get_plugin(name)
-        if plugin is None:
-            continue
-        hooks = sorted(c.name for c in (pm.get_hookcallers(plugin) or []))
-        entries.append(
-            {
-                "name": name,
-                "builtin": source.builtin,
-                "module": source.module,
-                "distribution": source.distribution or ("precguard" if source.builtin else None),
-                "version": source.version or (__version__ if source.builtin else None),
-                "device_types": claimed.get(name, []),
-                "checks": sorted(cid for cid, entry in checks.items() if entry.plugin == name),
-                "hooks": hooks,
-                "warnings": list(source.warnings),
-            }
-        )
+    entries = [
+        {
+            "name": name,
+            "builtin": src.builtin,
+            "module": src.module,
+            "distribution": src.distribution or ("precguard" if src.builtin else None),
+            "version": src.version or (__version__ if src.builtin else None),
+            "device_types": claimed.get(name, []),
+            "checks": sorted(cid for cid, entry in checks.items() if entry.plugin == name),
+            "hooks": sorted(c.name for c in (pm.get_hookcallers(plugin) or [])),
+            "warnings": list(src.warnings),
+        }
+        for name, src in sorted(_sources.items(), key=lambda kv: (not kv[1].builtin, kv[0]))
+        if (plugin := pm.get_plugin(name)) is not None
+    ]
     errors = [{"name": n, "cause": c} for n, c in sorted(load_errors.items())]
     return {"schema_version": 1, "plugins": entries, "load_errors": errors}

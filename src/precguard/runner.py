@@ -18,29 +18,12 @@ from precguard import plugins
 from precguard._logging import get_logger
 from precguard.capture.api import capture_options, monitor
 from precguard.capture.options import CaptureOptions
-from precguard.devices import build_model, parse_dtype, resolve_backend
 from precguard.dump.vendor import record_vendor_state
-from precguard.errors import PrecguardError, TargetError, UsageError
-from precguard.target import Target, call_model, load_target, move_batch, raised
+from precguard.errors import PrecguardError, UsageError
+from precguard.target import Target, call_model
+from precguard.target_run import TargetRun
 
 logger = get_logger(__name__)
-
-
-class _TargetCode:
-    """Which part of the user's code a step is running, to name it if it raises.
-
-    The exception itself travels up unchanged through the recording (whose
-    manifest then names the user's own exception type); :meth:`error` turns
-    it into the target's error for the CLI afterwards.
-    """
-
-    def __init__(self, target: Target) -> None:
-        self.target = target
-        self.doing: str | None = None  # None: precguard's own code is running
-
-    def error(self, exc: BaseException) -> TargetError:
-        """The target's error for ``exc``, raised while running :attr:`doing`."""
-        return TargetError(f"target {self.target.name!r}: {self.doing} {raised(exc)}")
 
 
 def record_target(
@@ -71,16 +54,13 @@ def record_target(
     """
     if steps < 1:
         raise UsageError(f"--steps must be at least 1, got {steps}")
-    requested = parse_dtype(dtype) if dtype is not None else None
-    target_obj = load_target(target)
+    run = TargetRun.open(target, device, dtype)
+    target_obj, backend = run.target, run.backend
     if train and target_obj.loss is None:
         raise UsageError(f"target {target_obj.name!r} has no loss; --train needs one")
-    backend = resolve_backend(device)
-    torch_dtype = requested or backend.model_dtype() or torch.float32
-    model = build_model(target_obj, backend, torch_dtype)
+    model = run.build_model()
     if prepare is not None:
         prepare(model)
-    tdev = backend.torch_device()
     optimizer = None
     if train:
         model.train()
@@ -106,24 +86,24 @@ def record_target(
         auto_step=False,
         compute_dtype=str(compute).removeprefix("torch.") if compute is not None else None,
     )
-    user = _TargetCode(target_obj)
+    # the target's exceptions travel up unchanged through the recording (whose manifest
+    # then names their type); run.running says afterwards which part of its code raised
     try:
         with handle, backend.numerics(), grad_ctx:
             for step in range(steps):
-                user.doing = f"batch({step})"
-                batch = move_batch(target_obj.batch(step), tdev)
-                user.doing = f"step {step}: the model"
-                output = call_model(model, batch)
+                with run.doing(f"batch({step})"):
+                    batch = run.move(target_obj.batch(step))
+                with run.doing(f"step {step}: the model"):
+                    output = call_model(model, batch)
                 if train:
                     assert optimizer is not None and target_obj.loss is not None
-                    user.doing = f"step {step}: loss()"
-                    loss = target_obj.loss(output, batch)
-                    user.doing = f"step {step}: backward"
-                    loss.backward()
-                    user.doing = f"step {step}: the optimizer"
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                user.doing = None
+                    with run.doing(f"step {step}: loss()"):
+                        loss = target_obj.loss(output, batch)
+                    with run.doing(f"step {step}: backward"):
+                        loss.backward()
+                    with run.doing(f"step {step}: the optimizer"):
+                        optimizer.step()
+                        optimizer.zero_grad(set_to_none=True)
                 backend.synchronize()
                 record_vendor_state(backend, out, step, rank=handle.recording.rank)
                 handle.step()
@@ -132,9 +112,9 @@ def record_target(
     except PrecguardError:
         raise
     except (Exception, SystemExit) as exc:  # a target's sys.exit() is its error too
-        if user.doing is None:
+        if run.running is None:
             raise  # ours, not the target's: the CLI reports it as an internal error
-        raise user.error(exc) from exc
+        raise run.error(exc) from exc
     logger.info("recording_written", path=str(out), steps=steps, device=device)
     return Path(out)
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from precguard import tree
 from precguard.errors import TargetError
 
 #: built-in target name -> "module:function"
@@ -130,24 +131,24 @@ def _import_file(path: Path, spec: str) -> Any:
 
 
 def call_model(model: nn.Module, batch: Any) -> Any:
-    """Call ``model`` with ``batch`` following the Target convention."""
+    """Call ``model`` with ``batch`` following the Target convention.
+
+    A tensor is the one positional argument, a tuple the positional arguments,
+    any mapping (a dict, a transformers ``BatchEncoding``) the keyword arguments;
+    anything else is passed as it is.
+    """
     if isinstance(batch, torch.Tensor):
         return model(batch)
     if isinstance(batch, tuple):
         return model(*batch)
-    if isinstance(batch, dict):
+    if tree.is_mapping(batch):
         return model(**batch)
     return model(batch)
 
 
 def move_batch(batch: Any, device: torch.device) -> Any:
-    """Move every tensor in ``batch`` (tensor, tuple, list, dict) to ``device``."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device)
-    if isinstance(batch, tuple):
-        return tuple(move_batch(b, device) for b in batch)
-    if isinstance(batch, list):
-        return [move_batch(b, device) for b in batch]
-    if isinstance(batch, dict):
-        return {k: move_batch(v, device) for k, v in batch.items()}
-    return batch
+    """Move every tensor in ``batch`` to ``device``, keeping its containers' types.
+
+    A ``BatchEncoding`` comes back as one (see :func:`precguard.tree.map_tensors`).
+    """
+    return tree.map_tensors(batch, lambda t: t.to(device))

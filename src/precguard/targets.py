@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from precguard import tree
 from precguard.target import Target
 
 TINY_LLAMA_CONFIG: dict[str, Any] = {
@@ -48,7 +49,7 @@ def lm_batch(step: int, *, batch: int = 2, seq: int = 32, vocab: int = 256, seed
 def causal_lm_loss(output: Any, batch: Any) -> torch.Tensor:
     """Next-token cross-entropy of a causal LM output against its own input ids."""
     logits = output.logits if hasattr(output, "logits") else output
-    ids = batch["input_ids"] if isinstance(batch, dict) else batch
+    ids = batch["input_ids"] if tree.is_mapping(batch) else batch
     return nn.functional.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1)
     )

@@ -31,15 +31,15 @@ def straightforward(t: torch.Tensor) -> dict[str, Any]:
     n = x.numel()
     mn, mx = x.min().item(), x.max().item()
     total = x.sum().item()
-    l2 = torch.linalg.vector_norm(x).item()
     nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
     mean = total / n
     if nan or inf:
         std = torch.std(x, correction=1 if n > 1 else 0).item()
-    elif n > 1 and n * mean * mean > 0.999 * l2 * l2:  # the one-pass formula would cancel
-        std = torch.std(x).item()
-    else:
-        std = math.sqrt(max(l2 * l2 - n * mean * mean, 0.0) / max(n - 1, 1))
+        l2 = torch.linalg.vector_norm(x).item()
+    else:  # two passes: the spread about the mean, then l2 without cancellation
+        spread = ((x - mean) ** 2).sum().item()
+        std = math.sqrt(spread / (n - 1)) if n > 1 else 0.0
+        l2 = math.sqrt(spread + n * mean * mean)
     return {
         "min": mn,
         "max": mx,
@@ -61,13 +61,17 @@ class StraightforwardStats(StatsBuffer):
         super().__init__()
         self.rows: list[dict[str, Any]] = []
 
-    def add(self, t: torch.Tensor, *, need_finite: bool = False) -> tuple[int, bool | None]:
+    def add(
+        self, t: torch.Tensor, *, need_finite: bool = False, positions: bool = False
+    ) -> tuple[int, bool | None]:
         self.rows.append(straightforward(t))
         return len(self.rows) - 1, self.rows[-1]["nan"] == 0 and self.rows[-1]["inf"] == 0
 
-    def materialize(self) -> list[dict[str, Any]]:
+    def materialize_with_evidence(
+        self,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any] | None]]:
         rows, self.rows = self.rows, []
-        return rows
+        return rows, [None] * len(rows)
 
 
 def assert_same_stats(got: dict[str, Any], want: dict[str, Any], where: str) -> None:
@@ -151,23 +155,24 @@ def test_host_path_equals_the_straightforward_computation(name):
 
 
 def straightforward_deferred(t: torch.Tensor) -> dict[str, Any]:
-    """The accelerator definition: var_mean for mean and std, NaN/Inf always counted."""
+    """The accelerator definition: var_mean for mean, std and l2, NaN/Inf always counted."""
     x = t.detach()
     if x.dtype not in (torch.float32, torch.float64):
         x = x.float() if x.is_floating_point() else x.double()
     n = x.numel()
     var, mean = torch.var_mean(x, correction=1 if n > 1 else 0)
     mn, mx = x.min().item(), x.max().item()
-    nan = int(torch.isnan(x).sum())
+    nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
+    l2 = math.inf if inf and not nan else (var * max(n - 1, 1) + mean * mean * n).sqrt().item()
     return {
         "min": mn,
         "max": mx,
         "mean": mean.item(),
         "std": var.sqrt().item(),
         "absmax": math.nan if nan else max(abs(mn), abs(mx)),
-        "l2": torch.linalg.vector_norm(x).item(),
+        "l2": l2,
         "nan": nan,
-        "inf": int(torch.isinf(x).sum()),
+        "inf": inf,
         "zeros": int((x == 0).sum()),
         "numel": n,
     }

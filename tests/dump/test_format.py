@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -49,13 +48,18 @@ KILLED_SCRIPT = textwrap.dedent(
     from precguard.targets import build_tiny_llama, lm_batch
     torch.manual_seed(0)
     model = build_tiny_llama().eval()
+    step = 0
+
+    def halt_mid_step(module, args, output):
+        if step == 4:  # in the middle of step 4's forward: say so, then wait to be killed
+            print("mid-step", flush=True)
+            sys.stdin.readline()
+
+    model.model.layers[1].register_forward_hook(halt_mid_step)
     with torch.no_grad(), precguard.monitor(model, out=sys.argv[1], tensors=["model.layers.0.*"]):
-        step = 0
         while True:
             model(**lm_batch(step))
             step += 1
-            if step == 3:
-                print("ready", flush=True)
     """
 )
 
@@ -67,12 +71,16 @@ def test_sigkilled_recording_is_readable(tmp_path):
     script.write_text(KILLED_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(out)], stdout=subprocess.PIPE, text=True, env=env
+        [sys.executable, str(script), str(out)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     try:
         assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
-        time.sleep(0.3)  # let it get into the middle of a later step
+        # killed at a known point (inside step 4), not after a sleep a loaded machine stretches
+        assert proc.stdout.readline().strip() == "mid-step"
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -80,7 +88,7 @@ def test_sigkilled_recording_is_readable(tmp_path):
     assert run.manifest.complete is False
     records = list(run.records())
     steps = {r.step for r in records}
-    assert {0, 1, 2} <= steps
+    assert {0, 1, 2, 3} <= steps
     for step in sorted(steps)[:-1]:  # every step before the last is whole
         keys = {r.key for r in records if r.step == step}
         assert "root.0.forward.output.0" in keys

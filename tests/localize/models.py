@@ -120,3 +120,44 @@ class NoisyDecoder(Decoder):
 def noisy() -> precguard.Target:
     """A forward that does not reproduce itself, even on the reference."""
     return precguard.Target(model=lambda: NoisyDecoder(2), batch=_batch, seed=0)
+
+
+# -- activations beyond fp16's range ------------------------------------------------------------
+class Gain(nn.Module):
+    """Multiplies by a constant: 3e4 takes unit activations past fp16's 65504."""
+
+    def __init__(self, gain: float) -> None:
+        super().__init__()
+        self.gain = gain
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gain
+
+
+class Loud(nn.Module):
+    """embed -> block -> gain -> norm -> head: the gain's output exceeds fp16's range."""
+
+    def __init__(self, gain_last: bool = False) -> None:
+        super().__init__()
+        self.embed = nn.Linear(16, HIDDEN)
+        self.block = Block()
+        self.gain = Gain(3e4)
+        self.norm = RMSNorm()
+        self.head = nn.Linear(HIDDEN, 8)
+        self.gain_last = gain_last
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.gain(self.block(self.embed(x)))
+        if self.gain_last:  # the output itself is beyond fp16: no module can fix it
+            return h
+        return self.head(self.norm(h))
+
+
+def loud() -> precguard.Target:
+    """One module's output exceeds fp16's range; the norm after it would bring it back."""
+    return precguard.Target(model=Loud, batch=_batch, seed=0)
+
+
+def loud_output() -> precguard.Target:
+    """The model's output itself exceeds fp16's range."""
+    return precguard.Target(model=lambda: Loud(gain_last=True), batch=_batch, seed=0)

@@ -223,3 +223,25 @@ def test_cli_in_a_real_process(tmp_path):
         "blocks.1.norm",
         "blocks.6.norm",
     ]
+
+
+@pytest.mark.parametrize("model", ["loud", "loud_output"])
+def test_nonfinite_output_names_the_module_that_leaves_fp16s_range(model):
+    # stored in fp16 on emu:fp16: every module's output is cast back to fp16, so where the
+    # values themselves exceed 65504 no set of modules at reference precision fixes them
+    result = bisect(f"{MODELS}:{model}", device="emu:fp16", dtype="float16")
+    assert math.isinf(result.baseline_error)
+    overflow = result.overflow
+    assert overflow is not None and overflow.module == "gain" and overflow.module_type == "Gain"
+    assert (overflow.format, overflow.format_max) == ("float16", 65504.0)
+    assert overflow.nonfinite > 0 and overflow.input_absmax < 65504
+    # the reference holds the values the format cannot: beyond its max
+    assert overflow.reference_absmax is not None and overflow.reference_absmax > 65504
+    assert result.exit_code == 1
+    if model == "loud_output":
+        assert result.culprits == [] and "no set of modules" in (result.note or "")
+
+
+def test_finite_output_has_no_overflow_finding():
+    result = bisect(f"{MODELS}:one_overflow", device="emu:fp16")
+    assert result.overflow is None

@@ -76,7 +76,8 @@ def test_report_renders_a_saved_diagnosis_and_comparison(
     assert code == 1
     rendered, table = tmp_path / "comparison.html", tmp_path / "comparison.csv"
     code, out, _ = run_cli(
-        ["report", str(result), "--html", str(rendered), "--csv", str(table)], capsys
+        ["report", str(result), "--html", str(rendered), "--csv", str(table), "--recordings"],
+        capsys,
     )
     assert code == 0, out
     text = rendered.read_text(encoding="utf-8")

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from precguard.backend import Backend
-from precguard.plugins import hookimpl
+from precguard.hookspecs import hookimpl
 
 _CPU_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE", "ATEN_CPU_CAPABILITY")
 

@@ -203,9 +203,20 @@ def monitor(
         to_host=plugins.to_host,
         fingerprint_of=environment_fingerprint,
     )
-    mon = Monitor(model, recording, options)
+    mon = _module_and_op_hooks(model, recording, options)
     _warn_unmatched_patterns(options, mon.names.values())
     return MonitorHandle(mon, recording)
+
+
+def _module_and_op_hooks(model: nn.Module, recording: Recording, options: CaptureOptions) -> Any:
+    """The hooks ``options.level`` asks for: a :class:`Monitor`, op capture, or both."""
+    if options.level == "module":
+        return Monitor(model, recording, options)
+    from precguard.capture.ops import CaptureHooks, OpCapture
+
+    modules = Monitor(model, recording, options) if options.level == "both" else None
+    ops = OpCapture(model, recording, options, own_steps=modules is None)
+    return CaptureHooks(*(p for p in (modules, ops) if p is not None))
 
 
 def _warn_unmatched_patterns(options: CaptureOptions, names: Iterable[str]) -> None:
@@ -280,6 +291,9 @@ def record(
     ...     model(x)          # a @precision_monitor model
     """
     options = capture_options(options, **overrides)
+    if options.level != "module":
+        # op capture hooks a root module; record() has none until decorated ones run
+        logger.warning("op_level_needs_monitor", level=options.level, recorded="modules only")
     recording = Recording(
         out,
         options,
@@ -298,6 +312,11 @@ def record(
         _close(recording, exc, check_patterns=True)
         raise
     _close(recording, None, check_patterns=True)
+
+
+#: the clearer name of :func:`record`, the context manager (``precguard record`` on the
+#: command line is :func:`precguard.record_target`): ``with precguard.recording("runs/npu"):``
+recording = record
 
 
 class _WatchSinks:

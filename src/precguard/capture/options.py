@@ -9,6 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 OnNonFinite = Literal["record", "save", "raise"]
 ParamPolicy = Literal["first_step", "every_step", "never"]
+CaptureLevel = Literal["module", "op", "both"]
+OpsAt = Literal["function", "aten"]
 
 
 class CaptureOptions(BaseModel):
@@ -37,6 +39,13 @@ class CaptureOptions(BaseModel):
         "(all_reduce, reduce_scatter, all_gather, broadcast, all_to_all) as dist.<op> records "
         "while the recording is open (see docs/distributed.md).",
     )
+    evidence: bool = Field(
+        default=True,
+        description="Keep, besides the statistics, a sample of 128 elements of every floating "
+        "tensor and per-position norms of sequence-shaped forward tensors, so a "
+        "statistics-only run compared with a full golden can still name the module "
+        "(docs/compare.md, 'Evidence in statistics-mode records').",
+    )
     on_nonfinite: OnNonFinite = Field(
         default="record",
         description="'record': mark and log the origin; 'save': also write the origin's "
@@ -46,6 +55,36 @@ class CaptureOptions(BaseModel):
         default="first_step",
         description="Record parameter statistics at each module's first call of the first "
         "step, of every step (training), or never.",
+    )
+    hashes: bool = Field(
+        default=False,
+        description="Also record a hash of each tensor's bits (16 hex digits, computed on the "
+        "device) so two runs that should be bitwise identical are compared by "
+        "`precguard compare --bitwise` (see docs/watch.md).",
+    )
+
+    level: CaptureLevel = Field(
+        default="module",
+        description="'module': module hooks only; 'op': every torch op called inside the "
+        "model, recorded under its enclosing module as '<module>.op.<name>' "
+        "(precguard.capture.ops); 'both': module and op records.",
+    )
+    ops_at: OpsAt = Field(
+        default="function",
+        description="With level 'op'/'both': 'function' records the torch functions, F.* and "
+        "Tensor methods the model's code calls (TorchFunctionMode); 'aten' the aten ops "
+        "dispatched (TorchDispatchMode, after decompositions and autocast casts).",
+    )
+    ops: list[str] | None = Field(
+        default=None,
+        description="Glob patterns on op names to record (e.g. ['softmax', 'matmul', "
+        "'*norm*']); None records every op except layout and metadata ops (views, "
+        "reshape, indexing), which only a pattern that names them records.",
+    )
+    op_modules: list[str] | None = Field(
+        default=None,
+        description="Glob patterns on module names whose own ops are recorded (e.g. "
+        "['model.layers.*.self_attn']); 'a.b.*' selects a.b and every module below it.",
     )
 
     def saves(self, module_name: str) -> bool:

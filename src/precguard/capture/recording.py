@@ -21,9 +21,11 @@ from typing import Any
 import torch
 
 from precguard._logging import get_logger
+from precguard.capture.hashing import HashBuffer
 from precguard.capture.options import CaptureOptions, OnNonFinite
 from precguard.capture.run_dir import agree_on_run_dir
 from precguard.capture.stats import StatsBuffer, capture_scope, dtype_info
+from precguard.dump.lock import release_writer_lock
 from precguard.dump.paths import rank_dir
 from precguard.dump.writer import RunWriter, write_json_atomic
 from precguard.errors import NonFiniteError
@@ -80,6 +82,15 @@ class CallFrame:
         self.inputs: list[tuple[str, torch.Tensor]] = []
 
 
+def _save_inputs(folder: Path, tensors: dict[str, torch.Tensor]) -> bool:
+    """Write a NaN/Inf origin's inputs under ``folder``; True once written."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "inputs.safetensors"))
+    return True
+
+
 class Recording:
     """One rank's recording in progress (or a watch-only sink when ``out`` is None)."""
 
@@ -118,19 +129,23 @@ class Recording:
             self.path = agree_on_run_dir(
                 out, overwrite=overwrite, rank=self.rank, world_size=world_size
             )
-            self.writer = RunWriter(
-                self.path,
-                rank=self.rank,
-                world_size=world_size,
-                device=device or "cpu",
-                dtype=dtype,
-                model=model,
-                target=target,
-                options=self.options.model_dump(mode="json"),
-                fingerprint=fingerprint,
-            )
-            if compute_dtype is not None:
-                self.writer.update_manifest(compute_dtype=compute_dtype)
+            try:
+                self.writer = RunWriter(
+                    self.path,
+                    rank=self.rank,
+                    world_size=world_size,
+                    device=device or "cpu",
+                    dtype=dtype,
+                    model=model,
+                    target=target,
+                    options=self.options.model_dump(mode="json"),
+                    fingerprint=fingerprint,
+                )
+                if compute_dtype is not None:
+                    self.writer.update_manifest(compute_dtype=compute_dtype)
+            except BaseException:
+                release_writer_lock(self.path)  # the directory is free for the next try
+                raise
         # manifest facts not known when the recording opened (record(): the
         # device, dtype and model come with the first decorated module called)
         self.missing_facts: set[str] = set()
@@ -141,7 +156,8 @@ class Recording:
         self.closed = False
         self.covered: set[int] = set()  # ids of modules hooked by monitor() into this sink
         self._seq = 0
-        self._stats = StatsBuffer()
+        self._stats = StatsBuffer(evidence=self.options.evidence)
+        self._hashes = HashBuffer() if self.options.hashes else None
         self._pending: list[tuple[dict[str, Any], int | None]] = []
         self._tensors: dict[str, torch.Tensor] = {}  # saved tensors not yet on disk
         self._tensor_bytes = 0
@@ -153,6 +169,12 @@ class Recording:
         self._origin_seen: set[str] = set()  # phases whose origin this step was found
         self._nonfinite_acted = False
         self.steps_seen = 0
+        #: the I/O error that stopped the recording (disk full, directory made
+        #: read-only, device error), or None while it records
+        self.write_failure: OSError | None = None
+        #: steps whose records were all written before ``write_failure``
+        self.steps_written: int | None = None
+        self._failed_writer: RunWriter | None = None
 
     def fill_facts(self, *, device: str | None, dtype: str | None, model: str | None) -> None:
         """Fill the manifest facts the recording was opened without, once.
@@ -176,7 +198,7 @@ class Recording:
                 facts.get("device", self.writer.manifest.device)
             )
         if facts:
-            self.writer.update_manifest(**facts)
+            self._guard_io(self.writer.update_manifest, **facts)
 
     # -- steps and calls ---------------------------------------------------------------
 
@@ -293,12 +315,13 @@ class Recording:
         stats_add = self._stats.add
         step, rank = self.step_index, self.rank
         keep = save and self.writer is not None
+        positions = role in ("input", "output")
         for index, (name, t) in enumerate(items, first_index):
             key = prefix + str(index)
             info = dtype_info(t.dtype)
             slot: int | None = None
             if info.has_stats and t.numel():
-                slot, finite = stats_add(t, need_finite=need_finite)
+                slot, finite = stats_add(t, need_finite=need_finite, positions=positions)
                 if finite is None:
                     all_finite = None
                 elif not finite and all_finite is not None:
@@ -322,6 +345,9 @@ class Recording:
                 rec["compute_dtype"] = autocast
             if extra:
                 rec.update(extra)
+            if self._hashes is not None and t.numel():
+                with capture_scope():
+                    rec["hash"] = self._hashes.add(t)  # the slot, until flush
             self._seq += 1
             if keep:
                 with capture_scope():
@@ -337,7 +363,9 @@ class Recording:
         """Write the full tensors held so far to one safetensors file and forget them."""
         if not self._tensors or self.writer is None:
             return
-        file = self.writer.save_tensors(self._tensors, self.step_index)
+        file = self._guard_io(self.writer.save_tensors, self._tensors, self.step_index)
+        if file is None:
+            return
         for key in self._tensors:
             self._tensor_files[key] = file
         self._tensors = {}
@@ -364,8 +392,8 @@ class Recording:
     def _save_origin_inputs(
         self, module: str, module_type: str, call: int, inputs: list[tuple[str, torch.Tensor]]
     ) -> None:
-        from safetensors.torch import save_file
-
+        if self.write_failure is not None:
+            return  # the recording stopped at an I/O error; the run goes on unrecorded
         if self.path is None:
             # Watch-only mode has no directory of its own; writing into the
             # current directory would surprise (and could clobber) the user.
@@ -377,10 +405,10 @@ class Recording:
             return
         base = rank_dir(self.path, self.rank)
         folder = base / f"nonfinite-step{self.step_index:06d}-{module.replace('/', '_')}"
-        folder.mkdir(parents=True, exist_ok=True)
         with capture_scope():
             tensors = {name: self.to_host(t) for name, t in inputs}
-        save_file(tensors, str(folder / "inputs.safetensors"))
+        if self._guard_io(_save_inputs, folder, tensors) is None:
+            return
         note = {
             "module": module,
             "module_type": module_type,
@@ -390,7 +418,9 @@ class Recording:
             "inputs": {n: {"dtype": str(t.dtype), "shape": list(t.shape)} for n, t in inputs},
             "stack": traceback.format_stack()[:-3],
         }
-        write_json_atomic(folder / "note.json", json.dumps(note, indent=2))
+        self._guard_io(write_json_atomic, folder / "note.json", json.dumps(note, indent=2))
+        if self.write_failure is not None:
+            return
         logger.warning("nonfinite_inputs_saved", module=module, path=str(folder))
 
     def _scan_nonfinite(self, records: list[dict[str, Any]]) -> None:
@@ -430,21 +460,64 @@ class Recording:
         """Materialize queued statistics (one host transfer) and write the records."""
         if not self._pending:
             return
-        stats = self._stats.materialize()
+        stats, evidence = self._stats.materialize_with_evidence()
         records = []
         for rec, slot in self._pending:
             rec["stats"] = stats[slot] if slot is not None else None
+            if slot is not None and evidence[slot] is not None:
+                rec.update(evidence[slot])
             records.append(rec)
         self._pending = []
+        if self._hashes is not None:
+            hashes = self._hashes.materialize()
+            for rec in records:
+                if "hash" in rec:
+                    rec["hash"] = hashes[rec["hash"]]
         self._scan_nonfinite(records)
         if self.writer is None:
             return
         self._save_tensors()  # before the records that point at them
+        if self.writer is None:  # writing them failed: the recording has stopped
+            return
         for rec in records:
             file = self._tensor_files.pop(rec["key"], None)
             if file is not None:
                 rec["tensor"] = {"file": file, "name": rec["key"]}
-        self.writer.write_records(records)
+        self._guard_io(self.writer.write_records, records)
+
+    # -- I/O failures ------------------------------------------------------------------
+
+    def _guard_io(self, write: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run one write of the recording; on an I/O error stop recording, never raise.
+
+        Returns what ``write`` returned, or None when it failed. The host
+        program's forward, backward and the code after the ``with`` block must
+        not be the ones to pay for a full disk or a directory made read-only:
+        the error is logged once, what was written stays readable, and the
+        manifest says ``complete: false`` with the error when the run closes.
+        """
+        try:
+            return write(*args, **kwargs)
+        except OSError as exc:
+            self._stop_recording(exc)
+            return None
+
+    def _stop_recording(self, exc: OSError) -> None:
+        """Turn the recording into a watch-only sink after the I/O error ``exc``."""
+        if self.write_failure is not None:
+            return
+        self.write_failure = exc
+        self.steps_written = self.step_index  # the steps before this one were flushed whole
+        self._failed_writer, self.writer = self.writer, None
+        self._tensors, self._tensor_files, self._tensor_bytes = {}, {}, 0
+        logger.error(
+            "recording_stopped",
+            path=str(self.path),
+            rank=self.rank,
+            step=self.step_index,
+            error=f"{type(exc).__name__}: {exc}",
+            reason="an I/O error while writing the recording; the run goes on unrecorded",
+        )
 
     def close(self, error: BaseException | None = None) -> None:
         """Flush what is left and close the files. Idempotent.
@@ -458,5 +531,27 @@ class Recording:
             self.flush()
         finally:
             self.closed = True
-            if self.writer is not None:
-                self.writer.close(steps=self.steps_seen, error=error)
+            self._close_writer(error)
+
+    def _close_writer(self, error: BaseException | None) -> None:
+        """Close the writer, saying how the run ended; an I/O error here is logged only."""
+        writer = self.writer or self._failed_writer
+        if writer is None:
+            return
+        if self.write_failure is None:
+            steps = self.steps_seen
+        else:
+            error = error or self.write_failure
+            steps = self.steps_written
+        try:
+            writer.close(steps=steps, steps_run=self.steps_seen, error=error)
+        except OSError as exc:
+            if self.write_failure is None:
+                self.write_failure = exc
+            logger.error(
+                "recording_not_closed",
+                path=str(self.path),
+                rank=self.rank,
+                error=f"{type(exc).__name__}: {exc}",
+                reason="the manifest could not be marked complete; it still says complete: false",
+            )

@@ -8,8 +8,9 @@ host in one transfer.
 On the CPU, reading a scalar is free, so the code branches: ``aminmax``,
 ``sum``, ``vector_norm`` and ``count_nonzero`` (four fast multi-threaded
 passes), NaN/Inf counts only when min or max is not finite (any NaN or Inf
-makes one of them so), and a two-pass std only when the one-pass formula
-would cancel.
+makes one of them so), and a two-pass std unless the mean is negligible beside
+the spread (where the one-pass formula cannot cancel): both paths then agree
+within float32 rounding, also for tensors whose |mean| is far above their std.
 
 This runs for every tensor of every module call, so it is written for the
 interpreter as much as for the machine: no context manager per tensor (the
@@ -20,42 +21,19 @@ dictionary lookup for everything precguard needs to know about a dtype.
 from __future__ import annotations
 
 import math
-import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
+# in backend.py (below the emulator, which asks it); re-exported here for capture's callers
+from precguard.backend import CAPTURE_DEPTH as _STATE
+from precguard.backend import capture_scope, in_capture  # noqa: F401
+from precguard.capture import evidence as _evidence
+
 _FLOAT_TYPES = (torch.float32, torch.float64)
-
-
-class _CaptureDepth(threading.local):
-    depth = 0
-
-
-_STATE = _CaptureDepth()
-
-
-def in_capture() -> bool:
-    """Return True while precguard computes statistics on this thread.
-
-    Op-intercepting modes (the ``emu:`` emulator, a user's dispatch mode)
-    check this to let precguard's own reductions through unchanged.
-    """
-    return _STATE.depth > 0
-
-
-@contextmanager
-def capture_scope() -> Iterator[None]:
-    """Mark precguard's own tensor work on this thread (see :func:`in_capture`)."""
-    _STATE.depth += 1
-    try:
-        yield
-    finally:
-        _STATE.depth -= 1
 
 
 class DtypeInfo(NamedTuple):
@@ -100,14 +78,21 @@ class StatsBuffer:
     sync); on accelerators it holds two small device tensors, fetched for
     all slots together in :meth:`materialize`. ``defer=True`` takes the
     accelerator path on any device (tests run it on the CPU).
+
+    With ``evidence=True`` (default) each floating tensor also leaves its
+    sampled elements and per-position norms (:mod:`precguard.capture.evidence`),
+    gathered on its device and transferred with the statistics.
     """
 
     # Entries hold weak references: the cache must never keep an activation
     # alive (on a 70B model one activation can be hundreds of MB of device memory).
     _CACHE_SIZE = 256
 
-    def __init__(self, *, defer: bool = False) -> None:
+    def __init__(self, *, defer: bool = False, evidence: bool = True) -> None:
         self._defer = defer
+        self._evidence_on = evidence
+        # per slot: (plan, gathered values: numpy on the host, a tensor on devices) or None
+        self._evidence: list[tuple[_evidence.EvidencePlan, Any] | None] = []
         # per slot: (min, max, mean, std, l2, nonzero, nan, inf) as numbers, or None
         self._host: list[tuple[float, ...] | None] = []
         # per device slot: [min, max, mean, std, l2] and [nonzero, nan, inf]
@@ -122,11 +107,15 @@ class StatsBuffer:
     def __len__(self) -> int:
         return len(self._numel)
 
-    def add(self, t: torch.Tensor, *, need_finite: bool = False) -> tuple[int, bool | None]:
+    def add(
+        self, t: torch.Tensor, *, need_finite: bool = False, positions: bool = False
+    ) -> tuple[int, bool | None]:
         """Queue statistics of ``t``; return ``(slot, finite)``.
 
         ``finite`` is True/False when known without a host sync (always on
         the CPU, or when ``need_finite`` forces the sync), else None.
+        ``positions``: keep per-position norms if ``t`` is sequence-shaped (forward
+        inputs and outputs; not parameters).
         """
         cache_key = (id(t), t._version)
         cache = self._cache
@@ -147,7 +136,13 @@ class StatsBuffer:
                 x = x.float() if x.is_floating_point() else x.double()
             n = x.numel()
             slot = len(self._numel)
-            if self._defer or x.device.type != "cpu":
+            deferred = self._defer or x.device.type != "cpu"
+            ev: tuple[_evidence.EvidencePlan, Any] | None = None
+            if self._evidence_on and t.is_floating_point():
+                plan = _evidence.plan_for(tuple(x.shape), x.device, positions)
+                values = _evidence.gather(x, plan)
+                ev = (plan, values if deferred else values.numpy())
+            if deferred:
                 finite = self._add_device(x, n, slot, need_finite)
             else:
                 row = _host_stats(x, n)
@@ -156,6 +151,7 @@ class StatsBuffer:
         finally:
             state.depth -= 1
         # appended last: a reduction that raised leaves the slots consistent
+        self._evidence.append(ev)
         self._numel.append(n)
         cache[cache_key] = (weakref.ref(t), slot, finite)
         if len(cache) > self._CACHE_SIZE:
@@ -165,8 +161,12 @@ class StatsBuffer:
     def _add_device(self, x: torch.Tensor, n: int, slot: int, need_finite: bool) -> bool | None:
         var, mean = torch.var_mean(x, correction=1 if n > 1 else 0)
         mn, mx = torch.aminmax(x)
-        l2 = torch.linalg.vector_norm(x)
         counts = torch.stack([torch.count_nonzero(x), torch.isnan(x).sum(), torch.isinf(x).sum()])
+        # var_mean is Welford's (stable); l2 from it adds two positive terms, where
+        # float32 vector_norm rounds ~1e-5 on 1M elements on the CPU. An Inf without
+        # NaN makes var NaN but l2 Inf, as on the CPU path.
+        l2 = (var * max(n - 1, 1) + mean * mean * n).sqrt()
+        l2 = torch.where((counts[2] > 0) & (counts[1] == 0), math.inf, l2)
         floats = torch.stack([mn, mx, mean, var.sqrt(), l2])
         self._host.append(None)
         self._dev_slots.append(slot)
@@ -187,6 +187,18 @@ class StatsBuffer:
 
         One transfer per device holding statistics.
         """
+        return self.materialize_with_evidence()[0]
+
+    def materialize_with_evidence(
+        self,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any] | None]]:
+        """Like :meth:`materialize`, with each slot's evidence record fields (or None).
+
+        The evidence (``sample`` and ``positions``, see
+        :func:`precguard.capture.evidence.record_fields`) comes in one more transfer
+        per device.
+        """
+        evidence = self._evidence_fields()
         rows = list(self._host)
         if self._dev_slots:
             floats = _gather(self._dev_floats, torch.float64).tolist()
@@ -212,7 +224,32 @@ class StatsBuffer:
                 }
             )
         self.clear()
-        return out
+        return out, evidence
+
+    def _evidence_fields(self) -> list[dict[str, Any] | None]:
+        """Each slot's evidence as record fields; device values fetched once per device."""
+        host: list[np.ndarray | None] = [None] * len(self._evidence)
+        groups: dict[torch.device, list[int]] = {}
+        for slot, ev in enumerate(self._evidence):
+            if ev is None:
+                continue
+            if isinstance(ev[1], np.ndarray):
+                host[slot] = ev[1]
+            else:
+                groups.setdefault(ev[1].device, []).append(slot)
+        for slots in groups.values():
+            parts = [self._evidence[s][1] for s in slots]  # type: ignore[index]
+            flat = torch.cat([p.to(torch.float64) for p in parts]).to("cpu").numpy()
+            start = 0
+            for slot, part in zip(slots, parts, strict=True):
+                size = part.numel()
+                chunk = flat[start : start + size]
+                host[slot] = chunk if part.dtype == torch.float64 else chunk.astype(np.float32)
+                start += size
+        return [
+            None if ev is None or values is None else _evidence.record_fields(ev[0], values)
+            for ev, values in zip(self._evidence, host, strict=True)
+        ]
 
     def clear(self) -> None:
         """Drop everything queued, including the reuse cache."""
@@ -221,34 +258,39 @@ class StatsBuffer:
         self._dev_counts.clear()
         self._dev_slots.clear()
         self._numel.clear()
+        self._evidence.clear()
         self._cache.clear()
 
 
 def _host_stats(x: torch.Tensor, n: int) -> tuple[float, ...]:
     """``(min, max, mean, std, l2, nonzero, nan, inf)`` of a float32/float64 CPU tensor.
 
-    ``aminmax``, ``sum``, ``vector_norm`` and ``count_nonzero`` are
-    multi-threaded single passes on the CPU; ``var_mean`` alone costs ~10x
-    all four. Counting zeros on the float values (not on integer bit
+    ``aminmax``, ``sum``, the squared deviations and ``count_nonzero`` are
+    multi-threaded passes on the CPU; ``var_mean`` alone costs ~10x all of
+    them. Counting zeros on the float values (not on integer bit
     patterns plus a ``-0.0`` check) is one pass instead of two and no slower.
     """
     mn_t, mx_t = torch.aminmax(x)
     total = x.sum().item()
-    l2 = torch.linalg.vector_norm(x).item()
     nonzero = torch.count_nonzero(x).item()
     mn, mx = mn_t.item(), mx_t.item()
     mean = total / n
     if math.isfinite(mn) and math.isfinite(mx):
         nan = inf = 0
-        sq = l2 * l2
-        if n > 1 and n * mean * mean > 0.999 * sq:
-            # var = (sum x^2 - n mean^2)/(n-1) cancels when |mean| >> std: use two passes
-            std = torch.std(x).item()
-        else:
-            std = math.sqrt(max(sq - n * mean * mean, 0.0) / max(n - 1, 1))
+        # Two passes: the spread about the mean, then l2^2 = sum (x-mean)^2 + n mean^2
+        # (no cancellation). The one-pass sum x^2 - n mean^2 loses sum x^2 / (n var)
+        # times its rounding (25x the fp32 statistics tolerance for norm weights), and
+        # torch's float32 vector_norm rounds ~1e-5 on 1M elements; a cascaded sum does not.
+        # An error d in the mean only adds d^2 to the variance.
+        dev = x - mean
+        dev.mul_(dev)
+        spread = dev.sum().item()
+        std = math.sqrt(spread / (n - 1)) if n > 1 else 0.0
+        l2 = math.sqrt(spread + n * mean * mean)
     else:
         nan = int(torch.isnan(x).sum().item())
         inf = int(torch.isinf(x).sum().item())
+        l2 = torch.linalg.vector_norm(x).item()
         std = torch.std(x, correction=1 if n > 1 else 0).item()
     return (mn, mx, mean, std, l2, nonzero, nan, inf)
 

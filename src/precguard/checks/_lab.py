@@ -18,12 +18,14 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from precguard import tree
 from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.checks.base import CheckContext, NotApplicable
-from precguard.devices import construct_model, dtype_name, parse_dtype, seed_everything
+from precguard.devices import dtype_name, parse_dtype, seed_everything
 from precguard.opcheck.measure import cast_floats, probe_compute_dtype, run_on_device
-from precguard.target import Target, call_model, move_batch
+from precguard.target import Target, call_model
+from precguard.target_run import TargetRun
 
 logger = get_logger(__name__)
 
@@ -31,14 +33,15 @@ On = Literal["device", "reference", "fp64"]
 
 
 def flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """Flatten a nested dict/tuple/list into ``(path, leaf)`` pairs in a stable order."""
-    if isinstance(value, dict):
-        return [p for k in sorted(value, key=str) for p in flatten(value[k], f"{prefix}.{k}")]
-    if isinstance(value, list | tuple):
-        return [p for i, v in enumerate(value) for p in flatten(v, f"{prefix}[{i}]")]
-    if hasattr(value, "to_tuple") and callable(value.to_tuple):  # transformers ModelOutput
-        return flatten(dict(value.items()), prefix)
-    return [(prefix or "value", value)]
+    """``(path, leaf)`` pairs of a nested value (:func:`precguard.tree.leaves`), mapping keys
+    sorted: ``.key`` for a mapping's entries, ``[i]`` for a sequence's."""
+    return [
+        (
+            prefix + "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in keys) or "value",
+            leaf,
+        )
+        for keys, leaf in tree.leaves(value, sort_keys=True)
+    ]
 
 
 def logits_of(output: Any) -> torch.Tensor:
@@ -54,17 +57,8 @@ def logits_of(output: Any) -> torch.Tensor:
     return found
 
 
-def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """Apply ``fn`` to every tensor of a nested dict/tuple/list; other leaves are kept."""
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, dict):
-        return {k: map_tensors(v, fn) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(map_tensors(v, fn) for v in value)
-    if isinstance(value, list):
-        return [map_tensors(v, fn) for v in value]
-    return value
+#: apply a function to every tensor of a nested value, containers kept
+map_tensors = tree.map_tensors
 
 
 def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -92,6 +86,9 @@ class Lab:
         self.device: Backend = ctx.backend()
         self.reference: Backend = ctx.backend(ctx.reference)
         self.dtype: torch.dtype = parse_dtype(ctx.dtype)
+        #: the set-up every command shares, on the device and on the reference
+        self.run = TargetRun(self.target, ctx.device, self.device, self.dtype)
+        self.reference_run = TargetRun(self.target, ctx.reference, self.reference, torch.float32)
         self._cache: dict[str, Any] = {}
 
     # -- facts -------------------------------------------------------------
@@ -152,7 +149,10 @@ class Lab:
 
     def build_fresh(self, backend: Backend) -> nn.Module:
         """Seed through ``backend`` and build a brand-new model (for init experiments)."""
-        return construct_model(self.target, backend)
+        run = self.reference_run if backend is self.reference else self.run
+        if backend is not run.backend:  # another backend (an init experiment's own)
+            run = TargetRun(self.target, run.device, backend, run.dtype)
+        return run.construct()
 
     # -- data --------------------------------------------------------------
 
@@ -167,10 +167,10 @@ class Lab:
     def place(self, batch: Any, on: On) -> Any:
         """Move a CPU batch where ``on`` runs (fp64 casts floating inputs)."""
         if on == "device":
-            return cast_floats(move_batch(batch, self.dev), self.dtype)
+            return cast_floats(self.run.move(batch), self.dtype)
         if on == "fp64":
             return cast_floats(batch, torch.float64)
-        return move_batch(batch, self.reference.torch_device())
+        return self.reference_run.move(batch)
 
     @contextlib.contextmanager
     def numerics(self, on: On) -> Iterator[None]:
@@ -433,8 +433,6 @@ def run_module(
 
 
 def first_tensor(value: Any) -> torch.Tensor | None:
-    """The first floating tensor in a nested output, or None."""
-    for _, leaf in flatten(value):
-        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
-            return leaf
-    return None
+    """The first floating tensor in a nested output (mapping keys sorted: ``logits``
+    before ``loss``), or None."""
+    return tree.first_tensor(value, sort_keys=True)

@@ -256,10 +256,17 @@ def autocast_ops(ctx: CheckContext, dtype: str | None = None) -> Finding:
     with autocast:
         bench.forward(model, "device", inner=watch_ops(model, None, seen))
     sensitive = {op: sorted(mods) for op, mods in lowered.items() if op in SENSITIVE_OPS}
+    from precguard.checks._graphs import ops_below_reference
+
+    below = ops_below_reference(
+        bench, SENSITIVE_OPS, lambda: torch.autocast(device_type=device_type, dtype=low)
+    )
     evidence = {
         "autocast_dtype": low,
         "ops_lowered": {op: sorted(m)[:5] for op, m in lowered.items()},
         "precision_sensitive_lowered": sensitive,
+        # per module and op, against the reference run (op capture, see checks/_graphs.py)
+        "ops_below_reference": below[:20],
     }
     if sensitive:
         op = sorted(sensitive)[0]

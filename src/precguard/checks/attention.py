@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from precguard import tree
 from precguard._logging import get_logger
 from precguard.checks._lab import Lab, lab, logits_of, rel_error
 from precguard.checks._trace import watch_ops
@@ -168,7 +169,7 @@ def _padded_batch(bench: Lab, pad: int) -> tuple[dict[str, Any], str, int]:
         params = inspect.signature(forward).parameters
     except (TypeError, ValueError) as exc:
         raise NotApplicable(f"cannot read the model's forward signature ({exc})") from exc
-    if isinstance(batch, dict):
+    if tree.is_mapping(batch):
         kwargs = dict(batch)
     else:
         args = batch if isinstance(batch, tuple) else (batch,)
@@ -319,7 +320,7 @@ def kv_cache(ctx: CheckContext, new_tokens: int = 4) -> Finding:
     bench = lab(ctx)
     cid = "attention.kv_cache"
     batch = bench.batch(0)
-    if not isinstance(batch, dict) or "input_ids" not in batch:
+    if not tree.is_mapping(batch) or "input_ids" not in batch:
         raise NotApplicable("the batch is not a mapping with input_ids")
     ids = batch["input_ids"]
     if ids.shape[1] <= new_tokens:

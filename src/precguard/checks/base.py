@@ -11,16 +11,16 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+
+from precguard.report.models import Finding, Status
 
 if TYPE_CHECKING:
     from precguard.backend import Backend
     from precguard.target import Target
 
-Status = Literal["pass", "warn", "fail", "skip", "error"]
 
 #: the check families, in the order their failures are blamed (the Diagnosis ranks root
 #: causes by it): a cause upstream (environment, seeds, data, tokens) explains every
@@ -60,25 +60,6 @@ class NotApplicable(Exception):
 
     >>> raise NotApplicable("target gives no tokenizer")   # doctest: +SKIP
     """
-
-
-class Finding(BaseModel):
-    """One result of one check."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
-
-    id: str = Field(description="Check id, 'family.name'.")
-    status: Status = Field(description="pass, warn, fail, skip (not applicable) or error.")
-    summary: str = Field(description="One sentence: what was found.")
-    evidence: dict[str, Any] = Field(
-        default_factory=dict, description="Numbers, module names, file paths behind the finding."
-    )
-    remedy: str = Field(default="", description="What to change, concretely.")
-
-    @property
-    def family(self) -> str:
-        """The part of the id before the first dot."""
-        return self.id.split(".", 1)[0]
 
 
 def finding(

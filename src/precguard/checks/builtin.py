@@ -6,7 +6,7 @@ import importlib
 from collections.abc import Callable
 
 from precguard.checks.base import FAMILIES
-from precguard.plugins import hookimpl
+from precguard.hookspecs import hookimpl
 
 #: one module per family, named after it; each exposes ``CHECKS``
 FAMILY_MODULES: tuple[str, ...] = tuple(f"precguard.checks.{family}" for family in FAMILIES)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from precguard import tree
 from precguard.checks import fingerprints
 from precguard.checks._lab import lab
 from precguard.checks.base import Check, CheckContext, Finding, finding
@@ -184,11 +185,9 @@ def canonical_input(name: str, positional: list[str]) -> str:
 
 def batch_inputs(batch: Any) -> list[tuple[str, torch.Tensor]]:
     """The root inputs of ``call_model(model, batch)`` named as records name them."""
-    from precguard.capture.flatten import named_tensors
-
-    if isinstance(batch, dict):
-        return named_tensors(batch, "kwargs")
-    return named_tensors(batch if isinstance(batch, tuple) else (batch,), "args")
+    if tree.is_mapping(batch):
+        return tree.named_tensors(batch, "kwargs")
+    return tree.named_tensors(batch if isinstance(batch, tuple) else (batch,), "args")
 
 
 def _against_golden(

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from precguard import tree
 from precguard.checks._lab import flatten
 from precguard.devices import resolve_backend, seed_everything
 from precguard.errors import DumpFormatError
@@ -87,7 +88,7 @@ def encode(tok: Any, text: str, **kwargs: Any) -> list[int]:
     ids = tok.encode(text, **kwargs)
     if hasattr(ids, "ids"):  # a `tokenizers` Encoding
         ids = ids.ids
-    if isinstance(ids, dict):
+    if tree.is_mapping(ids):  # a BatchEncoding
         ids = ids["input_ids"]
     return [int(i) for i in ids]
 

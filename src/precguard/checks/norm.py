@@ -20,6 +20,7 @@ from torch import nn
 from precguard.checks._lab import NORM_TYPES, Lab, first_tensor, lab, rel_error, run_module
 from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
 from precguard.oracle import run_in_fp64
+from precguard.report.models import NORM_CASE_LABELS as CASE_LABELS
 
 _EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")
 
@@ -57,17 +58,6 @@ def _eps_of(mod: nn.Module) -> float | None:
         if isinstance(value, int | float):
             return float(value)
     return None
-
-
-CASE_LABELS = {
-    "typical": "typical rows (standard normal)",
-    "constant_rows": "constant rows (variance 0)",
-    "near_constant": "near-constant rows (std 1e-3 of the value)",
-    "mean_offset": "rows whose mean is 1000x their std",
-    "tiny_variance": "rows of tiny variance (|x| ~ 1e-4)",
-    "massive_activations": "massive activations (two channels at 2e3 and 1e4)",
-    "outlier_per_row": "one outlier per row (100x the rest)",
-}
 
 
 def extreme_inputs(dtype: torch.dtype, sample: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -180,7 +180,48 @@ def op_precision(ctx: CheckContext) -> Finding:
     )
 
 
+def graph_dtypes(ctx: CheckContext, limit: int = 20) -> Finding:
+    """Every op of one forward, device vs reference: which ran below the reference's dtype."""
+    from precguard.checks._graphs import ops_below_reference
+    from precguard.checks.amp import SENSITIVE_OPS
+
+    bench = lab(ctx)
+    cid = "ops.graph_dtypes"
+    below = ops_below_reference(bench, SENSITIVE_OPS)
+    sensitive = [e for e in below if e["sensitive"]]
+    evidence = {"ops_below_reference": below[:limit], "count": len(below)}
+    if not below:
+        return finding(
+            cid,
+            "pass",
+            f"every op of the forward on {ctx.device} ran in the reference's dtype",
+            evidence,
+        )
+    worst = below[0]
+    status = "warn" if sensitive else "pass"
+    return finding(
+        cid,
+        status,
+        f"{len(below)} op(s) ran below the reference's precision on {ctx.device}"
+        + (f", {len(sensitive)} precision-sensitive" if sensitive else "")
+        + f"; e.g. {worst['op']} in {worst['module']} {worst['what']} {worst['device_dtype']} "
+        f"(reference {worst['reference_dtype']})",
+        evidence,
+        "Keep softmax, norms, reductions and exp/log in fp32: cast their inputs with .float() "
+        "and the result back once; `precguard graph diff` on op-level recordings of both "
+        "sides shows every such op per module."
+        if sensitive
+        else None,
+    )
+
+
 CHECKS = [
+    Check(
+        "ops.graph_dtypes",
+        "Every op of one forward on the device vs the reference (op capture): the ops that ran "
+        "below the reference's precision, per module.",
+        graph_dtypes,
+    ),
     Check(
         "ops.custom_modules",
         "Every custom (non-torch.nn) leaf module on its captured inputs: device vs fp64.",

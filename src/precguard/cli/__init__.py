@@ -31,6 +31,9 @@ COMMAND_MODULES: tuple[str, ...] = (
     "precguard.cli.ranks",
     "precguard.cli.msprobe",
     "precguard.cli.report",
+    "precguard.cli.generate",
+    "precguard.cli.watch",
+    "precguard.cli.graph",
 )
 
 for _name in COMMAND_MODULES:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +41,7 @@ class _StructlogFormatter(logging.Formatter):
         self._renderer: Any = (
             structlog.processors.JSONRenderer()
             if json_output
-            else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+            else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty() and not no_color())
         )
 
     def format(self, record: logging.LogRecord) -> str:
@@ -50,6 +51,20 @@ class _StructlogFormatter(logging.Formatter):
         if record.exc_info and state.debug:
             event_dict["exception"] = self.formatException(record.exc_info)
         return str(self._renderer(None, record.levelname.lower(), event_dict))
+
+
+def no_color() -> bool:
+    """Whether the user asked for no colour: ``NO_COLOR`` set and not empty (no-color.org)."""
+    return bool(os.environ.get("NO_COLOR"))
+
+
+def show_progress() -> bool:
+    """Whether to draw progress bars: only on a terminal (stderr), never in CI logs.
+
+    Not with ``NO_COLOR`` either, nor on ``TERM=dumb``: both ask for plain output, and a
+    bar redrawn in place is not plain (docs/guard.md).
+    """
+    return sys.stderr.isatty() and not no_color() and os.environ.get("TERM") != "dumb"
 
 
 def configure_logging(level: str) -> None:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import typer
 
-from precguard.cli._app import app
+from precguard.cli._app import app, show_progress
 
 _HELP = (
     "Find the smallest set of modules that must run at reference precision on DEVICE.\n\n"
@@ -70,7 +69,7 @@ def bisect(
         TimeElapsedColumn(),
         console=Console(stderr=True),
         transient=True,
-        disable=not sys.stderr.isatty(),
+        disable=not show_progress(),
     )
 
     def show(probe: Probe) -> None:
@@ -107,8 +106,14 @@ def bisect(
         )
         for name in result.culprits:
             out.print(f"  {name}")
-    else:
+    elif result.overflow is None:
         out.print("[green]the device output is already within the threshold: no culprits[/]")
+    from precguard.text import shown
+
+    if result.overflow is not None:
+        out.print(f"[bold red]overflow:[/] {shown(result.overflow.describe(), 600, markup=True)}")
+    if result.note:
+        out.print(f"[yellow]note:[/] {shown(result.note, 400, markup=True)}")
     if json_out is not None:
         payload = result.model_dump_json(indent=2)
         if to_stdout:

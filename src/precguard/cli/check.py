@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
 
-from precguard.cli._app import app
+from precguard.cli._app import app, show_progress
 
 _HELP = """Run a checklist of known precision failure patterns on a target and diagnose.
 
@@ -53,6 +52,13 @@ def check(
         None, "--json", help="Write the Diagnosis as JSON to this file ('-' for stdout)."
     ),
     html_out: Path | None = typer.Option(None, "--html", help="Write an HTML report here."),
+    junit_out: Path | None = typer.Option(
+        None,
+        "--junit-xml",
+        help="Write JUnit XML here for CI: one test case per finding (fail: <failure>, "
+        "error: <error>, skip: <skipped>).",
+        metavar="FILE",
+    ),
     fingerprints_out: Path | None = typer.Option(
         None,
         "--fingerprints-out",
@@ -84,7 +90,7 @@ def check(
         return
     from precguard.report.page import ensure_writable
 
-    ensure_writable(html=html_out)
+    ensure_writable(html=html_out, **{"junit-xml": junit_out})
     err = Console(stderr=True)
     progress = Progress(
         TextColumn("[progress.description]{task.description}"),
@@ -93,7 +99,7 @@ def check(
         TimeElapsedColumn(),
         console=err,
         transient=True,
-        disable=not sys.stderr.isatty(),
+        disable=not show_progress(),
     )
     with progress:
         task = progress.add_task(f"{checklist} on {device}", total=None)
@@ -119,6 +125,10 @@ def check(
             json_out.write_text(as_json(diagnosis) + "\n", encoding="utf-8")
     if html_out is not None:
         write_html(diagnosis, html_out)
+    if junit_out is not None:
+        from precguard.report.junit import diagnosis_junit, write_junit
+
+        write_junit(junit_out, diagnosis_junit(diagnosis))
     if json_out is None or str(json_out) != "-":
         render_terminal(diagnosis, out)
     if diagnosis.exit_code:

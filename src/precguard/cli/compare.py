@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from precguard.cli._app import app
+from precguard.cli._app import app, show_progress
 
 if TYPE_CHECKING:
     from precguard.dump.reader import Run
@@ -62,6 +62,13 @@ def compare(
     ),
     csv_out: Path | None = typer.Option(
         None, "--csv", help="Write one row per record (execution order) as CSV here."
+    ),
+    junit_out: Path | None = typer.Option(
+        None,
+        "--junit-xml",
+        help="Write JUnit XML here for CI: one test case per record, a failing record a "
+        "<failure> (see docs/guard.md).",
+        metavar="FILE",
     ),
     profile: str = typer.Option(
         "default", "--profile", help="default (expected error), fixed, strict or msprobe."
@@ -134,8 +141,28 @@ def compare(
         help="Exit 0 on a match that covers only part of the recordings (steps or phases "
         "one side lacks, an unfinished run); the gaps are still printed.",
     ),
+    bitwise: bool = typer.Option(
+        False,
+        "--bitwise",
+        help="Compare by the tensor hashes of recordings made with hashes=True: no "
+        "tolerance; names the first tensor whose bits differ (exit 0 identical, 1 differs, "
+        "3 records without hashes). See docs/watch.md.",
+    ),
 ) -> None:
-    import sys
+    if bitwise:
+        given = {"--html": html_out, "--csv": csv_out, "--layout": layout, "--map": rename}
+        given |= {"--junit-xml": junit_out}
+        given |= {"--replay": replay, "--target": target, "--rtol": rtol, "--atol": atol}
+        ignored = [name for name, value in given.items() if value]
+        if ignored:
+            from precguard.errors import UsageError
+
+            raise UsageError(
+                f"--bitwise compares hashes only; it takes --json, --rank and --step, not "
+                f"{', '.join(ignored)}"
+            )
+        _compare_bitwise(golden, actual, rank=rank, step=step, json_out=json_out)
+        return
 
     from rich.console import Console
     from rich.progress import Progress
@@ -162,9 +189,9 @@ def compare(
         raise UsageError("--target is used only with --replay")
     from precguard.report.page import ensure_writable
 
-    ensure_writable(html=html_out, csv=csv_out)
+    ensure_writable(html=html_out, csv=csv_out, **{"junit-xml": junit_out})
     stderr = Console(stderr=True)
-    tty = sys.stderr.isatty()
+    tty = show_progress()
     with Progress(console=stderr, transient=True, disable=not tty) as bar:
         task = bar.add_task(
             f"comparing {actual} with {golden}",
@@ -196,6 +223,10 @@ def compare(
         from precguard.report.comparison import write_comparison_reports
 
         write_comparison_reports(result, html=html_out, csv=csv_out, golden=golden, actual=actual)
+    if junit_out is not None:
+        from precguard.report.junit import comparison_junit, write_junit
+
+        write_junit(junit_out, comparison_junit(result, allow_partial=allow_partial))
     payload = result.model_dump_json(indent=2)
     if json_out is not None and str(json_out) == "-":
         typer.echo(payload)
@@ -231,12 +262,19 @@ def replay(
     ),
     device: str = typer.Option("cpu", "--device", "-d", help="Device to run the module on."),
     dtype: str | None = typer.Option(
-        None, "--dtype", help="dtype to run in (default: the golden's)."
+        None,
+        "--dtype",
+        help="dtype to run in (default: the one `precguard record` uses on DEVICE).",
     ),
     call: int = typer.Option(0, "--call", help="Which call of the module (0-based)."),
     step: int = typer.Option(0, "--step", help="Which step's inputs to replay."),
     rank: int = typer.Option(0, "--rank", help="Which rank's inputs to replay."),
-    profile: str = typer.Option("default", "--profile", help="Tolerance profile."),
+    profile: str | None = typer.Option(
+        None,
+        "--profile",
+        help="Judge by this fixed tolerance profile instead of the error a correct module "
+        "explains at the replay's precision.",
+    ),
     json_out: Path | None = typer.Option(None, "--json", help="Write the result as JSON."),
 ) -> None:
     """Run one module alone on DEVICE with the golden's recorded inputs: its local error.
@@ -265,6 +303,25 @@ def replay(
     render_replay(result, Console())
     if result.verdict != "match":
         raise typer.Exit(1)
+
+
+def _compare_bitwise(
+    golden: Path, actual: Path, *, rank: int | None, step: int | None, json_out: Path | None
+) -> None:
+    """``compare --bitwise``: hashes only; exit 0 identical, 1 differs, 3 inconclusive."""
+    from precguard.compare.bitwise import compare_bitwise, render_bitwise
+
+    result = compare_bitwise(_recording(golden), _recording(actual), rank=rank, step=step)
+    result = result.model_copy(update={"golden": str(golden), "actual": str(actual)})
+    payload = result.model_dump_json(indent=2)
+    if json_out is not None and str(json_out) == "-":
+        typer.echo(payload)
+    else:
+        if json_out is not None:
+            _write(json_out, payload)
+        typer.echo(render_bitwise(result))
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
 
 
 def _recording(path: Path) -> Path | Run:

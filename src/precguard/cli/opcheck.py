@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from precguard.cli._app import app
+from precguard.cli._app import app, show_progress
 
 _HELP = (
     "Sweep the ops that cause most cross-chip trouble on DEVICE against an fp64 oracle.\n\n"
@@ -73,7 +73,7 @@ def op_check(
         TimeElapsedColumn(),
         console=Console(stderr=True),
         transient=True,
-        disable=not sys.stderr.isatty(),
+        disable=not show_progress(),
     )
 
     with progress:

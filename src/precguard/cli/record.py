@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
 
-from precguard.cli._app import app
+from precguard.cli._app import app, show_progress
 
 
 @app.command()
@@ -34,6 +33,11 @@ def record(
         [], "--tensors", help="Save full tensors of modules matching this glob ('*' for all)."
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing recording."),
+    level: str = typer.Option(
+        "module",
+        "--level",
+        help="module, op (every torch op, under its module: docs/ops.md) or both.",
+    ),
 ) -> None:
     """Record a target's per-layer statistics (and chosen tensors) on one device."""
     from rich.console import Console
@@ -53,9 +57,13 @@ def record(
             + "), path/file.py[:function] or package.module[:function]"
         )
 
+    if level not in ("module", "op", "both"):
+        from precguard.errors import UsageError
+
+        raise UsageError(f"--level: expected module, op or both, got {level!r}")
     save: bool | list[str] = True if tensors == ["*"] else list(tensors)
     console = Console(stderr=True)
-    with Progress(console=console, transient=True, disable=not sys.stderr.isatty()) as bar:
+    with Progress(console=console, transient=True, disable=not show_progress()) as bar:
         task = bar.add_task(f"recording {target} on {device}", total=steps)
         path = record_target(
             target,
@@ -67,6 +75,7 @@ def record(
             tensors=save,
             overwrite=overwrite,
             on_step=lambda _s: bar.advance(task),
+            **({"level": level} if level != "module" else {}),
         )
     from precguard.dump.reader import load_run
 

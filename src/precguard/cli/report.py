@@ -13,8 +13,10 @@ _HELP = """Render a saved result as a self-contained HTML page (and a comparison
 RESULT is the JSON written by `precguard compare --json` (a comparison) or
 `precguard check --json` (a diagnosis); which one is read from the file. The page
 holds everything inline (CSS, SVG plots, a few lines of script): it opens offline.
-A comparison's per-layer statistics are read back from its two recordings when
-they are still where the comparison found them (or at --golden/--actual).
+A comparison's per-layer statistics are read back from its two recordings only
+when asked: --recordings reads the folders the result names (a result file that
+travelled is untrusted: the paths in it are not opened otherwise), --golden and
+--actual name them yourself. Without either the page says they were not drawn.
 
 Exit codes: 0 written, 2 unusable input (not a result, cannot write).
 """
@@ -33,6 +35,11 @@ def report(
     actual: Path | None = typer.Option(
         None, "--actual", help="Comparison only: the actual recording, if it has moved."
     ),
+    recordings: bool = typer.Option(
+        False,
+        "--recordings",
+        help="Comparison only: read the recordings at the paths the result names.",
+    ),
 ) -> None:
     from precguard.compare.report import Comparison
     from precguard.errors import UsageError
@@ -48,15 +55,21 @@ def report(
         if csv_out is not None:
             write_comparison_csv(result, csv_out)
         if html_out is not None:
-            g = golden or Path(result.golden)
-            a = actual or Path(result.actual)
+            named = recordings or golden is not None or actual is not None
+            g = golden or (Path(result.golden) if named else None)
+            a = actual or (Path(result.actual) if named else None)
             write_comparison_html(
-                result, html_out, g if g.is_dir() else None, a if a.is_dir() else None
+                result,
+                html_out,
+                g if g is not None and g.is_dir() else None,
+                a if a is not None and a.is_dir() else None,
             )
         kind = "comparison"
     else:
-        if csv_out is not None or golden is not None or actual is not None:
-            raise UsageError("--csv, --golden and --actual apply to a comparison, not a diagnosis")
+        if csv_out is not None or golden is not None or actual is not None or recordings:
+            raise UsageError(
+                "--csv, --golden, --actual and --recordings apply to a comparison, not a diagnosis"
+            )
         from precguard.report.diagnosis import write_html
 
         assert html_out is not None

@@ -11,15 +11,18 @@ from precguard.cli._app import app
 
 @app.command()
 def schema(
-    which: str = typer.Argument("all", help="manifest, record, status, layout, or all."),
+    which: str = typer.Argument(
+        "all", help="manifest, record, status, layout, generation, or all."
+    ),
 ) -> None:
-    """Print the JSON Schema of a recording's manifest, records and rank status files, and of a
-    layout spec."""
+    """Print the JSON Schema of a recording's manifest, records and rank status files, of a
+    layout spec, and of the generate-diff report."""
     from precguard.dump.schema import schemas
     from precguard.errors import UsageError
+    from precguard.generation.report import generation_schema
     from precguard.layout.spec import layout_schema
 
-    found = schemas() | {"layout": layout_schema()}
+    found = schemas() | {"layout": layout_schema(), "generation": generation_schema()}
     if which != "all":
         if which not in found:
             raise UsageError(f"unknown schema {which!r}; expected one of: all, {', '.join(found)}")

@@ -60,10 +60,20 @@ class RunState(BaseModel):
         "was killed (or is still running).",
     )
     steps: int | None = Field(default=None, description="Steps it recorded, if known.")
+    steps_run: int | None = Field(
+        default=None,
+        description="Steps the run went through, when it recorded fewer (the recording "
+        "stopped at an I/O error and the run went on).",
+    )
 
     def describe(self) -> str:
         """One line: which side, and how it ended."""
         where = f"{self.side} {self.path}"
+        if self.error is not None and self.steps_run is not None and self.steps is not None:
+            return (
+                f"{where} is incomplete: the recording stopped at {self.error} after "
+                f"{self.steps} of the run's {self.steps_run} step(s)"
+            )
         if self.error is not None:
             after = (
                 f" ({self.steps} step(s) recorded, the last possibly cut short)"
@@ -160,7 +170,10 @@ def run_states(golden: Run, actual: Run) -> list[RunState]:
         error = None
         if m.error is not None:
             error = f"{m.error.type}: {m.error.message}" if m.error.message else m.error.type
-        states.append(RunState(side=side, path=str(run.path), error=error, steps=m.steps))
+        short = m.steps_run if m.steps_run is not None and m.steps_run != m.steps else None
+        states.append(
+            RunState(side=side, path=str(run.path), error=error, steps=m.steps, steps_run=short)
+        )
     return states
 
 

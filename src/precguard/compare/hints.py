@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from precguard.compare.report import Comparison, RecordResult
+from precguard.errors import PrecguardError
 
 #: metric levels at which both sides saved the tensor (replay needs the golden's)
 _SAVED = ("full", "exact")
@@ -116,12 +117,34 @@ def unreplayable(result: Comparison, spot: ReplaySpot) -> str | None:
             "a recording made on that rank"
         )
     unsaved = [r for r in needed if not _saved(r)]
-    if unsaved:
+    if unsaved and golden_lacks_tensors(result.golden, spot):
         return (
             f"the golden holds no full tensors of {spot.module}'s inputs and outputs; record "
-            f"both runs with --tensors '{spot.module}' to replay it"
+            f"the golden with --tensors '{spot.module}' to replay it"
         )
+    # replay feeds the golden's tensors: an actual with statistics only does not matter
     return None
+
+
+def golden_lacks_tensors(golden: str, spot: ReplaySpot) -> bool:
+    """Whether the golden recording lacks a full tensor of ``spot``'s forward inputs/outputs.
+
+    A pair compared on statistics only may lack its tensors on either side; replay needs
+    only the golden's, so the golden's own records decide (True when they cannot be read).
+    """
+    from precguard.dump.reader import load_run
+
+    try:
+        records = load_run(golden).records(spot.rank)
+        return any(
+            r.tensor is None
+            for r in records
+            if r.module == spot.module
+            and (r.step, r.phase, r.call) == (spot.step, "forward", spot.call)
+            and r.role in ("input", "output")
+        )
+    except PrecguardError:
+        return True
 
 
 def _saved(r: RecordResult) -> bool:

@@ -36,7 +36,9 @@ class Metrics(BaseModel):
     dtype: str = Field(description="dtype the tolerance was taken from (the less precise side).")
     error: float = Field(
         description="The scalar error used for local-vs-propagated decisions: relative L2 "
-        "error (full), largest statistic difference (stats), share of unequal elements (exact)."
+        "error (full); at the stats level the rel_l2 estimated from the sampled elements, "
+        "raised to the lower bounds the norms give (per position and overall), or the largest "
+        "statistic difference when no sample was kept; share of unequal elements (exact)."
     )
     max_abs_err: float | None = Field(default=None, description="max |actual - golden|.")
     mean_abs_err: float | None = Field(default=None, description="mean |actual - golden|.")
@@ -106,6 +108,40 @@ class Metrics(BaseModel):
     slice_dim: int | None = Field(default=None, description="Dimension of the worst slice.")
     slice_index: int | None = Field(
         default=None, description="Index of the worst slice along slice_dim."
+    )
+    sample_size: int | None = Field(
+        default=None,
+        description="Sampled elements compared (stats level, both records keep the same "
+        "sample): the error is then estimated from them.",
+    )
+    sample_rel_l2: float | None = Field(
+        default=None,
+        description="rms(actual - golden) over the sampled elements / rms(golden) over the "
+        "whole tensor: an estimate of rel_l2 (stats level).",
+    )
+    sample_max_abs: float | None = Field(
+        default=None, description="max |actual - golden| over the sampled elements."
+    )
+    pos_dim: int | None = Field(
+        default=None, description="Sequence dimension of the per-position norms compared."
+    )
+    pos_bin: int | None = Field(
+        default=None, description="Consecutive positions per compared norm (1 up to 256)."
+    )
+    pos_worst: int | None = Field(
+        default=None,
+        description="First position of the bin whose norm differs most (relatively): where "
+        "an error concentrated along the sequence sits.",
+    )
+    pos_worst_err: float | None = Field(
+        default=None,
+        description="|norm(actual) - norm(golden)| / norm(golden) at pos_worst (its norm "
+        "floored at 1e-3 of the positions' rms).",
+    )
+    pos_rel_l2: float | None = Field(
+        default=None,
+        description="||norms(actual) - norms(golden)|| / ||norms(golden)|| over the positions: "
+        "a lower bound on the tensor's rel_l2 (triangle inequality per position).",
     )
     note: str | None = Field(default=None, description="Why the level is weaker, if it is.")
 

@@ -38,6 +38,11 @@ SIGNIFICAND_BITS: dict[str, int] = {
     "tfloat32": 11,
     "float16": 11,
     "bfloat16": 8,
+    # float8 (OCP e4m3/e5m2, and the fnuz variants): compared upcast to fp32/fp64
+    "float8_e4m3fn": 4,
+    "float8_e4m3fnuz": 4,
+    "float8_e5m2": 3,
+    "float8_e5m2fnuz": 3,
 }
 
 

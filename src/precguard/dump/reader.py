@@ -42,6 +42,9 @@ logger = get_logger(__name__)
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 #: a records line longer than this is not one precguard wrote (shapes and names are short)
 MAX_RECORD_LINE_BYTES = 1024 * 1024
+#: more ranks than any job runs: a manifest claiming more is refused before anything
+#: iterates over them (a claimed 10**8 would otherwise build a set of 10**8 ranks)
+MAX_WORLD_SIZE = 1 << 17
 
 
 def read_json_file(path: Path, *, limit: int, what: str) -> Any:
@@ -92,6 +95,11 @@ class Run:
             self.manifest = Manifest.model_validate(raw)
         except ValidationError as exc:
             raise DumpFormatError(f"{shown_path}: {first_error(exc)}") from exc
+        if not 1 <= self.manifest.world_size <= MAX_WORLD_SIZE:
+            raise DumpFormatError(
+                f"{shown_path}: world_size {shown(str(self.manifest.world_size), 40)} is "
+                f"outside 1..{MAX_WORLD_SIZE}; not a run precguard recorded"
+            )
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r}, device={self.manifest.device!r})"
@@ -132,7 +140,8 @@ class Run:
         (then ``error`` says what).
         """
         out: dict[int, RankStatus | None] = {}
-        for rank in sorted(set(range(self.manifest.world_size)) | set(self.ranks)):
+        claimed = range(self.manifest.world_size)  # bounded by MAX_WORLD_SIZE on open
+        for rank in sorted(set(claimed).union(self.ranks)):
             path = resolve_member(
                 self.path, f"{rank_dir_name(rank)}/{STATUS_FILE}", what=f"rank {rank}"
             )

@@ -13,9 +13,11 @@ and ``"-Infinity"`` so every file is strict JSON.
 
 from __future__ import annotations
 
+import base64
 import math
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 SCHEMA_VERSION = 1
@@ -88,6 +90,54 @@ class Stats(BaseModel):
 STAT_FIELDS: tuple[str, ...] = tuple(Stats.model_fields)
 
 
+def _decode(values: str, dtype: str) -> np.ndarray:
+    """The float64 array of little-endian base64 ``values`` stored as ``dtype``."""
+    raw = np.frombuffer(base64.b64decode(values), dtype="<f8" if dtype == "float64" else "<f4")
+    return raw.astype(np.float64)
+
+
+class Sample(BaseModel):
+    """Elements of a tensor at indices chosen from its shape (the same on every device).
+
+    The indices are :func:`precguard.capture.evidence.sample_indices` of the
+    shape; ``seed`` identifies them, so compare uses two samples only when their
+    seeds agree.
+    """
+
+    model_config = _FROZEN
+
+    seed: int = Field(description="CRC-32 of the shape without size-1 dims that seeds the set.")
+    dtype: Literal["float32", "float64"] = Field(
+        default="float32", description="Precision the values are stored in."
+    )
+    values: str = Field(description="The sampled values, little-endian base64 of dtype.")
+
+    def array(self) -> np.ndarray:
+        """The sampled values as a float64 array (in index order)."""
+        return _decode(self.values, self.dtype)
+
+
+class PositionNorms(BaseModel):
+    """L2 norms of a sequence-shaped tensor per position (over every other dimension)."""
+
+    model_config = _FROZEN
+
+    dim: int = Field(description="The sequence dimension (1 of 3-d, 2 of 4-d tensors).")
+    bin: int = Field(
+        description="Consecutive positions per norm (1 up to 256 positions; the last bin "
+        "may be shorter)."
+    )
+    length: int = Field(description="Sequence length (size of dim).")
+    dtype: Literal["float32", "float64"] = Field(
+        default="float32", description="Precision the norms are stored in."
+    )
+    norms: str = Field(description="The norms, little-endian base64 of dtype.")
+
+    def array(self) -> np.ndarray:
+        """The norms as a float64 array, one per bin of positions."""
+        return _decode(self.norms, self.dtype)
+
+
 class TensorRef(BaseModel):
     """Where a saved full tensor lives, relative to the rank directory."""
 
@@ -155,6 +205,15 @@ class Record(BaseModel):
         default=None, description="Statistics; absent for empty or non-numeric tensors."
     )
     tensor: TensorRef | None = Field(default=None, description="Saved full tensor, if any.")
+    sample: Sample | None = Field(
+        default=None,
+        description="Sampled elements (floating tensors): compare estimates the error from "
+        "them when the full tensors are not both saved.",
+    )
+    positions: PositionNorms | None = Field(
+        default=None,
+        description="Per-position L2 norms of a sequence-shaped forward tensor.",
+    )
     nonfinite_origin: bool = Field(
         default=False,
         description="True on the first non-finite output of the module that introduced "
@@ -164,6 +223,16 @@ class Record(BaseModel):
         default=None,
         description="On dist.<op> records (a torch.distributed collective): the op and its "
         "process group.",
+    )
+    device: str | None = Field(
+        default=None,
+        description="On op-level records: the device type the op's output was on when it "
+        "differs from the model's (an op that fell back to the CPU); None: the run's device.",
+    )
+    hash: str | None = Field(
+        default=None,
+        description="Hash of the tensor's bits in logical order (16 hex digits), when "
+        "recorded with hashes=True; equal hashes mean bitwise equal values.",
     )
 
 
@@ -215,6 +284,11 @@ class Manifest(BaseModel):
         default=None, description="The exception that ended the run, when its body raised."
     )
     steps: int | None = Field(default=None, description="Steps recorded, once complete.")
+    steps_run: int | None = Field(
+        default=None,
+        description="Steps the run went through; more than 'steps' when the recording "
+        "stopped early (an I/O error while writing, then 'error' names it).",
+    )
 
 
 class RankStatus(BaseModel):
@@ -232,6 +306,9 @@ class RankStatus(BaseModel):
         default=False, description="True once this rank closed its recording cleanly."
     )
     steps: int | None = Field(default=None, description="Steps this rank recorded, once closed.")
+    steps_run: int | None = Field(
+        default=None, description="Steps this rank's run went through, once closed."
+    )
     error: RunError | None = Field(
         default=None, description="The exception that ended this rank's run, if it raised."
     )

@@ -37,17 +37,33 @@ from precguard.dump.schema import Record
 from precguard.errors import DumpFormatError
 from precguard.text import shown
 
+#: safetensors' dtype codes -> torch dtypes: every code the format defines that this torch
+#: has (the unsigned ints need torch >= 2.3, float8 >= 2.1). Float4/6 codes pack several
+#: values per byte, which a record's shape does not describe; they are refused by name.
 _DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
+    code: dtype
+    for code, dtype in {
+        "F64": torch.float64,
+        "F32": torch.float32,
+        "F16": torch.float16,
+        "BF16": torch.bfloat16,
+        "I64": torch.int64,
+        "I32": torch.int32,
+        "I16": torch.int16,
+        "I8": torch.int8,
+        "U8": torch.uint8,
+        "BOOL": torch.bool,
+        "C64": torch.complex64,
+        "U64": getattr(torch, "uint64", None),
+        "U32": getattr(torch, "uint32", None),
+        "U16": getattr(torch, "uint16", None),
+        "F8_E4M3": getattr(torch, "float8_e4m3fn", None),
+        "F8_E4M3FNUZ": getattr(torch, "float8_e4m3fnuz", None),
+        "F8_E5M2": getattr(torch, "float8_e5m2", None),
+        "F8_E5M2FNUZ": getattr(torch, "float8_e5m2fnuz", None),
+        "F8_E8M0": getattr(torch, "float8_e8m0fnu", None),
+    }.items()
+    if dtype is not None
 }
 _DTYPE_NAMES = {code: str(dt).removeprefix("torch.") for code, dt in _DTYPES.items()}
 _MAX_HEADER = 100 * 1024 * 1024

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -21,9 +22,11 @@ from typing import Any
 import torch
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import to_json
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from precguard._logging import get_logger
+from precguard.dump.lock import hold_writer_lock, holds_writer_lock, release_writer_lock
 from precguard.dump.paths import RECORDS_FILE, STATUS_FILE, rank_dir
 from precguard.dump.schema import SCHEMA_VERSION, Manifest, RankStatus, Record, RunError
 from precguard.errors import DumpFormatError, OutputExistsError, UsageError
@@ -47,6 +50,18 @@ def prepare_run_dir(path: str | os.PathLike[str], *, overwrite: bool = False) ->
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise UsageError(f"{shown(out)}: exists and is not a directory")
+    if out.is_dir():
+        hold_writer_lock(out)  # before anything is looked at or removed
+    try:
+        _prepare_locked(out, overwrite=overwrite)
+    except BaseException:
+        release_writer_lock(out)
+        raise
+    return out
+
+
+def _prepare_locked(out: Path, *, overwrite: bool) -> None:
+    """The body of :func:`prepare_run_dir`, run holding ``out``'s writer lock (once it exists)."""
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise OutputExistsError(
@@ -56,13 +71,17 @@ def prepare_run_dir(path: str | os.PathLike[str], *, overwrite: bool = False) ->
         remove_recording(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{shown(out)}: cannot write here ({exc.strerror or exc})") from exc
+    if not holds_writer_lock(out):
+        hold_writer_lock(out)  # a new directory: a writer racing for it is refused here
+    try:
         # a fresh, randomly named file: a planted link cannot redirect the probe
         fd, probe = tempfile.mkstemp(prefix=".precguard-write-test-", dir=out)
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
         raise UsageError(f"{shown(out)}: cannot write here ({exc.strerror or exc})") from exc
-    return out
 
 
 def remove_recording(out: Path) -> None:
@@ -130,6 +149,35 @@ def write_json_atomic(path: Path, data: str) -> None:
     os.replace(tmp, path)
 
 
+def _as_os_error(exc: Exception, path: Path) -> OSError:
+    """The OSError behind a safetensors write error ("I/O error: ... (os error 28)")."""
+    found = re.search(r"os error (\d+)", str(exc))
+    if found is None:
+        return OSError(f"{path}: {exc}")
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code), str(path))
+
+
+def _write_json_or_in_place(path: Path, data: str) -> None:
+    """:func:`write_json_atomic`, or, where no new file can be made, rewrite ``path`` in place.
+
+    A directory made read-only (or a full disk) refuses the temporary file, but
+    the manifest itself may still be writable: its owner's last word
+    (``complete: false`` and the error) is worth the small risk of a torn file
+    that only a kill during this write could leave.
+    """
+    try:
+        write_json_atomic(path, data)
+    except OSError:
+        if path.is_symlink() or not path.is_file():
+            raise
+        with contextlib.suppress(OSError):
+            os.unlink(path.with_name(path.name + ".tmp"))
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(data)
+
+
 class RunWriter:
     """Writes one rank's part of a recording.
 
@@ -172,16 +220,19 @@ class RunWriter:
         if rank == 0:
             self._write_manifest()
         self._write_status(RankStatus(rank=rank, host=socket.gethostname(), pid=os.getpid()))
-        self._records = open(self.rank_dir / RECORDS_FILE, "ab")  # noqa: SIM115
+        # unbuffered: each flushed batch is one write, undone whole if it fails
+        self._records = open(self.rank_dir / RECORDS_FILE, "ab", buffering=0)  # noqa: SIM115
         self._chunk = 0
 
     def _write_manifest(self) -> None:
-        write_json_atomic(self.root / "manifest.json", self.manifest.model_dump_json(indent=2))
+        _write_json_or_in_place(
+            self.root / "manifest.json", self.manifest.model_dump_json(indent=2)
+        )
 
     def _write_status(self, status: RankStatus) -> None:
         """Replace this rank's ``status.json`` (its own account of whether it completed)."""
         self._status = status
-        write_json_atomic(self.rank_dir / STATUS_FILE, status.model_dump_json(indent=2))
+        _write_json_or_in_place(self.rank_dir / STATUS_FILE, status.model_dump_json(indent=2))
 
     def update_manifest(self, **fields: Any) -> None:
         """Change manifest fields (e.g. ``model``, ``dtype``) and rewrite it (rank 0)."""
@@ -198,8 +249,17 @@ class RunWriter:
         name = f"tensors-{step:06d}-{self._chunk:04d}.safetensors"
         self._chunk += 1
         tmp = self.rank_dir / (name + ".tmp")
-        save_file(tensors, str(tmp))
-        os.replace(tmp, self.rank_dir / name)
+        try:
+            try:
+                save_file(tensors, str(tmp))
+            except SafetensorError as exc:  # safetensors' Rust side reports I/O errors so
+                raise _as_os_error(exc, tmp) from exc
+            os.replace(tmp, self.rank_dir / name)
+        except BaseException:
+            # a half-written file on a full disk holds the space the manifest needs
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         return name
 
     def write_records(self, records: list[dict[str, Any]]) -> None:
@@ -230,23 +290,60 @@ class RunWriter:
         # the dicts just validated, encoded by pydantic-core as the model would encode
         # them (a model instance per record costs ~5 us more to serialize)
         lines = b"\n".join(to_json(rec, inf_nan_mode="strings") for rec in records)
-        self._records.write(lines + b"\n")
-        self._records.flush()
+        self._append(lines + b"\n")
 
-    def close(self, *, steps: int | None = None, error: BaseException | None = None) -> None:
+    def _append(self, data: bytes) -> None:
+        """Append ``data`` to records.jsonl whole, or not at all (the file is cut back).
+
+        A write that fails half-way (a full disk) would leave a truncated line
+        that readers refuse; cutting the file back to its last whole batch keeps
+        every step written before the failure readable.
+        """
+        fh = self._records
+        start = fh.seek(0, os.SEEK_END)
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[fh.write(view) or 0 :]
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fh.fileno(), start)
+            raise
+
+    def close(
+        self,
+        *,
+        steps: int | None = None,
+        error: BaseException | None = None,
+        steps_run: int | None = None,
+    ) -> None:
         """Flush and close the records; mark the manifest complete (rank 0).
 
-        With ``error`` (the exception the run's body raised) the manifest says
-        ``complete: false`` and names it: what was recorded is kept, but it is
-        not the whole run.
+        With ``error`` (the exception the run's body raised, or the I/O error
+        that stopped the recording) the manifest says ``complete: false`` and
+        names it: what was recorded is kept, but it is not the whole run.
+        ``steps_run``: the steps the run went through, when more than ``steps``
+        were recorded (the recording stopped early).
         """
         if self._records.closed:
             return
         self._records.close()
+        try:
+            self._mark_closed(steps=steps, error=error, steps_run=steps_run)
+        finally:
+            if self.rank == 0:
+                release_writer_lock(self.root)
+
+    def _mark_closed(
+        self, *, steps: int | None, error: BaseException | None, steps_run: int | None
+    ) -> None:
+        ended: dict[str, Any] = {"steps": steps}
+        if steps_run is not None:
+            ended["steps_run"] = steps_run
         if error is None:
-            self._write_status(self._status.model_copy(update={"complete": True, "steps": steps}))
-            self.update_manifest(complete=True, steps=steps)
+            self._write_status(self._status.model_copy(update={"complete": True, **ended}))
+            self.update_manifest(complete=True, **ended)
         else:
             failure = RunError(type=type(error).__name__, message=str(error)[:500])
-            self._write_status(self._status.model_copy(update={"steps": steps, "error": failure}))
-            self.update_manifest(complete=False, steps=steps, error=failure)
+            self._write_status(self._status.model_copy(update={"error": failure, **ended}))
+            self.update_manifest(complete=False, error=failure, **ended)

@@ -18,7 +18,7 @@ divergence's ``rank``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from precguard.compare.metrics import precision, stats_metrics, tensor_metrics
 from precguard.compare.report import FirstDivergence, Metrics, RecordResult, Suspect
@@ -28,15 +28,33 @@ from precguard.dump.schema import Record
 
 if TYPE_CHECKING:
     from precguard.compare.report import Comparison
-    from precguard.layout.view import LayoutViews
+    from precguard.layout.gather import Gathered, Source
 
 _BAD = ("fail", "nonfinite")
 #: suspects whose rank is looked up (each costs a read of the ranks' records)
 MAX_ATTRIBUTED = 10
 
 
+class GatheredSides(Protocol):
+    """What attribution needs of the two sides of a layout comparison (``LayoutViews`` is one).
+
+    A protocol, so that this module and :mod:`precguard.layout.view`, which calls it,
+    do not import each other.
+    """
+
+    golden_original: Run
+    actual_original: Run
+    golden: Run
+    g: Gathered | None
+    a: Gathered | None
+
+    def source(self, step: int, key: str, *, golden: bool = False) -> Source | None:
+        """The source of a gathered record (None when that side was not gathered)."""
+        ...
+
+
 def attribute(
-    views: LayoutViews, result: Comparison, profile: Profile, tol_mode: str
+    views: GatheredSides, result: Comparison, profile: Profile, tol_mode: str
 ) -> tuple[FirstDivergence | None, list[Suspect], list[str]]:
     """The first divergence and suspects of ``result`` with the rank holding each error."""
     first = result.first_divergence
@@ -82,7 +100,7 @@ def attribute(
     return first, out, notes
 
 
-def _group_ranks(views: LayoutViews, step: int, key: str, default: int) -> list[int]:
+def _group_ranks(views: GatheredSides, step: int, key: str, default: int) -> list[int]:
     """The ranks that held the gathered record ``key`` of ``step``."""
     src = views.source(step, key) or views.source(step, key, golden=True)
     return list(src.ranks) if src is not None else [default]
@@ -91,7 +109,7 @@ def _group_ranks(views: LayoutViews, step: int, key: str, default: int) -> list[
 class _ShardReader:
     """The per-rank records (and golden whole records) behind some gathered records."""
 
-    def __init__(self, views: LayoutViews, results: list[RecordResult]) -> None:
+    def __init__(self, views: GatheredSides, results: list[RecordResult]) -> None:
         self.views = views
         self.actual: dict[tuple[int, int, str], Record] = {}
         self.golden: dict[tuple[int, int, str], Record] = {}
@@ -135,7 +153,7 @@ def _tier(r: RecordResult) -> int | None:
 
 
 def _decide(
-    views: LayoutViews,
+    views: GatheredSides,
     reader: _ShardReader,
     group: list[RecordResult],
     profile: Profile,
@@ -186,7 +204,7 @@ def _what(reader: _ShardReader, r: RecordResult, rank: int) -> str:
 
 
 def _per_rank(
-    views: LayoutViews,
+    views: GatheredSides,
     reader: _ShardReader,
     r: RecordResult,
     profile: Profile,
@@ -232,7 +250,7 @@ def _per_rank(
 
 
 def _part_metrics(
-    views: LayoutViews,
+    views: GatheredSides,
     placement: str,
     a: Record,
     g: Record | None,

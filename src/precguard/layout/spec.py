@@ -270,6 +270,45 @@ def builtin_layouts() -> dict[str, Path]:
     return dict(sorted(out.items()))
 
 
+#: a layout is a handful of rules: the shipped ones are under 4 KiB
+MAX_LAYOUT_BYTES = 256 * 1024
+#: nesting a layout never needs (rules -> rule -> placements -> placement -> dims)
+MAX_LAYOUT_DEPTH = 32
+
+
+def _load_bounded_yaml(path: Path) -> Any:
+    """Parse ``path`` as YAML after checking its size, nesting and aliases.
+
+    PyYAML builds nested documents recursively (10,000 levels raise
+    RecursionError) and its pure-Python parser takes minutes on megabytes, so
+    the size is checked before reading and the depth on the event stream
+    before anything is built. Aliases are refused: a layout never needs them,
+    and expanding them is how a kilobyte becomes gigabytes.
+    """
+    with open(path, "rb") as fh:
+        data = fh.read(MAX_LAYOUT_BYTES + 1)
+    if len(data) > MAX_LAYOUT_BYTES:
+        raise UsageError(
+            f"--layout {shown(path)}: larger than {MAX_LAYOUT_BYTES} bytes; not a layout spec"
+        )
+    text = data.decode("utf-8")
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    depth = 0
+    for event in yaml.parse(text, Loader=loader):
+        if isinstance(event, yaml.AliasEvent):
+            raise UsageError(f"--layout {shown(path)}: YAML aliases are not allowed in a layout")
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_LAYOUT_DEPTH:
+                raise UsageError(
+                    f"--layout {shown(path)}: nested deeper than {MAX_LAYOUT_DEPTH} levels; "
+                    "not a layout spec"
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+    return yaml.load(text, Loader=loader)  # a safe loader (SafeLoader or its C form)
+
+
 def load_layout(spec: str | Path | LayoutSpec) -> LayoutSpec:
     """Load a layout spec from a YAML file or a shipped name; raise UsageError naming the fault.
 
@@ -288,7 +327,7 @@ def load_layout(spec: str | Path | LayoutSpec) -> LayoutSpec:
             )
         path = shipped[str(spec)]
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = _load_bounded_yaml(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"--layout {shown(path)}: cannot read ({exc})") from exc
     except yaml.YAMLError as exc:

@@ -22,6 +22,12 @@ The search (:class:`Bisector`):
    reference are not enough is kept whole (its own code is the problem);
 4. a linear pass drops each culprit whose removal still passes.
 
+When the device output is not finite, one more forward with hooks names the
+module whose output first leaves the format's range (:func:`find_overflow`:
+NaN/Inf or ±max while its inputs were in range) with its values on both sides,
+also when no set of modules at reference precision fixes the output (values
+that exceed the format where the model hands them on, or its output itself).
+
 Probes are cached by the set they test. The user's model is never touched:
 both models are private builds, and every swapped ``forward`` is restored.
 
@@ -45,10 +51,11 @@ from torch.utils._python_dispatch import _disable_current_modes
 from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.compare.tolerance import SIGNIFICAND_BITS, unit_roundoff
-from precguard.devices import construct_model, parse_dtype, resolve_backend
-from precguard.errors import PrecguardError, TargetError, UsageError
+from precguard.devices import parse_dtype, resolve_backend
+from precguard.errors import TargetError, UsageError
 from precguard.oracle import map_tensors_keeping_types
-from precguard.target import Target, call_model, load_target, move_batch, raised
+from precguard.target import Target, call_model
+from precguard.target_run import TargetRun
 
 logger = get_logger(__name__)
 
@@ -128,6 +135,40 @@ class Probe(BaseModel):
     passed: bool = Field(description="True when the error is within the threshold.")
 
 
+class Overflow(BaseModel):
+    """The module whose output first left the format's range on the device."""
+
+    model_config = _FROZEN
+
+    module: str = Field(description="Qualified module name ('root' for the root module).")
+    module_type: str = Field(description="Its class name.")
+    format: str = Field(description="The device's compute precision whose range was left.")
+    format_max: float = Field(description="Largest finite value of that format.")
+    nonfinite: int = Field(description="NaN/Inf elements of its output on the device.")
+    saturated: int = Field(description="Elements at ±format_max (saturated) on the device.")
+    device_absmax: float = Field(description="Largest finite |value| of its device output.")
+    input_absmax: float = Field(description="Largest |value| of its inputs on the device.")
+    reference_absmax: float | None = Field(
+        default=None,
+        description="Largest |value| of the same output on the reference (beyond format_max: "
+        "the values themselves exceed the format; None: not measured).",
+    )
+
+    def describe(self) -> str:
+        """One line for the terminal."""
+        ref = (
+            f"; on the reference its output reaches {self.reference_absmax:.4g}"
+            if self.reference_absmax is not None
+            else ""
+        )
+        got = f"{self.nonfinite} NaN/Inf" if self.nonfinite else f"{self.saturated} saturated"
+        return (
+            f"{self.module} ({self.module_type}) is the first module whose output leaves "
+            f"{self.format}'s range (max {self.format_max:.5g}): {got} element(s), inputs "
+            f"within |x| <= {self.input_absmax:.4g}{ref}"
+        )
+
+
 class BisectResult(BaseModel):
     """The smallest set of modules whose reference precision fixes the output."""
 
@@ -149,11 +190,18 @@ class BisectResult(BaseModel):
     units: int = Field(description="Top-level modules the search started from.")
     baseline_error: float = Field(description="Output error with every module on the device.")
     fixed_error: float = Field(description="Output error with the culprits at reference.")
+    overflow: Overflow | None = Field(
+        default=None,
+        description="When the device output is not finite: the module whose output first "
+        "left the format's range, with its values.",
+    )
+    note: str | None = Field(default=None, description="What the search could not do, if any.")
 
     @property
     def exit_code(self) -> int:
-        """0 when the device output is within the threshold, 1 when culprits were found."""
-        return 1 if self.culprits else 0
+        """0 when the device output is within the threshold, 1 when culprits or an overflow
+        were found."""
+        return 1 if self.culprits or self.overflow is not None else 0
 
 
 # -- swapping modules for their reference twins ----------------------------------------------
@@ -453,11 +501,9 @@ def bisect(
         )
     if threshold is not None and not (threshold >= 0 and math.isfinite(threshold)):
         raise UsageError(f"--threshold must be a finite number >= 0, got {threshold}")
-    target_obj = load_target(target)
-    backend = resolve_backend(device)
+    run = TargetRun.open(target, device, dtype)
+    target_obj, backend, model_dtype = run.target, run.backend, run.dtype
     ref_backend = resolve_backend(reference)
-    model_dtype = parse_dtype(dtype) if dtype is not None else backend.model_dtype()
-    model_dtype = model_dtype or torch.float32
     ref_dtype = parse_dtype(reference_dtype)
     compute = backend.compute_dtype() or model_dtype
     if threshold is None:
@@ -465,25 +511,18 @@ def bisect(
             raise UsageError(f"--metric {metric} needs --threshold (a default exists for rel_l2)")
         threshold = default_threshold(max(compute, model_dtype, key=precision_eps))
 
-    built = construct_model(target_obj, backend)
+    built = run.construct()
     if prepare is not None:
         prepare(built)
     built.eval()
     reference_model = copy.deepcopy(built).to(device=ref_backend.torch_device(), dtype=ref_dtype)
     model = built.to(device=backend.torch_device(), dtype=model_dtype)
 
-    def user_code(what: str, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except PrecguardError:
-            raise
-        except (Exception, SystemExit) as exc:  # a target's sys.exit() is its error too
-            raise TargetError(f"target {target_obj.name!r}: {what} {raised(exc)}") from exc
+    user_code = run.call
+    batch = run.batch(step)
 
-    batch = user_code(f"batch({step})", lambda: target_obj.batch(step))
-
-    ref_batch = _cast_batch(move_batch(batch, ref_backend.torch_device()), ref_dtype)
-    dev_batch = _cast_batch(move_batch(batch, backend.torch_device()), model_dtype)
+    ref_batch = _cast_batch(run.move(batch, ref_backend.torch_device()), ref_dtype)
+    dev_batch = _cast_batch(run.move(batch), model_dtype)
 
     def reference_forward() -> Any:
         with torch.no_grad(), ref_backend.numerics():
@@ -515,7 +554,32 @@ def bisect(
         return output_error(out, expected, metric)
 
     bisector = Bisector(model, probe, called, threshold, on_probe)
-    culprits = bisector.run()
+    overflow: Overflow | None = None
+    note: str | None = None
+    if not math.isfinite(bisector.error([])):
+
+        def device_forward() -> Any:
+            with torch.no_grad(), backend.numerics():
+                return call_model(model, dev_batch)
+
+        overflow = user_code(
+            "the device forward",
+            lambda: find_overflow(
+                model, device_forward, overflow_format(compute), reference_model, reference_forward
+            ),
+        )
+    try:
+        culprits = bisector.run()
+    except TargetError:
+        if overflow is None:
+            raise
+        culprits = []
+        note = (
+            "no set of modules at reference precision fixes the output: with the whole model "
+            f"at reference its output error is still {bisector.error([ROOT]):.3g}, so values "
+            f"beyond {_name(overflow_format(compute))}'s range reach the output; rescale them "
+            f"(from {overflow.module} on) or keep them in a wider dtype"
+        )
     probes = bisector.probes
     baseline = probes[0].error
     fixed = bisector.error(culprits) if culprits else baseline
@@ -534,7 +598,135 @@ def bisect(
         units=len(child_units(model, ROOT, called)),
         baseline_error=baseline,
         fixed_error=fixed,
+        overflow=overflow,
+        note=note,
     )
+
+
+def overflow_format(compute: torch.dtype | str) -> torch.dtype:
+    """The storage format whose range a compute precision has (TF32/HF32: float32's)."""
+    return compute if isinstance(compute, torch.dtype) else torch.float32
+
+
+def find_overflow(
+    model: nn.Module,
+    forward: Callable[[], Any],
+    fmt: torch.dtype,
+    reference_model: nn.Module | None = None,
+    reference_forward: Callable[[], Any] | None = None,
+) -> Overflow | None:
+    """The first module (in completion order) whose output leaves ``fmt``'s range.
+
+    Runs ``forward()`` once with hooks on every module of ``model``: an output
+    leaves the range when it holds NaN/Inf or an element at ±max (saturation)
+    while the module's inputs held neither. The hooks' own reductions run
+    outside the device's numerics and cost one host sync per module; this is a
+    diagnosis run, not capture. With ``reference_model`` the same module's
+    output is measured on the reference (``reference_forward()``) too.
+    """
+    fmax = float(torch.finfo(fmt).max)
+    found: list[tuple[str, nn.Module, dict[str, float]]] = []
+    inputs_ok: dict[str, tuple[bool, float]] = {}
+
+    def measure(value: Any) -> tuple[int, int, float]:
+        nonfinite = saturated = 0
+        absmax = 0.0
+        for t in _float_tensors(value):
+            with _outside_device():
+                x = t.detach()
+                finite = torch.isfinite(x)
+                nonfinite += int((~finite).sum())
+                mags = torch.where(finite, x.abs(), torch.zeros((), dtype=x.dtype))
+                top = float(mags.max()) if x.numel() else 0.0
+                saturated += int((mags >= fmax).sum())
+            absmax = max(absmax, top)
+        return nonfinite, saturated, absmax
+
+    def pre(name: str) -> Callable[..., None]:
+        def hook(_m: nn.Module, args: Any, kwargs: Any) -> None:
+            if not found:
+                nonfinite, saturated, absmax = measure((args, kwargs))
+                inputs_ok[name] = (nonfinite == 0 and saturated == 0, absmax)
+
+        return hook
+
+    def post(name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, _args: Any, _kwargs: Any, output: Any) -> None:
+            ok, in_absmax = inputs_ok.get(name, (False, math.inf))
+            if found or not ok:
+                return
+            nonfinite, saturated, absmax = measure(output)
+            if nonfinite or saturated:
+                values = {
+                    "nonfinite": nonfinite,
+                    "saturated": saturated,
+                    "absmax": absmax,
+                    "in": in_absmax,
+                }
+                found.append((name, module, values))
+
+        return hook
+
+    handles = []
+    try:
+        for name, mod in model.named_modules():
+            label = name or ROOT
+            handles.append(mod.register_forward_pre_hook(pre(label), with_kwargs=True))
+            handles.append(mod.register_forward_hook(post(label), with_kwargs=True))
+        forward()
+    finally:
+        for h in handles:
+            h.remove()
+    if not found:
+        return None
+    name, module, values = found[0]
+    reference_absmax = None
+    if reference_model is not None and reference_forward is not None:
+        reference_absmax = _reference_absmax(reference_model, name, reference_forward)
+    return Overflow(
+        module=name,
+        module_type=type(module).__name__,
+        format=_name(fmt),
+        format_max=fmax,
+        nonfinite=int(values["nonfinite"]),
+        saturated=int(values["saturated"]),
+        device_absmax=values["absmax"],
+        input_absmax=values["in"],
+        reference_absmax=reference_absmax,
+    )
+
+
+def _reference_absmax(model: nn.Module, name: str, forward: Callable[[], Any]) -> float | None:
+    """Largest |value| of module ``name``'s output in one ``forward()`` of ``model``."""
+    seen: list[float] = []
+
+    def hook(_m: nn.Module, _args: Any, output: Any) -> None:
+        if not seen:
+            tops = [float(t.detach().abs().max()) for t in _float_tensors(output) if t.numel()]
+            seen.append(max(tops, default=0.0))
+
+    try:
+        module = model.get_submodule("" if name == ROOT else name)
+    except AttributeError:
+        return None
+    handle = module.register_forward_hook(hook)
+    try:
+        forward()
+    finally:
+        handle.remove()
+    return seen[0] if seen else None
+
+
+def _float_tensors(value: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+
+    def look(t: torch.Tensor) -> torch.Tensor:
+        if t.is_floating_point():
+            found.append(t)
+        return t
+
+    map_tensors_keeping_types(value, look)
+    return found
 
 
 def _name(dtype: torch.dtype) -> str:

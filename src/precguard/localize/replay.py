@@ -4,10 +4,18 @@ Compare tells which module *seems* to introduce error; replay confirms it.
 The module runs by itself on the device under test, fed the exact tensors
 it received in the golden run, so every difference in its output is error
 it makes itself (its *local error*), with no upstream error mixed in.
+
+It runs in the dtype ``precguard record`` uses on that device (the device's
+model dtype, else float32) unless ``dtype`` says otherwise, and each output is
+judged by the error a correct module explains at the precision it ran in
+(:func:`replay_expected_error`): its inputs rounded to the replay dtype, one
+rounding in the compute precision and the accumulation of its reductions. A
+named tolerance profile judges by fixed tolerances instead.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import Any, Literal
@@ -20,7 +28,8 @@ from rich.text import Text
 
 from precguard._logging import get_logger
 from precguard.capture.flatten import named_tensors
-from precguard.compare.metrics import golden_rms, tensor_metrics
+from precguard.compare.expected import expected_error
+from precguard.compare.metrics import golden_rms, less_precise, tensor_metrics
 from precguard.compare.render import format_cosine, format_number
 from precguard.compare.report import Metrics, Status
 from precguard.compare.tolerance import Profile, get_profile, judge
@@ -44,6 +53,11 @@ class ReplayOutput(BaseModel):
     name: str = Field(description="Where the tensor sits in the output ('output', 'output.0').")
     status: Status = Field(description="pass, fail, nonfinite, or missing (not produced).")
     metrics: Metrics | None = Field(default=None, description="Local error metrics.")
+    expected_error: float | None = Field(
+        default=None,
+        description="Relative L2 error a correct module explains at the replay's precision "
+        "(None when judged by a fixed profile); the output fails beyond REPLAY_MARGIN times it.",
+    )
 
 
 class ReplayResult(BaseModel):
@@ -58,7 +72,15 @@ class ReplayResult(BaseModel):
     dtype: str = Field(description="dtype the module ran in.")
     step: int = Field(description="Step whose inputs were replayed.")
     call: int = Field(description="Call of the module that was replayed.")
-    profile: str = Field(description="Tolerance profile.")
+    profile: str = Field(
+        description="'expected': judged by the expected error at the replay's precision; "
+        "else the fixed tolerance profile asked for."
+    )
+    precision: str = Field(
+        default="float32",
+        description="Precision the module computed in: the replay dtype, or the device's "
+        "lower compute precision (an emu: profile's).",
+    )
     verdict: Literal["match", "diverged"] = Field(
         description="'match' when every output is within tolerance: the module is not at fault."
     )
@@ -77,7 +99,7 @@ def replay_module(
     call: int = 0,
     step: int = 0,
     rank: int = 0,
-    profile: str = "default",
+    profile: str | None = None,
 ) -> ReplayResult:
     """Run ``module`` of ``target`` alone on ``device`` with the golden's inputs.
 
@@ -88,18 +110,20 @@ def replay_module(
     The golden must hold full tensors of the module's inputs and outputs
     (recorded with ``tensors=["NAME"]`` or ``tensors=True``); a missing tensor
     is named in the error. Weights come from the target, built the way
-    ``precguard record`` builds it (seeded, on the CPU, then moved).
+    ``precguard record`` builds it (seeded, on the CPU, then moved), in ``dtype``
+    or else the dtype ``record`` uses on ``device``. ``profile`` None judges each
+    output by its expected error (:func:`replay_expected_error`); a profile name
+    by that profile's fixed tolerances.
 
     >>> r = replay_module("runs/cpu", "model.layers.3.mlp", target="tiny-llama",
     ...                   device="npu")                                  # doctest: +SKIP
     >>> r.verdict, r.local_error                                           # doctest: +SKIP
     ('diverged', 0.0031)
     """
-    from precguard.devices import build_model, parse_dtype, resolve_backend
-    from precguard.target import load_target
+    from precguard.target_run import TargetRun
 
     run = load_run(golden)
-    prof = get_profile(profile)
+    prof = get_profile(profile or "default")
     if rank not in run.ranks:
         raise UsageError(f"{shown(run.path)}: has no rank {rank} (ranks: {run.ranks or 'none'})")
     records = _module_records(run.records(rank), module, call, step)
@@ -121,10 +145,10 @@ def replay_module(
     if not target:
         raise UsageError(missing_target_message(run))
     target_spec = target
-    torch_dtype = parse_dtype(dtype or run.manifest.dtype or "float32")
-    backend = resolve_backend(device)
-    target_obj = load_target(target_spec)
-    model = build_model(target_obj, backend, torch_dtype)
+    # dtype None: what `record` uses on the device (its model dtype), not float32
+    setup = TargetRun.open(target_spec, device, dtype)
+    torch_dtype, backend = setup.dtype, setup.backend
+    model = setup.build_model()
     model.eval()
     try:
         sub = model if module == "root" else model.get_submodule(module)
@@ -139,7 +163,13 @@ def replay_module(
             produced = sub(*args, **kwargs)
             backend.synchronize()
         got = dict(named_tensors(produced, "output"))
-        results = [_judge_output(o, got.get(o.name), store, prof) for o in outputs]
+        prec = replay_precision(torch_dtype, backend.compute_dtype())
+        expected = (
+            None
+            if profile
+            else replay_expected_error(inputs, store, torch_dtype, prec, reduction_length(sub))
+        )
+        results = [_judge_output(o, got.get(o.name), store, prof, expected) for o in outputs]
     finally:
         store.close()
     errors = [r.metrics.error for r in results if r.metrics is not None]
@@ -154,7 +184,8 @@ def replay_module(
         dtype=str(torch_dtype).removeprefix("torch."),
         step=step,
         call=call,
-        profile=prof.name,
+        profile=prof.name if profile else "expected",
+        precision=prec,
         verdict=verdict,
         local_error=max(errors, default=0.0),
         outputs=results,
@@ -272,8 +303,67 @@ def _materialize(node: Any) -> Any:
     return {k: _materialize(v) for k, v in node.items()}
 
 
+#: a correct module's replayed output stays within this many times its expected error:
+#: the expected error is one rounding's rms (u/sqrt(3) per rounded operand, u per
+#: rounding in the worst case), and a module combines a few such roundings (inputs,
+#: weights, output) and may amplify its inputs' rounding by its condition number
+REPLAY_MARGIN = 4.0
+
+
+def replay_precision(dtype: torch.dtype, compute: torch.dtype | str | None) -> str:
+    """The precision a replay computes in: its dtype, or the device's lower compute precision."""
+    name = str(dtype).removeprefix("torch.")
+    if compute is None:
+        return name
+    return less_precise(name, str(compute).removeprefix("torch."))
+
+
+def reduction_length(module: torch.nn.Module) -> int | None:
+    """The longest dot product a module computes, as far as its layers tell (None: unknown).
+
+    The in-features of its (or its children's) linear layers; it sets the accumulation
+    term ``sqrt(k) * u_acc`` of :func:`~precguard.compare.expected.rounding_floor`.
+    """
+    lengths = [
+        int(m.in_features)
+        for m in module.modules()
+        if isinstance(getattr(m, "in_features", None), int)
+    ]
+    return max(lengths, default=None)
+
+
+def replay_expected_error(
+    inputs: list[Record], store: TensorStore, dtype: torch.dtype, precision: str, k: int | None
+) -> float:
+    """The relative error a correct module's output carries when replayed in ``dtype``.
+
+    The golden inputs, rounded to ``dtype``, carry an error measured here (their
+    relative L2 change); the module adds one rounding in ``precision`` and the
+    accumulation of length-``k`` reductions
+    (:func:`~precguard.compare.expected.expected_error`).
+    """
+    input_error = 0.0
+    for rec in inputs:
+        if rec.tensor is None:
+            continue
+        g = store.tensor(rec)
+        if not g.is_floating_point() or g.numel() == 0:
+            continue
+        g64 = g.double()
+        norm = float(torch.linalg.vector_norm(g64))
+        if not (norm > 0 and math.isfinite(norm)):
+            continue
+        diff = float(torch.linalg.vector_norm(g.to(dtype).double() - g64))
+        input_error = max(input_error, diff / norm)
+    return expected_error(input_error, precision, k)
+
+
 def _judge_output(
-    rec: Record, tensor: torch.Tensor | None, store: TensorStore, profile: Profile
+    rec: Record,
+    tensor: torch.Tensor | None,
+    store: TensorStore,
+    profile: Profile,
+    expected: float | None = None,
 ) -> ReplayOutput:
     if tensor is None:
         return ReplayOutput(key=rec.key, name=rec.name, status="missing")
@@ -292,7 +382,19 @@ def _judge_output(
         profile=profile,
         golden_rms=golden_rms(rec.stats),
     )
-    return ReplayOutput(key=rec.key, name=rec.name, status=judge(metrics, profile), metrics=metrics)
+    status = judge(metrics, profile) if expected is None else judge_by_expected(metrics, expected)
+    return ReplayOutput(
+        key=rec.key, name=rec.name, status=status, metrics=metrics, expected_error=expected
+    )
+
+
+def judge_by_expected(metrics: Metrics, expected: float) -> Status:
+    """``pass`` while a replayed output's error is within :data:`REPLAY_MARGIN` x expected."""
+    if metrics.nan_mismatch or metrics.inf_mismatch:
+        return "nonfinite"
+    if metrics.level == "exact":
+        return "fail" if metrics.mismatched else "pass"
+    return "fail" if metrics.error > REPLAY_MARGIN * expected else "pass"
 
 
 def render_replay(result: ReplayResult, console: Console) -> None:
@@ -304,11 +406,12 @@ def render_replay(result: ReplayResult, console: Console) -> None:
             (word, style),
             f"  {shown(result.module)} ({shown(result.module_type)}) replayed alone on "
             f"{shown(result.device)} "
-            f"({result.dtype}) with golden inputs: local error {result.local_error:.3g}",
+            f"({result.dtype}) with golden inputs: local error {result.local_error:.3g}"
+            + _expected_note(result),
         )
     )
     table = Table()
-    for col in ("output", "status", "rel_l2", "cosine", "max_abs"):
+    for col in ("output", "status", "rel_l2", "expected", "cosine", "max_abs"):
         table.add_column(col)
     for o in result.outputs:
         m = o.metrics
@@ -316,18 +419,38 @@ def render_replay(result: ReplayResult, console: Console) -> None:
             shown(o.name, markup=True),
             o.status,
             format_number(m.rel_l2 if m else None),
+            format_number(o.expected_error),
             format_cosine(m.cosine if m else None),
             format_number(m.max_abs_err if m else None),
         )
     console.print(table)
+    within = "its expected error" if result.profile == "expected" else "tolerance"
     if result.verdict == "match":
         console.print(
-            "the module itself is within tolerance: its error in compare came from upstream"
+            f"the module itself is within {within}: its error in compare came from upstream"
         )
     else:
-        console.print("the module itself is outside tolerance on this device: the error is local")
+        console.print(f"the module itself is outside {within} on this device: the error is local")
     for w in result.warnings:
         console.print(f"[yellow]warning:[/] {shown(w, 400, markup=True)}")
 
 
-__all__ = ["ReplayOutput", "ReplayResult", "render_replay", "replay_module"]
+def _expected_note(result: ReplayResult) -> str:
+    expected = [o.expected_error for o in result.outputs if o.expected_error is not None]
+    if result.profile != "expected" or not expected:
+        return f" (profile {result.profile})"
+    return (
+        f"; a correct module explains {max(expected):.3g} at {result.precision} "
+        f"(fails beyond {REPLAY_MARGIN:g}x)"
+    )
+
+
+__all__ = [
+    "REPLAY_MARGIN",
+    "ReplayOutput",
+    "ReplayResult",
+    "judge_by_expected",
+    "render_replay",
+    "replay_expected_error",
+    "replay_module",
+]

@@ -18,8 +18,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from precguard import tree
 from precguard._logging import get_logger
-from precguard.devices import construct_model, parse_dtype, resolve_backend
+from precguard.devices import resolve_backend
 from precguard.errors import PrecguardError, TargetError, UsageError
 from precguard.opcheck import rotary
 from precguard.opcheck.builtin import BUILTIN_OPS, OpSpec, max_angle
@@ -33,7 +34,8 @@ from precguard.opcheck.measure import (
     run_on_device,
 )
 from precguard.oracle import map_tensors_keeping_types, run_in_fp64
-from precguard.target import Target, call_model, load_target, raised
+from precguard.target import Target, call_model, raised
+from precguard.target_run import TargetRun, model_dtype
 
 logger = get_logger(__name__)
 
@@ -108,8 +110,7 @@ class _Bench:
     def __init__(self, device: str, dtype: str | torch.dtype | None, tolerance: float | None):
         self.device = device
         self.backend = resolve_backend(device)
-        requested = parse_dtype(dtype) if dtype is not None else None
-        self.dtype = requested or self.backend.model_dtype() or torch.float32
+        self.dtype = model_dtype(self.backend, dtype)
         self.compute = lowest(self.dtype, probe_compute_dtype(self.backend))
         self.eps = float(torch.finfo(self.compute).eps)
         self.tolerance = tolerance
@@ -277,10 +278,7 @@ def batch_of_length(batch: Any, length: int) -> Any:
     return map_tensors_keeping_types(batch, fit)
 
 
-def _tensor_leaves(value: Any) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    map_tensors_keeping_types(value, lambda t: found.append(t) or t)
-    return found
+_tensor_leaves = tree.tensors
 
 
 def max_length(model: nn.Module) -> int | None:
@@ -319,8 +317,9 @@ def module_points(
     batch tiled or cut to n tokens (default: the batch's own length and the
     built-in lengths up to the model's maximum).
     """
-    target_obj = load_target(target)
-    model = construct_model(target_obj, bench.backend).to("cpu", torch.float32).eval()
+    run = TargetRun.on(target, bench.device, bench.backend, bench.dtype)
+    target_obj = run.target
+    model = run.construct().to("cpu", torch.float32).eval()
     try:
         mod = model.get_submodule(name)
     except AttributeError:
@@ -331,10 +330,7 @@ def module_points(
             f"target {target_obj.name!r} has no module {name!r}{did_you_mean(name, names, n=1)}"
         ) from None
     who = f"module {name!r} of {target_obj.name!r}"
-    try:
-        batch = target_obj.batch(0)
-    except (Exception, SystemExit) as exc:
-        raise TargetError(f"target {target_obj.name!r}: batch(0) {raised(exc)}") from exc
+    batch = run.batch(0)
     args, kwargs = _capture(model, mod, batch, who)
     limit = max_length(model)
     if rotary.looks_rotary(mod):

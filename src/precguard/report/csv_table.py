@@ -2,11 +2,20 @@
 
 The columns are the ones msprobe users read in its comparison table: the
 record's name and place (key, module, step, rank, phase, role), both dtypes,
-the metrics, the status and whether the module made the error itself. Cells
-that hold text a recording names are untrusted: one that a spreadsheet would
-take for a formula (starting with ``=``, ``+``, ``-``, ``@``, tab or carriage
-return) is written with a leading apostrophe, as OWASP advises against CSV
-injection; numbers are written as numbers.
+the metrics, the status and whether the module made the error itself.
+
+Cells that hold text a recording names are untrusted, and a spreadsheet must
+neither split them into rows or columns nor evaluate them (CSV injection):
+
+* every cell is quoted (numbers too: spreadsheets still read quoted numbers as
+  numbers; ``csv.QUOTE_ALL``);
+* control characters (CR, LF, tab, the Unicode line separators) are written
+  as visible escapes (``\\r``, ``\\n``, ``\\t``, ``\\u2028``), so no cell ends a row
+  in a program that ignores quotes around a bare CR;
+* a text that starts, after any whitespace, with ``=``, ``+``, ``-``, ``@`` (or
+  their full-width forms) gets a leading apostrophe, as OWASP advises; so does
+  each part after a ``,`` ``;`` or ``|`` inside a cell, as a program that reads
+  the file with another separator (``;`` in many locales) would start a cell there.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,11 +71,31 @@ COLUMNS: tuple[str, ...] = (
     "bias",
 )
 
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+#: first characters that make a spreadsheet read a cell as a formula (with full-width forms)
+_FORMULA_START = frozenset("=+-@\uff1d\uff0b\uff0d\uff20")
+#: characters that end a row or a cell in some reader, or that a reader may drop
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
+_ESCAPES = {"\r": "\\r", "\n": "\\n", "\t": "\\t"}
+#: separators a spreadsheet may split a line on, other than the file's own ","
+_SEPARATOR = re.compile(r"([,;|])")
+
+
+def _escape(match: re.Match[str]) -> str:
+    ch = match.group()
+    return _ESCAPES.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+
+
+def _defuse(part: str) -> str:
+    stripped = part.lstrip().lstrip('"')
+    return "'" + part if stripped[:1] in _FORMULA_START else part
 
 
 def _text(value: str) -> str:
-    return "'" + value if value.startswith(_FORMULA_START) else value
+    """``value`` as a cell no spreadsheet splits or evaluates (see the module doc)."""
+    value = _CONTROL.sub(_escape, value)
+    if not _SEPARATOR.search(value):
+        return _defuse(value)
+    return "".join(_defuse(part) for part in _SEPARATOR.split(value))
 
 
 def _number(value: Any) -> Any:
@@ -110,7 +140,7 @@ def row(index: int, r: RecordResult) -> dict[str, Any]:
 def comparison_csv(result: Comparison) -> str:
     """Every record of ``result`` as CSV text, in golden execution order."""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n", quoting=csv.QUOTE_ALL)
     writer.writeheader()
     for i, r in enumerate(result.records):
         writer.writerow(row(i, r))

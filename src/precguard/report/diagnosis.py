@@ -11,8 +11,7 @@ if TYPE_CHECKING:
 
     from rich.console import Console
 
-    from precguard.checklist import Diagnosis
-    from precguard.checks.base import Finding
+    from precguard.report.models import Diagnosis, Finding
 
 STATUS_STYLE = {
     "pass": ("PASS", "green"),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from precguard.report.page import esc, number, sort_value
@@ -22,6 +22,10 @@ from precguard.report.page import esc, number, sort_value
 MAX_INLINE = 24
 #: table rows shown per mapping before '… N more'
 MAX_ROWS = 200
+#: columns a table shows (evidence naming 100k modules per row would make a page no one reads)
+MAX_COLUMNS = 200
+#: layers a per-layer plot draws (one tick label each)
+MAX_PLOT_LAYERS = 128
 #: a mapping of at most this many rows with many more columns is shown transposed
 TRANSPOSE_UP_TO = 4
 #: nesting rendered as tables; deeper values are shown as compact JSON
@@ -67,17 +71,22 @@ def _cell(v: Any, depth: int) -> str:
     return f"<td>{_inline(v)}</td>"
 
 
+def _columns(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Every key of ``rows``, in first-seen order (a dict: linear in the keys, not quadratic)."""
+    seen: dict[str, None] = {}
+    for row in rows:
+        seen.update(dict.fromkeys(row))
+    return list(seen)
+
+
 def _rows_table(rows: Mapping[str, Mapping[str, Any]], depth: int) -> str:
-    columns: list[str] = []
-    for row in rows.values():
-        for k in row:
-            if k not in columns:
-                columns.append(k)
+    columns = _columns(rows.values())
     if len(rows) <= TRANSPOSE_UP_TO and len(columns) > 2 * len(rows):
         # a few sides with many facts (device vs reference fingerprints): side by side
         flipped = {c: {name: row.get(c) for name, row in rows.items()} for c in columns}
         return _rows_table(flipped, depth)
     items = list(rows.items())
+    columns = columns[:MAX_COLUMNS]  # after transposing: many facts become rows instead
     body = [
         f"<tr><td class=name><code>{esc(name)}</code></td>"
         + "".join(_cell(row.get(c), depth) for c in columns)
@@ -93,11 +102,7 @@ def _rows_table(rows: Mapping[str, Mapping[str, Any]], depth: int) -> str:
 
 
 def _list_table(items: list[Mapping[str, Any]], depth: int) -> str:
-    columns: list[str] = []
-    for row in items:
-        for k in row:
-            if k not in columns:
-                columns.append(k)
+    columns = _columns(items)[:MAX_COLUMNS]
     body = [
         "<tr>" + "".join(_cell(row.get(c), depth) for c in columns) + "</tr>"
         for row in items[:MAX_ROWS]
@@ -206,7 +211,7 @@ def _position_curves(evidence: Mapping[str, Any]) -> str | None:
 
 def _case_points(evidence: Mapping[str, Any]) -> str | None:
     """Error per input case (norm.*): one marker series per module."""
-    from precguard.checks.norm import CASE_LABELS
+    from precguard.report.models import NORM_CASE_LABELS as CASE_LABELS
     from precguard.report.plots import figure, log_floor, positive, to_svg
 
     cases = list(CASE_LABELS)
@@ -245,27 +250,33 @@ def _layer_norms(evidence: Mapping[str, Any]) -> str | None:
 
     for _, rows in _row_maps(evidence):
         names = list(rows)
+        shown_names = names[:MAX_PLOT_LAYERS]  # a tick per layer: 100k would take minutes
         columns = sorted(
-            {k for r in rows.values() for k in r if k.endswith("_norm")},
+            {k for n in shown_names for k in rows[n] if k.endswith("_norm")},
         )
         if len(names) < 2 or not columns:
             continue
         fig = figure(9, 3.2)
         ax = fig.add_subplot()
         ax.set_yscale("log")
-        data = {c: [_num(rows[n].get(c)) for n in names] for c in columns}
+        data = {c: [_num(rows[n].get(c)) for n in shown_names] for c in columns}
         floor = log_floor([v for vals in data.values() for v in vals])
-        xs = list(range(len(names)))
+        xs = list(range(len(shown_names)))
         missing = 0
         # device and reference often coincide: different line styles keep both visible
         for (c, ys), (ls, marker) in zip(data.items(), itertools.cycle(_STYLES), strict=False):
             ax.plot(xs, positive(ys, floor), ls=ls, marker=marker, ms=4, lw=1, label=c)
             missing += sum(1 for y in ys if not math.isfinite(y))
-        ax.set_xticks(xs, names, rotation=30, fontsize=7, ha="right")
+        ax.set_xticks(xs, shown_names, rotation=30, fontsize=7, ha="right")
         ax.set_ylabel("norm (log)")
         ax.grid(True, alpha=0.3)
+        notes = []
         if missing:
-            ax.set_title(f"{missing} non-finite value(s) not drawn", fontsize=8, color="#8250df")
+            notes.append(f"{missing} non-finite value(s) not drawn")
+        if len(names) > len(shown_names):
+            notes.append(f"first {len(shown_names)} of {len(names)} layers drawn")
+        if notes:
+            ax.set_title("; ".join(notes), fontsize=8, color="#8250df")
         fig.legend(fontsize=7, loc="outside right center")
         return to_svg(fig)
     return None

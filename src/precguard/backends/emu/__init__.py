@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from precguard.backend import Backend
 from precguard.backends.emu.backend import EmuBackend
-from precguard.plugins import hookimpl
+from precguard.hookspecs import hookimpl
 
 
 @hookimpl

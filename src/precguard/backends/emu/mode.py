@@ -4,7 +4,7 @@ It sits below autograd, so forward, backward and optimizer ops are all
 emulated. For each op with float tensors it:
 
 1. passes it through unchanged when precguard itself is computing
-   statistics (:func:`precguard.capture.stats.in_capture`), for views and
+   statistics (:func:`precguard.backend.in_capture`), for views and
    metadata ops, for uninitialised allocations, for float64 work (fp64
    references stay exact) and, with ``keep_float32``, for ops on float32
    tensors only (the fp32 islands of a mixed-precision model), and for a
@@ -30,10 +30,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
 
+from precguard.backend import in_capture
 from precguard.backends.emu import numerics
 from precguard.backends.emu.numerics import OpNumerics
 from precguard.backends.emu.profile import EmuProfile
-from precguard.capture.stats import in_capture
 
 aten = torch.ops.aten
 

@@ -5,8 +5,8 @@ Everything here takes and returns float32 tensors whose *values* follow the
 emulated chip; the caller casts to the dtype the op would have returned.
 Emulating this way (round inputs, compute in fp32, round the result) is what
 accelerators do for fp16/bf16 storage with fp32 accumulation, and it needs no
-native low-precision CPU kernels (which DESIGN.md measured ~30× slower on CPUs
-without fp16/bf16 support; ``benchmarks/emu_speed.py`` measures both).
+native low-precision CPU kernels (once measured ~30× slower on CPUs without
+fp16/bf16 support, see docs/emu.md; ``benchmarks/emu_speed.py`` measures both).
 """
 
 from __future__ import annotations

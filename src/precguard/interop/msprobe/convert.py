@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from precguard._logging import get_logger
+from precguard.dump.lock import release_writer_lock
 from precguard.dump.reader import Run, load_run
 from precguard.dump.writer import RunWriter, prepare_run_dir, remove_recording, write_json_atomic
 from precguard.errors import DumpFormatError
@@ -60,6 +61,7 @@ def import_msprobe(
     dest = prepare_run_dir(target, overwrite=overwrite)
     try:
         _write(root, dumps, dest)
+        _require_records(root, dest)
     except BaseException:
         # leave nothing half-written: what was there before is gone either way
         # (replaced with --overwrite), and a partial import is no recording
@@ -68,8 +70,23 @@ def import_msprobe(
         else:
             with contextlib.suppress(Exception):
                 remove_recording(dest)
+        release_writer_lock(dest)
         raise
     return dest
+
+
+def _require_records(root: Path, dest: Path) -> None:
+    """Refuse, naming the dump, an import that produced no record at all."""
+    from precguard.dump.paths import RECORDS_FILE, rank_of
+
+    for entry in dest.iterdir():
+        records = entry / RECORDS_FILE
+        if rank_of(entry.name) is not None and records.is_file() and records.stat().st_size:
+            return
+    raise DumpFormatError(
+        f"{shown(root)}: the msprobe dump holds no records (every dump.json's 'data' is "
+        "empty); nothing to import"
+    )
 
 
 def open_recording(path: str | os.PathLike[str]) -> Run:

@@ -187,7 +187,10 @@ def _tour(
                     if not under:
                         break
                     cut -= 1
-                node.children, pending = pending[cut:], pending[:cut]
+                # the children move out of pending in place: slicing pending whole per
+                # call made an import of N calls take O(N^2) (100k calls: a minute)
+                node.children = pending[cut:]
+                del pending[cut:]
             pending.append(node)
         roots = pending
     stack: list[tuple[_Node, bool]] = [(n, False) for n in reversed(roots)]
@@ -412,7 +415,13 @@ def _number(value: Any, what: str, where: str) -> float | None:
     if isinstance(value, bool):
         return float(value)
     if isinstance(value, (int, float)):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer of hundreds of digits
+            raise DumpFormatError(
+                f"{where}: {what} is an integer of {len(str(value))} digits, out of the "
+                "range of any float"
+            ) from None
     if isinstance(value, str) and value.strip().lower() in _SPECIAL:
         return _SPECIAL[value.strip().lower()]
     raise DumpFormatError(f"{where}: {what} is {shown(repr(value), 40)}, not a number")

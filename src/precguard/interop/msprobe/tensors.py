@@ -12,6 +12,7 @@ something other than one tensor of the dtype and shape its record says, is a
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,44 @@ from precguard.text import shown
 
 #: the suffixes msprobe writes and how each is read
 SUFFIXES = (".pt", ".npy")
+
+
+#: what a .pt archive may hold beyond its tensor's bytes (the pickled index, version, padding)
+ARCHIVE_SLACK_BYTES = 1 << 20
+
+
+def _expected_bytes(dtype: str, shape: list[int]) -> int:
+    """The bytes a tensor of ``dtype`` and ``shape`` holds (dtype unknown: 8 per element)."""
+    found = getattr(torch, dtype, None)
+    size = found.itemsize if isinstance(found, torch.dtype) else 8
+    numel = 1
+    for dim in shape:
+        numel *= max(int(dim), 0)
+    return numel * size
+
+
+def _check_archive(path: Path, shown_path: str, expected: int) -> None:
+    """Refuse a zip-format ``.pt`` whose entries would inflate past its tensor's size.
+
+    torch writes its archives uncompressed; a DEFLATE entry is a file someone
+    made, and ``torch.load`` would inflate it whole before any dtype or shape
+    is checked (17 MB on disk became 4.2 GB in memory). The sizes are read
+    from the zip's central directory, before anything is inflated.
+    """
+    if not zipfile.is_zipfile(path):
+        return  # torch's legacy format: stored as is, bounded by the file's own size
+    try:
+        with zipfile.ZipFile(path) as archive:
+            total = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise DumpFormatError(
+            f"{shown_path}: not a readable .pt archive ({shown(exc, 80)})"
+        ) from exc
+    if total > expected + ARCHIVE_SLACK_BYTES:
+        raise DumpFormatError(
+            f"{shown_path}: its archive holds {total} bytes uncompressed, its dump.json "
+            f"record's tensor needs {expected}; refused before inflating it"
+        )
 
 
 def load_tensor(path: Path, *, shown_path: str, dtype: str, shape: list[int]) -> torch.Tensor:
@@ -35,6 +74,7 @@ def load_tensor(path: Path, *, shown_path: str, dtype: str, shape: list[int]) ->
     if not path.is_file():
         raise DumpFormatError(f"{shown_path}: missing")
     if path.suffix == ".pt":
+        _check_archive(path, shown_path, _expected_bytes(dtype, shape))
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # the restricted unpickler refused it, or a corrupt file
@@ -52,6 +92,8 @@ def load_tensor(path: Path, *, shown_path: str, dtype: str, shape: list[int]) ->
             ) from exc
         if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
             raise DumpFormatError(f"{shown_path}: not a numeric array; refused")
+        if not array.dtype.isnative:  # a big-endian .npy: torch reads native order only
+            array = array.astype(array.dtype.newbyteorder("="))
         obj = torch.from_numpy(np.ascontiguousarray(array))
     else:
         raise DumpFormatError(

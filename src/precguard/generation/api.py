@@ -1,0 +1,374 @@
+"""``generate_diff``: decode the same prompts on two sides and find where and why they part.
+
+Per prompt the golden decodes freely (greedy, or seeded sampling through shared
+Gumbel noise) with a KV cache; the actual is fed the golden's tokens, so its
+choice at each step is its own free-running choice up to the first flip and a
+comparable next-token distribution after it. The first flip is judged a
+near-tie or a divergence (:mod:`precguard.generation.judge`); the first real
+divergence is replayed layer by layer (:mod:`precguard.generation.layerwise`);
+the caches are compared (:mod:`precguard.generation.kvcache`).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from precguard._logging import get_logger
+from precguard.errors import UsageError
+from precguard.generation.decode import (
+    DecodeSide,
+    Decoding,
+    decode,
+    gumbel_noise,
+    hidden_size,
+    layer_count,
+)
+from precguard.generation.judge import (
+    explained_error,
+    judge_flip,
+    kl_divergence,
+    logits_dtype,
+    rel_l2,
+    top_k_overlap,
+)
+from precguard.generation.kvcache import kv_cache_result
+from precguard.generation.prompts import Prompt, build_prompts, make_tokenizer, token_texts
+from precguard.generation.report import (
+    Cause,
+    GenerationDiff,
+    Layerwise,
+    PromptResult,
+    Side,
+    StepPoint,
+    Summary,
+    TokenDivergence,
+)
+from precguard.target import Target, load_target
+
+logger = get_logger(__name__)
+
+#: (device, prompt index, step, steps per prompt) after each decoded step of either side
+ProgressFn = Callable[[str, int, int, int], None]
+
+
+@dataclass
+class Decoded:
+    """One side's decodings of every prompt, with what is needed to judge them."""
+
+    side: Side
+    hidden: int | None
+    layers: int
+    decodings: list[Decoding] = field(default_factory=list)
+    fed: list[list[int]] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    """How both sides decode."""
+
+    steps: int
+    sample: bool = False
+    seed: int = 0
+    temperature: float = 1.0
+    top_k: int = 5
+
+    def noise(self, prompt: int, vocab: int) -> torch.Tensor | None:
+        """The shared Gumbel noise of prompt ``prompt`` (None when greedy)."""
+        return gumbel_noise(self.seed, prompt, self.steps, vocab) if self.sample else None
+
+
+def side_info(side: DecodeSide, saved: str | None = None) -> Side:
+    """The report's description of a built side."""
+    return Side(
+        device=side.device,
+        dtype=side.dtype,
+        compute_dtype=side.compute_dtype,
+        target=side.target.name,
+        saved=saved,
+    )
+
+
+def decode_side(
+    side: DecodeSide,
+    prompts: Sequence[Prompt],
+    opts: DecodingOptions,
+    *,
+    forced: Sequence[list[int]] | None = None,
+    on_progress: ProgressFn | None = None,
+) -> Decoded:
+    """Decode every prompt on ``side`` (fed ``forced[i]`` when given)."""
+    vocab = None
+    out: Decoded | None = None
+    for i, prompt in enumerate(prompts):
+        counter = iter(range(opts.steps))
+
+        def tick(i: int = i, counter: Any = counter) -> None:
+            if on_progress is not None:
+                on_progress(side.device, i, next(counter, opts.steps - 1), opts.steps)
+
+        noise = None
+        if opts.sample:
+            if vocab is None:  # the vocabulary is known after the first prefill
+                probe = decode(side, prompt.ids, 1, cache_free=False)
+                vocab = probe.scores.shape[-1]
+            noise = opts.noise(i, vocab)
+        start = time.perf_counter()
+        fed = None if forced is None else forced[i]
+        d = decode(
+            side,
+            prompt.ids,
+            opts.steps,
+            forced=fed,
+            noise=noise,
+            temperature=opts.temperature,
+            on_step=tick,
+        )
+        seconds = time.perf_counter() - start
+        if out is None:
+            vocab = d.scores.shape[-1]
+            out = Decoded(side_info(side), hidden_size(side.model, vocab), layer_count(side.model))
+        out.decodings.append(d)
+        out.fed.append(list(fed if fed is not None else d.chosen)[: opts.steps])
+        out.seconds.append(seconds)
+    assert out is not None
+    return out
+
+
+def judge_prompt(
+    index: int,
+    prompt: Prompt,
+    golden: Decoded,
+    actual: Decoded,
+    opts: DecodingOptions,
+    tokenizer: Any = None,
+) -> PromptResult:
+    """Compare the two sides' decodings of one prompt."""
+    g, a = golden.decodings[index], actual.decodings[index]
+    bad = (~torch.isfinite(g.scores)).any(dim=-1).nonzero()
+    if bad.numel():
+        raise UsageError(
+            f"the reference ({golden.side.device}) computed non-finite logits for prompt "
+            f"{index} at step {int(bad[0])}: it cannot serve as the golden"
+        )
+    dtype = logits_dtype(golden.side.compute_dtype, actual.side.compute_dtype)
+    explained = explained_error(dtype, golden.hidden, golden.layers)
+    vocab = g.scores.shape[-1]
+    noise = opts.noise(index, vocab)
+    # steps stay comparable while both sides were fed the same tokens
+    fed_g, fed_a = golden.fed[index], actual.fed[index]
+    comparable = next(
+        (t + 1 for t, (x, y) in enumerate(zip(fed_g, fed_a, strict=False)) if x != y), opts.steps
+    )
+    comparable = min(comparable, len(g.chosen), len(a.chosen))
+    steps: list[StepPoint] = []
+    first: TokenDivergence | None = None
+    flips = 0
+    for t in range(comparable):
+        gs, as_ = g.scores[t], a.scores[t]
+        steps.append(
+            StepPoint(
+                step=t,
+                golden_token=g.chosen[t],
+                actual_token=a.chosen[t],
+                kl=kl_divergence(gs, as_, opts.temperature),
+                top_k_overlap=top_k_overlap(gs, as_, opts.top_k),
+                logits_error=rel_l2(as_, gs),
+            )
+        )
+        if g.chosen[t] == a.chosen[t]:
+            continue
+        flips += 1
+        if first is None:
+            judged = judge_flip(
+                gs,
+                as_,
+                g.chosen[t],
+                a.chosen[t],
+                explained=explained,
+                temperature=opts.temperature,
+                golden_noise=None if noise is None else noise[t],
+            )
+            texts = token_texts(tokenizer, [g.chosen[t], a.chosen[t]]) or [None, None]
+            first = TokenDivergence(
+                step=t,
+                golden_token=g.chosen[t],
+                actual_token=a.chosen[t],
+                golden_text=texts[0],
+                actual_text=texts[1],
+                **judged,  # type: ignore[arg-type]
+            )
+    return PromptResult(
+        index=index,
+        text=prompt.text,
+        prompt_tokens=int(prompt.ids.shape[1]),
+        golden_tokens=g.chosen[:comparable],
+        actual_tokens=a.chosen[:comparable],
+        golden_texts=token_texts(tokenizer, g.chosen[:comparable]),
+        actual_texts=token_texts(tokenizer, a.chosen[:comparable]),
+        first_divergence=first,
+        flips=flips,
+        kl=[s.kl for s in steps],
+        steps=steps,
+        kv_cache=kv_cache_result(g, a, explained),
+        seconds=golden.seconds[index] + actual.seconds[index],
+    )
+
+
+def summarize(results: list[PromptResult], steps: int) -> Summary:
+    """The summary over prompts."""
+    firsts = [r.first_divergence for r in results if r.first_divergence is not None]
+    diverged = sum(1 for f in firsts if f.kind == "divergence")
+    kls = [k for r in results for k in r.kl if k is not None]
+    n = len(results)
+    return Summary(
+        prompts=n,
+        steps=steps,
+        diverged=diverged,
+        near_ties=len(firsts) - diverged,
+        share_diverged=diverged / n if n else 0.0,
+        share_flipped=len(firsts) / n if n else 0.0,
+        median_first_step=statistics.median(f.step for f in firsts) if firsts else None,
+        mean_kl=statistics.fmean(kls) if kls else None,
+        max_kl=max(kls) if kls else None,
+        kv_cache_faults=sum(1 for r in results if r.kv_cache and r.kv_cache.verdict == "cache"),
+        seconds_per_prompt=statistics.fmean(r.seconds for r in results) if results else 0.0,
+    )
+
+
+def find_cause(results: list[PromptResult], layerwise: Layerwise | None) -> Cause | None:
+    """The most likely cause of the first real divergence (cache evidence first: a cache
+    fault makes the layer that reads the cache diverge, not the cache's own layer)."""
+    first = next(
+        (r for r in results if r.first_divergence and r.first_divergence.kind == "divergence"),
+        None,
+    )
+    if first is None:
+        return None
+    kv = first.kv_cache
+    if kv is not None and kv.verdict == "cache":
+        return Cause(kind="kv-cache", where=kv.where, reason=kv.reason)
+    fd = layerwise.first_divergence if layerwise is not None else None
+    if fd:
+        module = fd.get("module") or fd.get("key")
+        return Cause(kind="layer", where=module, reason=str(fd.get("reason", "")))
+    return Cause(
+        kind="unknown",
+        where=None,
+        reason="the layerwise replay found no divergent layer"
+        if layerwise is not None
+        else "no layerwise replay was run",
+    )
+
+
+def generate_diff(
+    target: str | Target,
+    *,
+    device: str,
+    reference: str = "cpu",
+    dtype: str | None = None,
+    reference_dtype: str | None = None,
+    reference_target: str | Target | None = None,
+    prompts: Sequence[str | list[int]] | None = None,
+    max_new_tokens: int = 16,
+    sample: bool = False,
+    seed: int = 0,
+    temperature: float = 1.0,
+    top_k: int = 5,
+    layerwise: bool = True,
+    keep_recordings: str | os.PathLike[str] | None = None,
+    prepare: Callable[[nn.Module], Any] | None = None,
+    prepare_reference: Callable[[nn.Module], Any] | None = None,
+    on_progress: ProgressFn | None = None,
+) -> GenerationDiff:
+    """Decode ``prompts`` on ``reference`` (golden) and ``device`` (actual) and compare.
+
+    :param target: the model (built-in name, ``file.py:fn`` or a Target); an HF causal LM
+        or a module whose ``forward(input_ids, cache)`` returns ``(logits, cache)``.
+    :param prompts: texts (through the target's tokenizer) or token-id lists; default: the
+        target's ``texts``, else the rows of its ``batch(0)``.
+    :param sample: sample with seeded Gumbel noise shared by both sides instead of greedy.
+    :param layerwise: replay the first real divergence under ``monitor`` and compare it.
+    :param keep_recordings: keep the replay's two recordings in this directory.
+    :param prepare: alter the actual's built model (tests plant faults with it);
+        ``prepare_reference`` the golden's.
+    :param reference_target: another target for the golden side (default: ``target``).
+    :returns: a :class:`GenerationDiff`; its ``exit_code`` is 1 for a real divergence.
+
+    >>> result = precguard.generate_diff("tiny-llama", device="emu:bf16")   # doctest: +SKIP
+    >>> result.summary.diverged, result.layerwise.first_divergence["module"]  # doctest: +SKIP
+    """
+    if max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    if temperature <= 0:
+        raise UsageError(f"--temperature must be positive, got {temperature}")
+    if top_k < 1:
+        raise UsageError(f"--top-k must be at least 1, got {top_k}")
+    actual_target = load_target(target)
+    golden_target = load_target(reference_target) if reference_target is not None else actual_target
+    opts = DecodingOptions(max_new_tokens, sample, seed, temperature, top_k)
+    golden_side = DecodeSide.build(golden_target, reference, reference_dtype, prepare_reference)
+    actual_side = DecodeSide.build(actual_target, device, dtype, prepare)
+    prompt_list = build_prompts(actual_target, None if prompts is None else list(prompts))
+    tokenizer = make_tokenizer(actual_target)
+    golden = decode_side(golden_side, prompt_list, opts, on_progress=on_progress)
+    actual = decode_side(actual_side, prompt_list, opts, forced=golden.fed, on_progress=on_progress)
+    results = [
+        judge_prompt(i, p, golden, actual, opts, tokenizer) for i, p in enumerate(prompt_list)
+    ]
+    first = next(
+        (r for r in results if r.first_divergence and r.first_divergence.kind == "divergence"),
+        None,
+    )
+    replay = None
+    if layerwise and first is not None:
+        assert first.first_divergence is not None
+        from precguard.generation.layerwise import replay_layerwise
+
+        replay = replay_layerwise(
+            golden_side,
+            actual_side,
+            prompt_list[first.index].ids,
+            first.golden_tokens,
+            index=first.index,
+            step=first.first_divergence.step,
+            keep=keep_recordings,
+        )
+    return assemble(golden.side, actual.side, opts, results, replay)
+
+
+def assemble(
+    golden: Side,
+    actual: Side,
+    opts: DecodingOptions,
+    results: list[PromptResult],
+    replay: Layerwise | None,
+    note: str | None = None,
+) -> GenerationDiff:
+    """The whole report from its parts."""
+    summary = summarize(results, opts.steps)
+    verdict = "diverged" if summary.diverged else ("near-ties" if summary.near_ties else "match")
+    if note is None and summary.diverged and replay is None:
+        note = "the layerwise replay was not run (--no-layerwise)"
+    return GenerationDiff(
+        golden=golden,
+        actual=actual,
+        mode="sample" if opts.sample else "greedy",
+        seed=opts.seed if opts.sample else None,
+        temperature=opts.temperature,
+        top_k=opts.top_k,
+        verdict=verdict,
+        prompts=results,
+        summary=summary,
+        layerwise=replay,
+        layerwise_note=note,
+        cause=find_cause(results, replay),
+    )

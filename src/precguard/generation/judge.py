@@ -1,0 +1,141 @@
+"""Judging two sides' next-token distributions: near-tie or divergence, KL, top-k overlap.
+
+A flip is a **near-tie** when the compute precision explains it: the two
+tokens' scores are within the error the logits carry on each side, and the
+logits as a whole are no further apart than that error. The explained error of
+a logit, relative to the logits' RMS, is the rounding floor of its last
+reduction (:func:`precguard.compare.expected.rounding_floor` with ``k`` = the
+hidden size) grown by the square root of the number of residual blocks: each
+block adds its own rounding to the residual stream, and roundings of random
+sign add in quadrature (Higham & Mary 2019). The difference of two logits
+carries ``sqrt(2)`` times that; :data:`Z` standard deviations of it is the
+tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from precguard.compare.expected import rounding_floor
+from precguard.compare.tolerance import unit_roundoff
+
+#: standard deviations of the explained error a margin may be within and still be a near-tie
+Z = 3.0
+#: a near-tie also needs the whole logits vector within this multiple of the explained error
+LOGITS_SLACK = 3.0
+
+
+def less_precise(a: str, b: str) -> str:
+    """The dtype name of the two with the larger unit roundoff."""
+    return a if unit_roundoff(a) >= unit_roundoff(b) else b
+
+
+def explained_error(dtype: str, hidden: int | None, layers: int) -> float:
+    """Relative logit error a correct model computed in ``dtype`` explains."""
+    return rounding_floor(dtype, hidden) * math.sqrt(max(layers, 1))
+
+
+def rms(x: torch.Tensor) -> float:
+    """Root mean square of the finite elements of ``x``."""
+    finite = x[torch.isfinite(x)].double()
+    return float(finite.pow(2).mean().sqrt()) if finite.numel() else 0.0
+
+
+def rel_l2(actual: torch.Tensor, golden: torch.Tensor) -> float | None:
+    """||a - g|| / ||g||, or None when either side holds a non-finite value."""
+    if not (torch.isfinite(actual).all() and torch.isfinite(golden).all()):
+        return None
+    g = golden.double()
+    norm = float(g.norm())
+    diff = float((actual.double() - g).norm())
+    return diff / norm if norm > 0 else (0.0 if diff == 0 else math.inf)
+
+
+def kl_divergence(
+    golden: torch.Tensor, actual: torch.Tensor, temperature: float = 1.0
+) -> float | None:
+    """KL(p_golden || p_actual) of the softmax distributions, in nats (None if non-finite)."""
+    if not (torch.isfinite(golden).all() and torch.isfinite(actual).all()):
+        return None
+    lg = torch.log_softmax(golden.double() / temperature, dim=-1)
+    la = torch.log_softmax(actual.double() / temperature, dim=-1)
+    return max(float((lg.exp() * (lg - la)).sum()), 0.0)
+
+
+def top_k_overlap(golden: torch.Tensor, actual: torch.Tensor, k: int) -> float:
+    """Share of the golden's top-k token ids that are also in the actual's top-k."""
+    k = min(k, golden.numel())
+    g = set(torch.topk(torch.nan_to_num(golden, nan=-math.inf), k).indices.tolist())
+    a = set(torch.topk(torch.nan_to_num(actual, nan=-math.inf), k).indices.tolist())
+    return len(g & a) / k
+
+
+def gap(scores: torch.Tensor, mine: int, other: int) -> float | None:
+    """scores[mine] - scores[other], None when non-finite."""
+    value = float(scores[mine]) - float(scores[other])
+    return value if math.isfinite(value) else None
+
+
+def judge_flip(
+    golden: torch.Tensor,
+    actual: torch.Tensor,
+    golden_token: int,
+    actual_token: int,
+    *,
+    explained: float,
+    temperature: float = 1.0,
+    golden_noise: torch.Tensor | None = None,
+) -> dict[str, object]:
+    """Decide whether a flip at one step is a near-tie or a divergence.
+
+    ``golden``/``actual`` are the two sides' logits at the step; with sampling
+    ``golden_noise`` is the shared Gumbel noise (scores are logits / T + noise,
+    whose error is the logits' divided by T).
+    Returns the fields of :class:`~precguard.generation.report.TokenDivergence`
+    that judge it.
+    """
+
+    def scores(logits: torch.Tensor) -> torch.Tensor:
+        return logits if golden_noise is None else logits / temperature + golden_noise
+
+    scale = rms(golden) / (temperature if golden_noise is not None else 1.0)
+    tolerance = Z * math.sqrt(2.0) * explained * scale
+    g_margin = gap(scores(golden), golden_token, actual_token)
+    a_margin = gap(scores(actual), actual_token, golden_token)
+    error = rel_l2(actual, golden)
+    if g_margin is None or a_margin is None or error is None:
+        kind, reason = "divergence", "the actual's logits are not finite at this step"
+    elif error > LOGITS_SLACK * explained:
+        kind = "divergence"
+        reason = (
+            f"the logits differ by {error:.3g} (relative L2), more than {LOGITS_SLACK:g}x the "
+            f"{explained:.3g} the compute precision explains"
+        )
+    elif g_margin <= tolerance and a_margin <= tolerance:
+        kind = "near-tie"
+        reason = (
+            f"the two tokens are {g_margin:.3g} apart on the golden and {a_margin:.3g} on the "
+            f"actual, within the {tolerance:.3g} rounding explains"
+        )
+    else:
+        kind = "divergence"
+        reason = (
+            f"the golden prefers its token by {g_margin:.3g} and the actual its own by "
+            f"{a_margin:.3g}; rounding explains {tolerance:.3g}"
+        )
+    return {
+        "golden_margin": g_margin,
+        "actual_margin": a_margin,
+        "tolerance": tolerance,
+        "logits_error": error,
+        "explained_error": explained,
+        "kind": kind,
+        "reason": reason,
+    }
+
+
+def logits_dtype(golden_compute: str, actual_compute: str) -> str:
+    """The dtype the near-tie bound is taken from (the less precise compute dtype)."""
+    return less_precise(golden_compute, actual_compute)

@@ -1,0 +1,183 @@
+"""KV-cache consistency: the caches compared across the sides, and cached vs cache-free.
+
+Two pieces of evidence, each able to name the cache as the cause:
+
+- **Across the sides**, after the prefill and after N steps: each layer's keys and
+  values, in order. A cache entry the golden holds finite and the actual does not
+  is a fault of its own (a cache stored in fp16 with a value past 65504). An entry
+  whose error at least doubles the largest error of the entries before it, or the
+  explained error at the first, is where the caches start to differ (compare's
+  local-error rule applied along the layers).
+- **On each side**, the logits of decoding with the cache against one forward over
+  the same tokens without it: two correct computations of the same numbers in the
+  same precision. A side that disagrees with itself beyond that computes something
+  in its cache path that its full forward does not (cache precision, RoPE applied
+  at the wrong position offset).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from precguard.devices import dtype_name
+from precguard.generation.decode import Decoding
+from precguard.generation.judge import LOGITS_SLACK, rel_l2
+from precguard.generation.report import (
+    CacheConsistency,
+    CacheEntry,
+    CacheSnapshot,
+    KVCache,
+)
+
+
+def compare_entry(name: str, golden: torch.Tensor | None, actual: torch.Tensor | None) -> dict:
+    """Measure one cache tensor across the sides (status is settled by the caller)."""
+    if golden is None or actual is None or golden.shape != actual.shape:
+        ref = golden if golden is not None else actual
+        assert ref is not None
+        return {
+            "name": name,
+            "golden_dtype": dtype_name(golden.dtype) if golden is not None else "-",
+            "actual_dtype": dtype_name(actual.dtype) if actual is not None else "-",
+            "shape": list(ref.shape),
+            "rel_l2": None,
+            "max_abs_err": None,
+            "golden_absmax": 0.0,
+            "nonfinite": 0,
+            "first_nonfinite_position": None,
+            "status": "missing",
+        }
+    g = golden.double()
+    a = actual.double()
+    g_fin = torch.isfinite(g)
+    only_actual = g_fin & ~torch.isfinite(a)
+    count = int(only_actual.sum())
+    position = None
+    if count and a.dim() >= 2:
+        position = int(only_actual.nonzero()[0][-2])
+    both = g_fin & torch.isfinite(a)
+    err = rel_l2(a.where(both, 0), g.where(both, 0)) if count else rel_l2(a, g)
+    diff = (a - g).abs()[both]
+    return {
+        "name": name,
+        "golden_dtype": dtype_name(golden.dtype),
+        "actual_dtype": dtype_name(actual.dtype),
+        "shape": list(golden.shape),
+        "rel_l2": err,
+        "max_abs_err": float(diff.max()) if diff.numel() else 0.0,
+        "golden_absmax": float(g.abs()[g_fin].max()) if bool(g_fin.any()) else 0.0,
+        "nonfinite": count,
+        "first_nonfinite_position": position,
+        "status": "nonfinite" if count else "pass",
+    }
+
+
+def compare_snapshot(
+    after: str,
+    golden: dict[str, torch.Tensor],
+    actual: dict[str, torch.Tensor],
+    explained: float,
+) -> CacheSnapshot:
+    """Compare one snapshot's entries in layer order; name the first that is not 'pass'."""
+    names = list(golden) + [n for n in actual if n not in golden]
+    entries: list[CacheEntry] = []
+    worst = 0.0
+    first = None
+    for name in names:
+        fields = compare_entry(name, golden.get(name), actual.get(name))
+        err = fields["rel_l2"]
+        if fields["status"] == "pass" and err is not None:
+            if err > LOGITS_SLACK * explained and err > 2.0 * worst:
+                fields["status"] = "fail"
+            worst = max(worst, err)
+        entry = CacheEntry(**fields)
+        if first is None and entry.status != "pass":
+            first = name
+        entries.append(entry)
+    return CacheSnapshot(after=after, entries=entries, first_divergence=first)
+
+
+def self_error(decoding: Decoding) -> float | None:
+    """Largest relative L2 error over steps of cached logits against cache-free ones."""
+    if decoding.free_scores is None:
+        return None
+    worst = 0.0
+    for cached, free in zip(decoding.scores, decoding.free_scores, strict=False):
+        e = rel_l2(cached, free)
+        if e is None:
+            return math.inf if torch.isfinite(free).all() else None
+        worst = max(worst, e)
+    return worst
+
+
+def kv_cache_result(golden: Decoding, actual: Decoding, explained: float) -> KVCache | None:
+    """The KV-cache evidence for one prompt, or None when neither side kept a cache."""
+    if not any(golden.caches.values()) and not any(actual.caches.values()):
+        return None
+    snapshots = [
+        compare_snapshot(
+            after, golden.caches.get(after, {}), actual.caches.get(after, {}), explained
+        )
+        for after in golden.caches
+    ]
+    consistency = None
+    g_err, a_err = self_error(golden), self_error(actual)
+    threshold = LOGITS_SLACK * explained
+    if golden.free_scores is not None and actual.free_scores is not None:
+        consistency = CacheConsistency(
+            golden_error=g_err if g_err is None or math.isfinite(g_err) else None,
+            actual_error=a_err if a_err is None or math.isfinite(a_err) else None,
+            threshold=threshold,
+            golden_consistent=g_err is not None and g_err <= threshold,
+            actual_consistent=a_err is not None and a_err <= threshold,
+        )
+    nonfinite = next(
+        ((s, e) for s in snapshots for e in s.entries if e.status == "nonfinite"),
+        None,
+    )
+    if nonfinite is not None:
+        snap, entry = nonfinite
+        where = (
+            f" from position {entry.first_nonfinite_position}"
+            if entry.first_nonfinite_position is not None
+            else ""
+        )
+        reason = (
+            f"after {snap.after}, the actual's {entry.name} ({entry.actual_dtype}) holds "
+            f"{entry.nonfinite} non-finite value(s){where} where the golden's "
+            f"({entry.golden_dtype}) holds finite ones up to {entry.golden_absmax:.4g}"
+        )
+        return KVCache(
+            snapshots=snapshots,
+            consistency=consistency,
+            where=entry.name,
+            verdict="cache",
+            reason=reason,
+        )
+    if (
+        consistency is not None
+        and consistency.golden_consistent
+        and not consistency.actual_consistent
+    ):
+        shown = "non-finite" if a_err is None or not math.isfinite(a_err) else f"{a_err:.3g}"
+        first = next((s.first_divergence for s in snapshots if s.first_divergence), None)
+        at = f"; the caches first differ at {first}" if first else ""
+        reason = (
+            f"the actual's cached decoding differs from its own cache-free forward by {shown} "
+            f"(relative L2; {threshold:.3g} explained), the golden's by {g_err:.3g}{at}"
+        )
+        return KVCache(
+            snapshots=snapshots,
+            consistency=consistency,
+            where=first,
+            verdict="cache",
+            reason=reason,
+        )
+    reason = "both sides' cached decoding agrees with their cache-free forward"
+    if consistency is None:
+        reason = "no cache-free forward to check the cache path against; no non-finite entry"
+    return KVCache(
+        snapshots=snapshots, consistency=consistency, verdict="consistent", reason=reason
+    )

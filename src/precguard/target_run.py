@@ -1,0 +1,146 @@
+"""One target made ready to run on one device: the set-up every command shares.
+
+``precguard record``, ``replay``, ``bisect``, ``op-check`` and the checks all
+start the same way: resolve the target spec, the device's backend and the
+model dtype (the one asked for, else the backend's storage dtype, else
+float32), build the model seeded on the CPU and move it, move each batch to
+the device, and name the target's own code when it raises or calls
+``sys.exit()``. :class:`TargetRun` is that set-up, written once.
+
+>>> run = TargetRun.open("tiny-llama", "emu:bf16")          # doctest: +SKIP
+>>> model = run.build_model()                               # seeded, on the device
+>>> out = run.forward(model, run.device_batch(0))
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+from torch import nn
+
+from precguard import tree
+from precguard.devices import construct_model, parse_dtype, resolve_backend
+from precguard.errors import PrecguardError, TargetError
+from precguard.target import Target, call_model, load_target, raised
+
+if TYPE_CHECKING:
+    from precguard.backend import Backend
+
+T = TypeVar("T")
+
+
+def model_dtype(backend: Backend, dtype: str | torch.dtype | None = None) -> torch.dtype:
+    """The dtype a model runs in: ``dtype`` if given, else the backend's storage dtype, or fp32."""
+    requested = parse_dtype(dtype) if dtype is not None else None
+    return requested or backend.model_dtype() or torch.float32
+
+
+@dataclass
+class TargetRun:
+    """A loaded target, the backend of the device it runs on and the model dtype.
+
+    :param target: the loaded :class:`~precguard.target.Target`.
+    :param device: the device string (``"npu:1"``, ``"emu:bf16"``).
+    :param backend: the usable backend of ``device``.
+    :param dtype: the dtype the model and floating inputs are cast to.
+    """
+
+    target: Target
+    device: str
+    backend: Backend
+    dtype: torch.dtype
+    #: what part of the target's code is running (None: precguard's own), see :meth:`doing`
+    running: str | None = field(default=None, compare=False)
+
+    @classmethod
+    def open(
+        cls, target: str | Target, device: str, dtype: str | torch.dtype | None = None
+    ) -> TargetRun:
+        """Resolve ``dtype``, ``target`` and ``device`` (in that order; each bad one is exit 2).
+
+        ``dtype`` None means the backend's storage dtype (``emu:fp16-mixed``'s
+        float16), else float32.
+        """
+        if dtype is not None:
+            parse_dtype(dtype)  # a bad dtype is reported before the target is imported
+        target_obj = load_target(target)
+        backend = resolve_backend(device)
+        return cls(target_obj, device, backend, model_dtype(backend, dtype))
+
+    @classmethod
+    def on(
+        cls, target: str | Target, device: str, backend: Backend, dtype: torch.dtype
+    ) -> TargetRun:
+        """Load ``target`` to run on a ``device`` whose backend and dtype are already resolved."""
+        return cls(load_target(target), device, backend, dtype)
+
+    @property
+    def name(self) -> str:
+        """The target's name, as errors show it."""
+        return self.target.name
+
+    @property
+    def torch_device(self) -> torch.device:
+        """Where the model and batches go."""
+        return self.backend.torch_device()
+
+    # -- the target's own code -------------------------------------------------------------
+
+    def error(self, exc: BaseException, what: str | None = None) -> TargetError:
+        """The target's error for ``exc``, raised while running ``what`` (or :attr:`running`)."""
+        return TargetError(f"target {self.name!r}: {what or self.running} {raised(exc)}")
+
+    def call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run the target's code ``fn``; its exception or ``sys.exit()`` becomes a TargetError."""
+        try:
+            return fn(*args, **kwargs)
+        except PrecguardError:
+            raise
+        except (Exception, SystemExit) as exc:  # a target's sys.exit() is its error too
+            raise self.error(exc, what) from exc
+
+    @contextlib.contextmanager
+    def doing(self, what: str | None) -> Iterator[None]:
+        """Mark that the target's ``what`` is running, without catching anything.
+
+        For code that must let the user's exception travel up unchanged (a
+        recording names its type in the manifest) and turn it into
+        :meth:`error` further out, where :attr:`running` still says what raised.
+        """
+        self.running = what
+        yield
+        self.running = None
+
+    # -- model and data ----------------------------------------------------------------------
+
+    def construct(self) -> nn.Module:
+        """Seed everything, then build the target's model on the CPU (float32, not moved)."""
+        return construct_model(self.target, self.backend)
+
+    def build_model(self, dtype: torch.dtype | None = None) -> nn.Module:
+        """Seed, build on the CPU, then move to the device in ``dtype`` (default :attr:`dtype`).
+
+        Initialising on the CPU gives identical weights on every device.
+        """
+        return self.construct().to(device=self.torch_device, dtype=dtype or self.dtype)
+
+    def batch(self, step: int) -> Any:
+        """The target's batch for ``step``, on the CPU as the target built it."""
+        return self.call(f"batch({step})", self.target.batch, step)
+
+    def move(self, batch: Any, device: torch.device | None = None) -> Any:
+        """``batch`` with every tensor moved to ``device`` (default: this run's), types kept."""
+        where = device or self.torch_device
+        return tree.map_tensors(batch, lambda t: t.to(where))
+
+    def device_batch(self, step: int) -> Any:
+        """The batch for ``step``, moved to the device."""
+        return self.move(self.batch(step))
+
+    def forward(self, model: nn.Module, batch: Any, what: str = "the forward") -> Any:
+        """``model`` called with ``batch`` by the target convention; a raise is the target's."""
+        return self.call(what, call_model, model, batch)

@@ -1,0 +1,233 @@
+"""Online anomaly detection over the per-step scalars: robust z-scores over a window.
+
+A value is anomalous when it leaves its *own* recent history: its robust
+z-score ``(x - median) / max(1.4826 MAD, floor)`` over the last ``window``
+steps exceeds ``z_threshold`` (median and MAD, not mean and std, so one
+spike in the window does not hide the next one). The loss is scored on its
+value, norms and ratios on their logarithm (a 10x jump is the same size
+whether the norm is 1e-3 or 1e3). Only rises alert: a loss or a norm that
+falls is what training is for.
+
+``floor`` keeps a nearly constant history (Adam's update/param ratio at a
+fixed learning rate) from calling the last digit's wobble an anomaly: a
+logarithmic series must move by at least ``z_threshold x 0.1`` (a factor
+of 1.8 at the default threshold), the loss by ``z_threshold x 2 %`` of its
+median.
+
+Non-finite values are not scored and never enter a history; the first step
+with a NaN/Inf loss, gradient norm or update ratio is its own alert, naming
+each parameter involved; the next non-finite alert needs a finite step first.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from precguard.training.alerts import Alert, LayerEvidence, WatchOptions
+from precguard.training.pulse import StepScalars
+
+#: the smallest robust scale of a logarithmic series (norms, ratios)
+LOG_FLOOR = 0.1
+#: the smallest robust scale of the loss, relative to its median
+LOSS_FLOOR = 0.02
+
+
+def _column_nanmedian(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The median of each column ignoring NaN (NaN for an all-NaN column), and the counts.
+
+    One sort (NaN sorts last) and two gathers: ``np.nanmedian`` takes a masked-array
+    path that costs ~10x this on the small arrays a watch keeps.
+    """
+    n = np.sum(~np.isnan(a), axis=0)
+    ordered = np.sort(a, axis=0)
+    lo = np.maximum((n - 1) // 2, 0)[None, :]
+    hi = np.maximum(n // 2, 0)[None, :]
+    median = 0.5 * (np.take_along_axis(ordered, lo, 0) + np.take_along_axis(ordered, hi, 0))[0]
+    return np.where(n > 0, median, np.nan), n
+
+
+class RobustHistory:
+    """The last ``window`` values of several series and their robust z-scores, vectorized."""
+
+    def __init__(self, series: int, window: int) -> None:
+        self._buf = np.full((window, series), np.nan)
+        self._count = 0
+
+    def score(
+        self, x: np.ndarray, floor: float, min_history: int, *, rel_floor: float = 0.0
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(z, median)`` of ``x`` against the history; z is NaN where history is short.
+
+        The robust scale is at least ``floor + rel_floor x |median|``.
+        """
+        median, enough_n = _column_nanmedian(self._buf)
+        mad, _n = _column_nanmedian(np.abs(self._buf - median))
+        scale = np.maximum(1.4826 * mad, floor + rel_floor * np.abs(median))
+        z = (x - median) / scale
+        enough = enough_n >= min_history
+        return np.where(enough & np.isfinite(x), z, np.nan), median
+
+    def push(self, x: np.ndarray) -> None:
+        """Add one step's values (non-finite ones are left out)."""
+        self._buf[self._count % len(self._buf)] = np.where(np.isfinite(x), x, np.nan)
+        self._count += 1
+
+
+def _array(values: list[float | None]) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+
+
+def _log(x: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(x > 0, np.log(np.where(x > 0, x, 1.0)), np.nan)
+
+
+class Detectors:
+    """Every detector of one watch: feed :meth:`observe` each step's scalars, get alerts."""
+
+    def __init__(self, layers: list[str], options: WatchOptions) -> None:
+        self.layers = layers
+        self.modules = [name.rpartition(".")[0] or "root" for name in layers]
+        self.options = options
+        self._loss = RobustHistory(1, options.window)
+        self._grad_norm = RobustHistory(1, options.window)
+        self._layer_grad = RobustHistory(len(layers), options.window)
+        self._layer_ratio = RobustHistory(len(layers), options.window)
+        self._in_nonfinite = False
+
+    def observe(self, s: StepScalars) -> list[Alert]:
+        """Score one step against the history, then add it to the history."""
+        alerts: list[Alert] = []
+        nonfinite = self._nonfinite(s)
+        if nonfinite is not None:
+            alerts.append(nonfinite)
+        opts = self.options
+        loss = np.array([np.nan if s.loss is None else s.loss])
+        gnorm = _log(np.array([np.nan if s.grad_norm is None else s.grad_norm]))
+        grads = _log(_array(s.grad_norms))
+        ratios = _log(_array(s.update_ratios))
+        (z_loss,), (m_loss,) = self._loss.score(loss, 1e-12, opts.min_history, rel_floor=LOSS_FLOOR)
+        if z_loss > opts.z_threshold:
+            alerts.append(
+                Alert(
+                    kind="loss_spike",
+                    step=s.step,
+                    message=f"loss {s.loss:.6g} at step {s.step} is {z_loss:.1f} robust sigmas "
+                    f"above its recent median {m_loss:.6g}",
+                    value=s.loss,
+                    median=float(m_loss),
+                    z=float(z_loss),
+                )
+            )
+        (z_g,), (m_g,) = self._grad_norm.score(gnorm, LOG_FLOOR, opts.min_history)
+        if z_g > opts.z_threshold:
+            alerts.append(
+                Alert(
+                    kind="grad_norm_spike",
+                    step=s.step,
+                    message=f"global grad norm {s.grad_norm:.6g} at step {s.step} is "
+                    f"{math.exp(gnorm[0] - m_g):.3g}x its recent median (z {z_g:.1f})",
+                    value=s.grad_norm,
+                    median=math.exp(m_g),
+                    z=float(z_g),
+                )
+            )
+        for kind, history, x, what in (
+            ("update_ratio_jump", self._layer_ratio, ratios, "update/param ratio"),
+            ("layer_grad_norm_jump", self._layer_grad, grads, "gradient norm"),
+        ):
+            z, median = history.score(x, LOG_FLOOR, opts.min_history)
+            hit = np.flatnonzero(z > opts.z_threshold)
+            if hit.size:
+                alerts.append(self._layer_alert(kind, s.step, what, hit, x, z, median))
+        self._loss.push(loss)
+        self._grad_norm.push(gnorm)
+        self._layer_grad.push(grads)
+        self._layer_ratio.push(ratios)
+        return alerts
+
+    def _layer_alert(
+        self,
+        kind: str,
+        step: int,
+        what: str,
+        hit: np.ndarray,
+        x: np.ndarray,
+        z: np.ndarray,
+        median: np.ndarray,
+    ) -> Alert:
+        layers = [
+            LayerEvidence(
+                layer=self.layers[i],
+                module=self.modules[i],
+                value=math.exp(x[i]),
+                median=math.exp(median[i]),
+                z=float(z[i]),
+            )
+            for i in hit
+        ]
+        worst = max(layers, key=lambda e: e.z or 0.0)
+        factor = (worst.value or 0.0) / (worst.median or 1.0)
+        more = f" and {len(layers) - 1} more" if len(layers) > 1 else ""
+        return Alert(
+            kind=kind,  # type: ignore[arg-type]
+            step=step,
+            message=f"{what} of {worst.layer}{more} jumped at step {step}: {factor:.3g}x its "
+            f"recent median (z {worst.z:.1f})",
+            layers=layers,
+        )
+
+    def _nonfinite(self, s: StepScalars) -> Alert | None:
+        if not s.nonfinite:
+            self._in_nonfinite = False
+            return None
+        if self._in_nonfinite:
+            return None
+        self._in_nonfinite = True
+        bad = [
+            i
+            for i in range(len(self.layers))
+            if any(
+                v is not None and not math.isfinite(v)
+                for v in (s.grad_norms[i], s.update_ratios[i])
+            )
+        ]
+        layers = [
+            LayerEvidence(
+                layer=self.layers[i],
+                module=self.modules[i],
+                # the non-finite one: the gradient norm, else the update ratio
+                value=s.grad_norms[i] if _bad(s.grad_norms[i]) else s.update_ratios[i],
+            )
+            for i in bad
+        ]
+        where = []
+        if s.loss is not None and not math.isfinite(s.loss):
+            where.append(f"the loss is {s.loss}")
+        if layers:
+            grads = [e.layer for i, e in zip(bad, layers, strict=True) if _bad(s.grad_norms[i])]
+            updates = [
+                e.layer for i, e in zip(bad, layers, strict=True) if _bad(s.update_ratios[i])
+            ]
+            if grads:
+                where.append(f"the gradient of {_names(grads)} is non-finite")
+            if updates:
+                where.append(f"the update of {_names(updates)} is non-finite")
+        return Alert(
+            kind="nonfinite",
+            step=s.step,
+            message=f"first non-finite value at step {s.step}: " + "; ".join(where),
+            layers=layers,
+            value=s.loss,
+        )
+
+
+def _bad(v: float | None) -> bool:
+    return v is not None and not math.isfinite(v)
+
+
+def _names(names: list[str], limit: int = 3) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")

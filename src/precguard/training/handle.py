@@ -1,0 +1,355 @@
+"""``precguard.watch``: a training monitor cheap enough to stay on for the whole run.
+
+Every step costs a few on-device reductions and one small transfer
+(:mod:`precguard.training.pulse`); every ``every``-th step (and, with
+``on_alert="record"``, the step after an alert) is recorded in full into
+``OUT/recording/`` in the recording format, so ``compare``, ``replay`` and
+the reports work on it. No module hook is attached between recorded steps.
+
+Output directory::
+
+    OUT/
+      watch.json       options, the layers (parameter names) in order, versions; complete
+      scalars.jsonl    per step: step, loss, grad_norm, nonfinite, lr, recorded
+      layers.jsonl     per step: per-layer gradient norms and update/param ratios
+      alerts.jsonl     one Alert per line (also logged as watch_alert)
+      recording/       a precguard recording of the recorded steps (records' step = training step)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from precguard import __version__, plugins
+from precguard._logging import get_logger
+from precguard.capture.api import environment_fingerprint
+from precguard.capture.monitor import Monitor, module_names
+from precguard.capture.options import CaptureOptions
+from precguard.capture.recording import Recording
+from precguard.capture.stats import capture_scope
+from precguard.errors import OutputExistsError, UsageError
+from precguard.text import shown
+from precguard.training.alerts import Alert, WatchOptions
+from precguard.training.detect import Detectors
+from precguard.training.pulse import Pulse, StepScalars
+
+logger = get_logger(__name__)
+
+SCHEMA_VERSION = 1
+WATCH_FILE = "watch.json"
+SCALARS_FILE = "scalars.jsonl"
+LAYERS_FILE = "layers.jsonl"
+ALERTS_FILE = "alerts.jsonl"
+RECORDING_DIR = "recording"
+
+
+def _json_number(v: float | None) -> float | str | None:
+    """A float as strict JSON: NaN and infinities as the strings the recording format uses."""
+    if v is None or math.isfinite(v):
+        return v
+    return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+
+
+def _prepare(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{shown(out)}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise OutputExistsError(
+                f"{shown(out)}: directory exists and is not empty (pass overwrite=True to "
+                "replace a watch directory)"
+            )
+        if not (out / WATCH_FILE).is_file():
+            raise OutputExistsError(
+                f"{shown(out)}: refusing to overwrite a directory that is not a precguard "
+                f"watch (no {WATCH_FILE})"
+            )
+        for name in (WATCH_FILE, SCALARS_FILE, LAYERS_FILE, ALERTS_FILE):
+            (out / name).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+class _RecordedStep:
+    """A step being recorded in full: its hooks and the parameters before its update."""
+
+    def __init__(self, step: int, monitor: Monitor, before: list[torch.Tensor]) -> None:
+        self.step = step
+        self.monitor = monitor
+        self.before = before
+
+
+class WatchHandle:
+    """What :func:`watch` returns: call :meth:`step` once per optimizer step; close at the end.
+
+    >>> with precguard.watch(model, optimizer, out="runs/watch") as w:   # doctest: +SKIP
+    ...     for batch in batches:
+    ...         loss = model(**batch).loss
+    ...         loss.backward(); optimizer.step(); optimizer.zero_grad()
+    ...         w.step(loss)
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        out: str | os.PathLike[str] | None,
+        options: WatchOptions,
+        *,
+        overwrite: bool = False,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.options = options
+        self.path = Path(out) if out is not None else None
+        #: every alert so far
+        self.alerts: list[Alert] = []
+        self.step_index = 0
+        self.closed = False
+        self._alert_records_left = options.max_alert_records
+        self._files: dict[str, Any] = {}
+        self._recording: Recording | None = None
+        self._current: _RecordedStep | None = None
+        self.pulse = Pulse(model)
+        self.detectors = Detectors(self.pulse.names, options)
+        if self.path is None:
+            return
+        try:
+            _prepare(self.path, overwrite)
+            first = next(model.parameters(), None)
+            device = first.device.type if first is not None else "cpu"
+            dtype = (
+                str(first.dtype).removeprefix("torch.")
+                if first is not None and first.is_floating_point()
+                else None
+            )
+            self._recording = Recording(
+                self.path / RECORDING_DIR,
+                CaptureOptions(params="every_step", hashes=options.hashes),
+                overwrite=overwrite,
+                device=device,
+                dtype=dtype,
+                model=type(model).__name__,
+                fingerprint=environment_fingerprint(device),
+                auto_step=False,
+                to_host=plugins.to_host,
+            )
+            self._files = {
+                name: open(self.path / name, "a", encoding="utf-8")  # noqa: SIM115
+                for name in (SCALARS_FILE, LAYERS_FILE, ALERTS_FILE)
+            }
+            self._write_watch_file(complete=False)
+        except BaseException:
+            self.pulse.remove()
+            self._close_files()
+            raise
+        self._begin_recorded_step(0, tensors=False)  # step 0 is every N-th
+
+    # -- the public surface ------------------------------------------------------------
+
+    @property
+    def recording_path(self) -> Path | None:
+        """``OUT/recording``: the recorded steps as a precguard recording (None without out)."""
+        return self.path / RECORDING_DIR if self.path is not None else None
+
+    def step(self, loss: torch.Tensor | float | None = None) -> list[Alert]:
+        """End the current training step; return the alerts it raised.
+
+        Call it after ``optimizer.step()``. ``loss``: the step's loss (a
+        tensor stays on the device; default: the ``loss`` of the model's last
+        output, as HF models return it).
+        """
+        if self.closed:
+            raise UsageError("watch.step() after the watch was closed")
+        step = self.step_index
+        scalars = self.pulse.collect(step, loss)
+        recorded = self._current is not None
+        if self._current is not None:
+            self._end_recorded_step()
+        alerts = self.detectors.observe(scalars)
+        following = step + 1
+        record_next = (
+            bool(alerts) and self.options.on_alert == "record" and self._alert_records_left > 0
+        )
+        if record_next and self._recording is not None:
+            self._alert_records_left -= 1
+            alerts = [a.model_copy(update={"recorded_step": following}) for a in alerts]
+        for alert in alerts:
+            logger.warning(
+                "watch_alert",
+                kind=alert.kind,
+                step=alert.step,
+                layers=[e.layer for e in alert.layers][:10],
+                message=alert.message,
+            )
+        self.alerts.extend(alerts)
+        self._write_step(scalars, alerts, recorded)
+        self.step_index = following
+        if self._recording is not None and (record_next or following % self.options.every == 0):
+            self._begin_recorded_step(following, tensors=record_next)
+        return alerts
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Remove every hook, finish the files. Idempotent.
+
+        A step being recorded when the watch closes keeps what it recorded.
+        ``error``: the exception that ended training, if any (the recording
+        then says ``complete: false``).
+        """
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.pulse.remove()
+            if self._current is not None:
+                self._current.monitor.remove()
+                self._current = None
+            if self._recording is not None:
+                self._recording.close(error)
+                self._write_watch_file(complete=error is None)
+        finally:
+            self._close_files()
+
+    def __enter__(self) -> WatchHandle:
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        self.close(exc)
+
+    # -- recorded steps ----------------------------------------------------------------
+
+    def _begin_recorded_step(self, step: int, *, tensors: bool) -> None:
+        rec = self._recording
+        assert rec is not None
+        if rec.steps_seen:
+            rec.step()  # flushes the previous recorded step and clears its call counts
+        rec.step_index = step
+        options = CaptureOptions(params="every_step", tensors=tensors, hashes=self.options.hashes)
+        with torch.no_grad(), capture_scope():
+            before = [p.detach().clone() for _n, p in self.pulse.params]
+        self._current = _RecordedStep(step, Monitor(self.model, rec, options), before)
+
+    def _end_recorded_step(self) -> None:
+        current, rec = self._current, self._recording
+        assert current is not None and rec is not None
+        self._current = None
+        current.monitor.remove()
+        try:
+            self._record_optimizer(rec, current)
+        except Exception as exc:  # the run goes on without them
+            logger.error("watch_optimizer_record_failed", error=f"{type(exc).__name__}: {exc}")
+        rec.flush()
+
+    def _record_optimizer(self, rec: Recording, current: _RecordedStep) -> None:
+        """Record each parameter's update and optimizer state as ``backward.param`` records.
+
+        Under its module, named ``optimizer.update.<param>`` (the change the step
+        made) and ``optimizer.<state>.<param>`` (Adam's ``exp_avg``,
+        ``exp_avg_sq``, SGD's ``momentum_buffer``: every state tensor shaped
+        like the parameter).
+        """
+        names = module_names(self.model)
+        by_module: dict[str, tuple[str, list[tuple[str, torch.Tensor]]]] = {}
+        owners = {
+            f"{n}.{pn}" if n != "root" else pn: (n, type(m).__name__)
+            for m, n in names.items()
+            for pn, _p in m.named_parameters(recurse=False)
+        }
+        state = self.optimizer.state if self.optimizer is not None else {}
+        with torch.no_grad(), capture_scope():
+            for (qual, p), before in zip(self.pulse.params, current.before, strict=True):
+                module, mtype = owners.get(qual, ("root", type(self.model).__name__))
+                short = qual.rpartition(".")[2]
+                items = by_module.setdefault(module, (mtype, []))[1]
+                items.append((f"optimizer.update.{short}", p.detach() - before))
+                for key, value in state.get(p, {}).items():
+                    if isinstance(value, torch.Tensor) and value.shape == p.shape:
+                        items.append((f"optimizer.{key}.{short}", value))
+        for module, (mtype, items) in by_module.items():
+            rec.add(module, mtype, 0, "backward", "param", items)
+
+    # -- files -------------------------------------------------------------------------
+
+    def _write_step(self, s: StepScalars, alerts: list[Alert], recorded: bool) -> None:
+        if not self._files:
+            return
+        lr = (
+            [_json_number(float(g["lr"])) for g in self.optimizer.param_groups if "lr" in g]
+            if self.optimizer is not None
+            else None
+        )
+        scalars = {
+            "step": s.step,
+            "loss": _json_number(s.loss),
+            "grad_norm": _json_number(s.grad_norm),
+            "nonfinite": s.nonfinite,
+            "lr": lr,
+            "recorded": recorded,
+        }
+        layers = {
+            "step": s.step,
+            "grad_norm": [_json_number(v) for v in s.grad_norms],
+            "update_ratio": [_json_number(v) for v in s.update_ratios],
+        }
+        self._files[SCALARS_FILE].write(json.dumps(scalars) + "\n")
+        self._files[LAYERS_FILE].write(json.dumps(layers) + "\n")
+        for alert in alerts:
+            self._files[ALERTS_FILE].write(alert.model_dump_json() + "\n")
+        for f in self._files.values():
+            f.flush()
+
+    def _write_watch_file(self, *, complete: bool) -> None:
+        from precguard.dump.writer import write_json_atomic
+
+        assert self.path is not None
+        info = {
+            "schema_version": SCHEMA_VERSION,
+            "precguard_version": __version__,
+            "torch_version": torch.__version__,
+            "model": type(self.model).__name__,
+            "options": self.options.model_dump(mode="json"),
+            "layers": self.pulse.names,
+            "steps": self.step_index,
+            "alerts": len(self.alerts),
+            "complete": complete,
+        }
+        write_json_atomic(self.path / WATCH_FILE, json.dumps(info, indent=2))
+
+    def _close_files(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files = {}
+
+
+def watch(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    every: int = 1000,
+    out: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
+    **options: Any,
+) -> WatchHandle:
+    """Watch a training run: per-step scalars, alerts that name the layer, sampled recordings.
+
+    :param model: the model being trained (its parameters are the layers alerts name).
+    :param optimizer: its optimizer; recorded steps then hold its state (Adam's
+        moments) next to each parameter's update, and ``scalars.jsonl`` the learning rates.
+    :param every: record every N-th step in full statistics (default 1000, as W&B's watch).
+    :param out: output directory (refused if non-empty unless ``overwrite``); None only
+        logs alerts.
+    :param options: further fields of :class:`WatchOptions`: ``window``, ``min_history``,
+        ``z_threshold``, ``on_alert`` ("log" or "record"), ``max_alert_records``, ``hashes``.
+    :returns: a :class:`WatchHandle`; call ``step()`` after each optimizer step, and
+        use it as a context manager (or call ``close()``) so its hooks go at the end.
+
+    >>> w = precguard.watch(model, opt, every=500, out="w", on_alert="record")  # doctest: +SKIP
+    """
+    opts = WatchOptions(every=every, **options)
+    return WatchHandle(model, optimizer, out, opts, overwrite=overwrite)

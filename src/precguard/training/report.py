@@ -1,0 +1,270 @@
+"""Read a watch directory back, and render it: ``precguard watch-report DIR --html FILE``.
+
+The page shows the loss and the global gradient norm along the steps with
+each alert and each recorded step marked, the alerts as a table, and per-layer
+small multiples of the update/param ratio: the layers an alert named first,
+then the others in the model's order. The CSV
+has one row per step: the scalars, the alert kinds, then one column per layer
+and series (``update_ratio:LAYER``, ``grad_norm:LAYER``).
+
+A watch directory is read like a recording: strict JSON, a truncated last
+line (the run was killed mid-write) skipped with a warning, any other bad
+line an error naming the file and line.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from precguard._logging import get_logger
+from precguard.errors import DumpFormatError
+from precguard.text import shown
+from precguard.training.alerts import Alert
+from precguard.training.handle import (
+    ALERTS_FILE,
+    LAYERS_FILE,
+    RECORDING_DIR,
+    SCALARS_FILE,
+    SCHEMA_VERSION,
+    WATCH_FILE,
+)
+
+logger = get_logger(__name__)
+
+#: layers drawn as small multiples (alerted layers first); the CSV has them all
+MAX_PANELS = 36
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _float(v: Any) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return _NONFINITE.get(v)
+    return float(v)
+
+
+@dataclass
+class WatchRun:
+    """A watch directory read back."""
+
+    path: Path
+    info: dict[str, Any]
+    layers: list[str]
+    scalars: list[dict[str, Any]] = field(default_factory=list)
+    per_layer: list[dict[str, Any]] = field(default_factory=list)
+    alerts: list[Alert] = field(default_factory=list)
+
+    @property
+    def recording(self) -> Path:
+        """The recorded steps, a precguard recording."""
+        return self.path / RECORDING_DIR
+
+
+def _lines(path: Path) -> list[tuple[int, Any]]:
+    if not path.is_file():
+        return []
+    raw = path.read_bytes().split(b"\n")
+    complete = raw[-1] == b""
+    lines = raw[:-1] if complete else raw
+    out = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            if lineno == len(lines) and not complete:
+                logger.warning("truncated_last_line_skipped", file=str(path), line=lineno)
+                continue
+            raise DumpFormatError(
+                f"{shown(path)} line {lineno}: expected a JSON object, got malformed JSON"
+            ) from exc
+        if not isinstance(value, dict):
+            raise DumpFormatError(f"{shown(path)} line {lineno}: expected a JSON object")
+        out.append((lineno, value))
+    return out
+
+
+def load_watch(path: str | Path) -> WatchRun:
+    """Read a watch directory; a directory that is not one is a :class:`DumpFormatError`."""
+    root = Path(path)
+    info_path = root / WATCH_FILE
+    if not info_path.is_file():
+        raise DumpFormatError(f"{shown(root)}: no {WATCH_FILE}; is it a precguard watch directory?")
+    try:
+        info = json.loads(info_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DumpFormatError(f"{shown(info_path)}: not readable JSON ({exc})") from exc
+    version = info.get("schema_version") if isinstance(info, dict) else None
+    if type(version) is not int or not 1 <= version <= SCHEMA_VERSION:
+        raise DumpFormatError(
+            f"{shown(info_path)}: schema_version {shown(version)} is not one this precguard "
+            f"reads (1..{SCHEMA_VERSION})"
+        )
+    layers = info.get("layers")
+    if not isinstance(layers, list) or not all(isinstance(x, str) for x in layers):
+        raise DumpFormatError(f"{shown(info_path)}: 'layers' is not a list of names")
+    run = WatchRun(root, info, layers)
+    for lineno, row in _lines(root / SCALARS_FILE):
+        if not isinstance(row.get("step"), int):
+            raise DumpFormatError(f"{shown(root / SCALARS_FILE)} line {lineno}: no integer step")
+        run.scalars.append(row)
+    for lineno, row in _lines(root / LAYERS_FILE):
+        for series in ("grad_norm", "update_ratio"):
+            values = row.get(series)
+            if not isinstance(values, list) or len(values) != len(layers):
+                raise DumpFormatError(
+                    f"{shown(root / LAYERS_FILE)} line {lineno}: {series} has not one value "
+                    f"per layer ({len(layers)})"
+                )
+        run.per_layer.append(row)
+    for lineno, row in _lines(root / ALERTS_FILE):
+        try:
+            run.alerts.append(Alert.model_validate(row))
+        except ValidationError as exc:
+            raise DumpFormatError(
+                f"{shown(root / ALERTS_FILE)} line {lineno}: not an alert "
+                f"({exc.errors()[0]['msg']})"
+            ) from exc
+    return run
+
+
+def watch_csv(run: WatchRun) -> str:
+    """One row per step: scalars, alert kinds, then per-layer ratio and gradient-norm columns."""
+    kinds: dict[int, list[str]] = {}
+    for a in run.alerts:
+        kinds.setdefault(a.step, []).append(a.kind)
+    per_layer = {row["step"]: row for row in run.per_layer}
+    head = ["step", "loss", "grad_norm", "nonfinite", "lr", "recorded", "alerts"]
+    head += [f"update_ratio:{n}" for n in run.layers] + [f"grad_norm:{n}" for n in run.layers]
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(head)
+    for s in run.scalars:
+        lr = s.get("lr")
+        layer_row = per_layer.get(s["step"], {})
+        ratios = layer_row.get("update_ratio", [None] * len(run.layers))
+        grads = layer_row.get("grad_norm", [None] * len(run.layers))
+        writer.writerow(
+            [
+                s["step"],
+                _cell(s.get("loss")),
+                _cell(s.get("grad_norm")),
+                s.get("nonfinite"),
+                _cell(lr[0]) if isinstance(lr, list) and lr else "",
+                s.get("recorded"),
+                ";".join(kinds.get(s["step"], [])),
+                *(_cell(v) for v in ratios),
+                *(_cell(v) for v in grads),
+            ]
+        )
+    return buf.getvalue()
+
+
+def _cell(v: Any) -> Any:
+    f = _float(v)
+    return "" if f is None else repr(f)
+
+
+def _line_plot(run: WatchRun, key: str, title: str, *, log: bool) -> str:
+    from precguard.report.plots import figure, to_svg
+
+    steps = [s["step"] for s in run.scalars]
+    values = [_float(s.get(key)) for s in run.scalars]
+    fig = figure(11.0, 3.0)
+    ax = fig.add_subplot()
+    ax.plot(steps, [math.nan if v is None else v for v in values], lw=1.0, color="#0969da")
+    if log and any(v is not None and v > 0 for v in values):
+        ax.set_yscale("log")
+    for a in run.alerts:
+        ax.axvline(a.step, color="#cf222e", lw=0.8, alpha=0.7)
+    recorded = [s["step"] for s in run.scalars if s.get("recorded")]
+    ax.plot(recorded, [0] * len(recorded), "|", color="#8250df", transform=ax.get_xaxis_transform())
+    ax.set_title(f"{title} (red: alerts; purple ticks: recorded steps)", fontsize=10)
+    ax.set_xlabel("step")
+    return to_svg(fig)
+
+
+def _panels(run: WatchRun, series: str, title: str) -> str:
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    from precguard.report.plots import log_floor, positive, to_svg
+
+    named = []
+    for a in run.alerts:
+        named += [e.layer for e in a.layers if e.layer in run.layers and e.layer not in named]
+    order = named + [n for n in run.layers if n not in named]
+    shown_layers = order[:MAX_PANELS]
+    if not shown_layers or not run.per_layer:
+        return "<p class=note>no per-layer data</p>"
+    cols = 4
+    rows = math.ceil(len(shown_layers) / cols)
+    # a fixed grid: constrained layout costs seconds for dozens of axes
+    fig = Figure(figsize=(11.0, 1.6 * rows))
+    fig.subplots_adjust(left=0.06, right=0.99, bottom=0.5 / rows, top=1 - 0.3 / rows, hspace=0.7)
+    steps = [row["step"] for row in run.per_layer]
+    alert_steps = {name: [a.step for a in run.alerts if name in {e.layer for e in a.layers}]
+                   for name in shown_layers}  # fmt: skip
+    for k, name in enumerate(shown_layers):
+        i = run.layers.index(name)
+        values = [_float(row[series][i]) for row in run.per_layer]
+        ax = fig.add_subplot(rows, cols, k + 1)
+        # log10 on a linear axis: log-scale tick labels are mathtext, parsed per label
+        ax.plot(steps, np.log10(positive(values, log_floor(values))), lw=0.8, color="#0969da")
+        for step in alert_steps[name]:
+            ax.axvline(step, color="#cf222e", lw=0.8)
+        ax.set_title(name, fontsize=7)
+        ax.locator_params(nbins=3)
+        ax.tick_params(labelsize=6)
+    more = len(order) - len(shown_layers)
+    note = f"<p class=note>{more} more layers in the CSV</p>" if more > 0 else ""
+    return f"<h2>{title} (log10)</h2>{to_svg(fig)}{note}"
+
+
+def _alert_z(alert: Alert) -> float | None:
+    """The global z-score, or the largest of the layers' (None for a non-finite alert)."""
+    if alert.z is not None:
+        return alert.z
+    return max((e.z for e in alert.layers if e.z is not None), default=None)
+
+
+def watch_html(run: WatchRun) -> str:
+    """The self-contained HTML page of a watch directory."""
+    from precguard.report.page import document, esc, num_cell, table
+
+    rows = []
+    for a in run.alerts:
+        layers = ", ".join(e.layer for e in a.layers[:8]) + (
+            f" (+{len(a.layers) - 8})" if len(a.layers) > 8 else ""
+        )
+        rows.append(
+            f"<tr><td class=n>{a.step}</td><td>{esc(a.kind)}</td><td>{esc(layers)}</td>"
+            f"{num_cell(_alert_z(a))}"
+            f"<td>{esc(a.message)}</td>"
+            f"<td>{'' if a.recorded_step is None else a.recorded_step}</td></tr>"
+        )
+    steps = len(run.scalars)
+    body = [
+        f"<h1>precguard watch: {esc(run.info.get('model', ''))}</h1>",
+        f"<p>{esc(run.path)}: {steps} steps, {len(run.layers)} layers, "
+        f"{len(run.alerts)} alerts; recorded steps in {esc(run.recording)}</p>",
+        _line_plot(run, "loss", "loss", log=False),
+        _line_plot(run, "grad_norm", "global gradient norm", log=True),
+        "<h2>alerts</h2>",
+        table(["step", "kind", "layers", "z", "message", "recorded step"], rows, sortable=True)
+        if rows
+        else "<p>no alerts</p>",
+        _panels(run, "update_ratio", "update/param ratio per layer"),
+        "<p class=note>per-layer gradient norms: the CSV (grad_norm:LAYER columns)</p>",
+    ]
+    return document(f"precguard watch {run.path}", "\n".join(body))

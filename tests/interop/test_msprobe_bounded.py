@@ -1,0 +1,74 @@
+"""msprobe dumps that would crash or exhaust the import: refused or normalised, in one line."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from precguard.errors import DumpFormatError
+from precguard.interop.msprobe.tensors import load_tensor
+from tests.compare.conftest import run_cli
+from tests.interop.test_msprobe_untrusted import MLP_OUT, _copy, _import_fails, _save
+
+
+def test_a_401_digit_max_is_refused_not_overflowed(tmp_path, capsys) -> None:
+    dump_dir, rank_dir, dump = _copy("stats", tmp_path)
+    # json.dumps writes the int whole; float() of it would raise OverflowError
+    dump["data"][MLP_OUT]["output"][0]["Max"] = 10**400
+    _save(rank_dir, dump)
+    line = _import_fails(dump_dir, tmp_path, capsys)
+    assert "Max is an integer of 401 digits" in line
+
+
+def test_a_big_endian_npy_reads_as_the_same_numbers(tmp_path: Path) -> None:
+    values = np.arange(12, dtype=">f4").reshape(3, 4) / 7
+    path = tmp_path / "t.npy"
+    np.save(path, values)
+    got = load_tensor(path, shown_path="t.npy", dtype="float32", shape=[3, 4])
+    assert torch.equal(got, torch.from_numpy(values.astype("<f4")))
+
+
+def test_a_deflated_pt_is_refused_before_it_is_inflated(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.pt"
+    torch.save(torch.zeros(1 << 20), plain)  # 4 MiB of zeros
+    bomb = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(plain) as src, zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info))
+    assert bomb.stat().st_size < 100_000  # what it weighs on disk
+    with pytest.raises(DumpFormatError, match="refused before inflating"):
+        load_tensor(bomb, shown_path="bomb.pt", dtype="float32", shape=[4])
+    # the same archive is fine where its record says it holds that many numbers
+    got = load_tensor(bomb, shown_path="bomb.pt", dtype="float32", shape=[1 << 20])
+    assert got.shape == (1 << 20,)
+
+
+def test_an_empty_dump_leaves_no_output_and_blames_the_input(tmp_path, capsys) -> None:
+    dump_dir, rank_dir, dump = _copy("stats", tmp_path)
+    dump["data"] = {}
+    _save(rank_dir, dump)
+    line = _import_fails(dump_dir, tmp_path, capsys)
+    assert str(dump_dir) in line and "holds no records" in line
+
+
+def test_many_sibling_calls_each_become_a_root(tmp_path, capsys) -> None:
+    """Calls with no parent among them (the import once copied the list of them per call)."""
+    dump_dir, rank_dir, dump = _copy("stats", tmp_path)
+    entry = dump["data"][MLP_OUT]
+    dump["data"] = {
+        f"Module.model.layers.{i}.mlp.LlamaMLP.forward.0": json.loads(json.dumps(entry))
+        for i in range(2000)
+    }
+    _save(rank_dir, dump)
+    (rank_dir / "construct.json").unlink(missing_ok=True)
+    code, _, err = run_cli(["import-msprobe", str(dump_dir), "--out", str(tmp_path / "o")], capsys)
+    assert code == 0, err
+    from precguard.dump.reader import Run
+
+    modules = {r.module for r in Run(tmp_path / "o").records()}
+    assert {f"model.layers.{i}.mlp" for i in range(2000)} <= modules

@@ -1,0 +1,33 @@
+"""Every command has a documented function in the public API, named for what it does."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+import precguard
+
+#: command -> the public function that does its work
+COMMANDS = {
+    "record": "record_target",
+    "compare": "compare_runs",
+    "replay": "replay_module",
+    "bisect": "bisect",
+    "op-check": "op_check",
+    "check": "check",
+    "ranks": "check_replicas",
+    "import-msprobe": "import_msprobe",
+}
+
+
+@pytest.mark.parametrize(("command", "name"), sorted(COMMANDS.items()))
+def test_each_command_is_a_documented_api_function(command: str, name: str) -> None:
+    func = getattr(precguard, name)
+    assert callable(func) and name in precguard.__all__
+    assert inspect.getdoc(func), f"precguard.{name} ({command}) has no docstring"
+
+
+def test_the_context_manager_has_a_name_of_its_own_and_keeps_its_old_one() -> None:
+    assert precguard.recording is precguard.record
+    assert precguard.recording is not precguard.record_target
