@@ -9,10 +9,13 @@ character Python does not call printable is written as an escape (``\\x1b``,
 ``markup=True`` rich markup is escaped so that rich prints the text as it is.
 
 Use it at every print site for a value read from a recording; values built by
-precguard itself (numbers, statuses) need nothing.
+precguard itself (numbers, statuses) need nothing. :func:`plain_text` does the
+same for a matplotlib figure: no label from a recording is parsed as mathtext.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 #: default cut for one value in a message
 LIMIT = 120
@@ -64,3 +67,35 @@ def _escape(ch: str) -> str:
 
 
 __all__ = ["LIMIT", "shown"]
+
+
+def plain_text(fig: Any) -> None:
+    """Make every label of ``fig`` that came from a recording plain text, never mathtext.
+
+    Module names, keys and statistics come from recordings, which anyone can
+    write: ``$\\frac$`` in a module name would otherwise reach matplotlib's
+    mathtext parser (and fail the whole report). Titles, axis labels, legends,
+    annotations and tick labels set from strings are made plain; tick labels
+    a numeric formatter writes (a log axis' ``10^{-3}``) keep their math.
+    """
+    from matplotlib.text import Text
+    from matplotlib.ticker import LogFormatter, ScalarFormatter
+
+    keep: set[int] = set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            keep.add(id(axis.offsetText))
+            for which, fmt in (
+                ("major", axis.get_major_formatter()),
+                ("minor", axis.get_minor_formatter()),
+            ):
+                # asking for them creates the tick labels a draw would (none parsed yet);
+                # string labels sit on fixed locators, so the draw adds no others
+                labels = axis.get_ticklabels(which=which)
+                # only matplotlib's own numeric formatters may write math; labels
+                # given as strings (set_xticks(xs, names): a FuncFormatter) may not
+                if isinstance(fmt, LogFormatter | ScalarFormatter):
+                    keep.update(id(t) for t in labels)
+    for text in fig.findobj(Text):
+        if id(text) not in keep:
+            text.set_parse_math(False)

@@ -72,7 +72,7 @@ def plot(result: OpCheckResult, path: Path) -> Path:
         ax.set_title(f"op-check on {result.device} ({result.compute_dtype})")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize="small")
-        from precguard.report.plots import plain_text
+        from precguard.text import plain_text
 
         plain_text(fig)  # op and module names are the user's text, never mathtext
         try:

@@ -16,6 +16,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from precguard.text import plain_text
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -45,38 +47,6 @@ def to_svg(fig: Figure) -> str:
     text = buf.getvalue()
     start = text.find("<svg")
     return text[start:] if start >= 0 else text
-
-
-def plain_text(fig: Figure) -> None:
-    """Make every label of ``fig`` that came from a recording plain text, never mathtext.
-
-    Module names, keys and statistics come from recordings, which anyone can
-    write: ``$\\frac$`` in a module name would otherwise reach matplotlib's
-    mathtext parser (and fail the whole report). Titles, axis labels, legends,
-    annotations and tick labels set from strings are made plain; tick labels
-    a numeric formatter writes (a log axis' ``10^{-3}``) keep their math.
-    """
-    from matplotlib.text import Text
-    from matplotlib.ticker import LogFormatter, ScalarFormatter
-
-    keep: set[int] = set()
-    for ax in fig.axes:
-        for axis in (ax.xaxis, ax.yaxis):
-            keep.add(id(axis.offsetText))
-            for which, fmt in (
-                ("major", axis.get_major_formatter()),
-                ("minor", axis.get_minor_formatter()),
-            ):
-                # asking for them creates the tick labels a draw would (none parsed yet);
-                # string labels sit on fixed locators, so the draw adds no others
-                labels = axis.get_ticklabels(which=which)
-                # only matplotlib's own numeric formatters may write math; labels
-                # given as strings (set_xticks(xs, names): a FuncFormatter) may not
-                if isinstance(fmt, LogFormatter | ScalarFormatter):
-                    keep.update(id(t) for t in labels)
-    for text in fig.findobj(Text):
-        if id(text) not in keep:
-            text.set_parse_math(False)
 
 
 def positive(values: Sequence[float | None], floor: float) -> list[float]:
