@@ -23,6 +23,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -648,8 +649,15 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
     if gs is None or as_ is None:
         return Metrics(level="none", dtype=dtype, error=0.0, note="no statistics recorded")
     rms = golden_rms(gs) or 0.0
+    # a causal mask: the golden holds another precision's stand-in for -inf (fp32's
+    # finfo.min where the actual has bf16's); the statistics they dominate say nothing,
+    # the sample (stand-ins on both sides equal) and the max do
+    chosen = getattr(torch, dtype, None)
+    floor = _mask_floor(chosen) if isinstance(chosen, torch.dtype) else -math.inf
+    masked = floor > -math.inf and gs.min is not None and gs.min <= floor
+    compared = ("max",) if masked else ("min", "max", "mean", "std", "absmax", "l2")
     diffs: dict[str, float] = {}
-    for name in ("min", "max", "mean", "std", "absmax", "l2"):
+    for name in compared:
         gv, av = getattr(gs, name), getattr(as_, name)
         if gv is None or av is None:  # one side did not record it (an imported msprobe dump)
             continue
@@ -665,7 +673,10 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
         level_note = "statistics only (integer tensor): equal statistics suggest equal values"
     else:
         level_note = STATS_NOTE
-    evidence = sample_evidence(golden, actual, rms) | position_evidence(golden, actual)
+    if masked:
+        evidence = sample_evidence(golden, actual, 0.0, mask_floor=floor)
+    else:
+        evidence = sample_evidence(golden, actual, rms) | position_evidence(golden, actual)
     if evidence.get("sample_rel_l2") is not None:
         # an estimate of rel_l2, never below what the norms prove: |l2_a - l2_g| / l2_g
         # and the per-position norms' difference are lower bounds on it
@@ -674,6 +685,7 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
             bounds.append(diffs["l2"])
         error = max(bounds)
         level_note = SAMPLE_NOTE
+    evidence |= concentrated_evidence(evidence, None if masked else gs.absmax)
     return Metrics(
         level="stats",
         dtype=dtype,
@@ -692,13 +704,39 @@ SAMPLE_NOTE = (
 )
 
 
-def sample_evidence(golden: Record, actual: Record, rms: float) -> dict[str, float | int]:
+def concentrated_evidence(evidence: dict[str, Any], absmax: float | None) -> dict[str, Any]:
+    """The full level's concentrated-error fields, as far as the sample and norms show them.
+
+    ``peak_error``: the sampled elements' largest error over the golden's max |value|
+    (from its statistics), judged like the full level's against ``u * max|golden|``;
+    ``slice_error``: the worst position's norm difference, a lower bound on that
+    position's relative error. So the expected-error judge sees an error confined to
+    late positions in a statistics-only actual too.
+    """
+    out: dict[str, Any] = {}
+    peak = evidence.get("sample_max_abs")
+    if peak is not None and absmax is not None and math.isfinite(absmax) and absmax > 0:
+        out["peak_error"] = peak / absmax
+    if evidence.get("pos_worst_err") is not None:
+        out |= {
+            "slice_error": evidence["pos_worst_err"],
+            "slice_dim": evidence.get("pos_dim"),
+            "slice_index": evidence.get("pos_worst"),
+        }
+    return out
+
+
+def sample_evidence(
+    golden: Record, actual: Record, rms: float, *, mask_floor: float = -math.inf
+) -> dict[str, float | int]:
     """The ``sample_*`` metrics of two records keeping the same sample (else nothing).
 
     ``sample_rel_l2 = rms(a_s - g_s) / rms(g)``: the sampled elements' mean squared
     error estimates the tensor's (the indices are chosen independently of the values),
     over the golden's rms from its full statistics. Elements non-finite on either side
-    are left out (the NaN/Inf counts judge those).
+    are left out (the NaN/Inf counts judge those). With ``mask_floor`` (a causal
+    mask's -inf stand-ins, at or below it on both sides, count as equal), ``rms`` 0:
+    the golden's rms is taken over its sampled elements above the floor.
     """
     gs, as_ = golden.sample, actual.sample
     if gs is None or as_ is None or gs.seed != as_.seed:
@@ -706,6 +744,11 @@ def sample_evidence(golden: Record, actual: Record, rms: float) -> dict[str, flo
     g, a = gs.array(), as_.array()
     if g.size != a.size or g.size == 0:
         return {}
+    if mask_floor > -math.inf:
+        stand_in = (g <= mask_floor) & (a <= mask_floor)
+        g, a = g[~stand_in], a[~stand_in]
+        if g.size == 0:
+            return {"sample_size": 0, "sample_rel_l2": 0.0, "sample_max_abs": 0.0}
     both = np.isfinite(g) & np.isfinite(a)
     if not both.any():
         return {}

@@ -58,6 +58,16 @@ def metric_line(m: Metrics) -> str:
                 else ""
             )
         )
+    if m.level == "stats" and m.sample_size:
+        where = (
+            f"  worst position {m.pos_worst} (norm off by {format_number(m.pos_worst_err)})"
+            if m.pos_worst is not None and m.pos_worst_err
+            else ""
+        )
+        return (
+            f"stats and {m.sample_size} sampled elements: rel_l2 ~{format_number(m.error)}  "
+            f"sampled max_abs {format_number(m.sample_max_abs)}{where} (weaker test)"
+        )
     if m.level == "stats":
         worst = max((m.stat_rel_diff or {}).items(), key=lambda kv: kv[1], default=("-", 0.0))
         return f"stats only: largest difference {worst[0]} {format_number(worst[1])} (weaker test)"
