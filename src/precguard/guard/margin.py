@@ -5,8 +5,12 @@ from failing; one at 0.001 is not. The margin shows that drift before it
 fails: 0 for identical numbers, 1 at the edge of what the verdict accepts,
 above 1 for a record that fails on its error.
 
-The allowed error is the threshold the record's error was held to: the
-record's own ``allowed_error`` where the comparison records one, else the
+The allowed error is the threshold the record's error was held to. Under the
+expected-error judge (the default profile) that is the record's own expected
+error (what its precision and everything it consumed explain) times the
+profile's amplification threshold, and the margin is the record's
+amplification over that threshold (its global or its concentrated error,
+whichever is nearer failing). Under a fixed profile it is the
 tolerance of the record's judging dtype (the less precise side's precision,
 ``Metrics.dtype``) in the comparison's profile, ``rel_l2`` for full tensors
 and ``stats_rtol`` for statistics. A record judged by another rule as well
@@ -67,16 +71,28 @@ def allowed_error(record: RecordResult, tolerances: dict[str, Any]) -> float | N
     return float(bound) if isinstance(bound, int | float) else None
 
 
-def record_margin(record: RecordResult, tolerances: dict[str, Any]) -> RecordMargin | None:
-    """The margin of one record, or None for a record that was not compared."""
+def record_margin(
+    record: RecordResult, tolerances: dict[str, Any], threshold: float | None = None
+) -> RecordMargin | None:
+    """The margin of one record, or None for a record that was not compared.
+
+    ``threshold``: the expected-error judge's amplification limit, when it judged the
+    comparison (a record's ``amplification`` over it is then its margin).
+    """
     metrics = record.metrics
     if metrics is None or record.status == "missing" or metrics.level == "none":
         return None
     allowed = allowed_error(record, tolerances)
+    judged = threshold is not None and record.expected_error is not None
+    if judged:
+        assert threshold is not None and record.expected_error is not None
+        allowed = record.expected_error * threshold
     if record.status == "nonfinite":
         margin = math.inf
     elif metrics.level == "exact":
         margin = math.inf if metrics.mismatched else 0.0
+    elif judged and threshold and record.amplification is not None:
+        margin = record.amplification / threshold
     elif allowed is None or not math.isfinite(metrics.error):
         margin = math.inf if metrics.error else 0.0
     elif allowed <= 0 or math.isinf(allowed):
@@ -95,9 +111,22 @@ def record_margin(record: RecordResult, tolerances: dict[str, Any]) -> RecordMar
     )
 
 
+def judge_threshold(profile: str) -> float | None:
+    """The amplification limit of ``profile`` if the expected-error judge is its rule."""
+    from precguard.compare.tolerance import get_profile
+    from precguard.errors import PrecguardError
+
+    try:
+        prof = get_profile(profile)
+    except (PrecguardError, KeyError, ValueError):
+        return None
+    return prof.amplification if prof.rule == "expected" else None
+
+
 def margins(comparison: Comparison) -> list[RecordMargin]:
     """Every compared record's margin, in the comparison's (execution) order."""
-    found = (record_margin(r, comparison.tolerances) for r in comparison.records)
+    threshold = judge_threshold(comparison.profile)
+    found = (record_margin(r, comparison.tolerances, threshold) for r in comparison.records)
     return [m for m in found if m is not None]
 
 
