@@ -12,14 +12,28 @@ localized per kind.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "compare"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "compare"))
 
-from calibration_corpus import CORPUS, MAGNITUDES, Outcome, Runner, label, smallest_localized
+from calibration_corpus import (  # noqa: E402
+    CORPUS,
+    MAGNITUDES,
+    Outcome,
+    Runner,
+    label,
+    smallest_localized,
+)
+
+#: the torchrun tensor-parallel model of the layout tests and its layout spec
+TP_DIR = ROOT / "tests" / "layout"
 
 
 def main() -> int:
@@ -46,6 +60,9 @@ def main() -> int:
             print(f"{mark:5} {pair.name:58} {o.verdict:8} {o.named or '-':34} {o.seconds:5.1f}s")
             if args.verbose and o.reason:
                 print(f"      {o.reason}")
+        tp_alarms, tp_missed = 0, 0
+        if not args.fast and (not args.only or any("tp" in s for s in args.only)):
+            tp_alarms, tp_missed = tensor_parallel(Path(tmp))
     clean = [o for o in outcomes if o.pair.expect is None]
     faults = [o for o in outcomes if o.pair.expect is not None]
     alarms = [o for o in clean if not o.ok]
@@ -77,7 +94,63 @@ def main() -> int:
             f"time per pair (record actual + compare): mean {sum(times) / len(times):.1f}s, "
             f"max {max(times):.1f}s; total {time.perf_counter() - start:.0f}s"
         )
-    return 1 if alarms or missed else 0
+    return 1 if alarms or missed or tp_alarms or tp_missed else 0
+
+
+def _tp_record(out: Path, *args: str, ranks: int = 2) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    launcher = [sys.executable]
+    if ranks > 1:
+        launcher += ["-m", "torch.distributed.run", f"--nproc-per-node={ranks}", "--standalone"]
+    subprocess.run(
+        [*launcher, str(TP_DIR / "tp_model.py"), str(out), *args],
+        check=True, capture_output=True, timeout=600, env=env,
+    )  # fmt: skip
+
+
+def _tp_compare(golden: Path, actual: Path) -> dict:
+    report = actual.with_suffix(".json")
+    subprocess.run(
+        [sys.executable, "-m", "precguard", "compare", str(golden), str(actual),
+         "--layout", str(TP_DIR / "tp.yaml"), "--json", str(report)],
+        capture_output=True, timeout=600,
+    )  # fmt: skip
+    return json.loads(report.read_text())
+
+
+def tensor_parallel(tmp: Path) -> tuple[int, int]:
+    """A torchrun 2-way tensor-parallel run against the whole model, clean and with a
+    fault in rank 1's row-parallel shard (its partial sum, before the all-reduce).
+
+    Returns (false alarms, faults >= 1 % missed)."""
+    alarms = missed = 0
+    start = time.perf_counter()
+    whole = tmp / "tp-whole"
+    _tp_record(whole, ranks=1)
+    cases = [("clean", None)] + [(f"fault {m:.1%}", m) for m in MAGNITUDES]
+    for name, m in cases:
+        t0 = time.perf_counter()
+        out = tmp / f"tp-{name.replace(' ', '-').replace('%', '')}"
+        extra = () if m is None else ("--fault", "layers.0.attn.out", "--fault-scale", str(1 + m))
+        _tp_record(out, *extra)
+        result = _tp_compare(whole, out)
+        first = result.get("first_divergence") or {}
+        named = f"{first.get('module')} rank {first.get('rank')}" if first else "-"
+        if m is None:
+            mark = "ok  " if result["verdict"] == "match" else "FALSE ALARM"
+            alarms += mark != "ok  "
+        else:
+            hit = (first.get("module"), first.get("rank")) == ("layers.0.attn.out", 1)
+            mark = "ok  " if hit else "MISS"
+            missed += not hit and m >= 0.01
+        secs = time.perf_counter() - t0
+        print(f"{mark:5} {'torchrun tp=2 vs whole, ' + name:58} {result['verdict']:8} "
+              f"{named:34} {secs:5.1f}s")  # fmt: skip
+    print(
+        f"      torchrun pairs: {time.perf_counter() - start:.0f}s; false alarms {alarms}, "
+        f"missed >= 1 % {missed} (not in the table below)"
+    )
+    return alarms, missed
 
 
 if __name__ == "__main__":

@@ -165,12 +165,12 @@ def batch() -> tuple[torch.Tensor, torch.Tensor]:
     return ids[:, :-1], ids[:, 1:]
 
 
-def plant_fault(model: nn.Module, module: str) -> None:
-    """Scale the last rank's shard of ``module``'s weight by 1.05."""
+def plant_fault(model: nn.Module, module: str, scale: float = 1.05) -> None:
+    """Scale the last rank's shard of ``module``'s weight by ``scale``."""
     rank, world = _tp()
     if rank == world - 1:
         with torch.no_grad():
-            model.get_submodule(module).weight.mul_(1.05)
+            model.get_submodule(module).weight.mul_(scale)
 
 
 def main() -> None:
@@ -180,13 +180,14 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--fault", action="append", default=[])
     parser.add_argument("--stats-only", action="store_true", help="save no full tensors")
+    parser.add_argument("--fault-scale", type=float, default=1.05, help="the planted scale")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if "WORLD_SIZE" in __import__("os").environ:
         dist.init_process_group("gloo")
     model = build()
     for module in args.fault:
-        plant_fault(model, module)
+        plant_fault(model, module, args.fault_scale)
     ids, labels = batch()
     with precguard.monitor(model, out=args.out, tensors=not args.stats_only):
         logits = model(ids)
