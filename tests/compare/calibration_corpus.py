@@ -28,7 +28,6 @@ from precguard.models.handwritten_llama import (
     Attention,
     HandwrittenConfig,
     HandwrittenLlama,
-    rotate_half,
 )
 from precguard.targets import build_tiny_llama, causal_lm_loss, lm_batch
 
@@ -180,27 +179,9 @@ def _attention_glue(path: str, m: float) -> Prepare:
     def plant(model: nn.Module) -> None:
         attn = model.get_submodule(path)
         assert isinstance(attn, Attention)
-
-        def forward(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-            c = attn.config
-            b, t, _ = x.shape
-            q = attn.q_proj(x).view(b, t, c.num_heads, c.head_dim).transpose(1, 2)
-            k = attn.k_proj(x).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
-            v = attn.v_proj(x).view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
-            cs, sn = cos[:, None], sin[:, None]
-            q = q * cs + rotate_half(q) * sn
-            k = k * cs + rotate_half(k) * sn
-            groups = c.num_heads // c.num_kv_heads
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
-            scores = (q @ k.transpose(-1, -2)) / c.head_dim**0.5
-            causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-            scores = scores.masked_fill(~causal, torch.finfo(scores.dtype).min)
-            probs = scores.float().softmax(-1).to(v.dtype)
-            mixed = (probs @ v) * (1 + m)
-            return attn.o_proj(mixed.transpose(1, 2).reshape(b, t, -1))
-
-        attn.forward = forward
+        attend = attn.attend
+        # an instance attribute: the model's own code calls it between its projections
+        attn.attend = lambda q, k, v: attend(q, k, v) * (1 + m)  # type: ignore[method-assign]
 
     return plant
 

@@ -112,14 +112,20 @@ class Attention(nn.Module):
         cos, sin = cos[:, None], sin[:, None]
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
+        return self.o_proj(self.attend(q, k, v).transpose(1, 2).reshape(b, t, -1))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal softmax attention of rotated ``q``, ``k`` over ``v`` (B, heads, T, D)."""
+        c = self.config
+        t = q.shape[2]
         groups = c.num_heads // c.num_kv_heads
         k = k.repeat_interleave(groups, dim=1)
         v = v.repeat_interleave(groups, dim=1)
         scores = (q @ k.transpose(-1, -2)) / c.head_dim**0.5
-        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
         scores = scores.masked_fill(~causal, torch.finfo(scores.dtype).min)
         probs = scores.float().softmax(-1).to(v.dtype)
-        return self.o_proj((probs @ v).transpose(1, 2).reshape(b, t, -1))
+        return probs @ v
 
 
 class MLP(nn.Module):
