@@ -307,20 +307,8 @@ class OpCapture:
             if frame is None:
                 return result
             device = outputs[0][1].device.type
-            if device != self._device:
-                # an op that fell back to (or was sent to) another device
-                sink.add(
-                    frame.module,
-                    frame.module_type,
-                    frame.call,
-                    "forward",
-                    "output",
-                    outputs,
-                    save=frame.save,
-                    extra={"device": device},
-                )
-            else:
-                sink.leave(frame, outputs)
+            # an op that fell back to (or was sent to) another device says which
+            sink.leave(frame, outputs, extra={"device": device} if device != self._device else None)
         except NonFiniteError:
             raise
         except Exception as exc:
