@@ -112,17 +112,22 @@ def test_op_level_steps_follow_the_root_calls(tmp_path):
     assert steps == [(0, 0), (1, 0)]
 
 
-def test_aten_level_composes_with_the_emulator_and_keeps_its_output(tiny_llama, input_ids):
+def test_aten_level_composes_with_the_emulator_and_keeps_its_output(
+    tiny_llama, input_ids, tmp_path
+):
     from precguard.devices import resolve_backend
 
     backend = resolve_backend("emu:bf16")
     with torch.no_grad(), backend.numerics():
         plain = tiny_llama(input_ids).logits
         with precguard.monitor(
-            tiny_llama, out=None, level="op", ops_at="aten", ops=["_softmax", "mm"]
+            tiny_llama, out=tmp_path / "run", level="op", ops_at="aten", ops=["_softmax", "mm"]
         ):
             emulated = tiny_llama(input_ids).logits
     assert torch.equal(plain, emulated)
+    # and it recorded under the emulator: an output-only check passes with no mode at all
+    ops = {r.module.rpartition(".op.")[2] for r in _records(tmp_path / "run")}
+    assert "_softmax" in ops
 
 
 def test_aten_level_records_the_dispatched_ops(tmp_path):
@@ -167,3 +172,21 @@ def test_record_from_the_cli_at_op_level(tmp_path, capsys):
         main(["record", "-t", "tiny-llama", "--level", "ops", "--out", str(tmp_path / "s")])
     assert info.value.code == 2
     assert "--level: expected module, op or both" in capsys.readouterr().err
+
+
+def test_an_op_on_another_device_is_marked_and_its_nan_still_acted_on(tmp_path):
+    """A fallback op (here: every CPU op, the capture told the model is elsewhere)."""
+
+    class Log(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.log(x)  # NaN born here from a negative input
+
+    model = Log()
+    handle = precguard.monitor(model, out=tmp_path / "run", level="op", on_nonfinite="raise")
+    ops = handle.monitor.parts[0]
+    ops._device = "elsewhere"
+    with pytest.raises(precguard.errors.NonFiniteError):
+        model(torch.tensor([1.0, -1.0]))
+    handle.remove()
+    out = next(r for r in _records(tmp_path / "run") if r.key == "root.op.log.0.forward.output.0")
+    assert out.device == "cpu"

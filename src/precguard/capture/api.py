@@ -216,7 +216,7 @@ def _module_and_op_hooks(model: nn.Module, recording: Recording, options: Captur
 
     modules = Monitor(model, recording, options) if options.level == "both" else None
     ops = OpCapture(model, recording, options, own_steps=modules is None)
-    return CaptureHooks(*(p for p in (modules, ops) if p is not None))
+    return CaptureHooks(modules, ops)  # it drops a None part
 
 
 def _warn_unmatched_patterns(options: CaptureOptions, names: Iterable[str]) -> None:

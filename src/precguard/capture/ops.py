@@ -191,7 +191,8 @@ class OpCapture:
         self._depth = 0
         self._mode: TorchFunctionMode | TorchDispatchMode | None = None
         self._handles: list[RemovableHandle] = []
-        self._sites: dict[tuple[str, str], object] = {}  # (module, op) -> the key call counts use
+        #: (module, op) -> (the key call counts use, the op's record module, its tensors saved)
+        self._sites: dict[tuple[str, str], tuple[object, str, bool]] = {}
         self._selected: dict[str, bool] = {}  # module name -> its ops are recorded
         self._wanted: dict[tuple[str, bool], bool] = {}  # (op, layout) -> recorded
         self._failed: set[str] = set()
@@ -306,20 +307,8 @@ class OpCapture:
             if frame is None:
                 return result
             device = outputs[0][1].device.type
-            if device != self._device:
-                # an op that fell back to (or was sent to) another device
-                sink.add(
-                    frame.module,
-                    frame.module_type,
-                    frame.call,
-                    "forward",
-                    "output",
-                    outputs,
-                    save=frame.save,
-                    extra={"device": device},
-                )
-            else:
-                sink.leave(frame, outputs)
+            # an op that fell back to (or was sent to) another device says which
+            sink.leave(frame, outputs, extra={"device": device} if device != self._device else None)
         except NonFiniteError:
             raise
         except Exception as exc:
@@ -340,21 +329,26 @@ class OpCapture:
             return None
         try:
             site = self._sites.get((module, name))
-            if site is None:
-                site = self._sites[(module, name)] = object()
+            if site is None:  # once per (module, op): not the name and glob work per call
+                op_module = f"{module}.op.{name}"
+                site = self._sites[(module, name)] = (
+                    object(),
+                    op_module,
+                    self.options.saves(op_module),
+                )
+            key, op_module, save = site
             items = [
                 (n, t)
                 for n, t in named_tensors(args, "args") + named_tensors(kwargs, "kwargs")
                 if not isinstance(t, nn.Parameter)
             ]
-            op_module = f"{module}.op.{name}"
             return sink.enter(
-                site,
+                key,
                 op_module,
                 qualified,
                 items,
                 root=False,
-                save=self.options.saves(op_module),
+                save=save,
                 on_nonfinite=self.options.on_nonfinite,
             )
         except Exception as exc:

@@ -265,11 +265,18 @@ class Recording:
             frame.inputs = inputs
         return frame
 
-    def leave(self, frame: CallFrame, outputs: list[tuple[str, torch.Tensor]]) -> None:
+    def leave(
+        self,
+        frame: CallFrame,
+        outputs: list[tuple[str, torch.Tensor]],
+        *,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         """Record the outputs of ``frame``'s call; act on a NaN/Inf born in it.
 
         Raises :class:`NonFiniteError` when the frame's policy is ``"raise"``
-        and this call is the step's first origin.
+        and this call is the step's first origin. ``extra``: further fields for
+        each output record (see :meth:`add`).
         """
         immediate = frame.on_nonfinite != "record"
         finite = self.add(
@@ -281,6 +288,7 @@ class Recording:
             outputs,
             save=frame.save,
             need_finite=immediate,
+            extra=extra,
         )
         if immediate and finite is False and frame.inputs_finite is not False:
             self._on_nonfinite_origin(frame)
