@@ -29,7 +29,7 @@ from precguard.compare.divergence import (
     fallback,
     rank_suspects,
 )
-from precguard.compare.judge import judge_step
+from precguard.compare.judge import judge_step, measured_errors
 from precguard.compare.metrics import (
     TOLERANCE_MODES,
     golden_rms,
@@ -321,8 +321,7 @@ def _calibrated(
             )
             if m.level not in ("full", "stats") or not math.isfinite(m.error):
                 continue
-            conc = max(x for x in (m.error, m.slice_error, m.peak_error) if x is not None)
-            out[g.key] = (m.error, conc)
+            out[g.key] = measured_errors(m)
     finally:
         c_store.close()
     return out

@@ -99,7 +99,7 @@ class Judgement:
     amplification: float | None
 
 
-def _measured(m: Metrics) -> tuple[float, float]:
+def measured_errors(m: Metrics) -> tuple[float, float]:
     """(global error, concentrated error) of one record; exact records: 0 or inf."""
     if m.level == "exact":
         e = math.inf if m.mismatched else 0.0
@@ -180,7 +180,7 @@ def judge_step(
         if m is None:
             out.append(r)
             continue
-        e, c = _measured(m)
+        e, c = measured_errors(m)
         call = (r.module, r.call)
         fparent: str | None = None
         if r.phase == "forward":
@@ -270,8 +270,8 @@ def judge_step(
     for r in results:
         if r.role == "param" and r.phase == "forward" and r.metrics is not None:
             pid = _param_id(r)
-            carried.setdefault(pid, _measured(r.metrics)[0])
-            carried[pid] = max(carried[pid], _measured(r.metrics)[0])
+            carried.setdefault(pid, measured_errors(r.metrics)[0])
+            carried[pid] = max(carried[pid], measured_errors(r.metrics)[0])
     return out, carried
 
 
