@@ -270,8 +270,7 @@ def judge_step(
     for r in results:
         if r.role == "param" and r.phase == "forward" and r.metrics is not None:
             pid = _param_id(r)
-            carried.setdefault(pid, measured_errors(r.metrics)[0])
-            carried[pid] = max(carried[pid], measured_errors(r.metrics)[0])
+            carried[pid] = max(carried.get(pid, 0.0), measured_errors(r.metrics)[0])
     return out, carried
 
 
