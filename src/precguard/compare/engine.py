@@ -537,14 +537,10 @@ def _across_ranks(
     kept = [c for c in candidates if not explained(c)]
     for c in kept:
         r = c.result
-        senders = {
-            rank
-            for (step, call), ranks in wrong_inputs.items()
-            if step == r.step
-            for rank in ranks
-            if rank == r.rank
-        }
-        if senders and "rank" not in c.reason:
+        fed_wrong = any(
+            r.rank in ranks for (step, _), ranks in wrong_inputs.items() if step == r.step
+        )
+        if fed_wrong and "rank" not in c.reason:
             c.reason += (
                 f"; on rank {r.rank} it fed a collective a wrong input, which every rank "
                 "then received"
