@@ -110,7 +110,8 @@ class ComparePlan:
         self.carried: dict[int, dict[str, float]] = {}
         #: per rank: the golden's parameter records of the last step compared, by key
         self.golden_params: dict[int, dict[str, Record]] = {}
-        #: a calibration recording (the golden's code at the actual's precision), if any
+        #: a calibration recording (the golden's code at its own precision, inputs perturbed
+        #: by one unit roundoff: calibrate.perturb_inputs), if any
         self.calibration: Run | None = None
         self._calibration_records: dict[int, dict[tuple[int, str], Record]] = {}
 

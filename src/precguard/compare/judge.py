@@ -157,7 +157,8 @@ def judge_step(
     correct optimizer fed a gradient that differs by rounding takes a step that differs
     by at most about twice that, which the parameter's expected error then includes.
     ``calibrated`` maps a record key to the (global, concentrated) error a calibration
-    run (the golden's code at the actual's precision) showed on it: measured, it
+    run (the golden's code at its own precision, inputs perturbed by one unit roundoff:
+    :func:`precguard.compare.calibrate.perturb_inputs`) showed on it: measured, it
     raises the expected error where the analytic model is too low.
     Missing records are returned unchanged.
     """
