@@ -109,7 +109,10 @@ def test_statistics_only_pair_estimates_the_error_and_finds_late_positions(tmp_p
     out_a = LatePositions(0.05)(x)
     true = float((out_a - out_g).double().norm() / out_g.double().norm())
     assert m.level == "stats" and m.sample_size == SAMPLE_SIZE
-    assert m.pos_rel_l2 is not None and m.pos_rel_l2 <= true * (1 + 1e-6)  # a lower bound
+    # a lower bound, up to the float32 rounding of the recorded norms: each is off by a
+    # few units of 2**-24 (its accumulation order is the CPU's SIMD width and threads'),
+    # which moves pos_rel_l2 by up to ~1e-6 of itself here (seeds 0-5: 7.5e-7 measured)
+    assert m.pos_rel_l2 is not None and m.pos_rel_l2 <= true + 8 * 2.0**-24
     assert m.pos_worst is not None and m.pos_worst >= 120  # the error's peak: the last positions
     assert m.sample_rel_l2 is not None and true / 3 < m.sample_rel_l2 < 3 * true
     assert m.error == max(m.sample_rel_l2, m.pos_rel_l2, m.stat_rel_diff["l2"])

@@ -1,16 +1,16 @@
 """Tensor statistics without a host sync per tensor.
 
-On accelerators every statistic (``var_mean``, ``aminmax``, ``vector_norm``,
-``count_nonzero``, NaN and Inf counts) stays on the device, stacked into two
-small tensors per tensor, and all tensors' statistics of a step come to the
-host in one transfer.
+On accelerators every statistic (``var_mean``, ``aminmax``, ``count_nonzero``,
+NaN and Inf counts; l2 from the variance and mean) stays on the device, stacked
+into two small tensors per tensor, and all tensors' statistics of a step come
+to the host in one transfer.
 
 On the CPU, reading a scalar is free, so the code branches: ``aminmax``,
-``sum``, ``vector_norm`` and ``count_nonzero`` (four fast multi-threaded
-passes), NaN/Inf counts only when min or max is not finite (any NaN or Inf
-makes one of them so), and a two-pass std unless the mean is negligible beside
-the spread (where the one-pass formula cannot cancel): both paths then agree
-within float32 rounding, also for tensors whose |mean| is far above their std.
+``sum``, ``count_nonzero`` and the squared deviations from the mean (fast
+multi-threaded passes; std and l2 both from those, so neither cancels), and
+NaN/Inf counts, ``vector_norm`` and ``std`` only when min or max is not finite
+(any NaN or Inf makes one of them so): both paths then agree within float32
+rounding, also for tensors whose |mean| is far above their std.
 
 This runs for every tensor of every module call, so it is written for the
 interpreter as much as for the machine: no context manager per tensor (the

@@ -29,7 +29,7 @@ from precguard.compare.divergence import (
     fallback,
     rank_suspects,
 )
-from precguard.compare.judge import judge_step
+from precguard.compare.judge import judge_step, measured_errors
 from precguard.compare.metrics import (
     TOLERANCE_MODES,
     golden_rms,
@@ -110,7 +110,8 @@ class ComparePlan:
         self.carried: dict[int, dict[str, float]] = {}
         #: per rank: the golden's parameter records of the last step compared, by key
         self.golden_params: dict[int, dict[str, Record]] = {}
-        #: a calibration recording (the golden's code at the actual's precision), if any
+        #: a calibration recording (the golden's code at its own precision, inputs perturbed
+        #: by one unit roundoff: calibrate.perturb_inputs), if any
         self.calibration: Run | None = None
         self._calibration_records: dict[int, dict[tuple[int, str], Record]] = {}
 
@@ -321,8 +322,7 @@ def _calibrated(
             )
             if m.level not in ("full", "stats") or not math.isfinite(m.error):
                 continue
-            conc = max(x for x in (m.error, m.slice_error, m.peak_error) if x is not None)
-            out[g.key] = (m.error, conc)
+            out[g.key] = measured_errors(m)
     finally:
         c_store.close()
     return out
@@ -538,14 +538,10 @@ def _across_ranks(
     kept = [c for c in candidates if not explained(c)]
     for c in kept:
         r = c.result
-        senders = {
-            rank
-            for (step, call), ranks in wrong_inputs.items()
-            if step == r.step
-            for rank in ranks
-            if rank == r.rank
-        }
-        if senders and "rank" not in c.reason:
+        fed_wrong = any(
+            r.rank in ranks for (step, _), ranks in wrong_inputs.items() if step == r.step
+        )
+        if fed_wrong and "rank" not in c.reason:
             c.reason += (
                 f"; on rank {r.rank} it fed a collective a wrong input, which every rank "
                 "then received"

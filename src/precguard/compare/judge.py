@@ -99,7 +99,7 @@ class Judgement:
     amplification: float | None
 
 
-def _measured(m: Metrics) -> tuple[float, float]:
+def measured_errors(m: Metrics) -> tuple[float, float]:
     """(global error, concentrated error) of one record; exact records: 0 or inf."""
     if m.level == "exact":
         e = math.inf if m.mismatched else 0.0
@@ -157,7 +157,8 @@ def judge_step(
     correct optimizer fed a gradient that differs by rounding takes a step that differs
     by at most about twice that, which the parameter's expected error then includes.
     ``calibrated`` maps a record key to the (global, concentrated) error a calibration
-    run (the golden's code at the actual's precision) showed on it: measured, it
+    run (the golden's code at its own precision, inputs perturbed by one unit roundoff:
+    :func:`precguard.compare.calibrate.perturb_inputs`) showed on it: measured, it
     raises the expected error where the analytic model is too low.
     Missing records are returned unchanged.
     """
@@ -180,7 +181,7 @@ def judge_step(
         if m is None:
             out.append(r)
             continue
-        e, c = _measured(m)
+        e, c = measured_errors(m)
         call = (r.module, r.call)
         fparent: str | None = None
         if r.phase == "forward":
@@ -270,8 +271,7 @@ def judge_step(
     for r in results:
         if r.role == "param" and r.phase == "forward" and r.metrics is not None:
             pid = _param_id(r)
-            carried.setdefault(pid, _measured(r.metrics)[0])
-            carried[pid] = max(carried[pid], _measured(r.metrics)[0])
+            carried[pid] = max(carried.get(pid, 0.0), measured_errors(r.metrics)[0])
     return out, carried
 
 

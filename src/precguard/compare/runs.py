@@ -67,10 +67,11 @@ def compare_runs(
     :param workers: processes that compare (rank, step) units in parallel; the result
         is the same as with one (see :mod:`precguard.compare.parallel`). Under
         ``torchrun -m precguard.compare`` the job's processes share the units instead.
-    :param calibration: a second golden recording of the same code at the actual's
-        precision (TTrace's calibration pass): each record's error there is what that
-        precision does to it on this model, and raises its expected error where the
-        analytic model is too low (docs/compare.md).
+    :param calibration: a second golden recording of the same code at the golden's
+        precision, every module's inputs perturbed by one unit roundoff of the actual's
+        (TTrace's calibration pass, :func:`precguard.compare.calibrate.perturb_inputs`):
+        each record's error there is its sensitivity to that rounding on this model, and
+        raises its expected error where the analytic model is too low (docs/compare.md).
     :raises IncomparableRunsError: the recordings are of different models.
     :raises DumpFormatError: a recording is missing, corrupt or of a newer schema.
 
