@@ -270,13 +270,6 @@ def model_graph(
         kwargs = {**kwargs, "use_cache": False}
     ctx = numerics or contextlib.nullcontext
     if prefer != "trace" and level == "aten":
-        if (
-            getattr(getattr(model, "config", None), "use_cache", False)
-            and "use_cache" not in kwargs
-        ):
-            # a transformers model returns its KV cache, an object torch.export cannot
-            # trace; the cache is no part of the forward's arithmetic
-            kwargs = {**kwargs, "use_cache": False}
         try:
             with ctx():
                 return exported_graph(model, args, kwargs, device=device)

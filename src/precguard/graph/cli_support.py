@@ -12,19 +12,19 @@ from precguard.graph.model import Level, OpGraph
 
 
 def _prepared(target: str, device: str, dtype: str | None) -> tuple[Any, Any, tuple, dict]:
-    from precguard.devices import build_model, parse_dtype, resolve_backend
-    from precguard.target import load_target, move_batch
+    """The backend, the model built on ``device`` (eval mode) and batch 0 split as the
+    Target convention calls it (:func:`precguard.target.call_model`): args, kwargs."""
+    from precguard import tree
+    from precguard.target_run import TargetRun
 
-    target_obj = load_target(target)
-    backend = resolve_backend(device)
-    torch_dtype = (parse_dtype(dtype) if dtype else None) or backend.model_dtype() or torch.float32
-    model = build_model(target_obj, backend, torch_dtype).eval()
-    batch = move_batch(target_obj.batch(0), backend.torch_device())
-    if isinstance(batch, dict):
-        return backend, model, (), batch
+    run = TargetRun.open(target, device, dtype or None)
+    model = run.build_model().eval()
+    batch = run.device_batch(0)
+    if tree.is_mapping(batch):
+        return run.backend, model, (), dict(batch)
     if isinstance(batch, tuple):
-        return backend, model, batch, {}
-    return backend, model, (batch,), {}
+        return run.backend, model, batch, {}
+    return run.backend, model, (batch,), {}
 
 
 def target_graph(

@@ -195,64 +195,53 @@ def _one_side(module: str, ops: list[str], side: str) -> OpDifference:
 
 def _pair(module: str, g: OpNode, a: OpNode) -> list[OpDifference]:
     found = []
-    go, ao = _float_out(g), _float_out(a)
-    if go and ao and go != ao:
+
+    def differs(kind: DiffKind, golden: str, actual: str, impact: float, message: str) -> None:
         found.append(
             OpDifference(
-                kind="dtype",
+                kind=kind,
                 module=module,
                 golden_ops=[g.op],
                 actual_ops=[a.op],
-                golden=go,
-                actual=ao,
-                impact=_dtype_impact(g.op, go, ao),
-                message=f"{g.op} ran in {ao} on actual, {go} on golden",
-            )
-        )
-    elif _float_ins(g) != _float_ins(a) and _float_ins(g) and _float_ins(a):
-        gi, ai = "/".join(_float_ins(g)), "/".join(_float_ins(a))
-        impact = max(_dtype_impact(g.op, x, y) for x in _float_ins(g) for y in _float_ins(a))
-        found.append(
-            OpDifference(
-                kind="input_dtype",
-                module=module,
-                golden_ops=[g.op],
-                actual_ops=[a.op],
-                golden=gi,
-                actual=ai,
+                golden=golden,
+                actual=actual,
                 impact=impact,
-                message=f"{g.op} read {ai} on actual, {gi} on golden",
+                message=message,
             )
         )
+
+    go, ao = _float_out(g), _float_out(a)
+    gi, ai = _float_ins(g), _float_ins(a)
+    if go and ao and go != ao:
+        differs(
+            "dtype",
+            go,
+            ao,
+            _dtype_impact(g.op, go, ao),
+            f"{g.op} ran in {ao} on actual, {go} on golden",
+        )
+    elif gi != ai and gi and ai:
+        impact = max(_dtype_impact(g.op, x, y) for x in gi for y in ai)
+        gs, as_ = "/".join(gi), "/".join(ai)
+        differs("input_dtype", gs, as_, impact, f"{g.op} read {as_} on actual, {gs} on golden")
     gs, as_ = [t.shape for t in g.outputs], [t.shape for t in a.outputs]
     if gs != as_:
-        found.append(
-            OpDifference(
-                kind="shape",
-                module=module,
-                golden_ops=[g.op],
-                actual_ops=[a.op],
-                golden=str(gs),
-                actual=str(as_),
-                impact=30.0,
-                message=f"{g.op} output shape {as_} on actual, {gs} on golden",
-            )
+        differs(
+            "shape",
+            str(gs),
+            str(as_),
+            30.0,
+            f"{g.op} output shape {as_} on actual, {gs} on golden",
         )
     gd = next((t.device for t in g.outputs if t.device), None)
     ad = next((t.device for t in a.outputs if t.device), None)
     if gd != ad:
-        found.append(
-            OpDifference(
-                kind="device",
-                module=module,
-                golden_ops=[g.op],
-                actual_ops=[a.op],
-                golden=gd or "the run's device",
-                actual=ad or "the run's device",
-                impact=6.0,
-                message=f"{g.op} ran on {ad or 'the run device'} on actual, "
-                f"{gd or 'the run device'} on golden",
-            )
+        differs(
+            "device",
+            gd or "the run's device",
+            ad or "the run's device",
+            6.0,
+            f"{g.op} ran on {ad or 'the run device'} on actual, {gd or 'the run device'} on golden",
         )
     return found
 

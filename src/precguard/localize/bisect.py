@@ -48,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 
+from precguard import tree
 from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.compare.tolerance import SIGNIFICAND_BITS, unit_roundoff
@@ -207,24 +208,6 @@ class BisectResult(BaseModel):
 # -- swapping modules for their reference twins ----------------------------------------------
 
 
-def _first_float(value: Any) -> torch.Tensor | None:
-    found: list[torch.Tensor] = []
-
-    def look(t: torch.Tensor) -> torch.Tensor:
-        if not found and t.is_floating_point():
-            found.append(t)
-        return t
-
-    map_tensors_keeping_types(value, look)
-    return found[0] if found else None
-
-
-def _first_tensor(value: Any) -> torch.Tensor | None:
-    found: list[torch.Tensor] = []
-    map_tensors_keeping_types(value, lambda t: found.append(t) or t)
-    return found[0] if found else None
-
-
 @contextlib.contextmanager
 def _outside_device() -> Iterator[None]:
     """Leave the device's dispatch modes (the ``emu:`` emulator) and autocast for a while."""
@@ -271,8 +254,10 @@ class ReferencePrecision:
         numerics = self.reference.numerics
 
         def at_reference(*args: Any, **kwargs: Any) -> Any:
-            first = _first_float((args, kwargs))
-            anchor = first if first is not None else _first_tensor((args, kwargs))
+            first = tree.first_tensor((args, kwargs))
+            anchor = first
+            if anchor is None:
+                anchor = tree.first_tensor((args, kwargs), floating=False)
             out_dtype = first.dtype if first is not None else model_dtype
             out_device = anchor.device if anchor is not None else None
 
@@ -718,15 +703,7 @@ def _reference_absmax(model: nn.Module, name: str, forward: Callable[[], Any]) -
 
 
 def _float_tensors(value: Any) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-
-    def look(t: torch.Tensor) -> torch.Tensor:
-        if t.is_floating_point():
-            found.append(t)
-        return t
-
-    map_tensors_keeping_types(value, look)
-    return found
+    return [t for t in tree.tensors(value) if t.is_floating_point()]
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -744,7 +721,7 @@ def _main_tensor(output: Any, where: str) -> torch.Tensor:
     logits = getattr(output, "logits", None)
     if isinstance(logits, torch.Tensor):
         return logits
-    found = _first_float(output)
+    found = tree.first_tensor(output)
     if found is None:
         raise TargetError(
             f"the model's {where} output ({type(output).__name__}) holds no floating tensor "
