@@ -131,9 +131,10 @@ def compare(
     calibration: Path | None = typer.Option(
         None,
         "--calibration",
-        help="A second golden recording of the same code at the actual's precision "
-        "(TTrace's calibration pass): raises each record's expected error to what that "
-        "precision does to it on this model.",
+        help="A second golden recording: the golden's code at its own precision with its "
+        "inputs perturbed by one unit roundoff (TTrace's calibration pass, "
+        "compare/calibrate.py perturb_inputs); raises each record's expected error to the "
+        "sensitivity it measures.",
     ),
     allow_partial: bool = typer.Option(
         False,

@@ -605,7 +605,7 @@ def find_overflow(
     Runs ``forward()`` once with hooks on every module of ``model``: an output
     leaves the range when it holds NaN/Inf or an element at ±max (saturation)
     while the module's inputs held neither. The hooks' own reductions run
-    outside the device's numerics and cost one host sync per module; this is a
+    outside the device's numerics and cost three host syncs per float tensor; this is a
     diagnosis run, not capture. With ``reference_model`` the same module's
     output is measured on the reference (``reference_forward()``) too.
     """
