@@ -385,32 +385,24 @@ def _placed(model: nn.Module, device: torch.device, dtype: torch.dtype | None) -
 
 
 def _placed_inputs(inputs: Any, device: torch.device, dtype: torch.dtype | None) -> Any:
-    """``inputs`` with every tensor moved to ``device`` (floating ones cast to ``dtype``)."""
-    import torch
+    """``inputs`` with every tensor moved to ``device`` (floating ones cast to ``dtype``),
+    containers keeping their type (a namedtuple, a ``BatchEncoding``)."""
+    from precguard import tree
 
-    if isinstance(inputs, torch.Tensor):
-        if dtype is not None and inputs.is_floating_point():
-            return inputs.to(device=device, dtype=dtype)
-        return inputs.to(device)
-    if isinstance(inputs, tuple | list):
-        return type(inputs)(_placed_inputs(x, device, dtype) for x in inputs)
-    if isinstance(inputs, dict):
-        return {k: _placed_inputs(v, device, dtype) for k, v in inputs.items()}
-    return inputs
+    def place(t: torch.Tensor) -> torch.Tensor:
+        if dtype is not None and t.is_floating_point():
+            return t.to(device=device, dtype=dtype)
+        return t.to(device)
+
+    return tree.map_tensors(inputs, place)
 
 
 def _first_float(output: Any) -> torch.Tensor | None:
     import torch
 
-    if isinstance(output, torch.Tensor):
-        return output if output.is_floating_point() else None
+    from precguard import tree
+
     logits = getattr(output, "logits", None)
     if isinstance(logits, torch.Tensor):
         return logits
-    items = output.values() if isinstance(output, dict) else output
-    if isinstance(items, tuple | list) or isinstance(output, dict):
-        for item in items:
-            found = _first_float(item)
-            if found is not None:
-                return found
-    return None
+    return tree.first_tensor(output)
