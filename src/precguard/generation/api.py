@@ -353,7 +353,9 @@ def assemble(
     replay: Layerwise | None,
     note: str | None = None,
 ) -> GenerationDiff:
-    """The whole report from its parts."""
+    """The whole report from its parts; no prompts is unusable, never a match."""
+    if not results:
+        raise UsageError("no prompts were decoded: nothing was compared")
     summary = summarize(results, opts.steps)
     verdict = "diverged" if summary.diverged else ("near-ties" if summary.near_ties else "match")
     if note is None and summary.diverged and replay is None:
