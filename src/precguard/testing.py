@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from precguard._logging import get_logger
 from precguard.guard import session
-from precguard.guard.margin import RecordMargin, worst_margin
+from precguard.guard.margin import RecordMargin, margins, worst_margin
 
 if TYPE_CHECKING:
     import torch
@@ -309,7 +309,7 @@ def _problem(result: Comparison, worst: RecordMargin | None) -> tuple[str, list[
         if fd is not None:
             m = fd.metrics
             level = "statistics" if m.level == "stats" else "full tensors"
-            allowed = next((w.allowed for w in _margins_of(result, fd.key)), None)
+            allowed = next((w.allowed for w in margins(result) if w.key == fd.key), None)
             lines.append(
                 f"first divergence: {fd.module} ({fd.module_type}), record {fd.key}, "
                 f"step {fd.step}, rank {fd.rank}"
@@ -340,13 +340,6 @@ def _problem(result: Comparison, worst: RecordMargin | None) -> tuple[str, list[
         gaps = "; ".join(result.coverage.gaps) or "part of the recordings was not compared"
         return "partial", [f"precision regression: {sides}: partial match: {gaps}", worst_line]
     return None
-
-
-def _margins_of(result: Comparison, key: str) -> list[RecordMargin]:
-    from precguard.guard.margin import record_margin
-
-    found = (record_margin(r, result.tolerances) for r in result.records if r.key == key)
-    return [m for m in found if m is not None]
 
 
 def _side(result: Comparison, i: int) -> str:

@@ -35,7 +35,9 @@ _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 def comparison_junit(result: Comparison, *, allow_partial: bool = False) -> str:
     """The JUnit XML of ``result`` (see the module docstring for the mapping)."""
-    from precguard.guard.margin import record_margin
+    from precguard.guard.margin import judge_threshold, record_margin
+
+    threshold = judge_threshold(result.profile)
 
     suite = _suite(
         "precguard compare",
@@ -52,7 +54,7 @@ def comparison_junit(result: Comparison, *, allow_partial: bool = False) -> str:
     first = result.first_divergence
     for record in result.records:
         case = _case(suite, record.module, _record_name(record, several))
-        margin = record_margin(record, result.tolerances)
+        margin = record_margin(record, result.tolerances, threshold)
         if record.status == "missing":
             _add(case, "skipped", "no counterpart in the run under test (only in golden)")
         elif record.status in ("fail", "nonfinite"):
