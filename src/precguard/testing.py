@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from precguard._logging import get_logger
 from precguard.guard import session
-from precguard.guard.margin import RecordMargin, worst_margin
+from precguard.guard.margin import RecordMargin, margins, worst_margin
 
 if TYPE_CHECKING:
     import torch
@@ -309,7 +309,7 @@ def _problem(result: Comparison, worst: RecordMargin | None) -> tuple[str, list[
         if fd is not None:
             m = fd.metrics
             level = "statistics" if m.level == "stats" else "full tensors"
-            allowed = next((w.allowed for w in _margins_of(result, fd.key)), None)
+            allowed = next((w.allowed for w in margins(result) if w.key == fd.key), None)
             lines.append(
                 f"first divergence: {fd.module} ({fd.module_type}), record {fd.key}, "
                 f"step {fd.step}, rank {fd.rank}"
@@ -340,13 +340,6 @@ def _problem(result: Comparison, worst: RecordMargin | None) -> tuple[str, list[
         gaps = "; ".join(result.coverage.gaps) or "part of the recordings was not compared"
         return "partial", [f"precision regression: {sides}: partial match: {gaps}", worst_line]
     return None
-
-
-def _margins_of(result: Comparison, key: str) -> list[RecordMargin]:
-    from precguard.guard.margin import record_margin
-
-    found = (record_margin(r, result.tolerances) for r in result.records if r.key == key)
-    return [m for m in found if m is not None]
 
 
 def _side(result: Comparison, i: int) -> str:
@@ -385,32 +378,24 @@ def _placed(model: nn.Module, device: torch.device, dtype: torch.dtype | None) -
 
 
 def _placed_inputs(inputs: Any, device: torch.device, dtype: torch.dtype | None) -> Any:
-    """``inputs`` with every tensor moved to ``device`` (floating ones cast to ``dtype``)."""
-    import torch
+    """``inputs`` with every tensor moved to ``device`` (floating ones cast to ``dtype``),
+    containers keeping their type (a namedtuple, a ``BatchEncoding``)."""
+    from precguard import tree
 
-    if isinstance(inputs, torch.Tensor):
-        if dtype is not None and inputs.is_floating_point():
-            return inputs.to(device=device, dtype=dtype)
-        return inputs.to(device)
-    if isinstance(inputs, tuple | list):
-        return type(inputs)(_placed_inputs(x, device, dtype) for x in inputs)
-    if isinstance(inputs, dict):
-        return {k: _placed_inputs(v, device, dtype) for k, v in inputs.items()}
-    return inputs
+    def place(t: torch.Tensor) -> torch.Tensor:
+        if dtype is not None and t.is_floating_point():
+            return t.to(device=device, dtype=dtype)
+        return t.to(device)
+
+    return tree.map_tensors(inputs, place)
 
 
 def _first_float(output: Any) -> torch.Tensor | None:
     import torch
 
-    if isinstance(output, torch.Tensor):
-        return output if output.is_floating_point() else None
+    from precguard import tree
+
     logits = getattr(output, "logits", None)
     if isinstance(logits, torch.Tensor):
         return logits
-    items = output.values() if isinstance(output, dict) else output
-    if isinstance(items, tuple | list) or isinstance(output, dict):
-        for item in items:
-            found = _first_float(item)
-            if found is not None:
-                return found
-    return None
+    return tree.first_tensor(output)

@@ -125,3 +125,17 @@ def test_a_tampered_saved_run_is_refused(
     (golden / "generation.json").write_text(json.dumps(meta))
     code, _, err = run([str(golden), str(golden)], capsys)
     assert code == 2 and "surprise" in err
+
+
+def test_saved_runs_without_prompts_are_refused_not_a_match(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    golden = tmp_path / "golden"
+    code, _, _ = run(["-t", f"{TARGETS}:peaked", "--device", "cpu", "--save-run", str(golden),
+                      "--prompts", str(_one_prompt(tmp_path)), "-n", "2"], capsys)  # fmt: skip
+    assert code == 0
+    meta = json.loads((golden / "generation.json").read_text())
+    meta["prompts"] = []
+    (golden / "generation.json").write_text(json.dumps(meta))
+    code, out, err = run([str(golden), str(golden)], capsys)
+    assert code == 2 and "nothing was compared" in err and "match" not in out

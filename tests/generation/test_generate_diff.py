@@ -132,3 +132,10 @@ def test_bad_options_are_usage_errors() -> None:
         generate_diff(T.peaked(), device="cpu", max_new_tokens=0)
     with pytest.raises(UsageError, match="temperature"):
         generate_diff(T.peaked(), device="cpu", temperature=0)
+
+
+def test_no_prompts_is_unusable_not_a_match() -> None:
+    from precguard.errors import UsageError
+
+    with pytest.raises(UsageError, match="no prompts"):
+        generate_diff(T.peaked(), device="cpu", prompts=[], max_new_tokens=2)

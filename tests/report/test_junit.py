@@ -165,3 +165,19 @@ def test_the_schema_is_the_one_pytest_writes_too(tmp_path: Path) -> None:
     )
     SCHEMA.validate(str(out))
     assert len(_cases(out)) == 3
+
+
+def test_a_match_with_nothing_compared_is_an_error_case(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    from precguard.compare import compare_runs
+    from precguard.compare.report import Counts
+    from precguard.report.junit import comparison_junit, write_junit
+
+    result = compare_runs(runs["golden"], runs["clean"])
+    assert result.verdict == "match"
+    empty = result.model_copy(update={"records": [], "counts": Counts()})
+    out = write_junit(tmp_path / "empty.xml", comparison_junit(empty, allow_partial=True))
+    case = _cases(out)["compared"]
+    assert case.find("error") is not None
+    assert "nothing was compared" in case.find("error").get("message")

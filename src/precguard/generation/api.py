@@ -244,13 +244,18 @@ def summarize(results: list[PromptResult], steps: int) -> Summary:
     )
 
 
-def find_cause(results: list[PromptResult], layerwise: Layerwise | None) -> Cause | None:
-    """The most likely cause of the first real divergence (cache evidence first: a cache
-    fault makes the layer that reads the cache diverge, not the cache's own layer)."""
-    first = next(
+def first_divergent(results: list[PromptResult]) -> PromptResult | None:
+    """The first prompt whose first flip is a real divergence (not a near-tie), or None."""
+    return next(
         (r for r in results if r.first_divergence and r.first_divergence.kind == "divergence"),
         None,
     )
+
+
+def find_cause(results: list[PromptResult], layerwise: Layerwise | None) -> Cause | None:
+    """The most likely cause of the first real divergence (cache evidence first: a cache
+    fault makes the layer that reads the cache diverge, not the cache's own layer)."""
+    first = first_divergent(results)
     if first is None:
         return None
     kv = first.kv_cache
@@ -324,10 +329,7 @@ def generate_diff(
     results = [
         judge_prompt(i, p, golden, actual, opts, tokenizer) for i, p in enumerate(prompt_list)
     ]
-    first = next(
-        (r for r in results if r.first_divergence and r.first_divergence.kind == "divergence"),
-        None,
-    )
+    first = first_divergent(results)
     replay = None
     if layerwise and first is not None:
         assert first.first_divergence is not None
@@ -353,7 +355,9 @@ def assemble(
     replay: Layerwise | None,
     note: str | None = None,
 ) -> GenerationDiff:
-    """The whole report from its parts."""
+    """The whole report from its parts; no prompts is unusable, never a match."""
+    if not results:
+        raise UsageError("no prompts were decoded: nothing was compared")
     summary = summarize(results, opts.steps)
     verdict = "diverged" if summary.diverged else ("near-ties" if summary.near_ties else "match")
     if note is None and summary.diverged and replay is None:

@@ -86,7 +86,12 @@ def build_prompts(target: Target, given: list[str | list[int]] | None) -> list[P
         if target.texts and tokenizer is not None:
             given = list(target.texts)
         else:
-            return _batch_prompts(target)
+            rows = _batch_prompts(target)
+            if not rows:
+                raise UsageError(f"target {target.name!r}: batch(0) holds no rows to decode")
+            return rows
+    if not given:
+        raise UsageError("no prompts to decode: nothing would be compared")
     prompts = []
     for p in given:
         if isinstance(p, str):

@@ -27,6 +27,7 @@ from precguard.generation.api import (
     ProgressFn,
     assemble,
     decode_side,
+    first_divergent,
     judge_prompt,
 )
 from precguard.generation.decode import DecodeSide
@@ -165,10 +166,7 @@ def compare_generation_runs(
     prompt_list = _prompts(g_meta)
     tokenizer = make_tokenizer(load_target(target)) if target is not None else None
     results = [judge_prompt(i, p, g, a, opts, tokenizer) for i, p in enumerate(prompt_list)]
-    first = next(
-        (r for r in results if r.first_divergence and r.first_divergence.kind == "divergence"),
-        None,
-    )
+    first = first_divergent(results)
     replay = None
     note = None
     if first is not None and first.first_divergence is not None:

@@ -35,7 +35,9 @@ _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 def comparison_junit(result: Comparison, *, allow_partial: bool = False) -> str:
     """The JUnit XML of ``result`` (see the module docstring for the mapping)."""
-    from precguard.guard.margin import record_margin
+    from precguard.guard.margin import judge_threshold, record_margin
+
+    threshold = judge_threshold(result.profile)
 
     suite = _suite(
         "precguard compare",
@@ -52,7 +54,7 @@ def comparison_junit(result: Comparison, *, allow_partial: bool = False) -> str:
     first = result.first_divergence
     for record in result.records:
         case = _case(suite, record.module, _record_name(record, several))
-        margin = record_margin(record, result.tolerances)
+        margin = record_margin(record, result.tolerances, threshold)
         if record.status == "missing":
             _add(case, "skipped", "no counterpart in the run under test (only in golden)")
         elif record.status in ("fail", "nonfinite"):
@@ -81,6 +83,13 @@ def comparison_junit(result: Comparison, *, allow_partial: bool = False) -> str:
             _add(case, "skipped", f"partial match, allowed: {gaps}")
         else:
             _add(case, "error", f"partial match: {gaps}", kind="inconclusive")
+    c = result.counts
+    if result.verdict == "match" and c.passed + c.failed + c.nonfinite == 0:
+        # a suite of skips (or of nothing) reads as green in CI: no record compared is no pass
+        case = _case(suite, "precguard", "compared")
+        _add(
+            case, "error", "nothing was compared: no record has a counterpart", kind="inconclusive"
+        )
     return _document([suite])
 
 
