@@ -87,26 +87,12 @@ class _GraphSink:
         self.nodes.append(node)
         return _Frame(module, module_type, call, node)
 
-    def leave(self, frame: _Frame, outputs: list[tuple[str, torch.Tensor]]) -> None:
-        frame.node["outputs"] = [_meta(t, self.device) for _, t in outputs]
-
-    def add(
-        self,
-        module: str,
-        module_type: str,
-        call: int,
-        phase: str,
-        role: str,
-        items: Any,
-        **kwargs: Any,
+    def leave(
+        self, frame: _Frame, outputs: list[tuple[str, torch.Tensor]], *, extra: Any = None
     ) -> None:
-        # only OpCapture's output on another device comes here
-        node = next(
-            n
-            for n in reversed(self.nodes)
-            if n["call"] == call and f"{n['module']}.op.{n['op']}" == module
-        )
-        node["outputs"] = [_meta(t, self.device) for _, t in items]
+        # ``extra`` (an output's device when it differs from the model's) is in each
+        # output's TensorMeta already
+        frame.node["outputs"] = [_meta(t, self.device) for _, t in outputs]
 
 
 def _model_facts(model: nn.Module) -> tuple[str, str | None]:
