@@ -97,6 +97,11 @@ class Detectors:
         self._layer_ratio = RobustHistory(len(layers), options.window)
         self._in_nonfinite = False
 
+    @property
+    def in_nonfinite(self) -> bool:
+        """True after a non-finite step until a finite one: the next one raises no alert."""
+        return self._in_nonfinite
+
     def observe(self, s: StepScalars) -> list[Alert]:
         """Score one step against the history, then add it to the history."""
         alerts: list[Alert] = []
@@ -203,18 +208,28 @@ class Detectors:
             )
             for i in bad
         ]
+        grads = [self.layers[i] for i in bad if _bad(s.grad_norms[i])]
+        updates = [self.layers[i] for i in bad if _bad(s.update_ratios[i])]
+        # found by scanning the parameters when no per-layer number was non-finite: no
+        # per-layer value to show
+        scanned = [i for i in s.nonfinite_params if i not in bad]
+        layers += [
+            LayerEvidence(layer=self.layers[i], module=self.modules[i], value=None) for i in scanned
+        ]
         where = []
         if s.loss is not None and not math.isfinite(s.loss):
             where.append(f"the loss is {s.loss}")
-        if layers:
-            grads = [e.layer for i, e in zip(bad, layers, strict=True) if _bad(s.grad_norms[i])]
-            updates = [
-                e.layer for i, e in zip(bad, layers, strict=True) if _bad(s.update_ratios[i])
-            ]
-            if grads:
-                where.append(f"the gradient of {_names(grads)} is non-finite")
-            if updates:
-                where.append(f"the update of {_names(updates)} is non-finite")
+        if _bad(s.grad_norm) and not any(_bad(g) for g in s.grad_norms):
+            where.append(f"the global gradient norm is {s.grad_norm}")
+        if scanned:
+            where.append(
+                f"the parameters of {_names([self.layers[i] for i in scanned])} are "
+                "non-finite after the update"
+            )
+        if grads:
+            where.append(f"the gradient of {_names(grads)} is non-finite")
+        if updates:
+            where.append(f"the update of {_names(updates)} is non-finite")
         return Alert(
             kind="nonfinite",
             step=s.step,

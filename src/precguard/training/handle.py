@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,8 @@ class WatchHandle:
         self._files: dict[str, Any] = {}
         self._recording: Recording | None = None
         self._current: _RecordedStep | None = None
+        #: whether the last step() was handed the loop's gradient norm
+        self._norm_given = False
         self.pulse = Pulse(model)
         self.detectors = Detectors(self.pulse.names, options)
         if self.path is None:
@@ -158,17 +161,33 @@ class WatchHandle:
         """``OUT/recording``: the recorded steps as a precguard recording (None without out)."""
         return self.path / RECORDING_DIR if self.path is not None else None
 
-    def step(self, loss: torch.Tensor | float | None = None) -> list[Alert]:
+    def step(
+        self,
+        loss: torch.Tensor | float | None = None,
+        *,
+        grad_norm: torch.Tensor | float | None = None,
+    ) -> list[Alert]:
         """End the current training step; return the alerts it raised.
 
         Call it after ``optimizer.step()``. ``loss``: the step's loss (a
         tensor stays on the device; default: the ``loss`` of the model's last
-        output, as HF models return it).
+        output, as HF models return it). ``grad_norm``: the global gradient
+        norm the loop already computed, what ``torch.nn.utils.clip_grad_norm_``
+        returns (the norm before clipping). Given it, the watch takes no
+        gradient norm of its own from the next step on (its one pass over the
+        gradients), except on recorded steps; per-layer gradient norms are
+        then recorded steps' only, and a non-finite norm names the layers
+        whose parameters went non-finite. Without it, the watch's hooks take
+        every parameter's norm as backward produces it.
         """
         if self.closed:
             raise UsageError("watch.step() after the watch was closed")
         step = self.step_index
-        scalars = self.pulse.collect(step, loss)
+        scalars = self.pulse.collect(step, loss, grad_norm)
+        if scalars.nonfinite and not scalars.names_a_layer and not self.detectors.in_nonfinite:
+            # the first non-finite step, and no per-layer number says where: look once
+            scalars = replace(scalars, nonfinite_params=self.pulse.nonfinite_params())
+        self._norm_given = grad_norm is not None
         recorded = self._current is not None
         if self._current is not None:
             self._end_recorded_step()
@@ -193,6 +212,9 @@ class WatchHandle:
         self.step_index = following
         if self._recording is not None and (record_next or following % self.options.every == 0):
             self._begin_recorded_step(following, tensors=record_next)
+        # the watch's own pass over the gradients: when the loop computes no norm, or
+        # on a recorded step (whose layers' gradient norms are part of its record)
+        self.pulse.layer_grads = not self._norm_given or self._current is not None
         return alerts
 
     def close(self, error: BaseException | None = None) -> None:
