@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -59,13 +60,13 @@ class StepScalars:
     #: numbers named no layer (the global norm came from the loop); else empty
     nonfinite_params: tuple[int, ...] = ()
 
-    @property
+    @cached_property
     def nonfinite(self) -> bool:
         """True when the loss, the global or a layer's gradient norm, or an update is NaN/Inf."""
         values = [self.loss, self.grad_norm, *self.grad_norms, *self.update_ratios]
         return any(v is not None and not math.isfinite(v) for v in values)
 
-    @property
+    @cached_property
     def names_a_layer(self) -> bool:
         """True when a per-layer number (gradient norm, update ratio) is itself non-finite."""
         values = [*self.grad_norms, *self.update_ratios]
@@ -94,6 +95,7 @@ class Pulse:
         self._loss: torch.Tensor | None = None
         self._previous: torch.Tensor | None = None
         self._index = [self._sample_index(p) for _n, p in self.params]
+        self._uniform = len({(p.dtype, p.device) for _n, p in self.params}) <= 1
         self._handles: list[RemovableHandle] = [
             p.register_post_accumulate_grad_hook(self._grad_hook(i))
             for i, (_n, p) in enumerate(self.params)
@@ -102,10 +104,18 @@ class Pulse:
         self._previous = self._sample()
 
     @staticmethod
-    def _sample_index(p: torch.Tensor) -> torch.Tensor:
+    def _sample_index(p: torch.Tensor) -> tuple[int, int] | torch.Tensor:
+        """Where ``p`` is sampled: the same evenly spread positions every step.
+
+        ``(stride, offset)`` of a strided view for a contiguous parameter of at
+        least :data:`SAMPLE` elements (no gather kernel: one ``stack`` copies
+        every parameter's view); else an index tensor, with repeats for small tensors.
+        """
         n = p.numel()
-        # evenly spread positions (with repeats for small tensors): the same every step
-        return (torch.arange(SAMPLE, device=p.device) * max(n // SAMPLE, 1) + n // (2 * SAMPLE)) % n
+        stride, offset = max(n // SAMPLE, 1), n // (2 * SAMPLE)
+        if n >= SAMPLE and p.is_contiguous():
+            return stride, offset
+        return (torch.arange(SAMPLE, device=p.device) * stride + offset) % n
 
     def _grad_hook(self, i: int) -> Any:
         norms = self._grad_norms
@@ -134,10 +144,14 @@ class Pulse:
             return None
         with torch.no_grad(), capture_scope():
             rows = [
-                p.detach().reshape(-1)[idx].float()
+                p.detach().as_strided((SAMPLE,), (idx[0],), p.storage_offset() + idx[1])
+                if isinstance(idx, tuple)
+                else p.detach().reshape(-1)[idx]
                 for (_n, p), idx in zip(self.params, self._index, strict=True)
             ]
-            return torch.stack([r.to(rows[0].device) for r in rows])
+            if self._uniform:  # one dtype, one device: one copy, one conversion
+                return torch.stack(rows).float()
+            return torch.stack([r.float().to(rows[0].device) for r in rows])
 
     def nonfinite_params(self) -> tuple[int, ...]:
         """Indices of the parameters holding a NaN or Inf now: one pass over every parameter.
