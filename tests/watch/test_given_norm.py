@@ -127,3 +127,23 @@ def test_a_loop_that_stops_handing_over_its_norm_gets_the_hooks_back(tmp_path: P
     assert [s["grad_norm"] is None for s in scalars] == [s == 4 for s in range(8)]
     for s in (0, 1, 2, 3, 5, 6, 7):
         assert math.isclose(scalars[s]["grad_norm"], norms[s], rel_tol=1e-5)
+
+
+def test_the_update_ratio_sample_reads_the_same_spread_elements_of_every_layout() -> None:
+    from precguard.training.pulse import SAMPLE, Pulse
+
+    storage = torch.randn(5000)
+    model = nn.Module()
+    model.wide = nn.Parameter(torch.randn(300, 7))
+    model.transposed = nn.Parameter(torch.randn(7, 300).t())  # not contiguous
+    model.offset = nn.Parameter(storage[1000:3000].view(40, 50))  # starts inside a storage
+    model.small = nn.Parameter(torch.randn(30))  # fewer elements than the sample
+    pulse = Pulse(model)
+    try:
+        rows = pulse._sample()
+        for row, (_name, p) in zip(rows, pulse.params, strict=True):
+            n = p.numel()
+            where = (torch.arange(SAMPLE) * max(n // SAMPLE, 1) + n // (2 * SAMPLE)) % n
+            assert torch.equal(row, p.detach().reshape(-1)[where])
+    finally:
+        pulse.remove()
