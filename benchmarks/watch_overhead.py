@@ -21,7 +21,8 @@ load hits all alike:
   moments), handed the norm.
 
 Each watched block opens a fresh watch, lets its step 0 (always recorded)
-run untimed, then times ``--steps`` steps. Printed: median step time per
+run untimed (not with ``every=1``, whose steps are all alike), then times
+``--steps`` steps. Printed: median step time per
 mode and, per mode, the median and quartiles of the per-repeat ratios
 ``block / plain block`` (side by side in one run), the amortized overhead at
 the default interval ``watch + (every step - watch) / 1000`` against the
@@ -42,7 +43,7 @@ process that times precguard): ``plain`` against ``TrainerMon`` at
 (``all_xy``), weight gradients, AdamW's moments, norm and NaN-count
 statistics and its turbulence alert rule.
 
-    .venv/bin/python benchmarks/watch_overhead.py [--repeats 7] [--steps 3] [--seq 128]
+    .venv/bin/python benchmarks/watch_overhead.py [--repeats 5] [--steps 2] [--seq 128]
 """
 
 from __future__ import annotations
@@ -131,11 +132,13 @@ def interleaved(
     modes: dict[str, Callable[[], object] | None],
     repeats: int,
     steps: int,
+    unwarmed: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Block medians per mode and per-repeat ratios to ``plain``, modes interleaved.
 
     ``modes``: name -> a factory of a context manager yielding the per-step call
-    (None: plain).
+    (None: plain). Each block's first step runs untimed (a watch records its
+    step 0), except in ``unwarmed`` modes, whose every step is alike.
     """
     names = list(modes)
     times: dict[str, list[float]] = {m: [] for m in names}
@@ -148,7 +151,8 @@ def interleaved(
                 block[mode] = statistics.median(bench.step(None) for _ in range(steps))
                 continue
             with factory() as end:  # type: ignore[attr-defined]
-                bench.step(end)  # step 0: always recorded (msprobe: collected), untimed
+                if mode not in unwarmed:
+                    bench.step(end)  # step 0: always recorded (msprobe: collected), untimed
                 block[mode] = statistics.median(bench.step(end) for _ in range(steps))
         for mode, t in block.items():
             times[mode].append(t)
@@ -237,7 +241,8 @@ def precguard_suite(args: argparse.Namespace) -> None:
             modes["watch"] = make(DEFAULT_EVERY, True, "watch")
         modes["watch, own norms"] = make(DEFAULT_EVERY, False, "own")
         modes["every step"] = make(1, args.clip, "every")
-        times, ratios = interleaved(bench, modes, args.repeats, args.steps)
+        every_modes = frozenset({"every step"})
+        times, ratios = interleaved(bench, modes, args.repeats, args.steps, every_modes)
         report(times, ratios)
         plain = statistics.median(times["plain"])
         main = "watch" if args.clip else "watch, own norms"
@@ -319,14 +324,15 @@ def msprobe_suite(args: argparse.Namespace) -> None:
             f"msprobe every={DEFAULT_EVERY}": lambda: _TrainerMon(bench, tmp, DEFAULT_EVERY),
             "msprobe every step": lambda: _TrainerMon(bench, tmp, 1),
         }
-        times, ratios = interleaved(bench, modes, args.repeats, args.steps)
+        every_modes = frozenset({"msprobe every step"})
+        times, ratios = interleaved(bench, modes, args.repeats, args.steps, every_modes)
         report(times, ratios)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per block")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per block")
     parser.add_argument("--own-repeats", type=int, default=20)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--hidden", type=int, default=1024)
