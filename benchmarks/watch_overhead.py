@@ -329,6 +329,44 @@ def msprobe_suite(args: argparse.Namespace) -> None:
         report(times, ratios)
 
 
+def breakdown(args: argparse.Namespace) -> None:
+    """Where a plain step's time goes, and what one pass over every gradient costs."""
+    bench = Bench(args)
+    model, opt = bench.model, bench.opt
+    bench.step(None)
+    parts: dict[str, list[float]] = {}
+
+    def timed(name: str, fn: Callable[[], object]) -> object:
+        start = time.perf_counter()
+        result = fn()
+        parts.setdefault(name, []).append(time.perf_counter() - start)
+        return result
+
+    for _ in range(args.steps):
+        loss = timed("forward", lambda: model(input_ids=bench.ids, labels=bench.ids).loss)
+        timed("backward", loss.backward)  # type: ignore[attr-defined]
+        grads = [p.grad for p in model.parameters()]
+
+        def per_parameter(grads: list[torch.Tensor] = grads) -> object:
+            return [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]
+
+        def fused(grads: list[torch.Tensor] = grads) -> object:
+            return torch._foreach_norm(grads)
+
+        for _ in range(5):
+            timed("pass: vector_norm per parameter", per_parameter)
+            timed("pass: _foreach_norm (one call)", fused)
+        timed("clip_grad_norm_", lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+        timed("optimizer.step", opt.step)
+        timed("zero_grad", opt.zero_grad)
+    step = sum(statistics.median(parts[k]) for k in parts if not k.startswith("pass"))
+    size = sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6
+    print(f"one plain step, by part (medians of {args.steps}; gradients {size:.0f} MB):")
+    for name, t in parts.items():
+        med = statistics.median(t)
+        print(f"  {name:>32}: {med * 1e3:8.1f} ms  {med / step:6.2%}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -340,8 +378,16 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--no-clip", dest="clip", action="store_false")
     parser.add_argument("--no-msprobe", dest="msprobe", action="store_false")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="only time a plain step's parts and one pass"
+    )
     parser.add_argument("--msprobe-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.breakdown:
+        print(f"load before: {uptime()}")
+        breakdown(args)
+        print(f"load after: {uptime()}")
+        return
     if args.msprobe_child:
         msprobe_suite(args)
         return
