@@ -1,7 +1,9 @@
 """``precguard.watch``: a training monitor cheap enough to stay on for the whole run.
 
 Every step costs a few on-device reductions and one small transfer
-(:mod:`precguard.training.pulse`); every ``every``-th step (and, with
+(:mod:`precguard.training.pulse`), and, unless the loop hands over the norm
+its gradient clipping computed (``step(loss, grad_norm=norm)``), one pass over
+the gradients for their norms; every ``every``-th step (and, with
 ``on_alert="record"``, the step after an alert) is recorded in full into
 ``OUT/recording/`` in the recording format, so ``compare``, ``replay`` and
 the reports work on it. No module hook is attached between recorded steps.
@@ -368,8 +370,10 @@ def watch(
         logs alerts.
     :param options: further fields of :class:`WatchOptions`: ``window``, ``min_history``,
         ``z_threshold``, ``on_alert`` ("log" or "record"), ``max_alert_records``, ``hashes``.
-    :returns: a :class:`WatchHandle`; call ``step()`` after each optimizer step, and
-        use it as a context manager (or call ``close()``) so its hooks go at the end.
+    :returns: a :class:`WatchHandle`; call ``step()`` after each optimizer step
+        (``step(loss, grad_norm=clip_grad_norm_(...))`` where the loop clips: the watch
+        then makes no pass of its own over the gradients), and use it as a context
+        manager (or call ``close()``) so its hooks go at the end.
 
     >>> w = precguard.watch(model, opt, every=500, out="w", on_alert="record")  # doctest: +SKIP
     """
