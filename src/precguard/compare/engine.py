@@ -456,7 +456,7 @@ def merge_shards(
             f"{g_run.path} and {a_run.path} share no step of any rank: nothing to compare"
             + incomplete_note(g_run, a_run)
         )
-    counts = _counts(results)
+    counts = Counts.of(results)
     matched = len(results) - counts.missing
     unmatched_modules = max(_module_level(golden_only), _module_level(actual_only))
     if matched < MIN_ALIGNED_SHARE * unmatched_modules:
@@ -832,21 +832,3 @@ def _shard_hint(golden: list[int], actual: list[int]) -> str:
 def _squeezed(shape: list[int]) -> list[int]:
     """The shape without size-1 dimensions: [1, 32, 16] and [32, 16] hold the same layout."""
     return [s for s in shape if s != 1]
-
-
-def _counts(results: list[RecordResult]) -> Counts:
-    c = {"pass": 0, "fail": 0, "nonfinite": 0, "missing": 0}
-    full = stats = 0
-    for r in results:
-        c[r.status] += 1
-        if r.metrics is not None:
-            full += r.metrics.level in ("full", "exact")
-            stats += r.metrics.level == "stats"
-    return Counts(
-        passed=c["pass"],
-        failed=c["fail"],
-        nonfinite=c["nonfinite"],
-        missing=c["missing"],
-        full=full,
-        stats_only=stats,
-    )
