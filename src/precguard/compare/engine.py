@@ -48,6 +48,7 @@ from precguard.compare.report import (
     Unmatched,
 )
 from precguard.compare.tolerance import Profile, get_profile, judge, with_bias
+from precguard.compare.units import ShardResult, UnitResult
 from precguard.dump.paths import RECORDS_FILE, rank_dir
 from precguard.dump.reader import Run, load_run
 from precguard.dump.schema import Record
@@ -197,54 +198,6 @@ def plan_from_arguments(arguments: dict[str, Any]) -> ComparePlan:
     )
 
 
-class UnitResult:
-    """The comparison of one (rank, step) unit: what :func:`merge_shards` puts together."""
-
-    __slots__ = (
-        "actual_only",
-        "candidates",
-        "collectives_dropped",
-        "first",
-        "golden_only",
-        "rank",
-        "results",
-        "step",
-    )
-
-    def __init__(
-        self,
-        rank: int,
-        step: int,
-        results: list[RecordResult],
-        golden_only: list[str],
-        actual_only: list[str],
-        candidates: list[Candidate],
-        first: Candidate | None,
-        collectives_dropped: tuple[int, int] = (0, 0),
-    ) -> None:
-        self.rank = rank
-        self.step = step
-        self.results = results
-        self.golden_only = golden_only
-        self.actual_only = actual_only
-        self.candidates = candidates
-        self.first = first
-        #: dist.<op> records (golden, actual) left out: the other side recorded no collective
-        self.collectives_dropped = collectives_dropped
-
-
-class ShardResult:
-    """One process's share: its units in (rank, step) order, its warnings and coverage."""
-
-    def __init__(self) -> None:
-        self.units: list[UnitResult] = []
-        self.warnings: dict[int, list[str]] = {}  # per rank, in the order met
-        self.compared: set[tuple[int, int]] = set()
-        self.phases: set[str] = set()
-        self.only_golden: set[str] = set()
-        self.only_actual: set[str] = set()
-
-
 def compare_unit(
     plan: ComparePlan,
     g_store: TensorStore,
@@ -283,17 +236,16 @@ def compare_unit(
         step_results.results = judged
     classified = classify_step(step_results.results, plan.prof)
     found = classified.candidates
-    first = found[0] if found else fallback(step_results.results)
     logger.debug("step_compared", rank=r, step=s, records=len(step_results.results))
     return UnitResult(
-        r,
-        s,
-        _annotate(step_results.results, classified.decisions),
-        step_results.golden_only,
-        step_results.actual_only,
-        found,
-        first,
-        dropped,
+        rank=r,
+        step=s,
+        results=_annotate(step_results.results, classified.decisions),
+        golden_only=step_results.golden_only,
+        actual_only=step_results.actual_only,
+        candidates=found,
+        fallback=None if found else fallback(step_results.results),
+        collectives_dropped=dropped,
     )
 
 
