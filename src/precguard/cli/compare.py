@@ -169,9 +169,21 @@ def compare(
     from rich.progress import Progress
 
     from precguard.compare import compare_runs as run_compare
+    from precguard.compare.options import CompareOptions
     from precguard.compare.render import render
     from precguard.errors import UsageError
 
+    options = CompareOptions(
+        profile=profile,
+        rtol=rtol,
+        atol=atol,
+        rank=rank,
+        step=step,
+        tolerance_dtype=tolerance_dtype,
+        rename=tuple(rename),
+        workers=workers,
+        calibration=calibration,
+    )
     if top < 0:
         raise UsageError(f"--top must be >= 0, got {top}")
     if replay_top < 1:
@@ -201,17 +213,9 @@ def compare(
         result = run_compare(
             _recording(golden),
             _recording(actual),
-            profile=profile,
-            rtol=rtol,
-            atol=atol,
-            rank=rank,
-            step=step,
-            tolerance_dtype=tolerance_dtype,
-            rename=rename,
+            options,
             layout=layout,
             on_step=lambda r, s: bar.update(task, advance=1, description=f"rank {r} step {s}"),
-            workers=workers,
-            calibration=calibration,
         )
     # name the directories the user gave, not a converted msprobe dump's temporary copy
     result = result.model_copy(update={"golden": str(golden), "actual": str(actual)})

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from itertools import groupby
 from typing import Any
 
@@ -31,14 +31,13 @@ from precguard.compare.divergence import (
 )
 from precguard.compare.judge import judge_step, measured_errors
 from precguard.compare.metrics import (
-    TOLERANCE_MODES,
     golden_rms,
-    is_float_dtype,
     precision,
     stats_metrics,
     tensor_metrics,
     tolerance_dtype,
 )
+from precguard.compare.options import CompareOptions
 from precguard.compare.report import (
     Comparison,
     Counts,
@@ -47,7 +46,7 @@ from precguard.compare.report import (
     Status,
     Unmatched,
 )
-from precguard.compare.tolerance import Profile, get_profile, judge, with_bias
+from precguard.compare.tolerance import Profile, judge, with_bias
 from precguard.compare.units import ShardResult, UnitResult
 from precguard.dump.paths import RECORDS_FILE, rank_dir
 from precguard.dump.reader import Run, load_run
@@ -67,9 +66,6 @@ MIN_ALIGNED_SHARE = 0.5
 #: key prefix of msprobe's API-level records
 API_PREFIX = API_NAMESPACE + "."
 
-#: short dtype names accepted by ``tolerance_dtype``
-_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
-
 
 class IncomparableRunsError(PrecguardError):
     """The two recordings are not of the same model (or share no rank or step)."""
@@ -78,35 +74,37 @@ class IncomparableRunsError(PrecguardError):
 class ComparePlan:
     """What every process of a comparison agrees on before any unit is compared.
 
-    Built the same way from the same arguments in each worker process, so a
-    worker needs only the arguments (:meth:`arguments`), never a pickled object.
+    Built the same way from the same :class:`~precguard.compare.options.CompareOptions`
+    in each worker process, so a worker needs only :attr:`arguments` (the two paths
+    and the options' JSON), never a pickled object.
     """
 
     def __init__(
         self,
         g_run: Run,
         a_run: Run,
-        prof: Profile,
-        tolerance_dtype: str,
+        options: CompareOptions,
         renamer: Renamer,
         warnings: list[str],
         ranks: list[int],
-        *,
-        rank: int | None,
-        step: int | None,
-        arguments: dict[str, Any],
     ) -> None:
         self.g_run = g_run
         self.a_run = a_run
-        self.prof = prof
-        self.tolerance_dtype = tolerance_dtype
+        self.options = options
+        self.prof = options.resolved_profile()
+        self.tolerance_dtype = options.tolerance_dtype
         self.computes = (g_run.manifest.compute_dtype, a_run.manifest.compute_dtype)
         self.renamer = renamer
         self.warnings = warnings
         self.ranks = ranks
-        self.rank = rank
-        self.step = step
-        self.arguments = arguments
+        self.rank = options.rank
+        self.step = options.step
+        #: what a worker process rebuilds the plan from (:func:`plan_from_arguments`)
+        self.arguments: dict[str, Any] = {
+            "golden": str(g_run.path),
+            "actual": str(a_run.path),
+            "options": options.model_dump(mode="json"),
+        }
         #: per rank: the error each parameter's gradient carried at the last step compared
         self.carried: dict[int, dict[str, float]] = {}
         #: per rank: the golden's parameter records of the last step compared, by key
@@ -129,57 +127,22 @@ class ComparePlan:
 def plan_comparison(
     golden: str | os.PathLike[str] | Run,
     actual: str | os.PathLike[str] | Run,
+    options: CompareOptions | None = None,
     *,
-    profile: str | Profile = "default",
-    rtol: float | None = None,
-    atol: float | None = None,
-    rank: int | None = None,
-    step: int | None = None,
-    tolerance_dtype: str = "auto",
-    rename: Sequence[str] = (),
     check_distinct: bool = True,
-    calibration: str | os.PathLike[str] | None = None,
 ) -> ComparePlan:
-    """Open both recordings and settle everything the units share (see :func:`compare`)."""
+    """Open both recordings and settle everything the units share (see ``compare_runs``)."""
+    options = options if options is not None else CompareOptions()
     g_run = golden if isinstance(golden, Run) else load_run(golden)
     a_run = actual if isinstance(actual, Run) else load_run(actual)
-    prof = get_profile(profile) if isinstance(profile, str) else profile
-    prof = prof.with_overrides(rtol, atol)
-    tolerance_dtype = _DTYPE_ALIASES.get(tolerance_dtype, tolerance_dtype)
-    if tolerance_dtype not in TOLERANCE_MODES and not is_float_dtype(tolerance_dtype):
-        raise UsageError(
-            f"--tolerance-dtype must be one of {', '.join(TOLERANCE_MODES)} or a float dtype "
-            f"(float32, bfloat16, float16, float64), got {tolerance_dtype!r}"
-        )
     if check_distinct:
         ensure_distinct(g_run, a_run)
-    renamer = Renamer.from_strings(rename)
-    warnings = _check_models(g_run, a_run, renamed=bool(rename))
-    ranks = _ranks(g_run, a_run, rank, warnings)
-    arguments = {
-        "golden": str(g_run.path),
-        "actual": str(a_run.path),
-        "profile": prof.model_dump(mode="python"),
-        "rank": rank,
-        "step": step,
-        "tolerance_dtype": tolerance_dtype,
-        "rename": list(rename),
-        "calibration": str(calibration) if calibration is not None else None,
-    }
-    plan = ComparePlan(
-        g_run,
-        a_run,
-        prof,
-        tolerance_dtype,
-        renamer,
-        warnings,
-        ranks,
-        rank=rank,
-        step=step,
-        arguments=arguments,
-    )
-    if calibration is not None:
-        plan.calibration = load_run(calibration)
+    renamer = Renamer.from_strings(options.rename)
+    warnings = _check_models(g_run, a_run, renamed=bool(options.rename))
+    ranks = _ranks(g_run, a_run, options.rank, warnings)
+    plan = ComparePlan(g_run, a_run, options, renamer, warnings, ranks)
+    if options.calibration is not None:
+        plan.calibration = load_run(options.calibration)
     return plan
 
 
@@ -188,13 +151,8 @@ def plan_from_arguments(arguments: dict[str, Any]) -> ComparePlan:
     return plan_comparison(
         arguments["golden"],
         arguments["actual"],
-        profile=Profile.model_validate(arguments["profile"]),
-        rank=arguments["rank"],
-        step=arguments["step"],
-        tolerance_dtype=arguments["tolerance_dtype"],
-        rename=arguments["rename"],
+        CompareOptions.model_validate(arguments["options"]),
         check_distinct=False,  # the coordinating process checked
-        calibration=arguments.get("calibration"),
     )
 
 
@@ -365,12 +323,7 @@ def compare_shard(
     return out
 
 
-def merge_shards(
-    plan: ComparePlan,
-    shards: list[ShardResult],
-    *,
-    suspects: int | None = None,
-) -> Comparison:
+def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
     """Put the shards' units together in (rank, step) order and judge the whole comparison.
 
     The order is the one a single process compares in, so the result does not
@@ -451,7 +404,7 @@ def merge_shards(
         | {"amplification": prof.amplification},
         verdict="diverged" if counts.failed or counts.nonfinite else "match",
         first_divergence=first.divergence() if first is not None else None,
-        suspects=rank_suspects(candidates, first, suspects),
+        suspects=rank_suspects(candidates, first, plan.options.suspects),
         counts=counts,
         records=results,
         unmatched=Unmatched(golden_only=golden_only, actual_only=actual_only),

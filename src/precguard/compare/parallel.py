@@ -5,7 +5,7 @@ results put back together in (rank, step) order by
 :func:`~precguard.compare.engine.merge_shards`, which makes the result the same
 JSON whatever the number of processes:
 
-* ``compare(..., workers=N)`` / ``precguard compare --workers N``: this process
+* ``compare_runs(..., workers=N)`` / ``precguard compare --workers N``: this process
   and N-1 more on this machine (``fork`` where available, else ``spawn``), each
   rebuilding the comparison plan from its plain arguments;
 * ``torchrun --nnodes ... -m precguard.compare GOLDEN ACTUAL ...``: every process
@@ -34,7 +34,7 @@ from typing import Any
 
 from precguard.compare.engine import ComparePlan, compare_shard, plan_from_arguments
 from precguard.compare.units import ShardResult
-from precguard.errors import PrecguardError, UsageError
+from precguard.errors import PrecguardError
 
 #: set by ``python -m precguard.compare`` under torchrun: share units with the job's ranks
 _DISTRIBUTED: dict[str, Any] = {"active": False}
@@ -110,11 +110,10 @@ def _context() -> multiprocessing.context.BaseContext:
 
 
 def compare_shards(
-    plan: ComparePlan, workers: int, *, on_step: Callable[[int, int], None] | None = None
+    plan: ComparePlan, *, on_step: Callable[[int, int], None] | None = None
 ) -> list[ShardResult]:
-    """Every shard of the comparison, computed here, by worker processes, or by the job."""
-    if workers < 1:
-        raise UsageError(f"--workers must be >= 1, got {workers}")
+    """Every shard of the comparison: here, or by ``plan.options.workers`` processes."""
+    workers = plan.options.workers
     if workers == 1:
         return [compare_shard(plan, lambda _r, _s: True, on_unit=on_step)]
     workers = min(workers, max(1, os.cpu_count() or 1) * 4)
