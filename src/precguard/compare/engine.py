@@ -14,13 +14,8 @@ from itertools import groupby
 from typing import Any
 
 from precguard._logging import get_logger
-from precguard.compare.align import (
-    WRAPPER_TYPES,
-    Renamer,
-    align,
-    closest_unmatched,
-    fsdp2_class,
-)
+from precguard.compare import hints
+from precguard.compare.align import WRAPPER_TYPES, Renamer, align, fsdp2_class
 from precguard.compare.coverage import CoverageTracker, ensure_distinct, incomplete_note
 from precguard.compare.divergence import (
     Candidate,
@@ -53,7 +48,6 @@ from precguard.dump.reader import Run, load_run
 from precguard.dump.schema import Record
 from precguard.dump.tensors import TensorStore
 from precguard.errors import DumpFormatError, PrecguardError, UsageError
-from precguard.interop.msprobe.names import API_NAMESPACE
 from precguard.text import shown
 
 logger = get_logger(__name__)
@@ -61,10 +55,6 @@ logger = get_logger(__name__)
 #: aligned pairs must number at least this share of the unmatched records of either
 #: side, or the recordings are taken to be of different models
 MIN_ALIGNED_SHARE = 0.5
-
-
-#: key prefix of msprobe's API-level records
-API_PREFIX = API_NAMESPACE + "."
 
 
 class IncomparableRunsError(PrecguardError):
@@ -112,6 +102,9 @@ class ComparePlan:
         #: a calibration recording (the golden's code at its own precision, inputs perturbed
         #: by one unit roundoff: calibrate.perturb_inputs), if any
         self.calibration: Run | None = None
+        #: keys of another tool's extra detail (msprobe's API-level records: compare_runs
+        #: sets it from precguard.interop): unmatched, no evidence of a different model
+        self.is_detail: Callable[[str], bool] = _no_detail
         self._calibration_records: dict[int, dict[tuple[int, str], Record]] = {}
 
     def calibration_records(self, rank: int) -> dict[tuple[int, str], Record]:
@@ -122,6 +115,10 @@ class ComparePlan:
             recs = self.calibration.records(rank) if rank in self.calibration.ranks else []
             self._calibration_records[rank] = {(r.step, r.key): r for r in recs}
         return self._calibration_records[rank]
+
+
+def _no_detail(_key: str) -> bool:
+    return False
 
 
 def plan_comparison(
@@ -363,33 +360,26 @@ def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
         )
     counts = Counts.of(results)
     matched = len(results) - counts.missing
-    unmatched_modules = max(_module_level(golden_only), _module_level(actual_only))
+    unmatched_modules = max(
+        _module_level(golden_only, plan.is_detail), _module_level(actual_only, plan.is_detail)
+    )
     if matched < MIN_ALIGNED_SHARE * unmatched_modules:
-        truncated = truncation_note(g_run, a_run, results, golden_only, actual_only)
+        truncated = hints.truncation_note(g_run, a_run, results, golden_only, actual_only)
         if truncated is not None:
             raise DumpFormatError(truncated)
         raise IncomparableRunsError(
-            f"{a_run.path} does not look like a recording of the same model as {g_run.path}: "
-            f"only {matched} records align, {len(golden_only)} are only in golden and "
-            f"{len(actual_only)} only in actual"
-            + _closest(golden_only, actual_only)
-            + incomplete_note(g_run, a_run)
-            + _api_only_note(golden_only, actual_only)
+            hints.not_the_same_model(
+                g_run, a_run, matched, golden_only, actual_only, plan.is_detail
+            )
         )
     candidates, firsts = _across_ranks(results, candidates, firsts)
     first = min(firsts, key=lambda c: c.order) if firsts else None
     for side, i in (("golden", 0), ("actual", 1)):
         dropped = sum(u.collectives_dropped[i] for u in units)
         if dropped:
-            warnings.append(
-                f"{dropped} collective (dist.*) records only in {side}, whose other side "
-                "recorded no collective (e.g. a single-process golden): not compared"
-            )
+            warnings.append(hints.collectives_left_out(dropped, side))
     if golden_only or actual_only:
-        warnings.append(
-            f"{len(golden_only)} golden and {len(actual_only)} actual records have no "
-            "counterpart (listed under 'unmatched')" + _closest(golden_only, actual_only)
-        )
+        warnings.append(hints.unmatched_warning(golden_only, actual_only))
     prof = plan.prof
     return Comparison(
         golden=str(g_run.path),
@@ -461,55 +451,11 @@ def _across_ranks(
     return kept, firsts_kept
 
 
-def _module_level(keys: list[str]) -> int:
-    """How many of ``keys`` are module records: msprobe's API-level records (a namespace
-    precguard never records, docs/msprobe.md) are extra detail, not evidence of a
-    different model, and are only listed as unmatched."""
-    return sum(1 for k in keys if not k.startswith(API_PREFIX))
-
-
-def _api_only_note(golden_only: list[str], actual_only: list[str]) -> str:
-    """A hint when one side holds msprobe API-level records only (an L1 dump)."""
-    for keys in (golden_only, actual_only):
-        if keys and not _module_level(keys):
-            return (
-                "; one side holds only msprobe API calls (an msprobe L1 dump), which "
-                "precguard's module records cannot pair with: dump with msprobe level L0 or mix"
-            )
-    return ""
-
-
-def truncation_note(
-    g_run: Run,
-    a_run: Run,
-    results: list[RecordResult],
-    golden_only: list[str],
-    actual_only: list[str],
-) -> str | None:
-    """Say which recording is cut short when its records are a prefix of the other's.
-
-    A records file cut at a line boundary (copied in part, a full disk) leaves
-    one side with a prefix of the other: every unmatched record is on the
-    longer side, and none is followed by a matched one. That is a truncated
-    recording, not a different model (a smaller model leaves gaps, not a tail).
-    """
-    if golden_only and not actual_only:
-        short, other, missing = a_run, g_run, len(golden_only)
-    elif actual_only and not golden_only:
-        short, other, missing = g_run, a_run, len(actual_only)
-    else:
-        return None
-    gap = False
-    for r in results:  # in (rank, step, seq) order
-        if r.status == "missing":
-            gap = True
-        elif gap:
-            return None  # a matched record after the unmatched ones: not a cut
-
-    return (
-        f"{short.path}: truncated: it lacks {missing} records that {other.path} has and has "
-        "none of its own; its records.jsonl was cut short (copy it again)"
-    )
+def _module_level(keys: list[str], is_detail: Callable[[str], bool]) -> int:
+    """How many of ``keys`` are module records: another tool's extra detail (msprobe's
+    API-level records, a namespace precguard never records, docs/msprobe.md) is no
+    evidence of a different model, and is only listed as unmatched."""
+    return sum(1 for k in keys if not is_detail(k))
 
 
 def fingerprint_diff(golden: dict[str, Any], actual: dict[str, Any]) -> dict[str, list[Any]]:
@@ -520,11 +466,6 @@ def fingerprint_diff(golden: dict[str, Any], actual: dict[str, Any]) -> dict[str
         if g != a:
             out[key] = [g, a]
     return out
-
-
-def _closest(golden_only: list[str], actual_only: list[str]) -> str:
-    text = closest_unmatched(golden_only, actual_only)
-    return f"; {text}" if text else ""
 
 
 def _check_models(g_run: Run, a_run: Run, *, renamed: bool = False) -> list[str]:
@@ -689,7 +630,7 @@ def pair_metrics(
         raise IncomparableRunsError(
             f"{rank_dir(a_store.root, a.rank) / RECORDS_FILE}: a recording of a different "
             f"model: parameter {g.key} ({g.name}) has shape {a.shape}, golden {g.shape}"
-            + _shard_hint(g.shape, a.shape)
+            + hints.shard_hint(g.shape, a.shape)
         )
     if _squeezed(g.shape) != _squeezed(a.shape):
         return Metrics(
@@ -719,19 +660,6 @@ def pair_metrics(
         )
         return with_bias(metrics, profile)
     return stats_metrics(g, a, dtype=dtype)
-
-
-def _shard_hint(golden: list[int], actual: list[int]) -> str:
-    """A pointer to --layout when one shape is the other split along one dimension."""
-    if len(golden) != len(actual):
-        return ""
-    differ = [(g, a) for g, a in zip(golden, actual, strict=True) if g != a]
-    if len(differ) == 1 and min(differ[0]) > 0 and max(differ[0]) % min(differ[0]) == 0:
-        return (
-            "; if one side is a shard of a tensor-parallel run, compare with --layout "
-            "(docs/layouts.md)"
-        )
-    return ""
 
 
 def _squeezed(shape: list[int]) -> list[int]:

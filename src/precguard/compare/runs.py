@@ -1,24 +1,75 @@
-"""``compare_runs``: compare two recordings, on one process or many.
+"""``compare_runs``: compare two recordings (or msprobe dumps), on one process or many.
 
-The top of the compare package: it settles a plan (:mod:`precguard.compare.engine`),
-has its (rank, step) units compared here, by worker processes or by the processes
-of a torchrun job (:mod:`precguard.compare.parallel`), and merges them; a
-tensor-/pipeline-parallel side is first gathered into whole tensors
-(:mod:`precguard.layout`).
+The top of the compare package: it opens both sides (an msprobe dump is converted
+through :mod:`precguard.interop.msprobe`, the same way for the CLI and for
+Python), settles a plan (:mod:`precguard.compare.engine`), has its (rank, step)
+units compared here, by worker processes or by the processes of a torchrun job
+(:mod:`precguard.compare.parallel`), and merges them.
+
+A tensor-/pipeline-parallel side is gathered into whole tensors first by the
+layer above, :mod:`precguard.layout.compare`, which then calls this function:
+``precguard.compare_runs(..., layout=...)`` is that one.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from precguard.compare import parallel
 from precguard.compare.engine import ComparePlan, merge_shards, plan_comparison
 from precguard.compare.options import CompareOptions, compare_options
 from precguard.compare.report import Comparison
-from precguard.dump.reader import Run, load_run
+from precguard.dump.reader import Run
 from precguard.errors import PrecguardError, UsageError
+from precguard.interop.msprobe import is_api_key, open_recording
+
+_Result = TypeVar("_Result", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a comparison: the recording compared, and the name the user gave it."""
+
+    run: Run
+    name: str
+
+    @property
+    def converted(self) -> bool:
+        """Whether ``run`` is a temporary recording converted from an msprobe dump."""
+        return self.name != str(self.run.path)
+
+
+def open_side(side: str | os.PathLike[str] | Run) -> Side:
+    """``side`` as a recording: a Run as is, a recording directory loaded, an msprobe dump
+    converted into a temporary recording (docs/msprobe.md). The CLI opens with it too.
+
+    :raises DumpFormatError: ``side`` is neither a readable recording nor an msprobe dump.
+    """
+    if isinstance(side, Run):
+        return Side(side, str(side.path))
+    return Side(open_recording(side), str(Path(side)))
+
+
+def named(text: str, *sides: Side) -> str:
+    """``text`` with each converted side's temporary path replaced by the dump's name."""
+    for side in sides:
+        if side.converted:
+            text = text.replace(str(side.run.path), f"{side.name} (msprobe dump)")
+    return text
+
+
+def with_names(result: _Result, golden: Side, actual: Side) -> _Result:
+    """``result`` (a Comparison or a bitwise one) naming the directories the user gave,
+    not a converted dump's temporary copy."""
+    if not (golden.converted or actual.converted):
+        return result
+    return result.model_copy(update={"golden": golden.name, "actual": actual.name})
 
 
 def compare_runs(
@@ -27,26 +78,25 @@ def compare_runs(
     options: CompareOptions | None = None,
     *,
     on_step: Callable[[int, int], None] | None = None,
-    layout: Any = None,
     **settings: Any,
 ) -> Comparison:
     """Compare an ``actual`` recording with a ``golden`` one and name where they diverge.
 
-    How to compare is a :class:`~precguard.compare.options.CompareOptions`: pass one
-    as ``options``, or its fields as keyword arguments (they build it; with both, the
-    keywords win), e.g. ``compare_runs(g, a, profile="strict", step=0)``:
+    Either side may be a precguard recording (a directory or a
+    :class:`~precguard.dump.reader.Run`) or an msprobe dump directory, converted
+    on the fly (docs/msprobe.md); the result names the directories given.
 
-    ``profile`` (name or Profile), ``rtol``, ``atol``, ``rank``, ``step``,
-    ``suspects``, ``tolerance_dtype``, ``rename``, ``workers``, ``calibration``;
-    see :class:`~precguard.compare.options.CompareOptions` for what each means.
-    An unknown keyword is pydantic's ``ValidationError`` naming it.
+    How to compare is a :class:`~precguard.compare.options.CompareOptions`: pass one
+    as ``options``, or its fields as keyword arguments, which build it (with both,
+    the keywords win): ``profile`` (a name or a Profile), ``rtol``, ``atol``,
+    ``rank``, ``step``, ``suspects``, ``tolerance_dtype``, ``rename``, ``workers``,
+    ``calibration``; see :class:`CompareOptions` for what each means. An unknown
+    keyword is pydantic's ``ValidationError`` naming it. A tensor-/pipeline-
+    parallel recording is compared by :func:`precguard.compare_runs` with
+    ``layout=`` (:func:`precguard.layout.compare.compare_layout`), which calls this.
 
     :param on_step: called as ``on_step(rank, step)`` after each step is compared
         (the CLI's progress bar).
-    :param layout: a layout spec (YAML file, shipped name or LayoutSpec, see
-        docs/layouts.md): the shards of a tensor-/pipeline-parallel side are gathered
-        into whole tensors, and the first divergence names the rank whose shard holds
-        the error.
     :raises IncomparableRunsError: the recordings are of different models.
     :raises DumpFormatError: a recording is missing, corrupt or of a newer schema.
 
@@ -54,30 +104,33 @@ def compare_runs(
     >>> result.verdict, result.first_divergence.module          # doctest: +SKIP
     ('diverged', 'model.layers.3.mlp')
     """
+    if "layout" in settings:
+        raise UsageError(
+            "layout= is taken by precguard.compare_runs (precguard.layout.compare_layout); "
+            "precguard.compare.compare_runs compares the recordings as they are"
+        )
     options = compare_options(options, **settings)
-    if layout is not None:  # gather the parallel side(s) into one rank: precguard.layout
-        from precguard.layout.view import LayoutViews
+    g, a = open_side(golden), open_side(actual)
+    try:
+        result = _compare(g.run, a.run, options, on_step)
+    except PrecguardError as exc:
+        message = named(str(exc), g, a)
+        if message == str(exc):
+            raise
+        raise type(exc)(message) from exc
+    return with_names(result, g, a)
 
-        if options.rank is not None:
-            raise UsageError("--rank cannot be used with --layout (the ranks are gathered)")
-        g_run = golden if isinstance(golden, Run) else load_run(golden)
-        a_run = actual if isinstance(actual, Run) else load_run(actual)
-        views = LayoutViews(g_run, a_run, layout)
-        try:
-            if views.g is not None and options.calibration is not None:
-                raise UsageError(
-                    "--calibration cannot be used with --layout when the golden is gathered: "
-                    "the calibration recording is of one device, the golden's ranks are not"
-                )
-            result = compare_runs(views.golden, views.actual, options, on_step=on_step)
-            return views.finish(result, options.resolved_profile(), options.tolerance_dtype)
-        except PrecguardError as exc:  # name the recordings, not the gathered views
-            raise type(exc)(views.real_paths(str(exc))) from exc
-        finally:
-            views.close()
 
+def _compare(
+    golden: Run,
+    actual: Run,
+    options: CompareOptions,
+    on_step: Callable[[int, int], None] | None,
+) -> Comparison:
     def make_plan() -> ComparePlan:
-        return plan_comparison(golden, actual, options)
+        plan = plan_comparison(golden, actual, options)
+        plan.is_detail = is_api_key  # msprobe's API-level records: detail, not a model's
+        return plan
 
     if parallel.job_active():
         plan, shards = parallel.compare_in_job(make_plan)
