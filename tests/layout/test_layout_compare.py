@@ -327,3 +327,14 @@ def test_both_paths_count_records_the_same_way(tmp_path, spec_file):
     assert split_result.counts == Counts.of(split_result.records)
     assert split_result.counts.missing == 1
     assert split_result.counts.stats_only == len(split_result.records) - 1
+
+
+def test_calibration_goes_with_a_gathered_actual_not_with_a_gathered_golden(tmp_path, spec_file):
+    golden, actual = _runs(tmp_path)
+    calibration = write_run(tmp_path / "cal", {0: whole(*weights())})  # golden's own numbers
+    plain = precguard.compare_runs(golden, actual, layout=spec_file)
+    calibrated = precguard.compare_runs(golden, actual, layout=spec_file, calibration=calibration)
+    assert calibrated.verdict == plain.verdict == "match"
+    assert calibrated.counts == plain.counts
+    with pytest.raises(UsageError, match="--calibration cannot be used with --layout"):
+        precguard.compare_runs(actual, golden, layout=spec_file, calibration=calibration)
