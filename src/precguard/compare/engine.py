@@ -82,13 +82,10 @@ class ComparePlan:
         self.a_run = a_run
         self.options = options
         self.prof = options.resolved_profile()
-        self.tolerance_dtype = options.tolerance_dtype
         self.computes = (g_run.manifest.compute_dtype, a_run.manifest.compute_dtype)
         self.renamer = renamer
         self.warnings = warnings
         self.ranks = ranks
-        self.rank = options.rank
-        self.step = options.step
         #: what a worker process rebuilds the plan from (:func:`plan_from_arguments`)
         self.arguments: dict[str, Any] = {
             "golden": str(g_run.path),
@@ -106,6 +103,21 @@ class ComparePlan:
         #: sets it from precguard.interop): unmatched, no evidence of a different model
         self.is_detail: Callable[[str], bool] = _no_detail
         self._calibration_records: dict[int, dict[tuple[int, str], Record]] = {}
+
+    @property
+    def tolerance_dtype(self) -> str:
+        """The options' tolerance dtype (aliases resolved)."""
+        return self.options.tolerance_dtype
+
+    @property
+    def rank(self) -> int | None:
+        """The only rank compared, if the options name one."""
+        return self.options.rank
+
+    @property
+    def step(self) -> int | None:
+        """The only step compared, if the options name one."""
+        return self.options.step
 
     def calibration_records(self, rank: int) -> dict[tuple[int, str], Record]:
         """The calibration run's records of ``rank`` by (step, key), read once."""

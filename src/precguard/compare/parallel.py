@@ -91,10 +91,10 @@ def owns_fn(plan: ComparePlan, me: int, count: int) -> Callable[[int, int], bool
 
 
 def shard_json(arguments: dict[str, Any], me: int, count: int) -> str:
-    """Compare process ``me``'s share (the worker's entry point); its payload as JSON.
+    """Compare process ``me``'s share (the worker's entry point); its ShardResult as JSON.
 
-    A :class:`PrecguardError` is returned inside the payload, so the coordinator
-    raises it as a single process would.
+    A :class:`PrecguardError` is returned inside the share (:func:`failed_share`),
+    so the coordinator raises it as a single process would.
     """
     try:
         plan = plan_from_arguments(arguments)
@@ -151,7 +151,7 @@ def compare_in_job(
     """Compare this process's share and gather every share on rank 0.
 
     Every rank reaches the gather, also when its plan failed (a recording it
-    cannot read): the error travels in its payload and rank 0 raises it, so no
+    cannot read): the error travels in its share and rank 0 raises it, so no
     rank waits for one that gave up.
 
     :raises ShareSent: on ranks other than 0, once their share is sent.
