@@ -56,3 +56,15 @@ def test_a_worker_rebuilds_the_same_options_from_their_json(tmp_path):
     again = plan_from_arguments(plan.arguments)
     assert again.options == options and again.options.tolerance_dtype == "bfloat16"
     assert again.prof == plan.prof and plan.prof.dtypes["float32"].rtol == 1e-3
+
+
+def test_layout_is_precguard_compare_runs_argument_not_the_subpackages(tmp_path):
+    # the layout branch lives above compare (precguard.layout.compare); compare itself
+    # says where to find it rather than ignoring the argument
+    from precguard.compare import compare_runs as compare_recordings
+    from precguard.layout.compare import compare_runs
+
+    golden, actual = write_pair(tmp_path)
+    assert precguard.compare_runs is compare_runs
+    with pytest.raises(UsageError, match=r"precguard\.layout\.compare_layout"):
+        compare_recordings(golden, actual, layout="megatron")
