@@ -280,6 +280,31 @@ class Counts(BaseModel):
     full: int = Field(default=0, description="Pairs compared on full tensors.")
     stats_only: int = Field(default=0, description="Pairs compared on statistics only.")
 
+    @classmethod
+    def of(cls, results: list[RecordResult]) -> Counts:
+        """The counts of ``results``: the one place a comparison's counts are computed.
+
+        A record is counted under its status; a compared pair (not ``missing``) also
+        under the level it was measured at (full tensors or exact equality: ``full``;
+        statistics: ``stats_only``). A ``missing`` record counts at no level, even when
+        it carries metrics (compare --layout marks a pass it could not combine missing).
+        """
+        by_status = {"pass": 0, "fail": 0, "nonfinite": 0, "missing": 0}
+        full = stats = 0
+        for r in results:
+            by_status[r.status] += 1
+            if r.metrics is not None and r.status != "missing":
+                full += r.metrics.level in ("full", "exact")
+                stats += r.metrics.level == "stats"
+        return cls(
+            passed=by_status["pass"],
+            failed=by_status["fail"],
+            nonfinite=by_status["nonfinite"],
+            missing=by_status["missing"],
+            full=full,
+            stats_only=stats,
+        )
+
 
 class ReplayCheck(BaseModel):
     """A failing module re-run alone on the actual's device with the golden's inputs.
