@@ -136,9 +136,9 @@ def linear_factors(
     errors measure; a larger error (a fault upstream) may have a structure that a
     linear map projects on its output differently than on its input, which moves
     the ratio by up to its non-scale part (measured: a 1 % bias behind an input
-    error of 6.7 % reads 1.35 %; in fp32 a weight gradient behind a wrongly scaled
-    branch reads a ratio ~1e3 standard errors from 1), so the record goes to the
-    generic test instead.
+    error of 6.7 % reads 1.35 %; in fp32 the weight gradient of a Linear behind a
+    wrongly scaled residual branch read as a scale of its own), so the record goes
+    to the generic test instead.
     """
 
     def scaled(records: list[Any]) -> list[Metrics] | None:
