@@ -28,6 +28,7 @@ from precguard.models.handwritten_llama import (
     Attention,
     HandwrittenConfig,
     HandwrittenLlama,
+    RMSNorm,
 )
 from precguard.targets import build_tiny_llama, causal_lm_loss, lm_batch
 
@@ -147,6 +148,8 @@ def _minilm():
 MODELS: dict[str, Callable[[], precguard.Target | str | None]] = {
     **{f"hw{n}": functools.partial(_handwritten, n) for n in (4, 8, 16, 32)},
     "hw4-seq128": functools.partial(_handwritten, 4, 128, 128),
+    # the issue's model: 16 layers, projections' outputs of 2 x 64 x 128 = 16k elements
+    "hw16-h128": functools.partial(_handwritten, 16, 64, 128),
     "hw4-seq128-ropebug": functools.partial(_handwritten, 4, 128, 128, True),
     "tiny-llama": lambda: "tiny-llama",
     "tiny-llama-labels": _hf_llama_with_labels,
@@ -156,19 +159,56 @@ MODELS: dict[str, Callable[[], precguard.Target | str | None]] = {
 # ---------------------------------------------------------------- faults
 
 
-def _scale_output(path: str, m: float) -> Prepare:
+# Every fault is applied where a kernel bug sits: to the value computed in fp32,
+# before its one rounding to the storage dtype. Scaling an already rounded bf16
+# tensor would round a second time and hide the fault: x * 1.001 rounds back to x
+# for every bf16 value (half a bf16 spacing is 0.2 % to 0.39 % of it), so such a
+# "0.1 % fault" is bitwise the clean run.
+
+
+def _epilogue_scale(path: str, m: float) -> Prepare:
+    """A GEMM whose epilogue scales its fp32 accumulator by 1+m (a wrong alpha)."""
+
     def plant(model: nn.Module) -> None:
-        model.get_submodule(path).register_forward_hook(lambda _m, _a, out: out * (1 + m))
+        mod = model.get_submodule(path)
+        assert isinstance(mod, nn.Linear)
+
+        def forward(x: torch.Tensor, mod: nn.Linear = mod) -> torch.Tensor:
+            bias = None if mod.bias is None else mod.bias.float()
+            out = F.linear(x.float(), mod.weight.float(), bias)
+            return (out * (1 + m)).to(x.dtype)
+
+        mod.forward = forward  # type: ignore[method-assign]
+
+    return plant
+
+
+def _norm_scale(path: str, m: float) -> Prepare:
+    """An RMSNorm kernel whose fp32 result is off by 1+m (a wrong epsilon or weight)."""
+
+    def plant(model: nn.Module) -> None:
+        mod = model.get_submodule(path)
+        assert isinstance(mod, RMSNorm)
+
+        def forward(x: torch.Tensor, mod: RMSNorm = mod) -> torch.Tensor:
+            h = x.float()
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + mod.eps)
+            return (mod.weight.float() * h * (1 + m)).to(x.dtype)
+
+        mod.forward = forward  # type: ignore[method-assign]
 
     return plant
 
 
 def _rotary_frequency(m: float) -> Prepare:
-    """Rotary angles off by a relative ``m`` (a wrong base or scaling)."""
+    """Rotary angles off by a relative ``m`` (a wrong base or scaling), in fp32."""
 
     def plant(model: nn.Module) -> None:
         rot = model.get_submodule("model.rotary_emb")
-        rot.inv_freq.mul_(1 + m)
+        c = model.get_submodule("model.layers.0.attn").config
+        dim = c.head_dim  # the frequencies computed in fp32, then rounded once
+        inv_freq = 1.0 / c.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+        rot.inv_freq.copy_((inv_freq * (1 + m)).to(rot.inv_freq.dtype))
 
     return plant
 
@@ -179,42 +219,72 @@ def _attention_glue(path: str, m: float) -> Prepare:
     def plant(model: nn.Module) -> None:
         attn = model.get_submodule(path)
         assert isinstance(attn, Attention)
-        attend = attn.attend
+        c = attn.config
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            # Attention.attend, its last matmul's fp32 result scaled before it is rounded
+            t, groups = q.shape[2], c.num_heads // c.num_kv_heads
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+            scores = (q @ k.transpose(-1, -2)) / c.head_dim**0.5
+            causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+            scores = scores.masked_fill(~causal, torch.finfo(scores.dtype).min)
+            probs = scores.float().softmax(-1).to(v.dtype)
+            return ((probs.float() @ v.float()) * (1 + m)).to(v.dtype)
+
         # an instance attribute: the model's own code calls it between its projections
-        attn.attend = lambda q, k, v: attend(q, k, v) * (1 + m)  # type: ignore[method-assign]
+        attn.attend = attend  # type: ignore[method-assign]
 
     return plant
 
 
-class _ScaledGrad(torch.autograd.Function):
-    """Identity forward; backward scales the gradient by ``factor``."""
+class _WrongInputGrad(torch.autograd.Function):
+    """``F.linear(x, w)``; its backward's input gradient (fp32) is scaled by ``factor``."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, factor: float) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x, w)
         ctx.factor = factor
-        return x.view_as(x)
+        return F.linear(x, w)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        return grad * ctx.factor, None
+        x, w = ctx.saved_tensors
+        grad_x = ((grad.float() @ w.float()) * ctx.factor).to(grad.dtype)
+        grad_w = grad.reshape(-1, grad.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+        return grad_x, grad_w, None
 
 
 def _wrong_backward(path: str, m: float) -> Prepare:
-    """A fused kernel whose backward scales the gradient of its input by 1+m."""
+    """A fused Linear whose backward scales the gradient of its input by 1+m."""
 
     def plant(model: nn.Module) -> None:
         mod = model.get_submodule(path)
-        original = mod.forward
-        mod.forward = lambda x, *a, **k: original(_ScaledGrad.apply(x, 1 + m), *a, **k)
+        assert isinstance(mod, nn.Linear) and mod.bias is None
+        mod.forward = lambda x: _WrongInputGrad.apply(x, mod.weight, 1 + m)  # type: ignore[method-assign]
 
     return plant
 
 
+class _ScaledGradUpcast(torch.autograd.Function):
+    """Forward: ``x`` as fp32 (exact); backward: the fp32 gradient scaled by ``factor``,
+    rounded once to ``x``'s dtype."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:  # type: ignore[override]
+        ctx.factor, ctx.dtype = factor, x.dtype
+        return x.float()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        return (grad.float() * ctx.factor).to(ctx.dtype), None
+
+
 def _loss_scale(m: float) -> Prepare:
-    """The loss's gradient off by 1+m (a wrong reduction or a scaled loss)."""
+    """The loss's gradient off by 1+m (a wrong reduction or a scaled loss), in fp32."""
 
     def plant(model: nn.Module) -> None:
-        model.register_forward_hook(lambda _m, _a, out: _ScaledGrad.apply(out, 1 + m))
+        model.register_forward_hook(lambda _m, _a, out: _ScaledGradUpcast.apply(out, 1 + m))
 
     return plant
 
@@ -260,6 +330,7 @@ def _clean() -> list[Pair]:
         Pair("hw4 emu:fp16", "hw4", Recipe("emu:fp16")),
         Pair("hw4 bf16-lowacc vs bf16", "hw4", Recipe("emu:bf16-lowacc"), Recipe("emu:bf16")),
         Pair("hw4 seq128 bf16-mixed", "hw4-seq128", BF16),
+        Pair("hw16 hidden128 seq64 bf16-mixed", "hw16-h128", BF16),
         Pair("hw4 train bf16-mixed x3", "hw4", _train(BF16), _train(FP32), fast=True),
         Pair("hw4 train fp32-shuffled x3", "hw4", _train(SHUFFLED), _train(FP32), fast=True),
         Pair("hw8 train bf16-mixed x3", "hw8", _train(BF16), _train(FP32)),
@@ -294,13 +365,13 @@ def _faults() -> list[Pair]:
     kinds: list[tuple[str, Callable[[float], Prepare], tuple[str, ...], bool]] = [
         (
             "projection",
-            lambda m: _scale_output("model.layers.1.attn.v_proj", m),
+            lambda m: _epilogue_scale("model.layers.1.attn.v_proj", m),
             ("model.layers.1.attn.v_proj",),
             False,
         ),
         (
             "norm",
-            lambda m: _scale_output("model.layers.2.mlp_norm", m),
+            lambda m: _norm_scale("model.layers.2.mlp_norm", m),
             ("model.layers.2.mlp_norm",),
             False,
         ),
@@ -338,6 +409,18 @@ def _faults() -> list[Pair]:
                         fast=fast,
                     )
                 )
+    for m in (0.001, 0.003):  # the issue's case: 0.3 % in one projection of 16 layers
+        pairs.append(
+            Pair(
+                f"hw16 hidden128 bf16-mixed projection {m:.1%}",
+                "hw16-h128",
+                BF16,
+                expect=("model.layers.8.attn.o_proj",),
+                kind="projection-16-layers",
+                magnitude=m,
+                plant=_epilogue_scale("model.layers.8.attn.o_proj", m),
+            )
+        )
     pairs.append(
         Pair(
             "hw4 seq128 bf16-mixed rotary angles in bf16 (the classic bug)",

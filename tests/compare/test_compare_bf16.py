@@ -91,9 +91,14 @@ def _two_faults(model) -> None:
 
 
 @pytest.mark.parametrize("name", ["bf16-vs-fp32", "lowacc-vs-bf16"])
-def test_large_fault_upstream_and_1pct_bias_downstream_are_both_named(
+def test_large_fault_upstream_is_named_and_a_1pct_bias_behind_it_is_not_claimed(
     name: str, goldens: dict[str, Path], tmp_path: Path
 ) -> None:
+    """The upstream fault (a wrong epsilon) leaves o_proj's input 6.7 % off golden. A
+    linear map projects an error of that size, whatever its structure, differently on
+    its output than on its input, so the output-to-input scale ratio (1.0135 here, for
+    a true 1.01) says nothing at the 1 % level: the bias downstream is not named, and
+    nothing but the two faults (or what contains them) is named local."""
     upstream = "model.layers.0.post_attention_layernorm"
     actual = record(tmp_path / "two", _BY_NAME[name].actual, Fault("two", "", _two_faults))
 
@@ -101,11 +106,10 @@ def test_large_fault_upstream_and_1pct_bias_downstream_are_both_named(
 
     fd = result.first_divergence
     assert fd is not None and fd.module == upstream and fd.local is True, fd
-    suspects = {s.module: s for s in result.suspects}
-    assert "model.layers.2.self_attn.o_proj" in suspects, [
-        (s.module, s.reason) for s in result.suspects
-    ]
-    assert "scales what it computes by 1.01" in suspects["model.layers.2.self_attn.o_proj"].reason
+    o_proj = next(
+        r for r in result.records if r.key == "model.layers.2.self_attn.o_proj.0.forward.input.0"
+    )
+    assert o_proj.metrics is not None and o_proj.metrics.error > 10 * 2.0**-8
     # every module found local is one of the two or contains one
     local = {r.module for r in result.records if r.local is True}
     faults = (upstream, "model.layers.2.self_attn.o_proj")

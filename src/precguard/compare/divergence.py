@@ -43,7 +43,13 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict
 
 from precguard.compare.align import parent_module
-from precguard.compare.expected import LINEAR_TYPES, expected_error, own_bias, rounding_floor
+from precguard.compare.expected import (
+    LINEAR_TYPES,
+    expected_error,
+    linear_factors,
+    own_bias,
+    rounding_floor,
+)
 from precguard.compare.report import FirstDivergence, RecordResult, Suspect
 from precguard.compare.tolerance import Profile
 
@@ -347,7 +353,10 @@ def _bias_reason(call: _Call, bad: list[RecordResult], profile: Profile) -> str 
         m = o.metrics
         if m is None:
             continue
-        excess = own_bias(m, inputs, profile, call.module_type)
+        linear = linear_factors(
+            call.module_type, o.phase, o.role, o.index, [*call.consumed, *call.params]
+        )
+        excess = own_bias(m, inputs, profile, call.module_type, factors=linear)
         if excess is None or m.scale is None:
             continue
         scaled = [i for i in inputs if i.scale is not None and math.isfinite(i.scale)]

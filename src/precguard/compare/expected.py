@@ -31,6 +31,7 @@ its inputs' scale errors cannot explain.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from precguard.compare.report import Metrics
 from precguard.compare.tolerance import Profile, unit_roundoff
@@ -45,6 +46,14 @@ BIAS_MAX_INPUT_ERROR = 0.25
 #: module types linear in their one input (y = W x): an input scaled by s_in gives an
 #: output scaled by s_in times the weights' scale, so the module's own scale is s_out/s_in
 LINEAR_TYPES = frozenset({"Linear", "NonDynamicallyQuantizableLinear", "Conv1D", "LoRALinear"})
+#: a factor of the scale ratio (:func:`linear_factors`) must be within this many unit
+#: roundoffs of golden: ten, the gate's amplification of one rounding
+RATIO_MAX_ULPS = 10.0
+#: normalizations whose output ``w * x / rms(x)`` does not depend on the scale of their
+#: input (with one parameter, the weight, they are linear in it)
+SCALE_INVARIANT_TYPES = frozenset(
+    {"RMSNorm", "LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "T5LayerNorm", "LayerNorm"}
+)
 
 
 def rounding_floor(dtype: str, k: int | None = None) -> float:
@@ -84,40 +93,169 @@ def carried_bias(inputs: list[Metrics], profile: Profile) -> float:
     return carried
 
 
+def scale_floor(dtype: str, k: int | None, profile: Profile, linear: bool = False) -> float:
+    """The scale error a correct module may carry beyond ``bias_z`` standard errors.
+
+    ``profile.bias_floor`` when set (``--rtol``). Otherwise the accumulation part of
+    :func:`rounding_floor`, ``sqrt(k) * u_acc`` (a reduction of length ``k`` in another
+    order, the same order for every row, may shift every element alike), plus, unless
+    the record is ``linear`` in what it consumed (:func:`linear_factors`: a
+    ``Linear``'s output and gradients), ``bias_floor_ulps`` unit roundoffs of
+    ``dtype``: any other module may broadcast a statistic rounded to ``dtype`` (a
+    norm's ``rsqrt`` of nearly equal variances, a softmax's normalizer, a constant),
+    one rounding shared by every element, which no standard error can tell from a
+    fault. A ``Linear`` broadcasts nothing: its output's own rounding is unbiased and
+    independent element by element, its weights' rounding shared along channels,
+    and the standard error measures both (docs/compare.md, "Systematic bias").
+    """
+    if profile.bias_floor is not None:
+        return profile.bias_floor
+    u_acc = min(unit_roundoff(dtype), unit_roundoff("float32"))
+    acc = math.sqrt(k) * u_acc if k and k > 1 else 0.0
+    return acc + (0.0 if linear else profile.bias_floor_ulps * unit_roundoff(dtype))
+
+
+def linear_factors(
+    module_type: str, phase: str, role: str, index: int, consumed: list[Any]
+) -> list[Metrics] | None:
+    """The consumed records a produced record is linear in, or None.
+
+    Its own scale is then ``s / prod(s_f)``: a ``Linear``'s output ``W x`` is linear
+    in its one input and its weight, its input gradient ``g W`` in the gradient of its
+    output and the weight, its weight gradient ``g^T x`` in both ``g`` and ``x`` and its
+    bias gradient in ``g``; a weight counts by its scale, not its standard error (its
+    rounding shows in the output's channels, which the output's standard error
+    measures: :func:`precguard.compare.metrics.full_metrics`); a normalization
+    (:data:`SCALE_INVARIANT_TYPES`) with at most one parameter, ``w * x / rms(x)``, is
+    linear in its weight and does not pass its input's scale on at all. ``consumed`` are
+    :class:`~precguard.compare.report.RecordResult` objects (roles and phases told
+    apart); a factor whose scale was not measured counts only when it is exact.
+
+    Only while every factor's error is within :data:`RATIO_MAX_ULPS` unit roundoffs:
+    rounding error is random, and its projection on the output is what the standard
+    errors measure; a larger error (a fault upstream) may have a structure that a
+    linear map projects on its output differently than on its input, which moves
+    the ratio by up to its non-scale part (measured: a 1 % bias behind an input
+    error of 6.7 % reads 1.35 %; in fp32 the weight gradient of a Linear behind a
+    wrongly scaled residual branch read as a scale of its own), so the record goes
+    to the generic test instead.
+    """
+
+    def scaled(records: list[Any]) -> list[Metrics] | None:
+        out = []
+        for x in records:
+            m = x.metrics
+            if m is None:
+                return None
+            if m.level == "full" and m.scale is not None and m.scale:
+                if m.error > RATIO_MAX_ULPS * unit_roundoff(m.dtype):
+                    return None  # an error beyond rounding may be structured (see above)
+                out.append(m)
+            elif m.error > 0 or m.nan_mismatch or m.inf_mismatch:
+                return None  # it differs, by an unknown scale
+        return out
+
+    def weights(records: list[Any]) -> list[Metrics] | None:
+        # by their scale only: their rounding reaches the output as a pattern shared
+        # along its channels, which the output's own standard error measures
+        out = scaled(records)
+        return None if out is None else [m.model_copy(update={"scale_se": 0.0}) for m in out]
+
+    fin = [x for x in consumed if x.phase == "forward" and x.role == "input"]
+    params = [x for x in consumed if x.phase == "forward" and x.role == "param"]
+    weight = [x for x in params if x.index == 0]
+    gout = [x for x in consumed if x.phase == "backward" and x.role == "output"]
+    if module_type in SCALE_INVARIANT_TYPES and phase == "forward" and role == "output":
+        return weights(params) if len(params) <= 1 else None
+    if module_type not in LINEAR_TYPES:
+        return None
+    found: list[Metrics] | None = None
+    w = weights(weight)
+    if phase == "forward" and role == "output" and len(fin) == 1:
+        found = scaled(fin)
+    elif phase == "backward" and len(gout) == 1:
+        if role == "input":
+            found = scaled(gout)
+        elif role == "grad" and index == 0 and len(fin) == 1:
+            found, w = scaled([*fin, *gout]), []
+        elif role == "grad":
+            found, w = scaled(gout), []
+    if found is None or w is None:
+        return None
+    return [*found, *w]
+
+
+def own_scale(
+    output: Metrics,
+    factors: list[Metrics],
+    profile: Profile,
+    k: int | None = None,
+    carried: float = 0.0,
+    linear: bool = True,
+) -> float | None:
+    """The scale error of its own that ``output``, linear in each of ``factors``, shows.
+
+    Its own scale is ``s_out / prod(s_f)``; it must differ from 1 by more than
+    ``bias_z`` standard errors (combined: the relative standard errors add in
+    quadrature) plus :func:`scale_floor` and ``carried``, the scale error whatever
+    else it consumed may carry (rounded weights); ``linear`` False (a normalization,
+    linear in its weight but broadcasting its rounded ``rsqrt``) keeps the one-ulp part
+    of the floor. Returns that excess, or None.
+    """
+    if output.scale is None or output.scale_se is None:
+        return None
+    ratio = output.scale
+    var = output.scale_se**2
+    for f in factors:
+        assert f.scale is not None
+        ratio /= f.scale
+        var += (f.scale_se or 0.0) ** 2
+    excess = abs(ratio - 1.0) - profile.bias_z * math.sqrt(var)
+    floor = scale_floor(output.dtype, k, profile, linear=linear)
+    return excess if excess > floor + carried else None
+
+
+def significant_scale(m: Metrics, profile: Profile) -> bool:
+    """Whether ``m``'s scale differs from 1 by more than ``bias_z`` standard errors.
+
+    The test before any floor: ``m.bias`` (the report's flag) adds one unit roundoff,
+    what a module that broadcasts a rounded statistic may carry; a ``Linear`` is held
+    to less (:func:`scale_floor`).
+    """
+    if m.level != "full" or m.scale is None or m.scale_se is None:
+        return False
+    return abs(m.scale - 1.0) > profile.bias_z * m.scale_se
+
+
 def own_bias(
     output: Metrics,
     inputs: list[Metrics],
     profile: Profile,
     module_type: str = "",
     k: int | None = None,
+    factors: list[Metrics] | None = None,
 ) -> float | None:
     """The scale error ``output`` shows beyond what ``inputs`` explain, or None.
 
-    Only for an output whose bias is significant (``output.bias``) and inputs within
-    :data:`BIAS_MAX_INPUT_ERROR` of golden. For a module
-    linear in its one float input (:data:`LINEAR_TYPES`) its own scale is
-    ``s_out / s_in``, which must differ from 1 by more than ``bias_z`` combined
-    standard errors plus the profile's bias floor (in units of :func:`rounding_floor` of
-    the output's dtype and the reduction length ``k``). For any other module, its
-    |s - 1| less ``bias_z`` standard errors must exceed :data:`BIAS_GROWTH` times
-    the largest scale error an input carries (:func:`carried_bias`).
+    Only for an output whose scale is significant (:func:`significant_scale`), inputs within
+    :data:`BIAS_MAX_INPUT_ERROR` of golden. With ``factors`` (the records it is
+    linear in, :func:`linear_factors`), or for a module linear in its one float input
+    (:data:`LINEAR_TYPES`), its own scale ``s_out / prod(s_f)`` must differ from 1
+    (:func:`own_scale`). For any other module, its |s - 1| less ``bias_z`` standard
+    errors must exceed :func:`scale_floor` and :data:`BIAS_GROWTH` times the largest
+    scale error an input carries (:func:`carried_bias`).
     """
-    if not output.bias or output.scale is None:
+    if not significant_scale(output, profile):
         return None
     if any(m.error > BIAS_MAX_INPUT_ERROR for m in inputs):
         return None
     scaled = [m for m in inputs if m.scale is not None and m.level == "full"]
-    if module_type in LINEAR_TYPES and len(scaled) == 1 and scaled[0].scale:
-        (inp,) = scaled
-        assert inp.scale is not None
-        ratio = output.scale / inp.scale
-        se = math.hypot(output.scale_se or 0.0, inp.scale_se or 0.0)
-        excess = abs(ratio - 1.0) - profile.bias_z * se
-        floor = profile.bias_floor
-        if floor is None:  # a reduction of length k in another order may shift it as much
-            floor = profile.bias_floor_ulps * rounding_floor(output.dtype, k)
-        return excess if excess > floor else None
+    if factors is None and module_type in LINEAR_TYPES and len(scaled) == 1 and scaled[0].scale:
+        factors = scaled
+    if factors is not None:
+        return own_scale(output, factors, profile, k, linear=module_type in LINEAR_TYPES)
     excess = abs(output.scale - 1.0) - profile.bias_z * (output.scale_se or 0.0)
-    if excess > BIAS_GROWTH * carried_bias(inputs, profile):
+    floor = scale_floor(output.dtype, k, profile)
+    if excess > max(BIAS_GROWTH * carried_bias(inputs, profile), floor):
         return excess
     return None

@@ -50,8 +50,10 @@ from precguard.compare.expected import (
     LINEAR_TYPES,
     carried_bias,
     expected_error,
-    own_bias,
-    rounding_floor,
+    linear_factors,
+    own_scale,
+    scale_floor,
+    significant_scale,
 )
 from precguard.compare.metrics import less_precise
 from precguard.compare.report import Metrics, RecordResult
@@ -290,34 +292,28 @@ def _own_bias(
     """Whether ``m``'s significant scale error is the record's own, not carried in.
 
     A parameter's is its own unless its step's optimizer update carried error in. A
-    linear module's output with one scaled input: ``s_out / s_in`` must differ from 1
-    (:func:`own_bias`). Otherwise ``|s - 1|`` less ``bias_z`` standard errors must exceed
-    :data:`BIAS_GROWTH` times the largest scale error anything in scope carried.
+    record linear in what it consumed (:func:`linear_factors`: a ``Linear``'s output and
+    gradients, a normalization's output): its own scale ``s / prod(s_f)`` must differ
+    from 1 (:func:`own_scale`). Otherwise ``|s - 1|``
+    less ``bias_z`` standard errors must exceed :data:`BIAS_GROWTH` times the largest
+    scale error anything in scope carried, and :func:`scale_floor`.
     """
     if m.scale is None:
         return False
-    direct = [x.metrics for x in consumed if x.metrics is not None and x.role != "param"]
-    scaled = [x for x in direct if x.scale is not None and x.level == "full"]
-    weights_differ = any(
-        x.role == "param" and x.metrics is not None and x.metrics.error > 0 for x in consumed
-    )
-    if (
-        r.module_type in LINEAR_TYPES
-        and len(scaled) == 1
-        and r.phase == "forward"
-        and not weights_differ  # else the weights' own scale is in the output's
+    factors = linear_factors(r.module_type, r.phase, r.role, r.index, consumed)
+    if factors is not None and m.level == "full":
+        known = [x.metrics for x in consumed if x.metrics is not None]
         # and nothing else it consumed (a collective it called) carries more error
-        and scope.err <= max((x.error for x in direct), default=0.0)
-    ):
-        return own_bias(m, direct, profile, r.module_type, k) is not None
+        alone = r.phase == "backward" or scope.err <= max((x.error for x in known), default=0.0)
+        if alone and not any(x.error > BIAS_MAX_INPUT_ERROR for x in known):
+            linear = r.module_type in LINEAR_TYPES
+            return own_scale(m, factors, profile, k, linear=linear) is not None
     if scope.err > BIAS_MAX_INPUT_ERROR:
         return False
-    if r.role == "param":
-        return scope.err == 0.0
     excess = abs(m.scale - 1.0) - profile.bias_z * (m.scale_se or 0.0)
-    floor = profile.bias_floor
-    if floor is None:
-        floor = profile.bias_floor_ulps * rounding_floor(m.dtype, k)
+    floor = scale_floor(m.dtype, k, profile)
+    if r.role == "param":  # a cast rounds every weight once: one ulp, as any module
+        return scope.err == 0.0 and excess > floor
     return excess > max(BIAS_GROWTH * scope.bias, floor)
 
 
@@ -343,7 +339,7 @@ def _judge(
     expected_conc = expected_error(_GROWTH * scope.conc, dtype, k)
     amp = max(e / expected, c / expected_conc) if expected > 0 else math.inf
     bad = amp > profile.amplification
-    if not bad and m.bias and m.level == "full":
+    if not bad and significant_scale(m, profile):
         bad = _own_bias(r, m, scope, consumed, profile, k)
     return r.model_copy(
         update={

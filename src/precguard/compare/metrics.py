@@ -41,6 +41,9 @@ REL_FLOOR = 1e-3
 #: contiguous blocks of the flattened tensor over which the scale's standard error is
 #: estimated (fewer when the tensor has fewer elements)
 BIAS_BLOCKS = 64
+#: a dimension with at least this many indices is also a clustering of the scale's
+#: standard error (each index one cluster: a channel's rounded weights, a repeated row)
+BIAS_MIN_CLUSTERS = 16
 #: a slice's relative error is taken against at least this share of rms(golden) per
 #: element, so a slice of near-zero golden values (a causal first position, a dead
 #: channel) does not read as a concentrated error
@@ -174,6 +177,8 @@ class _Acc:
     #: per sliced dimension: sum of (a-g)^2 and of g^2 over each index of that dimension
     slice_dd: dict[int, np.ndarray] = field(default_factory=dict)
     slice_gg: dict[int, np.ndarray] = field(default_factory=dict)
+    #: per sliced dimension: <g, a-g> over each index (the scale's clusters along it)
+    slice_gd: dict[int, np.ndarray] = field(default_factory=dict)
 
     def merge(self, part: _Acc) -> None:
         self.n += part.n
@@ -195,9 +200,11 @@ class _Acc:
             if dim in self.slice_dd:
                 self.slice_dd[dim] += dd
                 self.slice_gg[dim] += part.slice_gg[dim]
+                self.slice_gd[dim] += part.slice_gd[dim]
             else:
                 self.slice_dd[dim] = dd.copy()
                 self.slice_gg[dim] = part.slice_gg[dim].copy()
+                self.slice_gd[dim] = part.slice_gd[dim].copy()
         if part.block_gd is not None and part.block_gg is not None:
             if self.block_gd is None or self.block_gg is None:
                 self.block_gd, self.block_gg = part.block_gd.copy(), part.block_gg.copy()
@@ -489,13 +496,15 @@ def _chunk(g_t: torch.Tensor, a_t: torch.Tensor, start: int, p: _Params) -> _Acc
                 for dim, size, stride in p.slices:
                     acc.slice_gg[dim] = _slice_sums(g2, start, size, stride)
                     acc.slice_dd[dim] = np.zeros(size, dtype=np.float64)
+                    acc.slice_gd[dim] = np.zeros(size, dtype=np.float64)
             return acc
         acc.block_gd = _block_dots(g, d, start, p)
         if p.slices:
-            g2, d2 = g * g, d * d
+            g2, d2, gd2 = g * g, d * d, g * d
             for dim, size, stride in p.slices:
                 acc.slice_dd[dim] = _slice_sums(d2, start, size, stride)
                 acc.slice_gg[dim] = _slice_sums(g2, start, size, stride)
+                acc.slice_gd[dim] = _slice_sums(gd2, start, size, stride)
         gd = float(acc.block_gd.sum())
         # <g,a> and <a,a> from <g,g>, <g,d>, <d,d>: a = g + d
         acc.ga = acc.gg + gd
@@ -567,7 +576,11 @@ def _finish(
     else:
         cosine = 1.0 if g_norm == a_norm else 0.0
     total = max(numel, 1)
-    scale, scale_se = _scale(acc)
+    last = next(((dim, size) for dim, size, stride in slices if stride == 1), None)
+    u = 2.0 ** -SIGNIFICAND_BITS.get(dtype, SIGNIFICAND_BITS["float32"])
+    rows = numel // last[1] if last is not None else numel
+    blocks = acc.block_gg.size if acc.block_gg is not None else 1
+    scale, scale_se = _scale(acc, u, None if last is None else last[0], max(1.0, rows / blocks))
     slice_error, slice_dim, slice_index = _worst_slice(acc, rms, numel, slices)
     peak = acc.max_abs / acc.g_absmax if acc.g_absmax > 0 else (0.0 if acc.max_abs == 0 else None)
     return Metrics(
@@ -598,26 +611,57 @@ def _finish(
     )
 
 
-def _scale(acc: _Acc) -> tuple[float | None, float | None]:
+def _scale(
+    acc: _Acc, u: float = 0.0, channels: int | None = None, rows_per_block: float = 1.0
+) -> tuple[float | None, float | None]:
     """Least-squares scale of actual on golden and its cluster-robust standard error.
 
     ``s - 1 = sum_b c_b / sum_b q_b`` with ``c_b = <g_b, a_b - g_b>`` and
-    ``q_b = <g_b, g_b>`` over the bias blocks; the standard error linearizes that
-    ratio: ``sqrt(B/(B-1) * sum_b (c_b - (s-1) q_b)^2) / sum_b q_b``.
+    ``q_b = <g_b, g_b>`` over clusters ``b``; the standard error linearizes that
+    ratio: ``sqrt(B/(B-1) * sum_b (c_b - (s-1) q_b)^2) / sum_b q_b``. Two kinds of
+    clusters, the larger standard error wins: the :data:`BIAS_BLOCKS` contiguous
+    blocks of the flattened tensor (a row's shared rounding, such as a norm's rounded
+    per-row scale) and the indices of every dimension with at least
+    :data:`BIAS_MIN_CLUSTERS` of them (a rounding shared across rows: a channel's
+    rounded weights, rows that repeat one another), so an error pattern the rows
+    share widens it instead of passing for a bias.
+
+    Where a few clusters hold most of ``<g, g>`` (an outlier channel, a few long
+    rows) their spread says little, so the standard error is at least that of one
+    rounding of unit roundoff ``u`` (uniform: standard deviation ``u / sqrt(3)``)
+    shared within each row (a block holds ``rows_per_block`` of them), or within each
+    index of the ``channels`` dimension (the last one), averaged over the effective
+    number of such clusters ``n_eff = (sum_b q_b)^2 / sum_b q_b^2``:
+    ``u / sqrt(3 n_eff)``.
     """
     if acc.block_gd is None or acc.block_gg is None or not acc.gg > 0:
         return None, None
-    q = acc.block_gg
-    c = acc.block_gd
-    total = float(q.sum())
+    total = float(acc.block_gg.sum())
     if not (total > 0 and math.isfinite(total)):
         return None, None
-    bias = float(c.sum()) / total
-    used = int(np.count_nonzero(q))
-    if used < 2:
+    bias = float(acc.block_gd.sum()) / total
+    se: float | None = None
+    clusters = [(acc.block_gd, acc.block_gg)]
+    clusters += [
+        (acc.slice_gd[dim], acc.slice_gg[dim])
+        for dim in acc.slice_gd
+        if acc.slice_gd[dim].size >= BIAS_MIN_CLUSTERS
+    ]
+    for c, q in clusters:
+        used = int(np.count_nonzero(q))
+        if used < 2:
+            continue
+        resid = c - bias * q
+        one = math.sqrt(used / (used - 1) * float(np.dot(resid, resid))) / total
+        se = one if se is None else max(se, one)
+    if se is None:  # one element or one cluster: no spread to measure
         return 1.0 + bias, None
-    resid = c - bias * q
-    se = math.sqrt(used / (used - 1) * float(np.dot(resid, resid))) / total
+    shared = [(acc.block_gg, rows_per_block)]
+    if channels is not None and channels in acc.slice_gg:
+        shared.append((acc.slice_gg[channels], 1.0))
+    for q, per in shared:
+        n_eff = per * total**2 / float(np.dot(q, q))
+        se = max(se, u / math.sqrt(3.0 * n_eff))
     return 1.0 + bias, se
 
 
