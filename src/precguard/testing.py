@@ -235,7 +235,7 @@ def _compare(
     context: session.TestContext | None,
 ) -> GoldenCheck:
     __tracebackhide__ = True
-    from precguard.compare import compare_runs
+    from precguard.compare import compare_recordings
     from precguard.compare.options import CompareOptions
     from precguard.errors import PrecguardError
 
@@ -253,7 +253,7 @@ def _compare(
             "with the test",
         )
     try:
-        result = compare_runs(golden, recording, CompareOptions(profile=profile))
+        result = compare_recordings(golden, recording, CompareOptions(profile=profile))
     except PrecguardError as exc:
         raise fail(
             "unusable",

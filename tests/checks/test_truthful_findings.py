@@ -244,7 +244,7 @@ def test_a_layerwise_match_over_no_paired_record_is_not_a_pass(monkeypatch, tupl
         suspects=[],
     )
     monkeypatch.setattr(precguard.runner, "record_target", lambda *a, **k: None)
-    monkeypatch.setattr(precguard.compare, "compare_runs", lambda *a, **k: nothing)
+    monkeypatch.setattr(precguard.compare, "compare_recordings", lambda *a, **k: nothing)
     d = precguard.check(
         "llama-finetune", handmade("tuple_batch"), golden=tuple_golden, only=["layerwise"]
     )

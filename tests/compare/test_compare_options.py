@@ -61,7 +61,7 @@ def test_a_worker_rebuilds_the_same_options_from_their_json(tmp_path):
 def test_layout_is_precguard_compare_runs_argument_not_the_subpackages(tmp_path):
     # the layout branch lives above compare (precguard.layout.compare); compare itself
     # says where to find it rather than ignoring the argument
-    from precguard.compare import compare_runs as compare_recordings
+    from precguard.compare import compare_recordings
     from precguard.layout.compare import compare_runs
 
     golden, actual = write_pair(tmp_path)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from precguard.compare import compare_runs
+from precguard.compare import compare_recordings as compare_runs
 from precguard.dump.reader import load_run
 from precguard.runner import record_target
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from precguard.cli import main
-from precguard.compare import compare_runs
+from precguard.compare import compare_recordings as compare_runs
 from precguard.targets import build_tiny_llama, lm_batch
 
 

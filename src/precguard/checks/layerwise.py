@@ -19,7 +19,7 @@ def first_divergence(ctx: CheckContext, profile: str = "default") -> Finding:
     if ctx.golden is None:
         raise NotApplicable("no golden recording given (--golden DIR)")
     try:
-        from precguard.compare import compare_runs
+        from precguard.compare import compare_recordings
     except ImportError as exc:  # compare is an optional part of some installs
         raise NotApplicable(f"precguard.compare is not available ({exc})") from exc
     from precguard.dump.reader import load_run
@@ -39,7 +39,7 @@ def first_divergence(ctx: CheckContext, profile: str = "default") -> Finding:
             tensors=options.get("tensors", False),
             overwrite=True,
         )
-        result = compare_runs(ctx.golden, f"{tmp}/actual", profile=profile)
+        result = compare_recordings(ctx.golden, f"{tmp}/actual", profile=profile)
     counts = result.counts.model_dump() if hasattr(result.counts, "model_dump") else result.counts
     evidence: dict[str, Any] = {
         "golden": str(ctx.golden),

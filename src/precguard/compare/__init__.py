@@ -1,7 +1,7 @@
 """Compare two recordings: align records, measure error, name the layer that introduced it.
 
-The function is :func:`precguard.compare_runs`; ``compare_runs`` here is the same
-without ``layout=`` (the layout branch lives above, in :mod:`precguard.layout.compare`,
+The function is :func:`precguard.compare_runs`; :func:`compare_recordings` here is the
+same without ``layout=`` (the layout branch lives above, in :mod:`precguard.layout.compare`,
 and calls it). ``precguard.compare`` is this subpackage, not a callable. How to
 compare is one :class:`CompareOptions`.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from precguard.compare.engine import IncomparableRunsError, fingerprint_diff
 from precguard.compare.options import CompareOptions
 from precguard.compare.report import Comparison, FirstDivergence, Metrics, RecordResult
-from precguard.compare.runs import compare_runs
+from precguard.compare.runs import compare_recordings
 from precguard.compare.tolerance import PROFILES, Profile, get_profile
 
 __all__ = [
@@ -27,7 +27,7 @@ __all__ = [
     "Metrics",
     "Profile",
     "RecordResult",
-    "compare_runs",
+    "compare_recordings",
     "fingerprint_diff",
     "get_profile",
 ]

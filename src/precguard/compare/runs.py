@@ -1,4 +1,4 @@
-"""``compare_runs``: compare two recordings (or msprobe dumps), on one process or many.
+"""``compare_recordings``: compare two recordings (or msprobe dumps), on one process or many.
 
 The top of the compare package: it opens both sides (an msprobe dump is converted
 through :mod:`precguard.interop.msprobe`, the same way for the CLI and for
@@ -72,7 +72,7 @@ def with_names(result: _Result, golden: Side, actual: Side) -> _Result:
     return result.model_copy(update={"golden": golden.name, "actual": actual.name})
 
 
-def compare_runs(
+def compare_recordings(
     golden: str | os.PathLike[str] | Run,
     actual: str | os.PathLike[str] | Run,
     options: CompareOptions | None = None,
@@ -107,7 +107,7 @@ def compare_runs(
     if "layout" in settings:
         raise UsageError(
             "layout= is taken by precguard.compare_runs (precguard.layout.compare_layout); "
-            "precguard.compare.compare_runs compares the recordings as they are"
+            "precguard.compare.compare_recordings compares the recordings as they are"
         )
     options = compare_options(options, **settings)
     g, a = open_side(golden), open_side(actual)

@@ -2,7 +2,7 @@
 
 :func:`compare_layout` gathers each many-rank side into a one-rank view
 (:class:`~precguard.layout.view.LayoutViews`), has
-:func:`precguard.compare.compare_runs` compare the views as it compares any
+:func:`precguard.compare.compare_recordings` compare the views as it compares any
 recordings, and maps the result back onto the real recordings and ranks.
 :func:`compare_runs` is the public ``precguard.compare_runs``: that function,
 with ``layout=`` as well.
@@ -17,8 +17,7 @@ from typing import Any
 
 from precguard.compare.options import CompareOptions, compare_options
 from precguard.compare.report import Comparison
-from precguard.compare.runs import compare_runs as compare_recordings
-from precguard.compare.runs import named, open_side, with_names
+from precguard.compare.runs import compare_recordings, named, open_side, with_names
 from precguard.dump.reader import Run
 from precguard.errors import PrecguardError, UsageError
 from precguard.layout.spec import LayoutSpec
@@ -39,7 +38,7 @@ def compare_layout(
     ``layout`` is a layout spec (YAML file, shipped name or :class:`LayoutSpec`, see
     docs/layouts.md); the first divergence names the rank whose shard holds the
     error. ``options`` and the keyword ``settings`` are those of
-    :func:`precguard.compare.compare_runs`; ``rank`` cannot be given (the ranks are
+    :func:`precguard.compare.compare_recordings`; ``rank`` cannot be given (the ranks are
     gathered), nor ``calibration`` when the golden itself is gathered.
     """
     options = compare_options(options, **settings)
@@ -73,7 +72,7 @@ def compare_runs(
 ) -> Comparison:
     """Compare an ``actual`` recording with a ``golden`` one and name where they diverge.
 
-    ``precguard.compare_runs``: :func:`precguard.compare.compare_runs` (recordings or
+    ``precguard.compare_runs``: :func:`precguard.compare.compare_recordings` (recordings or
     msprobe dumps; ``options`` or its keyword ``settings``: ``profile``, ``rtol``,
     ``atol``, ``rank``, ``step``, ``suspects``, ``tolerance_dtype``, ``rename``,
     ``workers``, ``calibration``, see :class:`~precguard.compare.options.CompareOptions`),
