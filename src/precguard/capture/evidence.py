@@ -98,6 +98,8 @@ class EvidencePlan(NamedTuple):
 
     seed: int
     index: torch.Tensor
+    #: the same indices as a NumPy array (the CPU path gathers with ``np.take``)
+    host_index: np.ndarray
     #: sequence dimension, or None when no per-position norms are kept
     seq_dim: int | None
     #: consecutive positions per norm, number of norms, sequence length
@@ -116,13 +118,15 @@ def plan_for(shape: tuple[int, ...], device: torch.device, positions: bool) -> E
     if plan is not None:
         _PLANS.move_to_end(key)
         return plan
-    index = torch.from_numpy(sample_indices(shape)).to(device)
+    host_index = sample_indices(shape)
+    index = torch.from_numpy(host_index).to(device)
     seq = sequence_dim(shape) if positions else None
     length = shape[seq] if seq is not None else 0
     per = max(1, -(-length // POSITION_BINS))
     plan = EvidencePlan(
         seed=sample_seed(shape),
         index=index,
+        host_index=host_index,
         seq_dim=seq,
         bin=per,
         bins=-(-length // per) if length else 0,
@@ -155,6 +159,19 @@ def gather(x: torch.Tensor, plan: EvidencePlan) -> torch.Tensor:
             sq = torch.nn.functional.pad(sq, (0, pad))
         sq = sq.view(plan.bins, plan.bin).sum(1)
     return torch.cat([sample, sq.sqrt()])
+
+
+def binned_norms(squares: np.ndarray, plan: EvidencePlan, dtype: np.dtype) -> np.ndarray:
+    """Per-position norms in ``dtype`` from per-position sums of squares (the CPU path).
+
+    ``squares`` (float64, one per position) is binned like :func:`gather` does.
+    """
+    if plan.bin > 1:
+        pad = plan.bins * plan.bin - plan.length
+        if pad:
+            squares = np.pad(squares, (0, pad))
+        squares = squares.reshape(plan.bins, plan.bin).sum(1)
+    return np.sqrt(squares).astype(dtype)
 
 
 def encode(values: np.ndarray) -> str:

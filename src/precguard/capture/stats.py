@@ -138,14 +138,21 @@ class StatsBuffer:
             slot = len(self._numel)
             deferred = self._defer or x.device.type != "cpu"
             ev: tuple[_evidence.EvidencePlan, Any] | None = None
+            plan = None
             if self._evidence_on and t.is_floating_point():
                 plan = _evidence.plan_for(tuple(x.shape), x.device, positions)
-                values = _evidence.gather(x, plan)
-                ev = (plan, values if deferred else values.numpy())
             if deferred:
+                if plan is not None:
+                    ev = (plan, _evidence.gather(x, plan))
                 finite = self._add_device(x, n, slot, need_finite)
             else:
-                row = _host_stats(x, n)
+                if type(x) is torch.Tensor:
+                    row, values = _host_stats(x, n, plan)
+                else:  # a subclass: torch's ops, so its own dispatch sees them
+                    row = _subclass_stats(x, n)
+                    values = None if plan is None else _evidence.gather(x, plan).numpy()
+                if plan is not None:
+                    ev = (plan, values)
                 self._host.append(row)
                 finite = row[6] == 0 and row[7] == 0
         finally:
@@ -262,13 +269,108 @@ class StatsBuffer:
         self._cache.clear()
 
 
-def _host_stats(x: torch.Tensor, n: int) -> tuple[float, ...]:
+#: the longest run of elements one ``vector_norm`` sums on the CPU: longer rows are
+#: split (its float32 rounding grows with the length: ~10 unit roundoffs at 16384)
+MAX_ROW = 16384
+
+
+def _host_stats(
+    x: torch.Tensor, n: int, plan: _evidence.EvidencePlan | None
+) -> tuple[tuple[float, ...], np.ndarray | None]:
     """``(min, max, mean, std, l2, nonzero, nan, inf)`` of a float32/float64 CPU tensor.
 
-    ``aminmax``, ``sum``, the squared deviations and ``count_nonzero`` are
-    multi-threaded passes on the CPU; ``var_mean`` alone costs ~10x all of
-    them. Counting zeros on the float values (not on integer bit
-    patterns plus a ``-0.0`` check) is one pass instead of two and no slower.
+    Also the evidence values of ``plan`` (sampled elements, then per-position
+    norms), or None without a plan. ``x`` is a plain ``torch.Tensor``. The passes
+    over the tensor, each a fast vectorized kernel:
+
+    * min and max (NumPy's, on the same memory: half of ``aminmax``'s time);
+    * ``sum`` (torch's cascaded float32 sum, as every path records the mean);
+    * the squares by rows: ``vector_norm`` along the last dimension (no tensor
+      allocated), rows longer than :data:`MAX_ROW` split; the squared row norms
+      are summed in float64. They give ``l2`` (positive terms, no cancellation)
+      and the per-position norms of the evidence, both from the same pass;
+    * zeros only when ``min <= 0 <= max`` (NumPy's ``== 0``, counted as bools:
+      a third of ``count_nonzero``'s time; ``-0.0 == 0``).
+
+    ``std`` comes from ``sum x^2 - n mean^2`` when ``2 n mean^2 <= sum x^2``: the
+    cancellation at most doubles the relative rounding of ``sum x^2``. Otherwise
+    (|mean| comparable to or above the std: norm weights) from the second pass
+    ``sum (x - mean)^2``, exact to float32 rounding whatever |mean|/std. NaN/Inf
+    counts, ``vector_norm`` and ``std`` run only when min or max is not finite.
+    """
+    a = x.numpy()
+    mn, mx = float(a.min()), float(a.max())
+    total = x.sum().item()
+    mean = total / n
+    nonzero = n if mn > 0.0 or mx < 0.0 else n - int(np.count_nonzero(a == 0))
+    rows = _row_squares(x)
+    values = None
+    if plan is not None:
+        sample = np.take(a, plan.host_index)
+        if plan.seq_dim is None:
+            values = sample
+        else:
+            seq = plan.seq_dim
+            per = rows.sum(axis=tuple(range(seq))) if seq else rows
+            sumsq = float(per.sum())
+            values = np.concatenate([sample, _evidence.binned_norms(per, plan, a.dtype)])
+    if plan is None or plan.seq_dim is None:
+        sumsq = float(rows.sum())
+    if math.isfinite(mn) and math.isfinite(mx):
+        nan = inf = 0
+        l2 = math.sqrt(sumsq)
+        square_mean = n * mean * mean
+        if 2.0 * square_mean <= sumsq < math.inf:
+            spread = sumsq - square_mean
+        else:  # |mean| >= std / 1.4, or squares beyond float32: the spread as its own pass
+            dev = x - mean
+            dev.mul_(dev)
+            spread = dev.sum().item()
+        std = math.sqrt(spread / (n - 1)) if n > 1 else 0.0
+    else:
+        nan = int(torch.isnan(x).sum().item())
+        inf = int(torch.isinf(x).sum().item())
+        l2 = torch.linalg.vector_norm(x).item()
+        std = torch.std(x, correction=1 if n > 1 else 0).item()
+    return (mn, mx, mean, std, l2, nonzero, nan, inf), values
+
+
+def _row_squares(x: torch.Tensor) -> np.ndarray:
+    """The sum of squares along the last dimension of ``x``, in float64 (shape ``x.shape[:-1]``).
+
+    A contiguous last dimension goes through ``vector_norm`` (rows longer than
+    :data:`MAX_ROW` split into equal parts when the length allows); any other
+    through torch's cascaded ``sum`` of the squares, allocated.
+    """
+    if x.dim() == 0:
+        x = x.reshape(1)
+    length = x.shape[-1]
+    if x.stride(-1) == 1 or length == 1:
+        parts = _row_parts(length)
+        if parts == 1:
+            norms = torch.linalg.vector_norm(x, dim=-1).numpy().astype(np.float64)
+            return norms * norms
+        if parts:
+            split = x.view(*x.shape[:-1], parts, length // parts)
+            norms = torch.linalg.vector_norm(split, dim=-1).numpy().astype(np.float64)
+            return (norms * norms).sum(-1)
+    return x.square().sum(-1).numpy().astype(np.float64)
+
+
+def _row_parts(length: int) -> int:
+    """Into how many equal parts of at most :data:`MAX_ROW` to split a row (0: none fits)."""
+    least = -(-length // MAX_ROW)
+    for parts in range(least, 4 * least + 1):
+        if length % parts == 0:
+            return parts
+    return 0
+
+
+def _subclass_stats(x: torch.Tensor, n: int) -> tuple[float, ...]:
+    """The statistics row of a tensor subclass's CPU tensor, through torch's own ops.
+
+    Two passes for the spread (``sum (x - mean)^2``) and ``l2`` from it: the same
+    numbers as :func:`_host_stats` within float32 rounding.
     """
     mn_t, mx_t = torch.aminmax(x)
     total = x.sum().item()
@@ -277,11 +379,6 @@ def _host_stats(x: torch.Tensor, n: int) -> tuple[float, ...]:
     mean = total / n
     if math.isfinite(mn) and math.isfinite(mx):
         nan = inf = 0
-        # Two passes: the spread about the mean, then l2^2 = sum (x-mean)^2 + n mean^2
-        # (no cancellation). The one-pass sum x^2 - n mean^2 loses sum x^2 / (n var)
-        # times its rounding (25x the fp32 statistics tolerance for norm weights), and
-        # torch's float32 vector_norm rounds ~1e-5 on 1M elements; a cascaded sum does not.
-        # An error d in the mean only adds d^2 to the variance.
         dev = x - mean
         dev.mul_(dev)
         spread = dev.sum().item()
