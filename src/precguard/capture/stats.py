@@ -272,6 +272,9 @@ class StatsBuffer:
 #: the longest run of elements one ``vector_norm`` sums on the CPU: longer rows are
 #: split (its float32 rounding grows with the length: ~10 unit roundoffs at 16384)
 MAX_ROW = 16384
+#: elements per chunk of a large contiguous CPU tensor (1 MiB of float32): all passes
+#: over one chunk run while it sits in the core's cache, then the next chunk
+CHUNK = 1 << 18
 
 
 def _host_stats(
@@ -284,13 +287,18 @@ def _host_stats(
     over the tensor, each a fast vectorized kernel:
 
     * min and max (NumPy's, on the same memory: half of ``aminmax``'s time);
-    * ``sum`` (torch's cascaded float32 sum, as every path records the mean);
+    * ``sum`` (torch's cascaded float32 sum);
     * the squares by rows: ``vector_norm`` along the last dimension (no tensor
       allocated), rows longer than :data:`MAX_ROW` split; the squared row norms
       are summed in float64. They give ``l2`` (positive terms, no cancellation)
       and the per-position norms of the evidence, both from the same pass;
     * zeros only when ``min <= 0 <= max`` (NumPy's ``== 0``, counted as bools:
       a third of ``count_nonzero``'s time; ``-0.0 == 0``).
+
+    A contiguous tensor of more than two :data:`CHUNK` runs them chunk by chunk
+    (whole rows each), so only the first pass over a chunk reads memory: the
+    logits of a 32k vocabulary cost half. Its sum is then the float32 sums of
+    the chunks added in float64.
 
     ``std`` comes from ``sum x^2 - n mean^2`` when ``2 n mean^2 <= sum x^2``: the
     cancellation at most doubles the relative rounding of ``sum x^2``. Otherwise
@@ -299,11 +307,17 @@ def _host_stats(
     counts, ``vector_norm`` and ``std`` run only when min or max is not finite.
     """
     a = x.numpy()
-    mn, mx = float(a.min()), float(a.max())
-    total = x.sum().item()
+    row = _row_length(x)
+    if row and n > 2 * CHUNK and x.is_contiguous():
+        mn, mx, total, nonzero, norms = _scan_chunks(x, a, n, row)
+        norms = norms.astype(np.float64)
+        rows = (norms * norms).reshape(*x.shape[:-1], -1).sum(-1)
+    else:
+        mn, mx = float(a.min()), float(a.max())
+        total = x.sum().item()
+        nonzero = n if mn > 0.0 or mx < 0.0 else n - int(np.count_nonzero(a == 0))
+        rows = _row_squares(x, row)
     mean = total / n
-    nonzero = n if mn > 0.0 or mx < 0.0 else n - int(np.count_nonzero(a == 0))
-    rows = _row_squares(x)
     values = None
     if plan is not None:
         sample = np.take(a, plan.host_index)
@@ -335,35 +349,59 @@ def _host_stats(
     return (mn, mx, mean, std, l2, nonzero, nan, inf), values
 
 
-def _row_squares(x: torch.Tensor) -> np.ndarray:
-    """The sum of squares along the last dimension of ``x``, in float64 (shape ``x.shape[:-1]``).
+def _scan_chunks(
+    x: torch.Tensor, a: np.ndarray, n: int, row: int
+) -> tuple[float, float, float, int, np.ndarray]:
+    """Min, max, sum, nonzero count and row norms of contiguous ``x``, chunk by chunk.
 
-    A contiguous last dimension goes through ``vector_norm`` (rows longer than
-    :data:`MAX_ROW` split into equal parts when the length allows); any other
-    through torch's cascaded ``sum`` of the squares, allocated.
+    ``a`` is ``x``'s memory as NumPy; rows are ``row`` consecutive elements.
     """
-    if x.dim() == 0:
-        x = x.reshape(1)
-    length = x.shape[-1]
-    if x.stride(-1) == 1 or length == 1:
-        parts = _row_parts(length)
-        if parts == 1:
-            norms = torch.linalg.vector_norm(x, dim=-1).numpy().astype(np.float64)
-            return norms * norms
-        if parts:
-            split = x.view(*x.shape[:-1], parts, length // parts)
-            norms = torch.linalg.vector_norm(split, dim=-1).numpy().astype(np.float64)
-            return (norms * norms).sum(-1)
-    return x.square().sum(-1).numpy().astype(np.float64)
+    rows = x.view(-1, row)
+    flat = a.reshape(-1)
+    per = max(1, CHUNK // row)
+    mins, maxs, norms = [], [], []
+    total, nonzero = 0.0, n
+    for start in range(0, rows.shape[0], per):
+        part = flat[start * row : (start + per) * row]
+        lo, hi = part.min(), part.max()
+        mins.append(lo)
+        maxs.append(hi)
+        total += rows[start : start + per].sum().item()
+        if not (lo > 0.0 or hi < 0.0):
+            nonzero -= int(np.count_nonzero(part == 0))
+        norms.append(torch.linalg.vector_norm(rows[start : start + per], dim=-1).numpy())
+    # NumPy's min and max of the chunks' propagate a NaN, as the whole tensor's would
+    return float(np.min(mins)), float(np.max(maxs)), total, nonzero, np.concatenate(norms)
 
 
-def _row_parts(length: int) -> int:
-    """Into how many equal parts of at most :data:`MAX_ROW` to split a row (0: none fits)."""
+def _row_length(x: torch.Tensor) -> int:
+    """The length of the rows ``vector_norm`` sums: the last dimension, split when longer
+    than :data:`MAX_ROW`; 0 when it is not contiguous or does not split evenly."""
+    length = x.shape[-1] if x.dim() else 1
+    if x.dim() and x.stride(-1) != 1 and length > 1:
+        return 0
     least = -(-length // MAX_ROW)
     for parts in range(least, 4 * least + 1):
         if length % parts == 0:
-            return parts
+            return length // parts
     return 0
+
+
+def _row_squares(x: torch.Tensor, row: int) -> np.ndarray:
+    """The sum of squares along the last dimension of ``x``, in float64 (shape ``x.shape[:-1]``).
+
+    Rows of length ``row`` (:func:`_row_length`) go through ``vector_norm``;
+    without one (0), torch's cascaded ``sum`` of the squares, allocated.
+    """
+    if x.dim() == 0:
+        x = x.reshape(1)
+    if not row:
+        return x.square().sum(-1).numpy().astype(np.float64)
+    length = x.shape[-1]
+    split = x if row == length else x.view(*x.shape[:-1], length // row, row)
+    norms = torch.linalg.vector_norm(split, dim=-1).numpy().astype(np.float64)
+    squares = norms * norms
+    return squares if row == length else squares.sum(-1)
 
 
 def _subclass_stats(x: torch.Tensor, n: int) -> tuple[float, ...]:
