@@ -20,8 +20,10 @@ floating tensor also keeps:
   where an error is concentrated, and a lower bound on the relative L2 error.
 
 Both are gathered on the tensor's device into the statistics buffer and come
-to the host with the step's statistics (no host sync per tensor). The index
-set of a shape is built once and cached.
+to the host with the step's statistics (no host sync per tensor); on the CPU
+the per-position norms come from the same row norms as the tensor's ``l2``
+(:func:`precguard.capture.stats._host_stats`), the sample from ``np.take``. The
+index set of a shape is built once and cached.
 """
 
 from __future__ import annotations
@@ -140,6 +142,8 @@ def plan_for(shape: tuple[int, ...], device: torch.device, positions: bool) -> E
 
 def gather(x: torch.Tensor, plan: EvidencePlan) -> torch.Tensor:
     """The sampled elements of ``x`` followed by its binned per-position norms, on its device.
+
+    The accelerator (deferred) path's, and a CPU tensor subclass's.
 
     ``x`` is float32 or float64, detached; ``torch.take`` reads the flat C-order
     indices of any strided layout without copying the tensor.

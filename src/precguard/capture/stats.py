@@ -5,12 +5,17 @@ NaN and Inf counts; l2 from the variance and mean) stays on the device, stacked
 into two small tensors per tensor, and all tensors' statistics of a step come
 to the host in one transfer.
 
-On the CPU, reading a scalar is free, so the code branches: ``aminmax``,
-``sum``, ``count_nonzero`` and the squared deviations from the mean (fast
-multi-threaded passes; std and l2 both from those, so neither cancels), and
-NaN/Inf counts, ``vector_norm`` and ``std`` only when min or max is not finite
-(any NaN or Inf makes one of them so): both paths then agree within float32
-rounding, also for tensors whose |mean| is far above their std.
+On the CPU, reading a scalar is free, so the code branches (see
+:func:`_host_stats`): min and max through NumPy on the tensor's memory, torch's
+``sum``, the squares once by rows (``vector_norm`` along the last dimension,
+the squared row norms summed in float64: ``l2``, and the evidence's
+per-position norms from the same pass), zeros counted only when ``min <= 0 <=
+max``; ``std`` from ``sum x^2 - n mean^2`` where that cancellation at most
+doubles the rounding, else from the spread about the mean as a second pass.
+Large contiguous tensors go chunk by chunk, so the passes over a chunk run from
+the core's cache. NaN/Inf counts only when min or max is not finite. Both paths
+agree within float32 rounding, also for tensors whose |mean| is far above
+their std.
 
 This runs for every tensor of every module call, so it is written for the
 interpreter as much as for the machine: no context manager per tensor (the
