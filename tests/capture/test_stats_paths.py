@@ -185,8 +185,17 @@ EDGE_CASES = {
 }
 
 
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request):
+    """torch's intra-op threads: one takes NumPy's passes and chunks, more torch's own."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("name", list(EDGE_CASES))
-def test_host_path_equals_the_straightforward_computation(name):
+def test_host_path_equals_the_straightforward_computation(name, threads):
     torch.manual_seed(0)
     t = EDGE_CASES[name]()
     buf = StatsBuffer()

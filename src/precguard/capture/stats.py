@@ -280,6 +280,9 @@ MAX_ROW = 16384
 #: elements per chunk of a large contiguous CPU tensor (1 MiB of float32): all passes
 #: over one chunk run while it sits in the core's cache, then the next chunk
 CHUNK = 1 << 18
+#: with more than one torch thread, tensors of this many elements or more take torch's
+#: multi-threaded reductions (``aminmax``, ``count_nonzero``) and no chunk loop
+PARALLEL = 1 << 17
 
 
 def _host_stats(
@@ -300,7 +303,10 @@ def _host_stats(
     * zeros only when ``min <= 0 <= max`` (NumPy's ``== 0``, counted as bools:
       a third of ``count_nonzero``'s time; ``-0.0 == 0``).
 
-    A contiguous tensor of more than two :data:`CHUNK` runs them chunk by chunk
+    With more than one torch thread, a tensor of :data:`PARALLEL` elements or more
+    takes torch's multi-threaded ``aminmax`` and ``count_nonzero`` instead (the
+    same exact numbers). Otherwise a contiguous tensor of more than two
+    :data:`CHUNK` runs them chunk by chunk
     (whole rows each), so only the first pass over a chunk reads memory: the
     logits of a 32k vocabulary cost half. Its sum is then the float32 sums of
     the chunks added in float64.
@@ -313,7 +319,14 @@ def _host_stats(
     """
     a = x.numpy()
     row = _row_length(x)
-    if row and n > 2 * CHUNK and x.is_contiguous():
+    if n >= PARALLEL and torch.get_num_threads() > 1:
+        # NumPy's passes and the chunk loop run on one core: torch's own spread over all
+        mn_t, mx_t = torch.aminmax(x)
+        mn, mx = mn_t.item(), mx_t.item()
+        total = x.sum().item()
+        nonzero = n if mn > 0.0 or mx < 0.0 else torch.count_nonzero(x).item()
+        rows = _row_squares(x, row)
+    elif row and n > 2 * CHUNK and x.is_contiguous():
         mn, mx, total, nonzero, norms = _scan_chunks(x, a, n, row)
         norms = norms.astype(np.float64)
         rows = (norms * norms).reshape(*x.shape[:-1], -1).sum(-1)
