@@ -174,6 +174,7 @@ EDGE_CASES = {
     "long_rows": lambda: 1.0 + torch.randn(2, 40000),
     "prime_rows": lambda: torch.randn(3, 20011),
     "scalar": lambda: torch.tensor(-2.5),
+    "negative_view": lambda: torch._neg_view(torch.randn(8, 8)),  # NumPy refuses it
     "positive": lambda: torch.rand(64, 64) + 0.5,  # min > 0: no zeros, none counted
     # squares beyond float32's range: inf, as the deferred path's float32 gives
     "huge": lambda: torch.tensor([3e38, -3e38, 1.0, 0.0]),

@@ -180,7 +180,8 @@ def binned_norms(squares: np.ndarray, plan: EvidencePlan, dtype: np.dtype) -> np
 
 def encode(values: np.ndarray) -> str:
     """Little-endian base64 of ``values`` (float32 or float64): exact and ~5 characters each."""
-    return base64.b64encode(values.astype(values.dtype.newbyteorder("<")).tobytes()).decode()
+    little = values.astype(values.dtype.newbyteorder("<"), copy=False)  # no copy on x86/ARM
+    return base64.b64encode(little.tobytes()).decode()
 
 
 def record_fields(plan: EvidencePlan, values: np.ndarray) -> dict[str, Any]:

@@ -151,9 +151,9 @@ class StatsBuffer:
                     ev = (plan, _evidence.gather(x, plan))
                 finite = self._add_device(x, n, slot, need_finite)
             else:
-                if type(x) is torch.Tensor:
+                if type(x) is torch.Tensor and not x.is_neg():
                     row, values = _host_stats(x, n, plan)
-                else:  # a subclass: torch's ops, so its own dispatch sees them
+                else:  # a subclass (or a lazily negated view): torch's own ops
                     row = _subclass_stats(x, n)
                     values = None if plan is None else _evidence.gather(x, plan).numpy()
                 if plan is not None:
