@@ -28,8 +28,9 @@ index set of a shape is built once and cached.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import math
+import sys
 import zlib
 from collections import OrderedDict
 from typing import Any, NamedTuple
@@ -47,6 +48,7 @@ SAMPLE_RULE = 1
 #: per-position norms are binned into at most this many runs of consecutive positions
 POSITION_BINS = 256
 _PLAN_CACHE = 1024
+_BIG_ENDIAN = sys.byteorder == "big"
 
 
 def sequence_dim(shape: tuple[int, ...]) -> int | None:
@@ -180,13 +182,15 @@ def binned_norms(squares: np.ndarray, plan: EvidencePlan, dtype: np.dtype) -> np
 
 def encode(values: np.ndarray) -> str:
     """Little-endian base64 of ``values`` (float32 or float64): exact and ~5 characters each."""
-    little = values.astype(values.dtype.newbyteorder("<"), copy=False)  # no copy on x86/ARM
-    return base64.b64encode(little.tobytes()).decode()
+    if values.dtype.byteorder == ">" or (values.dtype.byteorder == "=" and _BIG_ENDIAN):
+        values = values.astype(values.dtype.newbyteorder("<"))
+    # binascii directly: base64.b64encode is a wrapper around it (the same bytes)
+    return binascii.b2a_base64(values.tobytes(), newline=False).decode("ascii")
 
 
 def record_fields(plan: EvidencePlan, values: np.ndarray) -> dict[str, Any]:
     """The record fields (``sample``, ``positions``) of one tensor's gathered evidence."""
-    n = plan.index.numel()
+    n = plan.host_index.size
     dtype = "float64" if values.dtype == np.float64 else "float32"
     out: dict[str, Any] = {
         "sample": {"seed": plan.seed, "dtype": dtype, "values": encode(values[:n])}
