@@ -5,8 +5,10 @@
 time per record (best of ``--repeat`` rounds) for batches shaped like a
 LLaMA step's (statistics of forward outputs), next to the plain
 ``json.dumps`` of the same dicts without validation, the cheapest a
-hand-written writer could be. Multiply by the records per step
-(``benchmarks/overhead.py`` prints them) to compare with a forward's time.
+hand-written writer could be, and capture's ``trusted=True`` batches (each
+record layout validated once per writer, so a steady run validates none).
+Multiply by the records per step (``benchmarks/overhead.py`` prints them) to
+compare with a forward's time.
 
     .venv/bin/python benchmarks/record_write.py [--records 2000] [--repeat 7]
 """
@@ -61,6 +63,14 @@ def main() -> None:
             timeit.repeat(lambda: writer.write_records(batch), number=1, repeat=args.repeat)
         )
         writer.close()
+        # capture's batches: each record layout validated once per writer
+        writer = RunWriter(Path(tmp) / "trusted")
+        trusted = min(
+            timeit.repeat(
+                lambda: writer.write_records(batch, trusted=True), number=1, repeat=args.repeat
+            )
+        )
+        writer.close()
 
     def plain() -> str:
         return "\n".join(json.dumps(r, separators=(",", ":"), allow_nan=True) for r in batch)
@@ -69,6 +79,7 @@ def main() -> None:
     per = 1e6 / args.records
     print(f"records per batch:                 {args.records}")
     print(f"write_records (validated, pydantic JSON): {validated * per:6.2f} us/record")
+    print(f"write_records(trusted=True), steady:     {trusted * per:6.2f} us/record")
     print(f"json.dumps only (no validation, no I/O):  {unvalidated * per:6.2f} us/record")
 
 

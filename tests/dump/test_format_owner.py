@@ -62,6 +62,26 @@ def test_an_invalid_record_is_refused_before_anything_is_written(tmp_path):
     assert (tmp_path / "run" / "rank0" / "records.jsonl").read_bytes() == b""
 
 
+def test_capture_batches_validate_each_new_layout_and_write_the_same_lines(tmp_path):
+    """``trusted`` (capture's own records) checks a layout once; a refused one stays refused."""
+    plain, trusted = RunWriter(tmp_path / "plain"), RunWriter(tmp_path / "trusted")
+    batches = [[_record(0), _record(1)], [_record(2, min=-math.inf)], [_record(3) | {"call": 1}]]
+    for batch in batches:
+        plain.write_records(batch)
+        trusted.write_records(batch, trusted=True)
+    missing = _record(5)
+    del missing["dtype"]  # a field set not seen before: validated, and refused
+    for _ in range(2):  # refused again: a layout is remembered only once it passed
+        with pytest.raises(ValueError, match=r"record 'layer.0.forward.output.5'.*dtype"):
+            trusted.write_records([missing], trusted=True)
+    plain.close()
+    trusted.close()
+
+    assert (tmp_path / "trusted" / "rank0" / "records.jsonl").read_bytes() == (
+        tmp_path / "plain" / "rank0" / "records.jsonl"
+    ).read_bytes()
+
+
 def test_non_finite_statistics_are_strict_json_and_read_back(tmp_path):
     writer = RunWriter(tmp_path / "run")
     writer.write_records(

@@ -20,14 +20,17 @@ floating tensor also keeps:
   where an error is concentrated, and a lower bound on the relative L2 error.
 
 Both are gathered on the tensor's device into the statistics buffer and come
-to the host with the step's statistics (no host sync per tensor). The index
-set of a shape is built once and cached.
+to the host with the step's statistics (no host sync per tensor); on the CPU
+the per-position norms come from the same row norms as the tensor's ``l2``
+(:func:`precguard.capture.stats._host_stats`), the sample from ``np.take``. The
+index set of a shape is built once and cached.
 """
 
 from __future__ import annotations
 
-import base64
+import binascii
 import math
+import sys
 import zlib
 from collections import OrderedDict
 from typing import Any, NamedTuple
@@ -45,6 +48,7 @@ SAMPLE_RULE = 1
 #: per-position norms are binned into at most this many runs of consecutive positions
 POSITION_BINS = 256
 _PLAN_CACHE = 1024
+_BIG_ENDIAN = sys.byteorder == "big"
 
 
 def sequence_dim(shape: tuple[int, ...]) -> int | None:
@@ -98,6 +102,8 @@ class EvidencePlan(NamedTuple):
 
     seed: int
     index: torch.Tensor
+    #: the same indices as a NumPy array (the CPU path gathers with ``np.take``)
+    host_index: np.ndarray
     #: sequence dimension, or None when no per-position norms are kept
     seq_dim: int | None
     #: consecutive positions per norm, number of norms, sequence length
@@ -116,13 +122,15 @@ def plan_for(shape: tuple[int, ...], device: torch.device, positions: bool) -> E
     if plan is not None:
         _PLANS.move_to_end(key)
         return plan
-    index = torch.from_numpy(sample_indices(shape)).to(device)
+    host_index = sample_indices(shape)
+    index = torch.from_numpy(host_index).to(device)
     seq = sequence_dim(shape) if positions else None
     length = shape[seq] if seq is not None else 0
     per = max(1, -(-length // POSITION_BINS))
     plan = EvidencePlan(
         seed=sample_seed(shape),
         index=index,
+        host_index=host_index,
         seq_dim=seq,
         bin=per,
         bins=-(-length // per) if length else 0,
@@ -136,6 +144,8 @@ def plan_for(shape: tuple[int, ...], device: torch.device, positions: bool) -> E
 
 def gather(x: torch.Tensor, plan: EvidencePlan) -> torch.Tensor:
     """The sampled elements of ``x`` followed by its binned per-position norms, on its device.
+
+    The accelerator (deferred) path's, and a CPU tensor subclass's.
 
     ``x`` is float32 or float64, detached; ``torch.take`` reads the flat C-order
     indices of any strided layout without copying the tensor.
@@ -157,14 +167,30 @@ def gather(x: torch.Tensor, plan: EvidencePlan) -> torch.Tensor:
     return torch.cat([sample, sq.sqrt()])
 
 
+def binned_norms(squares: np.ndarray, plan: EvidencePlan, dtype: np.dtype) -> np.ndarray:
+    """Per-position norms in ``dtype`` from per-position sums of squares (the CPU path).
+
+    ``squares`` (float64, one per position) is binned like :func:`gather` does.
+    """
+    if plan.bin > 1:
+        pad = plan.bins * plan.bin - plan.length
+        if pad:
+            squares = np.pad(squares, (0, pad))
+        squares = squares.reshape(plan.bins, plan.bin).sum(1)
+    return np.sqrt(squares).astype(dtype)
+
+
 def encode(values: np.ndarray) -> str:
     """Little-endian base64 of ``values`` (float32 or float64): exact and ~5 characters each."""
-    return base64.b64encode(values.astype(values.dtype.newbyteorder("<")).tobytes()).decode()
+    if values.dtype.byteorder == ">" or (values.dtype.byteorder == "=" and _BIG_ENDIAN):
+        values = values.astype(values.dtype.newbyteorder("<"))
+    # binascii directly: base64.b64encode is a wrapper around it (the same bytes)
+    return binascii.b2a_base64(values.tobytes(), newline=False).decode("ascii")
 
 
 def record_fields(plan: EvidencePlan, values: np.ndarray) -> dict[str, Any]:
     """The record fields (``sample``, ``positions``) of one tensor's gathered evidence."""
-    n = plan.index.numel()
+    n = plan.host_index.size
     dtype = "float64" if values.dtype == np.float64 else "float32"
     out: dict[str, Any] = {
         "sample": {"seed": plan.seed, "dtype": dtype, "values": encode(values[:n])}

@@ -246,7 +246,11 @@ class Monitor:
             return
         opened: _Open | None = None
         try:
-            sink = self._resolve(module, site.skip_covered)
+            sink = self._fixed_sink
+            if sink is None or site.skip_covered:
+                sink = self._resolve(module, site.skip_covered)
+            elif sink.closed:
+                sink = None
             if sink is not None:
                 items = named_tensors(args, "args")
                 if kwargs:

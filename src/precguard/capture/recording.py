@@ -24,7 +24,7 @@ from precguard._logging import get_logger
 from precguard.capture.hashing import HashBuffer
 from precguard.capture.options import CaptureOptions, OnNonFinite
 from precguard.capture.run_dir import agree_on_run_dir
-from precguard.capture.stats import StatsBuffer, capture_scope, dtype_info
+from precguard.capture.stats import _DTYPE_INFO, StatsBuffer, capture_scope, dtype_info
 from precguard.dump.lock import release_writer_lock
 from precguard.dump.paths import rank_dir
 from precguard.dump.writer import RunWriter, write_json_atomic
@@ -50,12 +50,19 @@ def plain_host_copy(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True).contiguous()
 
 
+#: torch's one check of every device type's autocast flag (no device object built),
+#: asked first: ``t.device.type`` alone costs a microsecond per record
+_ANY_AUTOCAST: Callable[[], bool] = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+
+
 def _autocast_dtype(t: torch.Tensor) -> str | None:
     """The autocast dtype in force for ``t``'s device type, or None when autocast is off.
 
     Under autocast a module computes its matmuls in this dtype whatever its inputs'
     dtype, so compare must judge its records by this precision, not the stored one.
     """
+    if not _ANY_AUTOCAST():
+        return None
     kind = t.device.type
     try:
         if not torch.is_autocast_enabled(kind):
@@ -324,11 +331,14 @@ class Recording:
         step, rank = self.step_index, self.rank
         keep = save and self.writer is not None
         positions = role in ("input", "output")
+        infos = _DTYPE_INFO
+        hashes = self._hashes
         for index, (name, t) in enumerate(items, first_index):
             key = prefix + str(index)
-            info = dtype_info(t.dtype)
+            info = infos.get(t.dtype) or dtype_info(t.dtype)
+            numel = t.numel()
             slot: int | None = None
-            if info.has_stats and t.numel():
+            if info.has_stats and numel:
                 slot, finite = stats_add(t, need_finite=need_finite, positions=positions)
                 if finite is None:
                     all_finite = None
@@ -353,9 +363,9 @@ class Recording:
                 rec["compute_dtype"] = autocast
             if extra:
                 rec.update(extra)
-            if self._hashes is not None and t.numel():
+            if hashes is not None and numel:
                 with capture_scope():
-                    rec["hash"] = self._hashes.add(t)  # the slot, until flush
+                    rec["hash"] = hashes.add(t)  # the slot, until flush
             self._seq += 1
             if keep:
                 with capture_scope():
@@ -491,7 +501,7 @@ class Recording:
             file = self._tensor_files.pop(rec["key"], None)
             if file is not None:
                 rec["tensor"] = {"file": file, "name": rec["key"]}
-        self._guard_io(self.writer.write_records, records)
+        self._guard_io(self.writer.write_records, records, trusted=True)
 
     # -- I/O failures ------------------------------------------------------------------
 

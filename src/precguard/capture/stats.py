@@ -5,12 +5,17 @@ NaN and Inf counts; l2 from the variance and mean) stays on the device, stacked
 into two small tensors per tensor, and all tensors' statistics of a step come
 to the host in one transfer.
 
-On the CPU, reading a scalar is free, so the code branches: ``aminmax``,
-``sum``, ``count_nonzero`` and the squared deviations from the mean (fast
-multi-threaded passes; std and l2 both from those, so neither cancels), and
-NaN/Inf counts, ``vector_norm`` and ``std`` only when min or max is not finite
-(any NaN or Inf makes one of them so): both paths then agree within float32
-rounding, also for tensors whose |mean| is far above their std.
+On the CPU, reading a scalar is free, so the code branches (see
+:func:`_host_stats`): min and max through NumPy on the tensor's memory, torch's
+``sum``, the squares once by rows (``vector_norm`` along the last dimension,
+the squared row norms summed in float64: ``l2``, and the evidence's
+per-position norms from the same pass), zeros counted only when ``min <= 0 <=
+max``; ``std`` from ``sum x^2 - n mean^2`` where that cancellation at most
+doubles the rounding, else from the spread about the mean as a second pass.
+Large contiguous tensors go chunk by chunk, so the passes over a chunk run from
+the core's cache. NaN/Inf counts only when min or max is not finite. Both paths
+agree within float32 rounding, also for tensors whose |mean| is far above
+their std.
 
 This runs for every tensor of every module call, so it is written for the
 interpreter as much as for the machine: no context manager per tensor (the
@@ -129,23 +134,32 @@ class StatsBuffer:
         state = _STATE
         state.depth += 1  # also around detach and the dtype cast: emu lets them through
         try:
-            # Detached, the reductions build no graph: no torch.no_grad() needed.
-            x = t.detach()
+            # Detached, the reductions build no graph: no torch.no_grad() needed (a
+            # plain tensor that does not require grad builds none: detach() costs 1 us;
+            # a Parameter is detached to a plain tensor, which takes the fast path)
+            x = t if type(t) is torch.Tensor and not t.requires_grad else t.detach()
             if x.dtype not in _FLOAT_TYPES:
                 # low-precision floats in fp32; integers and bools exactly in fp64
                 x = x.float() if x.is_floating_point() else x.double()
             n = x.numel()
             slot = len(self._numel)
-            deferred = self._defer or x.device.type != "cpu"
+            deferred = self._defer or not x.is_cpu
             ev: tuple[_evidence.EvidencePlan, Any] | None = None
+            plan = None
             if self._evidence_on and t.is_floating_point():
                 plan = _evidence.plan_for(tuple(x.shape), x.device, positions)
-                values = _evidence.gather(x, plan)
-                ev = (plan, values if deferred else values.numpy())
             if deferred:
+                if plan is not None:
+                    ev = (plan, _evidence.gather(x, plan))
                 finite = self._add_device(x, n, slot, need_finite)
             else:
-                row = _host_stats(x, n)
+                if type(x) is torch.Tensor and not x.is_neg():
+                    row, values = _host_stats(x, n, plan)
+                else:  # a subclass (or a lazily negated view): torch's own ops
+                    row = _subclass_stats(x, n)
+                    values = None if plan is None else _evidence.gather(x, plan).numpy()
+                if plan is not None:
+                    ev = (plan, values)
                 self._host.append(row)
                 finite = row[6] == 0 and row[7] == 0
         finally:
@@ -262,13 +276,159 @@ class StatsBuffer:
         self._cache.clear()
 
 
-def _host_stats(x: torch.Tensor, n: int) -> tuple[float, ...]:
+#: the longest run of elements one ``vector_norm`` sums on the CPU: longer rows are
+#: split (its float32 rounding grows with the length: ~10 unit roundoffs at 16384)
+MAX_ROW = 16384
+#: elements per chunk of a large contiguous CPU tensor (1 MiB of float32): all passes
+#: over one chunk run while it sits in the core's cache, then the next chunk
+CHUNK = 1 << 18
+#: with more than one torch thread, tensors of this many elements or more take torch's
+#: multi-threaded reductions (``aminmax``, ``count_nonzero``) and no chunk loop
+PARALLEL = 1 << 17
+
+
+def _host_stats(
+    x: torch.Tensor, n: int, plan: _evidence.EvidencePlan | None
+) -> tuple[tuple[float, ...], np.ndarray | None]:
     """``(min, max, mean, std, l2, nonzero, nan, inf)`` of a float32/float64 CPU tensor.
 
-    ``aminmax``, ``sum``, the squared deviations and ``count_nonzero`` are
-    multi-threaded passes on the CPU; ``var_mean`` alone costs ~10x all of
-    them. Counting zeros on the float values (not on integer bit
-    patterns plus a ``-0.0`` check) is one pass instead of two and no slower.
+    Also the evidence values of ``plan`` (sampled elements, then per-position
+    norms), or None without a plan. ``x`` is a plain ``torch.Tensor``. The passes
+    over the tensor, each a fast vectorized kernel:
+
+    * min and max (NumPy's, on the same memory: half of ``aminmax``'s time);
+    * ``sum`` (torch's cascaded float32 sum);
+    * the squares by rows: ``vector_norm`` along the last dimension (no tensor
+      allocated), rows longer than :data:`MAX_ROW` split; the squared row norms
+      are summed in float64. They give ``l2`` (positive terms, no cancellation)
+      and the per-position norms of the evidence, both from the same pass;
+    * zeros only when ``min <= 0 <= max`` (NumPy's ``== 0``, counted as bools:
+      a third of ``count_nonzero``'s time; ``-0.0 == 0``).
+
+    With more than one torch thread, a tensor of :data:`PARALLEL` elements or more
+    takes torch's multi-threaded ``aminmax`` and ``count_nonzero`` instead (the
+    same exact numbers). Otherwise a contiguous tensor of more than two
+    :data:`CHUNK` runs them chunk by chunk
+    (whole rows each), so only the first pass over a chunk reads memory: the
+    logits of a 32k vocabulary cost half. Its sum is then the float32 sums of
+    the chunks added in float64.
+
+    ``std`` comes from ``sum x^2 - n mean^2`` when ``2 n mean^2 <= sum x^2``: the
+    cancellation at most doubles the relative rounding of ``sum x^2``. Otherwise
+    (|mean| comparable to or above the std: norm weights) from the second pass
+    ``sum (x - mean)^2``, exact to float32 rounding whatever |mean|/std. NaN/Inf
+    counts, ``vector_norm`` and ``std`` run only when min or max is not finite.
+    """
+    a = x.numpy()
+    row = _row_length(x)
+    if n >= PARALLEL and torch.get_num_threads() > 1:
+        # NumPy's passes and the chunk loop run on one core: torch's own spread over all
+        mn_t, mx_t = torch.aminmax(x)
+        mn, mx = mn_t.item(), mx_t.item()
+        total = x.sum().item()
+        nonzero = n if mn > 0.0 or mx < 0.0 else torch.count_nonzero(x).item()
+        rows = _row_squares(x, row)
+    elif row and n > 2 * CHUNK and x.is_contiguous():
+        mn, mx, total, nonzero, norms = _scan_chunks(x, a, n, row)
+        norms = norms.astype(np.float64)
+        rows = (norms * norms).reshape(*x.shape[:-1], -1).sum(-1)
+    else:
+        mn, mx = float(a.min()), float(a.max())
+        total = x.sum().item()
+        nonzero = n if mn > 0.0 or mx < 0.0 else n - int(np.count_nonzero(a == 0))
+        rows = _row_squares(x, row)
+    mean = total / n
+    values = None
+    if plan is not None:
+        sample = np.take(a, plan.host_index)
+        if plan.seq_dim is None:
+            values = sample
+        else:
+            seq = plan.seq_dim
+            per = rows.sum(axis=tuple(range(seq))) if seq else rows
+            sumsq = float(per.sum())
+            values = np.concatenate([sample, _evidence.binned_norms(per, plan, a.dtype)])
+    if plan is None or plan.seq_dim is None:
+        sumsq = float(rows.sum())
+    if math.isfinite(mn) and math.isfinite(mx):
+        nan = inf = 0
+        l2 = math.sqrt(sumsq)
+        square_mean = n * mean * mean
+        if 2.0 * square_mean <= sumsq < math.inf:
+            spread = sumsq - square_mean
+        else:  # |mean| >= std / 1.4, or squares beyond float32: the spread as its own pass
+            dev = x - mean
+            dev.mul_(dev)
+            spread = dev.sum().item()
+        std = math.sqrt(spread / (n - 1)) if n > 1 else 0.0
+    else:
+        nan = int(torch.isnan(x).sum().item())
+        inf = int(torch.isinf(x).sum().item())
+        l2 = torch.linalg.vector_norm(x).item()
+        std = torch.std(x, correction=1 if n > 1 else 0).item()
+    return (mn, mx, mean, std, l2, nonzero, nan, inf), values
+
+
+def _scan_chunks(
+    x: torch.Tensor, a: np.ndarray, n: int, row: int
+) -> tuple[float, float, float, int, np.ndarray]:
+    """Min, max, sum, nonzero count and row norms of contiguous ``x``, chunk by chunk.
+
+    ``a`` is ``x``'s memory as NumPy; rows are ``row`` consecutive elements.
+    """
+    rows = x.view(-1, row)
+    flat = a.reshape(-1)
+    per = max(1, CHUNK // row)
+    mins, maxs, norms = [], [], []
+    total, nonzero = 0.0, n
+    for start in range(0, rows.shape[0], per):
+        part = flat[start * row : (start + per) * row]
+        lo, hi = part.min(), part.max()
+        mins.append(lo)
+        maxs.append(hi)
+        total += rows[start : start + per].sum().item()
+        if not (lo > 0.0 or hi < 0.0):
+            nonzero -= int(np.count_nonzero(part == 0))
+        norms.append(torch.linalg.vector_norm(rows[start : start + per], dim=-1).numpy())
+    # NumPy's min and max of the chunks' propagate a NaN, as the whole tensor's would
+    return float(np.min(mins)), float(np.max(maxs)), total, nonzero, np.concatenate(norms)
+
+
+def _row_length(x: torch.Tensor) -> int:
+    """The length of the rows ``vector_norm`` sums: the last dimension, split when longer
+    than :data:`MAX_ROW`; 0 when it is not contiguous or does not split evenly."""
+    length = x.shape[-1] if x.dim() else 1
+    if x.dim() and x.stride(-1) != 1 and length > 1:
+        return 0
+    least = -(-length // MAX_ROW)
+    for parts in range(least, 4 * least + 1):
+        if length % parts == 0:
+            return length // parts
+    return 0
+
+
+def _row_squares(x: torch.Tensor, row: int) -> np.ndarray:
+    """The sum of squares along the last dimension of ``x``, in float64 (shape ``x.shape[:-1]``).
+
+    Rows of length ``row`` (:func:`_row_length`) go through ``vector_norm``;
+    without one (0), torch's cascaded ``sum`` of the squares, allocated.
+    """
+    if x.dim() == 0:
+        x = x.reshape(1)
+    if not row:
+        return x.square().sum(-1).numpy().astype(np.float64)
+    length = x.shape[-1]
+    split = x if row == length else x.view(*x.shape[:-1], length // row, row)
+    norms = torch.linalg.vector_norm(split, dim=-1).numpy().astype(np.float64)
+    squares = norms * norms
+    return squares if row == length else squares.sum(-1)
+
+
+def _subclass_stats(x: torch.Tensor, n: int) -> tuple[float, ...]:
+    """The statistics row of a tensor subclass's CPU tensor, through torch's own ops.
+
+    Two passes for the spread (``sum (x - mean)^2``) and ``l2`` from it: the same
+    numbers as :func:`_host_stats` within float32 rounding.
     """
     mn_t, mx_t = torch.aminmax(x)
     total = x.sum().item()
@@ -277,11 +437,6 @@ def _host_stats(x: torch.Tensor, n: int) -> tuple[float, ...]:
     mean = total / n
     if math.isfinite(mn) and math.isfinite(mx):
         nan = inf = 0
-        # Two passes: the spread about the mean, then l2^2 = sum (x-mean)^2 + n mean^2
-        # (no cancellation). The one-pass sum x^2 - n mean^2 loses sum x^2 / (n var)
-        # times its rounding (25x the fp32 statistics tolerance for norm weights), and
-        # torch's float32 vector_norm rounds ~1e-5 on 1M elements; a cascaded sum does not.
-        # An error d in the mean only adds d^2 to the variance.
         dev = x - mean
         dev.mul_(dev)
         spread = dev.sum().item()
