@@ -44,6 +44,7 @@ from precguard.compare.report import (
     Counts,
     Metrics,
     RecordResult,
+    RecordRows,
     Status,
     Unmatched,
 )
@@ -288,7 +289,7 @@ def compare_unit(
     return UnitResult(
         r,
         s,
-        _annotate(step_results.results, classified.decisions),
+        RecordRows(_annotate(step_results.results, classified.decisions)),
         step_results.golden_only,
         step_results.actual_only,
         found,
@@ -436,7 +437,7 @@ def merge_shards(
         coverage.only_golden |= shard.only_golden
         coverage.only_actual |= shard.only_actual
     units = sorted((u for shard in shards for u in shard.units), key=lambda u: (u.rank, u.step))
-    results: list[RecordResult] = []
+    results = RecordRows()  # compact: memory per record pair stays small (docs/recording.md)
     golden_only: list[str] = []
     actual_only: list[str] = []
     candidates: list[Candidate] = []
@@ -510,7 +511,7 @@ def merge_shards(
 
 
 def _across_ranks(
-    results: list[RecordResult], candidates: list[Candidate], firsts: list[Candidate]
+    results: Sequence[RecordResult], candidates: list[Candidate], firsts: list[Candidate]
 ) -> tuple[list[Candidate], list[Candidate]]:
     """Drop a collective named on one rank when another rank's input to it was wrong.
 
@@ -577,7 +578,7 @@ def _api_only_note(golden_only: list[str], actual_only: list[str]) -> str:
 def truncation_note(
     g_run: Run,
     a_run: Run,
-    results: list[RecordResult],
+    results: Sequence[RecordResult],
     golden_only: list[str],
     actual_only: list[str],
 ) -> str | None:
@@ -834,7 +835,7 @@ def _squeezed(shape: list[int]) -> list[int]:
     return [s for s in shape if s != 1]
 
 
-def _counts(results: list[RecordResult]) -> Counts:
+def _counts(results: Sequence[RecordResult]) -> Counts:
     c = {"pass": 0, "fail": 0, "nonfinite": 0, "missing": 0}
     full = stats = 0
     for r in results:

@@ -7,9 +7,11 @@ divergence, the ``suspects`` after it, the ``profile`` used, counts, and
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Literal, overload
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler
+from pydantic_core import CoreSchema, core_schema
 
 from precguard.compare.coverage import Coverage
 from precguard.dump.schema import Phase, Role
@@ -209,6 +211,102 @@ class RecordResult(RecordIdentity):
     )
 
 
+class RecordRows(Sequence[RecordResult]):
+    """Every record of a comparison, each kept as its compact JSON (about 0.4 KB a pair).
+
+    A :class:`RecordResult` model costs about 3 KB of memory (two pydantic
+    models with a field dict and a field set each, a dozen small objects);
+    a comparison of millions of records cannot keep one per pair. The rows
+    hold each result as the bytes of its JSON without default values and
+    rebuild the model when it is read (a few microseconds), so
+    ``comparison.records`` reads as before, a sequence of RecordResult, and
+    the written JSON is the same. Reading a row twice gives two equal, separate
+    models: change one with ``model_copy`` and keep the copy.
+
+    >>> rows = RecordRows(results)                     # doctest: +SKIP
+    >>> rows[0].status, len(rows)                      # doctest: +SKIP
+    ('pass', 2)
+    """
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, results: Iterable[RecordResult] = ()) -> None:
+        self._rows: list[bytes] = []
+        self.extend(results)
+
+    def append(self, result: RecordResult) -> None:
+        """Add ``result`` at the end."""
+        self._rows.append(_ROW_JSON.to_json(result, exclude_defaults=True))
+
+    def extend(self, results: Iterable[RecordResult]) -> None:
+        """Add ``results`` at the end (another RecordRows' rows are shared, not re-encoded)."""
+        if isinstance(results, RecordRows):
+            self._rows.extend(results._rows)
+            return
+        to_json = _ROW_JSON.to_json
+        self._rows.extend(to_json(r, exclude_defaults=True) for r in results)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, index: int) -> RecordResult: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[RecordResult]: ...
+
+    def __getitem__(self, index: int | slice) -> RecordResult | list[RecordResult]:
+        if isinstance(index, slice):
+            return [RecordResult.model_validate_json(b) for b in self._rows[index]]
+        return RecordResult.model_validate_json(self._rows[index])
+
+    def __iter__(self) -> Iterator[RecordResult]:
+        validate = RecordResult.model_validate_json
+        for row in self._rows:
+            yield validate(row)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RecordRows):
+            return self._rows == other._rows
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like a list
+
+    def __repr__(self) -> str:
+        return f"RecordRows({len(self)} records)"
+
+    def nbytes(self) -> int:
+        """Bytes the rows' JSON takes (without the list and object headers)."""
+        return sum(map(len, self._rows))
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        """Kept as is when given; a list of results (read from JSON) becomes rows too.
+
+        JSON is written row by row (never a list of every model at once); the
+        Python form (``model_dump``) is a list of dicts as for a list.
+        """
+        item = handler.generate_schema(RecordResult)
+
+        def serialize(value: Sequence[RecordResult], info: core_schema.SerializationInfo) -> Any:
+            return iter(value) if info.mode_is_json() else list(value)
+
+        return core_schema.union_schema(
+            [
+                core_schema.is_instance_schema(cls),
+                core_schema.no_info_after_validator_function(cls, core_schema.list_schema(item)),
+            ],
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                serialize, info_arg=True
+            ),
+        )
+
+
+_ROW_JSON = RecordResult.__pydantic_serializer__
+
+
 class FirstDivergence(RecordIdentity):
     """Where the error was first introduced: the record that shows it (an output or a param)."""
 
@@ -360,7 +458,9 @@ class Comparison(BaseModel):
         description="Other modules that introduced error, most amplifying first.",
     )
     counts: Counts = Field(description="Records per status.")
-    records: list[RecordResult] = Field(description="Every record, in golden execution order.")
+    records: RecordRows = Field(
+        description="Every record, in golden execution order (each read back as a RecordResult)."
+    )
     unmatched: Unmatched = Field(description="Records on one side only.")
     fingerprint_diff: dict[str, list[Any]] = Field(
         default_factory=dict,
