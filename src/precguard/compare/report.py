@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal, overload
 
 from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler
-from pydantic_core import CoreSchema, core_schema
+from pydantic_core import CoreSchema, core_schema, from_json, to_json
 
 from precguard.compare.coverage import Coverage
 from precguard.dump.schema import Phase, Role
@@ -23,6 +23,9 @@ _FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
 Status = Literal["pass", "fail", "missing", "nonfinite"]
 Verdict = Literal["match", "diverged"]
 Level = Literal["full", "stats", "exact", "none"]
+
+#: stands for "no default" where a field is required (no value is it)
+_REQUIRED = object()
 
 
 class Metrics(BaseModel):
@@ -212,16 +215,18 @@ class RecordResult(RecordIdentity):
 
 
 class RecordRows(Sequence[RecordResult]):
-    """Every record of a comparison, each kept as its compact JSON (about 0.4 KB a pair).
+    """Every record of a comparison, each kept as one compact row (about 0.3-0.5 KB).
 
     A :class:`RecordResult` model costs about 3 KB of memory (two pydantic
     models with a field dict and a field set each, a dozen small objects);
-    a comparison of millions of records cannot keep one per pair. The rows
-    hold each result as the bytes of its JSON without default values and
-    rebuild the model when it is read (a few microseconds), so
-    ``comparison.records`` reads as before, a sequence of RecordResult, and
-    the written JSON is the same. Reading a row twice gives two equal, separate
-    models: change one with ``model_copy`` and keep the copy.
+    a comparison of millions of records cannot keep one per pair. A row is the
+    JSON array of the result's values in field order, its metrics as a bit
+    mask of the fields that differ from their defaults followed by those
+    values (floats written shortest-exact, NaN and Infinity as JSON's
+    extensions), and the model is rebuilt when it is read (a few
+    microseconds). So ``comparison.records`` reads as before, a sequence of
+    RecordResult, and the written JSON is the same. Reading a row twice gives
+    two equal, separate models: change one with ``model_copy`` and keep the copy.
 
     >>> rows = RecordRows(results)                     # doctest: +SKIP
     >>> rows[0].status, len(rows)                      # doctest: +SKIP
@@ -236,15 +241,14 @@ class RecordRows(Sequence[RecordResult]):
 
     def append(self, result: RecordResult) -> None:
         """Add ``result`` at the end."""
-        self._rows.append(_ROW_JSON.to_json(result, exclude_defaults=True))
+        self._rows.append(_encode(result))
 
     def extend(self, results: Iterable[RecordResult]) -> None:
         """Add ``results`` at the end (another RecordRows' rows are shared, not re-encoded)."""
         if isinstance(results, RecordRows):
             self._rows.extend(results._rows)
             return
-        to_json = _ROW_JSON.to_json
-        self._rows.extend(to_json(r, exclude_defaults=True) for r in results)
+        self._rows.extend(map(_encode, results))
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -257,13 +261,12 @@ class RecordRows(Sequence[RecordResult]):
 
     def __getitem__(self, index: int | slice) -> RecordResult | list[RecordResult]:
         if isinstance(index, slice):
-            return [RecordResult.model_validate_json(b) for b in self._rows[index]]
-        return RecordResult.model_validate_json(self._rows[index])
+            return [_decode(b) for b in self._rows[index]]
+        return _decode(self._rows[index])
 
     def __iter__(self) -> Iterator[RecordResult]:
-        validate = RecordResult.model_validate_json
         for row in self._rows:
-            yield validate(row)
+            yield _decode(row)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, RecordRows):
@@ -304,7 +307,51 @@ class RecordRows(Sequence[RecordResult]):
         )
 
 
-_ROW_JSON = RecordResult.__pydantic_serializer__
+#: a row's fields: RecordResult's in order, then its metrics (mask and values)
+_BASE_FIELDS = tuple(name for name in RecordResult.model_fields if name != "metrics")
+_METRICS_FIELDS = tuple(Metrics.model_fields)
+#: per Metrics field: its default, or a marker no value equals (a required field)
+_METRICS_DEFAULTS = tuple(
+    _REQUIRED if info.is_required() else info.get_default()
+    for info in Metrics.model_fields.values()
+)
+
+
+def _encode(result: RecordResult) -> bytes:
+    """The compact row of ``result`` (see :class:`RecordRows`)."""
+    values = result.__dict__
+    row = [values[name] for name in _BASE_FIELDS]
+    metrics = values["metrics"]
+    if metrics is None:
+        row.append(None)
+    else:
+        mask = 0
+        kept = []
+        measured = metrics.__dict__
+        for bit, (name, default) in enumerate(zip(_METRICS_FIELDS, _METRICS_DEFAULTS, strict=True)):
+            value = measured[name]
+            if value is not default and value != default:
+                mask |= 1 << bit
+                kept.append(value)
+        row.append(mask)
+        row.extend(kept)
+    return to_json(row, inf_nan_mode="constants")
+
+
+def _decode(row: bytes) -> RecordResult:
+    """The RecordResult a row holds."""
+    values = from_json(row, allow_inf_nan=True)
+    n = len(_BASE_FIELDS)
+    fields: dict[str, Any] = dict(zip(_BASE_FIELDS, values[:n], strict=True))
+    mask = values[n]
+    if mask is None:
+        fields["metrics"] = None
+    else:
+        kept = iter(values[n + 1 :])
+        fields["metrics"] = {
+            name: next(kept) for bit, name in enumerate(_METRICS_FIELDS) if mask >> bit & 1
+        }
+    return RecordResult.model_validate(fields)
 
 
 class FirstDivergence(RecordIdentity):
