@@ -58,6 +58,24 @@ def test_rows_give_back_every_value_exactly_even_nan_and_infinity() -> None:
     assert rows == RecordRows(results)
 
 
+def test_counts_and_filters_read_the_status_bytes_not_the_rows() -> None:
+    """Counting statuses and levels, and picking the failing rows, agree with the models."""
+    missing = _result(2, error=0.0).model_copy(update={"status": "missing", "metrics": None})
+    passed = _result(3, error=0.0).model_copy(update={"status": "pass"})
+    rows = RecordRows([_result(0, error=1.0), missing, passed])
+    rows.extend(RecordRows([_result(4, error=2.0)]))
+    assert rows.counts().model_dump() == {
+        "passed": 1,
+        "failed": 2,
+        "nonfinite": 0,
+        "missing": 1,
+        "full": 3,
+        "stats_only": 0,
+    }
+    assert [r.seq for r in rows.having(["fail"])] == [0, 4]
+    assert [r.seq for r in rows.having(["missing", "pass"])] == [2, 3]
+
+
 @pytest.fixture(scope="module")
 def diverged(tmp_path_factory: pytest.TempPathFactory) -> Comparison:
     """tiny-llama with its MLP output drifted by 0.1%, against the clean golden."""

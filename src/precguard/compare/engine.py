@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import groupby
 from typing import Any
 
@@ -522,7 +522,10 @@ def _across_ranks(
     own candidate) is the one to name, and the collective is dropped.
     """
     wrong_inputs: dict[tuple[int, str], set[int]] = {}
-    for r in results:
+    bad: Iterable[RecordResult] = (
+        results.having(("fail", "nonfinite")) if isinstance(results, RecordRows) else results
+    )
+    for r in bad:
         if r.module.startswith("dist.") and r.role == "input" and r.status in ("fail", "nonfinite"):
             call = r.key.rsplit(".", 2)[0]
             wrong_inputs.setdefault((r.step, call), set()).add(r.rank)
@@ -836,6 +839,8 @@ def _squeezed(shape: list[int]) -> list[int]:
 
 
 def _counts(results: Sequence[RecordResult]) -> Counts:
+    if isinstance(results, RecordRows):
+        return results.counts()  # from its status and level bytes, no row read
     c = {"pass": 0, "fail": 0, "nonfinite": 0, "missing": 0}
     full = stats = 0
     for r in results:

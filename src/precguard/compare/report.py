@@ -233,22 +233,49 @@ class RecordRows(Sequence[RecordResult]):
     ('pass', 2)
     """
 
-    __slots__ = ("_rows",)
+    __slots__ = ("_levels", "_rows", "_statuses")
 
     def __init__(self, results: Iterable[RecordResult] = ()) -> None:
         self._rows: list[bytes] = []
+        #: one byte per row each, so counting and filtering read no row
+        self._statuses = bytearray()
+        self._levels = bytearray()
         self.extend(results)
 
     def append(self, result: RecordResult) -> None:
         """Add ``result`` at the end."""
-        self._rows.append(_encode(result))
+        self.extend((result,))
 
     def extend(self, results: Iterable[RecordResult]) -> None:
         """Add ``results`` at the end (another RecordRows' rows are shared, not re-encoded)."""
         if isinstance(results, RecordRows):
             self._rows.extend(results._rows)
+            self._statuses += results._statuses
+            self._levels += results._levels
             return
-        self._rows.extend(map(_encode, results))
+        for r in results:
+            self._rows.append(_encode(r))
+            self._statuses.append(_STATUS_CODES[r.status])
+            self._levels.append(0 if r.metrics is None else _LEVEL_CODES[r.metrics.level])
+
+    def counts(self) -> Counts:
+        """How many rows ended in each status, and at which level the pairs were compared."""
+        status, level = self._statuses.count, self._levels.count
+        return Counts(
+            passed=status(_STATUS_CODES["pass"]),
+            failed=status(_STATUS_CODES["fail"]),
+            nonfinite=status(_STATUS_CODES["nonfinite"]),
+            missing=status(_STATUS_CODES["missing"]),
+            full=level(_LEVEL_CODES["full"]) + level(_LEVEL_CODES["exact"]),
+            stats_only=level(_LEVEL_CODES["stats"]),
+        )
+
+    def having(self, statuses: Iterable[Status]) -> Iterator[RecordResult]:
+        """The results whose status is one of ``statuses``, in order (no other row is read)."""
+        wanted = {_STATUS_CODES[s] for s in statuses}
+        for row, code in zip(self._rows, self._statuses, strict=True):
+            if code in wanted:
+                yield _decode(row)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -307,6 +334,9 @@ class RecordRows(Sequence[RecordResult]):
         )
 
 
+_STATUS_CODES: dict[str, int] = {"pass": 1, "fail": 2, "missing": 3, "nonfinite": 4}
+#: 0: no metrics (a missing record)
+_LEVEL_CODES: dict[str, int] = {"full": 1, "stats": 2, "exact": 3, "none": 4}
 #: a row's fields: RecordResult's in order, then its metrics (mask and values)
 _BASE_FIELDS = tuple(name for name in RecordResult.model_fields if name != "metrics")
 _METRICS_FIELDS = tuple(Metrics.model_fields)
