@@ -9,6 +9,7 @@ same as with a plain list of models, and that a row stays well under 1 KB.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from pathlib import Path
@@ -16,7 +17,13 @@ from pathlib import Path
 import pytest
 
 import precguard
-from precguard.compare.report import Comparison, Metrics, RecordResult, RecordRows
+from precguard.compare.report import (
+    Comparison,
+    Metrics,
+    RecordResult,
+    RecordRows,
+    write_comparison_json,
+)
 
 from .conftest import FAULTS, record
 
@@ -111,3 +118,15 @@ def test_a_row_is_a_fraction_of_a_kilobyte(diverged: Comparison) -> None:
     rows = diverged.records
     assert isinstance(rows, RecordRows)
     assert rows.nbytes() / len(rows) < 800  # 572 for tiny-llama (samples, positions)
+
+
+@pytest.mark.parametrize("indent", [2, None])
+def test_streamed_json_is_the_one_string(diverged: Comparison, indent: int | None) -> None:
+    """``write_comparison_json`` writes exactly ``model_dump_json``, a record at a time."""
+    out = io.StringIO()
+    write_comparison_json(diverged, out, indent=indent)
+    assert out.getvalue() == diverged.model_dump_json(indent=indent)
+    empty = diverged.model_copy(update={"records": RecordRows()})
+    out = io.StringIO()
+    write_comparison_json(empty, out, indent=indent)
+    assert out.getvalue() == empty.model_dump_json(indent=indent)

@@ -8,7 +8,7 @@ divergence, the ``suspects`` after it, the ``profile`` used, counts, and
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Literal, overload
+from typing import Any, Literal, TextIO, overload
 
 from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler
 from pydantic_core import CoreSchema, core_schema, from_json, to_json
@@ -560,3 +560,35 @@ class Comparison(BaseModel):
     def diverged(self) -> bool:
         """True when the verdict is 'diverged'."""
         return self.verdict == "diverged"
+
+
+def write_comparison_json(result: Comparison, out: TextIO, *, indent: int | None = 2) -> None:
+    """Write ``result.model_dump_json(indent=indent)`` to ``out`` a record at a time.
+
+    The same text as the one string, without ever holding it: a comparison of
+    millions of records writes gigabytes of JSON, which ``model_dump_json``
+    would build in memory first.
+    """
+    empty = result.model_copy(update={"records": RecordRows()})
+    text = empty.model_dump_json(indent=indent)
+    # a top-level key is the only place a raw newline and this spelling can occur
+    markers = {None: '"records":[],', 2: '\n  "records": [],\n'}
+    marker = markers.get(indent)
+    if marker is None or text.count(marker) != 1:  # another indent: the one string
+        out.write(result.model_dump_json(indent=indent))
+        return
+    head, tail = text.split(marker)
+    if not len(result.records):
+        out.write(text)
+        return
+    if indent is None:
+        out.write(head + '"records":[')
+        for i, r in enumerate(result.records):
+            out.write(("," if i else "") + r.model_dump_json())
+        out.write("]," + tail)
+        return
+    out.write(head + '\n  "records": [\n')
+    for i, r in enumerate(result.records):
+        row = r.model_dump_json(indent=2).replace("\n", "\n    ")
+        out.write((",\n    " if i else "    ") + row)
+    out.write("\n  ],\n" + tail)
