@@ -54,14 +54,19 @@ def test_rows_give_back_every_value_exactly_even_nan_and_infinity() -> None:
     results = [
         _result(0, error=1 / 3, rel_l2=2.0**-149, max_abs_err=math.nan, cosine=-0.0),
         _result(1, error=math.inf, stat_rel_diff={"min": -math.inf, "max": 1e300}),
+        # a key not spelled from the fields (an imported dump), notes shared and not
+        _result(2, error=0.5, note="statistics only").model_copy(update={"key": "Fn.linear.0"}),
+        _result(3, error=0.5, note="statistics only"),
+        _result(4, error=0.5, note="shapes differ: golden [4, 8], actual [8, 4]"),
     ]
     rows = RecordRows(results)
-    assert len(rows) == 2
+    assert len(rows) == 5
     for kept, original in zip(rows, results, strict=True):
         assert kept.model_dump_json() == original.model_dump_json()
     assert math.isnan(rows[0].metrics.max_abs_err)  # type: ignore[union-attr]
     assert rows[1].metrics.stat_rel_diff == {"min": -math.inf, "max": 1e300}  # type: ignore[union-attr]
-    assert [r.seq for r in rows[-1:]] == [1]
+    assert [r.seq for r in rows[-1:]] == [4]
+    assert rows[2].key == "Fn.linear.0" and rows[3].metrics.note == "statistics only"  # type: ignore[union-attr]
     assert rows == RecordRows(results)
 
 

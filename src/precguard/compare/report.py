@@ -215,7 +215,7 @@ class RecordResult(RecordIdentity):
 
 
 class RecordRows(Sequence[RecordResult]):
-    """Every record of a comparison, each kept as one compact row (about 0.3-0.5 KB).
+    """Every record of a comparison, each kept as one compact row (about 0.2-0.5 KB).
 
     A :class:`RecordResult` model costs about 3 KB of memory (two pydantic
     models with a field dict and a field set each, a dozen small objects);
@@ -223,9 +223,10 @@ class RecordRows(Sequence[RecordResult]):
     JSON array of the result's values in field order, its metrics as a bit
     mask of the fields that differ from their defaults followed by those
     values (floats written shortest-exact, NaN and Infinity as JSON's
-    extensions), and the model is rebuilt when it is read (a few
-    microseconds). So ``comparison.records`` reads as before, a sequence of
-    RecordResult, and the written JSON is the same. Reading a row twice gives
+    extensions; a key spelled from its fields and a repeated note left out),
+    and the model is rebuilt when it is read (a few microseconds). So
+    ``comparison.records`` reads as before, a sequence of RecordResult, and the
+    written JSON is the same. Reading a row twice gives
     two equal, separate models: change one with ``model_copy`` and keep the copy.
 
     >>> rows = RecordRows(results)                     # doctest: +SKIP
@@ -347,10 +348,43 @@ _METRICS_DEFAULTS = tuple(
 )
 
 
+_KEY = _BASE_FIELDS.index("key")
+#: notes repeat (the statistics-only one is on every such pair): each text kept once, by
+#: number, up to this many texts (more are kept in their rows)
+_MAX_NOTES = 4096
+_NOTE_CODES: dict[str, int] = {}
+_NOTES: list[str] = []
+
+
+def _note_code(note: str) -> int | str:
+    """The number of ``note`` in the shared list of notes (the text itself once it is full)."""
+    code = _NOTE_CODES.get(note)
+    if code is None:
+        if len(_NOTES) >= _MAX_NOTES:
+            return note
+        code = _NOTE_CODES.setdefault(note, len(_NOTES))
+        if code == len(_NOTES):
+            _NOTES.append(note)
+    return code
+
+
+def _key_of(fields: dict[str, Any]) -> str:
+    """The key a record of these fields has when it follows the usual spelling."""
+    return (
+        f"{fields['module']}.{fields['call']}.{fields['phase']}.{fields['role']}.{fields['index']}"
+    )
+
+
 def _encode(result: RecordResult) -> bytes:
-    """The compact row of ``result`` (see :class:`RecordRows`)."""
+    """The compact row of ``result`` (see :class:`RecordRows`).
+
+    A key spelled from its fields is kept as 0 and a note by its number in the
+    shared list: both are rebuilt when the row is read.
+    """
     values = result.__dict__
     row = [values[name] for name in _BASE_FIELDS]
+    if row[_KEY] == _key_of(values):
+        row[_KEY] = 0
     metrics = values["metrics"]
     if metrics is None:
         row.append(None)
@@ -362,7 +396,7 @@ def _encode(result: RecordResult) -> bytes:
             value = measured[name]
             if value is not default and value != default:
                 mask |= 1 << bit
-                kept.append(value)
+                kept.append(_note_code(value) if name == "note" else value)
         row.append(mask)
         row.extend(kept)
     return to_json(row, inf_nan_mode="constants")
@@ -373,14 +407,18 @@ def _decode(row: bytes) -> RecordResult:
     values = from_json(row, allow_inf_nan=True)
     n = len(_BASE_FIELDS)
     fields: dict[str, Any] = dict(zip(_BASE_FIELDS, values[:n], strict=True))
+    if fields["key"] == 0:
+        fields["key"] = _key_of(fields)
     mask = values[n]
     if mask is None:
         fields["metrics"] = None
     else:
         kept = iter(values[n + 1 :])
-        fields["metrics"] = {
-            name: next(kept) for bit, name in enumerate(_METRICS_FIELDS) if mask >> bit & 1
-        }
+        measured = {name: next(kept) for bit, name in enumerate(_METRICS_FIELDS) if mask >> bit & 1}
+        note = measured.get("note")
+        if isinstance(note, int):
+            measured["note"] = _NOTES[note]
+        fields["metrics"] = measured
     return RecordResult.model_validate(fields)
 
 
