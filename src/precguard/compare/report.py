@@ -324,11 +324,11 @@ class RecordRows(Sequence[RecordResult]):
         def serialize(value: Sequence[RecordResult], info: core_schema.SerializationInfo) -> Any:
             return iter(value) if info.mode_is_json() else list(value)
 
-        return core_schema.union_schema(
-            [
-                core_schema.is_instance_schema(cls),
-                core_schema.no_info_after_validator_function(cls, core_schema.list_schema(item)),
-            ],
+        # read lazily: each result is validated and turned into its row as the list is read
+        rows = core_schema.no_info_after_validator_function(cls, core_schema.generator_schema(item))
+        return core_schema.json_or_python_schema(
+            json_schema=rows,
+            python_schema=core_schema.no_info_wrap_validator_function(_keep_rows, rows),
             serialization=core_schema.plain_serializer_function_ser_schema(
                 serialize, info_arg=True
             ),
@@ -338,6 +338,13 @@ class RecordRows(Sequence[RecordResult]):
 _STATUS_CODES: dict[str, int] = {"pass": 1, "fail": 2, "missing": 3, "nonfinite": 4}
 #: 0: no metrics (a missing record)
 _LEVEL_CODES: dict[str, int] = {"full": 1, "stats": 2, "exact": 3, "none": 4}
+
+
+def _keep_rows(value: Any, validate: core_schema.ValidatorFunctionWrapHandler) -> Any:
+    """Keep given rows as they are; validate anything else (a list of results) into rows."""
+    return value if isinstance(value, RecordRows) else validate(value)
+
+
 #: a row's fields: RecordResult's in order, then its metrics (mask and values)
 _BASE_FIELDS = tuple(name for name in RecordResult.model_fields if name != "metrics")
 _METRICS_FIELDS = tuple(Metrics.model_fields)
