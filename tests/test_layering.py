@@ -330,12 +330,9 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
 RANK: dict[str, int] = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 
 #: module -> units it may import against the layers, and why (the exception is the TODO)
-KNOWN_EXCEPTIONS: dict[str, frozenset[str]] = {
-    # pending the compare restructure (issue 18's compare items, after issue 17 lands): the
-    # layout branch of compare moves into layout/, and the msprobe name rules leave compare
-    "precguard.compare.runs": frozenset({"precguard.layout"}),
-    "precguard.compare.engine": frozenset({"precguard.interop"}),
-}
+#: (none left: issue 18's compare restructure moved the layout branch of compare into
+#: layout/compare.py and the msprobe name rule out of compare/engine.py)
+KNOWN_EXCEPTIONS: dict[str, frozenset[str]] = {}
 
 #: module -> the only modules of its unit allowed to import the given unit
 ONLY_FROM: dict[str, frozenset[str]] = {

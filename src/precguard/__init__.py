@@ -27,7 +27,8 @@ _EXPORTS: dict[str, str] = {
     "hookimpl": "precguard.hookspecs",
     "PrecguardError": "precguard.errors",
     "NonFiniteError": "precguard.errors",
-    "compare_runs": "precguard.compare",
+    "compare_runs": "precguard.layout.compare",
+    "CompareOptions": "precguard.compare.options",
     "Comparison": "precguard.compare",
     "check": "precguard.checklist",
     "Diagnosis": "precguard.checklist",
@@ -60,13 +61,15 @@ if TYPE_CHECKING:
     )
     from precguard.capture.options import CaptureOptions
     from precguard.checklist import Diagnosis, check
-    from precguard.compare import Comparison, compare_runs
+    from precguard.compare import Comparison
+    from precguard.compare.options import CompareOptions
     from precguard.dump.reader import Run, load_run
     from precguard.dump.schema import Manifest, Record
     from precguard.errors import NonFiniteError, PrecguardError
     from precguard.generation import GenerationDiff, generate_diff
     from precguard.hookspecs import hookimpl
     from precguard.interop.msprobe import import_msprobe
+    from precguard.layout.compare import compare_runs
     from precguard.localize.bisect import bisect
     from precguard.localize.replay import replay_module
     from precguard.opcheck.sweep import op_check

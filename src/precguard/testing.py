@@ -236,6 +236,7 @@ def _compare(
 ) -> GoldenCheck:
     __tracebackhide__ = True
     from precguard.compare import compare_runs
+    from precguard.compare.options import CompareOptions
     from precguard.errors import PrecguardError
 
     def fail(verdict: str, message: str, **found: Any) -> AssertionError:
@@ -252,7 +253,7 @@ def _compare(
             "with the test",
         )
     try:
-        result = compare_runs(golden, recording, profile=profile)
+        result = compare_runs(golden, recording, CompareOptions(profile=profile))
     except PrecguardError as exc:
         raise fail(
             "unusable",

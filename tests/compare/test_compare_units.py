@@ -279,8 +279,13 @@ def test_compare_runs_is_the_function_and_compare_the_subpackage(rmsnorm_fault) 
     assert precguard.compare is subpackage
     assert isinstance(subpackage, types.ModuleType) and not callable(subpackage)
     assert type(subpackage) is types.ModuleType  # no module-class swap
-    assert precguard.compare_runs is subpackage.compare_runs
+    # the public function is the layout branch's (it lives above compare and calls
+    # compare's compare_runs, the same function without layout=)
+    from precguard.layout.compare import compare_runs
+
+    assert precguard.compare_runs is compare_runs
     assert precguard.compare_runs(*rmsnorm_fault).verdict == "diverged"
+    assert subpackage.compare_runs(*rmsnorm_fault) == precguard.compare_runs(*rmsnorm_fault)
 
 
 def _nan_in_one_element(model: torch.nn.Module) -> None:

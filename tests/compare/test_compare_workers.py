@@ -80,3 +80,21 @@ def test_the_cli_takes_workers(tmp_path, capsys):
         main(["compare", str(golden), str(actual), "--workers", "2", "--json", "-"])
     assert info.value.code == 1
     assert json.loads(capsys.readouterr().out)["first_divergence"]["rank"] == 2
+
+
+def test_a_share_is_the_json_of_the_very_model_merged(tmp_path):
+    # a worker's share is the ShardResult model itself as JSON: it comes back equal,
+    # every field included (collectives left out too), and the unit's first divergence
+    # is its first candidate again, the same object, as in the process that compared it
+    from precguard.compare.engine import compare_shard, plan_comparison
+    from precguard.compare.units import ShardResult
+
+    golden, actual = write_pair(tmp_path)
+    plan = plan_comparison(golden, actual)
+    shard = compare_shard(plan, lambda _r, _s: True)
+    shard.units[0] = shard.units[0].model_copy(update={"collectives_dropped": (3, 0)})
+    back = ShardResult.model_validate_json(shard.model_dump_json(exclude_defaults=True))
+    assert back == shard
+    faulty = next(u for u in back.units if u.candidates)
+    assert (faulty.rank, faulty.step) == (2, 1) and faulty.first is faulty.candidates[0]
+    assert back.units[0].collectives_dropped == (3, 0)

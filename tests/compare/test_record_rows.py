@@ -19,6 +19,7 @@ import pytest
 import precguard
 from precguard.compare.report import (
     Comparison,
+    Counts,
     Metrics,
     RecordResult,
     RecordRows,
@@ -74,18 +75,21 @@ def test_counts_and_filters_read_the_status_bytes_not_the_rows() -> None:
     """Counting statuses and levels, and picking the failing rows, agree with the models."""
     missing = _result(2, error=0.0).model_copy(update={"status": "missing", "metrics": None})
     passed = _result(3, error=0.0).model_copy(update={"status": "pass"})
-    rows = RecordRows([_result(0, error=1.0), missing, passed])
+    # compare --layout marks a pass it could not combine missing: it counts at no level
+    uncombined = _result(5, error=0.0).model_copy(update={"status": "missing"})
+    rows = RecordRows([_result(0, error=1.0), missing, passed, uncombined])
     rows.extend(RecordRows([_result(4, error=2.0)]))
     assert rows.counts().model_dump() == {
         "passed": 1,
         "failed": 2,
         "nonfinite": 0,
-        "missing": 1,
+        "missing": 2,
         "full": 3,
         "stats_only": 0,
     }
     assert [r.seq for r in rows.having(["fail"])] == [0, 4]
-    assert [r.seq for r in rows.having(["missing", "pass"])] == [2, 3]
+    assert [r.seq for r in rows.having(["missing", "pass"])] == [2, 3, 5]
+    assert rows.counts() == Counts.of(list(rows))
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import precguard
+from precguard.compare import IncomparableRunsError
 from precguard.interop.msprobe import open_recording
 from tests.compare.conftest import run_cli
 from tests.interop.llama_two_tools import FAULTY_MODULE, build_model, run_step
@@ -195,3 +196,31 @@ def test_an_api_only_dump_against_precguard_says_which_level_to_dump(runs, tmp_p
     code, _, err = run_cli(["compare", str(runs["clean"]), str(l1)], capsys)
     assert code == 2
     assert "msprobe L1 dump" in err and "level L0 or mix" in err
+
+
+def test_compare_runs_takes_an_msprobe_dump_from_python_as_the_cli_does(runs, capsys, tmp_path):
+    # no open_recording needed: compare_runs converts the dump itself, names it as given,
+    # and gives the result the CLI writes
+    dump = FIXTURES / "stats_fault"
+    result = precguard.compare_runs(runs["clean"], dump)
+    assert result.verdict == "diverged" and result.first_divergence.module == FAULTY_MODULE
+    assert (result.golden, result.actual) == (str(runs["clean"]), str(dump))
+    out = tmp_path / "cli.json"
+    code, _, err = run_cli(["compare", str(runs["clean"]), str(dump), "--json", str(out)], capsys)
+    assert code == 1, err
+    assert json.loads(out.read_text()) == json.loads(result.model_dump_json())
+    backwards = precguard.compare_runs(dump, runs["clean"])
+    assert (backwards.golden, backwards.actual) == (str(dump), str(runs["clean"]))
+
+
+def test_an_error_from_python_names_the_dump_not_its_temporary_copy(runs, tmp_path):
+    l1 = shutil.copytree(FIXTURES / "mix", tmp_path / "l1")
+    path = l1 / "step0" / "proc4242" / "dump.json"
+    dump = json.loads(path.read_text())
+    dump["data"] = {k: v for k, v in dump["data"].items() if not k.startswith("Module.")}
+    path.write_text(json.dumps(dump))
+    with pytest.raises(IncomparableRunsError) as info:
+        precguard.compare_runs(runs["clean"], l1)
+    message = str(info.value)
+    assert "msprobe L1 dump" in message and f"{l1} (msprobe dump)" in message
+    assert "precguard-msprobe-" not in message

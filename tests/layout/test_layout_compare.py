@@ -10,6 +10,7 @@ import torch
 import precguard
 from precguard.compare.engine import IncomparableRunsError
 from precguard.compare.hints import replay_hint
+from precguard.compare.report import Counts
 from precguard.errors import UsageError
 from precguard.layout import LayoutSpec, gather_run, load_layout
 from tests.compare.conftest import run_cli
@@ -306,3 +307,34 @@ def test_replay_is_refused_with_a_layout(tmp_path, capsys, spec_file):
     args = ["compare", str(golden), str(actual), "--layout", str(spec_file)]
     code, _, err = run_cli([*args, "--replay", "--target", "x.py"], capsys)
     assert code == 2 and "--replay cannot be used with --layout" in err
+
+
+def test_both_paths_count_records_the_same_way(tmp_path, spec_file):
+    # compare and compare --layout count with one function (Counts.of): a plain comparison
+    # and a gathered one of the same whole recordings give the same counts, and a gathered
+    # comparison's counts are those of its records (a pass it could not combine is missing,
+    # at no level, although it carries metrics)
+    x, w1, w2 = weights()
+    golden = write_run(tmp_path / "g", {0: whole(x, w1, w2)}, tensors=False)
+    actual = write_run(tmp_path / "a", {0: whole(x, w1 * 1.01, w2)}, tensors=False)
+    plain = precguard.compare_runs(golden, actual)
+    gathered = precguard.compare_runs(golden, actual, layout=spec_file)
+    assert plain.counts == gathered.counts == Counts.of(plain.records)
+    assert plain.counts.failed > 0 and plain.counts.stats_only == len(plain.records)
+
+    golden, actual = _runs(tmp_path / "split", tensors=False)
+    split_result = precguard.compare_runs(golden, actual, layout=spec_file)
+    assert split_result.counts == Counts.of(split_result.records)
+    assert split_result.counts.missing == 1
+    assert split_result.counts.stats_only == len(split_result.records) - 1
+
+
+def test_calibration_goes_with_a_gathered_actual_not_with_a_gathered_golden(tmp_path, spec_file):
+    golden, actual = _runs(tmp_path)
+    calibration = write_run(tmp_path / "cal", {0: whole(*weights())})  # golden's own numbers
+    plain = precguard.compare_runs(golden, actual, layout=spec_file)
+    calibrated = precguard.compare_runs(golden, actual, layout=spec_file, calibration=calibration)
+    assert calibrated.verdict == plain.verdict == "match"
+    assert calibrated.counts == plain.counts
+    with pytest.raises(UsageError, match="--calibration cannot be used with --layout"):
+        precguard.compare_runs(actual, golden, layout=spec_file, calibration=calibration)

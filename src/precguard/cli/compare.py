@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
 from precguard.cli._app import app, show_progress
-
-if TYPE_CHECKING:
-    from precguard.dump.reader import Run
 
 _COMPARE_HELP = """Compare ACTUAL with GOLDEN and name the layer that introduced the error.
 
@@ -168,19 +164,31 @@ def compare(
     from rich.console import Console
     from rich.progress import Progress
 
-    from precguard.compare import compare_runs as run_compare
+    from precguard.compare.options import CompareOptions
     from precguard.compare.render import render
     from precguard.errors import UsageError
+    from precguard.layout.compare import compare_runs as run_compare
 
+    options = CompareOptions(
+        profile=profile,
+        rtol=rtol,
+        atol=atol,
+        rank=rank,
+        step=step,
+        tolerance_dtype=tolerance_dtype,
+        rename=tuple(rename),
+        workers=workers,
+        calibration=calibration,
+    )
     if top < 0:
         raise UsageError(f"--top must be >= 0, got {top}")
     if replay_top < 1:
         raise UsageError(f"--replay-top must be >= 1, got {replay_top}")
     if replay and target is None:
         from precguard.compare.hints import replay_suggestion
-        from precguard.dump.reader import load_run
+        from precguard.compare.runs import open_side
 
-        raise UsageError(replay_suggestion(load_run(actual).manifest.target))
+        raise UsageError(replay_suggestion(open_side(actual).run.manifest.target))
     if replay and layout is not None:
         raise UsageError(
             "--replay cannot be used with --layout: a sharded module runs only inside its "
@@ -199,22 +207,12 @@ def compare(
             total=_steps_to_compare(golden, rank, step) if tty else None,
         )
         result = run_compare(
-            _recording(golden),
-            _recording(actual),
-            profile=profile,
-            rtol=rtol,
-            atol=atol,
-            rank=rank,
-            step=step,
-            tolerance_dtype=tolerance_dtype,
-            rename=rename,
+            golden,
+            actual,
+            options,
             layout=layout,
             on_step=lambda r, s: bar.update(task, advance=1, description=f"rank {r} step {s}"),
-            workers=workers,
-            calibration=calibration,
         )
-    # name the directories the user gave, not a converted msprobe dump's temporary copy
-    result = result.model_copy(update={"golden": str(golden), "actual": str(actual)})
     if replay:
         from precguard.localize.confirm import replay_suspects
 
@@ -311,9 +309,11 @@ def _compare_bitwise(
 ) -> None:
     """``compare --bitwise``: hashes only; exit 0 identical, 1 differs, 3 inconclusive."""
     from precguard.compare.bitwise import compare_bitwise, render_bitwise
+    from precguard.compare.runs import open_side, with_names
 
-    result = compare_bitwise(_recording(golden), _recording(actual), rank=rank, step=step)
-    result = result.model_copy(update={"golden": str(golden), "actual": str(actual)})
+    g, a = open_side(golden), open_side(actual)
+    result = compare_bitwise(g.run, a.run, rank=rank, step=step)
+    result = with_names(result, g, a)
     payload = result.model_dump_json(indent=2)
     if json_out is not None and str(json_out) == "-":
         typer.echo(payload)
@@ -323,13 +323,6 @@ def _compare_bitwise(
         typer.echo(render_bitwise(result))
     if result.exit_code:
         raise typer.Exit(result.exit_code)
-
-
-def _recording(path: Path) -> Path | Run:
-    """``path`` itself, or for an msprobe dump the recording it converts into (docs/msprobe.md)."""
-    from precguard.interop.msprobe import is_msprobe_dump, open_recording
-
-    return open_recording(path) if is_msprobe_dump(path) else path
 
 
 def _steps_to_compare(golden: Path, rank: int | None, step: int | None) -> int | None:

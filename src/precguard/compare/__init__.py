@@ -1,7 +1,9 @@
 """Compare two recordings: align records, measure error, name the layer that introduced it.
 
-The function is :func:`precguard.compare_runs` (``compare_runs`` here);
-``precguard.compare`` is this subpackage, not a callable.
+The function is :func:`precguard.compare_runs`; ``compare_runs`` here is the same
+without ``layout=`` (the layout branch lives above, in :mod:`precguard.layout.compare`,
+and calls it). ``precguard.compare`` is this subpackage, not a callable. How to
+compare is one :class:`CompareOptions`.
 
 >>> result = precguard.compare_runs("runs/golden", "runs/actual")   # doctest: +SKIP
 >>> result.verdict                                                   # doctest: +SKIP
@@ -11,12 +13,14 @@ The function is :func:`precguard.compare_runs` (``compare_runs`` here);
 from __future__ import annotations
 
 from precguard.compare.engine import IncomparableRunsError, fingerprint_diff
+from precguard.compare.options import CompareOptions
 from precguard.compare.report import Comparison, FirstDivergence, Metrics, RecordResult
 from precguard.compare.runs import compare_runs
 from precguard.compare.tolerance import PROFILES, Profile, get_profile
 
 __all__ = [
     "PROFILES",
+    "CompareOptions",
     "Comparison",
     "FirstDivergence",
     "IncomparableRunsError",

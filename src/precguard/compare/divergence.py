@@ -40,6 +40,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from pydantic import BaseModel, ConfigDict
+
 from precguard.compare.align import parent_module
 from precguard.compare.expected import LINEAR_TYPES, expected_error, own_bias, rounding_floor
 from precguard.compare.report import FirstDivergence, RecordResult, Suspect
@@ -51,14 +53,20 @@ _BAD = ("fail", "nonfinite")
 MIN_LOCAL_GROWTH = 2.0
 
 
-@dataclass
-class Candidate:
-    """A module call that introduced error (or, failing that, the first failing record)."""
+class Candidate(BaseModel):
+    """A module call that introduced error (or, failing that, the first failing record).
+
+    One model, in this process and in a worker's JSON share alike
+    (:class:`precguard.compare.units.UnitResult`). Not frozen: merging ranks may add
+    to its ``reason`` (engine's ``_across_ranks``).
+    """
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
 
     result: RecordResult
     local: bool | None
-    amplification: float | None
-    input_error: float | None
+    amplification: float | None = None
+    input_error: float | None = None
     reason: str
     expected_error: float | None = None
 
@@ -234,14 +242,12 @@ def _param_candidate(call: _Call, p: RecordResult) -> Candidate:
         else ""
     )
     return Candidate(
-        p,
-        True,
-        None,
-        None,
-        f"{call.module} ({call.module_type}) holds a parameter that differs from golden "
+        result=p,
+        local=True,
+        reason=f"{call.module} ({call.module_type}) holds a parameter that differs from golden "
         f"(error {_fmt(_err(p))}{scaled}{cast}): its weights, not its inputs, differ",
         # a weight equal to golden's rounded to the tolerance dtype would have passed
-        rounding_floor(m.dtype) if m is not None else None,
+        expected_error=rounding_floor(m.dtype) if m is not None else None,
     )
 
 
@@ -273,7 +279,15 @@ def _classify(
         return None, decision
     if call.phase == "forward":
         reason += _glue_note(call, first, forward)
-    return Candidate(first, True, amp, in_err, reason, expected), decision
+    candidate = Candidate(
+        result=first,
+        local=True,
+        amplification=amp,
+        input_error=in_err,
+        reason=reason,
+        expected_error=expected,
+    )
+    return candidate, decision
 
 
 def _local_reason(
@@ -440,7 +454,7 @@ def fallback(results: list[RecordResult]) -> Candidate | None:
                     "record outside tolerance"
                 )
                 local = False
-            return Candidate(r, local, None, None, reason)
+            return Candidate(result=r, local=local, reason=reason)
     return None
 
 

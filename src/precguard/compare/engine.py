@@ -14,13 +14,8 @@ from itertools import groupby
 from typing import Any
 
 from precguard._logging import get_logger
-from precguard.compare.align import (
-    WRAPPER_TYPES,
-    Renamer,
-    align,
-    closest_unmatched,
-    fsdp2_class,
-)
+from precguard.compare import hints
+from precguard.compare.align import WRAPPER_TYPES, Renamer, align, fsdp2_class
 from precguard.compare.coverage import CoverageTracker, ensure_distinct, incomplete_note
 from precguard.compare.divergence import (
     Candidate,
@@ -31,14 +26,13 @@ from precguard.compare.divergence import (
 )
 from precguard.compare.judge import judge_step, measured_errors
 from precguard.compare.metrics import (
-    TOLERANCE_MODES,
     golden_rms,
-    is_float_dtype,
     precision,
     stats_metrics,
     tensor_metrics,
     tolerance_dtype,
 )
+from precguard.compare.options import CompareOptions
 from precguard.compare.report import (
     Comparison,
     Counts,
@@ -48,13 +42,13 @@ from precguard.compare.report import (
     Status,
     Unmatched,
 )
-from precguard.compare.tolerance import Profile, get_profile, judge, with_bias
+from precguard.compare.tolerance import Profile, judge, with_bias
+from precguard.compare.units import ShardResult, UnitResult
 from precguard.dump.paths import RECORDS_FILE, rank_dir
 from precguard.dump.reader import Run, load_run
 from precguard.dump.schema import Record
 from precguard.dump.tensors import TensorStore
 from precguard.errors import DumpFormatError, PrecguardError, UsageError
-from precguard.interop.msprobe.names import API_NAMESPACE
 from precguard.text import shown
 
 logger = get_logger(__name__)
@@ -64,13 +58,6 @@ logger = get_logger(__name__)
 MIN_ALIGNED_SHARE = 0.5
 
 
-#: key prefix of msprobe's API-level records
-API_PREFIX = API_NAMESPACE + "."
-
-#: short dtype names accepted by ``tolerance_dtype``
-_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
-
-
 class IncomparableRunsError(PrecguardError):
     """The two recordings are not of the same model (or share no rank or step)."""
 
@@ -78,35 +65,34 @@ class IncomparableRunsError(PrecguardError):
 class ComparePlan:
     """What every process of a comparison agrees on before any unit is compared.
 
-    Built the same way from the same arguments in each worker process, so a
-    worker needs only the arguments (:meth:`arguments`), never a pickled object.
+    Built the same way from the same :class:`~precguard.compare.options.CompareOptions`
+    in each worker process, so a worker needs only :attr:`arguments` (the two paths
+    and the options' JSON), never a pickled object.
     """
 
     def __init__(
         self,
         g_run: Run,
         a_run: Run,
-        prof: Profile,
-        tolerance_dtype: str,
+        options: CompareOptions,
         renamer: Renamer,
         warnings: list[str],
         ranks: list[int],
-        *,
-        rank: int | None,
-        step: int | None,
-        arguments: dict[str, Any],
     ) -> None:
         self.g_run = g_run
         self.a_run = a_run
-        self.prof = prof
-        self.tolerance_dtype = tolerance_dtype
+        self.options = options
+        self.prof = options.resolved_profile()
         self.computes = (g_run.manifest.compute_dtype, a_run.manifest.compute_dtype)
         self.renamer = renamer
         self.warnings = warnings
         self.ranks = ranks
-        self.rank = rank
-        self.step = step
-        self.arguments = arguments
+        #: what a worker process rebuilds the plan from (:func:`plan_from_arguments`)
+        self.arguments: dict[str, Any] = {
+            "golden": str(g_run.path),
+            "actual": str(a_run.path),
+            "options": options.model_dump(mode="json"),
+        }
         #: per rank: the error each parameter's gradient carried at the last step compared
         self.carried: dict[int, dict[str, float]] = {}
         #: per rank: the golden's parameter records of the last step compared, by key
@@ -114,7 +100,25 @@ class ComparePlan:
         #: a calibration recording (the golden's code at its own precision, inputs perturbed
         #: by one unit roundoff: calibrate.perturb_inputs), if any
         self.calibration: Run | None = None
+        #: keys of another tool's extra detail (msprobe's API-level records: compare_runs
+        #: sets it from precguard.interop): unmatched, no evidence of a different model
+        self.is_detail: Callable[[str], bool] = _no_detail
         self._calibration_records: dict[int, dict[tuple[int, str], Record]] = {}
+
+    @property
+    def tolerance_dtype(self) -> str:
+        """The options' tolerance dtype (aliases resolved)."""
+        return self.options.tolerance_dtype
+
+    @property
+    def rank(self) -> int | None:
+        """The only rank compared, if the options name one."""
+        return self.options.rank
+
+    @property
+    def step(self) -> int | None:
+        """The only step compared, if the options name one."""
+        return self.options.step
 
     def calibration_records(self, rank: int) -> dict[tuple[int, str], Record]:
         """The calibration run's records of ``rank`` by (step, key), read once."""
@@ -126,60 +130,29 @@ class ComparePlan:
         return self._calibration_records[rank]
 
 
+def _no_detail(_key: str) -> bool:
+    return False
+
+
 def plan_comparison(
     golden: str | os.PathLike[str] | Run,
     actual: str | os.PathLike[str] | Run,
+    options: CompareOptions | None = None,
     *,
-    profile: str | Profile = "default",
-    rtol: float | None = None,
-    atol: float | None = None,
-    rank: int | None = None,
-    step: int | None = None,
-    tolerance_dtype: str = "auto",
-    rename: Sequence[str] = (),
     check_distinct: bool = True,
-    calibration: str | os.PathLike[str] | None = None,
 ) -> ComparePlan:
-    """Open both recordings and settle everything the units share (see :func:`compare`)."""
+    """Open both recordings and settle everything the units share (see ``compare_runs``)."""
+    options = options if options is not None else CompareOptions()
     g_run = golden if isinstance(golden, Run) else load_run(golden)
     a_run = actual if isinstance(actual, Run) else load_run(actual)
-    prof = get_profile(profile) if isinstance(profile, str) else profile
-    prof = prof.with_overrides(rtol, atol)
-    tolerance_dtype = _DTYPE_ALIASES.get(tolerance_dtype, tolerance_dtype)
-    if tolerance_dtype not in TOLERANCE_MODES and not is_float_dtype(tolerance_dtype):
-        raise UsageError(
-            f"--tolerance-dtype must be one of {', '.join(TOLERANCE_MODES)} or a float dtype "
-            f"(float32, bfloat16, float16, float64), got {tolerance_dtype!r}"
-        )
     if check_distinct:
         ensure_distinct(g_run, a_run)
-    renamer = Renamer.from_strings(rename)
-    warnings = _check_models(g_run, a_run, renamed=bool(rename))
-    ranks = _ranks(g_run, a_run, rank, warnings)
-    arguments = {
-        "golden": str(g_run.path),
-        "actual": str(a_run.path),
-        "profile": prof.model_dump(mode="python"),
-        "rank": rank,
-        "step": step,
-        "tolerance_dtype": tolerance_dtype,
-        "rename": list(rename),
-        "calibration": str(calibration) if calibration is not None else None,
-    }
-    plan = ComparePlan(
-        g_run,
-        a_run,
-        prof,
-        tolerance_dtype,
-        renamer,
-        warnings,
-        ranks,
-        rank=rank,
-        step=step,
-        arguments=arguments,
-    )
-    if calibration is not None:
-        plan.calibration = load_run(calibration)
+    renamer = Renamer.from_strings(options.rename)
+    warnings = _check_models(g_run, a_run, renamed=bool(options.rename))
+    ranks = _ranks(g_run, a_run, options.rank, warnings)
+    plan = ComparePlan(g_run, a_run, options, renamer, warnings, ranks)
+    if options.calibration is not None:
+        plan.calibration = load_run(options.calibration)
     return plan
 
 
@@ -188,62 +161,9 @@ def plan_from_arguments(arguments: dict[str, Any]) -> ComparePlan:
     return plan_comparison(
         arguments["golden"],
         arguments["actual"],
-        profile=Profile.model_validate(arguments["profile"]),
-        rank=arguments["rank"],
-        step=arguments["step"],
-        tolerance_dtype=arguments["tolerance_dtype"],
-        rename=arguments["rename"],
+        CompareOptions.model_validate(arguments["options"]),
         check_distinct=False,  # the coordinating process checked
-        calibration=arguments.get("calibration"),
     )
-
-
-class UnitResult:
-    """The comparison of one (rank, step) unit: what :func:`merge_shards` puts together."""
-
-    __slots__ = (
-        "actual_only",
-        "candidates",
-        "collectives_dropped",
-        "first",
-        "golden_only",
-        "rank",
-        "results",
-        "step",
-    )
-
-    def __init__(
-        self,
-        rank: int,
-        step: int,
-        results: list[RecordResult],
-        golden_only: list[str],
-        actual_only: list[str],
-        candidates: list[Candidate],
-        first: Candidate | None,
-        collectives_dropped: tuple[int, int] = (0, 0),
-    ) -> None:
-        self.rank = rank
-        self.step = step
-        self.results = results
-        self.golden_only = golden_only
-        self.actual_only = actual_only
-        self.candidates = candidates
-        self.first = first
-        #: dist.<op> records (golden, actual) left out: the other side recorded no collective
-        self.collectives_dropped = collectives_dropped
-
-
-class ShardResult:
-    """One process's share: its units in (rank, step) order, its warnings and coverage."""
-
-    def __init__(self) -> None:
-        self.units: list[UnitResult] = []
-        self.warnings: dict[int, list[str]] = {}  # per rank, in the order met
-        self.compared: set[tuple[int, int]] = set()
-        self.phases: set[str] = set()
-        self.only_golden: set[str] = set()
-        self.only_actual: set[str] = set()
 
 
 def compare_unit(
@@ -284,17 +204,16 @@ def compare_unit(
         step_results.results = judged
     classified = classify_step(step_results.results, plan.prof)
     found = classified.candidates
-    first = found[0] if found else fallback(step_results.results)
     logger.debug("step_compared", rank=r, step=s, records=len(step_results.results))
     return UnitResult(
-        r,
-        s,
-        RecordRows(_annotate(step_results.results, classified.decisions)),
-        step_results.golden_only,
-        step_results.actual_only,
-        found,
-        first,
-        dropped,
+        rank=r,
+        step=s,
+        results=RecordRows(_annotate(step_results.results, classified.decisions)),
+        golden_only=step_results.golden_only,
+        actual_only=step_results.actual_only,
+        candidates=found,
+        fallback=None if found else fallback(step_results.results),
+        collectives_dropped=dropped,
     )
 
 
@@ -414,12 +333,7 @@ def compare_shard(
     return out
 
 
-def merge_shards(
-    plan: ComparePlan,
-    shards: list[ShardResult],
-    *,
-    suspects: int | None = None,
-) -> Comparison:
+def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
     """Put the shards' units together in (rank, step) order and judge the whole comparison.
 
     The order is the one a single process compares in, so the result does not
@@ -437,7 +351,7 @@ def merge_shards(
         coverage.only_golden |= shard.only_golden
         coverage.only_actual |= shard.only_actual
     units = sorted((u for shard in shards for u in shard.units), key=lambda u: (u.rank, u.step))
-    results = RecordRows()  # compact: memory per record pair stays small (docs/recording.md)
+    results = RecordRows()  # compact: memory per record pair stays small (docs/compare.md)
     golden_only: list[str] = []
     actual_only: list[str] = []
     candidates: list[Candidate] = []
@@ -457,35 +371,28 @@ def merge_shards(
             f"{g_run.path} and {a_run.path} share no step of any rank: nothing to compare"
             + incomplete_note(g_run, a_run)
         )
-    counts = _counts(results)
+    counts = Counts.of(results)
     matched = len(results) - counts.missing
-    unmatched_modules = max(_module_level(golden_only), _module_level(actual_only))
+    unmatched_modules = max(
+        _module_level(golden_only, plan.is_detail), _module_level(actual_only, plan.is_detail)
+    )
     if matched < MIN_ALIGNED_SHARE * unmatched_modules:
-        truncated = truncation_note(g_run, a_run, results, golden_only, actual_only)
+        truncated = hints.truncation_note(g_run, a_run, results, golden_only, actual_only)
         if truncated is not None:
             raise DumpFormatError(truncated)
         raise IncomparableRunsError(
-            f"{a_run.path} does not look like a recording of the same model as {g_run.path}: "
-            f"only {matched} records align, {len(golden_only)} are only in golden and "
-            f"{len(actual_only)} only in actual"
-            + _closest(golden_only, actual_only)
-            + incomplete_note(g_run, a_run)
-            + _api_only_note(golden_only, actual_only)
+            hints.not_the_same_model(
+                g_run, a_run, matched, golden_only, actual_only, plan.is_detail
+            )
         )
     candidates, firsts = _across_ranks(results, candidates, firsts)
     first = min(firsts, key=lambda c: c.order) if firsts else None
     for side, i in (("golden", 0), ("actual", 1)):
         dropped = sum(u.collectives_dropped[i] for u in units)
         if dropped:
-            warnings.append(
-                f"{dropped} collective (dist.*) records only in {side}, whose other side "
-                "recorded no collective (e.g. a single-process golden): not compared"
-            )
+            warnings.append(hints.collectives_left_out(dropped, side))
     if golden_only or actual_only:
-        warnings.append(
-            f"{len(golden_only)} golden and {len(actual_only)} actual records have no "
-            "counterpart (listed under 'unmatched')" + _closest(golden_only, actual_only)
-        )
+        warnings.append(hints.unmatched_warning(golden_only, actual_only))
     prof = plan.prof
     return Comparison(
         golden=str(g_run.path),
@@ -500,7 +407,7 @@ def merge_shards(
         | {"amplification": prof.amplification},
         verdict="diverged" if counts.failed or counts.nonfinite else "match",
         first_divergence=first.divergence() if first is not None else None,
-        suspects=rank_suspects(candidates, first, suspects),
+        suspects=rank_suspects(candidates, first, plan.options.suspects),
         counts=counts,
         records=results,
         unmatched=Unmatched(golden_only=golden_only, actual_only=actual_only),
@@ -560,55 +467,11 @@ def _across_ranks(
     return kept, firsts_kept
 
 
-def _module_level(keys: list[str]) -> int:
-    """How many of ``keys`` are module records: msprobe's API-level records (a namespace
-    precguard never records, docs/msprobe.md) are extra detail, not evidence of a
-    different model, and are only listed as unmatched."""
-    return sum(1 for k in keys if not k.startswith(API_PREFIX))
-
-
-def _api_only_note(golden_only: list[str], actual_only: list[str]) -> str:
-    """A hint when one side holds msprobe API-level records only (an L1 dump)."""
-    for keys in (golden_only, actual_only):
-        if keys and not _module_level(keys):
-            return (
-                "; one side holds only msprobe API calls (an msprobe L1 dump), which "
-                "precguard's module records cannot pair with: dump with msprobe level L0 or mix"
-            )
-    return ""
-
-
-def truncation_note(
-    g_run: Run,
-    a_run: Run,
-    results: Sequence[RecordResult],
-    golden_only: list[str],
-    actual_only: list[str],
-) -> str | None:
-    """Say which recording is cut short when its records are a prefix of the other's.
-
-    A records file cut at a line boundary (copied in part, a full disk) leaves
-    one side with a prefix of the other: every unmatched record is on the
-    longer side, and none is followed by a matched one. That is a truncated
-    recording, not a different model (a smaller model leaves gaps, not a tail).
-    """
-    if golden_only and not actual_only:
-        short, other, missing = a_run, g_run, len(golden_only)
-    elif actual_only and not golden_only:
-        short, other, missing = g_run, a_run, len(actual_only)
-    else:
-        return None
-    gap = False
-    for r in results:  # in (rank, step, seq) order
-        if r.status == "missing":
-            gap = True
-        elif gap:
-            return None  # a matched record after the unmatched ones: not a cut
-
-    return (
-        f"{short.path}: truncated: it lacks {missing} records that {other.path} has and has "
-        "none of its own; its records.jsonl was cut short (copy it again)"
-    )
+def _module_level(keys: list[str], is_detail: Callable[[str], bool]) -> int:
+    """How many of ``keys`` are module records: another tool's extra detail (msprobe's
+    API-level records, a namespace precguard never records, docs/msprobe.md) is no
+    evidence of a different model, and is only listed as unmatched."""
+    return sum(1 for k in keys if not is_detail(k))
 
 
 def fingerprint_diff(golden: dict[str, Any], actual: dict[str, Any]) -> dict[str, list[Any]]:
@@ -619,11 +482,6 @@ def fingerprint_diff(golden: dict[str, Any], actual: dict[str, Any]) -> dict[str
         if g != a:
             out[key] = [g, a]
     return out
-
-
-def _closest(golden_only: list[str], actual_only: list[str]) -> str:
-    text = closest_unmatched(golden_only, actual_only)
-    return f"; {text}" if text else ""
 
 
 def _check_models(g_run: Run, a_run: Run, *, renamed: bool = False) -> list[str]:
@@ -788,7 +646,7 @@ def pair_metrics(
         raise IncomparableRunsError(
             f"{rank_dir(a_store.root, a.rank) / RECORDS_FILE}: a recording of a different "
             f"model: parameter {g.key} ({g.name}) has shape {a.shape}, golden {g.shape}"
-            + _shard_hint(g.shape, a.shape)
+            + hints.shard_hint(g.shape, a.shape)
         )
     if _squeezed(g.shape) != _squeezed(a.shape):
         return Metrics(
@@ -820,39 +678,6 @@ def pair_metrics(
     return stats_metrics(g, a, dtype=dtype)
 
 
-def _shard_hint(golden: list[int], actual: list[int]) -> str:
-    """A pointer to --layout when one shape is the other split along one dimension."""
-    if len(golden) != len(actual):
-        return ""
-    differ = [(g, a) for g, a in zip(golden, actual, strict=True) if g != a]
-    if len(differ) == 1 and min(differ[0]) > 0 and max(differ[0]) % min(differ[0]) == 0:
-        return (
-            "; if one side is a shard of a tensor-parallel run, compare with --layout "
-            "(docs/layouts.md)"
-        )
-    return ""
-
-
 def _squeezed(shape: list[int]) -> list[int]:
     """The shape without size-1 dimensions: [1, 32, 16] and [32, 16] hold the same layout."""
     return [s for s in shape if s != 1]
-
-
-def _counts(results: Sequence[RecordResult]) -> Counts:
-    if isinstance(results, RecordRows):
-        return results.counts()  # from its status and level bytes, no row read
-    c = {"pass": 0, "fail": 0, "nonfinite": 0, "missing": 0}
-    full = stats = 0
-    for r in results:
-        c[r.status] += 1
-        if r.metrics is not None:
-            full += r.metrics.level in ("full", "exact")
-            stats += r.metrics.level == "stats"
-    return Counts(
-        passed=c["pass"],
-        failed=c["fail"],
-        nonfinite=c["nonfinite"],
-        missing=c["missing"],
-        full=full,
-        stats_only=stats,
-    )

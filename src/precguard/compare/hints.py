@@ -1,21 +1,30 @@
-"""What compare suggests next: the ``precguard replay`` command that confirms a suspect.
+"""compare's messages: what it suggests next and how it explains what it found.
 
-A printed command must work when pasted. It names the module's call, step
-and rank, the actual's device and dtype, and the target whose code ran on
-the actual's side (the fault may be in that code, not in the device): the
-target the actual's manifest names. compare never imports that target; it
-only prints it for the user to run. When a working command cannot be
-given (no target named, no full tensors, a decorated function), the hint
-says why instead.
+The explanations beside the algorithm in :mod:`precguard.compare.engine` live
+here: a recording cut short, two recordings of different models, records with
+no counterpart, collectives only one side recorded, a parameter that looks like
+a shard (a pointer to ``--layout``), and an msprobe L1 dump.
+
+And the ``precguard replay`` command that confirms a suspect. A printed
+command must work when pasted. It names the module's call, step and rank, the
+actual's device and dtype, and the target whose code ran on the actual's side
+(the fault may be in that code, not in the device): the target the actual's
+manifest names. compare never imports that target; it only prints it for the
+user to run. When a working command cannot be given (no target named, no full
+tensors, a decorated function), the hint says why instead.
 """
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from precguard.compare.align import closest_unmatched
+from precguard.compare.coverage import incomplete_note
 from precguard.compare.report import Comparison, RecordResult
+from precguard.dump.reader import Run
 from precguard.errors import PrecguardError
 
 #: metric levels at which both sides saved the tensor (replay needs the golden's)
@@ -227,3 +236,107 @@ def replay_suggestion(actual_target: str | None) -> str:
             f"{shlex.quote(actual_target)} if you trust it)"
         )
     return "--replay needs --target: the target whose code ran on the actual's side"
+
+
+def closest(golden_only: list[str], actual_only: list[str]) -> str:
+    """``; `` and the closest pair of unmatched names, or nothing when none is close."""
+    text = closest_unmatched(golden_only, actual_only)
+    return f"; {text}" if text else ""
+
+
+def unmatched_warning(golden_only: list[str], actual_only: list[str]) -> str:
+    """The warning that some records have no counterpart."""
+    return (
+        f"{len(golden_only)} golden and {len(actual_only)} actual records have no "
+        "counterpart (listed under 'unmatched')" + closest(golden_only, actual_only)
+    )
+
+
+def collectives_left_out(count: int, side: str) -> str:
+    """The warning that ``count`` collective records of ``side`` had nothing to pair with."""
+    return (
+        f"{count} collective (dist.*) records only in {side}, whose other side "
+        "recorded no collective (e.g. a single-process golden): not compared"
+    )
+
+
+def api_only_note(
+    golden_only: list[str], actual_only: list[str], is_detail: Callable[[str], bool]
+) -> str:
+    """A hint when one side holds msprobe API-level records only (an L1 dump)."""
+    for keys in (golden_only, actual_only):
+        if keys and all(is_detail(k) for k in keys):
+            return (
+                "; one side holds only msprobe API calls (an msprobe L1 dump), which "
+                "precguard's module records cannot pair with: dump with msprobe level L0 or mix"
+            )
+    return ""
+
+
+def not_the_same_model(
+    g_run: Run,
+    a_run: Run,
+    matched: int,
+    golden_only: list[str],
+    actual_only: list[str],
+    is_detail: Callable[[str], bool],
+) -> str:
+    """Why two recordings are taken to be of different models: too few records align.
+
+    The hint that fixes it comes before the list of names, which the CLI's one
+    line may cut: an msprobe L1 dump, then a run that did not finish.
+    """
+    return (
+        f"{a_run.path} does not look like a recording of the same model as {g_run.path}: "
+        f"only {matched} records align, {len(golden_only)} are only in golden and "
+        f"{len(actual_only)} only in actual"
+        + api_only_note(golden_only, actual_only, is_detail)
+        + incomplete_note(g_run, a_run)
+        + closest(golden_only, actual_only)
+    )
+
+
+def truncation_note(
+    g_run: Run,
+    a_run: Run,
+    results: list[RecordResult],
+    golden_only: list[str],
+    actual_only: list[str],
+) -> str | None:
+    """Say which recording is cut short when its records are a prefix of the other's.
+
+    A records file cut at a line boundary (copied in part, a full disk) leaves
+    one side with a prefix of the other: every unmatched record is on the
+    longer side, and none is followed by a matched one. That is a truncated
+    recording, not a different model (a smaller model leaves gaps, not a tail).
+    """
+    if golden_only and not actual_only:
+        short, other, missing = a_run, g_run, len(golden_only)
+    elif actual_only and not golden_only:
+        short, other, missing = g_run, a_run, len(actual_only)
+    else:
+        return None
+    gap = False
+    for r in results:  # in (rank, step, seq) order
+        if r.status == "missing":
+            gap = True
+        elif gap:
+            return None  # a matched record after the unmatched ones: not a cut
+
+    return (
+        f"{short.path}: truncated: it lacks {missing} records that {other.path} has and has "
+        "none of its own; its records.jsonl was cut short (copy it again)"
+    )
+
+
+def shard_hint(golden: list[int], actual: list[int]) -> str:
+    """A pointer to --layout when one shape is the other split along one dimension."""
+    if len(golden) != len(actual):
+        return ""
+    differ = [(g, a) for g, a in zip(golden, actual, strict=True) if g != a]
+    if len(differ) == 1 and min(differ[0]) > 0 and max(differ[0]) % min(differ[0]) == 0:
+        return (
+            "; if one side is a shard of a tensor-parallel run, compare with --layout "
+            "(docs/layouts.md)"
+        )
+    return ""

@@ -5,15 +5,15 @@ results put back together in (rank, step) order by
 :func:`~precguard.compare.engine.merge_shards`, which makes the result the same
 JSON whatever the number of processes:
 
-* ``compare(..., workers=N)`` / ``precguard compare --workers N``: this process
+* ``compare_runs(..., workers=N)`` / ``precguard compare --workers N``: this process
   and N-1 more on this machine (``fork`` where available, else ``spawn``), each
   rebuilding the comparison plan from its plain arguments;
 * ``torchrun --nnodes ... -m precguard.compare GOLDEN ACTUAL ...``: every process
   of the job takes a share, sends it to rank 0 with ``gather_object`` and rank 0
   merges and prints (see :mod:`precguard.compare.__main__`).
 
-A share travels as a JSON string (:class:`ShardPayload`), never as a pickled
-object. Unit ``(i, s)`` (the i-th rank compared, step ``s``) belongs to process
+A share travels as the JSON of its :class:`~precguard.compare.units.ShardResult`,
+never as a pickled object. Unit ``(i, s)`` (the i-th rank compared, step ``s``) belongs to process
 ``(i + n_ranks * (s mod k)) mod N`` with ``k = ceil(N / n_ranks)``: whole ranks
 when there are at least as many ranks as processes (a process reads only its
 ranks' records), steps of a rank spread over processes when there are fewer.
@@ -32,138 +32,28 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from precguard.compare.divergence import Candidate
-from precguard.compare.engine import (
-    ComparePlan,
-    ShardResult,
-    UnitResult,
-    compare_shard,
-    plan_from_arguments,
-)
-from precguard.compare.report import RecordResult
-from precguard.errors import PrecguardError, UsageError
-
-_FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
+from precguard.compare.engine import ComparePlan, compare_shard, plan_from_arguments
+from precguard.compare.units import ShardResult
+from precguard.errors import PrecguardError
 
 #: set by ``python -m precguard.compare`` under torchrun: share units with the job's ranks
 _DISTRIBUTED: dict[str, Any] = {"active": False}
 
 
-class CandidateModel(BaseModel):
-    """A :class:`~precguard.compare.divergence.Candidate` as JSON."""
-
-    model_config = _FROZEN
-
-    result: RecordResult
-    local: bool | None
-    amplification: float | None
-    input_error: float | None
-    reason: str
-    expected_error: float | None = None
+def failed_share(exc: PrecguardError) -> ShardResult:
+    """A share that carries ``exc`` instead of units (:func:`raise_carried` raises it)."""
+    return ShardResult(error=type(exc).__name__, message=str(exc))
 
 
-class UnitModel(BaseModel):
-    """A :class:`~precguard.compare.engine.UnitResult` as JSON."""
-
-    model_config = _FROZEN
-
-    rank: int
-    step: int
-    results: list[RecordResult]
-    golden_only: list[str]
-    actual_only: list[str]
-    candidates: list[CandidateModel]
-    first: CandidateModel | None = Field(
-        default=None, description="The unit's first candidate when it is not candidates[0]."
-    )
-    first_is_candidate: bool = Field(
-        default=False, description="The unit's first is candidates[0] (the same object)."
-    )
-    collectives_dropped: tuple[int, int] = Field(
-        default=(0, 0), description="dist.* records left out (golden, actual)."
-    )
+def raise_carried(shard: ShardResult) -> ShardResult:
+    """``shard`` itself, or raise the error it carries as the process that met it did."""
+    if shard.error is not None:
+        raise error_class(shard.error)(shard.message)
+    return shard
 
 
-class ShardPayload(BaseModel):
-    """One process's share of a comparison, or the error that stopped it."""
-
-    model_config = _FROZEN
-
-    units: list[UnitModel] = Field(default_factory=list)
-    warnings: dict[int, list[str]] = Field(default_factory=dict)
-    compared: list[tuple[int, int]] = Field(default_factory=list)
-    phases: list[str] = Field(default_factory=list)
-    only_golden: list[str] = Field(default_factory=list)
-    only_actual: list[str] = Field(default_factory=list)
-    error: str | None = Field(default=None, description="Class name of the error raised.")
-    message: str = Field(default="", description="Its message.")
-
-
-def _candidate_model(c: Candidate) -> CandidateModel:
-    return CandidateModel(
-        result=c.result,
-        local=c.local,
-        amplification=c.amplification,
-        input_error=c.input_error,
-        reason=c.reason,
-        expected_error=c.expected_error,
-    )
-
-
-def _candidate(m: CandidateModel) -> Candidate:
-    return Candidate(m.result, m.local, m.amplification, m.input_error, m.reason, m.expected_error)
-
-
-def to_payload(shard: ShardResult) -> ShardPayload:
-    """A shard as a JSON-able model."""
-    units = []
-    for u in shard.units:
-        in_list = bool(u.candidates) and u.first is u.candidates[0]
-        units.append(
-            UnitModel(
-                rank=u.rank,
-                step=u.step,
-                results=u.results,
-                golden_only=u.golden_only,
-                actual_only=u.actual_only,
-                candidates=[_candidate_model(c) for c in u.candidates],
-                first=None if in_list or u.first is None else _candidate_model(u.first),
-                first_is_candidate=in_list,
-                collectives_dropped=u.collectives_dropped,
-            )
-        )
-    return ShardPayload(
-        units=units,
-        warnings=shard.warnings,
-        compared=sorted(shard.compared),
-        phases=sorted(shard.phases),
-        only_golden=sorted(shard.only_golden),
-        only_actual=sorted(shard.only_actual),
-    )
-
-
-def from_payload(payload: ShardPayload) -> ShardResult:
-    """Rebuild a shard from its JSON-able model; re-raise the error it carries."""
-    if payload.error is not None:
-        raise error_class(payload.error)(payload.message)
-    out = ShardResult()
-    for u in payload.units:
-        candidates = [_candidate(c) for c in u.candidates]
-        if u.first_is_candidate:
-            first: Candidate | None = candidates[0]
-        else:
-            first = _candidate(u.first) if u.first is not None else None
-        out.units.append(
-            UnitResult(u.rank, u.step, u.results, u.golden_only, u.actual_only, candidates, first)
-        )
-    out.warnings = dict(payload.warnings)
-    out.compared = {tuple(x) for x in payload.compared}  # type: ignore[misc]
-    out.phases = set(payload.phases)
-    out.only_golden = set(payload.only_golden)
-    out.only_actual = set(payload.only_actual)
-    return out
+def _parse(text: str) -> ShardResult:
+    return raise_carried(ShardResult.model_validate_json(text))
 
 
 def error_class(name: str) -> type[PrecguardError]:
@@ -201,17 +91,17 @@ def owns_fn(plan: ComparePlan, me: int, count: int) -> Callable[[int, int], bool
 
 
 def shard_json(arguments: dict[str, Any], me: int, count: int) -> str:
-    """Compare process ``me``'s share (the worker's entry point); its payload as JSON.
+    """Compare process ``me``'s share (the worker's entry point); its ShardResult as JSON.
 
-    A :class:`PrecguardError` is returned inside the payload, so the coordinator
-    raises it as a single process would.
+    A :class:`PrecguardError` is returned inside the share (:func:`failed_share`),
+    so the coordinator raises it as a single process would.
     """
     try:
         plan = plan_from_arguments(arguments)
-        payload = to_payload(compare_shard(plan, owns_fn(plan, me, count)))
+        shard = compare_shard(plan, owns_fn(plan, me, count))
     except PrecguardError as exc:
-        payload = ShardPayload(error=type(exc).__name__, message=str(exc))
-    return payload.model_dump_json(exclude_defaults=True)
+        shard = failed_share(exc)
+    return shard.model_dump_json(exclude_defaults=True)
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -220,11 +110,10 @@ def _context() -> multiprocessing.context.BaseContext:
 
 
 def compare_shards(
-    plan: ComparePlan, workers: int, *, on_step: Callable[[int, int], None] | None = None
+    plan: ComparePlan, *, on_step: Callable[[int, int], None] | None = None
 ) -> list[ShardResult]:
-    """Every shard of the comparison, computed here, by worker processes, or by the job."""
-    if workers < 1:
-        raise UsageError(f"--workers must be >= 1, got {workers}")
+    """Every shard of the comparison: here, or by ``plan.options.workers`` processes."""
+    workers = plan.options.workers
     if workers == 1:
         return [compare_shard(plan, lambda _r, _s: True, on_unit=on_step)]
     workers = min(workers, max(1, os.cpu_count() or 1) * 4)
@@ -234,7 +123,7 @@ def compare_shards(
         futures = [pool.submit(shard_json, plan.arguments, me, workers) for me in range(1, workers)]
         shards = [compare_shard(plan, owns_fn(plan, 0, workers), on_unit=on_step)]
         for future in futures:
-            shard = from_payload(ShardPayload.model_validate_json(future.result()))
+            shard = _parse(future.result())
             if on_step is not None:
                 for u in shard.units:
                     on_step(u.rank, u.step)
@@ -262,7 +151,7 @@ def compare_in_job(
     """Compare this process's share and gather every share on rank 0.
 
     Every rank reaches the gather, also when its plan failed (a recording it
-    cannot read): the error travels in its payload and rank 0 raises it, so no
+    cannot read): the error travels in its share and rank 0 raises it, so no
     rank waits for one that gave up.
 
     :raises ShareSent: on ranks other than 0, once their share is sent.
@@ -273,20 +162,20 @@ def compare_in_job(
     plan: ComparePlan | None = None
     try:
         plan = make_plan()
-        payload = to_payload(compare_shard(plan, owns_fn(plan, me, count)))
+        shard = compare_shard(plan, owns_fn(plan, me, count))
     except PrecguardError as exc:
         failure: PrecguardError | None = exc
-        payload = ShardPayload(error=type(exc).__name__, message=str(exc))
+        shard = failed_share(exc)
     else:
         failure = None
     gathered: list[Any] | None = [None] * count if me == 0 else None
-    dist.gather_object(payload.model_dump_json(exclude_defaults=True), gathered, dst=0)
+    dist.gather_object(shard.model_dump_json(exclude_defaults=True), gathered, dst=0)
     if me != 0:
         raise ShareSent
     if failure is not None:
         raise failure
     assert gathered is not None and plan is not None
-    return plan, [from_payload(ShardPayload.model_validate_json(t)) for t in gathered]
+    return plan, [_parse(t) for t in gathered]
 
 
 def activate_job() -> None:

@@ -257,7 +257,9 @@ class RecordRows(Sequence[RecordResult]):
         for r in results:
             self._rows.append(_encode(r))
             self._statuses.append(_STATUS_CODES[r.status])
-            self._levels.append(0 if r.metrics is None else _LEVEL_CODES[r.metrics.level])
+            # a missing record counts at no level, even with metrics (see Counts.of)
+            missing = r.metrics is None or r.status == "missing"
+            self._levels.append(0 if missing else _LEVEL_CODES[r.metrics.level])
 
     def counts(self) -> Counts:
         """How many rows ended in each status, and at which level the pairs were compared."""
@@ -499,6 +501,33 @@ class Counts(BaseModel):
     missing: int = Field(default=0, description="Records with no counterpart.")
     full: int = Field(default=0, description="Pairs compared on full tensors.")
     stats_only: int = Field(default=0, description="Pairs compared on statistics only.")
+
+    @classmethod
+    def of(cls, results: Sequence[RecordResult]) -> Counts:
+        """The counts of ``results``: the one place a comparison's counts are computed.
+
+        A record is counted under its status; a compared pair (not ``missing``) also
+        under the level it was measured at (full tensors or exact equality: ``full``;
+        statistics: ``stats_only``). A ``missing`` record counts at no level, even when
+        it carries metrics (compare --layout marks a pass it could not combine missing).
+        """
+        if isinstance(results, RecordRows):
+            return results.counts()  # from its status and level bytes, no row read
+        by_status = {"pass": 0, "fail": 0, "nonfinite": 0, "missing": 0}
+        full = stats = 0
+        for r in results:
+            by_status[r.status] += 1
+            if r.metrics is not None and r.status != "missing":
+                full += r.metrics.level in ("full", "exact")
+                stats += r.metrics.level == "stats"
+        return cls(
+            passed=by_status["pass"],
+            failed=by_status["fail"],
+            nonfinite=by_status["nonfinite"],
+            missing=by_status["missing"],
+            full=full,
+            stats_only=stats,
+        )
 
 
 class ReplayCheck(BaseModel):

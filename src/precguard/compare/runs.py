@@ -1,77 +1,102 @@
-"""``compare_runs``: compare two recordings, on one process or many.
+"""``compare_runs``: compare two recordings (or msprobe dumps), on one process or many.
 
-The top of the compare package: it settles a plan (:mod:`precguard.compare.engine`),
-has its (rank, step) units compared here, by worker processes or by the processes
-of a torchrun job (:mod:`precguard.compare.parallel`), and merges them; a
-tensor-/pipeline-parallel side is first gathered into whole tensors
-(:mod:`precguard.layout`).
+The top of the compare package: it opens both sides (an msprobe dump is converted
+through :mod:`precguard.interop.msprobe`, the same way for the CLI and for
+Python), settles a plan (:mod:`precguard.compare.engine`), has its (rank, step)
+units compared here, by worker processes or by the processes of a torchrun job
+(:mod:`precguard.compare.parallel`), and merges them.
+
+A tensor-/pipeline-parallel side is gathered into whole tensors first by the
+layer above, :mod:`precguard.layout.compare`, which then calls this function:
+``precguard.compare_runs(..., layout=...)`` is that one.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from precguard.compare import parallel
-from precguard.compare.engine import (
-    _DTYPE_ALIASES,
-    ComparePlan,
-    merge_shards,
-    plan_comparison,
-)
+from precguard.compare.engine import ComparePlan, merge_shards, plan_comparison
+from precguard.compare.options import CompareOptions, compare_options
 from precguard.compare.report import Comparison
-from precguard.compare.tolerance import Profile, get_profile
-from precguard.dump.reader import Run, load_run
+from precguard.dump.reader import Run
 from precguard.errors import PrecguardError, UsageError
+from precguard.interop.msprobe import is_api_key, open_recording
+
+_Result = TypeVar("_Result", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a comparison: the recording compared, and the name the user gave it."""
+
+    run: Run
+    name: str
+
+    @property
+    def converted(self) -> bool:
+        """Whether ``run`` is a temporary recording converted from an msprobe dump."""
+        return self.name != str(self.run.path)
+
+
+def open_side(side: str | os.PathLike[str] | Run) -> Side:
+    """``side`` as a recording: a Run as is, a recording directory loaded, an msprobe dump
+    converted into a temporary recording (docs/msprobe.md). The CLI opens with it too.
+
+    :raises DumpFormatError: ``side`` is neither a readable recording nor an msprobe dump.
+    """
+    if isinstance(side, Run):
+        return Side(side, str(side.path))
+    return Side(open_recording(side), str(Path(side)))
+
+
+def named(text: str, *sides: Side) -> str:
+    """``text`` with each converted side's temporary path replaced by the dump's name."""
+    for side in sides:
+        if side.converted:
+            text = text.replace(str(side.run.path), f"{side.name} (msprobe dump)")
+    return text
+
+
+def with_names(result: _Result, golden: Side, actual: Side) -> _Result:
+    """``result`` (a Comparison or a bitwise one) naming the directories the user gave,
+    not a converted dump's temporary copy."""
+    if not (golden.converted or actual.converted):
+        return result
+    return result.model_copy(update={"golden": golden.name, "actual": actual.name})
 
 
 def compare_runs(
     golden: str | os.PathLike[str] | Run,
     actual: str | os.PathLike[str] | Run,
+    options: CompareOptions | None = None,
     *,
-    profile: str | Profile = "default",
-    rtol: float | None = None,
-    atol: float | None = None,
-    rank: int | None = None,
-    step: int | None = None,
-    suspects: int | None = None,
-    tolerance_dtype: str = "auto",
     on_step: Callable[[int, int], None] | None = None,
-    rename: Sequence[str] = (),
-    layout: str | os.PathLike[str] | None = None,
-    workers: int = 1,
-    calibration: str | os.PathLike[str] | None = None,
+    **settings: Any,
 ) -> Comparison:
     """Compare an ``actual`` recording with a ``golden`` one and name where they diverge.
 
-    :param profile: tolerance profile name (``default``, ``strict``, ``msprobe``) or object.
-    :param rtol: override the profile's relative tolerance for every dtype
-        (``rel_l2`` keeps its ratio to ``rtol``).
-    :param atol: override the absolute tolerance.
-    :param rank: compare only this rank (default: every rank both recorded).
-    :param step: compare only this step (default: every step).
-    :param suspects: how many further suspects to list (default: every module call
-        with a local error of its own).
-    :param tolerance_dtype: ``"auto"`` (default; ``"actual"`` is the same): judge each
-        pair by the less precise of the two sides' compute precisions (a bf16 run, or an
-        ``emu:bf16`` run stored as float32, is judged as bf16); ``"golden"``: by the
-        golden's (a bf16 run must match an fp32 golden to fp32 tolerances); a float
-        dtype name: by that dtype.
+    Either side may be a precguard recording (a directory or a
+    :class:`~precguard.dump.reader.Run`) or an msprobe dump directory, converted
+    on the fly (docs/msprobe.md); the result names the directories given.
+
+    How to compare is a :class:`~precguard.compare.options.CompareOptions`: pass one
+    as ``options``, or its fields as keyword arguments, which build it (with both,
+    the keywords win): ``profile`` (a name or a Profile), ``rtol``, ``atol``,
+    ``rank``, ``step``, ``suspects``, ``tolerance_dtype``, ``rename``, ``workers``,
+    ``calibration``; see :class:`CompareOptions` for what each means. An unknown
+    keyword is pydantic's ``ValidationError`` naming it. A tensor-/pipeline-
+    parallel recording is compared by :func:`precguard.compare_runs` with
+    ``layout=`` (:func:`precguard.layout.compare.compare_layout`), which calls this.
+
     :param on_step: called as ``on_step(rank, step)`` after each step is compared
         (the CLI's progress bar).
-    :param rename: ``OLD=NEW`` module rename rules (globs), applied to both sides after
-        wrapper prefixes (DDP, FSDP, torch.compile, checkpointing) are stripped.
-    :param layout: a layout spec (YAML file or shipped name, see docs/layouts.md): the
-        shards of a tensor-/pipeline-parallel side are gathered into whole tensors, and
-        the first divergence names the rank whose shard holds the error.
-    :param workers: processes that compare (rank, step) units in parallel; the result
-        is the same as with one (see :mod:`precguard.compare.parallel`). Under
-        ``torchrun -m precguard.compare`` the job's processes share the units instead.
-    :param calibration: a second golden recording of the same code at the golden's
-        precision, every module's inputs perturbed by one unit roundoff of the actual's
-        (TTrace's calibration pass, :func:`precguard.compare.calibrate.perturb_inputs`):
-        each record's error there is its sensitivity to that rounding on this model, and
-        raises its expected error where the analytic model is too low (docs/compare.md).
     :raises IncomparableRunsError: the recordings are of different models.
     :raises DumpFormatError: a recording is missing, corrupt or of a newer schema.
 
@@ -79,45 +104,37 @@ def compare_runs(
     >>> result.verdict, result.first_divergence.module          # doctest: +SKIP
     ('diverged', 'model.layers.3.mlp')
     """
-    if layout is not None:  # gather the parallel side(s) into one rank: precguard.layout
-        from precguard.layout.view import LayoutViews
-
-        if rank is not None:
-            raise UsageError("--rank cannot be used with --layout (the ranks are gathered)")
-        g_run = golden if isinstance(golden, Run) else load_run(golden)
-        a_run = actual if isinstance(actual, Run) else load_run(actual)
-        views = LayoutViews(g_run, a_run, layout)
-        try:
-            result = compare_runs(
-                views.golden, views.actual, profile=profile, rtol=rtol, atol=atol, step=step,
-                suspects=suspects, tolerance_dtype=tolerance_dtype, on_step=on_step,
-                rename=rename, workers=workers,
-            )  # fmt: skip
-            prof = get_profile(profile) if isinstance(profile, str) else profile
-            tol_mode = _DTYPE_ALIASES.get(tolerance_dtype, tolerance_dtype)
-            return views.finish(result, prof.with_overrides(rtol, atol), tol_mode)
-        except PrecguardError as exc:  # name the recordings, not the gathered views
-            raise type(exc)(views.real_paths(str(exc))) from exc
-        finally:
-            views.close()
-
-    def make_plan() -> ComparePlan:
-        return plan_comparison(
-            golden,
-            actual,
-            profile=profile,
-            rtol=rtol,
-            atol=atol,
-            rank=rank,
-            step=step,
-            tolerance_dtype=tolerance_dtype,
-            rename=rename,
-            calibration=calibration,
+    if "layout" in settings:
+        raise UsageError(
+            "layout= is taken by precguard.compare_runs (precguard.layout.compare_layout); "
+            "precguard.compare.compare_runs compares the recordings as they are"
         )
+    options = compare_options(options, **settings)
+    g, a = open_side(golden), open_side(actual)
+    try:
+        result = _compare(g.run, a.run, options, on_step)
+    except PrecguardError as exc:
+        message = named(str(exc), g, a)
+        if message == str(exc):
+            raise
+        raise type(exc)(message) from exc
+    return with_names(result, g, a)
+
+
+def _compare(
+    golden: Run,
+    actual: Run,
+    options: CompareOptions,
+    on_step: Callable[[int, int], None] | None,
+) -> Comparison:
+    def make_plan() -> ComparePlan:
+        plan = plan_comparison(golden, actual, options)
+        plan.is_detail = is_api_key  # msprobe's API-level records: detail, not a model's
+        return plan
 
     if parallel.job_active():
         plan, shards = parallel.compare_in_job(make_plan)
     else:
         plan = make_plan()
-        shards = parallel.compare_shards(plan, workers, on_step=on_step)
-    return merge_shards(plan, shards, suspects=suspects)
+        shards = parallel.compare_shards(plan, on_step=on_step)
+    return merge_shards(plan, shards)

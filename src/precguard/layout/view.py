@@ -82,7 +82,7 @@ class LayoutViews:
         """``result`` (of the views) as a result on the real recordings; closes the views."""
         try:
             records = [self._record(r) for r in result.records]
-            counts = _counts(records)
+            counts = Counts.of(records)
             verdict = "diverged" if counts.failed or counts.nonfinite else "match"
             first, suspects, notes = attribute(self, result, profile, tol_mode)
             dropped = counts.missing - result.counts.missing
@@ -134,21 +134,3 @@ class LayoutViews:
                 note=NOT_COMBINABLE.format(ranks=list(src.ranks)),
             )
         return r.model_copy(update=update)
-
-
-def _counts(results: list[RecordResult]) -> Counts:
-    c = {"pass": 0, "fail": 0, "nonfinite": 0, "missing": 0}
-    full = stats = 0
-    for r in results:
-        c[r.status] += 1
-        if r.metrics is not None and r.status != "missing":
-            full += r.metrics.level in ("full", "exact")
-            stats += r.metrics.level == "stats"
-    return Counts(
-        passed=c["pass"],
-        failed=c["fail"],
-        nonfinite=c["nonfinite"],
-        missing=c["missing"],
-        full=full,
-        stats_only=stats,
-    )

@@ -56,7 +56,12 @@ class RobustHistory:
         self._count = 0
 
     def score(
-        self, x: np.ndarray, floor: float, min_history: int, *, rel_floor: float = 0.0
+        self,
+        x: np.ndarray,
+        floor: float | np.ndarray,
+        min_history: int,
+        *,
+        rel_floor: float | np.ndarray = 0.0,
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(z, median)`` of ``x`` against the history; z is NaN where history is short.
 
@@ -91,11 +96,18 @@ class Detectors:
         self.layers = layers
         self.modules = [name.rpartition(".")[0] or "root" for name in layers]
         self.options = options
-        self._loss = RobustHistory(1, options.window)
-        self._grad_norm = RobustHistory(1, options.window)
-        self._layer_grad = RobustHistory(len(layers), options.window)
-        self._layer_ratio = RobustHistory(len(layers), options.window)
+        n = len(layers)
+        # one history for every series, one sort per step: the loss, the global
+        # gradient norm (log), each layer's gradient norm (log), each layer's ratio (log)
+        self._history = RobustHistory(2 + 2 * n, options.window)
+        self._floor = np.array([1e-12] + [LOG_FLOOR] * (1 + 2 * n))
+        self._rel_floor = np.array([LOSS_FLOOR] + [0.0] * (1 + 2 * n))
         self._in_nonfinite = False
+
+    @property
+    def in_nonfinite(self) -> bool:
+        """True after a non-finite step until a finite one: the next one raises no alert."""
+        return self._in_nonfinite
 
     def observe(self, s: StepScalars) -> list[Alert]:
         """Score one step against the history, then add it to the history."""
@@ -104,11 +116,14 @@ class Detectors:
         if nonfinite is not None:
             alerts.append(nonfinite)
         opts = self.options
-        loss = np.array([np.nan if s.loss is None else s.loss])
-        gnorm = _log(np.array([np.nan if s.grad_norm is None else s.grad_norm]))
-        grads = _log(_array(s.grad_norms))
-        ratios = _log(_array(s.update_ratios))
-        (z_loss,), (m_loss,) = self._loss.score(loss, 1e-12, opts.min_history, rel_floor=LOSS_FLOOR)
+        n = len(self.layers)
+        raw = _array([s.loss, s.grad_norm, *s.grad_norms, *s.update_ratios])
+        x = np.concatenate([raw[:1], _log(raw[1:])])
+        z_all, median_all = self._history.score(
+            x, self._floor, opts.min_history, rel_floor=self._rel_floor
+        )
+        z_loss, m_loss = z_all[0], median_all[0]
+        gnorm, z_g, m_g = x[1:2], z_all[1], median_all[1]
         if z_loss > opts.z_threshold:
             alerts.append(
                 Alert(
@@ -121,7 +136,6 @@ class Detectors:
                     z=float(z_loss),
                 )
             )
-        (z_g,), (m_g,) = self._grad_norm.score(gnorm, LOG_FLOOR, opts.min_history)
         if z_g > opts.z_threshold:
             alerts.append(
                 Alert(
@@ -134,18 +148,17 @@ class Detectors:
                     z=float(z_g),
                 )
             )
-        for kind, history, x, what in (
-            ("update_ratio_jump", self._layer_ratio, ratios, "update/param ratio"),
-            ("layer_grad_norm_jump", self._layer_grad, grads, "gradient norm"),
+        for kind, part, what in (
+            ("update_ratio_jump", slice(2 + n, None), "update/param ratio"),
+            ("layer_grad_norm_jump", slice(2, 2 + n), "gradient norm"),
         ):
-            z, median = history.score(x, LOG_FLOOR, opts.min_history)
+            z = z_all[part]
             hit = np.flatnonzero(z > opts.z_threshold)
             if hit.size:
-                alerts.append(self._layer_alert(kind, s.step, what, hit, x, z, median))
-        self._loss.push(loss)
-        self._grad_norm.push(gnorm)
-        self._layer_grad.push(grads)
-        self._layer_ratio.push(ratios)
+                alerts.append(
+                    self._layer_alert(kind, s.step, what, hit, x[part], z, median_all[part])
+                )
+        self._history.push(x)
         return alerts
 
     def _layer_alert(
@@ -203,18 +216,28 @@ class Detectors:
             )
             for i in bad
         ]
+        grads = [self.layers[i] for i in bad if _bad(s.grad_norms[i])]
+        updates = [self.layers[i] for i in bad if _bad(s.update_ratios[i])]
+        # found by scanning the parameters when no per-layer number was non-finite: no
+        # per-layer value to show
+        scanned = [i for i in s.nonfinite_params if i not in bad]
+        layers += [
+            LayerEvidence(layer=self.layers[i], module=self.modules[i], value=None) for i in scanned
+        ]
         where = []
         if s.loss is not None and not math.isfinite(s.loss):
             where.append(f"the loss is {s.loss}")
-        if layers:
-            grads = [e.layer for i, e in zip(bad, layers, strict=True) if _bad(s.grad_norms[i])]
-            updates = [
-                e.layer for i, e in zip(bad, layers, strict=True) if _bad(s.update_ratios[i])
-            ]
-            if grads:
-                where.append(f"the gradient of {_names(grads)} is non-finite")
-            if updates:
-                where.append(f"the update of {_names(updates)} is non-finite")
+        if _bad(s.grad_norm) and not any(_bad(g) for g in s.grad_norms):
+            where.append(f"the global gradient norm is {s.grad_norm}")
+        if scanned:
+            where.append(
+                f"the parameters of {_names([self.layers[i] for i in scanned])} are "
+                "non-finite after the update"
+            )
+        if grads:
+            where.append(f"the gradient of {_names(grads)} is non-finite")
+        if updates:
+            where.append(f"the update of {_names(updates)} is non-finite")
         return Alert(
             kind="nonfinite",
             step=s.step,

@@ -1,7 +1,9 @@
 """``precguard.watch``: a training monitor cheap enough to stay on for the whole run.
 
 Every step costs a few on-device reductions and one small transfer
-(:mod:`precguard.training.pulse`); every ``every``-th step (and, with
+(:mod:`precguard.training.pulse`), and, unless the loop hands over the norm
+its gradient clipping computed (``step(loss, grad_norm=norm)``), one pass over
+the gradients for their norms; every ``every``-th step (and, with
 ``on_alert="record"``, the step after an alert) is recorded in full into
 ``OUT/recording/`` in the recording format, so ``compare``, ``replay`` and
 the reports work on it. No module hook is attached between recorded steps.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +119,8 @@ class WatchHandle:
         self._files: dict[str, Any] = {}
         self._recording: Recording | None = None
         self._current: _RecordedStep | None = None
+        #: whether the last step() was handed the loop's gradient norm
+        self._norm_given = False
         self.pulse = Pulse(model)
         self.detectors = Detectors(self.pulse.names, options)
         if self.path is None:
@@ -158,17 +163,33 @@ class WatchHandle:
         """``OUT/recording``: the recorded steps as a precguard recording (None without out)."""
         return self.path / RECORDING_DIR if self.path is not None else None
 
-    def step(self, loss: torch.Tensor | float | None = None) -> list[Alert]:
+    def step(
+        self,
+        loss: torch.Tensor | float | None = None,
+        *,
+        grad_norm: torch.Tensor | float | None = None,
+    ) -> list[Alert]:
         """End the current training step; return the alerts it raised.
 
         Call it after ``optimizer.step()``. ``loss``: the step's loss (a
         tensor stays on the device; default: the ``loss`` of the model's last
-        output, as HF models return it).
+        output, as HF models return it). ``grad_norm``: the global gradient
+        norm the loop already computed, what ``torch.nn.utils.clip_grad_norm_``
+        returns (the norm before clipping). Given it, the watch takes no
+        gradient norm of its own from the next step on (its one pass over the
+        gradients), except on recorded steps; per-layer gradient norms are
+        then recorded steps' only, and a non-finite norm names the layers
+        whose parameters went non-finite. Without it, the watch's hooks take
+        every parameter's norm as backward produces it.
         """
         if self.closed:
             raise UsageError("watch.step() after the watch was closed")
         step = self.step_index
-        scalars = self.pulse.collect(step, loss)
+        scalars = self.pulse.collect(step, loss, grad_norm)
+        if scalars.nonfinite and not scalars.names_a_layer and not self.detectors.in_nonfinite:
+            # the first non-finite step, and no per-layer number says where: look once
+            scalars = replace(scalars, nonfinite_params=self.pulse.nonfinite_params())
+        self._norm_given = grad_norm is not None
         recorded = self._current is not None
         if self._current is not None:
             self._end_recorded_step()
@@ -193,6 +214,9 @@ class WatchHandle:
         self.step_index = following
         if self._recording is not None and (record_next or following % self.options.every == 0):
             self._begin_recorded_step(following, tensors=record_next)
+        # the watch's own pass over the gradients: when the loop computes no norm, or
+        # on a recorded step (whose layers' gradient norms are part of its record)
+        self.pulse.layer_grads = not self._norm_given or self._current is not None
         return alerts
 
     def close(self, error: BaseException | None = None) -> None:
@@ -346,8 +370,10 @@ def watch(
         logs alerts.
     :param options: further fields of :class:`WatchOptions`: ``window``, ``min_history``,
         ``z_threshold``, ``on_alert`` ("log" or "record"), ``max_alert_records``, ``hashes``.
-    :returns: a :class:`WatchHandle`; call ``step()`` after each optimizer step, and
-        use it as a context manager (or call ``close()``) so its hooks go at the end.
+    :returns: a :class:`WatchHandle`; call ``step()`` after each optimizer step
+        (``step(loss, grad_norm=clip_grad_norm_(...))`` where the loop clips: the watch
+        then makes no pass of its own over the gradients), and use it as a context
+        manager (or call ``close()``) so its hooks go at the end.
 
     >>> w = precguard.watch(model, opt, every=500, out="w", on_alert="record")  # doctest: +SKIP
     """

@@ -9,7 +9,10 @@ optimizer), ends each step at ``on_step_end`` (after the optimizer step, as
 :meth:`WatchHandle.step` expects) and closes at ``on_train_end``. The loss is
 the ``loss`` of the model's output, caught by a forward hook: with gradient
 accumulation, the last micro-batch's. Gradient norms are taken as backward
-accumulates them, so they are the norms before the Trainer clips them.
+accumulates them, so they are the norms before the Trainer clips them. The
+Trainer computes the global norm itself (to clip, or to log it) but passes it
+to no callback, so the watch cannot be handed it (``WatchHandle.step``'s
+``grad_norm``) and makes its own pass over the gradients each step.
 Only the process with ``state.is_world_process_zero`` writes (and watches).
 """
 

@@ -4,10 +4,15 @@ Per step the watch keeps, without a host sync per tensor:
 
 * the loss (a 0-d tensor the user passes, or the ``loss`` of the model's
   output, caught by one forward hook on the root);
-* each parameter's gradient norm, taken by a post-accumulate-grad hook when
-  backward has finished accumulating it (before any clipping, so a NaN in
-  one layer's gradient is seen in that layer, not smeared over every layer
-  by ``clip_grad_norm_``); the global norm is their root sum of squares;
+* the global gradient norm: the one the training loop's clipping already
+  computed when :meth:`Pulse.collect` is given it (``clip_grad_norm_``
+  returns it), else the root sum of squares of each parameter's gradient
+  norm, taken by a post-accumulate-grad hook when backward has finished
+  accumulating it (before any clipping, so a NaN in one layer's gradient is
+  seen in that layer, not smeared over every layer by ``clip_grad_norm_``).
+  Those hooks are the watch's one pass over the gradients, a memory-bound
+  read of every gradient; :attr:`Pulse.layer_grads` switches them off when
+  the loop hands its norm over (the handle does it between recorded steps);
 * each parameter's update/param ratio ``||p_t - p_{t-1}|| / ||p_{t-1}||``,
   estimated on a fixed sample of :data:`SAMPLE` elements per parameter
   (the same positions every step), so no copy of the parameters is kept
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -49,11 +55,21 @@ class StepScalars:
     grad_norms: list[float | None]
     #: per parameter; None where the parameter's sample was all zero before the step
     update_ratios: list[float | None]
+    #: indices (in :attr:`Pulse.names` order) of the parameters holding a NaN/Inf after
+    #: the update, found by :meth:`Pulse.nonfinite_params` on a step whose per-layer
+    #: numbers named no layer (the global norm came from the loop); else empty
+    nonfinite_params: tuple[int, ...] = ()
 
-    @property
+    @cached_property
     def nonfinite(self) -> bool:
-        """True when the loss, a gradient norm or an update ratio is NaN or Inf."""
-        values = [self.loss, *self.grad_norms, *self.update_ratios]
+        """True when the loss, the global or a layer's gradient norm, or an update is NaN/Inf."""
+        values = [self.loss, self.grad_norm, *self.grad_norms, *self.update_ratios]
+        return any(v is not None and not math.isfinite(v) for v in values)
+
+    @cached_property
+    def names_a_layer(self) -> bool:
+        """True when a per-layer number (gradient norm, update ratio) is itself non-finite."""
+        values = [*self.grad_norms, *self.update_ratios]
         return any(v is not None and not math.isfinite(v) for v in values)
 
 
@@ -73,9 +89,13 @@ class Pulse:
         #: qualified parameter names, the layers alerts name
         self.names = [name for name, _p in self.params]
         self._grad_norms: list[torch.Tensor | None] = [None] * len(self.params)
+        #: whether the gradient hooks take each parameter's norm (the one pass over the
+        #: gradients); off, backward runs them as bare Python calls that return at once
+        self.layer_grads = True
         self._loss: torch.Tensor | None = None
         self._previous: torch.Tensor | None = None
         self._index = [self._sample_index(p) for _n, p in self.params]
+        self._uniform = len({(p.dtype, p.device) for _n, p in self.params}) <= 1
         self._handles: list[RemovableHandle] = [
             p.register_post_accumulate_grad_hook(self._grad_hook(i))
             for i, (_n, p) in enumerate(self.params)
@@ -84,15 +104,25 @@ class Pulse:
         self._previous = self._sample()
 
     @staticmethod
-    def _sample_index(p: torch.Tensor) -> torch.Tensor:
+    def _sample_index(p: torch.Tensor) -> tuple[int, int] | torch.Tensor:
+        """Where ``p`` is sampled: the same evenly spread positions every step.
+
+        ``(stride, offset)`` of a strided view for a contiguous parameter of at
+        least :data:`SAMPLE` elements (no gather kernel: one ``stack`` copies
+        every parameter's view); else an index tensor, with repeats for small tensors.
+        """
         n = p.numel()
-        # evenly spread positions (with repeats for small tensors): the same every step
-        return (torch.arange(SAMPLE, device=p.device) * max(n // SAMPLE, 1) + n // (2 * SAMPLE)) % n
+        stride, offset = max(n // SAMPLE, 1), n // (2 * SAMPLE)
+        if n >= SAMPLE and p.is_contiguous():
+            return stride, offset
+        return (torch.arange(SAMPLE, device=p.device) * stride + offset) % n
 
     def _grad_hook(self, i: int) -> Any:
         norms = self._grad_norms
 
         def hook(p: torch.Tensor) -> None:
+            if not self.layer_grads:
+                return
             try:
                 with capture_scope():
                     norms[i] = torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float32)
@@ -114,15 +144,41 @@ class Pulse:
             return None
         with torch.no_grad(), capture_scope():
             rows = [
-                p.detach().reshape(-1)[idx].float()
+                p.detach().as_strided((SAMPLE,), (idx[0],), p.storage_offset() + idx[1])
+                if isinstance(idx, tuple)
+                else p.detach().reshape(-1)[idx]
                 for (_n, p), idx in zip(self.params, self._index, strict=True)
             ]
-            return torch.stack([r.to(rows[0].device) for r in rows])
+            if self._uniform:  # one dtype, one device: one copy, one conversion
+                return torch.stack(rows).float()
+            return torch.stack([r.float().to(rows[0].device) for r in rows])
 
-    def collect(self, step: int, loss: torch.Tensor | float | None = None) -> StepScalars:
+    def nonfinite_params(self) -> tuple[int, ...]:
+        """Indices of the parameters holding a NaN or Inf now: one pass over every parameter.
+
+        For the step a non-finite global norm comes from the loop with no per-layer
+        number to name the layer: the optimizer carried the NaN into the parameters
+        it reached (all of them when ``clip_grad_norm_`` scaled every gradient by NaN).
+        """
+        with torch.no_grad(), capture_scope():
+            flags = [torch.isfinite(p.detach()).all() for _n, p in self.params]
+            if not flags:
+                return ()
+            finite = torch.stack([f.to(flags[0].device) for f in flags]).tolist()
+        return tuple(i for i, ok in enumerate(finite) if not ok)
+
+    def collect(
+        self,
+        step: int,
+        loss: torch.Tensor | float | None = None,
+        grad_norm: torch.Tensor | float | None = None,
+    ) -> StepScalars:
         """End ``step``: fetch its scalars (one transfer) and reset for the next step.
 
         ``loss``: the step's loss; default the loss the model's output carried.
+        ``grad_norm``: the step's global gradient norm as the loop computed it
+        (``clip_grad_norm_``'s result, before clipping); default the root sum of
+        squares of the per-parameter norms the hooks took.
         """
         if loss is None:
             loss = self._loss
@@ -132,6 +188,8 @@ class Pulse:
         with torch.no_grad(), capture_scope():
             if isinstance(loss, torch.Tensor):
                 parts.append(loss.detach().reshape(1).to(device, torch.float64))
+            if isinstance(grad_norm, torch.Tensor):
+                parts.append(grad_norm.detach().reshape(1).to(device, torch.float64))
             n = len(self.params)
             have = [g is not None for g in self._grad_norms]
             if any(have):
@@ -146,19 +204,23 @@ class Pulse:
             values = torch.cat(parts).tolist() if parts else []  # the one transfer
         it = iter(values)
         loss_value = next(it) if isinstance(loss, torch.Tensor) else loss
+        given = next(it) if isinstance(grad_norm, torch.Tensor) else grad_norm
         grad_norms = [next(it) if h else None for h in have]
         ratios: list[float | None] = [None] * n
         if current is not None and self._previous is not None:
             ratios = [None if r == -1.0 else r for r in (next(it) for _ in range(n))]
         present = [g for g in grad_norms if g is not None]
-        grad_norm = math.sqrt(sum(g * g for g in present)) if present else None
+        if given is not None:
+            global_norm: float | None = float(given)
+        else:
+            global_norm = math.sqrt(sum(g * g for g in present)) if present else None
         self._previous = current
         self._grad_norms[:] = [None] * n  # in place: the hooks hold this list
         self._loss = None
         return StepScalars(
             step=step,
             loss=float(loss_value) if loss_value is not None else None,
-            grad_norm=grad_norm,
+            grad_norm=global_norm,
             grad_norms=grad_norms,
             update_ratios=ratios,
         )

@@ -27,6 +27,16 @@ API_NAMESPACE = "msprobe_api"
 
 Kind = Literal["module", "api", "param_grad"]
 
+
+def is_api_key(key: str) -> bool:
+    """Whether a record key is of an API-level record (under :data:`API_NAMESPACE`).
+
+    compare takes such records, when unmatched, as extra detail of an msprobe
+    dump, not as evidence of a different model (docs/msprobe.md).
+    """
+    return key.startswith(API_NAMESPACE + ".")
+
+
 _COUNT = re.compile(r"0|[1-9][0-9]{0,8}", re.ASCII)
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 _PATH_PART = re.compile(r"[A-Za-z0-9_\-]+", re.ASCII)
