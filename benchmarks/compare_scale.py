@@ -97,8 +97,10 @@ def write_pair(root: Path, ranks: int, records: int, steps: int, fault: bool) ->
         for step in range(steps):
             g_recs, a_recs = [], []
             for i in range(per_step):
+                # each module call records its input, then its output (as capture does):
+                # a call whose output never comes would stay open for the rest of the step
                 layer, part = divmod(i, 4)
-                module = f"model.layers.{min(layer, layers - 1)}.mlp.p{part}"
+                module = f"model.layers.{min(layer, layers - 1)}.mlp.p{part // 2}"
                 role = "input" if part % 2 == 0 else "output"
                 rec = {
                     "key": f"{module}.0.forward.{role}.0",

@@ -86,3 +86,15 @@ def test_bisect_probes_benchmark():
     assert rows and all(row[-1] == "ok" for row in rows), out
     # one row per placement: no culprit, each single block, each pair
     assert {row[1] for row in rows} == {"0", "1", "2"}
+
+
+def test_compare_memory_benchmark(tmp_path):
+    out = run_script(
+        "benchmarks/compare_memory.py",
+        *("--records", "400", "--per-step", "200", "--dir", str(tmp_path)),
+    )
+    head, row = out.splitlines()
+    assert "B/pair" in head and "us/pair" in head
+    assert row.split()[:2] == ["400", "2"]  # 400 records, 2 steps of 200
+    assert "match (400 records" in row  # float32-sized noise is within tolerance
+    assert not any(tmp_path.iterdir()), "the benchmark must clean up its recordings"

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from precguard.cli._app import app, show_progress
+
+if TYPE_CHECKING:
+    from precguard.compare.report import Comparison
 
 _COMPARE_HELP = """Compare ACTUAL with GOLDEN and name the layer that introduced the error.
 
@@ -226,12 +231,11 @@ def compare(
         from precguard.report.junit import comparison_junit, write_junit
 
         write_junit(junit_out, comparison_junit(result, allow_partial=allow_partial))
-    payload = result.model_dump_json(indent=2)
     if json_out is not None and str(json_out) == "-":
-        typer.echo(payload)
+        _write_comparison(None, result)
     else:
         if json_out is not None:
-            _write(json_out, payload)
+            _write_comparison(json_out, result)
         console = Console()
         render(result, console, top=top)
         if replay:
@@ -345,6 +349,23 @@ def _steps_to_compare(golden: Path, rank: int | None, step: int | None) -> int |
         if last is not None:
             total += 1 if step is not None else last + 1
     return total or None
+
+
+def _write_comparison(path: Path | None, result: Comparison) -> None:
+    """Write ``result``'s JSON to ``path`` (None: stdout) a record at a time, not as one string."""
+    from precguard.compare.report import write_comparison_json
+    from precguard.errors import UsageError
+
+    if path is None:
+        write_comparison_json(result, sys.stdout)
+        sys.stdout.write("\n")
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            write_comparison_json(result, fh)
+            fh.write("\n")
+    except OSError as exc:
+        raise UsageError(f"--json {path}: cannot write ({exc.strerror or exc})") from exc
 
 
 def _write(path: Path, payload: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import groupby
 from typing import Any
 
@@ -38,6 +38,7 @@ from precguard.compare.report import (
     Counts,
     Metrics,
     RecordResult,
+    RecordRows,
     Status,
     Unmatched,
 )
@@ -207,7 +208,7 @@ def compare_unit(
     return UnitResult(
         rank=r,
         step=s,
-        results=_annotate(step_results.results, classified.decisions),
+        results=RecordRows(_annotate(step_results.results, classified.decisions)),
         golden_only=step_results.golden_only,
         actual_only=step_results.actual_only,
         candidates=found,
@@ -350,7 +351,7 @@ def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
         coverage.only_golden |= shard.only_golden
         coverage.only_actual |= shard.only_actual
     units = sorted((u for shard in shards for u in shard.units), key=lambda u: (u.rank, u.step))
-    results: list[RecordResult] = []
+    results = RecordRows()  # compact: memory per record pair stays small (docs/compare.md)
     golden_only: list[str] = []
     actual_only: list[str] = []
     candidates: list[Candidate] = []
@@ -417,7 +418,7 @@ def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
 
 
 def _across_ranks(
-    results: list[RecordResult], candidates: list[Candidate], firsts: list[Candidate]
+    results: Sequence[RecordResult], candidates: list[Candidate], firsts: list[Candidate]
 ) -> tuple[list[Candidate], list[Candidate]]:
     """Drop a collective named on one rank when another rank's input to it was wrong.
 
@@ -428,7 +429,10 @@ def _across_ranks(
     own candidate) is the one to name, and the collective is dropped.
     """
     wrong_inputs: dict[tuple[int, str], set[int]] = {}
-    for r in results:
+    bad: Iterable[RecordResult] = (
+        results.having(("fail", "nonfinite")) if isinstance(results, RecordRows) else results
+    )
+    for r in bad:
         if r.module.startswith("dist.") and r.role == "input" and r.status in ("fail", "nonfinite"):
             call = r.key.rsplit(".", 2)[0]
             wrong_inputs.setdefault((r.step, call), set()).add(r.rank)

@@ -7,9 +7,11 @@ divergence, the ``suspects`` after it, the ``profile`` used, counts, and
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Literal, TextIO, overload
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler
+from pydantic_core import CoreSchema, core_schema, from_json, to_json
 
 from precguard.compare.coverage import Coverage
 from precguard.dump.schema import Phase, Role
@@ -21,6 +23,9 @@ _FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
 Status = Literal["pass", "fail", "missing", "nonfinite"]
 Verdict = Literal["match", "diverged"]
 Level = Literal["full", "stats", "exact", "none"]
+
+#: stands for "no default" where a field is required (no value is it)
+_REQUIRED = object()
 
 
 class Metrics(BaseModel):
@@ -209,6 +214,223 @@ class RecordResult(RecordIdentity):
     )
 
 
+class RecordRows(Sequence[RecordResult]):
+    """Every record of a comparison, each kept as one compact row (about 0.2-0.5 KB).
+
+    A :class:`RecordResult` model costs about 3 KB of memory (two pydantic
+    models with a field dict and a field set each, a dozen small objects);
+    a comparison of millions of records cannot keep one per pair. A row is the
+    JSON array of the result's values in field order, its metrics as a bit
+    mask of the fields that differ from their defaults followed by those
+    values (floats written shortest-exact, NaN and Infinity as JSON's
+    extensions; a key spelled from its fields and a repeated note left out),
+    and the model is rebuilt when it is read (a few microseconds). So
+    ``comparison.records`` reads as before, a sequence of RecordResult, and the
+    written JSON is the same. Reading a row twice gives
+    two equal, separate models: change one with ``model_copy`` and keep the copy.
+
+    >>> rows = RecordRows(results)                     # doctest: +SKIP
+    >>> rows[0].status, len(rows)                      # doctest: +SKIP
+    ('pass', 2)
+    """
+
+    __slots__ = ("_levels", "_rows", "_statuses")
+
+    def __init__(self, results: Iterable[RecordResult] = ()) -> None:
+        self._rows: list[bytes] = []
+        #: one byte per row each, so counting and filtering read no row
+        self._statuses = bytearray()
+        self._levels = bytearray()
+        self.extend(results)
+
+    def append(self, result: RecordResult) -> None:
+        """Add ``result`` at the end."""
+        self.extend((result,))
+
+    def extend(self, results: Iterable[RecordResult]) -> None:
+        """Add ``results`` at the end (another RecordRows' rows are shared, not re-encoded)."""
+        if isinstance(results, RecordRows):
+            self._rows.extend(results._rows)
+            self._statuses += results._statuses
+            self._levels += results._levels
+            return
+        for r in results:
+            self._rows.append(_encode(r))
+            self._statuses.append(_STATUS_CODES[r.status])
+            # a missing record counts at no level, even with metrics (see Counts.of)
+            missing = r.metrics is None or r.status == "missing"
+            self._levels.append(0 if missing else _LEVEL_CODES[r.metrics.level])
+
+    def counts(self) -> Counts:
+        """How many rows ended in each status, and at which level the pairs were compared."""
+        status, level = self._statuses.count, self._levels.count
+        return Counts(
+            passed=status(_STATUS_CODES["pass"]),
+            failed=status(_STATUS_CODES["fail"]),
+            nonfinite=status(_STATUS_CODES["nonfinite"]),
+            missing=status(_STATUS_CODES["missing"]),
+            full=level(_LEVEL_CODES["full"]) + level(_LEVEL_CODES["exact"]),
+            stats_only=level(_LEVEL_CODES["stats"]),
+        )
+
+    def having(self, statuses: Iterable[Status]) -> Iterator[RecordResult]:
+        """The results whose status is one of ``statuses``, in order (no other row is read)."""
+        wanted = {_STATUS_CODES[s] for s in statuses}
+        for row, code in zip(self._rows, self._statuses, strict=True):
+            if code in wanted:
+                yield _decode(row)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, index: int) -> RecordResult: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[RecordResult]: ...
+
+    def __getitem__(self, index: int | slice) -> RecordResult | list[RecordResult]:
+        if isinstance(index, slice):
+            return [_decode(b) for b in self._rows[index]]
+        return _decode(self._rows[index])
+
+    def __iter__(self) -> Iterator[RecordResult]:
+        for row in self._rows:
+            yield _decode(row)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RecordRows):
+            return self._rows == other._rows
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like a list
+
+    def __repr__(self) -> str:
+        return f"RecordRows({len(self)} records)"
+
+    def nbytes(self) -> int:
+        """Bytes the rows' JSON takes (without the list and object headers)."""
+        return sum(map(len, self._rows))
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        """Kept as is when given; a list of results (read from JSON) becomes rows too.
+
+        JSON is written row by row (never a list of every model at once); the
+        Python form (``model_dump``) is a list of dicts as for a list.
+        """
+        item = handler.generate_schema(RecordResult)
+
+        def serialize(value: Sequence[RecordResult], info: core_schema.SerializationInfo) -> Any:
+            return iter(value) if info.mode_is_json() else list(value)
+
+        # read lazily: each result is validated and turned into its row as the list is read
+        rows = core_schema.no_info_after_validator_function(cls, core_schema.generator_schema(item))
+        return core_schema.json_or_python_schema(
+            json_schema=rows,
+            python_schema=core_schema.no_info_wrap_validator_function(_keep_rows, rows),
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                serialize, info_arg=True
+            ),
+        )
+
+
+_STATUS_CODES: dict[str, int] = {"pass": 1, "fail": 2, "missing": 3, "nonfinite": 4}
+#: 0: no metrics (a missing record)
+_LEVEL_CODES: dict[str, int] = {"full": 1, "stats": 2, "exact": 3, "none": 4}
+
+
+def _keep_rows(value: Any, validate: core_schema.ValidatorFunctionWrapHandler) -> Any:
+    """Keep given rows as they are; validate anything else (a list of results) into rows."""
+    return value if isinstance(value, RecordRows) else validate(value)
+
+
+#: a row's fields: RecordResult's in order, then its metrics (mask and values)
+_BASE_FIELDS = tuple(name for name in RecordResult.model_fields if name != "metrics")
+_METRICS_FIELDS = tuple(Metrics.model_fields)
+#: per Metrics field: its default, or a marker no value equals (a required field)
+_METRICS_DEFAULTS = tuple(
+    _REQUIRED if info.is_required() else info.get_default()
+    for info in Metrics.model_fields.values()
+)
+
+
+_KEY = _BASE_FIELDS.index("key")
+#: notes repeat (the statistics-only one is on every such pair): each text kept once, by
+#: number, up to this many texts (more are kept in their rows)
+_MAX_NOTES = 4096
+_NOTE_CODES: dict[str, int] = {}
+_NOTES: list[str] = []
+
+
+def _note_code(note: str) -> int | str:
+    """The number of ``note`` in the shared list of notes (the text itself once it is full)."""
+    code = _NOTE_CODES.get(note)
+    if code is None:
+        if len(_NOTES) >= _MAX_NOTES:
+            return note
+        code = _NOTE_CODES.setdefault(note, len(_NOTES))
+        if code == len(_NOTES):
+            _NOTES.append(note)
+    return code
+
+
+def _key_of(fields: dict[str, Any]) -> str:
+    """The key a record of these fields has when it follows the usual spelling."""
+    return (
+        f"{fields['module']}.{fields['call']}.{fields['phase']}.{fields['role']}.{fields['index']}"
+    )
+
+
+def _encode(result: RecordResult) -> bytes:
+    """The compact row of ``result`` (see :class:`RecordRows`).
+
+    A key spelled from its fields is kept as 0 and a note by its number in the
+    shared list: both are rebuilt when the row is read.
+    """
+    values = result.__dict__
+    row = [values[name] for name in _BASE_FIELDS]
+    if row[_KEY] == _key_of(values):
+        row[_KEY] = 0
+    metrics = values["metrics"]
+    if metrics is None:
+        row.append(None)
+    else:
+        mask = 0
+        kept = []
+        measured = metrics.__dict__
+        for bit, (name, default) in enumerate(zip(_METRICS_FIELDS, _METRICS_DEFAULTS, strict=True)):
+            value = measured[name]
+            if value is not default and value != default:
+                mask |= 1 << bit
+                kept.append(_note_code(value) if name == "note" else value)
+        row.append(mask)
+        row.extend(kept)
+    return to_json(row, inf_nan_mode="constants")
+
+
+def _decode(row: bytes) -> RecordResult:
+    """The RecordResult a row holds."""
+    values = from_json(row, allow_inf_nan=True)
+    n = len(_BASE_FIELDS)
+    fields: dict[str, Any] = dict(zip(_BASE_FIELDS, values[:n], strict=True))
+    if fields["key"] == 0:
+        fields["key"] = _key_of(fields)
+    mask = values[n]
+    if mask is None:
+        fields["metrics"] = None
+    else:
+        kept = iter(values[n + 1 :])
+        measured = {name: next(kept) for bit, name in enumerate(_METRICS_FIELDS) if mask >> bit & 1}
+        note = measured.get("note")
+        if isinstance(note, int):
+            measured["note"] = _NOTES[note]
+        fields["metrics"] = measured
+    return RecordResult.model_validate(fields)
+
+
 class FirstDivergence(RecordIdentity):
     """Where the error was first introduced: the record that shows it (an output or a param)."""
 
@@ -281,7 +503,7 @@ class Counts(BaseModel):
     stats_only: int = Field(default=0, description="Pairs compared on statistics only.")
 
     @classmethod
-    def of(cls, results: list[RecordResult]) -> Counts:
+    def of(cls, results: Sequence[RecordResult]) -> Counts:
         """The counts of ``results``: the one place a comparison's counts are computed.
 
         A record is counted under its status; a compared pair (not ``missing``) also
@@ -289,6 +511,8 @@ class Counts(BaseModel):
         statistics: ``stats_only``). A ``missing`` record counts at no level, even when
         it carries metrics (compare --layout marks a pass it could not combine missing).
         """
+        if isinstance(results, RecordRows):
+            return results.counts()  # from its status and level bytes, no row read
         by_status = {"pass": 0, "fail": 0, "nonfinite": 0, "missing": 0}
         full = stats = 0
         for r in results:
@@ -385,7 +609,9 @@ class Comparison(BaseModel):
         description="Other modules that introduced error, most amplifying first.",
     )
     counts: Counts = Field(description="Records per status.")
-    records: list[RecordResult] = Field(description="Every record, in golden execution order.")
+    records: RecordRows = Field(
+        description="Every record, in golden execution order (each read back as a RecordResult)."
+    )
     unmatched: Unmatched = Field(description="Records on one side only.")
     fingerprint_diff: dict[str, list[Any]] = Field(
         default_factory=dict,
@@ -408,3 +634,35 @@ class Comparison(BaseModel):
     def diverged(self) -> bool:
         """True when the verdict is 'diverged'."""
         return self.verdict == "diverged"
+
+
+def write_comparison_json(result: Comparison, out: TextIO, *, indent: int | None = 2) -> None:
+    """Write ``result.model_dump_json(indent=indent)`` to ``out`` a record at a time.
+
+    The same text as the one string, without ever holding it: a comparison of
+    millions of records writes gigabytes of JSON, which ``model_dump_json``
+    would build in memory first.
+    """
+    empty = result.model_copy(update={"records": RecordRows()})
+    text = empty.model_dump_json(indent=indent)
+    # a top-level key is the only place a raw newline and this spelling can occur
+    markers = {None: '"records":[],', 2: '\n  "records": [],\n'}
+    marker = markers.get(indent)
+    if marker is None or text.count(marker) != 1:  # another indent: the one string
+        out.write(result.model_dump_json(indent=indent))
+        return
+    head, tail = text.split(marker)
+    if not len(result.records):
+        out.write(text)
+        return
+    if indent is None:
+        out.write(head + '"records":[')
+        for i, r in enumerate(result.records):
+            out.write(("," if i else "") + r.model_dump_json())
+        out.write("]," + tail)
+        return
+    out.write(head + '\n  "records": [\n')
+    for i, r in enumerate(result.records):
+        row = r.model_dump_json(indent=2).replace("\n", "\n    ")
+        out.write((",\n    " if i else "    ") + row)
+    out.write("\n  ],\n" + tail)

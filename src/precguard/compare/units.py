@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from precguard.compare.divergence import Candidate
-from precguard.compare.report import RecordResult
+from precguard.compare.report import RecordRows
 
 _MODEL = ConfigDict(ser_json_inf_nan="strings")
 
@@ -23,7 +23,7 @@ class UnitResult(BaseModel):
 
     rank: int
     step: int
-    results: list[RecordResult]
+    results: RecordRows  # compact rows: memory per record pair stays small
     golden_only: list[str] = Field(default_factory=list, description="Keys only in golden.")
     actual_only: list[str] = Field(default_factory=list, description="Keys only in actual.")
     candidates: list[Candidate] = Field(
