@@ -156,3 +156,33 @@ def test_a_causal_mask_built_with_each_precisions_finfo_min_is_no_error() -> Non
     actual = torch.zeros(8, 8).masked_fill(~causal, torch.finfo(torch.float16).min)
     m = full_metrics(golden, actual, dtype="float16", rtol=1e-3, atol=1e-5, ulp_dtype="float16")
     assert m.error == 0.0
+
+
+def test_a_call_that_records_no_output_does_not_stay_open_around_later_modules(
+    monkeypatch,
+) -> None:
+    # each "side" module returns no tensor: its input is recorded (5 % off), its output
+    # never is. The modules after it are not inside it: fc's 1 % input error is not
+    # explained by side's, and the judge's work stays linear in the records (calls left
+    # open took in every later record: 8M scope updates for 4000 records in one step)
+    from precguard.compare import judge
+
+    records = []
+    for i in range(200):
+        records += [
+            _rec(f"side{i}.0.forward.input.0", 3 * i, 0.05),
+            _rec(f"fc{i}.0.forward.input.0", 3 * i + 1, 0.01 if i == 0 else 0.0),
+            _rec(f"fc{i}.0.forward.output.0", 3 * i + 2, 0.0),
+        ]
+    adds = 0
+    real_add = judge._Scope.add
+
+    def counting(self, *args):
+        nonlocal adds
+        adds += 1
+        return real_add(self, *args)
+
+    monkeypatch.setattr(judge._Scope, "add", counting)
+    statuses = _statuses(records)
+    assert statuses["fc0.0.forward.input.0"] == "fail"
+    assert adds <= 4 * len(records)

@@ -177,6 +177,14 @@ def judge_step(
     carried: dict[str, float] = {}
     glue_bad: set[str] = set()  # modules whose code between submodules made error
     open_calls: list[str] = []  # forward calls whose outputs are not recorded yet
+    # only a call whose output is recorded can be seen to end: one that records inputs
+    # but no output (a module returning no tensor) would otherwise stay open for the
+    # rest of the step, taking in every later record (and quadratic time)
+    closing = {
+        (r.module, r.call)
+        for r in results
+        if r.phase == "forward" and r.role == "output" and r.metrics is not None
+    }
     out: list[RecordResult] = []
     for r in results:
         m = r.metrics
@@ -196,7 +204,8 @@ def judge_step(
                 started.add(call)
                 fwd[r.module] = _Scope()  # a new call of this module starts
                 glue_bad.discard(r.module)
-                open_calls.append(r.module)
+                if call in closing:
+                    open_calls.append(r.module)
             if r.role == "input":
                 parent = fparent
                 scope = fwd[parent] if parent is not None else _Scope()
