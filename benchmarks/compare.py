@@ -39,7 +39,7 @@ def hwm_kb():
     for line in open("/proc/self/status"):
         if line.startswith("VmHWM:"):
             return int(line.split()[1])
-import precguard.compare as pc
+import precguard as pc
 base = hwm_kb()
 t = time.perf_counter()
 result = pc.compare_runs(sys.argv[1], sys.argv[2])

@@ -32,7 +32,7 @@ def kb(field):
     for line in open("/proc/self/status"):
         if line.startswith(field):
             return int(line.split()[1])
-import precguard.compare as pc
+import precguard as pc
 from precguard.compare.report import Comparison
 before = kb("VmRSS:")
 t = time.perf_counter()

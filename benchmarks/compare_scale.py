@@ -39,7 +39,7 @@ def hwm_kb():
 def cpu(who):
     r = resource.getrusage(who)
     return r.ru_utime + r.ru_stime
-import precguard.compare as pc
+import precguard as pc
 t = time.perf_counter()
 c0 = cpu(resource.RUSAGE_SELF)
 result = pc.compare_runs(sys.argv[1], sys.argv[2], workers=int(sys.argv[3]))

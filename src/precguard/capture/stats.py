@@ -25,6 +25,7 @@ dictionary lookup for everything precguard needs to know about a dtype.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import weakref
 from collections import OrderedDict
@@ -39,6 +40,7 @@ from precguard.backend import capture_scope, in_capture  # noqa: F401
 from precguard.capture import evidence as _evidence
 
 _FLOAT_TYPES = (torch.float32, torch.float64)
+_NUMPY_TYPES = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 class DtypeInfo(NamedTuple):
@@ -319,7 +321,7 @@ def _host_stats(
     ``sum (x - mean)^2``, exact to float32 rounding whatever |mean|/std. NaN/Inf
     counts, ``vector_norm`` and ``std`` run only when min or max is not finite.
     """
-    a = x.numpy()
+    a = host_view(x)
     row = _row_length(x)
     if n >= PARALLEL and torch.get_num_threads() > 1:
         # NumPy's passes and the chunk loop run on one core: torch's own spread over all
@@ -367,6 +369,31 @@ def _host_stats(
         l2 = torch.linalg.vector_norm(x).item()
         std = torch.std(x, correction=1 if n > 1 else 0).item()
     return (mn, mx, mean, std, l2, nonzero, nan, inf), values
+
+
+def host_view(x: torch.Tensor) -> np.ndarray:
+    """A read-only NumPy view of CPU float32/float64 tensor ``x``'s memory.
+
+    Not ``x.numpy()``: that marks the tensor's storage non-resizable for good, so
+    capture would change what the user's program can do (FSDP2 frees an unsharded
+    parameter with ``storage.resize_(0)``: "Trying to resize storage that is not
+    resizable"). The view lives only while ``x`` is held.
+    """
+    dtype = _NUMPY_TYPES[x.dtype]
+    shape = tuple(x.shape)
+    if x.numel() == 0:
+        return np.empty(shape, dtype)
+    item = x.element_size()
+    strides = x.stride()
+    extent = 1 + sum((size - 1) * step for size, step in zip(shape, strides, strict=True))
+    buffer = (ctypes.c_char * (extent * item)).from_address(x.data_ptr())
+    flat = np.frombuffer(buffer, dtype=dtype, count=extent)
+    flat.flags.writeable = False
+    if x.is_contiguous():
+        return flat.reshape(shape)
+    return np.lib.stride_tricks.as_strided(
+        flat, shape=shape, strides=tuple(step * item for step in strides), writeable=False
+    )
 
 
 def _scan_chunks(
