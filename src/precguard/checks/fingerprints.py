@@ -15,6 +15,7 @@ texts against it whenever ``--golden runs/golden`` is given.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 from pathlib import Path
@@ -49,7 +50,9 @@ def tensor_hash(tensor: torch.Tensor) -> str:
     """A short content hash of a tensor (dtype, shape and bytes)."""
     t = tensor.detach().to("cpu").contiguous()
     h = hashlib.sha256(f"{t.dtype}{list(t.shape)}".encode())
-    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    # the bytes copied from the tensor's memory (not .numpy(), which would leave the
+    # caller's storage non-resizable for good)
+    h.update(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()) if t.numel() else b"")
     return h.hexdigest()[:16]
 
 
