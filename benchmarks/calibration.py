@@ -69,16 +69,17 @@ def main() -> int:
     print()
     print(f"clean pairs: {len(clean)}, false alarms: {len(alarms)}")
     kinds = sorted({label(o.pair) for o in faults})
-    header = "fault, setting".ljust(26) + "".join(f"{m:>8.1%}" for m in MAGNITUDES)
+    width = max([len("fault, setting"), *map(len, kinds)]) + 2
+    header = "fault, setting".ljust(width) + "".join(f"{m:>8.1%}" for m in MAGNITUDES)
     print(header + "  smallest localized")
     smallest = smallest_localized(faults)
     for kind in kinds:
         here_all = [o for o in faults if label(o.pair) == kind]
         if not here_all[0].pair.magnitude:
             ok = sum(o.ok for o in here_all)
-            print(kind.ljust(26) + f"{ok}/{len(here_all)} localized (the classic bug)")
+            print(kind.ljust(width) + f"{ok}/{len(here_all)} localized (the classic bug)")
             continue
-        row = kind.ljust(26)
+        row = kind.ljust(width)
         for m in MAGNITUDES:
             here = [o for o in here_all if o.pair.magnitude == m]
             row += f"{sum(o.ok for o in here)}/{len(here)}".rjust(8) if here else "-".rjust(8)
