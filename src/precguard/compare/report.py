@@ -214,6 +214,13 @@ class RecordResult(RecordIdentity):
     )
 
 
+def _level_code(r: RecordResult) -> int:
+    """The level ``r`` was compared at, as a byte; 0: a missing record (even with metrics)."""
+    if r.metrics is None or r.status == "missing":
+        return 0
+    return _LEVEL_CODES[r.metrics.level]
+
+
 class RecordRows(Sequence[RecordResult]):
     """Every record of a comparison, each kept as one compact row (about 0.2-0.5 KB).
 
@@ -257,21 +264,11 @@ class RecordRows(Sequence[RecordResult]):
         for r in results:
             self._rows.append(_encode(r))
             self._statuses.append(_STATUS_CODES[r.status])
-            # a missing record counts at no level, even with metrics (see Counts.of)
-            missing = r.metrics is None or r.status == "missing"
-            self._levels.append(0 if missing else _LEVEL_CODES[r.metrics.level])
+            self._levels.append(_level_code(r))
 
     def counts(self) -> Counts:
         """How many rows ended in each status, and at which level the pairs were compared."""
-        status, level = self._statuses.count, self._levels.count
-        return Counts(
-            passed=status(_STATUS_CODES["pass"]),
-            failed=status(_STATUS_CODES["fail"]),
-            nonfinite=status(_STATUS_CODES["nonfinite"]),
-            missing=status(_STATUS_CODES["missing"]),
-            full=level(_LEVEL_CODES["full"]) + level(_LEVEL_CODES["exact"]),
-            stats_only=level(_LEVEL_CODES["stats"]),
-        )
+        return Counts.from_codes(self._statuses, self._levels)
 
     def having(self, statuses: Iterable[Status]) -> Iterator[RecordResult]:
         """The results whose status is one of ``statuses``, in order (no other row is read)."""
@@ -513,20 +510,20 @@ class Counts(BaseModel):
         """
         if isinstance(results, RecordRows):
             return results.counts()  # from its status and level bytes, no row read
-        by_status = {"pass": 0, "fail": 0, "nonfinite": 0, "missing": 0}
-        full = stats = 0
-        for r in results:
-            by_status[r.status] += 1
-            if r.metrics is not None and r.status != "missing":
-                full += r.metrics.level in ("full", "exact")
-                stats += r.metrics.level == "stats"
+        statuses = bytearray(_STATUS_CODES[r.status] for r in results)
+        return cls.from_codes(statuses, bytearray(_level_code(r) for r in results))
+
+    @classmethod
+    def from_codes(cls, statuses: bytearray, levels: bytearray) -> Counts:
+        """The counts of records coded one byte each (``_STATUS_CODES``, :func:`_level_code`)."""
+        status, level = statuses.count, levels.count
         return cls(
-            passed=by_status["pass"],
-            failed=by_status["fail"],
-            nonfinite=by_status["nonfinite"],
-            missing=by_status["missing"],
-            full=full,
-            stats_only=stats,
+            passed=status(_STATUS_CODES["pass"]),
+            failed=status(_STATUS_CODES["fail"]),
+            nonfinite=status(_STATUS_CODES["nonfinite"]),
+            missing=status(_STATUS_CODES["missing"]),
+            full=level(_LEVEL_CODES["full"]) + level(_LEVEL_CODES["exact"]),
+            stats_only=level(_LEVEL_CODES["stats"]),
         )
 
 
