@@ -177,7 +177,8 @@ def binned_norms(squares: np.ndarray, plan: EvidencePlan, dtype: np.dtype) -> np
         if pad:
             squares = np.pad(squares, (0, pad))
         squares = squares.reshape(plan.bins, plan.bin).sum(1)
-    return np.sqrt(squares).astype(dtype)
+    with np.errstate(over="ignore"):  # a norm beyond float32's range is inf there
+        return np.sqrt(squares).astype(dtype)
 
 
 def encode(values: np.ndarray) -> str:

@@ -39,8 +39,24 @@ from precguard.backend import CAPTURE_DEPTH as _STATE
 from precguard.backend import capture_scope, in_capture  # noqa: F401
 from precguard.capture import evidence as _evidence
 
+try:  # the one-read kernel (capture/_fused.cpp), built when the package is installed
+    from precguard.capture import _fused
+except ImportError:  # installed without a C++ compiler: NumPy's and torch's passes
+    _fused = None  # type: ignore[assignment]
+
+#: which kernel computes CPU statistics here: ``"avx2"`` or ``"baseline"`` (the
+#: compiled one-read scan) or ``None`` (NumPy's and torch's passes, :func:`_host_stats`)
+FUSED_KERNELS: str | None = None if _fused is None else _fused.kernels
+
 _FLOAT_TYPES = (torch.float32, torch.float64)
 _NUMPY_TYPES = {torch.float32: np.float32, torch.float64: np.float64}
+_F32_MAX = float(torch.finfo(torch.float32).max)
+#: unit roundoffs: of float64, and of the statistics' target (a float32 tensor's
+#: statistics to float32 rounding, a float64 tensor's to float64 rounding)
+_U64 = 2.0**-53
+_UNIT = {torch.float32: 2.0**-24, torch.float64: _U64}
+#: the elements the kernel sums in its chains before adding them to a total (BLOCK there)
+_FUSED_BLOCK = 4096
 
 
 class DtypeInfo(NamedTuple):
@@ -321,13 +337,17 @@ def _host_stats(
     ``sum (x - mean)^2``, exact to float32 rounding whatever |mean|/std. NaN/Inf
     counts, ``vector_norm`` and ``std`` run only when min or max is not finite.
     """
+    if _fused is not None and x.is_contiguous():
+        fused = _fused_stats(x, n, plan)
+        if fused is not None:
+            return fused
     a = host_view(x)
     row = _row_length(x)
     if n >= PARALLEL and torch.get_num_threads() > 1:
         # NumPy's passes and the chunk loop run on one core: torch's own spread over all
         mn_t, mx_t = torch.aminmax(x)
         mn, mx = mn_t.item(), mx_t.item()
-        total = x.sum().item()
+        total = x.sum(dtype=torch.float64).item()
         nonzero = n if mn > 0.0 or mx < 0.0 else torch.count_nonzero(x).item()
         rows = _row_squares(x, row)
     elif row and n > 2 * CHUNK and x.is_contiguous():
@@ -336,7 +356,7 @@ def _host_stats(
         rows = (norms * norms).reshape(*x.shape[:-1], -1).sum(-1)
     else:
         mn, mx = float(a.min()), float(a.max())
-        total = x.sum().item()
+        total = x.sum(dtype=torch.float64).item()
         nonzero = n if mn > 0.0 or mx < 0.0 else n - int(np.count_nonzero(a == 0))
         rows = _row_squares(x, row)
     mean = total / n
@@ -359,16 +379,73 @@ def _host_stats(
         if 2.0 * square_mean <= sumsq < math.inf:
             spread = sumsq - square_mean
         else:  # |mean| >= std / 1.4, or squares beyond float32: the spread as its own pass
-            dev = x - mean
+            dev = x.double() - mean  # in float64: mean rounded to float32 can be off by ~std
             dev.mul_(dev)
             spread = dev.sum().item()
         std = math.sqrt(spread / (n - 1)) if n > 1 else 0.0
+        if x.dtype is torch.float32:
+            l2, std = _float32_range(sumsq, spread, l2, std)
     else:
         nan = int(torch.isnan(x).sum().item())
         inf = int(torch.isinf(x).sum().item())
         l2 = torch.linalg.vector_norm(x).item()
         std = torch.std(x, correction=1 if n > 1 else 0).item()
     return (mn, mx, mean, std, l2, nonzero, nan, inf), values
+
+
+def _fused_stats(
+    x: torch.Tensor, n: int, plan: _evidence.EvidencePlan | None
+) -> tuple[tuple[float, ...], np.ndarray | None] | None:
+    """:func:`_host_stats` of contiguous ``x`` through the compiled one-read scan.
+
+    One read (``capture/_fused.cpp``) gives min, max, the zero count, the sum and
+    the sum of squares (in float64; a float32's square is exact there) and writes
+    the plan's sample and per-position norms. None when ``x`` holds a NaN or an
+    Inf (a sum is then not finite): the caller's passes count them.
+
+    ``std`` comes from ``sum x^2 - n mean^2`` where the worst-case rounding of that
+    difference, ``3 (b / 16 + 22)`` double roundings of ``sum x^2`` for blocks of
+    ``b = min(row, 4096)`` elements (the kernel's summation), is at most a quarter
+    of the tensor dtype's unit roundoff of the spread; else (|mean| far above the
+    std, and always for float64 tensors) from the spread about the mean, a second read.
+    """
+    double = x.dtype is torch.float64
+    row = x.shape[-1] if x.dim() else 1
+    address = x.data_ptr()
+    if plan is None:
+        mn, mx, zeros, total, sumsq = _fused.scan(address, n, row, double, None, None, 0, 1)
+        values = None
+    else:
+        seq = 0 if plan.seq_dim is None else plan.length
+        values = np.empty(plan.host_index.size + plan.bins, np.float64 if double else np.float32)
+        mn, mx, zeros, total, sumsq = _fused.scan(
+            address, n, row, double, plan.host_index, values, seq, plan.bin
+        )
+    if not (math.isfinite(total) and math.isfinite(sumsq)):
+        return None
+    mean = total / n
+    spread = sumsq - total * mean
+    bound = sumsq * _U64 * 3.0 * (min(row, _FUSED_BLOCK) / 16 + 22)
+    if spread * _UNIT[x.dtype] < 4.0 * bound:
+        spread = _fused.spread(address, n, double, mean)
+    std = math.sqrt(max(spread, 0.0) / (n - 1)) if n > 1 else 0.0
+    l2 = math.sqrt(sumsq)
+    if not double:
+        l2, std = _float32_range(sumsq, spread, l2, std)
+    return (mn, mx, mean, std, l2, n - zeros, 0, 0), values
+
+
+def _float32_range(sumsq: float, spread: float, l2: float, std: float) -> tuple[float, float]:
+    """``l2`` and ``std`` of a float32 tensor as float32 arithmetic has them.
+
+    A sum of squares (or a spread) beyond float32's range is inf there, as the
+    accelerator path's float32 ``var_mean`` gives it; the host path sums in float64.
+    """
+    if sumsq > _F32_MAX:
+        l2 = math.inf
+    if spread > _F32_MAX:
+        std = math.inf
+    return l2, std
 
 
 def host_view(x: torch.Tensor) -> np.ndarray:
@@ -413,7 +490,7 @@ def _scan_chunks(
         lo, hi = part.min(), part.max()
         mins.append(lo)
         maxs.append(hi)
-        total += rows[start : start + per].sum().item()
+        total += rows[start : start + per].sum(dtype=torch.float64).item()
         if not (lo > 0.0 or hi < 0.0):
             nonzero -= int(np.count_nonzero(part == 0))
         norms.append(torch.linalg.vector_norm(rows[start : start + per], dim=-1).numpy())
@@ -458,13 +535,13 @@ def _subclass_stats(x: torch.Tensor, n: int) -> tuple[float, ...]:
     numbers as :func:`_host_stats` within float32 rounding.
     """
     mn_t, mx_t = torch.aminmax(x)
-    total = x.sum().item()
+    total = x.sum(dtype=torch.float64).item()
     nonzero = torch.count_nonzero(x).item()
     mn, mx = mn_t.item(), mx_t.item()
     mean = total / n
     if math.isfinite(mn) and math.isfinite(mx):
         nan = inf = 0
-        dev = x - mean
+        dev = x.double() - mean
         dev.mul_(dev)
         spread = dev.sum().item()
         std = math.sqrt(spread / (n - 1)) if n > 1 else 0.0

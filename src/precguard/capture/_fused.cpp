@@ -1,0 +1,294 @@
+// precguard.capture._fused: a tensor's capture statistics in one read of its memory.
+//
+// Capture computes, for every tensor of every module call, its min, max, zero
+// count, sum, sum of squares, per-position norms and a sample of elements.
+// Through torch and NumPy each of those is a pass of its own over the tensor
+// (five reads of a 32 MB logits tensor, and microseconds of dispatch per pass on
+// small ones); here one loop reads each element once and updates all of them.
+//
+// Accuracy: every sum is accumulated in double; the square of a float32 is exact
+// in double. A block of at most BLOCK elements is summed in 16 chains, the
+// blocks' sums are added with Neumaier's compensation, so a total carries at
+// most ~(BLOCK / 16 + 21) double roundings relative to the sum of |terms|,
+// whatever the tensor's size (stats.py's error bound for the spread uses this).
+//
+// Non-finite values: min and max skip NaNs (a comparison with NaN is false) and
+// a NaN or Inf makes the sums non-finite; the caller sees that and takes torch's
+// path for such a tensor, which counts NaN and Inf.
+//
+// The kernels (_fused_kernels.h) are written with GCC/Clang vector types, not
+// intrinsics, so they build for any target; on x86-64 they are compiled a second
+// time for AVX2 with FMA, and the module chooses when it loads (the environment
+// variable PRECGUARD_KERNELS=baseline forces the first, for tests). C++ rather
+// than C for one reason: `a < b ? a : b` on vector types, which compiles to
+// minps/maxps.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+typedef float f4 __attribute__((vector_size(16)));
+typedef float f8 __attribute__((vector_size(32)));
+typedef double d4 __attribute__((vector_size(32)));
+
+// on x86-64 the kernels are compiled twice, for the baseline and for AVX2 with FMA
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define X86_CLONE 1
+#include <immintrin.h>
+#else
+#define X86_CLONE 0
+#endif
+#define INLINE inline __attribute__((always_inline))
+// Functions taking or returning 32-byte vectors are all inlined: no vector passes a
+// call boundary, where the baseline's and the AVX2 build's ABIs differ.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace {
+
+// what one scan accumulates
+struct Acc {
+    double min, max, sum, sum_sq;
+    int64_t zeros;
+};
+
+// a running total with Neumaier's compensation (no multiplication: nothing to fuse)
+struct Neumaier {
+    double sum = 0.0, carry = 0.0;
+    INLINE void add(double x) {
+        double t = sum + x;
+        carry += std::fabs(sum) >= std::fabs(x) ? (sum - t) + x : (x - t) + sum;
+        sum = t;
+    }
+    INLINE double value() const { return sum + carry; }
+};
+
+// elements per step (four chains of four lanes for each sum), per block (summed in
+// those chains, then added to the totals) and between flushes of the 32-bit zero
+// counters (each lane gains at most one per step: far below 2^31)
+constexpr int STEP = 16;
+constexpr Py_ssize_t BLOCK = 4096;
+constexpr Py_ssize_t FLUSH = Py_ssize_t(1) << 28;
+
+// four floats at p as doubles; GCC 12 lowers __builtin_convertvector(f4 -> d4) to two
+// half conversions through the stack, so the AVX2 build says vcvtps2pd itself
+#define WIDEN_F32(p)                      \
+    ({                                    \
+        f4 v_;                            \
+        std::memcpy(&v_, (p), sizeof v_); \
+        __builtin_convertvector(v_, d4);  \
+    })
+namespace baseline {
+#include "_fused_kernels.h"
+}  // namespace baseline
+#undef WIDEN_F32
+
+#if X86_CLONE
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+#define WIDEN_F32(p) (d4) _mm256_cvtps_pd(_mm_loadu_ps(p))
+namespace avx2 {
+#include "_fused_kernels.h"
+}  // namespace avx2
+#undef WIDEN_F32
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif
+
+// the kernels this CPU runs, chosen when the module loads
+struct Kernels {
+    void (*scan_f32)(const float *, Py_ssize_t, Py_ssize_t, double *, Py_ssize_t, Acc *);
+    void (*scan_f64)(const double *, Py_ssize_t, Py_ssize_t, double *, Py_ssize_t, Acc *);
+    double (*spread_f32)(const float *, Py_ssize_t, double);
+    double (*spread_f64)(const double *, Py_ssize_t, double);
+    const char *name;
+};
+
+Kernels kernels = {baseline::scan_f32, baseline::scan_f64, baseline::spread_f32,
+                   baseline::spread_f64, "baseline"};
+
+void choose_kernels() {
+#if X86_CLONE
+    const char *forced = std::getenv("PRECGUARD_KERNELS");
+    if (forced != nullptr && std::strcmp(forced, "baseline") == 0) return;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        kernels = {avx2::scan_f32, avx2::scan_f64, avx2::spread_f32, avx2::spread_f64, "avx2"};
+    }
+#endif
+}
+
+// a buffer released when it goes out of scope
+struct Buffer {
+    Py_buffer view;
+    bool held = false;
+    ~Buffer() {
+        if (held) PyBuffer_Release(&view);
+    }
+    // obj's C-contiguous buffer of `itemsize`-byte items, at least `count` of them
+    bool get(PyObject *obj, bool write, Py_ssize_t itemsize, Py_ssize_t count, const char *what) {
+        int flags = PyBUF_C_CONTIGUOUS | (write ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(obj, &view, flags) < 0) return false;
+        held = true;
+        if (view.itemsize != itemsize || view.len < count * itemsize) {
+            PyErr_Format(PyExc_ValueError, "%s: needs %zd items of %zd bytes", what, count,
+                         itemsize);
+            return false;
+        }
+        return true;
+    }
+};
+
+// sample and per-position norms into out (elements of T): out[j] = x[at[j]] for j < k,
+// then out[k + b] = the norm of positions [b * bin, (b + 1) * bin)
+template <typename T>
+void evidence(const T *x, const int64_t *at, Py_ssize_t k, const double *pos, Py_ssize_t seq,
+              Py_ssize_t bin, T *out) {
+    for (Py_ssize_t j = 0; j < k; j++) out[j] = x[at[j]];
+    const double top = double(std::numeric_limits<T>::max());
+    for (Py_ssize_t b = 0; b * bin < seq; b++) {
+        double s = 0.0;
+        for (Py_ssize_t i = b * bin; i < seq && i < (b + 1) * bin; i++) s += pos[i];
+        double norm = std::sqrt(s);
+        // a norm beyond T's range is inf there (the cast of such a double is undefined)
+        out[k + b] = norm > top ? std::numeric_limits<T>::infinity() : T(norm);
+    }
+}
+
+PyDoc_STRVAR(scan_doc,
+             "scan(address, n, row, is_double, index, out, seq, bin)\n"
+             "    -> (min, max, zeros, sum, sum_sq)\n\n"
+             "One read of the n contiguous float32 (float64 if is_double) elements at address,\n"
+             "n // row rows of row elements. Sums in double. With seq > 0 the rows are\n"
+             "(..., seq) positions: out (a buffer of the input's dtype) receives the elements\n"
+             "at the flat int64 indices of index (None: none), then the norm of each run of\n"
+             "bin consecutive positions (the sum of squares of their rows). The caller keeps\n"
+             "the memory alive.");
+
+PyObject *scan(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "scan() takes 8 arguments");
+        return nullptr;
+    }
+    void *data = PyLong_AsVoidPtr(args[0]);
+    const Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    const Py_ssize_t row = PyLong_AsSsize_t(args[2]);
+    const int is_double = PyObject_IsTrue(args[3]);
+    const Py_ssize_t seq = PyLong_AsSsize_t(args[6]);
+    const Py_ssize_t bin = PyLong_AsSsize_t(args[7]);
+    if (PyErr_Occurred()) return nullptr;
+    if (data == nullptr || n <= 0 || row <= 0 || n % row != 0 || seq < 0 || bin <= 0 ||
+        (seq > 0 && (n / row) % seq != 0)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "scan(): needs a non-null address, n a multiple of row > 0, and the "
+                        "rows a multiple of seq");
+        return nullptr;
+    }
+    const Py_ssize_t item = is_double ? 8 : 4, n_rows = n / row;
+    Py_ssize_t k = 0;
+    Buffer index, out;
+    if (args[4] != Py_None) {
+        if (!index.get(args[4], false, 8, 0, "index")) return nullptr;
+        k = index.view.len / 8;
+        const int64_t *at = static_cast<const int64_t *>(index.view.buf);
+        for (Py_ssize_t j = 0; j < k; j++) {
+            if (at[j] < 0 || at[j] >= n) {
+                PyErr_SetString(PyExc_IndexError, "index: out of range");
+                return nullptr;
+            }
+        }
+    }
+    const Py_ssize_t bins = seq ? (seq + bin - 1) / bin : 0;
+    if ((k || bins) && !out.get(args[5], true, item, k + bins, "out")) return nullptr;
+    double *pos = nullptr;
+    if (seq) {
+        pos = static_cast<double *>(std::calloc(size_t(seq), sizeof(double)));
+        if (pos == nullptr) return PyErr_NoMemory();
+    }
+    const int64_t *at = k ? static_cast<const int64_t *>(index.view.buf) : nullptr;
+    Acc acc;
+    Py_BEGIN_ALLOW_THREADS;
+    if (is_double) {
+        const double *x = static_cast<const double *>(data);
+        kernels.scan_f64(x, n_rows, row, pos, seq, &acc);
+        if (k || bins) evidence(x, at, k, pos, seq, bin, static_cast<double *>(out.view.buf));
+    } else {
+        const float *x = static_cast<const float *>(data);
+        kernels.scan_f32(x, n_rows, row, pos, seq, &acc);
+        if (k || bins) evidence(x, at, k, pos, seq, bin, static_cast<float *>(out.view.buf));
+    }
+    Py_END_ALLOW_THREADS;
+    std::free(pos);
+    return Py_BuildValue("(ddLdd)", acc.min, acc.max, static_cast<long long>(acc.zeros), acc.sum,
+                         acc.sum_sq);
+}
+
+PyDoc_STRVAR(spread_doc,
+             "spread(address, n, is_double, mean) -> float\n\n"
+             "sum (x - mean)^2 over the n contiguous float32 (float64 if is_double) elements\n"
+             "at address, accumulated as scan() accumulates its sums.");
+
+PyObject *spread(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "spread() takes 4 arguments");
+        return nullptr;
+    }
+    void *data = PyLong_AsVoidPtr(args[0]);
+    const Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    const int is_double = PyObject_IsTrue(args[2]);
+    const double m = PyFloat_AsDouble(args[3]);
+    if (PyErr_Occurred()) return nullptr;
+    if (data == nullptr || n <= 0) {
+        PyErr_SetString(PyExc_ValueError, "spread(): needs a non-null address and n > 0");
+        return nullptr;
+    }
+    double t;
+    Py_BEGIN_ALLOW_THREADS;
+    t = is_double ? kernels.spread_f64(static_cast<const double *>(data), n, m)
+                  : kernels.spread_f32(static_cast<const float *>(data), n, m);
+    Py_END_ALLOW_THREADS;
+    return PyFloat_FromDouble(t);
+}
+
+PyMethodDef methods[] = {
+    {"scan", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(scan)),
+     METH_FASTCALL, scan_doc},
+    {"spread", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(spread)),
+     METH_FASTCALL, spread_doc},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    "_fused",
+    "A tensor's capture statistics in one read of its memory (see _fused.cpp).",
+    -1,
+    methods,
+    nullptr,
+    nullptr,
+    nullptr,
+    nullptr,
+};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__fused(void) {
+    choose_kernels();
+    PyObject *m = PyModule_Create(&module);
+    // which kernels run here ("avx2" or "baseline"), for tests and the benchmarks
+    if (m != nullptr && PyModule_AddStringConstant(m, "kernels", kernels.name) < 0) {
+        Py_DECREF(m);
+        return nullptr;
+    }
+    return m;
+}

@@ -1,0 +1,155 @@
+// The kernels of _fused.cpp, included there once per instruction set, each time in a
+// namespace of its own under that set's target pragma (so GCC lowers the vector
+// types for that target). Includes nothing: the includer has, and defines
+// WIDEN_F32(p), four floats at p as a d4.
+
+// How elements of T are read: min, max and zeros on vectors of M (32 bytes), the sums on
+// four elements at a time widened to double. Loaded with memcpy: any alignment.
+template <typename T>
+struct Lanes;
+
+template <>
+struct Lanes<float> {
+    typedef f8 M;
+    static constexpr int width = 8;
+    static INLINE M load(const float *p) {
+        M v;
+        std::memcpy(&v, p, sizeof v);
+        return v;
+    }
+    static INLINE d4 wide(const float *p) { return WIDEN_F32(p); }
+};
+
+template <>
+struct Lanes<double> {
+    typedef d4 M;
+    static constexpr int width = 4;
+    static INLINE M load(const double *p) {
+        M v;
+        std::memcpy(&v, p, sizeof v);
+        return v;
+    }
+    static INLINE d4 wide(const double *p) { return load(p); }
+};
+
+static INLINE double hsum(const d4 *v) {
+    d4 s = (v[0] + v[1]) + (v[2] + v[3]);
+    return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+// min, max, zeros, and the Neumaier totals of the sum and the sum of squares of n_rows
+// rows of `row` elements at x; pos[r % seq] += row r's sum of squares when pos is set.
+// Each block of at most BLOCK elements is summed in STEP / 4 chains of four lanes.
+template <typename T>
+INLINE void scan_rows(const T *x, Py_ssize_t n_rows, Py_ssize_t row, double *pos, Py_ssize_t seq,
+                      Acc *acc) {
+    typedef Lanes<T> L;
+    typedef typename L::M M;
+    typedef decltype(M() < M()) C;  // the comparison's lanes: -1 where true
+    constexpr int VECTORS = STEP / L::width;
+    M lo[VECTORS], hi[VECTORS];
+    C zeros[VECTORS];
+    const M zero = M() - M();
+    for (int j = 0; j < VECTORS; j++) {
+        lo[j] = zero + x[0];
+        hi[j] = lo[j];
+        zeros[j] = C() - C();
+    }
+    Neumaier total, squares;
+    int64_t zero_total = 0;
+    Py_ssize_t since_flush = 0;
+    T tail_lo = x[0], tail_hi = x[0];
+    for (Py_ssize_t r = 0; r < n_rows; r++) {
+        const T *p = x + r * row;
+        double row_sq = 0.0;
+        for (Py_ssize_t start = 0; start < row; start += BLOCK) {
+            const Py_ssize_t end = row - start < BLOCK ? row : start + BLOCK;
+            d4 sum[4], sq[4];
+            for (int q = 0; q < 4; q++) sum[q] = sq[q] = d4() - d4();
+            Py_ssize_t i = start;
+            for (; i + STEP <= end; i += STEP) {
+                for (int j = 0; j < VECTORS; j++) {
+                    M v = L::load(p + i + j * L::width);
+                    lo[j] = v < lo[j] ? v : lo[j];
+                    hi[j] = v > hi[j] ? v : hi[j];
+                    zeros[j] -= v == zero;
+                }
+                for (int q = 0; q < 4; q++) {
+                    d4 w = L::wide(p + i + 4 * q);
+                    sum[q] += w;
+                    sq[q] += w * w;
+                }
+                if (++since_flush == FLUSH) {
+                    for (int j = 0; j < VECTORS; j++) {
+                        for (int k = 0; k < L::width; k++) zero_total += zeros[j][k];
+                        zeros[j] = C() - C();
+                    }
+                    since_flush = 0;
+                }
+            }
+            double block_sum = hsum(sum), block_sq = hsum(sq);
+            for (; i < end; i++) {
+                T v = p[i];
+                if (v < tail_lo) tail_lo = v;
+                if (v > tail_hi) tail_hi = v;
+                zero_total += v == 0;
+                double w = v;
+                block_sum += w;
+                block_sq += w * w;
+            }
+            total.add(block_sum);
+            squares.add(block_sq);
+            row_sq += block_sq;
+        }
+        if (pos != nullptr) pos[r % seq] += row_sq;
+    }
+    for (int j = 0; j < VECTORS; j++) {
+        for (int k = 0; k < L::width; k++) {
+            if (lo[j][k] < tail_lo) tail_lo = lo[j][k];
+            if (hi[j][k] > tail_hi) tail_hi = hi[j][k];
+            zero_total += zeros[j][k];
+        }
+    }
+    acc->min = tail_lo;
+    acc->max = tail_hi;
+    acc->sum = total.value();
+    acc->sum_sq = squares.value();
+    acc->zeros = zero_total;
+}
+
+// sum (x - m)^2 over n elements at x: blocks as in scan_rows, their sums added by Neumaier
+template <typename T>
+INLINE double spread_of(const T *x, Py_ssize_t n, double m) {
+    typedef Lanes<T> L;
+    Neumaier total;
+    for (Py_ssize_t start = 0; start < n; start += BLOCK) {
+        const Py_ssize_t end = n - start < BLOCK ? n : start + BLOCK;
+        d4 s[4];
+        for (int q = 0; q < 4; q++) s[q] = d4() - d4();
+        Py_ssize_t i = start;
+        for (; i + STEP <= end; i += STEP) {
+            for (int q = 0; q < 4; q++) {
+                d4 w = L::wide(x + i + 4 * q) - m;
+                s[q] += w * w;
+            }
+        }
+        double block = hsum(s);
+        for (; i < end; i++) {
+            double v = double(x[i]) - m;
+            block += v * v;
+        }
+        total.add(block);
+    }
+    return total.value();
+}
+
+void scan_f32(const float *x, Py_ssize_t n_rows, Py_ssize_t row, double *pos, Py_ssize_t seq,
+              Acc *acc) {
+    scan_rows(x, n_rows, row, pos, seq, acc);
+}
+void scan_f64(const double *x, Py_ssize_t n_rows, Py_ssize_t row, double *pos, Py_ssize_t seq,
+              Acc *acc) {
+    scan_rows(x, n_rows, row, pos, seq, acc);
+}
+double spread_f32(const float *x, Py_ssize_t n, double m) { return spread_of(x, n, m); }
+double spread_f64(const double *x, Py_ssize_t n, double m) { return spread_of(x, n, m); }

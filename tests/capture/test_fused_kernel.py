@@ -1,0 +1,182 @@
+"""The compiled one-read kernel (``capture/_fused.cpp``) against exact arithmetic.
+
+The statistics built on it are checked against the straightforward definition
+in test_stats_paths.py (both ways, kernel and passes); here the kernel itself:
+its sums to double rounding whatever the shape (ragged rows, rows longer than a
+block, one element), its sample and binned per-position norms, both instruction
+sets this CPU can run, the accuracy claims stats.py's one-pass rule rests on,
+and the refusals of its C interface.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from precguard.capture import stats
+from precguard.capture.evidence import plan_for
+
+fused = stats._fused
+
+pytestmark = pytest.mark.skipif(
+    fused is None and os.environ.get("CI") is None,
+    reason="precguard was installed without a C++ compiler (capture takes NumPy's passes)",
+)
+
+SHAPES = {
+    "one": ((1,), torch.float32),
+    "ragged": ((5, 37), torch.float32),
+    "hidden": ((2, 40, 24), torch.float32),
+    "heads": ((2, 3, 300, 16), torch.float32),  # positions binned by 2
+    "long_rows": ((2, 3, 9001), torch.float32),  # rows of three blocks and a tail
+    "float64": ((3, 50, 21), torch.float64),
+}
+
+
+#: the kernel's worst-case rounding relative to the sum of |terms|: blocks of 4096 summed
+#: in 16 chains (256 additions each), a 4-level tree, Neumaier's total (_fused.cpp)
+BOUND = Fraction((4096 // 16 + 21) * 2**-53)
+
+
+def test_the_kernel_is_built():
+    # `make test` installs with a compiler: a missing kernel there is a broken build,
+    # not a reason to measure the slow path
+    assert fused is not None and stats.FUSED_KERNELS in ("avx2", "baseline")
+
+
+def exact_sums(t: torch.Tensor) -> tuple[Fraction, Fraction]:
+    """The sum and sum of squares of ``t``'s values, exactly."""
+    values = [Fraction(v) for v in t.double().reshape(-1).tolist()]
+    return sum(values, Fraction(0)), sum((v * v for v in values), Fraction(0))
+
+
+def scan(t: torch.Tensor, positions: bool) -> tuple[tuple, np.ndarray]:
+    plan = plan_for(tuple(t.shape), t.device, positions)
+    seq = plan.length if plan.seq_dim is not None else 0
+    out = np.empty(
+        plan.host_index.size + plan.bins, np.float64 if t.dtype == torch.float64 else np.float32
+    )
+    row = t.shape[-1]
+    result = fused.scan(
+        t.data_ptr(), t.numel(), row, t.dtype == torch.float64, plan.host_index, out, seq, plan.bin
+    )
+    return result, out
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_scan_matches_exact_arithmetic(name):
+    shape, dtype = SHAPES[name]
+    torch.manual_seed(0)
+    t = (torch.randn(shape, dtype=dtype) * 3 + 0.5).to(dtype)
+    flat = t.reshape(-1)
+    if flat.numel() > 7:
+        flat[:: flat.numel() // 7] = 0.0  # zeros, counted
+        flat[3] = -0.0
+    (mn, mx, zeros, total, sumsq), out = scan(t, positions=True)
+    want_sum, want_sq = exact_sums(t)
+    assert (mn, mx) == (t.min().item(), t.max().item())
+    assert zeros == int((t == 0).sum())
+    scale = sum((abs(Fraction(v)) for v in flat.double().tolist()), Fraction(0))
+    assert abs(Fraction(total) - want_sum) <= BOUND * scale
+    assert abs(Fraction(sumsq) / want_sq - 1) <= BOUND
+    plan = plan_for(tuple(t.shape), t.device, True)
+    np.testing.assert_array_equal(out[: plan.host_index.size], flat.numpy()[plan.host_index])
+    if plan.seq_dim is not None:
+        seq = plan.seq_dim
+        per = t.double().square().sum(dim=[d for d in range(t.dim()) if d != seq])
+        pad = plan.bins * plan.bin - plan.length
+        binned = torch.nn.functional.pad(per, (0, pad)).view(plan.bins, plan.bin).sum(1).sqrt()
+        np.testing.assert_allclose(out[plan.host_index.size :], binned.numpy(), rtol=1e-7)
+
+
+def test_the_spread_is_exact_to_double_rounding():
+    torch.manual_seed(1)
+    for dtype in (torch.float32, torch.float64):
+        t = (torch.randn(3, 7001, dtype=torch.float64) * 1e-3 + 1e3).to(dtype)
+        mean = t.double().mean().item()
+        exact = sum((Fraction(v) - Fraction(mean)) ** 2 for v in t.double().reshape(-1).tolist())
+        got = fused.spread(t.data_ptr(), t.numel(), dtype == torch.float64, mean)
+        assert abs(Fraction(got) / exact - 1) <= BOUND, dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_std_holds_the_tensor_dtypes_rounding_when_the_mean_dwarfs_it(dtype):
+    # |mean| / std = 1e6: sum x^2 - n mean^2 loses twelve digits; the rule sees it and
+    # takes the second read, so float32 std holds float32's rounding and float64 its own
+    torch.manual_seed(2)
+    t = (torch.randn(4096, dtype=torch.float64) * 1e-3 + 1e3).to(dtype)
+    buf = stats.StatsBuffer(evidence=False)
+    slot, _ = buf.add(t)
+    got = buf.materialize()[slot]["std"]
+    x = t.double()
+    want = math.sqrt(((x - x.mean()) ** 2).sum().item() / (x.numel() - 1))
+    tol = 2.0**-23 if dtype == torch.float32 else 1e-13
+    assert abs(got / want - 1) <= tol
+
+
+def test_both_instruction_sets_give_the_same_statistics(tmp_path):
+    # the baseline build (any CPU) and, where the CPU has them, AVX2 with FMA: the same
+    # numbers up to double rounding (FMA rounds once where the baseline rounds twice)
+    script = """
+import json, sys, torch
+from precguard.capture import stats
+torch.manual_seed(0)
+rows = []
+for shape in [(5, 37), (2, 40, 24), (2, 3, 9001)]:
+    t = torch.randn(shape) * 2 + 0.25
+    buf = stats.StatsBuffer()
+    slot, _ = buf.add(t, positions=True)
+    s, ev = buf.materialize_with_evidence()
+    rows.append([s[slot], ev[slot]])
+print(json.dumps({"kernels": stats.FUSED_KERNELS, "rows": rows}))
+"""
+    runs = {}
+    for forced in ("", "baseline"):
+        env = {**os.environ, "PRECGUARD_KERNELS": forced}
+        done = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+        )
+        runs[forced] = json.loads(done.stdout)
+    assert runs["baseline"]["kernels"] == "baseline"
+    for a, b in zip(runs[""]["rows"], runs["baseline"]["rows"], strict=True):
+        assert a[1]["sample"] == b[1]["sample"]
+        for field in ("min", "max", "zeros", "numel", "nan", "inf"):
+            assert a[0][field] == b[0][field], field
+        for field in ("mean", "std", "l2"):
+            assert math.isclose(a[0][field], b[0][field], rel_tol=1e-13, abs_tol=1e-15), field
+
+
+def test_the_c_interface_refuses_what_it_cannot_read():
+    t = torch.randn(4, 8)
+    address, index = t.data_ptr(), np.array([0, 31], dtype=np.int64)
+    with pytest.raises(ValueError, match="multiple of row"):
+        fused.scan(address, 32, 5, False, None, None, 0, 1)
+    with pytest.raises(ValueError, match="multiple of row"):
+        fused.scan(0, 32, 8, False, None, None, 0, 1)
+    with pytest.raises(IndexError):
+        fused.scan(
+            address, 32, 8, False, np.array([32], dtype=np.int64), np.empty(1, np.float32), 0, 1
+        )
+    with pytest.raises(ValueError, match="out: needs 2 items"):
+        fused.scan(address, 32, 8, False, index, np.empty(1, np.float32), 0, 1)
+    with pytest.raises(ValueError, match="out: needs"):  # float64 items for float32 data
+        fused.scan(address, 32, 8, False, index, np.empty(2, np.float64), 0, 1)
+    with pytest.raises(ValueError, match="index: needs"):
+        fused.scan(address, 32, 8, False, index.astype(np.int32), np.empty(2, np.float32), 0, 1)
+    with pytest.raises(TypeError):
+        fused.scan(address, 32, 8, False, None, None, 0)
+    with pytest.raises(ValueError):
+        fused.spread(address, 0, False, 0.0)
+    # what it accepts: the same numbers as NumPy on the same memory
+    out = np.empty(2, np.float32)
+    mn, mx, _, _, _ = fused.scan(address, 32, 8, False, index, out, 0, 1)
+    assert (mn, mx) == (t.min().item(), t.max().item())
+    np.testing.assert_array_equal(out, t.reshape(-1).numpy()[[0, 31]])
