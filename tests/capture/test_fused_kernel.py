@@ -58,21 +58,23 @@ def exact_sums(t: torch.Tensor) -> tuple[Fraction, Fraction]:
     return sum(values, Fraction(0)), sum((v * v for v in values), Fraction(0))
 
 
-def scan(t: torch.Tensor, positions: bool) -> tuple[tuple, np.ndarray]:
+def scan(t: torch.Tensor, positions: bool, threads: int = 1) -> tuple[tuple, np.ndarray]:
     plan = plan_for(tuple(t.shape), t.device, positions)
     seq = plan.length if plan.seq_dim is not None else 0
     out = np.empty(
         plan.host_index.size + plan.bins, np.float64 if t.dtype == torch.float64 else np.float32
     )
     row = t.shape[-1]
+    double = t.dtype == torch.float64
     result = fused.scan(
-        t.data_ptr(), t.numel(), row, t.dtype == torch.float64, plan.host_index, out, seq, plan.bin
+        t.data_ptr(), t.numel(), row, double, plan.host_index, out, seq, plan.bin, threads
     )
     return result, out
 
 
+@pytest.mark.parametrize("threads", [1, 3], ids=["1-thread", "rows-split-3-ways"])
 @pytest.mark.parametrize("name", list(SHAPES))
-def test_scan_matches_exact_arithmetic(name):
+def test_scan_matches_exact_arithmetic(name, threads):
     shape, dtype = SHAPES[name]
     torch.manual_seed(0)
     t = (torch.randn(shape, dtype=dtype) * 3 + 0.5).to(dtype)
@@ -80,7 +82,7 @@ def test_scan_matches_exact_arithmetic(name):
     if flat.numel() > 7:
         flat[:: flat.numel() // 7] = 0.0  # zeros, counted
         flat[3] = -0.0
-    (mn, mx, zeros, total, sumsq), out = scan(t, positions=True)
+    (mn, mx, zeros, total, sumsq), out = scan(t, positions=True, threads=threads)
     want_sum, want_sq = exact_sums(t)
     assert (mn, mx) == (t.min().item(), t.max().item())
     assert zeros == int((t == 0).sum())
@@ -130,7 +132,7 @@ import json, sys, torch
 from precguard.capture import stats
 torch.manual_seed(0)
 rows = []
-for shape in [(5, 37), (2, 40, 24), (2, 3, 9001)]:
+for shape in [(5, 37), (2, 40, 24), (2, 3, 9001), (4, 128, 2048)]:  # the last split in threads
     t = torch.randn(shape) * 2 + 0.25
     buf = stats.StatsBuffer()
     slot, _ = buf.add(t, positions=True)
@@ -140,7 +142,7 @@ print(json.dumps({"kernels": stats.FUSED_KERNELS, "rows": rows}))
 """
     runs = {}
     for forced in ("", "baseline"):
-        env = {**os.environ, "PRECGUARD_KERNELS": forced}
+        env = {**os.environ, "PRECGUARD_KERNELS": forced, "OMP_NUM_THREADS": "2"}
         done = subprocess.run(
             [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
         )
@@ -158,25 +160,27 @@ def test_the_c_interface_refuses_what_it_cannot_read():
     t = torch.randn(4, 8)
     address, index = t.data_ptr(), np.array([0, 31], dtype=np.int64)
     with pytest.raises(ValueError, match="multiple of row"):
-        fused.scan(address, 32, 5, False, None, None, 0, 1)
+        fused.scan(address, 32, 5, False, None, None, 0, 1, 1)
     with pytest.raises(ValueError, match="multiple of row"):
-        fused.scan(0, 32, 8, False, None, None, 0, 1)
+        fused.scan(0, 32, 8, False, None, None, 0, 1, 1)
     with pytest.raises(IndexError):
         fused.scan(
-            address, 32, 8, False, np.array([32], dtype=np.int64), np.empty(1, np.float32), 0, 1
+            address, 32, 8, False, np.array([32], dtype=np.int64), np.empty(1, np.float32), 0, 1, 1
         )
     with pytest.raises(ValueError, match="out: needs 2 items"):
-        fused.scan(address, 32, 8, False, index, np.empty(1, np.float32), 0, 1)
+        fused.scan(address, 32, 8, False, index, np.empty(1, np.float32), 0, 1, 1)
     with pytest.raises(ValueError, match="out: needs"):  # float64 items for float32 data
-        fused.scan(address, 32, 8, False, index, np.empty(2, np.float64), 0, 1)
+        fused.scan(address, 32, 8, False, index, np.empty(2, np.float64), 0, 1, 1)
     with pytest.raises(ValueError, match="index: needs"):
-        fused.scan(address, 32, 8, False, index.astype(np.int32), np.empty(2, np.float32), 0, 1)
+        fused.scan(address, 32, 8, False, index.astype(np.int32), np.empty(2, np.float32), 0, 1, 1)
+    with pytest.raises(ValueError):  # threads
+        fused.scan(address, 32, 8, False, None, None, 0, 1, 0)
     with pytest.raises(TypeError):
         fused.scan(address, 32, 8, False, None, None, 0)
     with pytest.raises(ValueError):
         fused.spread(address, 0, False, 0.0)
     # what it accepts: the same numbers as NumPy on the same memory
     out = np.empty(2, np.float32)
-    mn, mx, _, _, _ = fused.scan(address, 32, 8, False, index, out, 0, 1)
+    mn, mx, _, _, _ = fused.scan(address, 32, 8, False, index, out, 0, 1, 1)
     assert (mn, mx) == (t.min().item(), t.max().item())
     np.testing.assert_array_equal(out, t.reshape(-1).numpy()[[0, 31]])

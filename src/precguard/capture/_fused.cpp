@@ -30,6 +30,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <thread>
+#include <vector>
 
 typedef float f4 __attribute__((vector_size(16)));
 typedef float f8 __attribute__((vector_size(32)));
@@ -49,12 +51,6 @@ typedef double d4 __attribute__((vector_size(32)));
 
 namespace {
 
-// what one scan accumulates
-struct Acc {
-    double min, max, sum, sum_sq;
-    int64_t zeros;
-};
-
 // a running total with Neumaier's compensation (no multiplication: nothing to fuse)
 struct Neumaier {
     double sum = 0.0, carry = 0.0;
@@ -63,13 +59,22 @@ struct Neumaier {
         carry += std::fabs(sum) >= std::fabs(x) ? (sum - t) + x : (x - t) + sum;
         sum = t;
     }
-    INLINE double value() const { return sum + carry; }
+    void add(const Neumaier &other) {
+        add(other.sum);
+        carry += other.carry;
+    }
+    double value() const { return sum + carry; }
 };
 
-// elements per step (four chains of four lanes for each sum), per block (summed in
-// those chains, then added to the totals) and between flushes of the 32-bit zero
-// counters (each lane gains at most one per step: far below 2^31)
-constexpr int STEP = 16;
+// what one scan (or one thread's share of it) accumulates
+struct Acc {
+    double min, max;
+    Neumaier sum, sum_sq;
+    int64_t zeros;
+};
+
+// elements per block (summed in a kernel's chains, then added to the totals) and steps
+// between flushes of the 32-bit zero counters (a lane gains at most one per step)
 constexpr Py_ssize_t BLOCK = 4096;
 constexpr Py_ssize_t FLUSH = Py_ssize_t(1) << 28;
 
@@ -82,6 +87,9 @@ constexpr Py_ssize_t FLUSH = Py_ssize_t(1) << 28;
         __builtin_convertvector(v_, d4);  \
     })
 namespace baseline {
+typedef d4 D;
+typedef f8 F;
+constexpr int DL = 4, FL = 8;
 #include "_fused_kernels.h"
 }  // namespace baseline
 #undef WIDEN_F32
@@ -95,6 +103,9 @@ namespace baseline {
 #endif
 #define WIDEN_F32(p) (d4) _mm256_cvtps_pd(_mm_loadu_ps(p))
 namespace avx2 {
+typedef d4 D;
+typedef f8 F;
+constexpr int DL = 4, FL = 8;
 #include "_fused_kernels.h"
 }  // namespace avx2
 #undef WIDEN_F32
@@ -107,8 +118,10 @@ namespace avx2 {
 
 // the kernels this CPU runs, chosen when the module loads
 struct Kernels {
-    void (*scan_f32)(const float *, Py_ssize_t, Py_ssize_t, double *, Py_ssize_t, Acc *);
-    void (*scan_f64)(const double *, Py_ssize_t, Py_ssize_t, double *, Py_ssize_t, Acc *);
+    void (*scan_f32)(const float *, Py_ssize_t, Py_ssize_t, Py_ssize_t, double *, Py_ssize_t,
+                     Acc *);
+    void (*scan_f64)(const double *, Py_ssize_t, Py_ssize_t, Py_ssize_t, double *, Py_ssize_t,
+                     Acc *);
     double (*spread_f32)(const float *, Py_ssize_t, double);
     double (*spread_f64)(const double *, Py_ssize_t, double);
     const char *name;
@@ -149,6 +162,61 @@ struct Buffer {
     }
 };
 
+// scan_rows over all rows, split into `threads` equal runs of rows on as many threads
+// (the caller's one of them), each with its own totals and positions, merged in order.
+// A thread that cannot be started leaves its run to the caller's thread.
+template <typename T>
+void scan_all(const T *x, Py_ssize_t n_rows, Py_ssize_t row, double *pos, Py_ssize_t seq,
+              int threads, Acc *acc) {
+    typedef void (*Scan)(const T *, Py_ssize_t, Py_ssize_t, Py_ssize_t, double *, Py_ssize_t,
+                         Acc *);
+    Scan scan;
+    if constexpr (sizeof(T) == 4) {
+        scan = kernels.scan_f32;
+    } else {
+        scan = kernels.scan_f64;
+    }
+    if (threads > n_rows) threads = int(n_rows);
+    if (threads <= 1) {
+        scan(x, 0, n_rows, row, pos, seq, acc);
+        return;
+    }
+    std::vector<Acc> parts(static_cast<size_t>(threads));
+    std::vector<std::vector<double>> positions(static_cast<size_t>(threads));
+    std::vector<std::thread> running;
+    std::vector<int> inline_parts;
+    auto run = [&](int t) {
+        Py_ssize_t first = n_rows * t / threads, last = n_rows * (t + 1) / threads;
+        double *own = seq ? positions[size_t(t)].data() : nullptr;
+        scan(x, first, last - first, row, own, seq, &parts[size_t(t)]);
+    };
+    for (int t = 0; t < threads; t++) {
+        if (seq) positions[size_t(t)].assign(size_t(seq), 0.0);
+    }
+    for (int t = 1; t < threads; t++) {
+        try {
+            running.emplace_back(run, t);
+        } catch (...) {  // no thread to be had: this one does that share too
+            inline_parts.push_back(t);
+        }
+    }
+    run(0);
+    for (int t : inline_parts) run(t);
+    for (auto &thread : running) thread.join();
+    *acc = parts[0];
+    for (int t = 1; t < threads; t++) {
+        const Acc &p = parts[size_t(t)];
+        if (p.min < acc->min) acc->min = p.min;
+        if (p.max > acc->max) acc->max = p.max;
+        acc->sum.add(p.sum);
+        acc->sum_sq.add(p.sum_sq);
+        acc->zeros += p.zeros;
+    }
+    for (int t = 0; t < threads && seq; t++) {
+        for (Py_ssize_t i = 0; i < seq; i++) pos[i] += positions[size_t(t)][size_t(i)];
+    }
+}
+
 // sample and per-position norms into out (elements of T): out[j] = x[at[j]] for j < k,
 // then out[k + b] = the norm of positions [b * bin, (b + 1) * bin)
 template <typename T>
@@ -166,18 +234,18 @@ void evidence(const T *x, const int64_t *at, Py_ssize_t k, const double *pos, Py
 }
 
 PyDoc_STRVAR(scan_doc,
-             "scan(address, n, row, is_double, index, out, seq, bin)\n"
+             "scan(address, n, row, is_double, index, out, seq, bin, threads)\n"
              "    -> (min, max, zeros, sum, sum_sq)\n\n"
              "One read of the n contiguous float32 (float64 if is_double) elements at address,\n"
              "n // row rows of row elements. Sums in double. With seq > 0 the rows are\n"
              "(..., seq) positions: out (a buffer of the input's dtype) receives the elements\n"
              "at the flat int64 indices of index (None: none), then the norm of each run of\n"
-             "bin consecutive positions (the sum of squares of their rows). The caller keeps\n"
-             "the memory alive.");
+             "bin consecutive positions (the sum of squares of their rows). threads > 1 splits\n"
+             "the rows among that many threads. The caller keeps the memory alive.");
 
 PyObject *scan(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "scan() takes 8 arguments");
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "scan() takes 9 arguments");
         return nullptr;
     }
     void *data = PyLong_AsVoidPtr(args[0]);
@@ -186,12 +254,14 @@ PyObject *scan(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     const int is_double = PyObject_IsTrue(args[3]);
     const Py_ssize_t seq = PyLong_AsSsize_t(args[6]);
     const Py_ssize_t bin = PyLong_AsSsize_t(args[7]);
+    const long threads = PyLong_AsLong(args[8]);
     if (PyErr_Occurred()) return nullptr;
     if (data == nullptr || n <= 0 || row <= 0 || n % row != 0 || seq < 0 || bin <= 0 ||
+        threads < 1 || threads > 1024 ||
         (seq > 0 && (n / row) % seq != 0)) {
         PyErr_SetString(PyExc_ValueError,
                         "scan(): needs a non-null address, n a multiple of row > 0, and the "
-                        "rows a multiple of seq");
+                        "rows a multiple of seq, and 1 to 1024 threads");
         return nullptr;
     }
     const Py_ssize_t item = is_double ? 8 : 4, n_rows = n / row;
@@ -210,27 +280,29 @@ PyObject *scan(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     }
     const Py_ssize_t bins = seq ? (seq + bin - 1) / bin : 0;
     if ((k || bins) && !out.get(args[5], true, item, k + bins, "out")) return nullptr;
-    double *pos = nullptr;
-    if (seq) {
-        pos = static_cast<double *>(std::calloc(size_t(seq), sizeof(double)));
-        if (pos == nullptr) return PyErr_NoMemory();
-    }
     const int64_t *at = k ? static_cast<const int64_t *>(index.view.buf) : nullptr;
     Acc acc;
+    bool failed = false;
     Py_BEGIN_ALLOW_THREADS;
-    if (is_double) {
-        const double *x = static_cast<const double *>(data);
-        kernels.scan_f64(x, n_rows, row, pos, seq, &acc);
-        if (k || bins) evidence(x, at, k, pos, seq, bin, static_cast<double *>(out.view.buf));
-    } else {
-        const float *x = static_cast<const float *>(data);
-        kernels.scan_f32(x, n_rows, row, pos, seq, &acc);
-        if (k || bins) evidence(x, at, k, pos, seq, bin, static_cast<float *>(out.view.buf));
+    try {  // no C++ exception may reach Python (only allocation can throw here)
+        std::vector<double> pos(size_t(seq), 0.0);
+        double *p = seq ? pos.data() : nullptr;
+        if (is_double) {
+            const double *x = static_cast<const double *>(data);
+            scan_all(x, n_rows, row, p, seq, int(threads), &acc);
+            if (k || bins) evidence(x, at, k, p, seq, bin, static_cast<double *>(out.view.buf));
+        } else {
+            const float *x = static_cast<const float *>(data);
+            scan_all(x, n_rows, row, p, seq, int(threads), &acc);
+            if (k || bins) evidence(x, at, k, p, seq, bin, static_cast<float *>(out.view.buf));
+        }
+    } catch (...) {
+        failed = true;
     }
     Py_END_ALLOW_THREADS;
-    std::free(pos);
-    return Py_BuildValue("(ddLdd)", acc.min, acc.max, static_cast<long long>(acc.zeros), acc.sum,
-                         acc.sum_sq);
+    if (failed) return PyErr_NoMemory();
+    return Py_BuildValue("(ddLdd)", acc.min, acc.max, static_cast<long long>(acc.zeros),
+                         acc.sum.value(), acc.sum_sq.value());
 }
 
 PyDoc_STRVAR(spread_doc,

@@ -1,48 +1,57 @@
 // The kernels of _fused.cpp, included there once per instruction set, each time in a
 // namespace of its own under that set's target pragma (so GCC lowers the vector
-// types for that target). Includes nothing: the includer has, and defines
-// WIDEN_F32(p), four floats at p as a d4.
+// types for that target). Includes nothing: the includer has, and has defined in
+// the namespace the vector types D (DL doubles) and F (FL floats), and WIDEN_F32(p),
+// DL floats at p as a D.
 
-// How elements of T are read: min, max and zeros on vectors of M (32 bytes), the sums on
-// four elements at a time widened to double. Loaded with memcpy: any alignment.
+// How elements of T are read: min, max and zeros on vectors of M (F or D), the sums on
+// DL elements at a time widened to double. Loaded with memcpy: any alignment.
 template <typename T>
 struct Lanes;
 
 template <>
 struct Lanes<float> {
-    typedef f8 M;
-    static constexpr int width = 8;
+    typedef F M;
+    static constexpr int width = FL;
     static INLINE M load(const float *p) {
         M v;
         std::memcpy(&v, p, sizeof v);
         return v;
     }
-    static INLINE d4 wide(const float *p) { return WIDEN_F32(p); }
+    static INLINE D wide(const float *p) { return WIDEN_F32(p); }
 };
 
 template <>
 struct Lanes<double> {
-    typedef d4 M;
-    static constexpr int width = 4;
+    typedef D M;
+    static constexpr int width = DL;
     static INLINE M load(const double *p) {
         M v;
         std::memcpy(&v, p, sizeof v);
         return v;
     }
-    static INLINE d4 wide(const double *p) { return load(p); }
+    static INLINE D wide(const double *p) { return load(p); }
 };
 
-static INLINE double hsum(const d4 *v) {
-    d4 s = (v[0] + v[1]) + (v[2] + v[3]);
-    return (s[0] + s[1]) + (s[2] + s[3]);
+// elements per step: four chains of DL lanes for each sum hide the adds' latency
+constexpr int STEP = 4 * DL;
+static_assert(BLOCK % STEP == 0, "a block is whole steps");
+
+// the four chains' total: the chains pairwise, then the lanes
+static INLINE double hsum(const D *v) {
+    D s = (v[0] + v[1]) + (v[2] + v[3]);
+    double t = 0.0;
+    for (int k = 0; k < DL; k++) t += s[k];
+    return t;
 }
 
 // min, max, zeros, and the Neumaier totals of the sum and the sum of squares of n_rows
-// rows of `row` elements at x; pos[r % seq] += row r's sum of squares when pos is set.
-// Each block of at most BLOCK elements is summed in STEP / 4 chains of four lanes.
+// rows of `row` elements at x, the first of which is row first_row of the tensor;
+// pos[r % seq] += tensor row r's sum of squares when pos is set. Each block of at most
+// BLOCK elements is summed in four chains of DL lanes.
 template <typename T>
-INLINE void scan_rows(const T *x, Py_ssize_t n_rows, Py_ssize_t row, double *pos, Py_ssize_t seq,
-                      Acc *acc) {
+INLINE void scan_rows(const T *x, Py_ssize_t first_row, Py_ssize_t n_rows, Py_ssize_t row,
+                      double *pos, Py_ssize_t seq, Acc *acc) {
     typedef Lanes<T> L;
     typedef typename L::M M;
     typedef decltype(M() < M()) C;  // the comparison's lanes: -1 where true
@@ -50,22 +59,23 @@ INLINE void scan_rows(const T *x, Py_ssize_t n_rows, Py_ssize_t row, double *pos
     M lo[VECTORS], hi[VECTORS];
     C zeros[VECTORS];
     const M zero = M() - M();
+    const T first = x[first_row * row];
     for (int j = 0; j < VECTORS; j++) {
-        lo[j] = zero + x[0];
+        lo[j] = zero + first;
         hi[j] = lo[j];
         zeros[j] = C() - C();
     }
     Neumaier total, squares;
     int64_t zero_total = 0;
     Py_ssize_t since_flush = 0;
-    T tail_lo = x[0], tail_hi = x[0];
-    for (Py_ssize_t r = 0; r < n_rows; r++) {
+    T tail_lo = first, tail_hi = first;
+    for (Py_ssize_t r = first_row; r < first_row + n_rows; r++) {
         const T *p = x + r * row;
         double row_sq = 0.0;
         for (Py_ssize_t start = 0; start < row; start += BLOCK) {
             const Py_ssize_t end = row - start < BLOCK ? row : start + BLOCK;
-            d4 sum[4], sq[4];
-            for (int q = 0; q < 4; q++) sum[q] = sq[q] = d4() - d4();
+            D sum[4], sq[4];
+            for (int q = 0; q < 4; q++) sum[q] = sq[q] = D() - D();
             Py_ssize_t i = start;
             for (; i + STEP <= end; i += STEP) {
                 for (int j = 0; j < VECTORS; j++) {
@@ -75,7 +85,7 @@ INLINE void scan_rows(const T *x, Py_ssize_t n_rows, Py_ssize_t row, double *pos
                     zeros[j] -= v == zero;
                 }
                 for (int q = 0; q < 4; q++) {
-                    d4 w = L::wide(p + i + 4 * q);
+                    D w = L::wide(p + i + DL * q);
                     sum[q] += w;
                     sq[q] += w * w;
                 }
@@ -112,8 +122,8 @@ INLINE void scan_rows(const T *x, Py_ssize_t n_rows, Py_ssize_t row, double *pos
     }
     acc->min = tail_lo;
     acc->max = tail_hi;
-    acc->sum = total.value();
-    acc->sum_sq = squares.value();
+    acc->sum = total;
+    acc->sum_sq = squares;
     acc->zeros = zero_total;
 }
 
@@ -124,12 +134,12 @@ INLINE double spread_of(const T *x, Py_ssize_t n, double m) {
     Neumaier total;
     for (Py_ssize_t start = 0; start < n; start += BLOCK) {
         const Py_ssize_t end = n - start < BLOCK ? n : start + BLOCK;
-        d4 s[4];
-        for (int q = 0; q < 4; q++) s[q] = d4() - d4();
+        D s[4];
+        for (int q = 0; q < 4; q++) s[q] = D() - D();
         Py_ssize_t i = start;
         for (; i + STEP <= end; i += STEP) {
             for (int q = 0; q < 4; q++) {
-                d4 w = L::wide(x + i + 4 * q) - m;
+                D w = L::wide(x + i + DL * q) - m;
                 s[q] += w * w;
             }
         }
@@ -143,13 +153,13 @@ INLINE double spread_of(const T *x, Py_ssize_t n, double m) {
     return total.value();
 }
 
-void scan_f32(const float *x, Py_ssize_t n_rows, Py_ssize_t row, double *pos, Py_ssize_t seq,
-              Acc *acc) {
-    scan_rows(x, n_rows, row, pos, seq, acc);
+void scan_f32(const float *x, Py_ssize_t first_row, Py_ssize_t n_rows, Py_ssize_t row,
+              double *pos, Py_ssize_t seq, Acc *acc) {
+    scan_rows(x, first_row, n_rows, row, pos, seq, acc);
 }
-void scan_f64(const double *x, Py_ssize_t n_rows, Py_ssize_t row, double *pos, Py_ssize_t seq,
-              Acc *acc) {
-    scan_rows(x, n_rows, row, pos, seq, acc);
+void scan_f64(const double *x, Py_ssize_t first_row, Py_ssize_t n_rows, Py_ssize_t row,
+              double *pos, Py_ssize_t seq, Acc *acc) {
+    scan_rows(x, first_row, n_rows, row, pos, seq, acc);
 }
 double spread_f32(const float *x, Py_ssize_t n, double m) { return spread_of(x, n, m); }
 double spread_f64(const double *x, Py_ssize_t n, double m) { return spread_of(x, n, m); }

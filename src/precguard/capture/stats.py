@@ -6,16 +6,20 @@ into two small tensors per tensor, and all tensors' statistics of a step come
 to the host in one transfer.
 
 On the CPU, reading a scalar is free, so the code branches (see
-:func:`_host_stats`): min and max through NumPy on the tensor's memory, torch's
+:func:`_host_stats`). A contiguous float32/float64 tensor goes through the
+compiled kernel (``_fused.cpp``, :func:`_fused_stats`): one read of its memory
+gives min, max, the zero count, the float64 sum and sum of squares, the
+evidence's sample and per-position norms; the spread about the mean is a
+second read only where ``sum x^2 - n mean^2`` could lose float32 accuracy.
+Without the kernel (an install without a C++ compiler), and for strided
+tensors: min and max through NumPy on the tensor's memory, torch's float64
 ``sum``, the squares once by rows (``vector_norm`` along the last dimension,
-the squared row norms summed in float64: ``l2``, and the evidence's
-per-position norms from the same pass), zeros counted only when ``min <= 0 <=
-max``; ``std`` from ``sum x^2 - n mean^2`` where that cancellation at most
-doubles the rounding, else from the spread about the mean as a second pass.
-Large contiguous tensors go chunk by chunk, so the passes over a chunk run from
-the core's cache. NaN/Inf counts only when min or max is not finite. Both paths
-agree within float32 rounding, also for tensors whose |mean| is far above
-their std.
+the squared row norms summed in float64), zeros counted only when
+``min <= 0 <= max``, std from ``sum x^2 - n mean^2`` where that cancellation at
+most doubles the rounding, else from the spread about the mean as a second
+pass; large contiguous tensors chunk by chunk. NaN/Inf counts only when a sum
+(or min or max) is not finite. All paths agree within float32 rounding, also
+for tensors whose |mean| is far above their std.
 
 This runs for every tensor of every module call, so it is written for the
 interpreter as much as for the machine: no context manager per tensor (the
@@ -57,6 +61,9 @@ _U64 = 2.0**-53
 _UNIT = {torch.float32: 2.0**-24, torch.float64: _U64}
 #: the elements the kernel sums in its chains before adding them to a total (BLOCK there)
 _FUSED_BLOCK = 4096
+#: tensors of this many elements or more are scanned on torch's number of threads
+#: (``torch.get_num_threads()``), their rows split evenly
+FUSED_SPLIT = 1 << 20
 
 
 class DtypeInfo(NamedTuple):
@@ -311,11 +318,13 @@ def _host_stats(
     """``(min, max, mean, std, l2, nonzero, nan, inf)`` of a float32/float64 CPU tensor.
 
     Also the evidence values of ``plan`` (sampled elements, then per-position
-    norms), or None without a plan. ``x`` is a plain ``torch.Tensor``. The passes
-    over the tensor, each a fast vectorized kernel:
+    norms), or None without a plan. ``x`` is a plain ``torch.Tensor``. A
+    contiguous one without NaN or Inf goes through the compiled kernel
+    (:func:`_fused_stats`) when it is built; otherwise, the passes over the
+    tensor, each a fast vectorized kernel:
 
     * min and max (NumPy's, on the same memory: half of ``aminmax``'s time);
-    * ``sum`` (torch's cascaded float32 sum);
+    * ``sum`` (torch's, accumulated in float64);
     * the squares by rows: ``vector_norm`` along the last dimension (no tensor
       allocated), rows longer than :data:`MAX_ROW` split; the squared row norms
       are summed in float64. They give ``l2`` (positive terms, no cancellation)
@@ -328,14 +337,14 @@ def _host_stats(
     same exact numbers). Otherwise a contiguous tensor of more than two
     :data:`CHUNK` runs them chunk by chunk
     (whole rows each), so only the first pass over a chunk reads memory: the
-    logits of a 32k vocabulary cost half. Its sum is then the float32 sums of
-    the chunks added in float64.
+    logits of a 32k vocabulary cost half.
 
     ``std`` comes from ``sum x^2 - n mean^2`` when ``2 n mean^2 <= sum x^2``: the
     cancellation at most doubles the relative rounding of ``sum x^2``. Otherwise
     (|mean| comparable to or above the std: norm weights) from the second pass
-    ``sum (x - mean)^2``, exact to float32 rounding whatever |mean|/std. NaN/Inf
-    counts, ``vector_norm`` and ``std`` run only when min or max is not finite.
+    ``sum (x - mean)^2`` in float64, exact to float32 rounding whatever
+    |mean|/std. NaN/Inf counts, ``vector_norm`` and ``std`` run only when min or
+    max is not finite.
     """
     if _fused is not None and x.is_contiguous():
         fused = _fused_stats(x, n, plan)
@@ -347,7 +356,7 @@ def _host_stats(
         # NumPy's passes and the chunk loop run on one core: torch's own spread over all
         mn_t, mx_t = torch.aminmax(x)
         mn, mx = mn_t.item(), mx_t.item()
-        total = x.sum(dtype=torch.float64).item()
+        total = _sum(x)
         nonzero = n if mn > 0.0 or mx < 0.0 else torch.count_nonzero(x).item()
         rows = _row_squares(x, row)
     elif row and n > 2 * CHUNK and x.is_contiguous():
@@ -356,7 +365,7 @@ def _host_stats(
         rows = (norms * norms).reshape(*x.shape[:-1], -1).sum(-1)
     else:
         mn, mx = float(a.min()), float(a.max())
-        total = x.sum(dtype=torch.float64).item()
+        total = _sum(x)
         nonzero = n if mn > 0.0 or mx < 0.0 else n - int(np.count_nonzero(a == 0))
         rows = _row_squares(x, row)
     mean = total / n
@@ -376,12 +385,9 @@ def _host_stats(
         nan = inf = 0
         l2 = math.sqrt(sumsq)
         square_mean = n * mean * mean
-        if 2.0 * square_mean <= sumsq < math.inf:
-            spread = sumsq - square_mean
-        else:  # |mean| >= std / 1.4, or squares beyond float32: the spread as its own pass
-            dev = x.double() - mean  # in float64: mean rounded to float32 can be off by ~std
-            dev.mul_(dev)
-            spread = dev.sum().item()
+        # |mean| >= std / 1.4, or squares beyond float32: the spread as its own pass
+        one_pass = 2.0 * square_mean <= sumsq < math.inf
+        spread = sumsq - square_mean if one_pass else _spread(x, mean)
         std = math.sqrt(spread / (n - 1)) if n > 1 else 0.0
         if x.dtype is torch.float32:
             l2, std = _float32_range(sumsq, spread, l2, std)
@@ -412,14 +418,17 @@ def _fused_stats(
     double = x.dtype is torch.float64
     row = x.shape[-1] if x.dim() else 1
     address = x.data_ptr()
+    threads = torch.get_num_threads() if n >= FUSED_SPLIT else 1
     if plan is None:
-        mn, mx, zeros, total, sumsq = _fused.scan(address, n, row, double, None, None, 0, 1)
+        mn, mx, zeros, total, sumsq = _fused.scan(
+            address, n, row, double, None, None, 0, 1, threads
+        )
         values = None
     else:
         seq = 0 if plan.seq_dim is None else plan.length
         values = np.empty(plan.host_index.size + plan.bins, np.float64 if double else np.float32)
         mn, mx, zeros, total, sumsq = _fused.scan(
-            address, n, row, double, plan.host_index, values, seq, plan.bin
+            address, n, row, double, plan.host_index, values, seq, plan.bin, threads
         )
     if not (math.isfinite(total) and math.isfinite(sumsq)):
         return None
@@ -490,7 +499,7 @@ def _scan_chunks(
         lo, hi = part.min(), part.max()
         mins.append(lo)
         maxs.append(hi)
-        total += rows[start : start + per].sum(dtype=torch.float64).item()
+        total += _sum(rows[start : start + per])
         if not (lo > 0.0 or hi < 0.0):
             nonzero -= int(np.count_nonzero(part == 0))
         norms.append(torch.linalg.vector_norm(rows[start : start + per], dim=-1).numpy())
@@ -528,6 +537,35 @@ def _row_squares(x: torch.Tensor, row: int) -> np.ndarray:
     return squares if row == length else squares.sum(-1)
 
 
+def _sum(x: torch.Tensor) -> float:
+    """The sum of ``x``: torch's float32 sums of its rows (the last dimension), added in
+    float64; where that overflows (a mask's -3.4e38 entries), again in float64 by chunks.
+
+    Not ``x.sum(dtype=torch.float64)``: on the CPU that is ~30x slower than float32's.
+    """
+    total = x.sum(-1).double().sum().item() if x.dim() > 1 else x.sum().item()
+    if not math.isfinite(total):  # a float32 sum overflowed, or a NaN/Inf is there
+        flat = x.reshape(-1)
+        total = sum(
+            flat[i : i + CHUNK].double().sum().item() for i in range(0, flat.numel(), CHUNK)
+        )
+    return total
+
+
+def _spread(x: torch.Tensor, mean: float) -> float:
+    """``sum (x - mean)^2``, in float64, corrected for the error of ``mean``.
+
+    The corrected two-pass form ``sum d^2 - (sum d)^2 / n`` with ``d = x - mean``:
+    a mean from float32 sums can be off by more than the std when |mean| is far
+    above it (|mean| / std = 1e7: the plain spread was 5e-5 too large); the
+    correction takes that error out.
+    """
+    dev = x.double() - mean
+    shift = dev.sum().item()
+    dev.mul_(dev)
+    return dev.sum().item() - shift * shift / x.numel()
+
+
 def _subclass_stats(x: torch.Tensor, n: int) -> tuple[float, ...]:
     """The statistics row of a tensor subclass's CPU tensor, through torch's own ops.
 
@@ -535,15 +573,13 @@ def _subclass_stats(x: torch.Tensor, n: int) -> tuple[float, ...]:
     numbers as :func:`_host_stats` within float32 rounding.
     """
     mn_t, mx_t = torch.aminmax(x)
-    total = x.sum(dtype=torch.float64).item()
+    total = _sum(x)
     nonzero = torch.count_nonzero(x).item()
     mn, mx = mn_t.item(), mx_t.item()
     mean = total / n
     if math.isfinite(mn) and math.isfinite(mx):
         nan = inf = 0
-        dev = x.double() - mean
-        dev.mul_(dev)
-        spread = dev.sum().item()
+        spread = _spread(x, mean)
         std = math.sqrt(spread / (n - 1)) if n > 1 else 0.0
         l2 = math.sqrt(spread + n * mean * mean)
     else:
