@@ -143,9 +143,14 @@ def main() -> None:
             last = [ln for ln in lines if json.loads(ln)["step"] == rec.step_index]
             sizes[h] = (len(last), sum(len(ln) + 1 for ln in last) / 1024)
 
+    from precguard.capture import stats
+
+    # which CPU statistics ran: the compiled one-read kernel ("avx2", "baseline") or the passes
+    kernel = getattr(stats, "FUSED_KERNELS", None) or "NumPy/torch passes"
     print(
         f"model: LlamaForCausalLM layers={args.layers} batch={args.batch}x{args.seq} "
-        f"threads={torch.get_num_threads()} repeats={args.repeats} (interleaved)"
+        f"threads={torch.get_num_threads()} repeats={args.repeats} (interleaved) "
+        f"statistics: {kernel}"
     )
     print(
         f"{'hidden':>6}  {'plain':>9}  {'monitored':>9}  {'ratio':>7}  {'q1-q3':>13}  "

@@ -37,6 +37,15 @@ struct Lanes<double> {
 constexpr int STEP = 4 * DL;
 static_assert(BLOCK % STEP == 0, "a block is whole steps");
 
+// ask for the cache lines AHEAD bytes past the step at p (a prefetch never faults, also
+// past the tensor's end)
+template <typename T>
+static INLINE void prefetch(const T *p) {
+    for (int c = 0; c < int(sizeof(T)) * STEP; c += 64) {
+        __builtin_prefetch(reinterpret_cast<const char *>(p) + AHEAD + c);
+    }
+}
+
 // the four chains' total: the chains pairwise, then the lanes
 static INLINE double hsum(const D *v) {
     D s = (v[0] + v[1]) + (v[2] + v[3]);
@@ -78,6 +87,7 @@ INLINE void scan_rows(const T *x, Py_ssize_t first_row, Py_ssize_t n_rows, Py_ss
             for (int q = 0; q < 4; q++) sum[q] = sq[q] = D() - D();
             Py_ssize_t i = start;
             for (; i + STEP <= end; i += STEP) {
+                prefetch(p + i);
                 for (int j = 0; j < VECTORS; j++) {
                     M v = L::load(p + i + j * L::width);
                     lo[j] = v < lo[j] ? v : lo[j];
@@ -138,6 +148,7 @@ INLINE double spread_of(const T *x, Py_ssize_t n, double m) {
         for (int q = 0; q < 4; q++) s[q] = D() - D();
         Py_ssize_t i = start;
         for (; i + STEP <= end; i += STEP) {
+            prefetch(x + i);
             for (int q = 0; q < 4; q++) {
                 D w = L::wide(x + i + DL * q) - m;
                 s[q] += w * w;
