@@ -4,8 +4,16 @@
 // the namespace the vector types D (DL doubles) and F (FL floats), and WIDEN_F32(p),
 // DL floats at p as a D.
 
+// an unaligned load of vector V from p (memcpy: any alignment, compiled to one load)
+template <typename V, typename T>
+static INLINE V load(const T *p) {
+    V v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+
 // How elements of T are read: min, max and zeros on vectors of M (F or D), the sums on
-// DL elements at a time widened to double. Loaded with memcpy: any alignment.
+// DL elements at a time widened to double.
 template <typename T>
 struct Lanes;
 
@@ -13,11 +21,6 @@ template <>
 struct Lanes<float> {
     typedef F M;
     static constexpr int width = FL;
-    static INLINE M load(const float *p) {
-        M v;
-        std::memcpy(&v, p, sizeof v);
-        return v;
-    }
     static INLINE D wide(const float *p) { return WIDEN_F32(p); }
 };
 
@@ -25,12 +28,7 @@ template <>
 struct Lanes<double> {
     typedef D M;
     static constexpr int width = DL;
-    static INLINE M load(const double *p) {
-        M v;
-        std::memcpy(&v, p, sizeof v);
-        return v;
-    }
-    static INLINE D wide(const double *p) { return load(p); }
+    static INLINE D wide(const double *p) { return load<D>(p); }
 };
 
 // elements per step: four chains of DL lanes for each sum hide the adds' latency
@@ -89,7 +87,7 @@ INLINE void scan_rows(const T *x, Py_ssize_t first_row, Py_ssize_t n_rows, Py_ss
             for (; i + STEP <= end; i += STEP) {
                 prefetch(p + i);
                 for (int j = 0; j < VECTORS; j++) {
-                    M v = L::load(p + i + j * L::width);
+                    M v = load<M>(p + i + j * L::width);
                     lo[j] = v < lo[j] ? v : lo[j];
                     hi[j] = v > hi[j] ? v : hi[j];
                     zeros[j] -= v == zero;
