@@ -190,6 +190,8 @@ void scan_all(const T *x, Py_ssize_t n_rows, Py_ssize_t row, double *pos, Py_ssi
     std::vector<std::vector<double>> positions(static_cast<size_t>(threads));
     std::vector<std::thread> running;
     std::vector<int> inline_parts;
+    running.reserve(size_t(threads));  // no reallocation (nothing to throw) once threads run
+    inline_parts.reserve(size_t(threads));
     auto run = [&](int t) {
         Py_ssize_t first = n_rows * t / threads, last = n_rows * (t + 1) / threads;
         double *own = seq ? positions[size_t(t)].data() : nullptr;
