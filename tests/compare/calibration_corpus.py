@@ -219,17 +219,10 @@ def _attention_glue(path: str, m: float) -> Prepare:
     def plant(model: nn.Module) -> None:
         attn = model.get_submodule(path)
         assert isinstance(attn, Attention)
-        c = attn.config
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             # Attention.attend, its last matmul's fp32 result scaled before it is rounded
-            t, groups = q.shape[2], c.num_heads // c.num_kv_heads
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
-            scores = (q @ k.transpose(-1, -2)) / c.head_dim**0.5
-            causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-            scores = scores.masked_fill(~causal, torch.finfo(scores.dtype).min)
-            probs = scores.float().softmax(-1).to(v.dtype)
+            probs, v = attn.weights(q, k), attn.repeat_kv(v)
             return ((probs.float() @ v.float()) * (1 + m)).to(v.dtype)
 
         # an instance attribute: the model's own code calls it between its projections

@@ -21,9 +21,10 @@ floating tensor also keeps:
 
 Both are gathered on the tensor's device into the statistics buffer and come
 to the host with the step's statistics (no host sync per tensor); on the CPU
-the per-position norms come from the same row norms as the tensor's ``l2``
-(:func:`precguard.capture.stats._host_stats`), the sample from ``np.take``. The
-index set of a shape is built once and cached.
+both come from the statistics' own read of the tensor (the compiled kernel's,
+:func:`precguard.capture.stats._fused_stats`; without it the row norms of
+:func:`precguard.capture.stats._host_stats` and ``np.take``). The index set of
+a shape is built once and cached.
 """
 
 from __future__ import annotations

@@ -116,16 +116,19 @@ class Attention(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal softmax attention of rotated ``q``, ``k`` over ``v`` (B, heads, T, D)."""
-        c = self.config
+        return self.weights(q, k) @ self.repeat_kv(v)
+
+    def weights(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """The causal softmax weights (B, heads, T, T) of rotated ``q`` over ``k``, in q's dtype."""
         t = q.shape[2]
-        groups = c.num_heads // c.num_kv_heads
-        k = k.repeat_interleave(groups, dim=1)
-        v = v.repeat_interleave(groups, dim=1)
-        scores = (q @ k.transpose(-1, -2)) / c.head_dim**0.5
+        scores = (q @ self.repeat_kv(k).transpose(-1, -2)) / self.config.head_dim**0.5
         causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
         scores = scores.masked_fill(~causal, torch.finfo(scores.dtype).min)
-        probs = scores.float().softmax(-1).to(v.dtype)
-        return probs @ v
+        return scores.float().softmax(-1).to(q.dtype)
+
+    def repeat_kv(self, x: torch.Tensor) -> torch.Tensor:
+        """Key or value heads repeated to the query heads (grouped-query attention)."""
+        return x.repeat_interleave(self.config.num_heads // self.config.num_kv_heads, dim=1)
 
 
 class MLP(nn.Module):
