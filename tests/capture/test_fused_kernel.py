@@ -44,7 +44,7 @@ SHAPES = {
 
 #: the kernel's worst-case rounding relative to the sum of |terms|: blocks of 4096 summed
 #: in 16 chains (256 additions each), a 4-level tree, Neumaier's total (_fused.cpp)
-BOUND = Fraction((4096 // 16 + 21) * 2**-53)
+BOUND = Fraction(((fused.BLOCK if fused else 4096) // 16 + 21) * 2**-53)
 
 
 @pytest.mark.skipif(NO_KERNEL, reason="PRECGUARD_NO_KERNEL=1: installed without the kernel")

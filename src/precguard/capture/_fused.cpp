@@ -365,7 +365,9 @@ PyMODINIT_FUNC PyInit__fused(void) {
     choose_kernels();
     PyObject *m = PyModule_Create(&module);
     // which kernels run here ("avx2" or "baseline"), for tests and the benchmarks
-    if (m != nullptr && PyModule_AddStringConstant(m, "kernels", kernels.name) < 0) {
+    // and the block its sums' rounding bound depends on (stats.py's one-pass rule)
+    if (m != nullptr && (PyModule_AddStringConstant(m, "kernels", kernels.name) < 0 ||
+                         PyModule_AddIntConstant(m, "BLOCK", long(BLOCK)) < 0)) {
         Py_DECREF(m);
         return nullptr;
     }

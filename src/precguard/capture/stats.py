@@ -12,9 +12,10 @@ gives min, max, the zero count, the float64 sum and sum of squares, the
 evidence's sample and per-position norms; the spread about the mean is a
 second read only where ``sum x^2 - n mean^2`` could lose float32 accuracy.
 Without the kernel (an install without a C++ compiler), and for strided
-tensors: min and max through NumPy on the tensor's memory, torch's float64
-``sum``, the squares once by rows (``vector_norm`` along the last dimension,
-the squared row norms summed in float64), zeros counted only when
+tensors: min and max through NumPy on the tensor's memory, torch's float32
+sums of the rows added in float64, the squares once by rows (``vector_norm``
+along the last dimension, the squared row norms summed in float64), zeros
+counted only when
 ``min <= 0 <= max``, std from ``sum x^2 - n mean^2`` where that cancellation at
 most doubles the rounding, else from the spread about the mean as a second
 pass; large contiguous tensors chunk by chunk. NaN/Inf counts only when a sum
@@ -59,8 +60,6 @@ _F32_MAX = float(torch.finfo(torch.float32).max)
 #: statistics to float32 rounding, a float64 tensor's to float64 rounding)
 _U64 = 2.0**-53
 _UNIT = {torch.float32: 2.0**-24, torch.float64: _U64}
-#: the elements the kernel sums in its chains before adding them to a total (BLOCK there)
-_FUSED_BLOCK = 4096
 #: tensors of this many elements or more are scanned on torch's number of threads
 #: (``torch.get_num_threads()``, at most one per 256 Ki elements), their rows split evenly
 FUSED_SPLIT = 1 << 20
@@ -324,7 +323,7 @@ def _host_stats(
     tensor, each a fast vectorized kernel:
 
     * min and max (NumPy's, on the same memory: half of ``aminmax``'s time);
-    * ``sum`` (torch's, accumulated in float64);
+    * the sum (torch's float32 sums of the rows, added in float64: :func:`_sum`);
     * the squares by rows: ``vector_norm`` along the last dimension (no tensor
       allocated), rows longer than :data:`MAX_ROW` split; the squared row norms
       are summed in float64. They give ``l2`` (positive terms, no cancellation)
@@ -356,7 +355,7 @@ def _host_stats(
         # NumPy's passes and the chunk loop run on one core: torch's own spread over all
         mn_t, mx_t = torch.aminmax(x)
         mn, mx = mn_t.item(), mx_t.item()
-        total = _sum(x)
+        total = _sum(x, mn, mx)
         nonzero = n if mn > 0.0 or mx < 0.0 else torch.count_nonzero(x).item()
         rows = _row_squares(x, row)
     elif row and n > 2 * CHUNK and x.is_contiguous():
@@ -365,7 +364,7 @@ def _host_stats(
         rows = (norms * norms).reshape(*x.shape[:-1], -1).sum(-1)
     else:
         mn, mx = float(a.min()), float(a.max())
-        total = _sum(x)
+        total = _sum(x, mn, mx)
         nonzero = n if mn > 0.0 or mx < 0.0 else n - int(np.count_nonzero(a == 0))
         rows = _row_squares(x, row)
     mean = total / n
@@ -435,7 +434,7 @@ def _fused_stats(
         return None
     mean = total / n
     spread = sumsq - total * mean
-    bound = sumsq * _U64 * 3.0 * (min(row, _FUSED_BLOCK) / 16 + 22)
+    bound = sumsq * _U64 * 3.0 * (min(row, _fused.BLOCK) / 16 + 22)
     if spread * _UNIT[x.dtype] < 4.0 * bound:
         spread = _fused.spread(address, n, double, mean)
     std = math.sqrt(max(spread, 0.0) / (n - 1)) if n > 1 else 0.0
@@ -500,7 +499,7 @@ def _scan_chunks(
         lo, hi = part.min(), part.max()
         mins.append(lo)
         maxs.append(hi)
-        total += _sum(rows[start : start + per])
+        total += _sum(rows[start : start + per], lo, hi)
         if not (lo > 0.0 or hi < 0.0):
             nonzero -= int(np.count_nonzero(part == 0))
         norms.append(torch.linalg.vector_norm(rows[start : start + per], dim=-1).numpy())
@@ -538,14 +537,15 @@ def _row_squares(x: torch.Tensor, row: int) -> np.ndarray:
     return squares if row == length else squares.sum(-1)
 
 
-def _sum(x: torch.Tensor) -> float:
-    """The sum of ``x``: torch's float32 sums of its rows (the last dimension), added in
-    float64; where that overflows (a mask's -3.4e38 entries), again in float64 by chunks.
+def _sum(x: torch.Tensor, mn: float, mx: float) -> float:
+    """The sum of ``x`` (whose min and max are ``mn`` and ``mx``): torch's float32 sums of
+    its rows (the last dimension), added in float64; where a float32 sum overflowed (a
+    mask's -3.4e38 entries: finite elements, a sum that is not), again in float64 by chunks.
 
     Not ``x.sum(dtype=torch.float64)``: on the CPU that is ~30x slower than float32's.
     """
     total = x.sum(-1).double().sum().item() if x.dim() > 1 else x.sum().item()
-    if not math.isfinite(total):  # a float32 sum overflowed, or a NaN/Inf is there
+    if not math.isfinite(total) and math.isfinite(mn) and math.isfinite(mx):
         flat = x.reshape(-1)
         total = sum(
             flat[i : i + CHUNK].double().sum().item() for i in range(0, flat.numel(), CHUNK)
@@ -574,15 +574,18 @@ def _subclass_stats(x: torch.Tensor, n: int) -> tuple[float, ...]:
     numbers as :func:`_host_stats` within float32 rounding.
     """
     mn_t, mx_t = torch.aminmax(x)
-    total = _sum(x)
-    nonzero = torch.count_nonzero(x).item()
     mn, mx = mn_t.item(), mx_t.item()
+    total = _sum(x, mn, mx)
+    nonzero = torch.count_nonzero(x).item()
     mean = total / n
     if math.isfinite(mn) and math.isfinite(mx):
         nan = inf = 0
         spread = _spread(x, mean)
         std = math.sqrt(spread / (n - 1)) if n > 1 else 0.0
-        l2 = math.sqrt(spread + n * mean * mean)
+        sumsq = spread + n * mean * mean
+        l2 = math.sqrt(sumsq)
+        if x.dtype is torch.float32:
+            l2, std = _float32_range(sumsq, spread, l2, std)
     else:
         nan = int(torch.isnan(x).sum().item())
         inf = int(torch.isinf(x).sum().item())
