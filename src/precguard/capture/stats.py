@@ -380,22 +380,13 @@ def _host_stats(
             values = np.concatenate([sample, _evidence.binned_norms(per, plan, a.dtype)])
     if plan is None or plan.seq_dim is None:
         sumsq = float(rows.sum())
-    if math.isfinite(mn) and math.isfinite(mx):
-        nan = inf = 0
-        l2 = math.sqrt(sumsq)
-        square_mean = n * mean * mean
-        # |mean| >= std / 1.4, or squares beyond float32: the spread as its own pass
-        one_pass = 2.0 * square_mean <= sumsq < math.inf
-        spread = sumsq - square_mean if one_pass else _spread(x, mean)
-        std = math.sqrt(spread / (n - 1)) if n > 1 else 0.0
-        if x.dtype is torch.float32:
-            l2, std = _float32_range(sumsq, spread, l2, std)
-    else:
-        nan = int(torch.isnan(x).sum().item())
-        inf = int(torch.isinf(x).sum().item())
-        l2 = torch.linalg.vector_norm(x).item()
-        std = torch.std(x, correction=1 if n > 1 else 0).item()
-    return (mn, mx, mean, std, l2, nonzero, nan, inf), values
+    if not (math.isfinite(mn) and math.isfinite(mx)):
+        return _nonfinite_row(x, n, mn, mx, mean, nonzero), values
+    square_mean = n * mean * mean
+    # |mean| >= std / 1.4, or squares beyond float32: the spread as its own pass
+    one_pass = 2.0 * square_mean <= sumsq < math.inf
+    spread = sumsq - square_mean if one_pass else _spread(x, mean)
+    return _row(x, n, mn, mx, mean, nonzero, sumsq, spread), values
 
 
 def _fused_stats(
@@ -437,24 +428,44 @@ def _fused_stats(
     bound = sumsq * _U64 * 3.0 * (min(row, _fused.BLOCK) / 16 + 22)
     if spread * _UNIT[x.dtype] < 4.0 * bound:
         spread = _fused.spread(address, n, double, mean)
+    return _row(x, n, mn, mx, mean, n - zeros, sumsq, spread), values
+
+
+def _row(
+    x: torch.Tensor,
+    n: int,
+    mn: float,
+    mx: float,
+    mean: float,
+    nonzero: int,
+    sumsq: float,
+    spread: float,
+) -> tuple[float, ...]:
+    """The statistics row of finite ``x`` from its sum of squares and its spread.
+
+    A float32 tensor's ``l2`` and ``std`` are as float32 arithmetic has them: a sum
+    of squares (or a spread) beyond float32's range is inf there, as the accelerator
+    path's float32 ``var_mean`` gives it (the host paths sum in float64).
+    """
     std = math.sqrt(max(spread, 0.0) / (n - 1)) if n > 1 else 0.0
     l2 = math.sqrt(sumsq)
-    if not double:
-        l2, std = _float32_range(sumsq, spread, l2, std)
-    return (mn, mx, mean, std, l2, n - zeros, 0, 0), values
+    if x.dtype is torch.float32:
+        if sumsq > _F32_MAX:
+            l2 = math.inf
+        if spread > _F32_MAX:
+            std = math.inf
+    return (mn, mx, mean, std, l2, nonzero, 0, 0)
 
 
-def _float32_range(sumsq: float, spread: float, l2: float, std: float) -> tuple[float, float]:
-    """``l2`` and ``std`` of a float32 tensor as float32 arithmetic has them.
-
-    A sum of squares (or a spread) beyond float32's range is inf there, as the
-    accelerator path's float32 ``var_mean`` gives it; the host path sums in float64.
-    """
-    if sumsq > _F32_MAX:
-        l2 = math.inf
-    if spread > _F32_MAX:
-        std = math.inf
-    return l2, std
+def _nonfinite_row(
+    x: torch.Tensor, n: int, mn: float, mx: float, mean: float, nonzero: int
+) -> tuple[float, ...]:
+    """The statistics row of ``x`` holding a NaN or an Inf: its counts, torch's l2 and std."""
+    nan = int(torch.isnan(x).sum().item())
+    inf = int(torch.isinf(x).sum().item())
+    l2 = torch.linalg.vector_norm(x).item()
+    std = torch.std(x, correction=1 if n > 1 else 0).item()
+    return (mn, mx, mean, std, l2, nonzero, nan, inf)
 
 
 def host_view(x: torch.Tensor) -> np.ndarray:
@@ -578,20 +589,10 @@ def _subclass_stats(x: torch.Tensor, n: int) -> tuple[float, ...]:
     total = _sum(x, mn, mx)
     nonzero = torch.count_nonzero(x).item()
     mean = total / n
-    if math.isfinite(mn) and math.isfinite(mx):
-        nan = inf = 0
-        spread = _spread(x, mean)
-        std = math.sqrt(spread / (n - 1)) if n > 1 else 0.0
-        sumsq = spread + n * mean * mean
-        l2 = math.sqrt(sumsq)
-        if x.dtype is torch.float32:
-            l2, std = _float32_range(sumsq, spread, l2, std)
-    else:
-        nan = int(torch.isnan(x).sum().item())
-        inf = int(torch.isinf(x).sum().item())
-        l2 = torch.linalg.vector_norm(x).item()
-        std = torch.std(x, correction=1 if n > 1 else 0).item()
-    return (mn, mx, mean, std, l2, nonzero, nan, inf)
+    if not (math.isfinite(mn) and math.isfinite(mx)):
+        return _nonfinite_row(x, n, mn, mx, mean, nonzero)
+    spread = _spread(x, mean)
+    return _row(x, n, mn, mx, mean, nonzero, spread + n * mean * mean, spread)
 
 
 def _gather(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
