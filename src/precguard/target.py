@@ -26,6 +26,12 @@ BUILTIN_TARGETS: dict[str, str] = {
     "tiny-llama": "precguard.targets:tiny_llama",
     "handwritten-llama": "precguard.targets:handwritten_llama",
     "handwritten-llama-rope-bug": "precguard.targets:handwritten_llama_rope_bug",
+    "parallel-decoder": "precguard.targets:parallel_decoder",
+    "parallel-decoder-qk-fp16": "precguard.targets:parallel_decoder_qk_fp16",
+    "parallel-decoder-norm-low-precision": "precguard.targets:parallel_decoder_norm_low_precision",
+    "parallel-decoder-loss-low-precision": "precguard.targets:parallel_decoder_loss_low_precision",
+    "parallel-decoder-step": "precguard.targets:parallel_decoder_step",
+    "parallel-decoder-cache-fp16": "precguard.targets:parallel_decoder_cache_fp16",
 }
 
 

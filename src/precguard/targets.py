@@ -152,3 +152,64 @@ def handwritten_llama_rope_bug() -> Target:
     The classic port bug: harmless in fp32, wrong late positions in bf16.
     """
     return _handwritten(True, "handwritten-llama-rope-bug")
+
+
+def _parallel(bug: str | None, name: str) -> Target:
+    from precguard.models import parallel_decoder as pd
+
+    return Target(
+        model=lambda: pd.build(bug),
+        batch=pd.lm_batch,
+        # the model computes its loss itself and returns (loss, logits), HF's return_dict=False
+        loss=lambda output, batch: output[0],
+        optimizer=lambda params: torch.optim.AdamW(params, lr=1e-4),
+        seed=0,
+        name=name,
+    )
+
+
+def _parallel_step(bug: str | None, name: str) -> Target:
+    from precguard.models import parallel_decoder as pd
+
+    return Target(
+        model=lambda: pd.DecoderStep(pd.build(bug)),
+        batch=lambda step: {"input_ids": pd.lm_batch(step)["input_ids"]},
+        seed=0,
+        name=name,
+    )
+
+
+def parallel_decoder() -> Target:
+    """``parallel-decoder``: a GPT-NeoX/Falcon-style decoder with trained-like statistics.
+
+    LayerNorm with bias, fused qkv, GELU, parallel residual, learned positions, tied
+    head, the loss inside ``forward`` (``(loss, logits)``); an attention sink, a
+    large-mean residual stream and peaked logits (``models/parallel_decoder.py``).
+    Correct code: the twin of the ``parallel-decoder-*`` bug targets.
+    """
+    return _parallel(None, "parallel-decoder")
+
+
+def parallel_decoder_qk_fp16() -> Target:
+    """``parallel-decoder-qk-fp16``: attention scores in fp16, scaled after the matmul."""
+    return _parallel("qk_fp16", "parallel-decoder-qk-fp16")
+
+
+def parallel_decoder_norm_low_precision() -> Target:
+    """``parallel-decoder-norm-low-precision``: one-pass LayerNorm statistics, activation dtype."""
+    return _parallel("norm_low_precision", "parallel-decoder-norm-low-precision")
+
+
+def parallel_decoder_loss_low_precision() -> Target:
+    """``parallel-decoder-loss-low-precision``: cross-entropy by hand on low-precision logits."""
+    return _parallel("loss_low_precision", "parallel-decoder-loss-low-precision")
+
+
+def parallel_decoder_step() -> Target:
+    """``parallel-decoder-step``: the cached decoding step, ``(ids, cache) -> (logits, cache)``."""
+    return _parallel_step(None, "parallel-decoder-step")
+
+
+def parallel_decoder_cache_fp16() -> Target:
+    """``parallel-decoder-cache-fp16``: the decoding step with its KV cache kept in float16."""
+    return _parallel_step("cache_fp16", "parallel-decoder-cache-fp16")
