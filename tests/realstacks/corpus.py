@@ -1,0 +1,490 @@
+"""The real-stacks corpus (issue 28): compare's verdicts in the setups people train and serve with.
+
+Each case records a golden and an actual run of a real library stack — PEFT LoRA,
+the HF ``Trainer``, Mixtral and Qwen2-MoE, sdpa against eager attention, autocast,
+gradient checkpointing, ``torch.compile``, ``generate()`` with a KV cache, HF
+models cast with ``to(bfloat16)`` — through precguard's public API, compares them
+and says whether the verdict is right:
+
+- a **clean** pair (a correct low-precision run) must match (exit 0);
+- a **fault** pair (a planted error of at least 1 %) must diverge and name the
+  module the fault was planted in;
+- a few cases have a verdict of their own (``expect_text``): a correct run whose
+  difference is real but explained (HF's ``inv_freq`` rounded by ``to(bf16)``),
+  and a model compiled before ``monitor`` may be refused with one line instead
+  (``refusal_text``).
+
+Sizes are tiny (hidden 64, 2 layers, vocab 256, 2 × 32 tokens, seeded), so one case
+takes seconds; ``benchmarks/realworld.py`` runs them all and prints the table,
+``tests/realstacks/`` a fast subset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import precguard
+from precguard.devices import resolve_backend
+
+VOCAB = 256
+HIDDEN = 64
+SEQ = 32
+
+#: how a side runs: the golden is cpu float32; the actual a low-precision way
+Workload = Callable[["Side"], None]
+
+
+@dataclass
+class Side:
+    """One side of a pair: where it records and how it differs from the golden."""
+
+    out: Path
+    actual: bool
+    full: bool
+    fault: bool
+    device: str = "cpu"
+
+    def monitor(self, model: nn.Module, **options: Any) -> Any:
+        """``precguard.monitor`` with this side's tensors and device."""
+        compute = None
+        if self.device.startswith("emu:"):
+            dtype = resolve_backend(self.device).compute_dtype()
+            compute = str(dtype).removeprefix("torch.") if dtype is not None else None
+        return precguard.monitor(
+            model,
+            self.out,
+            tensors=["*"] if self.full else False,
+            device=self.device,
+            compute_dtype=compute,
+            overwrite=True,
+            **options,
+        )
+
+    @contextlib.contextmanager
+    def numerics(self) -> Iterator[None]:
+        """The actual device's numerics (an ``emu:`` profile), nothing on the golden side."""
+        if self.device == "cpu":
+            yield
+            return
+        with resolve_backend(self.device).numerics():
+            yield
+
+
+@dataclass
+class Case:
+    """A pair: a workload run on both sides, and what its verdict must be."""
+
+    name: str
+    workload: Workload
+    full: bool
+    #: the actual side's device (the golden's is cpu)
+    device: str = "emu:bf16"
+    #: None: a clean pair (must match); else the module a planted fault must be named at
+    expect: str | None = None
+    #: a verdict of its own: every string must appear in the verdict's text (its first
+    #: divergence's reason and its warnings)
+    expect_text: tuple[str, ...] = ()
+    #: with expect_text: the verdict must also be a match (exit 0)
+    must_match: bool = False
+    #: a refusal (PrecguardError) whose message holds all of these is right too
+    refusal_text: tuple[str, ...] = ()
+    #: in the test suite's fast subset
+    fast: bool = False
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass
+class Outcome:
+    """What compare said about a case, and whether that is right."""
+
+    case: Case
+    verdict: str
+    exit_code: int
+    named: str | None
+    text: str
+    ok: bool
+    seconds: float
+
+
+# ---------------------------------------------------------------------------- models
+
+
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+def llama(**overrides: Any) -> nn.Module:
+    """A tiny ``LlamaForCausalLM`` (2 layers, hidden 64), seeded."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _seed()
+    config = LlamaConfig(
+        hidden_size=HIDDEN, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=1024,
+        attn_implementation=overrides.pop("attn_implementation", "eager"), **overrides,
+    )  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
+def hf_model(kind: str) -> nn.Module:
+    """A tiny seeded HF causal LM of ``kind``: qwen2, mistral, gpt2, mixtral, qwen2-moe."""
+    import transformers as tf
+
+    _seed()
+    common = {"vocab_size": VOCAB, "num_hidden_layers": 2, "attn_implementation": "eager"}
+    llama_like = {
+        "hidden_size": HIDDEN, "intermediate_size": 176, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 1024,
+    }  # fmt: skip
+    if kind == "qwen2":
+        return tf.Qwen2ForCausalLM(tf.Qwen2Config(**common, **llama_like))
+    if kind == "mistral":
+        return tf.MistralForCausalLM(tf.MistralConfig(**common, **llama_like))
+    if kind == "gpt2":
+        config = tf.GPT2Config(
+            n_embd=HIDDEN, n_head=4, n_positions=256, bos_token_id=0, eos_token_id=0, **common
+        )
+        return tf.GPT2LMHeadModel(config)
+    if kind == "mixtral":
+        config = tf.MixtralConfig(
+            **common, **llama_like, num_local_experts=4, num_experts_per_tok=2
+        )
+        return tf.MixtralForCausalLM(config)
+    if kind == "qwen2-moe":
+        config = tf.Qwen2MoeConfig(
+            **common, **llama_like, num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=88, shared_expert_intermediate_size=88,
+        )  # fmt: skip
+        return tf.Qwen2MoeForCausalLM(config)
+    raise ValueError(kind)
+
+
+def batch(step: int = 0, *, size: int = 2, seq: int = SEQ) -> dict[str, torch.Tensor]:
+    """Token ids and labels for ``step`` from a seeded CPU generator."""
+    gen = torch.Generator().manual_seed(1234 + step)
+    ids = torch.randint(0, VOCAB, (size, seq), generator=gen)
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def scale_output(module: nn.Module, factor: float) -> None:
+    """Plant a fault: ``module``'s output multiplied by ``factor`` (a forward hook)."""
+
+    def hook(_m: nn.Module, _args: Any, output: Any) -> Any:
+        return output * factor
+
+    module.register_forward_hook(hook)
+
+
+# ---------------------------------------------------------------------------- workloads
+
+
+def lora_training(side: Side) -> None:
+    """PEFT LoRA on q/v projections, 3 AdamW steps (a hand-written loop)."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(
+        llama(), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    )
+    if side.fault:
+        scale_output(model.base_model.model.model.layers[1].self_attn.v_proj.lora_B.default, 1.03)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    with (
+        side.numerics(),
+        side.monitor(model, backward=True, params="every_step", auto_step=False) as h,
+    ):
+        for step in range(3):
+            out = model(**batch(step))
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            h.step()
+
+
+def full_training(side: Side) -> None:
+    """Full fine-tune of the tiny LLaMA, 3 AdamW steps."""
+    model = llama()
+    if side.fault:
+        scale_output(model.model.layers[1].mlp.down_proj, 1.03)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with (
+        side.numerics(),
+        side.monitor(model, backward=True, params="every_step", auto_step=False) as h,
+    ):
+        for step in range(3):
+            out = model(**batch(step))
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            h.step()
+
+
+def hf_trainer(side: Side) -> None:
+    """HF ``Trainer``, fp32 golden against ``bf16=True``, 4 steps, the watch recording each."""
+    from transformers import Trainer, TrainingArguments
+
+    from precguard.training.hf import PrecguardWatchCallback
+
+    model = llama()
+    data = []
+    for step in range(8):
+        ids = batch(step, size=1)["input_ids"][0]
+        data.append({"input_ids": ids, "labels": ids})
+    watch_dir = side.out.parent / (side.out.name + "-watch")
+    shutil.rmtree(watch_dir, ignore_errors=True)
+    args = TrainingArguments(
+        output_dir=str(side.out.parent / (side.out.name + "-trainer")),
+        max_steps=4, per_device_train_batch_size=2, learning_rate=1e-3, report_to=[],
+        save_strategy="no", logging_strategy="no", use_cpu=True, seed=0,
+        dataloader_num_workers=0, bf16=side.actual,
+    )  # fmt: skip
+    callback = PrecguardWatchCallback(watch_dir, every=1)
+    Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
+    shutil.rmtree(side.out, ignore_errors=True)
+    shutil.copytree(watch_dir / "recording", side.out)
+
+
+def forward(kind: str, fault: Callable[[nn.Module], None] | None = None) -> Workload:
+    """One forward of a tiny HF model of ``kind`` (``llama`` or :func:`hf_model`'s kinds)."""
+
+    def run(side: Side) -> None:
+        model = llama() if kind == "llama" else hf_model(kind)
+        model.eval()
+        if side.fault and fault is not None:
+            fault(model)
+        with side.numerics(), side.monitor(model), torch.no_grad():
+            model(input_ids=batch()["input_ids"])
+
+    run.__doc__ = f"one forward of a tiny {kind}"
+    return run
+
+
+def expert_fault(model: nn.Module) -> None:
+    """Scale expert 1's output projection in layer 1 by 1.03."""
+    experts = model.model.layers[1].mlp.experts
+    with torch.no_grad():
+        weight = getattr(experts, "down_proj", None)
+        if isinstance(weight, torch.Tensor | nn.Parameter) and weight.dim() == 3:
+            weight[1] *= 1.03
+        else:
+            experts[1].w2.weight *= 1.03
+
+
+def attention(padding: bool) -> Workload:
+    """Eager attention on the golden side, sdpa on the actual, both cpu fp32."""
+
+    def run(side: Side) -> None:
+        model = llama(attn_implementation="sdpa" if side.actual else "eager").eval()
+        ids = batch()["input_ids"]
+        mask = torch.ones_like(ids)
+        if padding:
+            mask[0, :5] = 0
+        with side.monitor(model), torch.no_grad():
+            model(input_ids=ids, attention_mask=mask)
+
+    return run
+
+
+def autocast(side: Side) -> None:
+    """A forward under ``torch.autocast("cpu", bfloat16)`` on the actual side."""
+    model = llama().eval()
+    if side.fault:
+        scale_output(model.model.layers[1].mlp.down_proj, 1.05)
+    ctx = torch.autocast("cpu", torch.bfloat16) if side.actual else contextlib.nullcontext()
+    with ctx, side.monitor(model), torch.no_grad():
+        model(input_ids=batch()["input_ids"])
+
+
+def checkpointing(side: Side) -> None:
+    """One training step; the actual side with HF gradient checkpointing (both cpu fp32)."""
+    model = llama()
+    if side.actual:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    with side.monitor(model, backward=True):
+        model(**batch()).loss.backward()
+
+
+def compiled_before_monitor(side: Side) -> None:
+    """The actual side compiles and runs the model once before ``monitor`` sees it."""
+    model = llama().eval()
+    ids = batch()["input_ids"]
+    if side.actual:
+        compiled = torch.compile(model, backend="eager")
+        with torch.no_grad():
+            compiled(input_ids=ids)
+        model = compiled
+    with side.monitor(model), torch.no_grad():
+        model(input_ids=ids)
+
+
+def generate(side: Side) -> None:
+    """HF ``generate()`` with a KV cache, 16 new greedy tokens, under ``monitor``."""
+    model = llama().eval()
+    ids = batch(size=1)["input_ids"][:, :8]
+    with side.numerics(), side.monitor(model), torch.no_grad():
+        model.generate(ids, max_new_tokens=16, do_sample=False, min_new_tokens=16)
+
+
+def cast(kind: str, seq: int = SEQ) -> Workload:
+    """A tiny HF model cast with ``model.to(torch.bfloat16)`` on the actual side.
+
+    At 512 positions the rotary angles from the cast's rounded ``inv_freq`` are off by
+    tens of roundings (a real error, whose cause is the buffer).
+    """
+
+    def run(side: Side) -> None:
+        model = (llama() if kind == "llama" else hf_model(kind)).eval()
+        if side.actual:
+            model = model.to(torch.bfloat16)
+        with side.monitor(model), torch.no_grad():
+            model(input_ids=batch(size=1, seq=seq)["input_ids"])
+
+    return run
+
+
+# ---------------------------------------------------------------------------- the corpus
+
+_INV_FREQ = ("rotary_emb", "inv_freq")
+
+
+def _cases() -> list[Case]:
+    cases: list[Case] = []
+    for full in (False, True):
+        lvl = "full" if full else "stats"
+        cases += [
+            Case(f"lora 3 AdamW steps bf16 [{lvl}]", lora_training, full, fast=not full),
+            Case(
+                f"lora fault 3% lora_B [{lvl}]",
+                lora_training,
+                full,
+                expect="layers.1.self_attn.v_proj.lora_B",
+            ),
+            Case(f"full fine-tune bf16 [{lvl}]", full_training, full),
+            Case(
+                f"full fine-tune fault 3% down_proj [{lvl}]",
+                full_training,
+                full,
+                expect="layers.1.mlp.down_proj",
+            ),
+            Case(f"mixtral bf16 [{lvl}]", forward("mixtral"), full, fast=full),
+            Case(f"qwen2-moe bf16 [{lvl}]", forward("qwen2-moe"), full),
+            Case(
+                f"mixtral fault 3% expert [{lvl}]",
+                forward("mixtral", expert_fault),
+                full,
+                expect="layers.1.mlp.experts",
+            ),
+            Case(f"autocast bf16 [{lvl}]", autocast, full, device="cpu"),
+            Case(
+                f"autocast fault 5% down_proj [{lvl}]",
+                autocast,
+                full,
+                device="cpu",
+                expect="layers.1.mlp.down_proj",
+                fast=not full,
+            ),
+            Case(f"generate kv-cache bf16 [{lvl}]", generate, full),
+            Case(f"gpt2 to(bf16) [{lvl}]", cast("gpt2"), full, device="cpu"),
+        ]
+    cases += [
+        Case("hf trainer bf16=True [stats]", hf_trainer, False, device="cpu", fast=True),
+        Case("sdpa vs eager [full]", attention(False), True, device="cpu", fast=True),
+        Case("sdpa vs eager, padded [full]", attention(True), True, device="cpu"),
+        Case("sdpa vs eager [stats]", attention(False), False, device="cpu"),
+        Case(
+            "checkpointing vs none [stats]",
+            checkpointing,
+            False,
+            device="cpu",
+            fast=True,
+            expect_text=("recomput",),
+            must_match=True,
+        ),
+        Case(
+            "checkpointing vs none [full]",
+            checkpointing,
+            True,
+            device="cpu",
+            expect_text=("recomput",),
+            must_match=True,
+        ),
+        Case(
+            "compiled before monitor [stats]",
+            compiled_before_monitor,
+            False,
+            device="cpu",
+            refusal_text=("_orig_mod",),
+        ),
+        Case(
+            "llama to(bf16): inv_freq rounded [full]",
+            cast("llama", 512),
+            True,
+            device="cpu",
+            expect_text=_INV_FREQ,
+        ),
+        Case(
+            "qwen2 to(bf16): inv_freq rounded [full]",
+            cast("qwen2", 512),
+            True,
+            device="cpu",
+            expect_text=_INV_FREQ,
+        ),
+        Case(
+            "mistral to(bf16): inv_freq rounded [stats]",
+            cast("mistral", 512),
+            False,
+            device="cpu",
+            expect_text=_INV_FREQ,
+        ),
+    ]
+    return cases
+
+
+CORPUS: list[Case] = _cases()
+
+
+def run_case(case: Case, tmp: Path) -> Outcome:
+    """Record both sides of ``case`` under ``tmp``, compare them and judge the verdict."""
+    start = time.perf_counter()
+    slug = "".join(c if c.isalnum() else "-" for c in case.name)
+    golden = Side(tmp / slug / "golden", actual=False, full=True, fault=False)
+    actual = Side(
+        tmp / slug / "actual", actual=True, full=case.full, fault=case.expect is not None,
+        device=case.device,
+    )  # fmt: skip
+    try:
+        case.workload(golden)
+        try:
+            case.workload(actual)
+        except precguard.PrecguardError as exc:
+            # monitor's refusal is a verdict of its own (a model compiled before monitor)
+            text = f"refused: {exc}"
+            ok = bool(case.refusal_text) and all(s in text for s in case.refusal_text)
+            return Outcome(case, "refused", 2, None, text, ok, time.perf_counter() - start)
+        result = precguard.compare_runs(golden.out, actual.out)
+    except Exception as exc:
+        text = "".join(traceback.format_exception_only(exc)).strip()
+        return Outcome(case, "error", -1, None, text, False, time.perf_counter() - start)
+    first = result.first_divergence
+    named = first.module if first is not None else None
+    exit_code = 1 if result.verdict != "match" else 0
+    if not exit_code and result.coverage is not None and not result.coverage.complete:
+        exit_code = 3
+    text = " ".join([first.reason if first is not None else "", *result.warnings])
+    if case.expect_text and case.expect is None and not case.must_match:
+        ok = all(s in text for s in case.expect_text)
+    elif case.expect is None:
+        ok = exit_code == 0 and all(s in text for s in case.expect_text)
+    else:
+        ok = exit_code == 1 and named is not None and case.expect in named
+    return Outcome(case, result.verdict, exit_code, named, text, ok, time.perf_counter() - start)
