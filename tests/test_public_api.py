@@ -31,3 +31,13 @@ def test_each_command_is_a_documented_api_function(command: str, name: str) -> N
 def test_the_context_manager_has_a_name_of_its_own_and_keeps_its_old_one() -> None:
     assert precguard.recording is precguard.record
     assert precguard.recording is not precguard.record_target
+
+
+def test_dir_lists_the_lazy_public_api_before_anything_is_loaded() -> None:
+    import subprocess
+    import sys
+
+    # a fresh interpreter: nothing exported has been touched, so only __dir__ can list it
+    code = "import precguard, sys; print(sorted(set(precguard.__all__) - set(dir(precguard))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

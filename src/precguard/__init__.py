@@ -94,3 +94,8 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    # the lazy exports are attributes too: dir(precguard) and tab completion list them
+    return sorted({*globals(), *_EXPORTS, *_SUBPACKAGES})
