@@ -34,6 +34,7 @@ from pydantic_core import from_json
 
 from precguard.dump.paths import rank_dir, rank_dir_name, rank_of, resolve_member
 from precguard.dump.schema import Record
+from precguard.dump.untrusted import open_regular
 from precguard.errors import DumpFormatError
 from precguard.text import shown
 
@@ -107,7 +108,7 @@ class _MappedFile:
         self.path = path
         self.shown_path = shown_path
         try:
-            with open(path, "rb") as fh:
+            with open_regular(path, what="safetensors file") as fh:
                 size = fh.seek(0, 2)
                 fh.seek(0)
                 self.data_start, self.entries = _parse_header(fh, size, shown_path)
