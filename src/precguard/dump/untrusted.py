@@ -287,6 +287,22 @@ def physical_memory() -> int | None:
         return None
 
 
+def memory_limit() -> int:
+    """The memory this process may use: physical memory, or the address-space limit if lower.
+
+    Readers that must hold a whole file (a saved run's logits, a watch's rows)
+    refuse one that cannot fit a share of this before reading it, instead of
+    failing with ``MemoryError`` halfway (or being killed).
+    """
+    import resource
+
+    limits = [physical_memory() or 1 << 62]
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY and soft > 0:
+        limits.append(soft)
+    return min(limits)
+
+
 __all__ = [
     "MAX_DOCUMENT_BYTES",
     "MAX_LINE_BYTES",
@@ -298,8 +314,10 @@ __all__ = [
     "file_size",
     "first_error",
     "iter_json_lines",
+    "memory_limit",
     "open_regular",
     "parse_json",
+    "physical_memory",
     "read_bytes",
     "read_json_file",
     "validated",
