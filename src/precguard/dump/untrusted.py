@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO, TypeVar
 
-from pydantic import BaseModel, Field, Strict, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 from pydantic_core import from_json
 
 from precguard.errors import DumpFormatError, PrecguardError
@@ -48,9 +48,9 @@ from precguard.text import shown
 
 #: a JSON integer a format holds: torch, numpy and ``struct`` hold signed 64-bit integers,
 #: so a larger one (10**30 as a token id or a seed) is refused when validated, not when used
-Int64 = Annotated[int, Strict(), Field(ge=-(2**63), le=2**63 - 1)]
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 #: a non-negative count or index, in the same range
-Count = Annotated[int, Strict(), Field(ge=0, le=2**63 - 1)]
+Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
 #: a finite float: JSON ``1e999`` parses to infinity, which no format writes where it means
 #: a number (a non-finite statistic is written as the string "NaN"/"Infinity")
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -217,13 +217,22 @@ def first_error(exc: ValidationError) -> str:
 
 
 def validated(
-    model: type[M], raw: Any, *, where: str, error: type[PrecguardError] = DumpFormatError
+    model: type[M],
+    raw: Any,
+    *,
+    where: str,
+    error: type[PrecguardError] = DumpFormatError,
+    strict: bool = True,
 ) -> M:
-    """``model`` validated from parsed JSON, or one line naming the first bad field."""
+    """``model`` validated from parsed JSON, or one line naming the first bad field.
+
+    Strict by default: a string or a float where an integer belongs, or a
+    number where a string does, is refused rather than coerced.
+    """
     if not isinstance(raw, dict):
         raise error(f"{where}: expected a JSON object")
     try:
-        return model.model_validate(raw)
+        return model.model_validate(raw, strict=strict)
     except ValidationError as exc:
         raise error(f"{where}: {first_error(exc)}") from exc
 
