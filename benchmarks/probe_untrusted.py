@@ -135,9 +135,10 @@ def _cases(outside: Path) -> list[tuple[str, str, Callable[[Path], None], dict]]
          lambda r: (r / "generation.json").write_text(_deep()), {}),
         ("saved run: a tensor named cache/x", "gen",
          lambda r: _retensor(r, {"cache/x": torch.zeros(2)}), {}),
-        ("saved run: token id 10**30", "gen",
-         lambda r: _meta(r, lambda m: m["prompts"][0]["chosen"].__setitem__(0, 10**30)), {}),
-        ("saved run: seed 10**30", "gen", lambda r: _meta(r, lambda m: m.update(seed=10**30)), {}),
+        ("saved run: prompt token id 10**30", "gen",
+         lambda r: _meta(r, lambda m: m["prompts"][0]["ids"].__setitem__(0, 10**30)), {}),
+        ("saved run: sampling with seed 10**30", "gen",
+         lambda r: _meta(r, lambda m: m.update(sample=True, seed=10**30)), {}),
         ("saved run: sample with temperature 0", "gen",
          lambda r: _meta(r, lambda m: m.update(sample=True, temperature=0.0)), {}),
         ("saved run: a FIFO as prompt-0.safetensors", "gen", fifo, {"timeout": 20}),
@@ -151,7 +152,7 @@ def _cases(outside: Path) -> list[tuple[str, str, Callable[[Path], None], dict]]
         ("watch: 100k-deep alerts line", "watch", watch_line("alerts.jsonl", _deep()), {}),
         ("watch: layers.jsonl line without step", "watch",
          watch_line("layers.jsonl", json.dumps({"grad_norm": [1] * 4, "update_ratio": [1] * 4})),
-         {}),
+         {"csv": True}),
         ("watch: 401-digit loss", "watch",
          watch_line("scalars.jsonl", '{"step": 6, "loss": ' + "9" * 401 + "}"), {"csv": True}),
         ("watch: a dict as the loss", "watch",
@@ -192,7 +193,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--src", required=True, help="the precguard sources to probe")
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--only", help="run only probes whose name holds this")
+    parser.add_argument("--only", help="run only probes whose name holds one of these (a,b)")
     args = parser.parse_args()
     env = {**os.environ, "PYTHONPATH": str(Path(args.src).resolve())}
     results = []
@@ -202,7 +203,7 @@ def main() -> None:
         outside = work / "outside"
         outside.mkdir()
         for i, (name, kind, mutate, opts) in enumerate(_cases(outside)):
-            if args.only and args.only not in name:
+            if args.only and not any(part in name for part in args.only.split(",")):
                 continue
             copy = work / f"case{i}"
             shutil.copytree(golden if kind == "gen" else watch, copy, symlinks=True)

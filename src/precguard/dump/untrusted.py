@@ -120,7 +120,8 @@ def check_size(
     """Refuse a file of ``size`` bytes larger than ``limit``, before anything is read."""
     if size > limit:
         raise error(
-            f"{shown(path)}: {size} bytes, larger than the {limit} a {what} can be; refused unread"
+            f"{shown(path)}: {size} bytes, more than the {limit} a {what} may hold here; "
+            "refused unread"
         )
 
 

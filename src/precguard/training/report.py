@@ -143,7 +143,7 @@ def _lines(path: Path, model: type[M], what: str) -> list[tuple[int, M]]:
     if not os.path.lexists(path):
         return []
     with open_regular(path, what=what) as fh:
-        check_size(path, file_size(fh), _watch_file_limit(), what=what)
+        check_size(path, file_size(fh), _watch_file_limit(), what=f"file of {what}s")
     out = []
     where = shown(path)
     for lineno, line in iter_json_lines(path, what=what):
