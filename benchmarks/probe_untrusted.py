@@ -141,7 +141,7 @@ def _cases(outside: Path) -> list[tuple[str, str, Callable[[Path], None], dict]]
          lambda r: _meta(r, lambda m: m.update(sample=True, seed=10**30)), {}),
         ("saved run: sample with temperature 0", "gen",
          lambda r: _meta(r, lambda m: m.update(sample=True, temperature=0.0)), {}),
-        ("saved run: a FIFO as prompt-0.safetensors", "gen", fifo, {"timeout": 20}),
+        ("saved run: a FIFO as prompt-0.safetensors", "gen", fifo, {"timeout": 90}),
         ("saved run: 12 GiB sparse prompt file (4 GiB limit)", "gen", sparse_prompt,
          {"limit": 4 * GiB}),
         ("saved run: prompt file a link leading outside", "gen", link_out, {}),
