@@ -120,7 +120,7 @@ def check_size(
     """Refuse a file of ``size`` bytes larger than ``limit``, before anything is read."""
     if size > limit:
         raise error(
-            f"{shown(path)}: {size} bytes, more than the {limit} a {what} may hold here; "
+            f"{shown(path)}: {size} bytes, larger than the {limit} a {what} may hold here; "
             "refused unread"
         )
 
