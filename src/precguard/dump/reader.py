@@ -37,7 +37,7 @@ from precguard.dump.untrusted import (
     MAX_DOCUMENT_BYTES,
     MAX_LINE_BYTES,
     first_error,
-    open_regular,
+    iter_json_lines,
     read_json_file,
 )
 from precguard.errors import DumpFormatError
@@ -163,36 +163,21 @@ class Run:
         if not path.is_file():
             raise DumpFormatError(f"{shown_path}: missing")
         checker = _Consistency(shown_path, rank)
-        with open_regular(path, what="records file") as fh:
-            lineno = 0
-            pending: str | None = None
-            while True:
-                line = fh.readline(MAX_RECORD_LINE_BYTES + 1)
-                if not line:
-                    break
-                lineno += 1
-                if pending is not None:
-                    raise DumpFormatError(f"{shown_path} line {lineno - 1}: {pending}")
-                if len(line) > MAX_RECORD_LINE_BYTES:
-                    raise DumpFormatError(
-                        f"{shown_path} line {lineno}: longer than {MAX_RECORD_LINE_BYTES} "
-                        "bytes; not a precguard record"
-                    )
-                if not line.endswith(b"\n"):
-                    # Only the last line can lack its newline: a write cut short.
-                    logger.warning("truncated_last_line_skipped", file=shown_path, line=lineno)
-                    break
-                if not line.strip():
-                    continue
-                try:
-                    rec = Record.model_validate_json(line)
-                except ValidationError as exc:
-                    pending = _line_problem(line, exc)
-                    continue
-                checker.check(rec, lineno)
-                yield rec
-            if pending is not None:
-                raise DumpFormatError(f"{shown_path} line {lineno}: {pending}")
+        # one line at a time (memory flat in the file), each at most MAX_RECORD_LINE_BYTES
+        for lineno, line in iter_json_lines(
+            path, what="precguard record", max_line=MAX_RECORD_LINE_BYTES
+        ):
+            if line is None:  # only the last line can lack its newline: a write cut short
+                logger.warning("truncated_last_line_skipped", file=shown_path, line=lineno)
+                break
+            try:
+                rec = Record.model_validate_json(line)
+            except ValidationError as exc:
+                raise DumpFormatError(
+                    f"{shown_path} line {lineno}: {_line_problem(line, exc)}"
+                ) from None
+            checker.check(rec, lineno)
+            yield rec
         checker.check_end(self.manifest)
 
     def tensor(self, record: Record) -> torch.Tensor:
