@@ -336,7 +336,7 @@ def load_safetensors(path: Path, *, shown_path: str, limit: int) -> dict[str, to
     """
     with open_regular(path, what="safetensors file") as fh:
         size = file_size(fh)
-        check_size(shown_path, size, limit, what="safetensors file here")
+        check_size(shown_path, size, limit, what="safetensors file")
         data_start, entries = _parse_header(fh, size, shown_path)
         try:
             mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
