@@ -38,9 +38,9 @@ def _clean_inputs(work: Path, env: dict[str, str]) -> tuple[Path, Path]:
     prompts = work / "one.jsonl"
     prompts.write_text(json.dumps({"text": "The quick brown fox"}) + "\n", encoding="utf-8")
     args = ["generate-diff", "-t", f"{TARGETS}:peaked", "--device", "cpu", "--save-run"]
+    args += [str(golden), "--prompts", str(prompts), "-n", "4"]
     subprocess.run(
-        [sys.executable, "-m", "precguard", *args, str(golden), "--prompts", str(prompts)]
-        + ["-n", "4"],
+        [sys.executable, "-m", "precguard", *args],
         env=env,
         check=True,
         capture_output=True,
