@@ -419,14 +419,26 @@ def test_graph_files_fuzzed(tmp_path: Path) -> None:
     assert codes.get(2, 0) >= 10 and codes.get(0, 0) + codes.get(1, 0) >= 5, codes
 
 
-def test_a_fifo_graph_file_or_layout_spec_is_refused_not_waited_on(tmp_path: Path) -> None:
+def test_a_fifo_or_sparse_graph_file_or_layout_spec_is_refused_unread(tmp_path: Path) -> None:
     from precguard.errors import PrecguardError
     from precguard.graph.build import load_graph
+    from precguard.layout.spec import load_layout
 
     fifo = tmp_path / "graph.json"
     os.mkfifo(fifo)
     with pytest.raises(PrecguardError, match="a FIFO"):
         load_graph(fifo)
+    # a sparse layout spec is refused by its size, unread
+    spec = tmp_path / "layout.yaml"
+    spec.write_text("rules: []\n")
+    _grow(spec, 4 * GiB)
+    with pytest.raises(PrecguardError, match="larger than"):
+        load_layout(spec)
+    # a sparse graph file too
+    graph = _graph_file(tmp_path / "big.json")
+    _grow(graph, 4 * GiB)
+    with pytest.raises(PrecguardError, match="larger than"):
+        load_graph(graph)
 
 
 # -- outputs written whole or not at all ---------------------------------------------------

@@ -76,8 +76,8 @@ def printable(text: str) -> str:
     label): what :func:`shown` does to one value, without the cut and keeping
     line breaks.
 
-    >>> printable("a\x1b[2Jb\nc\u202e")
-    'a\\x1b[2Jb\nc\\u202e'
+    >>> printable("a\\x1b[2Jb\\u202e")
+    'a\\\\x1b[2Jb\\\\u202e'
     """
     if text.isprintable():
         return text
