@@ -179,6 +179,7 @@ def iter_json_lines(
     *,
     what: str,
     max_line: int = MAX_LINE_BYTES,
+    max_bytes: int | None = None,
     error: type[PrecguardError] = DumpFormatError,
 ) -> Iterator[tuple[int, bytes | None]]:
     """Each line of a JSONL file with its number, read a line at a time (memory: one line).
@@ -186,10 +187,14 @@ def iter_json_lines(
     Yields ``(lineno, line)`` for every non-blank line; a last line without its
     newline (a write cut short by a kill) is yielded as ``(lineno, None)`` so the
     caller can skip it with a warning. A line longer than ``max_line`` is
-    refused before it is kept (a sparse file with no newline is one such line).
+    refused before it is kept (a sparse file with no newline is one such line);
+    with ``max_bytes``, a file larger than that is refused before its first line
+    (for a reader that keeps every line).
     """
     shown_path = shown(path)
     with open_regular(path, what=what, error=error) as fh:
+        if max_bytes is not None:
+            check_size(path, file_size(fh), max_bytes, what=f"file of {what}s", error=error)
         lineno = 0
         while True:
             try:

@@ -32,12 +32,9 @@ from precguard.dump.untrusted import (
     Count,
     Finite,
     Int64,
-    check_size,
     confine,
-    file_size,
     iter_json_lines,
     memory_limit,
-    open_regular,
     parse_json,
     read_json_file,
     validated,
@@ -142,11 +139,9 @@ def _lines(path: Path, model: type[M], what: str) -> list[tuple[int, M]]:
     """
     if not os.path.lexists(path):
         return []
-    with open_regular(path, what=what) as fh:
-        check_size(path, file_size(fh), _watch_file_limit(), what=f"file of {what}s")
     out = []
     where = shown(path)
-    for lineno, line in iter_json_lines(path, what=what):
+    for lineno, line in iter_json_lines(path, what=what, max_bytes=_watch_file_limit()):
         if line is None:
             logger.warning("truncated_last_line_skipped", file=where, line=lineno)
             continue
