@@ -457,15 +457,28 @@ def test_a_report_replaces_the_old_file_whole_or_leaves_it(tmp_path: Path) -> No
     assert out.read_text() == "old" and sorted(tmp_path.iterdir()) == [out]
     write_atomic(out, "new", what="--json")
     assert out.read_text() == "new" and (out.stat().st_mode & 0o777) == 0o640
-    # a link at the output's name is replaced, never written through
-    victim = tmp_path / "victim"
-    victim.write_text("keep")
+    # a link the user keeps at the output's name is followed, and stays a link
+    real = tmp_path / "web" / "report.json"
+    real.parent.mkdir()
+    real.write_text("old")
     link = tmp_path / "link.json"
-    link.symlink_to(victim)
+    link.symlink_to(real)
     write_atomic(link, "{}", what="--json")
-    assert victim.read_text() == "keep" and link.read_text() == "{}" and not link.is_symlink()
+    assert link.is_symlink() and real.read_text() == "{}"
+    assert sorted(p.name for p in real.parent.iterdir()) == ["report.json"]
     with pytest.raises(UsageError, match="--json"):
         write_atomic(tmp_path / "no-such-folder" / "r.json", "{}", what="--json")
+    # a pipe (--json /dev/stdout, a FIFO) is a stream: written to, not replaced
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    write_atomic(fifo, "streamed", what="--json")
+    reader.join(timeout=60)
+    assert got == [b"streamed"] and fifo.is_fifo()
 
 
 def test_bitwise_hashes_from_a_recording_are_cut_and_escaped() -> None:

@@ -9,10 +9,12 @@ crosses a file system), flushes it, then ``os.replace``-s it over the target:
 a reader opens the old file or the new one, never a mix; a writer that fails
 or is killed leaves the old file and removes its temporary one.
 
-The target is replaced, never written through: a link standing at the
-output's name is replaced by the file, not followed to wherever it points.
-The new file gets the mode a plain ``open(path, "w")`` would give it (an
-existing file's mode is kept).
+A link at the output's name is followed, as a plain ``open(path, "w")``
+would (the user named it; ``report.html`` may link into a web folder): the
+file it points at is replaced atomically and the link stays. An output that
+is not a regular file (``/dev/stdout``, a pipe, a FIFO) is a stream, written
+to directly: there is nothing to replace there. The new file gets the mode a
+plain ``open(path, "w")`` would give it (an existing file's mode is kept).
 """
 
 from __future__ import annotations
@@ -59,12 +61,25 @@ def atomic_output(
     >>> with atomic_output("report.json", what="--json") as fh:   # doctest: +SKIP
     ...     fh.write("{}")
     """
-    target = Path(path)
+    try:
+        st = os.stat(path)  # through links, /dev/stdout's included
+    except OSError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+        # /dev/stdout, a pipe, a FIFO: a stream, not a file to replace
+        try:
+            fh = open(path, "wb") if binary else open(path, "w", encoding="utf-8", newline="")  # noqa: SIM115
+        except OSError as exc:
+            raise error(f"{what} {shown(path)}: cannot write ({exc.strerror or exc})") from exc
+        with fh:
+            yield fh
+        return
+    target = Path(os.path.realpath(path))  # follow the user's link: the link stays
     folder = target.parent
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:100]}.", suffix=".tmp", dir=folder)
     except OSError as exc:
-        raise error(f"{what} {shown(target)}: cannot write ({exc.strerror or exc})") from exc
+        raise error(f"{what} {shown(path)}: cannot write ({exc.strerror or exc})") from exc
     try:
         try:
             os.fchmod(fd, _mode_for(target))
@@ -80,7 +95,7 @@ def atomic_output(
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise error(f"{what} {shown(target)}: cannot write ({exc.strerror or exc})") from exc
+        raise error(f"{what} {shown(path)}: cannot write ({exc.strerror or exc})") from exc
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
