@@ -9,8 +9,11 @@ character Python does not call printable is written as an escape (``\\x1b``,
 ``markup=True`` rich markup is escaped so that rich prints the text as it is.
 
 Use it at every print site for a value read from a recording; values built by
-precguard itself (numbers, statuses) need nothing. :func:`plain_text` does the
-same for a matplotlib figure: no label from a recording is parsed as mathtext.
+precguard itself (numbers, statuses) need nothing. :func:`printable` escapes
+laid-out text (newlines kept); :func:`safe_console` is a rich console that does
+so for every string it prints. :func:`plain_text` does the same for a
+matplotlib figure: no label from a recording is parsed as mathtext or reaches
+matplotlib's font warnings with a control character.
 """
 
 from __future__ import annotations
@@ -66,7 +69,41 @@ def _escape(ch: str) -> str:
     return f"\\U{code:08x}"
 
 
-__all__ = ["LIMIT", "shown"]
+def printable(text: str) -> str:
+    """``text`` with every non-printable character but the newline written as an escape.
+
+    For text that is already laid out in lines (a terminal summary, a figure
+    label): what :func:`shown` does to one value, without the cut and keeping
+    line breaks.
+
+    >>> printable("a\\x1b[2Jb\\u202e")
+    'a\\\\x1b[2Jb\\\\u202e'
+    """
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch == "\n" else _escape(ch) for ch in text)
+
+
+def safe_console(**kwargs: Any) -> Any:
+    """A rich ``Console`` that writes every string it is given through :func:`printable`.
+
+    The terminal summaries of ``generate-diff`` and others interpolate text read
+    from files someone else wrote (device names, reasons quoting cache entries,
+    paths): an ESC, BEL, bidi override or zero-width character among them reaches
+    the terminal unless every print site remembers to escape it. This console
+    escapes them where each string is rendered (``Console.render_str``: markup is
+    printable text, so rich's own styling is untouched), once for every print.
+    """
+    from rich.console import Console
+
+    class _SafeConsole(Console):
+        def render_str(self, text: str, **options: Any) -> Any:
+            return super().render_str(printable(text), **options)
+
+    return _SafeConsole(**kwargs)
+
+
+__all__ = ["LIMIT", "plain_text", "printable", "safe_console", "shown"]
 
 
 def plain_text(fig: Any) -> None:
@@ -79,7 +116,7 @@ def plain_text(fig: Any) -> None:
     a numeric formatter writes (a log axis' ``10^{-3}``) keep their math.
     """
     from matplotlib.text import Text
-    from matplotlib.ticker import LogFormatter, ScalarFormatter
+    from matplotlib.ticker import FixedFormatter, LogFormatter, ScalarFormatter
 
     keep: set[int] = set()
     for ax in fig.axes:
@@ -96,6 +133,13 @@ def plain_text(fig: Any) -> None:
                 # given as strings (set_xticks(xs, names): a FuncFormatter) may not
                 if isinstance(fmt, LogFormatter | ScalarFormatter):
                     keep.update(id(t) for t in labels)
+                elif isinstance(fmt, FixedFormatter):  # string labels are drawn from its seq
+                    fmt.seq = [printable(str(s)) for s in fmt.seq]
     for text in fig.findobj(Text):
         if id(text) not in keep:
             text.set_parse_math(False)
+            # an ESC in a label would otherwise reach stderr in matplotlib's own warning
+            # ("Glyph 27 (\x1b) missing from font"), and the page as a control character
+            label = text.get_text()
+            if not label.isprintable():
+                text.set_text(printable(label))

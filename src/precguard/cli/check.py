@@ -122,7 +122,9 @@ def check(
         if str(json_out) == "-":
             typer.echo(as_json(diagnosis))
         else:
-            json_out.write_text(as_json(diagnosis) + "\n", encoding="utf-8")
+            from precguard.dump.atomic import write_atomic
+
+            write_atomic(json_out, as_json(diagnosis) + "\n", what="--json")
     if html_out is not None:
         write_html(diagnosis, html_out)
     if junit_out is not None:

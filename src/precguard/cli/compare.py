@@ -354,24 +354,19 @@ def _steps_to_compare(golden: Path, rank: int | None, step: int | None) -> int |
 def _write_comparison(path: Path | None, result: Comparison) -> None:
     """Write ``result``'s JSON to ``path`` (None: stdout) a record at a time, not as one string."""
     from precguard.compare.report import write_comparison_json
-    from precguard.errors import UsageError
 
     if path is None:
         write_comparison_json(result, sys.stdout)
         sys.stdout.write("\n")
         return
-    try:
-        with open(path, "w", encoding="utf-8") as fh:
-            write_comparison_json(result, fh)
-            fh.write("\n")
-    except OSError as exc:
-        raise UsageError(f"--json {path}: cannot write ({exc.strerror or exc})") from exc
+    from precguard.dump.atomic import atomic_output
+
+    with atomic_output(path, what="--json") as fh:  # whole or not at all, for a polling reader
+        write_comparison_json(result, fh)
+        fh.write("\n")
 
 
 def _write(path: Path, payload: str) -> None:
-    from precguard.errors import UsageError
+    from precguard.dump.atomic import write_atomic
 
-    try:
-        path.write_text(payload + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"--json {path}: cannot write ({exc.strerror or exc})") from exc
+    write_atomic(path, payload + "\n", what="--json")

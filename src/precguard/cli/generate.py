@@ -24,7 +24,8 @@ _HELP = (
     "replay of the first divergence is kept in ACTUAL/layerwise), then generate-diff GOLDEN "
     "ACTUAL anywhere (add --target and --reference on the reference machine to compare the "
     "replays layer by layer).\n\n"
-    "Exit codes: 0 no divergence (near-ties at most), 1 a divergence, 2 unusable input."
+    "Exit codes: 0 no divergence (near-ties at most), 1 a divergence, 2 unusable input, 3 "
+    "inconclusive (saved runs of 0 steps: nothing was compared)."
 )
 
 
@@ -94,6 +95,7 @@ def generate_diff_cmd(
     from precguard.generation.prompts import read_prompts_file
     from precguard.generation.render import render_terminal
     from precguard.report.page import ensure_writable
+    from precguard.text import shown
 
     to_stdout = json_out is not None and str(json_out) == "-"
     ensure_writable(json=None if to_stdout else json_out, html=html_out)
@@ -150,7 +152,7 @@ def generate_diff_cmd(
                 against=against,
                 on_progress=on_progress,
             )
-        typer.echo(f"saved the decoding on {device} to {path}")
+        typer.echo(f"saved the decoding on {shown(device)} to {shown(path)}")
         return
     else:
         if against is not None:
@@ -173,7 +175,10 @@ def generate_diff_cmd(
                 keep_recordings=keep_recordings,
                 on_progress=on_progress,
             )
-    out = Console(stderr=to_stdout, highlight=False, soft_wrap=True)
+    from precguard.text import safe_console
+
+    # the summary quotes saved runs' text (device names, paths, reasons): one escaping console
+    out = safe_console(stderr=to_stdout, highlight=False, soft_wrap=True)
     render_terminal(result, out)
     text = result.model_dump_json(indent=2)
     if to_stdout:

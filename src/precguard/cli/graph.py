@@ -59,10 +59,9 @@ def export(
     from precguard.graph.cli_support import target_graph
 
     graph = target_graph(target, device=device, dtype=dtype, prefer=source, level=level)  # type: ignore[arg-type]
-    try:
-        out.write_text(graph.model_dump_json(indent=1) + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"--out {out}: cannot write ({exc.strerror or exc})") from exc
+    from precguard.dump.atomic import write_atomic
+
+    write_atomic(out, graph.model_dump_json(indent=1) + "\n", what="--out")
     typer.echo(f"{len(graph.nodes)} ops ({graph.source}, {graph.level} level) -> {out}")
 
 

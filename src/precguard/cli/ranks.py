@@ -74,9 +74,6 @@ def _parse_group(text: str) -> list[int]:
 
 
 def _write(path: Path, payload: str) -> None:
-    from precguard.errors import UsageError
+    from precguard.dump.atomic import write_atomic
 
-    try:
-        path.write_text(payload + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"--json {path}: cannot write ({exc.strerror or exc})") from exc
+    write_atomic(path, payload + "\n", what="--json")

@@ -27,13 +27,15 @@ def watch_report(
     csv_out: Path | None = typer.Option(None, "--csv", help="Write one row per step here."),
 ) -> None:
     from precguard.report.page import ensure_writable, write_page
+    from precguard.text import shown
     from precguard.training.report import load_watch, watch_csv, watch_html
 
     ensure_writable(html=html_out, csv=csv_out)
     run = load_watch(directory)
     if html_out is None and csv_out is None:
         for a in run.alerts:
-            typer.echo(f"step {a.step}: {a.kind}: {a.message}")
+            # the alert's text comes from the watch directory: escaped and cut, never raw
+            typer.echo(f"step {a.step}: {a.kind}: {shown(a.message, 300)}")
         typer.echo(f"{len(run.scalars)} steps, {len(run.alerts)} alerts")
         if run.alerts:
             raise typer.Exit(1)

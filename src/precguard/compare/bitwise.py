@@ -184,7 +184,12 @@ def render_bitwise(result: BitwiseComparison) -> str:
         lines.append(
             f"first difference: {shown(first.key)} ({shown(first.module_type)}), step "
             f"{first.step}, rank {first.rank}: {first.reason}"
-            + (f" {first.golden_hash} != {first.actual_hash}" if first.reason == "hash" else "")
+            # hashes are read from the recordings: escaped and cut like any of their text
+            + (
+                f" {shown(first.golden_hash, 40)} != {shown(first.actual_hash, 40)}"
+                if first.reason == "hash"
+                else ""
+            )
         )
         if result.total_differences > 1:
             lines.append(f"{result.total_differences - 1} more records differ after it")

@@ -3,7 +3,8 @@
 A recording is untrusted input (it travels between teams, into bug reports and
 CI), so every file name that comes from inside it (a record's ``tensor.file``,
 a rank folder, ``records.jsonl``, ``manifest.json``) goes through
-:func:`resolve_member` before it is opened. A name is accepted only when it is
+:func:`resolve_member` (:func:`precguard.dump.untrusted.confine`, the rule every
+untrusted directory's names follow) before it is opened. A name is accepted only when it is
 relative, has no ``..`` or empty part, and resolves, after following any
 symbolic link, to a path inside the recording directory. Anything else is a
 :class:`~precguard.errors.DumpFormatError` naming what referred to it.
@@ -18,8 +19,18 @@ import os
 import re
 from pathlib import Path
 
-from precguard.errors import DumpFormatError
-from precguard.text import shown
+from precguard.dump.untrusted import MAX_COMPONENT_BYTES, confine
+
+__all__ = [
+    "MANIFEST_FILE",
+    "MAX_COMPONENT_BYTES",
+    "RECORDS_FILE",
+    "STATUS_FILE",
+    "rank_dir",
+    "rank_dir_name",
+    "rank_of",
+    "resolve_member",
+]
 
 #: a rank folder: ``rank`` and the rank in ASCII digits, without leading zeros
 RANK_DIR = re.compile(r"rank(0|[1-9][0-9]{0,8})", re.ASCII)
@@ -30,9 +41,6 @@ RECORDS_FILE = "records.jsonl"
 STATUS_FILE = "status.json"
 #: the run's manifest, at the top of the recording
 MANIFEST_FILE = "manifest.json"
-
-#: longest name accepted for one path component (most file systems allow 255 bytes)
-MAX_COMPONENT_BYTES = 255
 
 
 def rank_dir_name(rank: int) -> str:
@@ -72,29 +80,4 @@ def resolve_member(root: Path, name: str, *, what: str) -> Path:
     ...                what="record x")                          # doctest: +SKIP
     PosixPath('/abs/runs/golden/rank0/tensors-000000-0000.safetensors')
     """
-    problem = _name_problem(name)
-    if problem is not None:
-        raise DumpFormatError(f"{shown(root)}: {what}: file name {shown(name, 80)} {problem}")
-    base = Path(os.path.realpath(root))
-    real = Path(os.path.realpath(base / name))
-    if real != base and base not in real.parents:
-        raise DumpFormatError(
-            f"{shown(root)}: {what}: {shown(name, 80)} leads outside the recording "
-            "(a symbolic link); refused"
-        )
-    return real
-
-
-def _name_problem(name: str) -> str | None:
-    if not isinstance(name, str) or not name:
-        return "is empty"
-    if "\x00" in name or "\\" in name:
-        return "holds a NUL or a backslash"
-    if name.startswith("/") or os.path.isabs(name):
-        return "is absolute; only names inside the recording are read"
-    for part in name.split("/"):
-        if part in ("", ".", ".."):
-            return "is not a plain relative name (empty, '.' or '..' part)"
-        if len(part.encode("utf-8", "surrogatepass")) > MAX_COMPONENT_BYTES:
-            return f"is longer than {MAX_COMPONENT_BYTES} bytes"
-    return None
+    return confine(root, name, what=what)

@@ -1,8 +1,10 @@
 """Read a recording directory without ever unpickling anything.
 
-A recording is untrusted input. Every file name read from it goes through
+A recording is untrusted input, read through :mod:`precguard.dump.untrusted`
+like every other file precguard reads. Every file name read from it goes through
 :func:`~precguard.dump.paths.resolve_member` (nothing outside the directory is
-read), every JSON document is parsed with a bounded nesting depth and size,
+read), only regular files are opened, every JSON document is parsed with a
+bounded nesting depth and size,
 records are streamed with memory flat in their number, and what does not hold
 together (a duplicated record, a step going back, a rank field that is not the
 folder's, a tensor file whose dtype or shape is not the record's, a records
@@ -16,11 +18,9 @@ import os
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 import torch
 from pydantic import ValidationError
-from pydantic_core import from_json
 
 from precguard._logging import get_logger
 from precguard.dump.paths import (
@@ -33,44 +33,27 @@ from precguard.dump.paths import (
 )
 from precguard.dump.schema import SCHEMA_VERSION, Manifest, RankStatus, Record
 from precguard.dump.tensors import TensorStore
+from precguard.dump.untrusted import (
+    MAX_DOCUMENT_BYTES,
+    MAX_LINE_BYTES,
+    first_error,
+    iter_json_lines,
+    read_json_file,
+)
 from precguard.errors import DumpFormatError
 from precguard.text import shown
 
 logger = get_logger(__name__)
 
+__all__ = ["Run", "check_schema_version", "first_error", "load_run", "read_json_file"]
+
 #: a manifest larger than this is not one precguard wrote
-MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+MAX_MANIFEST_BYTES = MAX_DOCUMENT_BYTES
 #: a records line longer than this is not one precguard wrote (shapes and names are short)
-MAX_RECORD_LINE_BYTES = 1024 * 1024
+MAX_RECORD_LINE_BYTES = MAX_LINE_BYTES
 #: more ranks than any job runs: a manifest claiming more is refused before anything
 #: iterates over them (a claimed 10**8 would otherwise build a set of 10**8 ranks)
 MAX_WORLD_SIZE = 1 << 17
-
-
-def read_json_file(path: Path, *, limit: int, what: str) -> Any:
-    """Parse the JSON document in ``path``: at most ``limit`` bytes, nesting bounded.
-
-    pydantic-core's parser refuses deep nesting with an error instead of
-    exhausting the stack, and reads invalid UTF-8 as an error too.
-    """
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(limit + 1)
-    except OSError as exc:
-        raise DumpFormatError(f"{shown(path)}: cannot read ({exc.strerror or exc})") from exc
-    if len(data) > limit:
-        raise DumpFormatError(f"{shown(path)}: larger than {limit} bytes; not a {what}")
-    try:
-        return from_json(data)
-    except ValueError as exc:
-        raise DumpFormatError(f"{shown(path)}: not valid JSON ({shown(exc, 80)})") from exc
-
-
-def first_error(exc: ValidationError) -> str:
-    """``field 'a.b': message`` for the first error of ``exc``, safe to print."""
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"])
-    return f"field '{shown(loc, 60)}': {shown(err['msg'], 120)}"
 
 
 class Run:
@@ -180,36 +163,21 @@ class Run:
         if not path.is_file():
             raise DumpFormatError(f"{shown_path}: missing")
         checker = _Consistency(shown_path, rank)
-        with open(path, "rb") as fh:
-            lineno = 0
-            pending: str | None = None
-            while True:
-                line = fh.readline(MAX_RECORD_LINE_BYTES + 1)
-                if not line:
-                    break
-                lineno += 1
-                if pending is not None:
-                    raise DumpFormatError(f"{shown_path} line {lineno - 1}: {pending}")
-                if len(line) > MAX_RECORD_LINE_BYTES:
-                    raise DumpFormatError(
-                        f"{shown_path} line {lineno}: longer than {MAX_RECORD_LINE_BYTES} "
-                        "bytes; not a precguard record"
-                    )
-                if not line.endswith(b"\n"):
-                    # Only the last line can lack its newline: a write cut short.
-                    logger.warning("truncated_last_line_skipped", file=shown_path, line=lineno)
-                    break
-                if not line.strip():
-                    continue
-                try:
-                    rec = Record.model_validate_json(line)
-                except ValidationError as exc:
-                    pending = _line_problem(line, exc)
-                    continue
-                checker.check(rec, lineno)
-                yield rec
-            if pending is not None:
-                raise DumpFormatError(f"{shown_path} line {lineno}: {pending}")
+        # one line at a time (memory flat in the file), each at most MAX_RECORD_LINE_BYTES
+        for lineno, line in iter_json_lines(
+            path, what="precguard record", max_line=MAX_RECORD_LINE_BYTES
+        ):
+            if line is None:  # only the last line can lack its newline: a write cut short
+                logger.warning("truncated_last_line_skipped", file=shown_path, line=lineno)
+                break
+            try:
+                rec = Record.model_validate_json(line)
+            except ValidationError as exc:
+                raise DumpFormatError(
+                    f"{shown_path} line {lineno}: {_line_problem(line, exc)}"
+                ) from None
+            checker.check(rec, lineno)
+            yield rec
         checker.check_end(self.manifest)
 
     def tensor(self, record: Record) -> torch.Tensor:

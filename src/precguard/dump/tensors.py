@@ -34,6 +34,7 @@ from pydantic_core import from_json
 
 from precguard.dump.paths import rank_dir, rank_dir_name, rank_of, resolve_member
 from precguard.dump.schema import Record
+from precguard.dump.untrusted import check_size, file_size, open_regular
 from precguard.errors import DumpFormatError
 from precguard.text import shown
 
@@ -107,7 +108,7 @@ class _MappedFile:
         self.path = path
         self.shown_path = shown_path
         try:
-            with open(path, "rb") as fh:
+            with open_regular(path, what="safetensors file") as fh:
                 size = fh.seek(0, 2)
                 fh.seek(0)
                 self.data_start, self.entries = _parse_header(fh, size, shown_path)
@@ -321,3 +322,38 @@ class TensorStore:
         for mapped in self._files.values():
             mapped.close()
         self._files.clear()
+
+
+def load_safetensors(path: Path, *, shown_path: str, limit: int) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file outside a recording, each a tensor of its own.
+
+    For files read whole (a saved generation run's prompt file): the file is
+    opened only if regular (:func:`~precguard.dump.untrusted.open_regular`),
+    refused unread when larger than ``limit`` bytes (its size from ``fstat``: a
+    sparse 12 GiB file costs nothing to refuse), and its header validated as
+    strictly as a recording's (offsets that tile the data exactly, so a file
+    padded past its tensors is refused) before a byte of data is viewed.
+    """
+    with open_regular(path, what="safetensors file") as fh:
+        size = file_size(fh)
+        check_size(shown_path, size, limit, what="safetensors file")
+        data_start, entries = _parse_header(fh, size, shown_path)
+        try:
+            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+        except (OSError, ValueError) as exc:
+            raise DumpFormatError(f"{shown_path}: cannot map ({shown(exc, 80)})") from exc
+    out: dict[str, torch.Tensor] = {}
+    try:
+        for name, (code, shape, start, _) in entries.items():
+            dtype = _DTYPES[code]
+            numel = math.prod(shape)
+            if numel == 0:
+                out[name] = torch.empty(shape, dtype=dtype)
+                continue
+            view = torch.frombuffer(mapped, dtype=dtype, count=numel, offset=data_start + start)
+            out[name] = view.view(shape).clone()
+            del view
+    finally:
+        with contextlib.suppress(BufferError):
+            mapped.close()
+    return out

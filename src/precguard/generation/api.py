@@ -360,6 +360,8 @@ def assemble(
         raise UsageError("no prompts were decoded: nothing was compared")
     summary = summarize(results, opts.steps)
     verdict = "diverged" if summary.diverged else ("near-ties" if summary.near_ties else "match")
+    if summary.steps == 0:  # saved runs of 0 steps: no token was compared, so no match
+        verdict = "inconclusive"
     if note is None and summary.diverged and replay is None:
         note = "the layerwise replay was not run (--no-layerwise)"
     return GenerationDiff(

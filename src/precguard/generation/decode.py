@@ -323,7 +323,9 @@ def gumbel_noise(seed: int, prompt: int, steps: int, vocab: int) -> torch.Tensor
     so both sides sample with the same randomness and differ only where their
     logits do.
     """
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + prompt)
+    # modulo 2**64: a generator's seed is 64 bits, and torch wraps a negative one the same
+    # way, so every seed in range draws what it always drew and a larger one cannot overflow
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + prompt) % 2**64)
     u = torch.rand((steps, vocab), generator=gen, dtype=torch.float64)
     u = u.clamp(min=math.ulp(0.0) * 2**60, max=1 - 2**-53)
     return (-torch.log(-torch.log(u))).float()

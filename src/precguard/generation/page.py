@@ -95,7 +95,7 @@ def render_html(result: GenerationDiff) -> str:
     """The whole page as HTML text."""
     s = result.summary
     g, a = result.golden, result.actual
-    box = "ok" if result.verdict == "match" else ("warn" if result.verdict == "near-ties" else "")
+    box = {"match": "ok", "near-ties": "warn", "inconclusive": "warn"}.get(result.verdict, "")
     layer = ""
     if result.layerwise is not None:
         fd = result.layerwise.first_divergence or {}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ import torch
 
 from precguard.errors import TargetError, UsageError
 from precguard.target import Target, raised
+from precguard.text import shown
 
 
 @dataclass(frozen=True)
@@ -21,23 +21,24 @@ class Prompt:
     text: str | None = None
 
 
+#: a prompts file is text the user wrote: a few megabytes is thousands of prompts
+MAX_PROMPTS_BYTES = 256 * 1024 * 1024
+
+
 def read_prompts_file(path: Path) -> list[str | list[int]]:
     """Prompts from ``path``: JSON Lines (``{"text": ...}`` or ``{"input_ids": [...]}``
     per line), a JSON list of those or of strings, or plain text with one prompt a line."""
+    from precguard.dump.untrusted import parse_json, read_bytes
+
+    # a regular file of bounded size (a FIFO would hang the read), nesting bounded
+    data = read_bytes(path, limit=MAX_PROMPTS_BYTES, what="prompts file", error=UsageError)
     try:
-        raw = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"--prompts {path}: cannot read it ({exc.strerror or exc})") from exc
+        raw = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UsageError(f"--prompts {path}: not UTF-8 text") from exc
+        raise UsageError(f"--prompts {shown(path)}: not UTF-8 text") from exc
     items: list[Any]
     if path.suffix == ".json":
-        try:
-            items = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise UsageError(
-                f"--prompts {path}: not valid JSON ({exc.msg}, line {exc.lineno})"
-            ) from exc
+        items = parse_json(data, where=f"--prompts {shown(path)}", error=UsageError)
         if not isinstance(items, list):
             raise UsageError(f"--prompts {path}: expected a JSON list of prompts")
     elif path.suffix == ".jsonl":
@@ -46,11 +47,9 @@ def read_prompts_file(path: Path) -> list[str | list[int]]:
             if not line.strip():
                 continue
             try:
-                items.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise UsageError(
-                    f"--prompts {path} line {n}: not a JSON object ({exc.msg})"
-                ) from exc
+                items.append(parse_json(line, where="", error=UsageError))
+            except UsageError as exc:
+                raise UsageError(f"--prompts {shown(path)} line {n}: not a JSON object") from exc
     else:
         items = [line for line in raw.splitlines() if line.strip()]
     prompts: list[str | list[int]] = []
@@ -58,7 +57,9 @@ def read_prompts_file(path: Path) -> list[str | list[int]]:
         if isinstance(item, dict):
             item = item.get("input_ids", item.get("text"))
         if (isinstance(item, str) and item) or (
-            isinstance(item, list) and item and all(isinstance(i, int) for i in item)
+            isinstance(item, list)
+            and item
+            and all(type(i) is int and 0 <= i < 2**63 for i in item)  # torch's int64
         ):
             prompts.append(item)
         else:

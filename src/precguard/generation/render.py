@@ -68,5 +68,9 @@ def render_terminal(result: GenerationDiff, console: Console) -> None:
     if result.cause is not None:
         where = escape(result.cause.where or "-")
         console.print(f"cause: [bold]{result.cause.kind}[/] {where}")
-    word = {"match": "[green]MATCH[/]", "near-ties": "[yellow]NEAR-TIES ONLY[/]"}
+    word = {
+        "match": "[green]MATCH[/]",
+        "near-ties": "[yellow]NEAR-TIES ONLY[/]",
+        "inconclusive": "[yellow]INCONCLUSIVE[/] (no step decoded: nothing was compared)",
+    }
     console.print(f"verdict: {word.get(result.verdict, '[red]DIVERGED[/]')}")

@@ -253,8 +253,9 @@ class GenerationDiff(BaseModel):
     seed: int | None = Field(description="Seed of the shared Gumbel noise when sampling.")
     temperature: float = Field(description="Sampling temperature (1 for greedy).")
     top_k: int = Field(description="k of the top-k overlap.")
-    verdict: Literal["match", "near-ties", "diverged"] = Field(
-        description="'match': no flip; 'near-ties': only near-tie flips; 'diverged': a real one."
+    verdict: Literal["match", "near-ties", "diverged", "inconclusive"] = Field(
+        description="'match': no flip; 'near-ties': only near-tie flips; 'diverged': a real one; "
+        "'inconclusive': no step was decoded, so nothing was compared."
     )
     prompts: list[PromptResult] = Field(description="Per prompt.")
     summary: Summary = Field(description="Over prompts.")
@@ -269,7 +270,9 @@ class GenerationDiff(BaseModel):
 
     @property
     def exit_code(self) -> int:
-        """0 no real divergence (near-ties at most), 1 a divergence."""
+        """0 no real divergence (near-ties at most), 1 a divergence, 3 nothing compared."""
+        if self.verdict == "inconclusive":
+            return 3  # as compare and check: a result that compared nothing is never a pass
         return 1 if self.verdict == "diverged" else 0
 
 

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -96,6 +97,10 @@ def generate_run(
     else:
         if max_new_tokens < 1:
             raise UsageError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+        if not -(2**63) <= seed < 2**63:  # the saved run holds it as a 64-bit integer
+            raise UsageError(f"--seed must fit a signed 64-bit integer, got {seed}")
+        if sample and not 0 < temperature < math.inf:
+            raise UsageError(f"--temperature must be positive and finite, got {temperature}")
         prompt_list = build_prompts(target_obj, None if prompts is None else list(prompts))
         opts = DecodingOptions(max_new_tokens, sample, seed, temperature)
         forced = None

@@ -325,27 +325,22 @@ def graph_from_run(path: str | os.PathLike[str], *, rank: int = 0, step: int = 0
     )
 
 
+#: a graph file holds one line of JSON per op, ~300 bytes: a million ops is 300 MB
+MAX_GRAPH_BYTES = 512 * 1024 * 1024
+
+
 def load_graph(path: str | os.PathLike[str]) -> OpGraph:
     """A graph file written by ``graph export``, or the op graph of a recording directory."""
     p = Path(path)
     if p.is_dir():
         return graph_from_run(p)
-    if not p.is_file():
+    if not p.exists():
         raise UsageError(f"{shown(p)}: no such graph file or recording directory")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DumpFormatError(f"{shown(p)}: unreadable ({type(exc).__name__})") from exc
-    from pydantic import ValidationError
+    from precguard.dump.untrusted import read_json_file, validated
 
-    from precguard.dump.reader import first_error
-
-    try:
-        graph = OpGraph.model_validate_json(text)
-    except ValidationError as exc:
-        raise DumpFormatError(
-            f"{shown(p)}: not a precguard graph file ({first_error(exc)})"
-        ) from exc
+    # a regular file, its size and nesting bounded, every field validated strictly
+    raw = read_json_file(p, limit=MAX_GRAPH_BYTES, what="precguard graph file")
+    graph = validated(OpGraph, raw, where=f"{shown(p)} (not a precguard graph file)")
     if graph.schema_version > GRAPH_SCHEMA_VERSION:
         raise DumpFormatError(
             f"{shown(p)}: graph schema_version {graph.schema_version} is newer than this "

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from precguard.dump.untrusted import Count
+
 GRAPH_SCHEMA_VERSION = 1
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -20,7 +22,7 @@ class TensorMeta(BaseModel):
     model_config = _FROZEN
 
     dtype: str = Field(description="torch dtype without 'torch.' (float32, bfloat16, int64).")
-    shape: list[int] = Field(description="Tensor shape.")
+    shape: list[Count] = Field(description="Tensor shape.")
     device: str | None = Field(default=None, description="Device type; None: the graph's.")
 
 
@@ -29,13 +31,13 @@ class OpNode(BaseModel):
 
     model_config = _FROZEN
 
-    id: int = Field(description="Position in execution order (0-based).")
+    id: Count = Field(description="Position in execution order (0-based).")
     op: str = Field(description="Op name as keys write it: 'softmax', 'matmul', '_softmax'.")
     target: str = Field(
         description="Qualified op: 'torch.nn.functional.softmax', 'Tensor.add', 'aten.mm'."
     )
     module: str = Field(description="The innermost module that called it ('root' at the top).")
-    call: int = Field(default=0, description="0-based count of this op in this module.")
+    call: Count = Field(default=0, description="0-based count of this op in this module.")
     inputs: list[TensorMeta] = Field(default_factory=list, description="Tensor inputs.")
     outputs: list[TensorMeta] = Field(default_factory=list, description="Tensor outputs.")
 

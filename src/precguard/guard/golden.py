@@ -27,6 +27,14 @@ from typing import Literal
 from precguard._logging import get_logger
 from precguard.dump.paths import MANIFEST_FILE, STATUS_FILE, rank_of
 from precguard.dump.schema import Manifest, RankStatus
+from precguard.dump.untrusted import (
+    confine,
+    memory_limit,
+    parse_json,
+    read_bytes,
+    read_json_file,
+    validated,
+)
 from precguard.dump.writer import remove_recording
 from precguard.errors import DumpFormatError, UsageError
 from precguard.text import shown
@@ -58,11 +66,13 @@ def golden_files(recording: str | os.PathLike[str]) -> dict[str, bytes]:
             if not entry.is_file() or entry.name.endswith(".tmp"):
                 continue
             name = f"{folder.name}/{entry.name}"
+            data = _read_member(root, name)
             if entry.name == STATUS_FILE:
-                status = RankStatus.model_validate_json(entry.read_bytes())
+                where = shown(root / name)
+                status = validated(RankStatus, parse_json(data, where=where), where=where)
                 files[name] = _json_bytes(status.model_copy(update={"host": "", "pid": None}))
             else:
-                files[name] = entry.read_bytes()
+                files[name] = data
     digest = hashlib.sha256()
     body = manifest.model_copy(update={"created": "", "run_id": ""})
     for name, data in [(MANIFEST_FILE, _json_bytes(body)), *sorted(files.items())]:
@@ -78,13 +88,26 @@ def read_golden(golden: str | os.PathLike[str]) -> dict[str, bytes]:
     root = Path(golden)
     if not (root / MANIFEST_FILE).is_file():
         return {}
-    files = {MANIFEST_FILE: (root / MANIFEST_FILE).read_bytes()}
+    files = {MANIFEST_FILE: _read_member(root, MANIFEST_FILE)}
     for folder in sorted(root.iterdir(), key=lambda p: p.name):
         if folder.is_dir() and rank_of(folder.name) is not None:
             for entry in sorted(folder.iterdir(), key=lambda p: p.name):
                 if entry.is_file() and not entry.name.endswith(".tmp"):
-                    files[f"{folder.name}/{entry.name}"] = entry.read_bytes()
+                    files[f"{folder.name}/{entry.name}"] = _read_member(
+                        root, f"{folder.name}/{entry.name}"
+                    )
     return files
+
+
+def _read_member(root: Path, name: str) -> bytes:
+    """One file of a recording or golden, read whole through :mod:`precguard.dump.untrusted`.
+
+    Inside ``root`` after resolving links, a regular file, and at most a quarter
+    of the memory this process may use (a golden's files are held at once to be
+    compared byte for byte; a larger one cannot be, and is refused unread).
+    """
+    path = confine(root, name, what=name, inside="the golden or recording")
+    return read_bytes(path, limit=memory_limit() // 4, what="recording file")
 
 
 def write_golden(recording: str | os.PathLike[str], golden: str | os.PathLike[str]) -> GoldenAction:
@@ -121,13 +144,12 @@ def write_golden(recording: str | os.PathLike[str], golden: str | os.PathLike[st
 
 
 def _manifest(root: Path) -> Manifest:
-    path = root / MANIFEST_FILE
-    try:
-        return Manifest.model_validate_json(path.read_bytes())
-    except OSError as exc:
-        raise DumpFormatError(f"{shown(path)}: cannot read ({exc.strerror or exc})") from exc
-    except ValueError as exc:
-        raise DumpFormatError(f"{shown(path)}: not a precguard manifest") from exc
+    path = confine(root, MANIFEST_FILE, what="manifest", inside="the recording")
+    where = shown(root / MANIFEST_FILE)
+    if not path.is_file():
+        raise DumpFormatError(f"{where}: missing; not a precguard recording")
+    raw = read_json_file(path, what="precguard manifest")
+    return validated(Manifest, raw, where=where)
 
 
 def _json_bytes(model: Manifest | RankStatus) -> bytes:

@@ -285,13 +285,14 @@ def _load_bounded_yaml(path: Path) -> Any:
     before anything is built. Aliases are refused: a layout never needs them,
     and expanding them is how a kilobyte becomes gigabytes.
     """
-    with open(path, "rb") as fh:
-        data = fh.read(MAX_LAYOUT_BYTES + 1)
-    if len(data) > MAX_LAYOUT_BYTES:
-        raise UsageError(
-            f"--layout {shown(path)}: larger than {MAX_LAYOUT_BYTES} bytes; not a layout spec"
-        )
-    text = data.decode("utf-8")
+    from precguard.dump.untrusted import read_bytes
+
+    # a regular file (a FIFO would hang the read), refused unread past the limit
+    data = read_bytes(path, limit=MAX_LAYOUT_BYTES, what="layout spec", error=UsageError)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--layout {shown(path)}: not UTF-8 text; not a layout spec") from exc
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     depth = 0
     for event in yaml.parse(text, Loader=loader):

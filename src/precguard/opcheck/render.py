@@ -75,10 +75,10 @@ def plot(result: OpCheckResult, path: Path) -> Path:
         from precguard.text import plain_text
 
         plain_text(fig)  # op and module names are the user's text, never mathtext
-        try:
-            fig.savefig(path, format="png", dpi=100)
-        except OSError as exc:
-            raise UsageError(f"--plot {path}: cannot write ({exc.strerror or exc})") from exc
+        from precguard.dump.atomic import atomic_output
+
+        with atomic_output(path, binary=True, what="--plot") as fh:  # whole or not at all
+            fig.savefig(fh, format="png", dpi=100)
     finally:
         plt.close(fig)
     return path

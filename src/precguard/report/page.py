@@ -223,11 +223,11 @@ def ensure_writable(**paths: Path | None) -> None:
 
 
 def write_page(path: Path, text: str, what: str = "--html") -> Path:
-    """Write a report to ``path``; a path that cannot be written is a usage error."""
-    from precguard.errors import UsageError
+    """Write a report to ``path`` atomically; a path that cannot be written is a usage error.
 
-    try:
-        path.write_text(text, encoding="utf-8", newline="")
-    except OSError as exc:
-        raise UsageError(f"{what} {path}: cannot write ({exc.strerror or exc})") from exc
-    return path
+    A reader (a CI step, a browser reloading) sees the old file or the new one,
+    never half (:func:`precguard.dump.atomic.write_atomic`).
+    """
+    from precguard.dump.atomic import write_atomic
+
+    return write_atomic(path, text, what=what)

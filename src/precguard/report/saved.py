@@ -27,7 +27,7 @@ def load_result(path: Path) -> Comparison | Diagnosis:
     from pydantic import ValidationError
 
     from precguard.compare.report import Comparison
-    from precguard.dump.reader import first_error, read_json_file
+    from precguard.dump.untrusted import first_error, read_json_file
     from precguard.errors import DumpFormatError, UsageError
     from precguard.report.models import Diagnosis
     from precguard.text import shown

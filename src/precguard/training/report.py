@@ -7,24 +7,38 @@ then the others in the model's order. The CSV
 has one row per step: the scalars, the alert kinds, then one column per layer
 and series (``update_ratio:LAYER``, ``grad_norm:LAYER``).
 
-A watch directory is read like a recording: strict JSON, a truncated last
-line (the run was killed mid-write) skipped with a warning, any other bad
-line an error naming the file and line.
+A watch directory is read like a recording, through
+:mod:`precguard.dump.untrusted`: regular files inside the directory, sizes,
+line lengths and nesting bounded, every row validated (a step a non-negative
+integer, a statistic a finite number or ``"NaN"``/``"Infinity"``), a
+truncated last line (the run was killed mid-write) skipped with a warning,
+any other bad line an error naming the file and line.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from precguard._logging import get_logger
+from precguard.dump.untrusted import (
+    Count,
+    Finite,
+    Int64,
+    confine,
+    iter_json_lines,
+    memory_limit,
+    parse_json,
+    read_json_file,
+    validated,
+)
 from precguard.errors import DumpFormatError
 from precguard.text import shown
 from precguard.training.alerts import Alert
@@ -42,6 +56,9 @@ logger = get_logger(__name__)
 #: layers drawn as small multiples (alerted layers first); the CSV has them all
 MAX_PANELS = 36
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+#: a statistic as the watch writes it: a finite number, a non-finite one as its string, or null
+Stat = Finite | Literal["NaN", "Infinity", "-Infinity"] | None
+M = TypeVar("M", bound=BaseModel)
 
 
 def _float(v: Any) -> float | None:
@@ -69,72 +86,110 @@ class WatchRun:
         return self.path / RECORDING_DIR
 
 
-def _lines(path: Path) -> list[tuple[int, Any]]:
-    if not path.is_file():
+class _Info(BaseModel):
+    """What the report reads of ``watch.json`` (the rest is kept as written)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    schema_version: Int64 = Field(description="Format version.")
+    layers: list[str] = Field(description="The watched parameters, in the model's order.")
+    model: str = Field(default="", description="The model's class name.")
+
+
+class _ScalarRow(BaseModel):
+    """One line of ``scalars.jsonl``."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    step: Count
+    loss: Stat = None
+    grad_norm: Stat = None
+    nonfinite: bool | None = None
+    lr: list[Stat] | None = None
+    recorded: bool | None = None
+
+
+class _LayerRow(BaseModel):
+    """One line of ``layers.jsonl``: a value per watched layer."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    step: Count
+    grad_norm: list[Stat]
+    update_ratio: list[Stat]
+
+
+def _watch_file_limit() -> int:
+    """Largest JSONL file of a watch read: an eighth of the memory it may use.
+
+    Every row is held (the page and the CSV draw them all), and a parsed number
+    costs a Python float and a list slot, about twice the ~20 bytes it takes as
+    text; the rows of the three files are held at once. An eighth keeps the
+    whole report within half the memory; a larger file is refused unread.
+    """
+    return memory_limit() // 8
+
+
+def _lines(path: Path, model: type[M], what: str) -> list[tuple[int, M]]:
+    """Each line of a JSONL file of a watch validated as ``model`` (none if the file is absent).
+
+    Read through :mod:`precguard.dump.untrusted`: a regular file, bounded in size and
+    line length, each line's nesting bounded; a truncated last line is skipped with
+    a warning, any other bad line refused naming it.
+    """
+    if not os.path.lexists(path):
         return []
-    raw = path.read_bytes().split(b"\n")
-    complete = raw[-1] == b""
-    lines = raw[:-1] if complete else raw
     out = []
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
+    where = shown(path)
+    for lineno, line in iter_json_lines(path, what=what, max_bytes=_watch_file_limit()):
+        if line is None:
+            logger.warning("truncated_last_line_skipped", file=where, line=lineno)
             continue
-        try:
-            value = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            if lineno == len(lines) and not complete:
-                logger.warning("truncated_last_line_skipped", file=str(path), line=lineno)
-                continue
-            raise DumpFormatError(
-                f"{shown(path)} line {lineno}: expected a JSON object, got malformed JSON"
-            ) from exc
-        if not isinstance(value, dict):
-            raise DumpFormatError(f"{shown(path)} line {lineno}: expected a JSON object")
-        out.append((lineno, value))
+        value = parse_json(line, where=f"{where} line {lineno}")
+        out.append((lineno, validated(model, value, where=f"{where} line {lineno}")))
     return out
 
 
 def load_watch(path: str | Path) -> WatchRun:
-    """Read a watch directory; a directory that is not one is a :class:`DumpFormatError`."""
+    """Read a watch directory; a directory that is not one is a :class:`DumpFormatError`.
+
+    Every file goes through :mod:`precguard.dump.untrusted` (regular files inside
+    the directory, sizes and nesting bounded, numbers finite or the strings
+    ``"NaN"``/``"Infinity"``/``"-Infinity"``), so a broken or hostile directory is
+    refused with one line naming the file and line.
+    """
     root = Path(path)
-    info_path = root / WATCH_FILE
-    if not info_path.is_file():
+    if not root.is_dir():
+        raise DumpFormatError(f"{shown(root)}: no such watch directory")
+
+    def member(name: str) -> Path:
+        return confine(root, name, what=name, inside="the watch directory")
+
+    info_path = member(WATCH_FILE)
+    if not info_path.exists():
         raise DumpFormatError(f"{shown(root)}: no {WATCH_FILE}; is it a precguard watch directory?")
-    try:
-        info = json.loads(info_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise DumpFormatError(f"{shown(info_path)}: not readable JSON ({exc})") from exc
-    version = info.get("schema_version") if isinstance(info, dict) else None
+    where = shown(root / WATCH_FILE)
+    raw = read_json_file(info_path, what="watch.json")
+    version = raw.get("schema_version") if isinstance(raw, dict) else None
     if type(version) is not int or not 1 <= version <= SCHEMA_VERSION:
         raise DumpFormatError(
-            f"{shown(info_path)}: schema_version {shown(version)} is not one this precguard "
+            f"{where}: schema_version {shown(repr(version), 40)} is not one this precguard "
             f"reads (1..{SCHEMA_VERSION})"
         )
-    layers = info.get("layers")
-    if not isinstance(layers, list) or not all(isinstance(x, str) for x in layers):
-        raise DumpFormatError(f"{shown(info_path)}: 'layers' is not a list of names")
-    run = WatchRun(root, info, layers)
-    for lineno, row in _lines(root / SCALARS_FILE):
-        if not isinstance(row.get("step"), int):
-            raise DumpFormatError(f"{shown(root / SCALARS_FILE)} line {lineno}: no integer step")
-        run.scalars.append(row)
-    for lineno, row in _lines(root / LAYERS_FILE):
+    info = validated(_Info, raw, where=where)
+    layers = info.layers
+    run = WatchRun(root, info.model_dump(), layers)
+    run.scalars = [r.model_dump() for _, r in _lines(member(SCALARS_FILE), _ScalarRow, "watch row")]
+    for lineno, row in _lines(member(LAYERS_FILE), _LayerRow, "watch layer row"):
         for series in ("grad_norm", "update_ratio"):
-            values = row.get(series)
-            if not isinstance(values, list) or len(values) != len(layers):
+            values = getattr(row, series)
+            if len(values) != len(layers):
                 raise DumpFormatError(
                     f"{shown(root / LAYERS_FILE)} line {lineno}: {series} has not one value "
                     f"per layer ({len(layers)})"
                 )
-        run.per_layer.append(row)
-    for lineno, row in _lines(root / ALERTS_FILE):
-        try:
-            run.alerts.append(Alert.model_validate(row))
-        except ValidationError as exc:
-            raise DumpFormatError(
-                f"{shown(root / ALERTS_FILE)} line {lineno}: not an alert "
-                f"({exc.errors()[0]['msg']})"
-            ) from exc
+        run.per_layer.append(row.model_dump())
+    run.alerts = [a for _, a in _lines(member(ALERTS_FILE), Alert, "watch alert")]
     return run
 
 

@@ -24,6 +24,7 @@ import torch
 from precguard._logging import get_logger
 from precguard.dump.lock import release_writer_lock
 from precguard.dump.reader import Run, load_run
+from precguard.dump.untrusted import open_regular
 from precguard.dump.writer import RunWriter, prepare_run_dir, remove_recording, write_json_atomic
 from precguard.errors import DumpFormatError
 from precguard.interop.msprobe.dump import Converted, read_rank_dump
@@ -176,7 +177,7 @@ def _write(root: Path, dumps: list[RankDump], dest: Path) -> None:
 
 def _digest_file(digest: Any, path: Path) -> None:
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path, what="msprobe dump file") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(block)
     except OSError as exc:

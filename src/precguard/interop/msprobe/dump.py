@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from precguard._logging import get_logger
-from precguard.dump.reader import read_json_file
+from precguard.dump.untrusted import read_json_file
 from precguard.errors import DumpFormatError
 from precguard.interop.msprobe.layout import RankDump
 from precguard.interop.msprobe.names import MsprobeName, parse_name

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from precguard.dump.untrusted import check_size, file_size, memory_limit, open_regular
 from precguard.errors import DumpFormatError
 from precguard.text import shown
 
@@ -71,8 +72,14 @@ def load_tensor(path: Path, *, shown_path: str, dtype: str, shape: list[int]) ->
     :param dtype: the torch dtype name its record gives (``float32``).
     :param shape: the shape its record gives.
     """
-    if not path.is_file():
+    if not path.exists():
         raise DumpFormatError(f"{shown_path}: missing")
+    # a regular file (a FIFO would hang the load), no larger than its record's tensor and
+    # the format's own overhead, and never more than a quarter of the memory: checked
+    # from fstat, before numpy or torch reads a byte (a sparse 12 GiB file costs nothing)
+    with open_regular(path, what="msprobe tensor file") as fh:
+        limit = min(_expected_bytes(dtype, shape) + ARCHIVE_SLACK_BYTES, memory_limit() // 4)
+        check_size(shown_path, file_size(fh), limit, what="tensor file of its dump.json record")
     if path.suffix == ".pt":
         _check_archive(path, shown_path, _expected_bytes(dtype, shape))
         try:
