@@ -63,6 +63,10 @@ _UNIT = {torch.float32: 2.0**-24, torch.float64: _U64}
 #: tensors of this many elements or more are scanned on torch's number of threads
 #: (``torch.get_num_threads()``, at most one per 256 Ki elements), their rows split evenly
 FUSED_SPLIT = 1 << 20
+#: the fewest elements one thread of the kernel scans
+_FUSED_MIN_RUN = 1 << 18
+#: the most threads the kernel's ``scan()`` takes (it refuses more)
+FUSED_MAX_THREADS = 1024
 
 
 class DtypeInfo(NamedTuple):
@@ -236,13 +240,15 @@ class StatsBuffer:
         :func:`precguard.capture.evidence.record_fields`) comes in one more transfer
         per device.
         """
-        evidence = self._evidence_fields()
-        rows = list(self._host)
-        if self._dev_slots:
-            floats = _gather(self._dev_floats, torch.float64).tolist()
-            counts = _gather(self._dev_counts, torch.int64).tolist()
-            for i, slot in enumerate(self._dev_slots):
-                rows[slot] = (*floats[i], *counts[i])
+        # precguard's own ops (stacks, transfers): op-level capture must not record them
+        with capture_scope():
+            evidence = self._evidence_fields()
+            rows = list(self._host)
+            if self._dev_slots:
+                floats = _gather(self._dev_floats, torch.float64).tolist()
+                counts = _gather(self._dev_counts, torch.int64).tolist()
+                for i, slot in enumerate(self._dev_slots):
+                    rows[slot] = (*floats[i], *counts[i])
         out = []
         for row, numel in zip(rows, self._numel, strict=True):
             assert row is not None
@@ -408,8 +414,11 @@ def _fused_stats(
     double = x.dtype is torch.float64
     row = x.shape[-1] if x.dim() else 1
     address = x.data_ptr()
-    # each thread a run of at least 256 Ki elements: starting one costs ~20 us
-    threads = min(torch.get_num_threads(), n >> 18) if n >= FUSED_SPLIT else 1
+    # each thread a run of at least 256 Ki elements (starting one costs ~20 us), and no
+    # more threads than the kernel takes: torch.set_num_threads(1100) is the user's to set
+    threads = 1
+    if n >= FUSED_SPLIT:
+        threads = max(1, min(torch.get_num_threads(), n // _FUSED_MIN_RUN, FUSED_MAX_THREADS))
     if plan is None:
         mn, mx, zeros, total, sumsq = _fused.scan(
             address, n, row, double, None, None, 0, 1, threads
