@@ -45,17 +45,20 @@ def straightforward(t: torch.Tensor) -> dict[str, Any]:
     if nan or inf:
         std = torch.std(x, correction=1 if n > 1 else 0).item()
         l2 = torch.linalg.vector_norm(x).item()
-    else:  # exactly (float64, float32 values squared exactly): the spread about the mean
-        d = x.double()
-        dev = d - mean
-        std = math.sqrt((dev * dev).sum().item() / (n - 1)) if n > 1 else 0.0
-        l2 = math.sqrt((d * d).sum().item())
-        if x.dtype == torch.float32:  # sums of squares beyond float32's range: inf, as on devices
+    else:
+        # exactly (float64, float32 values squared exactly): the spread about the mean, of
+        # x / 2^e with max |x| = m 2^e, so that neither subnormal squares underflow nor
+        # float64 sums near 1e308 overflow; then times 2^e
+        e = math.frexp(max(abs(mn), abs(mx)))[1]
+        d = x.double() * 2.0 ** -(e // 2) * 2.0 ** -(e - e // 2)
+        mean = ldexp(d.sum().item() / n, e)
+        dev = d - d.mean()
+        std = ldexp(math.sqrt((dev * dev).sum().item() / (n - 1)), e) if n > 1 else 0.0
+        l2 = ldexp(math.sqrt((d * d).sum().item()), e)
+        if x.dtype == torch.float32:  # beyond float32's range: inf, as on devices
             limit = torch.finfo(torch.float32).max
-            if (dev * dev).sum().item() > limit:
-                std = math.inf
-            if (d * d).sum().item() > limit:
-                l2 = math.inf
+            std = math.inf if std > limit else std
+            l2 = math.inf if l2 > limit else l2
     return {
         "min": mn,
         "max": mx,
@@ -71,6 +74,14 @@ def straightforward(t: torch.Tensor) -> dict[str, Any]:
         # unit roundoffs of the sum of |x|
         "mean_abs": x.abs().double().mean().item(),
     }
+
+
+def ldexp(v: float, e: int) -> float:
+    """``v * 2^e``, inf beyond float64's range."""
+    try:
+        return math.ldexp(v, e)
+    except OverflowError:
+        return math.copysign(math.inf, v)
 
 
 class StraightforwardStats(StatsBuffer):
@@ -199,6 +210,19 @@ EDGE_CASES = {
     # rows that are not a multiple of the kernel's 16-element step, and rows over its block
     "ragged_rows": lambda: torch.randn(5, 37) - 0.25,
     "long_blocks": lambda: torch.randn(2, 3, 9001) + 0.5,
+    # subnormal values: float32 squares underflow to 0 (l2 was 0 on the passes and the
+    # deferred path, 1e-39 on the kernel's); contiguous and strided
+    "subnormal": lambda: torch.tensor([1e-45, 1e-44, 1e-42, 1e-40, 1e-39, 0.0, -1e-40] * 3),
+    "subnormal_strided": lambda: torch.tensor([1e-45, 3e-42, -1e-40, 1e-39] * 8).view(4, 8).t(),
+    "float64_subnormal": lambda: torch.tensor([5e-324, 1e-310, -2e-315, 0.0], dtype=torch.float64),
+    # float64 near overflow: sums overflow (mean was inf, std NaN with no NaN counted)
+    "float64_near_overflow": lambda: torch.tensor([1e308, -1e308, 1e308, 5.0], dtype=torch.float64),
+    "float64_sum_overflows": lambda: torch.tensor([1e308, 1e308, 1.0], dtype=torch.float64),
+    # at an odd byte offset: the kernel's loads are unaligned
+    "unaligned": lambda: torch.frombuffer(
+        bytearray(torch.randn(301).numpy().tobytes()), dtype=torch.float32, offset=1, count=300
+    ),
+    "zeros": lambda: torch.zeros(3, 7),
 }
 
 
@@ -282,15 +306,20 @@ def straightforward_deferred(t: torch.Tensor) -> dict[str, Any]:
     if x.dtype not in (torch.float32, torch.float64):
         x = x.float() if x.is_floating_point() else x.double()
     n = x.numel()
-    var, mean = torch.var_mean(x, correction=1 if n > 1 else 0)
     mn, mx = x.min().item(), x.max().item()
+    # var_mean of x / 2^(e-1), max |x| = m 2^e, times 2^(e-1) in x's dtype: exact scaling
+    absmax = max(abs(mn), abs(mx))
+    scale = 2.0 ** (math.frexp(absmax)[1] - 1) if math.isfinite(absmax) and absmax else 1.0
+    scale = torch.tensor(scale, dtype=x.dtype)
+    var, mean = torch.var_mean(x / scale, correction=1 if n > 1 else 0)
     nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
-    l2 = math.inf if inf and not nan else (var * max(n - 1, 1) + mean * mean * n).sqrt().item()
+    l2 = (var * max(n - 1, 1) + mean * mean * n).sqrt() * scale
+    l2 = math.inf if inf and not nan else l2.item()
     return {
         "min": mn,
         "max": mx,
-        "mean": mean.item(),
-        "std": var.sqrt().item(),
+        "mean": (mean * scale).item(),
+        "std": (var.sqrt() * scale).item(),
         "absmax": math.nan if nan else max(abs(mn), abs(mx)),
         "l2": l2,
         "nan": nan,

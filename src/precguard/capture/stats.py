@@ -60,6 +60,10 @@ _F32_MAX = float(torch.finfo(torch.float32).max)
 #: statistics to float32 rounding, a float64 tensor's to float64 rounding)
 _U64 = 2.0**-53
 _UNIT = {torch.float32: 2.0**-24, torch.float64: _U64}
+#: the smallest normal number of the precision each path squares a dtype's elements in
+#: (torch's float32 ``vector_norm`` for float32 tensors; float64 for float64 ones): see
+#: :func:`_sums_are_exact`
+_TINY = {torch.float32: float(torch.finfo(torch.float32).tiny), torch.float64: 2.0**-1022}
 #: tensors of this many elements or more are scanned on torch's number of threads
 #: (``torch.get_num_threads()``, at most one per 256 Ki elements), their rows split evenly
 FUSED_SPLIT = 1 << 20
@@ -201,15 +205,20 @@ class StatsBuffer:
         return slot, finite
 
     def _add_device(self, x: torch.Tensor, n: int, slot: int, need_finite: bool) -> bool | None:
-        var, mean = torch.var_mean(x, correction=1 if n > 1 else 0)
         mn, mx = torch.aminmax(x)
+        # var_mean of x / 2^k, k the exponent of max |x|: scaling by a power of two is
+        # exact, so ordinary tensors get the very numbers var_mean(x) gives, while
+        # subnormal values (whose squares underflow to 0) and float64 values near
+        # overflow (whose sums overflow) keep every digit: the host paths' numbers
+        scale = _power_of_two_scale(torch.maximum(mn.abs(), mx.abs()))
+        var, mean = torch.var_mean(x / scale, correction=1 if n > 1 else 0)
         counts = torch.stack([torch.count_nonzero(x), torch.isnan(x).sum(), torch.isinf(x).sum()])
         # var_mean is Welford's (stable); l2 from it adds two positive terms, where
         # float32 vector_norm rounds ~1e-5 on 1M elements on the CPU. An Inf without
         # NaN makes var NaN but l2 Inf, as on the CPU path.
-        l2 = (var * max(n - 1, 1) + mean * mean * n).sqrt()
+        l2 = (var * max(n - 1, 1) + mean * mean * n).sqrt() * scale
         l2 = torch.where((counts[2] > 0) & (counts[1] == 0), math.inf, l2)
-        floats = torch.stack([mn, mx, mean, var.sqrt(), l2])
+        floats = torch.stack([mn, mx, mean * scale, var.sqrt() * scale, l2])
         self._host.append(None)
         self._dev_slots.append(slot)
         self._dev_floats.append(floats)
@@ -388,6 +397,8 @@ def _host_stats(
         sumsq = float(rows.sum())
     if not (math.isfinite(mn) and math.isfinite(mx)):
         return _nonfinite_row(x, n, mn, mx, mean, nonzero), values
+    if not _sums_in_range(x, n, total, sumsq):
+        return _scaled_row(x, n, mn, mx, nonzero), values
     square_mean = n * mean * mean
     # |mean| >= std / 1.4, or squares beyond float32: the spread as its own pass
     one_pass = 2.0 * square_mean <= sumsq < math.inf
@@ -431,7 +442,9 @@ def _fused_stats(
             address, n, row, double, plan.host_index, values, seq, plan.bin, threads
         )
     if not (math.isfinite(total) and math.isfinite(sumsq)):
-        return None
+        return None  # a NaN or an Inf (the passes count them), or float64 sums overflowed
+    if not _sums_in_range(x, n, total, sumsq):
+        return _scaled_row(x, n, mn, mx, n - zeros), values
     mean = total / n
     spread = sumsq - total * mean
     bound = sumsq * _U64 * 3.0 * (min(row, _fused.BLOCK) / 16 + 22)
@@ -452,18 +465,85 @@ def _row(
 ) -> tuple[float, ...]:
     """The statistics row of finite ``x`` from its sum of squares and its spread.
 
-    A float32 tensor's ``l2`` and ``std`` are as float32 arithmetic has them: a sum
-    of squares (or a spread) beyond float32's range is inf there, as the accelerator
-    path's float32 ``var_mean`` gives it (the host paths sum in float64).
+    See :func:`_in_range` for a float32 tensor's ``l2`` and ``std`` beyond its range.
     """
     std = math.sqrt(max(spread, 0.0) / (n - 1)) if n > 1 else 0.0
-    l2 = math.sqrt(sumsq)
-    if x.dtype is torch.float32:
-        if sumsq > _F32_MAX:
-            l2 = math.inf
-        if spread > _F32_MAX:
-            std = math.inf
-    return (mn, mx, mean, std, l2, nonzero, 0, 0)
+    return _in_range(x, (mn, mx, mean, std, math.sqrt(sumsq), nonzero, 0, 0))
+
+
+def _in_range(x: torch.Tensor, row: tuple[float, ...]) -> tuple[float, ...]:
+    """``row`` with a float32 tensor's ``std`` and ``l2`` beyond float32's range as inf.
+
+    As the accelerator path has them: its float32 ``var_mean`` of the scaled tensor
+    (:func:`_power_of_two_scale`), scaled back in float32 (the host paths sum in float64).
+    """
+    if x.dtype is torch.float32 and (row[3] > _F32_MAX or row[4] > _F32_MAX):
+        std = math.inf if row[3] > _F32_MAX else row[3]
+        l2 = math.inf if row[4] > _F32_MAX else row[4]
+        return (*row[:3], std, l2, *row[5:])
+    return row
+
+
+def _sums_in_range(x: torch.Tensor, n: int, total: float, sumsq: float) -> bool:
+    """Whether the sum and the sum of squares of finite ``x`` kept their precision.
+
+    Not when a float64 sum overflowed (float64 values near 1e308), and not when the
+    squares underflowed: each square below the smallest normal number ``tiny`` of the
+    precision it was taken in is rounded by up to ``tiny * u`` absolutely (the
+    subnormals' spacing, half of it), so ``n`` of them cost at most ``n tiny u``, which
+    is within the unit roundoff ``u`` of the sum of squares only when that sum is at
+    least ``n tiny`` (float32's ``vector_norm`` of 1e-45..1e-39 gave l2 0).
+    """
+    return math.isfinite(total) and n * _TINY[x.dtype] <= sumsq < math.inf
+
+
+def _scaled_row(x: torch.Tensor, n: int, mn: float, mx: float, nonzero: int) -> tuple[float, ...]:
+    """The statistics row of finite ``x`` whose sums left float64's or the squares' range.
+
+    The tensor divided by ``2^e`` (``max |x| = m 2^e``, ``m`` in [0.5, 1): exact, a
+    power of two), summed and squared in float64 with the spread about the mean as
+    its own pass, and the results multiplied back by ``2^e``: every digit of
+    subnormal values, and no overflow of float64 values near 1e308, whose std and
+    l2 are finite when they are within float64's range (inf, never NaN, beyond it).
+    """
+    absmax = max(-mn, mx)
+    if absmax == 0.0:
+        return (mn, mx, 0.0, 0.0, 0.0, nonzero, 0, 0)
+    e = math.frexp(absmax)[1]
+    y = _times_power_of_two(x.double(), -e)
+    mean_y = y.sum().item() / n
+    spread_y = _spread(y, mean_y)
+    sumsq_y = y.square().sum().item()
+    std_y = math.sqrt(max(spread_y, 0.0) / (n - 1)) if n > 1 else 0.0
+    row = (mn, mx, _ldexp(mean_y, e), _ldexp(std_y, e), _ldexp(math.sqrt(sumsq_y), e))
+    return _in_range(x, (*row, nonzero, 0, 0))
+
+
+def _times_power_of_two(t: torch.Tensor, k: int) -> torch.Tensor:
+    """``t * 2^k`` for float64 ``t``, exact; in steps where ``2^k`` itself is not a float64."""
+    while abs(k) > 1000:
+        step = 1000 if k > 0 else -1000
+        t = t * math.ldexp(1.0, step)
+        k -= step
+    return t * math.ldexp(1.0, k)
+
+
+def _ldexp(v: float, e: int) -> float:
+    """``v * 2^e``; beyond float64's range, inf of ``v``'s sign."""
+    try:
+        return math.ldexp(v, e)
+    except OverflowError:
+        return math.copysign(math.inf, v)
+
+
+def _power_of_two_scale(absmax: torch.Tensor) -> torch.Tensor:
+    """``2^(e - 1)`` for ``absmax = m 2^e`` (``m`` in [0.5, 1)), on its device; 1 where
+    ``absmax`` is 0, Inf or NaN. ``x / scale`` then lies in (-2, 2), and ``2^(e - 1)``
+    is a number of ``absmax``'s dtype also for float32's largest values (``e`` = 128)."""
+    _mantissa, e = torch.frexp(absmax)
+    scale = torch.pow(2.0, (e - 1).to(absmax.dtype))
+    keep = torch.isfinite(absmax) & (absmax > 0)
+    return torch.where(keep, scale, torch.ones_like(absmax))
 
 
 def _nonfinite_row(
@@ -601,7 +681,10 @@ def _subclass_stats(x: torch.Tensor, n: int) -> tuple[float, ...]:
     if not (math.isfinite(mn) and math.isfinite(mx)):
         return _nonfinite_row(x, n, mn, mx, mean, nonzero)
     spread = _spread(x, mean)
-    return _row(x, n, mn, mx, mean, nonzero, spread + n * mean * mean, spread)
+    sumsq = spread + n * mean * mean
+    if not _sums_in_range(x, n, total, sumsq):
+        return _scaled_row(x, n, mn, mx, nonzero)
+    return _row(x, n, mn, mx, mean, nonzero, sumsq, spread)
 
 
 def _gather(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
