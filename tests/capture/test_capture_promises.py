@@ -84,3 +84,40 @@ def test_more_threads_than_the_kernel_takes_still_records(monkeypatch):
     row = buf.materialize()[slot]
     assert finite and row["numel"] == t.numel()
     assert row["max"] == t.max().item() and row["min"] == t.min().item()
+
+
+class Recursive(nn.Module):
+    """A root module whose forward calls itself (a recursive cell, a tree model)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, depth: int = 3) -> torch.Tensor:
+        h = self.lin(x)
+        return self(h, depth - 1) if depth > 0 else h
+
+
+def _record_recursive(out, steps: int = 2) -> None:
+    torch.manual_seed(0)
+    model = Recursive()
+    with precguard.monitor(model, out=out):
+        for _ in range(steps):
+            model(torch.ones(2, 4)).sum().backward()
+
+
+def test_a_root_that_calls_itself_is_one_step_of_numbered_calls(tmp_path):
+    # each nested root call opened a new step: four inputs at steps 0..3 and four outputs
+    # all keyed root.0 at step 3, so two identical runs compared DIVERGED, 15 unmatched
+    _record_recursive(tmp_path / "a")
+    _record_recursive(tmp_path / "b")
+    run = precguard.load_run(tmp_path / "a")
+    outputs = [(r.step, r.key) for r in run.records() if r.key.endswith("forward.output.0")]
+    for step in (0, 1):
+        assert {k for s, k in outputs if s == step and k.startswith("root.")} == {
+            f"root.{call}.forward.output.0" for call in range(4)
+        }
+    result = precguard.compare_runs(run, precguard.load_run(tmp_path / "b"))
+    assert result.verdict == "match", result.first_divergence
+    assert not result.unmatched.golden_only and not result.unmatched.actual_only
+    assert result.counts.missing == 0
