@@ -389,3 +389,74 @@ def test_a_failing_statistic_loses_only_its_own_record(tmp_path, caplog):
         assert (step, "root.0.forward.output.0") in keys
         assert (step, "wrap.0.forward.input.0") in keys  # the call's other records stay
         assert (step, "wrap.0.forward.output.0") not in keys
+
+
+#: random tensors per probe (a fixed count and seed: the same work on every machine)
+PROBES = 60
+
+
+def random_tensor(rng: np.random.Generator) -> torch.Tensor:
+    """A tensor of random layout (offset, strides, transposes) and magnitude: subnormal,
+    ordinary, or near the dtype's largest values; some zeros, some constant."""
+    dtype = torch.float64 if rng.random() < 0.3 else torch.float32
+    info = torch.finfo(dtype)
+    dims = int(rng.integers(0, 4))
+    shape = tuple(int(s) for s in rng.integers(1, 40, size=dims))
+    scale = float(
+        rng.choice(
+            [
+                info.smallest_normal * 2.0**-10,  # subnormal
+                1.0,
+                info.max / 8 / max(1, math.prod(shape)) ** 0.5,  # sums of squares overflow
+                info.max / 16,  # float64: sums overflow; float32: squares beyond its range
+            ]
+        )
+    )
+    normal = np.asarray(np.clip(rng.standard_normal(shape), -3.0, 3.0))  # finite times max / 16
+    values = torch.from_numpy(normal).to(dtype) * scale
+    if rng.random() < 0.3:
+        values = values + scale * 2  # |mean| above the std
+    if rng.random() < 0.2:
+        values[values.abs() < scale * 0.5] = 0.0
+    if rng.random() < 0.2 and values.dim() >= 2:
+        values = values.transpose(0, -1)  # strided
+    elif rng.random() < 0.2 and values.dim() >= 1 and values.shape[0] > 2:
+        values = values[::2]  # strided
+    elif rng.random() < 0.3:  # at an odd byte offset
+        raw = bytearray(1) + bytearray(values.contiguous().numpy().tobytes())
+        values = torch.frombuffer(raw, dtype=dtype, offset=1).view(values.shape)
+    return values
+
+
+def test_random_layouts_and_magnitudes_agree_on_every_path(monkeypatch):
+    # the kernel, NumPy's and torch's passes, and the deferred (accelerator) path: the
+    # same numbers as the straightforward definition, whatever the layout and magnitude
+    rng = np.random.default_rng(31)
+    tensors = [random_tensor(rng) for _ in range(PROBES)]
+    paths = {}
+    for name, defer, kernel in (("kernel", False, True), ("passes", False, False)):
+        if kernel and stats_module._fused is None:
+            continue
+        with monkeypatch.context() as patch:
+            if not kernel:
+                patch.setattr(stats_module, "_fused", None)
+            buf = StatsBuffer()
+            slots = [buf.add(t)[0] for t in tensors]
+            got = buf.materialize()
+        paths[name] = [got[s] for s in slots]
+    buf = StatsBuffer(defer=True)
+    slots = [buf.add(t)[0] for t in tensors]
+    got = buf.materialize()
+    deferred = [got[s] for s in slots]
+    for i, t in enumerate(tensors):
+        where = f"tensor {i}: {t.dtype} {tuple(t.shape)} stride {t.stride()}"
+        want = straightforward(t)
+        for name, rows in paths.items():
+            rounded = FUSED_ROUNDED if name == "kernel" else ROUNDED_FIELDS
+            assert_same_stats(rows[i], want, f"{name} {where}", rounded)
+        assert_same_stats(deferred[i], straightforward_deferred(t), f"deferred {where}")
+        for field in ("nan", "inf", "zeros"):
+            assert deferred[i][field] == want[field], (where, field)
+        assert want["nan"] == want["inf"] == 0, where  # finite values: no NaN anywhere
+        for row in (deferred[i], *(rows[i] for rows in paths.values())):
+            assert not any(math.isnan(row[f]) for f in ("mean", "std", "l2")), where

@@ -633,7 +633,8 @@ def _row_squares(x: torch.Tensor, row: int) -> np.ndarray:
     length = x.shape[-1]
     split = x if row == length else x.view(*x.shape[:-1], length // row, row)
     norms = torch.linalg.vector_norm(split, dim=-1).numpy().astype(np.float64)
-    squares = norms * norms
+    with np.errstate(over="ignore"):  # float64 squares past 1e308: inf, then rescaled
+        squares = norms * norms
     return squares if row == length else squares.sum(-1)
 
 
