@@ -307,19 +307,21 @@ def straightforward_deferred(t: torch.Tensor) -> dict[str, Any]:
         x = x.float() if x.is_floating_point() else x.double()
     n = x.numel()
     mn, mx = x.min().item(), x.max().item()
-    # var_mean of x / 2^(e-1), max |x| = m 2^e, times 2^(e-1) in x's dtype: exact scaling
+    # var_mean of x / 2^(e-1), max |x| = m 2^e (exact scaling), then times 2^(e-1) in
+    # float64; beyond x's dtype's range, inf
     absmax = max(abs(mn), abs(mx))
     scale = 2.0 ** (math.frexp(absmax)[1] - 1) if math.isfinite(absmax) and absmax else 1.0
-    scale = torch.tensor(scale, dtype=x.dtype)
     var, mean = torch.var_mean(x / scale, correction=1 if n > 1 else 0)
     nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
-    l2 = (var * max(n - 1, 1) + mean * mean * n).sqrt() * scale
-    l2 = math.inf if inf and not nan else l2.item()
+    limit = torch.finfo(x.dtype).max
+    l2 = (var * max(n - 1, 1) + mean * mean * n).sqrt().item() * scale
+    l2 = math.inf if (inf and not nan) or l2 > limit else l2
+    std = var.sqrt().item() * scale
     return {
         "min": mn,
         "max": mx,
-        "mean": (mean * scale).item(),
-        "std": (var.sqrt() * scale).item(),
+        "mean": mean.item() * scale,
+        "std": math.inf if std > limit else std,
         "absmax": math.nan if nan else max(abs(mn), abs(mx)),
         "l2": l2,
         "nan": nan,

@@ -136,6 +136,8 @@ class StatsBuffer:
         self._dev_floats: list[torch.Tensor] = []
         self._dev_counts: list[torch.Tensor] = []
         self._dev_slots: list[int] = []
+        #: per device slot: the largest std and l2 its dtype holds (beyond: inf)
+        self._dev_limit: list[float] = []
         self._numel: list[int] = []
         self._cache: OrderedDict[
             tuple[int, int], tuple[weakref.ref[torch.Tensor], int, bool | None]
@@ -216,10 +218,13 @@ class StatsBuffer:
         # var_mean is Welford's (stable); l2 from it adds two positive terms, where
         # float32 vector_norm rounds ~1e-5 on 1M elements on the CPU. An Inf without
         # NaN makes var NaN but l2 Inf, as on the CPU path.
-        l2 = (var * max(n - 1, 1) + mean * mean * n).sqrt() * scale
+        l2 = (var * max(n - 1, 1) + mean * mean * n).sqrt()
         l2 = torch.where((counts[2] > 0) & (counts[1] == 0), math.inf, l2)
-        floats = torch.stack([mn, mx, mean * scale, var.sqrt() * scale, l2])
+        # scaled back on the host, in float64: mean, std and l2 of subnormal values are
+        # themselves subnormal, with fewer digits in the tensor's dtype than on the host paths
+        floats = torch.stack([mn, mx, mean, var.sqrt(), l2, scale])
         self._host.append(None)
+        self._dev_limit.append(_F32_MAX if x.dtype is torch.float32 else math.inf)
         self._dev_slots.append(slot)
         self._dev_floats.append(floats)
         self._dev_counts.append(counts)
@@ -257,7 +262,11 @@ class StatsBuffer:
                 floats = _gather(self._dev_floats, torch.float64).tolist()
                 counts = _gather(self._dev_counts, torch.int64).tolist()
                 for i, slot in enumerate(self._dev_slots):
-                    rows[slot] = (*floats[i], *counts[i])
+                    mn, mx, mean, std, l2, scale = floats[i]
+                    std, l2, limit = std * scale, l2 * scale, self._dev_limit[i]
+                    std = math.inf if std > limit else std
+                    l2 = math.inf if l2 > limit else l2
+                    rows[slot] = (mn, mx, mean * scale, std, l2, *counts[i])
         out = []
         for row, numel in zip(rows, self._numel, strict=True):
             assert row is not None
@@ -310,6 +319,7 @@ class StatsBuffer:
         self._dev_floats.clear()
         self._dev_counts.clear()
         self._dev_slots.clear()
+        self._dev_limit.clear()
         self._numel.clear()
         self._evidence.clear()
         self._cache.clear()
