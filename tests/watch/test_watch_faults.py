@@ -209,3 +209,51 @@ def test_watch_report_says_the_watch_stopped_writing(tmp_path, capsys):
     out = capsys.readouterr().out
     assert exited.value.code in (0, None)
     assert "the watch stopped writing after 5 of 10 steps: OSError: [Errno 27]" in out
+
+
+_READ_ONLY_CHILD = """
+import json, os, sys, torch, precguard
+from tests.watch.conftest import train
+out = sys.argv[1]
+
+def read_only_at_10(step, model, opt):
+    if step == 10:  # the directory is made read-only under the running watch
+        os.chmod(out, 0o555)
+
+model, w = train(30, lambda m, o: precguard.watch(m, o, every=1000, out=out),
+                 before_step=read_only_at_10)
+print("trained", w.step_index, "steps")
+"""
+
+
+@pytest.mark.slow
+def test_a_watch_directory_made_read_only_mid_run_keeps_its_last_word(tmp_path):
+    """Real permissions; as root, the child runs without the capability to override them.
+
+    The lines go on into the files the watch holds open; at the close, watch.json can
+    no longer be replaced by a new file, and is rewritten in place instead.
+    """
+    prefix: list[str] = []
+    if os.getuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("root ignores permission bits and setpriv is not here to drop that")
+        drop = "-dac_override,-dac_read_search"
+        prefix = ["setpriv", "--bounding-set", drop, "--inh-caps", drop]
+    out = tmp_path / "w"
+    try:
+        done = subprocess.run(
+            [*prefix, sys.executable, "-c", _READ_ONLY_CHILD, str(out)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            cwd=Path(__file__).parents[2],
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "trained 30 steps" in done.stdout and "Traceback" not in done.stderr
+        assert [s["step"] for s in _lines(out / SCALARS_FILE)] == list(range(30))
+        info = json.loads((out / "watch.json").read_text())
+        assert (info["complete"], info["steps"]) == (True, 30)
+        assert not list(out.glob("*.tmp"))
+    finally:
+        out.chmod(0o755)
