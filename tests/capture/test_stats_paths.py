@@ -462,3 +462,13 @@ def test_random_layouts_and_magnitudes_agree_on_every_path(monkeypatch):
         assert want["nan"] == want["inf"] == 0, where  # finite values: no NaN anywhere
         for row in (deferred[i], *(rows[i] for rows in paths.values())):
             assert not any(math.isnan(row[f]) for f in ("mean", "std", "l2")), where
+
+
+def test_the_deferred_path_scales_large_tensors_chunk_by_chunk(monkeypatch):
+    # the scaled copy var_mean reads is one chunk at a time: the same numbers
+    monkeypatch.setattr(stats_module, "DEVICE_CHUNK", 1000)
+    torch.manual_seed(0)
+    for t in (1.0 + torch.randn(3, 1234), torch.randn(5000, dtype=torch.float64) * 1e300):
+        buf = StatsBuffer(defer=True)
+        slot, _ = buf.add(t)
+        assert_same_stats(buf.materialize()[slot], straightforward(t), f"{t.dtype} chunked")

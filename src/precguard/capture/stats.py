@@ -213,7 +213,7 @@ class StatsBuffer:
         # subnormal values (whose squares underflow to 0) and float64 values near
         # overflow (whose sums overflow) keep every digit: the host paths' numbers
         scale = _power_of_two_scale(torch.maximum(mn.abs(), mx.abs()))
-        var, mean = torch.var_mean(x / scale, correction=1 if n > 1 else 0)
+        var, mean = _scaled_var_mean(x, scale, n)
         counts = torch.stack([torch.count_nonzero(x), torch.isnan(x).sum(), torch.isinf(x).sum()])
         # var_mean is Welford's (stable); l2 from it adds two positive terms, where
         # float32 vector_norm rounds ~1e-5 on 1M elements on the CPU. An Inf without
@@ -547,6 +547,40 @@ def _ldexp(v: float, e: int) -> float:
         return math.ldexp(v, e)
     except OverflowError:
         return math.copysign(math.inf, v)
+
+
+#: elements of a contiguous device tensor divided by its scale at a time (16 MiB of
+#: float32): the scaled copy ``var_mean`` reads is never larger than that
+DEVICE_CHUNK = 1 << 22
+
+
+def _scaled_var_mean(x: torch.Tensor, scale: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+    """``var_mean(x / scale)`` (correction 1, or 0 for one element), on ``x``'s device.
+
+    A contiguous tensor of more than :data:`DEVICE_CHUNK` elements is scaled and
+    reduced chunk by chunk, the chunks' means and squared deviations combined by Chan
+    et al.'s pairwise update, so the temporary stays one chunk, not a second copy
+    of a large activation.
+    """
+    correction = 1 if n > 1 else 0
+    if n <= DEVICE_CHUNK or not x.is_contiguous():
+        return torch.var_mean(x / scale, correction=correction)
+    flat = x.reshape(-1)
+    count, mean, m2 = 0, None, None
+    for start in range(0, n, DEVICE_CHUNK):
+        part = flat[start : start + DEVICE_CHUNK] / scale
+        k = part.numel()
+        var_k, mean_k = torch.var_mean(part, correction=0)
+        if mean is None or m2 is None:
+            count, mean, m2 = k, mean_k, var_k * k
+            continue
+        total = count + k
+        delta = mean_k - mean
+        mean = mean + delta * (k / total)
+        m2 = m2 + var_k * k + delta * delta * (count * k / total)
+        count = total
+    assert mean is not None and m2 is not None
+    return m2 / (n - correction), mean
 
 
 def _power_of_two_scale(absmax: torch.Tensor) -> torch.Tensor:
