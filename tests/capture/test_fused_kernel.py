@@ -195,3 +195,30 @@ def test_the_c_interface_refuses_what_it_cannot_read():
     mn, mx, _, _, _ = fused.scan(address, 32, 8, False, index, out, 0, 1, 1)
     assert (mn, mx) == (t.min().item(), t.max().item())
     np.testing.assert_array_equal(out, t.reshape(-1).numpy()[[0, 31]])
+
+
+def at_odd_byte(t: torch.Tensor, offset: int = 1) -> torch.Tensor:
+    """A copy of ``t`` whose memory starts ``offset`` bytes past an aligned address."""
+    raw = bytearray(offset) + bytearray(t.contiguous().numpy().tobytes())
+    return torch.frombuffer(raw, dtype=t.dtype, offset=offset).view(t.shape)
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 3], ids=["1-thread", "rows-split-3-ways"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_tensor_at_an_odd_byte_offset_reads_as_its_aligned_copy(dtype, threads):
+    # torch.frombuffer(..., offset=1): every load is misaligned (UBSan flagged the
+    # kernel's scalar loads); the kernel reads it by memcpy, to the same numbers
+    torch.manual_seed(3)
+    aligned = torch.randn(2, 40, 37, dtype=dtype)
+    odd = at_odd_byte(aligned)
+    assert odd.data_ptr() % odd.element_size() != 0 and torch.equal(odd, aligned)
+    got, got_out = scan(odd, positions=True, threads=threads)
+    want, want_out = scan(aligned, positions=True, threads=threads)
+    assert got == want
+    np.testing.assert_array_equal(got_out, want_out)
+    mean = aligned.double().mean().item()
+    double = dtype == torch.float64
+    assert fused.spread(odd.data_ptr(), odd.numel(), double, mean) == fused.spread(
+        aligned.data_ptr(), aligned.numel(), double, mean
+    )

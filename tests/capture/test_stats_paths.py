@@ -45,17 +45,20 @@ def straightforward(t: torch.Tensor) -> dict[str, Any]:
     if nan or inf:
         std = torch.std(x, correction=1 if n > 1 else 0).item()
         l2 = torch.linalg.vector_norm(x).item()
-    else:  # exactly (float64, float32 values squared exactly): the spread about the mean
-        d = x.double()
-        dev = d - mean
-        std = math.sqrt((dev * dev).sum().item() / (n - 1)) if n > 1 else 0.0
-        l2 = math.sqrt((d * d).sum().item())
-        if x.dtype == torch.float32:  # sums of squares beyond float32's range: inf, as on devices
+    else:
+        # exactly (float64, float32 values squared exactly): the spread about the mean, of
+        # x / 2^e with max |x| = m 2^e, so that neither subnormal squares underflow nor
+        # float64 sums near 1e308 overflow; then times 2^e
+        e = math.frexp(max(abs(mn), abs(mx)))[1]
+        d = x.double() * 2.0 ** -(e // 2) * 2.0 ** -(e - e // 2)
+        mean = ldexp(d.sum().item() / n, e)
+        dev = d - d.mean()
+        std = ldexp(math.sqrt((dev * dev).sum().item() / (n - 1)), e) if n > 1 else 0.0
+        l2 = ldexp(math.sqrt((d * d).sum().item()), e)
+        if x.dtype == torch.float32:  # beyond float32's range: inf, as on devices
             limit = torch.finfo(torch.float32).max
-            if (dev * dev).sum().item() > limit:
-                std = math.inf
-            if (d * d).sum().item() > limit:
-                l2 = math.inf
+            std = math.inf if std > limit else std
+            l2 = math.inf if l2 > limit else l2
     return {
         "min": mn,
         "max": mx,
@@ -71,6 +74,14 @@ def straightforward(t: torch.Tensor) -> dict[str, Any]:
         # unit roundoffs of the sum of |x|
         "mean_abs": x.abs().double().mean().item(),
     }
+
+
+def ldexp(v: float, e: int) -> float:
+    """``v * 2^e``, inf beyond float64's range."""
+    try:
+        return math.ldexp(v, e)
+    except OverflowError:
+        return math.copysign(math.inf, v)
 
 
 class StraightforwardStats(StatsBuffer):
@@ -199,6 +210,19 @@ EDGE_CASES = {
     # rows that are not a multiple of the kernel's 16-element step, and rows over its block
     "ragged_rows": lambda: torch.randn(5, 37) - 0.25,
     "long_blocks": lambda: torch.randn(2, 3, 9001) + 0.5,
+    # subnormal values: float32 squares underflow to 0 (l2 was 0 on the passes and the
+    # deferred path, 1e-39 on the kernel's); contiguous and strided
+    "subnormal": lambda: torch.tensor([1e-45, 1e-44, 1e-42, 1e-40, 1e-39, 0.0, -1e-40] * 3),
+    "subnormal_strided": lambda: torch.tensor([1e-45, 3e-42, -1e-40, 1e-39] * 8).view(4, 8).t(),
+    "float64_subnormal": lambda: torch.tensor([5e-324, 1e-310, -2e-315, 0.0], dtype=torch.float64),
+    # float64 near overflow: sums overflow (mean was inf, std NaN with no NaN counted)
+    "float64_near_overflow": lambda: torch.tensor([1e308, -1e308, 1e308, 5.0], dtype=torch.float64),
+    "float64_sum_overflows": lambda: torch.tensor([1e308, 1e308, 1.0], dtype=torch.float64),
+    # at an odd byte offset: the kernel's loads are unaligned
+    "unaligned": lambda: torch.frombuffer(
+        bytearray(torch.randn(301).numpy().tobytes()), dtype=torch.float32, offset=1, count=300
+    ),
+    "zeros": lambda: torch.zeros(3, 7),
 }
 
 
@@ -282,15 +306,22 @@ def straightforward_deferred(t: torch.Tensor) -> dict[str, Any]:
     if x.dtype not in (torch.float32, torch.float64):
         x = x.float() if x.is_floating_point() else x.double()
     n = x.numel()
-    var, mean = torch.var_mean(x, correction=1 if n > 1 else 0)
     mn, mx = x.min().item(), x.max().item()
+    # var_mean of x / 2^(e-1), max |x| = m 2^e (exact scaling), then times 2^(e-1) in
+    # float64; beyond x's dtype's range, inf
+    absmax = max(abs(mn), abs(mx))
+    scale = 2.0 ** (math.frexp(absmax)[1] - 1) if math.isfinite(absmax) and absmax else 1.0
+    var, mean = torch.var_mean(x / scale, correction=1 if n > 1 else 0)
     nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
-    l2 = math.inf if inf and not nan else (var * max(n - 1, 1) + mean * mean * n).sqrt().item()
+    limit = torch.finfo(x.dtype).max
+    l2 = (var * max(n - 1, 1) + mean * mean * n).sqrt().item() * scale
+    l2 = math.inf if (inf and not nan) or l2 > limit else l2
+    std = var.sqrt().item() * scale
     return {
         "min": mn,
         "max": mx,
-        "mean": mean.item(),
-        "std": var.sqrt().item(),
+        "mean": mean.item() * scale,
+        "std": math.inf if std > limit else std,
         "absmax": math.nan if nan else max(abs(mn), abs(mx)),
         "l2": l2,
         "nan": nan,
@@ -360,3 +391,84 @@ def test_a_failing_statistic_loses_only_its_own_record(tmp_path, caplog):
         assert (step, "root.0.forward.output.0") in keys
         assert (step, "wrap.0.forward.input.0") in keys  # the call's other records stay
         assert (step, "wrap.0.forward.output.0") not in keys
+
+
+#: random tensors per probe (a fixed count and seed: the same work on every machine)
+PROBES = 60
+
+
+def random_tensor(rng: np.random.Generator) -> torch.Tensor:
+    """A tensor of random layout (offset, strides, transposes) and magnitude: subnormal,
+    ordinary, or near the dtype's largest values; some zeros, some constant."""
+    dtype = torch.float64 if rng.random() < 0.3 else torch.float32
+    info = torch.finfo(dtype)
+    dims = int(rng.integers(0, 4))
+    shape = tuple(int(s) for s in rng.integers(1, 40, size=dims))
+    scale = float(
+        rng.choice(
+            [
+                info.smallest_normal * 2.0**-10,  # subnormal
+                1.0,
+                info.max / 8 / max(1, math.prod(shape)) ** 0.5,  # sums of squares overflow
+                info.max / 16,  # float64: sums overflow; float32: squares beyond its range
+            ]
+        )
+    )
+    normal = np.asarray(np.clip(rng.standard_normal(shape), -3.0, 3.0))  # finite times max / 16
+    values = torch.from_numpy(normal).to(dtype) * scale
+    if rng.random() < 0.3:
+        values = values + scale * 2  # |mean| above the std
+    if rng.random() < 0.2:
+        values[values.abs() < scale * 0.5] = 0.0
+    if rng.random() < 0.2 and values.dim() >= 2:
+        values = values.transpose(0, -1)  # strided
+    elif rng.random() < 0.2 and values.dim() >= 1 and values.shape[0] > 2:
+        values = values[::2]  # strided
+    elif rng.random() < 0.3:  # at an odd byte offset
+        raw = bytearray(1) + bytearray(values.contiguous().numpy().tobytes())
+        values = torch.frombuffer(raw, dtype=dtype, offset=1).view(values.shape)
+    return values
+
+
+def test_random_layouts_and_magnitudes_agree_on_every_path(monkeypatch):
+    # the kernel, NumPy's and torch's passes, and the deferred (accelerator) path: the
+    # same numbers as the straightforward definition, whatever the layout and magnitude
+    rng = np.random.default_rng(31)
+    tensors = [random_tensor(rng) for _ in range(PROBES)]
+    paths = {}
+    for name, kernel in (("kernel", True), ("passes", False)):
+        if kernel and stats_module._fused is None:
+            continue
+        with monkeypatch.context() as patch:
+            if not kernel:
+                patch.setattr(stats_module, "_fused", None)
+            buf = StatsBuffer()
+            slots = [buf.add(t)[0] for t in tensors]
+            got = buf.materialize()
+        paths[name] = [got[s] for s in slots]
+    buf = StatsBuffer(defer=True)
+    slots = [buf.add(t)[0] for t in tensors]
+    got = buf.materialize()
+    deferred = [got[s] for s in slots]
+    for i, t in enumerate(tensors):
+        where = f"tensor {i}: {t.dtype} {tuple(t.shape)} stride {t.stride()}"
+        want = straightforward(t)
+        for name, rows in paths.items():
+            rounded = FUSED_ROUNDED if name == "kernel" else ROUNDED_FIELDS
+            assert_same_stats(rows[i], want, f"{name} {where}", rounded)
+        assert_same_stats(deferred[i], straightforward_deferred(t), f"deferred {where}")
+        for field in ("nan", "inf", "zeros"):
+            assert deferred[i][field] == want[field], (where, field)
+        assert want["nan"] == want["inf"] == 0, where  # finite values: no NaN anywhere
+        for row in (deferred[i], *(rows[i] for rows in paths.values())):
+            assert not any(math.isnan(row[f]) for f in ("mean", "std", "l2")), where
+
+
+def test_the_deferred_path_scales_large_tensors_chunk_by_chunk(monkeypatch):
+    # the scaled copy var_mean reads is one chunk at a time: the same numbers
+    monkeypatch.setattr(stats_module, "DEVICE_CHUNK", 1000)
+    torch.manual_seed(0)
+    for t in (1.0 + torch.randn(3, 1234), torch.randn(5000, dtype=torch.float64) * 1e300):
+        buf = StatsBuffer(defer=True)
+        slot, _ = buf.add(t)
+        assert_same_stats(buf.materialize()[slot], straightforward(t), f"{t.dtype} chunked")

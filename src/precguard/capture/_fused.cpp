@@ -229,7 +229,8 @@ void scan_all(const T *x, Py_ssize_t n_rows, Py_ssize_t row, double *pos, Py_ssi
 template <typename T>
 void evidence(const T *x, const int64_t *at, Py_ssize_t k, const double *pos, Py_ssize_t seq,
               Py_ssize_t bin, T *out) {
-    for (Py_ssize_t j = 0; j < k; j++) out[j] = x[at[j]];
+    // memcpy: x may start at any byte (see load() in _fused_kernels.h)
+    for (Py_ssize_t j = 0; j < k; j++) std::memcpy(&out[j], x + at[j], sizeof(T));
     const double top = double(std::numeric_limits<T>::max());
     for (Py_ssize_t b = 0; b * bin < seq; b++) {
         double s = 0.0;

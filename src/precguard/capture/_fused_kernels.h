@@ -4,7 +4,9 @@
 // the namespace the vector types D (DL doubles) and F (FL floats), and WIDEN_F32(p),
 // DL floats at p as a D.
 
-// an unaligned load of vector V from p (memcpy: any alignment, compiled to one load)
+// an unaligned load of vector V from p (memcpy: any alignment, compiled to one load).
+// Every read of the tensor goes through it, scalars too: a tensor may start at any
+// byte (torch.frombuffer(..., offset=1)), where a plain float load is undefined.
 template <typename V, typename T>
 static INLINE V load(const T *p) {
     V v;
@@ -66,7 +68,7 @@ INLINE void scan_rows(const T *x, Py_ssize_t first_row, Py_ssize_t n_rows, Py_ss
     M lo[VECTORS], hi[VECTORS];
     C zeros[VECTORS];
     const M zero = M() - M();
-    const T first = x[first_row * row];
+    const T first = load<T>(x + first_row * row);
     for (int j = 0; j < VECTORS; j++) {
         lo[j] = zero + first;
         hi[j] = lo[j];
@@ -107,7 +109,7 @@ INLINE void scan_rows(const T *x, Py_ssize_t first_row, Py_ssize_t n_rows, Py_ss
             }
             double block_sum = hsum(sum), block_sq = hsum(sq);
             for (; i < end; i++) {
-                T v = p[i];
+                const T v = load<T>(p + i);
                 if (v < tail_lo) tail_lo = v;
                 if (v > tail_hi) tail_hi = v;
                 zero_total += v == 0;
@@ -154,7 +156,7 @@ INLINE double spread_of(const T *x, Py_ssize_t n, double m) {
         }
         double block = hsum(s);
         for (; i < end; i++) {
-            double v = double(x[i]) - m;
+            double v = double(load<T>(x + i)) - m;
             block += v * v;
         }
         total.add(block);

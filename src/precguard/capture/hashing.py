@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import torch
 
+from precguard.backend import capture_scope
+
 #: the Mersenne prime 2^31 - 1: products of two residues fit in int64
 _P = 2**31 - 1
 #: per-limb and per-position multipliers of the two independent sums (below P)
@@ -104,13 +106,24 @@ class HashBuffer:
 
     def add(self, t: torch.Tensor) -> int:
         """Queue the hash of ``t`` (computed now, on its device); return its slot."""
-        self._parts.append(hash_parts(t))
+        with capture_scope():  # precguard's own work: op-level capture must not record it
+            self._parts.append(hash_parts(t))
         return len(self._parts) - 1
 
     def materialize(self) -> list[str]:
         """Every queued hash in slot order, as hex strings; empties the buffer."""
         if not self._parts:
             return []
+        # The stack and the transfer are precguard's own ops: outside capture_scope,
+        # op-level capture (``level="both"``) recorded them as the user's, each record
+        # queueing a hash into this buffer while it was being emptied (issue 31).
+        with capture_scope():
+            rows = self._fetch()
+        self._parts = []
+        return [format_hash(r) for r in rows]
+
+    def _fetch(self) -> list[list[int]]:
+        """The two sums of every queued hash, one transfer per device."""
         by_device: dict[torch.device, list[int]] = {}
         for i, p in enumerate(self._parts):
             by_device.setdefault(p.device, []).append(i)
@@ -119,8 +132,7 @@ class HashBuffer:
             fetched = torch.stack([self._parts[i] for i in idx]).cpu().tolist()
             for i, row in zip(idx, fetched, strict=True):
                 rows[i] = row
-        self._parts = []
-        return [format_hash(r) for r in rows]
+        return rows
 
     def clear(self) -> None:
         """Drop every queued hash."""

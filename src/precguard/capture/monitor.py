@@ -260,7 +260,9 @@ class Monitor:
                     site.name,
                     site.type,
                     items,
-                    root=site.root,
+                    # the root called from inside its own forward (recursion) is one more
+                    # call of this step, as a child's recursion is, not the next step
+                    root=site.root and not site.frames,
                     save=site.save,
                     on_nonfinite=self._on_nonfinite,
                 )
@@ -323,7 +325,7 @@ class Monitor:
                         )
             if needs_grad:
                 self._watch_inputs_of(site, items, needs_grad, sink, frame)
-            if site.root:
+            if site.root and not frames:  # the outermost root call ended
                 sink.flush()
         except NonFiniteError:
             raise

@@ -475,7 +475,28 @@ class Recording:
     # -- output ------------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Materialize queued statistics (one host transfer) and write the records."""
+        """Materialize queued statistics (one host transfer) and write the records.
+
+        Never raises into the host program (it runs from ``step()`` and the hooks): a
+        failure loses this flush's records, is logged as ``flush_failed``, and the
+        recording goes on with the next ones.
+        """
+        try:
+            self._flush()
+        except Exception as exc:  # the user's loop must not pay for it
+            self._pending = []
+            self._stats.clear()
+            if self._hashes is not None:
+                self._hashes.clear()
+            logger.error(
+                "flush_failed",
+                path=str(self.path),
+                rank=self.rank,
+                step=self.step_index,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+
+    def _flush(self) -> None:
         if not self._pending:
             return
         stats, evidence = self._stats.materialize_with_evidence()

@@ -60,9 +60,17 @@ _F32_MAX = float(torch.finfo(torch.float32).max)
 #: statistics to float32 rounding, a float64 tensor's to float64 rounding)
 _U64 = 2.0**-53
 _UNIT = {torch.float32: 2.0**-24, torch.float64: _U64}
+#: the smallest normal number of the precision each path squares a dtype's elements in
+#: (torch's float32 ``vector_norm`` for float32 tensors; float64 for float64 ones): see
+#: :func:`_sums_are_exact`
+_TINY = {torch.float32: float(torch.finfo(torch.float32).tiny), torch.float64: 2.0**-1022}
 #: tensors of this many elements or more are scanned on torch's number of threads
 #: (``torch.get_num_threads()``, at most one per 256 Ki elements), their rows split evenly
 FUSED_SPLIT = 1 << 20
+#: the fewest elements one thread of the kernel scans
+_FUSED_MIN_RUN = 1 << 18
+#: the most threads the kernel's ``scan()`` takes (it refuses more)
+FUSED_MAX_THREADS = 1024
 
 
 class DtypeInfo(NamedTuple):
@@ -128,6 +136,8 @@ class StatsBuffer:
         self._dev_floats: list[torch.Tensor] = []
         self._dev_counts: list[torch.Tensor] = []
         self._dev_slots: list[int] = []
+        #: per device slot: the largest std and l2 its dtype holds (beyond: inf)
+        self._dev_limit: list[float] = []
         self._numel: list[int] = []
         self._cache: OrderedDict[
             tuple[int, int], tuple[weakref.ref[torch.Tensor], int, bool | None]
@@ -197,16 +207,24 @@ class StatsBuffer:
         return slot, finite
 
     def _add_device(self, x: torch.Tensor, n: int, slot: int, need_finite: bool) -> bool | None:
-        var, mean = torch.var_mean(x, correction=1 if n > 1 else 0)
         mn, mx = torch.aminmax(x)
+        # var_mean of x / 2^k, k the exponent of max |x|: scaling by a power of two is
+        # exact, so ordinary tensors get the very numbers var_mean(x) gives, while
+        # subnormal values (whose squares underflow to 0) and float64 values near
+        # overflow (whose sums overflow) keep every digit: the host paths' numbers
+        scale = _power_of_two_scale(torch.maximum(mn.abs(), mx.abs()))
+        var, mean = _scaled_var_mean(x, scale, n)
         counts = torch.stack([torch.count_nonzero(x), torch.isnan(x).sum(), torch.isinf(x).sum()])
         # var_mean is Welford's (stable); l2 from it adds two positive terms, where
         # float32 vector_norm rounds ~1e-5 on 1M elements on the CPU. An Inf without
         # NaN makes var NaN but l2 Inf, as on the CPU path.
         l2 = (var * max(n - 1, 1) + mean * mean * n).sqrt()
         l2 = torch.where((counts[2] > 0) & (counts[1] == 0), math.inf, l2)
-        floats = torch.stack([mn, mx, mean, var.sqrt(), l2])
+        # scaled back on the host, in float64: mean, std and l2 of subnormal values are
+        # themselves subnormal, with fewer digits in the tensor's dtype than on the host paths
+        floats = torch.stack([mn, mx, mean, var.sqrt(), l2, scale])
         self._host.append(None)
+        self._dev_limit.append(_F32_MAX if x.dtype is torch.float32 else math.inf)
         self._dev_slots.append(slot)
         self._dev_floats.append(floats)
         self._dev_counts.append(counts)
@@ -236,13 +254,19 @@ class StatsBuffer:
         :func:`precguard.capture.evidence.record_fields`) comes in one more transfer
         per device.
         """
-        evidence = self._evidence_fields()
-        rows = list(self._host)
-        if self._dev_slots:
-            floats = _gather(self._dev_floats, torch.float64).tolist()
-            counts = _gather(self._dev_counts, torch.int64).tolist()
-            for i, slot in enumerate(self._dev_slots):
-                rows[slot] = (*floats[i], *counts[i])
+        # precguard's own ops (stacks, transfers): op-level capture must not record them
+        with capture_scope():
+            evidence = self._evidence_fields()
+            rows = list(self._host)
+            if self._dev_slots:
+                floats = _gather(self._dev_floats, torch.float64).tolist()
+                counts = _gather(self._dev_counts, torch.int64).tolist()
+                for i, slot in enumerate(self._dev_slots):
+                    mn, mx, mean, std, l2, scale = floats[i]
+                    std, l2, limit = std * scale, l2 * scale, self._dev_limit[i]
+                    std = math.inf if std > limit else std
+                    l2 = math.inf if l2 > limit else l2
+                    rows[slot] = (mn, mx, mean * scale, std, l2, *counts[i])
         out = []
         for row, numel in zip(rows, self._numel, strict=True):
             assert row is not None
@@ -295,6 +319,7 @@ class StatsBuffer:
         self._dev_floats.clear()
         self._dev_counts.clear()
         self._dev_slots.clear()
+        self._dev_limit.clear()
         self._numel.clear()
         self._evidence.clear()
         self._cache.clear()
@@ -346,7 +371,10 @@ def _host_stats(
     max is not finite.
     """
     if _fused is not None and x.is_contiguous():
-        fused = _fused_stats(x, n, plan)
+        try:
+            fused = _fused_stats(x, n, plan)
+        except ValueError:  # a layout the kernel refuses: the passes, never a lost record
+            fused = None
         if fused is not None:
             return fused
     a = host_view(x)
@@ -382,6 +410,8 @@ def _host_stats(
         sumsq = float(rows.sum())
     if not (math.isfinite(mn) and math.isfinite(mx)):
         return _nonfinite_row(x, n, mn, mx, mean, nonzero), values
+    if not _sums_in_range(x, n, total, sumsq):
+        return _scaled_row(x, n, mn, mx, nonzero), values
     square_mean = n * mean * mean
     # |mean| >= std / 1.4, or squares beyond float32: the spread as its own pass
     one_pass = 2.0 * square_mean <= sumsq < math.inf
@@ -408,8 +438,11 @@ def _fused_stats(
     double = x.dtype is torch.float64
     row = x.shape[-1] if x.dim() else 1
     address = x.data_ptr()
-    # each thread a run of at least 256 Ki elements: starting one costs ~20 us
-    threads = min(torch.get_num_threads(), n >> 18) if n >= FUSED_SPLIT else 1
+    # each thread a run of at least 256 Ki elements (starting one costs ~20 us), and no
+    # more threads than the kernel takes: torch.set_num_threads(1100) is the user's to set
+    threads = 1
+    if n >= FUSED_SPLIT:
+        threads = max(1, min(torch.get_num_threads(), n // _FUSED_MIN_RUN, FUSED_MAX_THREADS))
     if plan is None:
         mn, mx, zeros, total, sumsq = _fused.scan(
             address, n, row, double, None, None, 0, 1, threads
@@ -422,7 +455,9 @@ def _fused_stats(
             address, n, row, double, plan.host_index, values, seq, plan.bin, threads
         )
     if not (math.isfinite(total) and math.isfinite(sumsq)):
-        return None
+        return None  # a NaN or an Inf (the passes count them), or float64 sums overflowed
+    if not _sums_in_range(x, n, total, sumsq):
+        return _scaled_row(x, n, mn, mx, n - zeros), values
     mean = total / n
     spread = sumsq - total * mean
     bound = sumsq * _U64 * 3.0 * (min(row, _fused.BLOCK) / 16 + 22)
@@ -443,18 +478,119 @@ def _row(
 ) -> tuple[float, ...]:
     """The statistics row of finite ``x`` from its sum of squares and its spread.
 
-    A float32 tensor's ``l2`` and ``std`` are as float32 arithmetic has them: a sum
-    of squares (or a spread) beyond float32's range is inf there, as the accelerator
-    path's float32 ``var_mean`` gives it (the host paths sum in float64).
+    See :func:`_in_range` for a float32 tensor's ``l2`` and ``std`` beyond its range.
     """
     std = math.sqrt(max(spread, 0.0) / (n - 1)) if n > 1 else 0.0
-    l2 = math.sqrt(sumsq)
-    if x.dtype is torch.float32:
-        if sumsq > _F32_MAX:
-            l2 = math.inf
-        if spread > _F32_MAX:
-            std = math.inf
-    return (mn, mx, mean, std, l2, nonzero, 0, 0)
+    return _in_range(x, (mn, mx, mean, std, math.sqrt(sumsq), nonzero, 0, 0))
+
+
+def _in_range(x: torch.Tensor, row: tuple[float, ...]) -> tuple[float, ...]:
+    """``row`` with a float32 tensor's ``std`` and ``l2`` beyond float32's range as inf.
+
+    As the accelerator path has them: its float32 ``var_mean`` of the scaled tensor
+    (:func:`_power_of_two_scale`), scaled back in float32 (the host paths sum in float64).
+    """
+    if x.dtype is torch.float32 and (row[3] > _F32_MAX or row[4] > _F32_MAX):
+        std = math.inf if row[3] > _F32_MAX else row[3]
+        l2 = math.inf if row[4] > _F32_MAX else row[4]
+        return (*row[:3], std, l2, *row[5:])
+    return row
+
+
+def _sums_in_range(x: torch.Tensor, n: int, total: float, sumsq: float) -> bool:
+    """Whether the sum and the sum of squares of finite ``x`` kept their precision.
+
+    Not when a float64 sum overflowed (float64 values near 1e308), and not when the
+    squares underflowed: each square below the smallest normal number ``tiny`` of the
+    precision it was taken in is rounded by up to ``tiny * u`` absolutely (the
+    subnormals' spacing, half of it), so ``n`` of them cost at most ``n tiny u``, which
+    is within the unit roundoff ``u`` of the sum of squares only when that sum is at
+    least ``n tiny`` (float32's ``vector_norm`` of 1e-45..1e-39 gave l2 0).
+    """
+    return math.isfinite(total) and n * _TINY[x.dtype] <= sumsq < math.inf
+
+
+def _scaled_row(x: torch.Tensor, n: int, mn: float, mx: float, nonzero: int) -> tuple[float, ...]:
+    """The statistics row of finite ``x`` whose sums left float64's or the squares' range.
+
+    The tensor divided by ``2^e`` (``max |x| = m 2^e``, ``m`` in [0.5, 1): exact, a
+    power of two), summed and squared in float64 with the spread about the mean as
+    its own pass, and the results multiplied back by ``2^e``: every digit of
+    subnormal values, and no overflow of float64 values near 1e308, whose std and
+    l2 are finite when they are within float64's range (inf, never NaN, beyond it).
+    """
+    absmax = max(-mn, mx)
+    if absmax == 0.0:
+        return (mn, mx, 0.0, 0.0, 0.0, nonzero, 0, 0)
+    e = math.frexp(absmax)[1]
+    y = _times_power_of_two(x.double(), -e)
+    mean_y = y.sum().item() / n
+    spread_y = _spread(y, mean_y)
+    sumsq_y = y.square().sum().item()
+    std_y = math.sqrt(max(spread_y, 0.0) / (n - 1)) if n > 1 else 0.0
+    row = (mn, mx, _ldexp(mean_y, e), _ldexp(std_y, e), _ldexp(math.sqrt(sumsq_y), e))
+    return _in_range(x, (*row, nonzero, 0, 0))
+
+
+def _times_power_of_two(t: torch.Tensor, k: int) -> torch.Tensor:
+    """``t * 2^k`` for float64 ``t``, exact; in steps where ``2^k`` itself is not a float64."""
+    while abs(k) > 1000:
+        step = 1000 if k > 0 else -1000
+        t = t * math.ldexp(1.0, step)
+        k -= step
+    return t * math.ldexp(1.0, k)
+
+
+def _ldexp(v: float, e: int) -> float:
+    """``v * 2^e``; beyond float64's range, inf of ``v``'s sign."""
+    try:
+        return math.ldexp(v, e)
+    except OverflowError:
+        return math.copysign(math.inf, v)
+
+
+#: elements of a contiguous device tensor divided by its scale at a time (16 MiB of
+#: float32): the scaled copy ``var_mean`` reads is never larger than that
+DEVICE_CHUNK = 1 << 22
+
+
+def _scaled_var_mean(x: torch.Tensor, scale: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+    """``var_mean(x / scale)`` (correction 1, or 0 for one element), on ``x``'s device.
+
+    A contiguous tensor of more than :data:`DEVICE_CHUNK` elements is scaled and
+    reduced chunk by chunk, the chunks' means and squared deviations combined by Chan
+    et al.'s pairwise update, so the temporary stays one chunk, not a second copy
+    of a large activation.
+    """
+    correction = 1 if n > 1 else 0
+    if n <= DEVICE_CHUNK or not x.is_contiguous():
+        return torch.var_mean(x / scale, correction=correction)
+    flat = x.reshape(-1)
+    count, mean, m2 = 0, None, None
+    for start in range(0, n, DEVICE_CHUNK):
+        part = flat[start : start + DEVICE_CHUNK] / scale
+        k = part.numel()
+        var_k, mean_k = torch.var_mean(part, correction=0)
+        if mean is None or m2 is None:
+            count, mean, m2 = k, mean_k, var_k * k
+            continue
+        total = count + k
+        delta = mean_k - mean
+        mean = mean + delta * (k / total)
+        m2 = m2 + var_k * k + delta * delta * (count * k / total)
+        count = total
+    assert mean is not None and m2 is not None
+    return m2 / (n - correction), mean
+
+
+def _power_of_two_scale(absmax: torch.Tensor) -> torch.Tensor:
+    """``2^(e - 1)`` for ``absmax = m 2^e`` (``m`` in [0.5, 1)), on its device; 1 where
+    ``absmax`` is 0, Inf or NaN. ``x / scale`` then lies in (-2, 2), and ``2^(e - 1)``
+    is a number of ``absmax``'s dtype also for float32's largest values (``e`` = 128)."""
+    _mantissa, e = torch.frexp(absmax)
+    scale = torch.pow(2.0, (e - 1).to(absmax.dtype))
+    keep = torch.isfinite(absmax) & (absmax > 0)
+    return torch.where(keep, scale, torch.ones_like(absmax))
 
 
 def _nonfinite_row(
@@ -544,7 +680,8 @@ def _row_squares(x: torch.Tensor, row: int) -> np.ndarray:
     length = x.shape[-1]
     split = x if row == length else x.view(*x.shape[:-1], length // row, row)
     norms = torch.linalg.vector_norm(split, dim=-1).numpy().astype(np.float64)
-    squares = norms * norms
+    with np.errstate(over="ignore"):  # float64 squares past 1e308: inf, then rescaled
+        squares = norms * norms
     return squares if row == length else squares.sum(-1)
 
 
@@ -592,7 +729,10 @@ def _subclass_stats(x: torch.Tensor, n: int) -> tuple[float, ...]:
     if not (math.isfinite(mn) and math.isfinite(mx)):
         return _nonfinite_row(x, n, mn, mx, mean, nonzero)
     spread = _spread(x, mean)
-    return _row(x, n, mn, mx, mean, nonzero, spread + n * mean * mean, spread)
+    sumsq = spread + n * mean * mean
+    if not _sums_in_range(x, n, total, sumsq):
+        return _scaled_row(x, n, mn, mx, nonzero)
+    return _row(x, n, mn, mx, mean, nonzero, sumsq, spread)
 
 
 def _gather(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:

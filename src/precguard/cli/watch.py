@@ -37,6 +37,9 @@ def watch_report(
             # the alert's text comes from the watch directory: escaped and cut, never raw
             typer.echo(f"step {a.step}: {a.kind}: {shown(a.message, 300)}")
         typer.echo(f"{len(run.scalars)} steps, {len(run.alerts)} alerts")
+        stopped = _stopped_line(run.info)
+        if stopped:
+            typer.echo(stopped)
         if run.alerts:
             raise typer.Exit(1)
         return
@@ -46,3 +49,17 @@ def watch_report(
     if html_out is not None:
         write_page(html_out, watch_html(run))
         typer.echo(f"wrote the watch report ({len(run.alerts)} alerts) as HTML to {html_out}")
+
+
+def _stopped_line(info: dict) -> str | None:
+    """The line saying the watch stopped writing (watch.json's ``error``), or None."""
+    from precguard.text import shown
+
+    error = info.get("error") if isinstance(info, dict) else None
+    if not isinstance(error, dict):
+        return None
+    return (
+        f"the watch stopped writing after {shown(info.get('steps_written'))} of "
+        f"{shown(info.get('steps'))} steps: {shown(error.get('type'))}: "
+        f"{shown(error.get('message'))}"
+    )

@@ -39,17 +39,19 @@ def _key(path: Path) -> str:
     return str(path.resolve())
 
 
-def hold_writer_lock(path: Path) -> None:
+def hold_writer_lock(path: Path, *, what: str = "recording") -> None:
     """Take ``path``'s writer lock for this process, or refuse.
 
+    ``what`` names the directory's kind in the refusal ("recording", "watch").
+
     :raises OutputExistsError: another writer (in this process or another one)
-        holds it: a recording is in progress there.
+        holds it: a recording (or watch) is in progress there.
     """
     key = _key(path)
     if key in _HELD:
         raise OutputExistsError(
-            f"{shown(path)}: a recording is already being written there by this process; "
-            "close it first or choose another --out"
+            f"{shown(path)}: a {what} is already being written there by this process; "
+            "nothing was changed; close it first or choose another --out"
         )
     if fcntl is None:
         return
@@ -63,7 +65,7 @@ def hold_writer_lock(path: Path) -> None:
         os.close(fd)
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             raise OutputExistsError(
-                f"{shown(path)}: another process is writing a recording there (its lock is "
+                f"{shown(path)}: another process is writing a {what} there (its lock is "
                 "held); nothing was changed; wait for it to finish or choose another --out"
             ) from exc
         logger.warning("recording_not_locked", path=str(path), error=str(exc))

@@ -1,7 +1,9 @@
 """Diff two op graphs: fused or decomposed ops, dtype, shape and device changes per module.
 
 Ops are compared module by module: within each module both sides' op
-sequences are aligned (``difflib.SequenceMatcher`` on op names). Aligned ops
+sequences are aligned on op names by a shortest edit script (Myers' diff,
+:mod:`precguard.graph.align`: linear where the sides mostly agree, seconds for
+thousands of ops a module). Aligned ops
 are compared for the dtype they ran in (their first floating output), the
 dtypes they read, their output shapes and devices; an unaligned stretch is a
 **regrouping** — several ops on one side where the other ran fewer or other
@@ -19,12 +21,12 @@ a dtype raised 0.1 per bit.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from precguard.graph.align import opcodes
 from precguard.graph.model import OpGraph, OpNode
 
 DIFF_SCHEMA_VERSION = 1
@@ -277,8 +279,7 @@ def diff_graphs(
     found: list[OpDifference] = []
     for module in modules:
         g, a = gm.get(module, []), am.get(module, [])
-        matcher = difflib.SequenceMatcher(None, _names(g), _names(a), autojunk=False)
-        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        for tag, i1, i2, j1, j2 in opcodes(_names(g), _names(a)):
             if tag == "equal":
                 for gn, an in zip(g[i1:i2], a[j1:j2], strict=True):
                     found.extend(_pair(module, gn, an))

@@ -16,10 +16,19 @@ Output directory::
       layers.jsonl     per step: per-layer gradient norms and update/param ratios
       alerts.jsonl     one Alert per line (also logged as watch_alert)
       recording/       a precguard recording of the recorded steps (records' step = training step)
+
+One watch writes a directory at a time: the directory's writer lock (the
+recording's, :mod:`precguard.dump.lock`) is taken before anything in it is looked
+at or removed, so a second ``watch(out=D, overwrite=True)`` is refused with D
+untouched. An I/O error on the watch's files (disk full, a file-size limit, the
+directory made read-only) is logged once as ``watch_stopped_writing``; the watch
+stops writing, keeps detecting and logging alerts, and training goes on;
+``watch.json`` then says ``complete: false`` with the error and ``steps_written``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -37,6 +46,7 @@ from precguard.capture.monitor import Monitor, module_names
 from precguard.capture.options import CaptureOptions
 from precguard.capture.recording import Recording
 from precguard.capture.stats import capture_scope
+from precguard.dump.lock import hold_writer_lock, release_writer_lock
 from precguard.errors import OutputExistsError, UsageError
 from precguard.text import shown
 from precguard.training.alerts import Alert, WatchOptions
@@ -61,9 +71,15 @@ def _json_number(v: float | None) -> float | str | None:
 
 
 def _prepare(out: Path, overwrite: bool) -> None:
+    """Make ``out`` this watch's directory and take its writer lock, or refuse unchanged.
+
+    Every refusal comes before anything is removed: the checks, then the lock (held
+    by a watch still writing there: refused), and only then the old files go.
+    """
     if out.exists() and not out.is_dir():
         raise UsageError(f"{shown(out)}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()):
+    replacing = out.is_dir() and any(out.iterdir())
+    if replacing:
         if not overwrite:
             raise OutputExistsError(
                 f"{shown(out)}: directory exists and is not empty (pass overwrite=True to "
@@ -74,9 +90,36 @@ def _prepare(out: Path, overwrite: bool) -> None:
                 f"{shown(out)}: refusing to overwrite a directory that is not a precguard "
                 f"watch (no {WATCH_FILE})"
             )
-        for name in (WATCH_FILE, SCALARS_FILE, LAYERS_FILE, ALERTS_FILE):
-            (out / name).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
+    hold_writer_lock(out, what="watch")
+    if replacing:
+        try:
+            for name in (WATCH_FILE, SCALARS_FILE, LAYERS_FILE, ALERTS_FILE):
+                (out / name).unlink(missing_ok=True)
+        except BaseException:
+            release_writer_lock(out)
+            raise
+
+
+def _write_json_or_in_place(path: Path, data: str) -> None:
+    """Replace ``path`` atomically, or, where no new file can be made, rewrite it in place.
+
+    A full disk or a directory made read-only refuses the temporary file, while
+    ``watch.json`` itself may still take its last word (``complete: false`` and the
+    error), as the recording's manifest does.
+    """
+    from precguard.dump.writer import write_json_atomic
+
+    try:
+        write_json_atomic(path, data)
+    except OSError:
+        if path.is_symlink() or not path.is_file():
+            raise
+        with contextlib.suppress(OSError):
+            os.unlink(path.with_name(path.name + ".tmp"))
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(data)
 
 
 class _RecordedStep:
@@ -121,12 +164,18 @@ class WatchHandle:
         self._current: _RecordedStep | None = None
         #: whether the last step() was handed the loop's gradient norm
         self._norm_given = False
+        #: the I/O error that stopped the watch writing its files, or None while it writes
+        self.write_failure: OSError | None = None
+        #: steps whose lines were all written before ``write_failure``
+        self.steps_written: int | None = None
+        self._locked = False
         self.pulse = Pulse(model)
         self.detectors = Detectors(self.pulse.names, options)
         if self.path is None:
             return
         try:
             _prepare(self.path, overwrite)
+            self._locked = True
             first = next(model.parameters(), None)
             device = first.device.type if first is not None else "cpu"
             dtype = (
@@ -153,6 +202,9 @@ class WatchHandle:
         except BaseException:
             self.pulse.remove()
             self._close_files()
+            if self._locked:
+                release_writer_lock(self.path)
+                self._locked = False
             raise
         self._begin_recorded_step(0, tensors=False)  # step 0 is every N-th
 
@@ -236,9 +288,14 @@ class WatchHandle:
                 self._current = None
             if self._recording is not None:
                 self._recording.close(error)
-                self._write_watch_file(complete=error is None)
+            self._close_files()
+            if self.path is not None:
+                self._write_watch_file(complete=error is None, last=True)
         finally:
             self._close_files()
+            if self._locked and self.path is not None:
+                release_writer_lock(self.path)
+                self._locked = False
 
     def __enter__(self) -> WatchHandle:
         return self
@@ -321,16 +378,34 @@ class WatchHandle:
             "grad_norm": [_json_number(v) for v in s.grad_norms],
             "update_ratio": [_json_number(v) for v in s.update_ratios],
         }
-        self._files[SCALARS_FILE].write(json.dumps(scalars) + "\n")
-        self._files[LAYERS_FILE].write(json.dumps(layers) + "\n")
-        for alert in alerts:
-            self._files[ALERTS_FILE].write(alert.model_dump_json() + "\n")
-        for f in self._files.values():
-            f.flush()
+        try:
+            self._files[SCALARS_FILE].write(json.dumps(scalars) + "\n")
+            self._files[LAYERS_FILE].write(json.dumps(layers) + "\n")
+            for alert in alerts:
+                self._files[ALERTS_FILE].write(alert.model_dump_json() + "\n")
+            for f in self._files.values():
+                f.flush()
+        except OSError as exc:
+            self._stop_writing(exc)
 
-    def _write_watch_file(self, *, complete: bool) -> None:
-        from precguard.dump.writer import write_json_atomic
+    def _stop_writing(self, exc: OSError) -> None:
+        """After the I/O error ``exc``: log it once, write nothing more; training goes on."""
+        if self.write_failure is not None:
+            return
+        self.write_failure = exc
+        self.steps_written = self.step_index  # this step's lines may be cut: not counted
+        self._close_files()
+        logger.error(
+            "watch_stopped_writing",
+            path=str(self.path),
+            step=self.step_index,
+            error=f"{type(exc).__name__}: {exc}",
+            reason="an I/O error while writing the watch's files; training goes on, alerts "
+            "are still logged",
+        )
 
+    def _write_watch_file(self, *, complete: bool, last: bool = False) -> None:
+        """Write ``watch.json``; at the close (``last``), an I/O error is logged, not raised."""
         assert self.path is not None
         info = {
             "schema_version": SCHEMA_VERSION,
@@ -341,14 +416,32 @@ class WatchHandle:
             "layers": self.pulse.names,
             "steps": self.step_index,
             "alerts": len(self.alerts),
-            "complete": complete,
+            "complete": complete and self.write_failure is None,
         }
-        write_json_atomic(self.path / WATCH_FILE, json.dumps(info, indent=2))
+        if self.write_failure is not None:
+            exc = self.write_failure
+            info["steps_written"] = self.steps_written
+            info["error"] = {"type": type(exc).__name__, "message": str(exc)}
+        if not last:
+            _write_json_or_in_place(self.path / WATCH_FILE, json.dumps(info, indent=2))
+            return
+        try:
+            _write_json_or_in_place(self.path / WATCH_FILE, json.dumps(info, indent=2))
+        except OSError as exc:
+            if self.write_failure is None:
+                self._stop_writing(exc)
 
     def _close_files(self) -> None:
-        for f in self._files.values():
-            f.close()
-        self._files = {}
+        """Close the JSONL files; an error flushing them stops the watch's writing."""
+        files, self._files = self._files, {}
+        failed: OSError | None = None
+        for f in files.values():
+            try:
+                f.close()
+            except OSError as exc:
+                failed = failed or exc
+        if failed is not None:
+            self._stop_writing(failed)
 
 
 def watch(
