@@ -19,11 +19,12 @@ from precguard.capture.active import ACTIVE as _ACTIVE
 from precguard.capture.active import active_recording
 from precguard.capture.active import pop as _pop
 from precguard.capture.active import push as _push
+from precguard.capture.compiled import compiled_modules, refusal
 from precguard.capture.flatten import named_tensors
 from precguard.capture.monitor import Monitor
 from precguard.capture.options import CaptureOptions, OnNonFinite
 from precguard.capture.recording import Recording
-from precguard.errors import NonFiniteError
+from precguard.errors import NonFiniteError, UsageError
 
 logger = get_logger(__name__)
 
@@ -174,6 +175,8 @@ def monitor(
     :param compute_dtype: the precision values are computed in when lower than the
         dtype they are stored in (an emulator, a vendor precision mode); compare
         judges the run by it. Autocast is detected per record without it.
+    :raises UsageError: ``model`` (or a module in it) is already compiled with
+        ``torch.compile``: monitor it before compiling (docs/capture.md).
     :returns: a :class:`MonitorHandle`; use it as a context manager so the
         hooks are removed also when the body raises. A body that raised leaves
         the recording ``complete: false`` with the exception's type.
@@ -183,6 +186,9 @@ def monitor(
     ...     model(input_ids)
     """
     options = capture_options(options, **overrides)
+    compiled = compiled_modules(model)
+    if compiled:
+        raise UsageError(refusal(compiled))
     if device is None:
         first = next(itertools.chain(model.parameters(), model.buffers()), None)
         device = first.device.type if first is not None else "cpu"

@@ -42,6 +42,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from precguard._logging import get_logger
+from precguard.capture.compiled import outside_dynamo
 from precguard.capture.flatten import named_tensors
 from precguard.capture.grad_edges import consumer_edges
 from precguard.capture.options import CaptureOptions
@@ -209,12 +210,12 @@ class Monitor:
                 next(mod.children(), None) is None,
             )
             self._sites.append(site)
-            self._handles.append(
-                mod.register_forward_pre_hook(functools.partial(self._pre, site), with_kwargs=True)
-            )
-            self._handles.append(
-                mod.register_forward_hook(functools.partial(self._post, site), with_kwargs=True)
-            )
+            # kept out of dynamo's tracing: under torch.compile a hooked module's boundary
+            # is a graph break and the hook sees real tensors (capture/compiled.py)
+            pre = outside_dynamo(functools.partial(self._pre, site))
+            post = outside_dynamo(functools.partial(self._post, site))
+            self._handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+            self._handles.append(mod.register_forward_hook(post, with_kwargs=True))
             if options.backward:
                 for index, (pname, p) in enumerate(mod.named_parameters(recurse=False)):
                     if p.requires_grad:
