@@ -256,22 +256,32 @@ class Monitor:
                 items = named_tensors(args, "args")
                 if kwargs:
                     items += named_tensors(kwargs, "kwargs")
-                frame = sink.enter(
-                    module,
-                    site.name,
-                    site.type,
-                    items,
-                    root=site.root,
-                    save=site.save,
-                    on_nonfinite=self._on_nonfinite,
-                )
+                if _in_backward():  # activation checkpointing recomputes this call
+                    frame = sink.recompute(
+                        module,
+                        site.name,
+                        site.type,
+                        save=site.save,
+                        on_nonfinite=self._on_nonfinite,
+                    )
+                else:
+                    frame = sink.enter(
+                        module,
+                        site.name,
+                        site.type,
+                        items,
+                        root=site.root,
+                        save=site.save,
+                        on_nonfinite=self._on_nonfinite,
+                    )
                 needs_grad = (
                     [(i, n, t, t._version) for i, (n, t) in enumerate(items) if t.requires_grad]
                     if self._watch_inputs and torch.is_grad_enabled()
                     else []
                 )
                 opened = (sink, frame, needs_grad)
-                self._record_params(sink, module, frame)
+                if not frame.recomputed:
+                    self._record_params(sink, module, frame)
         except Exception as exc:
             self._report_failure(site.name, "forward_pre", exc)
         # always push, so that the post-hook pops the frame of its own call
@@ -306,7 +316,8 @@ class Monitor:
         name, mtype = site.name, site.type
         try:
             items = named_tensors(output, "output")
-            sink.leave(frame, items)
+            if not frame.recomputed:
+                sink.leave(frame, items)
             if self._backward and torch.is_grad_enabled():
                 for index, (tname, t) in enumerate(items):
                     if t.requires_grad:
@@ -324,7 +335,7 @@ class Monitor:
                         )
             if needs_grad:
                 self._watch_inputs_of(site, items, needs_grad, sink, frame)
-            if site.root:
+            if site.root and not frame.recomputed:
                 sink.flush()
         except NonFiniteError:
             raise
@@ -524,6 +535,20 @@ class Monitor:
         self._input_grads.clear()
         if self._fixed_sink is not None:
             self._fixed_sink.covered.difference_update(self._covered)
+
+
+#: the id of the backward pass running in this thread, -1 outside backward
+_GRAPH_TASK_ID = getattr(torch._C, "_current_graph_task_id", lambda: -1)
+
+
+def _in_backward() -> bool:
+    """Whether a forward runs inside a backward pass: activation checkpointing recomputing it.
+
+    Both ``torch.utils.checkpoint`` flavours (and HF's ``gradient_checkpointing_enable``,
+    built on it) run the recomputation from autograd's engine: non-reentrant from a
+    saved tensor's unpack hook, reentrant from ``CheckpointFunction.backward``.
+    """
+    return _GRAPH_TASK_ID() != -1
 
 
 def _add_input_grad(reader: _Reader, grad: torch.Tensor) -> None:

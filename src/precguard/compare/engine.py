@@ -149,6 +149,7 @@ def plan_comparison(
         ensure_distinct(g_run, a_run)
     renamer = Renamer.from_strings(options.rename)
     warnings = _check_models(g_run, a_run, renamed=bool(options.rename))
+    warnings.extend(hints.recomputation_notes(g_run, a_run))
     ranks = _ranks(g_run, a_run, options.rank, warnings)
     plan = ComparePlan(g_run, a_run, options, renamer, warnings, ranks)
     if options.calibration is not None:

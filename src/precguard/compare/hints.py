@@ -284,6 +284,25 @@ def one_sided_notes(found: Sequence[OneSided], shown: int = 4) -> list[str]:
     return notes
 
 
+def recomputation_notes(g_run: Run, a_run: Run) -> list[str]:
+    """A line per side whose run recomputed module calls in backward (checkpointing).
+
+    Recomputed forwards are recognised at capture and not recorded as further
+    calls (their gradients are keyed at the call they recompute), so a run with
+    activation checkpointing compares with one without; the line says it happened.
+    """
+    notes = []
+    for side, run in (("golden", g_run), ("actual", a_run)):
+        n = run.manifest.recomputed_calls
+        if n:
+            notes.append(
+                f"the {side} recomputed {n} module call(s) during backward (activation "
+                "checkpointing): recognised as recomputation, not recorded or compared as "
+                "further calls"
+            )
+    return notes
+
+
 def collectives_left_out(count: int, side: str) -> str:
     """The warning that ``count`` collective records of ``side`` had nothing to pair with."""
     return (
