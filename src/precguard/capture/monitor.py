@@ -45,6 +45,7 @@ from precguard._logging import get_logger
 from precguard.capture.compiled import outside_dynamo
 from precguard.capture.flatten import named_tensors
 from precguard.capture.grad_edges import consumer_edges
+from precguard.capture.kv_cache import CacheStates, caches_in, caches_out
 from precguard.capture.options import CaptureOptions
 from precguard.capture.recording import CallFrame, Recording
 from precguard.errors import NonFiniteError
@@ -188,6 +189,7 @@ class Monitor:
         self._backward = options.backward
         self._watch_inputs = options.backward and options.input_grads
         self._on_nonfinite = options.on_nonfinite
+        self._caches = CacheStates() if options.kv_cache else None
         self.removed = False
         names = module_names(root, root_name)
         #: module -> qualified name; weak, so that the monitor (or a handle on it that
@@ -256,6 +258,9 @@ class Monitor:
                 items = named_tensors(args, "args")
                 if kwargs:
                     items += named_tensors(kwargs, "kwargs")
+                if self._caches is not None and not _in_backward():
+                    # a cache handed in whose state was never recorded (prefilled before)
+                    items += self._caches.unseen(caches_in(args, kwargs))
                 if _in_backward():  # activation checkpointing recomputes this call
                     frame = sink.recompute(
                         module,
@@ -317,7 +322,11 @@ class Monitor:
         try:
             items = named_tensors(output, "output")
             if not frame.recomputed:
-                sink.leave(frame, items)
+                if self._caches is not None:  # cache tensors this call wrote
+                    found = caches_in(args, kwargs) + caches_out(output)
+                    sink.leave(frame, items + self._caches.unseen(found))
+                else:
+                    sink.leave(frame, items)
             if self._backward and torch.is_grad_enabled():
                 for index, (tname, t) in enumerate(items):
                     if t.requires_grad:
