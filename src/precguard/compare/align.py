@@ -269,13 +269,15 @@ def _pair_by_name(
         )
 
     out_golden, out_actual = [], []
+    positional = _positional_calls(left_actual)
     for g in still:
-        if one_sided(g, a_calls, a_names) and not _positional_partner(g, left_actual):
+        if one_sided(g, a_calls, a_names) and not _positional_partner(g, positional):
             result.one_sided.append(("golden", g))
         else:
             out_golden.append(g)
+    positional = _positional_calls(out_golden)
     for a in left_actual:
-        if one_sided(a, g_calls, g_names) and not _positional_partner(a, out_golden):
+        if one_sided(a, g_calls, g_names) and not _positional_partner(a, positional):
             result.one_sided.append(("actual", a))
         else:
             out_actual.append(a)
@@ -294,11 +296,18 @@ def _contradict(g: Record, a: Record) -> bool:
     return gk is not None and ak is not None and gk != ak
 
 
-def _positional_partner(rec: Record, others: list[Record]) -> bool:
-    """An unpaired positional input of the same call on the other side (keyword vs position)."""
-    return _kwarg(rec.name) is not None and any(
-        _call_of(o) == _call_of(rec) and o.name.startswith("args.") for o in others
-    )
+def _positional_calls(records: list[Record]) -> set[tuple[str, int, str, str]]:
+    """The calls among ``records`` that hold an unpaired positional input (``args.N``)."""
+    return {_call_of(r) for r in records if r.name.startswith("args.")}
+
+
+def _positional_partner(rec: Record, positional: set[tuple[str, int, str, str]]) -> bool:
+    """A keyword input whose call has an unpaired positional input on the other side.
+
+    The same input passed by keyword on one side and by position on the other
+    (the by-order pass below pairs them), not a one-sided input.
+    """
+    return _kwarg(rec.name) is not None and _call_of(rec) in positional
 
 
 def parent_module(module: str) -> str:
