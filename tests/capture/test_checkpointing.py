@@ -81,3 +81,18 @@ def test_golden_without_checkpointing_matches_actual_with_it_and_says_it_recompu
     )
     # the gradients that flowed through the recomputed graph are compared too
     assert any(r.phase == "backward" and r.module.endswith("mlp.down_proj") for r in result.records)
+
+
+def test_recomputations_stopped_early_are_not_kept_from_step_to_step(tmp_path):
+    """Non-reentrant checkpointing stops a recomputation once it has what backward needs,
+    so some recomputed calls never reach their post-hook. Their open frames (holding the
+    recomputed inputs) used to pile up, one per step and module."""
+    model = _llama()
+    CHECKPOINTING["hf"](model)
+    with precguard.monitor(model, tmp_path / "run") as handle:
+        open_frames = []
+        for _ in range(3):
+            _train_step(model)
+            open_frames.append(sum(len(site.frames) for site in handle.monitor._sites))
+    assert open_frames[0] > 0  # the last backward's, dropped at the next forward
+    assert open_frames == [open_frames[0]] * 3

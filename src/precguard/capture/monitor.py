@@ -248,6 +248,14 @@ class Monitor:
         if self.removed:
             return
         opened: _Open | None = None
+        recomputing = _in_backward()
+        frames = site.frames
+        if not recomputing:
+            # a recomputation that checkpointing stopped early (non-reentrant stops once
+            # it has the tensors it needs) never reached its post-hook: drop its frame,
+            # or each step would leave one holding the recomputed inputs
+            while frames and frames[-1] is not None and frames[-1][1].recomputed:
+                frames.pop()
         try:
             sink = self._fixed_sink
             if sink is None or site.skip_covered:
@@ -258,10 +266,10 @@ class Monitor:
                 items = named_tensors(args, "args")
                 if kwargs:
                     items += named_tensors(kwargs, "kwargs")
-                if self._caches is not None and not _in_backward():
+                if self._caches is not None and not recomputing:
                     # a cache handed in whose state was never recorded (prefilled before)
                     items += self._caches.unseen(caches_in(args, kwargs))
-                if _in_backward():  # activation checkpointing recomputes this call
+                if recomputing:  # activation checkpointing recomputes this call
                     frame = sink.recompute(
                         module,
                         site.name,
@@ -290,7 +298,7 @@ class Monitor:
         except Exception as exc:
             self._report_failure(site.name, "forward_pre", exc)
         # always push, so that the post-hook pops the frame of its own call
-        site.frames.append(opened)
+        frames.append(opened)
 
     def _record_params(self, sink: Recording, module: nn.Module, frame: CallFrame) -> None:
         # call 0 happens once per module and step, so each step records them at most once
