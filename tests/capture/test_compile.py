@@ -90,3 +90,29 @@ def test_a_submodule_compiled_in_place_is_named_in_the_refusal(tmp_path):
     model.model.layers[1].compile(backend="eager")
     with pytest.raises(UsageError, match=r"module model\.layers\.1 is already compiled"):
         precguard.monitor(model, tmp_path / "run")
+
+
+def test_a_decorated_function_inside_a_compiled_model_is_recorded_without_tracing_precguard(
+    tmp_path,
+):
+    @precguard.precision_monitor
+    def gelu_scaled(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(x) * 2
+
+    linear = torch.nn.Linear(8, 8)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return linear(gelu_scaled(x)).sum()
+
+    x = torch.randn(4, 8)
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    with precguard.recording(tmp_path / "run"), torch.no_grad():
+        out = torch.compile(forward, backend="eager")(x)
+    with torch.no_grad():
+        assert torch.equal(out, forward(x))
+    names = {r.module for r in precguard.load_run(tmp_path / "run").records(0)}
+    assert any("gelu_scaled" in n for n in names)
+    breaks = list(counters["graph_break"])
+    assert all("capture hook" in b for b in breaks), breaks[:3]
+    assert not counters["recompiles"]
