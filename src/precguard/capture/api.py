@@ -19,11 +19,12 @@ from precguard.capture.active import ACTIVE as _ACTIVE
 from precguard.capture.active import active_recording
 from precguard.capture.active import pop as _pop
 from precguard.capture.active import push as _push
+from precguard.capture.compiled import compiled_modules, outside_dynamo, refusal
 from precguard.capture.flatten import named_tensors
 from precguard.capture.monitor import Monitor
 from precguard.capture.options import CaptureOptions, OnNonFinite
 from precguard.capture.recording import Recording
-from precguard.errors import NonFiniteError
+from precguard.errors import NonFiniteError, UsageError
 
 logger = get_logger(__name__)
 
@@ -174,6 +175,8 @@ def monitor(
     :param compute_dtype: the precision values are computed in when lower than the
         dtype they are stored in (an emulator, a vendor precision mode); compare
         judges the run by it. Autocast is detected per record without it.
+    :raises UsageError: ``model`` (or a module in it) is already compiled with
+        ``torch.compile``: monitor it before compiling (docs/capture.md).
     :returns: a :class:`MonitorHandle`; use it as a context manager so the
         hooks are removed also when the body raises. A body that raised leaves
         the recording ``complete: false`` with the exception's type.
@@ -183,6 +186,9 @@ def monitor(
     ...     model(input_ids)
     """
     options = capture_options(options, **overrides)
+    compiled = compiled_modules(model)
+    if compiled:
+        raise UsageError(refusal(compiled))
     if device is None:
         first = next(itertools.chain(model.parameters(), model.buffers()), None)
         device = first.device.type if first is not None else "cpu"
@@ -473,6 +479,10 @@ def _hook_instance(module: nn.Module, deco: _ClassDecoration) -> None:
     state.add(rec, module, options, state.name_for(module, deco.name))
 
 
+#: under torch.compile, attaching hooks is a graph break, never traced (capture/compiled.py)
+_hook_instance_outside_dynamo = outside_dynamo(_hook_instance)
+
+
 def effective_options(recording: CaptureOptions, decorator: CaptureOptions) -> CaptureOptions:
     """The options a decorated object records with: the recording's, except those the
     decorator set explicitly.
@@ -540,7 +550,7 @@ def _decorate(obj: Any, *, opts: CaptureOptions, name: str | None) -> Any:
     if isinstance(obj, nn.Module):
         _attach(obj, opts, name or "root")
         if obj not in _FACT_HOOKS:
-            _FACT_HOOKS[obj] = obj.register_forward_pre_hook(_fill_facts_hook)
+            _FACT_HOOKS[obj] = obj.register_forward_pre_hook(outside_dynamo(_fill_facts_hook))
         return obj
     if callable(obj):
         return _decorate_function(obj, opts, name)
@@ -578,7 +588,7 @@ def _decorate_class(
         # own keeps its own hooks and name.
         if self not in _DECORATED:
             try:
-                _hook_instance(self, deco)
+                _hook_instance_outside_dynamo(self, deco)
             except Exception as exc:
                 logger.error(
                     "hook_failed", module=type(self).__name__, hook="attach", error=str(exc)
@@ -627,11 +637,11 @@ def _decorate_function(
                 _decorations(sink).names.add(label)
         return found
 
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    @outside_dynamo
+    def start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Recording, Any] | None:
         sink = sinks()
         if sink is None:  # not with these sinks; keeps the type checker honest
-            return fn(*args, **kwargs)
+            return None
         try:
             items = named_tensors(args, "args") + named_tensors(kwargs, "kwargs")
             if sink.missing_facts - {"model"}:
@@ -648,8 +658,12 @@ def _decorate_function(
             )
         except Exception as exc:
             logger.error("hook_failed", module=label, hook="function_pre", error=str(exc))
-            return fn(*args, **kwargs)
-        result = fn(*args, **kwargs)
+            return None
+        return sink, frame
+
+    @outside_dynamo
+    def finish(started: tuple[Recording, Any], result: Any) -> None:
+        sink, frame = started
         try:
             sink.leave(frame, named_tensors(result, "output"))
             if sink.writer is None:
@@ -658,6 +672,15 @@ def _decorate_function(
             raise
         except Exception as exc:
             logger.error("hook_failed", module=label, hook="function", error=str(exc))
+
+    # the recording parts run outside dynamo's tracing (capture/compiled.py): in a
+    # compiled region each is a graph break, the function itself is traced as usual
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        started = start(args, kwargs)
+        result = fn(*args, **kwargs)
+        if started is not None:
+            finish(started, result)
         return result
 
     return wrapper

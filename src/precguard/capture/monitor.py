@@ -42,8 +42,10 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from precguard._logging import get_logger
+from precguard.capture.compiled import outside_dynamo
 from precguard.capture.flatten import named_tensors
 from precguard.capture.grad_edges import consumer_edges
+from precguard.capture.kv_cache import CacheStates, caches_in, caches_out
 from precguard.capture.options import CaptureOptions
 from precguard.capture.recording import CallFrame, Recording
 from precguard.errors import NonFiniteError
@@ -187,6 +189,7 @@ class Monitor:
         self._backward = options.backward
         self._watch_inputs = options.backward and options.input_grads
         self._on_nonfinite = options.on_nonfinite
+        self._caches = CacheStates() if options.kv_cache else None
         self.removed = False
         names = module_names(root, root_name)
         #: module -> qualified name; weak, so that the monitor (or a handle on it that
@@ -209,12 +212,12 @@ class Monitor:
                 next(mod.children(), None) is None,
             )
             self._sites.append(site)
-            self._handles.append(
-                mod.register_forward_pre_hook(functools.partial(self._pre, site), with_kwargs=True)
-            )
-            self._handles.append(
-                mod.register_forward_hook(functools.partial(self._post, site), with_kwargs=True)
-            )
+            # kept out of dynamo's tracing: under torch.compile a hooked module's boundary
+            # is a graph break and the hook sees real tensors (capture/compiled.py)
+            pre = outside_dynamo(functools.partial(self._pre, site))
+            post = outside_dynamo(functools.partial(self._post, site))
+            self._handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+            self._handles.append(mod.register_forward_hook(post, with_kwargs=True))
             if options.backward:
                 for index, (pname, p) in enumerate(mod.named_parameters(recurse=False)):
                     if p.requires_grad:
@@ -245,6 +248,14 @@ class Monitor:
         if self.removed:
             return
         opened: _Open | None = None
+        recomputing = _in_backward()
+        frames = site.frames
+        if not recomputing:
+            # a recomputation that checkpointing stopped early (non-reentrant stops once
+            # it has the tensors it needs) never reached its post-hook: drop its frame,
+            # or each step would leave one holding the recomputed inputs
+            while frames and frames[-1] is not None and frames[-1][1].recomputed:
+                frames.pop()
         try:
             sink = self._fixed_sink
             if sink is None or site.skip_covered:
@@ -255,28 +266,41 @@ class Monitor:
                 items = named_tensors(args, "args")
                 if kwargs:
                     items += named_tensors(kwargs, "kwargs")
-                frame = sink.enter(
-                    module,
-                    site.name,
-                    site.type,
-                    items,
-                    # the root called from inside its own forward (recursion) is one more
-                    # call of this step, as a child's recursion is, not the next step
-                    root=site.root and not site.frames,
-                    save=site.save,
-                    on_nonfinite=self._on_nonfinite,
-                )
+                if self._caches is not None and not recomputing:
+                    # a cache handed in whose state was never recorded (prefilled before)
+                    items += self._caches.unseen(caches_in(args, kwargs))
+                if recomputing:  # activation checkpointing recomputes this call
+                    frame = sink.recompute(
+                        module,
+                        site.name,
+                        site.type,
+                        save=site.save,
+                        on_nonfinite=self._on_nonfinite,
+                    )
+                else:
+                    frame = sink.enter(
+                        module,
+                        site.name,
+                        site.type,
+                        items,
+                        # the root called from inside its own forward (recursion) is one
+                        # more call of this step, as a child's recursion is, not the next
+                        root=site.root and not frames,
+                        save=site.save,
+                        on_nonfinite=self._on_nonfinite,
+                    )
                 needs_grad = (
                     [(i, n, t, t._version) for i, (n, t) in enumerate(items) if t.requires_grad]
                     if self._watch_inputs and torch.is_grad_enabled()
                     else []
                 )
                 opened = (sink, frame, needs_grad)
-                self._record_params(sink, module, frame)
+                if not frame.recomputed:
+                    self._record_params(sink, module, frame)
         except Exception as exc:
             self._report_failure(site.name, "forward_pre", exc)
         # always push, so that the post-hook pops the frame of its own call
-        site.frames.append(opened)
+        frames.append(opened)
 
     def _record_params(self, sink: Recording, module: nn.Module, frame: CallFrame) -> None:
         # call 0 happens once per module and step, so each step records them at most once
@@ -307,7 +331,12 @@ class Monitor:
         name, mtype = site.name, site.type
         try:
             items = named_tensors(output, "output")
-            sink.leave(frame, items)
+            if not frame.recomputed:
+                if self._caches is not None:  # cache tensors this call wrote
+                    found = caches_in(args, kwargs) + caches_out(output)
+                    sink.leave(frame, items + self._caches.unseen(found))
+                else:
+                    sink.leave(frame, items)
             if self._backward and torch.is_grad_enabled():
                 for index, (tname, t) in enumerate(items):
                     if t.requires_grad:
@@ -325,7 +354,7 @@ class Monitor:
                         )
             if needs_grad:
                 self._watch_inputs_of(site, items, needs_grad, sink, frame)
-            if site.root and not frames:  # the outermost root call ended
+            if site.root and not frames and not frame.recomputed:  # the outermost root call
                 sink.flush()
         except NonFiniteError:
             raise
@@ -525,6 +554,20 @@ class Monitor:
         self._input_grads.clear()
         if self._fixed_sink is not None:
             self._fixed_sink.covered.difference_update(self._covered)
+
+
+#: the id of the backward pass running in this thread, -1 outside backward
+_GRAPH_TASK_ID = getattr(torch._C, "_current_graph_task_id", lambda: -1)
+
+
+def _in_backward() -> bool:
+    """Whether a forward runs inside a backward pass: activation checkpointing recomputing it.
+
+    Both ``torch.utils.checkpoint`` flavours (and HF's ``gradient_checkpointing_enable``,
+    built on it) run the recomputation from autograd's engine: non-reentrant from a
+    saved tensor's unpack hook, reentrant from ``CheckpointFunction.backward``.
+    """
+    return _GRAPH_TASK_ID() != -1
 
 
 def _add_input_grad(reader: _Reader, grad: torch.Tensor) -> None:

@@ -46,6 +46,14 @@ class CaptureOptions(BaseModel):
         "statistics-only run compared with a full golden can still name the module "
         "(docs/compare.md, 'Evidence in statistics-mode records').",
     )
+    kv_cache: bool = Field(
+        default=False,
+        description="Also record the tensors of a KV cache (a transformers Cache such as "
+        "DynamicCache, passed as cache= / past_key_values= or returned) at the module call "
+        "that wrote them, as outputs named after the argument (kwargs.cache.layers.1.values); "
+        "off by default: each write records the whole cache layer, which grows with the "
+        "sequence (docs/capture.md).",
+    )
     on_nonfinite: OnNonFinite = Field(
         default="record",
         description="'record': mark and log the origin; 'save': also write the origin's "

@@ -75,16 +75,34 @@ def _autocast_dtype(t: torch.Tensor) -> str | None:
 class CallFrame:
     """One module (or decorated function) call between its inputs and its outputs."""
 
-    __slots__ = ("call", "inputs", "inputs_finite", "module", "module_type", "on_nonfinite", "save")
+    __slots__ = (
+        "call",
+        "inputs",
+        "inputs_finite",
+        "module",
+        "module_type",
+        "on_nonfinite",
+        "recomputed",
+        "save",
+    )
 
     def __init__(
-        self, module: str, module_type: str, call: int, save: bool, on_nonfinite: OnNonFinite
+        self,
+        module: str,
+        module_type: str,
+        call: int,
+        save: bool,
+        on_nonfinite: OnNonFinite,
+        recomputed: bool = False,
     ) -> None:
         self.module = module
         self.module_type = module_type
         self.call = call
         self.save = save
         self.on_nonfinite = on_nonfinite
+        #: a forward run again during backward (activation checkpointing): nothing
+        #: recorded in forward; its gradients are keyed at the call it recomputes
+        self.recomputed = recomputed
         self.inputs_finite: bool | None = True
         self.inputs: list[tuple[str, torch.Tensor]] = []
 
@@ -170,6 +188,9 @@ class Recording:
         self._tensor_bytes = 0
         self._tensor_files: dict[str, str] = {}  # key -> file, for records not yet written
         self._calls: dict[int, int] = {}
+        self._recomputes: dict[int, int] = {}  # per module this step: calls recomputed
+        #: module calls recomputed during backward (activation checkpointing), whole run
+        self.recomputed_calls = 0
         self._step_owner: int | None = None
         self._explicit_steps = not auto_step
         self._inputs_finite: dict[tuple[str, int], bool] = {}
@@ -227,6 +248,25 @@ class Recording:
         self.steps_seen = max(self.steps_seen, self.step_index + 1)
         return call
 
+    def recompute(
+        self, obj: object, module: str, module_type: str, *, save: bool, on_nonfinite: OnNonFinite
+    ) -> CallFrame:
+        """A frame for a forward that autograd runs again in backward (checkpointing).
+
+        Nothing is recorded for it in forward: the original call was, with the same
+        inputs. It gets the index of the call it recomputes, so that the gradients
+        that flow through it (reentrant checkpointing backpropagates through the
+        recomputed graph) are keyed as without checkpointing. Segments are
+        recomputed in reverse order, so a module's k-th recomputation in a step is
+        matched with its k-th call from the end.
+        """
+        key = id(obj)
+        done = self._recomputes.get(key, 0)
+        self._recomputes[key] = done + 1
+        self.recomputed_calls += 1
+        call = max(self._calls.get(key, 1) - 1 - done, 0)
+        return CallFrame(module, module_type, call, save, on_nonfinite, recomputed=True)
+
     def step(self) -> None:
         """End the current step explicitly; from now on steps advance only here."""
         self._explicit_steps = True
@@ -236,6 +276,7 @@ class Recording:
         self.flush()  # also empties the statistics buffer
         self.step_index += 1
         self._calls.clear()
+        self._recomputes.clear()
         self._inputs_finite.clear()
         self._origin_seen.clear()
         self._nonfinite_acted = False
@@ -577,6 +618,10 @@ class Recording:
         writer = self.writer or self._failed_writer
         if writer is None:
             return
+        if self.recomputed_calls:  # written with the rest when the writer marks it closed
+            writer.manifest = writer.manifest.model_copy(
+                update={"recomputed_calls": self.recomputed_calls}
+            )
         if self.write_failure is None:
             steps = self.steps_seen
         else:

@@ -7,11 +7,22 @@ of DDP, ``_fsdp_wrapped_module.`` of FSDP, ``_orig_mod.`` of
 checkpointing) and the wrappers' own records, copies of the module they
 wrap, are dropped; then the user's ``--map OLD=NEW`` rules rename modules.
 
-Records are paired by key. Records left over (a renamed module, re-ordered
-calls, a different number of calls) are paired by order within the same
-parent module, phase and role, preferring a partner of the same shape and
-dtype, then of the same shape. A record without a partner of the same shape
-stays unmatched: it is reported, never dropped.
+A module call's inputs and outputs are paired by **name** (``kwargs.attention_mask``,
+``args.0``, ``output.1``: where the tensor sat), not by position: an eager
+attention passes ``attention_mask`` where SDPA passes ``None``, which shifts
+every later input's index by one. Other records (parameters, gradients, and
+recordings without names) are paired by key; so is an input passed by
+position on one side and by keyword on the other (same index, ``args.0`` vs
+``kwargs.hidden_states``). An input or output that only one side has in a
+call both sides recorded (a keyword one side passes, a tuple element one side
+returns) is *one-sided*: never paired with another tensor, reported apart
+(``Alignment.one_sided``) with a note of its own.
+
+Records left over (a renamed module, re-ordered calls, a different number of
+calls) are paired by order within the same parent module, phase and role,
+preferring a partner of the same shape and dtype, then of the same shape. A
+record without a partner of the same shape stays unmatched: it is reported,
+never dropped.
 """
 
 from __future__ import annotations
@@ -187,6 +198,116 @@ class Alignment:
     pairs: list[tuple[Record, Record]] = field(default_factory=list)
     golden_only: list[Record] = field(default_factory=list)
     actual_only: list[Record] = field(default_factory=list)
+    #: inputs/outputs only one side passed or returned in a call both recorded:
+    #: (side, record), side 'golden' or 'actual'; in neither list above
+    one_sided: list[tuple[str, Record]] = field(default_factory=list)
+
+
+_CALL_IO = ("input", "output")
+
+
+def _call_of(rec: Record) -> tuple[str, int, str, str]:
+    return rec.module, rec.call, rec.phase, rec.role
+
+
+def _kwarg(name: str) -> str | None:
+    """The keyword of an input name (``kwargs.position_embeddings.0`` -> its keyword)."""
+    if not name.startswith("kwargs."):
+        return None
+    return name.split(".", 2)[1]
+
+
+def _named_io(records: list[Record]) -> bool:
+    """Whether the call inputs/outputs of ``records`` carry names (pre-name recordings do not)."""
+    return any(r.name for r in records if r.role in _CALL_IO)
+
+
+def _pair_by_name(
+    golden: list[Record], actual: list[Record], result: Alignment
+) -> tuple[list[Record], list[Record]]:
+    """Pair call inputs/outputs by (call, name); then by key where the names do not contradict.
+
+    Returns the records still unpaired, one-sided ones left out (they go to
+    ``result.one_sided``).
+    """
+    by_name = {(_call_of(a), a.name): a for a in actual if a.role in _CALL_IO and a.name}
+    used: set[int] = set()
+    left_golden: list[Record] = []
+    for g in golden:
+        a = by_name.get((_call_of(g), g.name)) if g.role in _CALL_IO and g.name else None
+        if a is not None and id(a) not in used:
+            used.add(id(a))
+            result.pairs.append((g, a))
+        else:
+            left_golden.append(g)
+    left_actual = [a for a in actual if id(a) not in used]
+    # by key: parameters, gradients, and an input passed by position on one side and by
+    # keyword on the other; never two different keywords (two different inputs)
+    by_key = {a.key: a for a in left_actual}
+    still: list[Record] = []
+    for g in left_golden:
+        a = by_key.get(g.key)
+        if a is None or id(a) in used or _contradict(g, a):
+            still.append(g)
+            continue
+        used.add(id(a))
+        result.pairs.append((g, a))
+    left_actual = [a for a in left_actual if id(a) not in used]
+    g_calls = {_call_of(g) for g in golden}
+    a_calls = {_call_of(a) for a in actual}
+    g_names = {(_call_of(g), g.name) for g in golden}
+    a_names = {(_call_of(a), a.name) for a in actual}
+
+    def one_sided(rec: Record, other_calls: set, other_names: set) -> bool:
+        # the other side recorded this call but nothing under this name
+        return (
+            rec.role in _CALL_IO
+            and bool(rec.name)
+            and _call_of(rec) in other_calls
+            and (_call_of(rec), rec.name) not in other_names
+            and (_kwarg(rec.name) is not None or rec.name.startswith("output"))
+        )
+
+    out_golden, out_actual = [], []
+    positional = _positional_calls(left_actual)
+    for g in still:
+        if one_sided(g, a_calls, a_names) and not _positional_partner(g, positional):
+            result.one_sided.append(("golden", g))
+        else:
+            out_golden.append(g)
+    positional = _positional_calls(out_golden)
+    for a in left_actual:
+        if one_sided(a, g_calls, g_names) and not _positional_partner(a, positional):
+            result.one_sided.append(("actual", a))
+        else:
+            out_actual.append(a)
+    return out_golden, out_actual
+
+
+def _contradict(g: Record, a: Record) -> bool:
+    """Two records under one key whose names say they are different inputs (two keywords).
+
+    Outputs under one key are the same position of what the call returned (a tuple
+    on one side, a ``ModelOutput`` on the other): paired.
+    """
+    if g.role not in _CALL_IO or g.name == a.name:
+        return False
+    gk, ak = _kwarg(g.name), _kwarg(a.name)
+    return gk is not None and ak is not None and gk != ak
+
+
+def _positional_calls(records: list[Record]) -> set[tuple[str, int, str, str]]:
+    """The calls among ``records`` that hold an unpaired positional input (``args.N``)."""
+    return {_call_of(r) for r in records if r.name.startswith("args.")}
+
+
+def _positional_partner(rec: Record, positional: set[tuple[str, int, str, str]]) -> bool:
+    """A keyword input whose call has an unpaired positional input on the other side.
+
+    The same input passed by keyword on one side and by position on the other
+    (the by-order pass below pairs them), not a one-sided input.
+    """
+    return _kwarg(rec.name) is not None and _call_of(rec) in positional
 
 
 def parent_module(module: str) -> str:
@@ -213,18 +334,11 @@ def align(golden: list[Record], actual: list[Record], renamer: Renamer | None = 
     """
     renamer = renamer or Renamer()
     golden, actual = renamer.records(golden), renamer.records(actual)
-    by_key = {r.key: r for r in actual}
     result = Alignment()
-    left_golden: list[Record] = []
-    used: set[str] = set()
-    for g in golden:
-        a = by_key.get(g.key)
-        if a is not None and a.key not in used:
-            used.add(a.key)
-            result.pairs.append((g, a))
-        else:
-            left_golden.append(g)
-    left_actual = [a for a in actual if a.key not in used]
+    if _named_io(golden) and _named_io(actual):
+        left_golden, left_actual = _pair_by_name(golden, actual, result)
+    else:
+        left_golden, left_actual = _pair_by_key(golden, actual, result)
     if left_golden and left_actual:
         pending: dict[tuple[str, str, str], list[Record]] = defaultdict(list)
         for a in left_actual:
@@ -243,7 +357,25 @@ def align(golden: list[Record], actual: list[Record], renamer: Renamer | None = 
     result.pairs.sort(key=lambda pair: pair[0].seq)
     result.golden_only = sorted(left_golden, key=lambda r: r.seq)
     result.actual_only = sorted(left_actual, key=lambda r: r.seq)
+    result.one_sided.sort(key=lambda sr: (sr[0] != "golden", sr[1].seq))
     return result
+
+
+def _pair_by_key(
+    golden: list[Record], actual: list[Record], result: Alignment
+) -> tuple[list[Record], list[Record]]:
+    """Pair records of the same key; return those left on each side."""
+    by_key = {r.key: r for r in actual}
+    left_golden: list[Record] = []
+    used: set[str] = set()
+    for g in golden:
+        a = by_key.get(g.key)
+        if a is not None and a.key not in used:
+            used.add(a.key)
+            result.pairs.append((g, a))
+        else:
+            left_golden.append(g)
+    return left_golden, [a for a in actual if a.key not in used]
 
 
 def _pick(golden: Record, candidates: list[Record]) -> Record | None:

@@ -43,7 +43,7 @@ from precguard.compare.report import (
     Unmatched,
 )
 from precguard.compare.tolerance import Profile, judge, with_bias
-from precguard.compare.units import ShardResult, UnitResult
+from precguard.compare.units import OneSided, ShardResult, UnitResult
 from precguard.dump.paths import RECORDS_FILE, rank_dir
 from precguard.dump.reader import Run, load_run
 from precguard.dump.schema import Record
@@ -149,6 +149,7 @@ def plan_comparison(
         ensure_distinct(g_run, a_run)
     renamer = Renamer.from_strings(options.rename)
     warnings = _check_models(g_run, a_run, renamed=bool(options.rename))
+    warnings.extend(hints.recomputation_notes(g_run, a_run))
     ranks = _ranks(g_run, a_run, options.rank, warnings)
     plan = ComparePlan(g_run, a_run, options, renamer, warnings, ranks)
     if options.calibration is not None:
@@ -214,6 +215,7 @@ def compare_unit(
         candidates=found,
         fallback=None if found else fallback(step_results.results),
         collectives_dropped=dropped,
+        one_sided=step_results.one_sided,
     )
 
 
@@ -391,6 +393,7 @@ def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
         dropped = sum(u.collectives_dropped[i] for u in units)
         if dropped:
             warnings.append(hints.collectives_left_out(dropped, side))
+    warnings.extend(hints.one_sided_notes([o for u in units for o in u.one_sided]))
     if golden_only or actual_only:
         warnings.append(hints.unmatched_warning(golden_only, actual_only))
     prof = plan.prof
@@ -560,6 +563,7 @@ class _StepResults:
         self.results: list[RecordResult] = []
         self.golden_only: list[str] = []
         self.actual_only: list[str] = []
+        self.one_sided: list[OneSided] = []
 
 
 def _compare_step(
@@ -585,6 +589,9 @@ def _compare_step(
     for a in alignment.actual_only:
         out.actual_only.append(a.key)
         out.results.append(_result(a, None, "missing", None))
+    for side, rec in alignment.one_sided:  # counted missing, told apart in a note
+        out.one_sided.append(OneSided.of(side, rec))
+        out.results.append(_result(rec, None, "missing", None))
     out.results.sort(key=lambda x: (x.seq, x.status == "missing"))
     return out
 

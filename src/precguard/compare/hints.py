@@ -17,13 +17,14 @@ tensors, a decorated function), the hint says why instead.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from precguard.compare.align import closest_unmatched
 from precguard.compare.coverage import incomplete_note
 from precguard.compare.report import Comparison, RecordResult
+from precguard.compare.units import OneSided
 from precguard.dump.reader import Run
 from precguard.errors import PrecguardError
 
@@ -250,6 +251,56 @@ def unmatched_warning(golden_only: list[str], actual_only: list[str]) -> str:
         f"{len(golden_only)} golden and {len(actual_only)} actual records have no "
         "counterpart (listed under 'unmatched')" + closest(golden_only, actual_only)
     )
+
+
+def one_sided_notes(found: Sequence[OneSided], shown: int = 4) -> list[str]:
+    """One line per (side, phase, role, name): the modules that only one side passed it to.
+
+    ``only golden passed kwargs.attention_mask to model.layers.0, model.layers.0.self_attn
+    (step 0): not compared``. An eager attention gets the causal mask that SDPA builds
+    inside; comparing it with the next input (the old pairing by position) was a false
+    divergence.
+    """
+    groups: dict[tuple[str, str, str, str], dict[str, set[int]]] = {}
+    for o in found:
+        mods = groups.setdefault((o.side, o.phase, o.role, o.name), {})
+        mods.setdefault(o.module, set()).add(o.step)
+    notes = []
+    for (side, phase, role, name), mods in groups.items():
+        names = list(mods)
+        listed = ", ".join(names[:shown]) + (
+            f" and {len(names) - shown} more" if len(names) > shown else ""
+        )
+        steps = sorted(set().union(*mods.values()))
+        when = f"step {steps[0]}" if len(steps) == 1 else f"{len(steps)} steps"
+        grad = "the gradient of " if phase == "backward" else ""
+        if role == "input":
+            what = f"only {side} passed {grad}{name} to {listed}"
+            example = "an attention mask eager attention takes and SDPA builds inside"
+        else:
+            what = f"only {side} returned {grad}{name} from {listed}"
+            example = "attention weights eager attention returns and SDPA does not"
+        notes.append(f"{what} ({when}): not compared (the other side has none; e.g. {example})")
+    return notes
+
+
+def recomputation_notes(g_run: Run, a_run: Run) -> list[str]:
+    """A line per side whose run recomputed module calls in backward (checkpointing).
+
+    Recomputed forwards are recognised at capture and not recorded as further
+    calls (their gradients are keyed at the call they recompute), so a run with
+    activation checkpointing compares with one without; the line says it happened.
+    """
+    notes = []
+    for side, run in (("golden", g_run), ("actual", a_run)):
+        n = run.manifest.recomputed_calls
+        if n:
+            notes.append(
+                f"the {side} recomputed {n} module call(s) during backward (activation "
+                "checkpointing): recognised as recomputation, not recorded or compared as "
+                "further calls"
+            )
+    return notes
 
 
 def collectives_left_out(count: int, side: str) -> str:

@@ -12,8 +12,41 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from precguard.compare.divergence import Candidate
 from precguard.compare.report import RecordRows
+from precguard.dump.schema import Record
 
 _MODEL = ConfigDict(ser_json_inf_nan="strings")
+
+
+class OneSided(BaseModel):
+    """An input or output only one side passed or returned in a call both sides recorded.
+
+    An eager attention's ``attention_mask`` that SDPA does not get, a tuple element
+    one side returns: not compared with another tensor, told in a note
+    (:func:`precguard.compare.hints.one_sided_notes`).
+    """
+
+    model_config = _MODEL
+
+    side: str = Field(description="'golden' or 'actual': the side that has it.")
+    module: str
+    call: int
+    phase: str
+    role: str
+    name: str = Field(description="Where it sat: 'kwargs.attention_mask', 'output.1'.")
+    step: int
+
+    @classmethod
+    def of(cls, side: str, rec: Record) -> OneSided:
+        """The one-sided record ``rec`` of ``side``."""
+        return cls(
+            side=side,
+            module=rec.module,
+            call=rec.call,
+            phase=rec.phase,
+            role=rec.role,
+            name=rec.name,
+            step=rec.step,
+        )
 
 
 class UnitResult(BaseModel):
@@ -36,6 +69,10 @@ class UnitResult(BaseModel):
         default=(0, 0),
         description="dist.<op> records (golden, actual) left out: the other side recorded "
         "no collective.",
+    )
+    one_sided: list[OneSided] = Field(
+        default_factory=list,
+        description="Inputs/outputs only one side passed or returned (counted missing).",
     )
 
     @property

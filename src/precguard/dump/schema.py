@@ -284,6 +284,11 @@ class Manifest(BaseModel):
         default=None, description="The exception that ended the run, when its body raised."
     )
     steps: int | None = Field(default=None, description="Steps recorded, once complete.")
+    recomputed_calls: int = Field(
+        default=0,
+        description="Module calls run again during backward (activation checkpointing): "
+        "recognised, not recorded as further calls (docs/capture.md).",
+    )
     steps_run: int | None = Field(
         default=None,
         description="Steps the run went through; more than 'steps' when the recording "

@@ -1,0 +1,114 @@
+"""torch.compile and precguard's hooks: hooks kept out of dynamo, compiled models refused.
+
+Module hooks run inside a compiled model's ``forward``: dynamo inlines
+submodule calls, hooks included. Traced, precguard's statistics code (a C++
+kernel, ``id()`` caches, dict bookkeeping) breaks the graph deep inside
+precguard and recompiles ``Recording.enter`` until dynamo's recompile limit.
+So every forward hook is wrapped by :func:`outside_dynamo`: dynamo never
+traces it, the call is a graph break at the module boundary (in
+``torch/nn/modules/module.py``), and the hook runs eagerly on the real
+tensors of that boundary.
+
+``torch.compiler.disable`` does the same, but its first use imports
+``torch._dynamo`` (1.5-4.5 s here), a price every ``monitor()`` would pay
+whether the user compiles or not. The wrapper below is its two parts: the
+``_torchdynamo_disable`` mark dynamo reads when it meets the call while
+tracing (graph break, call left to run eagerly), the wrapper's own frame
+marked as one dynamo's frame callback skips, and that callback switched off
+around the call, so that a hook called eagerly from inside a compiled region
+(the root's hooks of a ``torch.compile``'d model, which torch runs outside the
+graph) is not compiled as a frame of its own, nor anything it calls.
+``tests/capture/test_compile.py`` holds dynamo to both.
+
+A model compiled *before* ``monitor()`` cannot be recorded: its compiled
+code was traced without the hooks and dynamo does not recompile when hooks
+are added later, so only the outermost call would be recorded.
+:func:`compiled_modules` finds such modules; ``monitor()`` refuses them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from torch import nn
+
+try:  # the C half of dynamo: present in every torch build that has torch.compile
+    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy
+    from torch._C._dynamo.eval_frame import set_code_exec_strategy as _set_code_exec_strategy
+    from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
+except ImportError:  # pragma: no cover - a torch without dynamo: nothing to keep out
+    _set_eval_frame = None
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_REASON = (
+    "precguard's capture hook: it runs eagerly at the module boundary, outside compiled graphs"
+)
+
+
+def outside_dynamo(fn: F) -> F:
+    """``fn`` wrapped so that dynamo never traces it (a graph break where it is called).
+
+    Costs ~0.4 µs per call in eager mode (two calls into torch's C code).
+    """
+    if _set_eval_frame is None:
+        return fn
+    set_eval_frame = _set_eval_frame
+
+    @functools.wraps(fn)
+    def run_eagerly(*args: Any, **kwargs: Any) -> Any:
+        prior = set_eval_frame(None)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            set_eval_frame(prior)
+
+    # what torch.compiler.disable sets: dynamo graph-breaks at a call of a function
+    # carrying it and leaves the call to run eagerly
+    run_eagerly._torchdynamo_disable = True  # type: ignore[attr-defined]
+    run_eagerly._torchdynamo_disable_msg = _REASON  # type: ignore[attr-defined]
+    run_eagerly._torchdynamo_disable_recursive = True  # type: ignore[attr-defined]
+    _skip_frame(run_eagerly.__code__)
+    return run_eagerly  # type: ignore[return-value]
+
+
+@functools.cache
+def _skip_frame(code: Any) -> None:
+    """Tell dynamo's frame callback never to compile a frame of ``code``.
+
+    What ``torch._dynamo.eval_frame.skip_code`` does. Without it a hook called
+    eagerly while a compiled model runs (the root's) is handed to dynamo as a
+    frame to compile before its first line can switch the callback off. One
+    code object is shared by every wrapper, so this runs once.
+    """
+    _set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT))
+
+
+def compiled_modules(model: nn.Module) -> list[str]:
+    """Names of the modules under ``model`` that ``torch.compile`` already wrapped or compiled.
+
+    ``torch.compile(m)`` returns an ``OptimizedModule`` (holding ``m`` as
+    ``_orig_mod``); ``m.compile()`` compiles in place (``_compiled_call_impl``).
+    The root is named ``root``.
+    """
+    found = []
+    for name, mod in model.named_modules():
+        wrapped = type(mod).__name__ == "OptimizedModule" and hasattr(mod, "_orig_mod")
+        if wrapped or getattr(mod, "_compiled_call_impl", None) is not None:
+            found.append(name or "root")
+    return found
+
+
+def refusal(compiled: list[str]) -> str:
+    """The one line that says why a model compiled before ``monitor()`` is refused, and how."""
+    where = "the model" if compiled[0] == "root" else "module " + compiled[0]
+    more = f" (and {len(compiled) - 1} more)" if len(compiled) > 1 else ""
+    return (
+        f"monitor(): {where}{more} is already compiled with torch.compile, and its compiled "
+        "code runs without module hooks: only its outermost call would be recorded. Call "
+        "precguard.monitor(model) before torch.compile(model) (each module's boundary is "
+        "then recorded, docs/capture.md 'torch.compile'), or monitor and call the "
+        "uncompiled module (model._orig_mod) instead"
+    )
