@@ -1,0 +1,328 @@
+"""Remedies verified by re-running: each mechanical fix applied to the actual side, measured.
+
+A finding's remedy is advice until the numbers move. For each local module of
+an error budget (:mod:`precguard.localize.impact`), the remedies that can be
+applied without the user's hands are applied to the actual side's model and
+its output error measured again:
+
+``reference-precision``
+    the module computed at reference precision (as ``bisect`` runs it);
+``float32-compute``
+    the module computed in float32 on the actual's own device, its output
+    rounded back: a norm's statistics in float32, rotary frequencies and
+    angles in float32, or any module upcast;
+``float32-buffers``
+    the module's floating buffers (``inv_freq``) kept at the float32 values
+    the model was built with, where a cast (``model.to(bfloat16)``) rounded them;
+``float32-loss``
+    the target's loss computed on float32 logits (the loss's own error);
+``switch:NAME``
+    a device setting a plugin declares (``precguard_register_switches``):
+    another ``emu:`` profile, a vendor flag; run on the whole model.
+
+Each result is judged against the floor of a correct run at the actual
+precision (:meth:`~precguard.localize.impact.ActualSide.floor`): *verified*
+when the error falls to within :data:`FLOOR_SLACK` of it, *did not help* when
+it removes under :data:`HELP_SHARE` of the excess over it, else *helped partly*.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from precguard._logging import get_logger
+from precguard.backend import Switch
+from precguard.compare.impact_report import ErrorBudget, Impact, RemedyCheck, RemedyVerdict
+from precguard.errors import PrecguardError
+from precguard.localize.bisect import ROOT, ReferencePrecision, _cast_batch, _main_tensor
+from precguard.localize.impact import ActualSide, relative_error
+from precguard.target import call_model
+from precguard.target_run import TargetRun
+
+logger = get_logger(__name__)
+
+#: a remedy is verified when its output error is at most this multiple of the floor. The
+#: output error of a correct run is the root of a sum of squares of many independent
+#: roundings (every module's); a remedy computes one module differently from the floor's
+#: correct kernel (float32 weights instead of rounded ones, another rounding order), which
+#: moves that sum by the module's own part of it. 1.25 lets that one module own up to a
+#: quarter of the floor's error, more than any single module of a correct run should (a
+#: module beyond that is itself a finding of the budget).
+FLOOR_SLACK = 1.25
+
+#: a remedy that removes less than this share of the excess over the floor did not help:
+#: an excess that stays above 90 % is the same fault, not a partial fix
+HELP_SHARE = 0.1
+
+
+def judge_remedy(before: float, after: float, floor: float | None) -> RemedyVerdict:
+    """verified, helped partly or did not help, for an output error ``before`` -> ``after``."""
+    if not math.isfinite(after):
+        return "did not help"
+    if floor is not None and before <= FLOOR_SLACK * floor:
+        return "did not help"  # nothing to fix: the error was within the floor already
+    if floor is not None and after <= FLOOR_SLACK * floor:
+        return "verified"
+    target = floor if floor is not None else 0.0
+    excess = before - target
+    if not math.isfinite(before):
+        return "helped partly"
+    if excess <= 0 or before - after < HELP_SHARE * excess:
+        return "did not help"
+    return "helped partly"
+
+
+def _kind(module: nn.Module) -> str:
+    name = type(module).__name__.lower()
+    if "norm" in name:
+        return "norm"
+    if "rotary" in name or "rope" in name:
+        return "rotary"
+    return "module"
+
+
+@contextlib.contextmanager
+def _buffers_kept(module: nn.Module, values: dict[str, torch.Tensor]) -> Iterator[None]:
+    """``module``'s named buffers replaced by ``values`` for a while, then restored."""
+    saved: list[tuple[nn.Module, str, torch.Tensor | None]] = []
+    try:
+        for name, value in values.items():
+            owner_path, _, leaf = name.rpartition(".")
+            owner = module.get_submodule(owner_path) if owner_path else module
+            saved.append((owner, leaf, owner._buffers[leaf]))
+            owner._buffers[leaf] = value
+        yield
+    finally:
+        for owner, leaf, old in reversed(saved):
+            owner._buffers[leaf] = old
+
+
+def _rounded_buffers(side: ActualSide, name: str) -> dict[str, torch.Tensor]:
+    """The floating buffers of module ``name`` a cast rounded, at their built float32 values."""
+    path = "" if name == ROOT else name
+    now = side.model.get_submodule(path)
+    built = dict(side.constructed.get_submodule(path).named_buffers())
+    found: dict[str, torch.Tensor] = {}
+    for buf_name, buf in now.named_buffers():
+        original = built.get(buf_name)
+        if (
+            original is not None
+            and buf.is_floating_point()
+            and original.is_floating_point()
+            and buf.dtype != original.dtype
+            and torch.finfo(buf.dtype).eps > torch.finfo(original.dtype).eps
+        ):
+            found[buf_name] = original.to(buf.device)
+    return found
+
+
+def module_remedies(
+    side: ActualSide, impact: Impact, floor: float | None, float32_twin: nn.Module
+) -> list[RemedyCheck]:
+    """Each mechanical remedy of ``impact``'s module applied to the actual side, measured."""
+    name = impact.module
+    before = impact.before
+    if before is None or not side.has_module(name):
+        return []
+    module = side.model.get_submodule("" if name == ROOT else name)
+    kind = _kind(module)
+    checks: list[RemedyCheck] = []
+
+    def result(remedy: str, summary: str, after: float, note: str = "") -> RemedyCheck:
+        assert before is not None
+        if floor is not None and before <= FLOOR_SLACK * floor:
+            note = "the output error is within the floor of a correct run already"
+        return RemedyCheck(
+            remedy=remedy,
+            summary=summary,
+            before=before,
+            after=after,
+            floor=floor,
+            verdict=judge_remedy(before, after, floor),
+            note=note,
+        )
+
+    if impact.after is not None:
+        checks.append(result("reference-precision", f"{name} at reference precision", impact.after))
+    backend = side.run.backend
+    label = {
+        "norm": f"{name}: the norm's statistics in float32",
+        "rotary": f"{name}: the rotary frequencies and angles in float32",
+        "module": f"{name} computed in float32 on {side.run.device}",
+    }[kind]
+    try:
+        after = side.output_error(
+            changes=[
+                lambda model: ReferencePrecision(
+                    model, float32_twin, [name], backend, torch.float32
+                )
+            ]
+        )
+        checks.append(result("float32-compute", label, after))
+    except PrecguardError as exc:
+        checks.append(_not_run("float32-compute", label, before, floor, str(exc)))
+    buffers = _rounded_buffers(side, name)
+    if buffers:
+        summary = f"{name}: buffers kept in float32 after the cast ({', '.join(buffers)})"
+        after = side.output_error(
+            changes=[lambda model: _buffers_kept(model.get_submodule(module_path(name)), buffers)]
+        )
+        checks.append(result("float32-buffers", summary, after))
+    return checks
+
+
+def module_path(name: str) -> str:
+    """The ``get_submodule`` path of a qualified module name (the root is ``""``)."""
+    return "" if name == ROOT else name
+
+
+def _not_run(
+    remedy: str, summary: str, before: float | None, floor: float | None, why: str
+) -> RemedyCheck:
+    return RemedyCheck(
+        remedy=remedy, summary=summary, before=before, floor=floor, verdict="not run", note=why
+    )
+
+
+def switch_remedies(side: ActualSide, floor: float | None) -> list[RemedyCheck]:
+    """Each switch a plugin declares for the actual's device, run on the whole model."""
+    from precguard.plugins import collect_switches
+
+    before = side.output_error()
+    checks: list[RemedyCheck] = []
+    for switch in collect_switches(side.run.device):
+        summary = f"{switch.summary} ({switch.name})"
+        try:
+            after = _switched_error(side, switch)
+        except PrecguardError as exc:
+            checks.append(_not_run(f"switch:{switch.name}", summary, before, floor, str(exc)))
+            continue
+        checks.append(
+            RemedyCheck(
+                remedy=f"switch:{switch.name}",
+                summary=summary + (f": run on {switch.instead}" if switch.instead else ""),
+                before=before,
+                after=after,
+                floor=floor,
+                verdict=judge_remedy(before, after, floor),
+            )
+        )
+    return checks
+
+
+def _switched_error(side: ActualSide, switch: Switch) -> float:
+    """The output error of the whole actual side with ``switch`` set."""
+    if switch.apply is not None:
+        apply = switch.apply
+        return side.output_error(changes=[lambda _model: apply()])
+    assert switch.instead is not None
+    run = TargetRun.on(side.run.target, switch.instead, *_backend_and_dtype(side, switch.instead))
+    model = copy.deepcopy(side.constructed).to(device=run.torch_device, dtype=run.dtype)
+    batch = _cast_batch(run.move(side.batch), run.dtype)
+
+    def forward() -> Any:
+        with torch.no_grad(), run.backend.numerics():
+            out = call_model(model, batch)
+        run.backend.synchronize()
+        return out
+
+    out = run.call(f"the forward on {switch.instead}", forward)
+    return relative_error(_main_tensor(out, "actual").detach().to("cpu"), side.expected)
+
+
+def _backend_and_dtype(side: ActualSide, device: str) -> tuple[Any, torch.dtype]:
+    from precguard.devices import resolve_backend
+
+    return resolve_backend(device), side.run.dtype
+
+
+def loss_remedy(side: ActualSide) -> RemedyCheck:
+    """The target's loss on float32 logits, against its loss as the actual side computes it.
+
+    The error is the loss's relative error against the reference's loss; the floor is
+    that of a correct run, which computes its loss on float32 logits: the remedy's own
+    result, so the check says whether the loss's precision is the cause, by how much.
+    """
+    target = side.run.target
+    summary = "the loss computed on float32 logits"
+    if target.loss is None:
+        return _not_run("float32-loss", summary, None, None, "the target has no loss")
+    loss = target.loss
+    reference_out = side.run.call("the reference forward", side._reference_forward)
+    expected = side.run.call("the loss", lambda: loss(reference_out, side.reference_batch)).detach()
+    out = side.forward()
+    before = relative_error(
+        side.run.call("the loss", lambda: loss(out, side.device_batch)).detach().to("cpu"),
+        expected.to("cpu"),
+    )
+    upcast = _float32_logits(out)
+    after = relative_error(
+        side.run.call("the loss", lambda: loss(upcast, side.device_batch)).detach().to("cpu"),
+        expected.to("cpu"),
+    )
+    return RemedyCheck(
+        remedy="float32-loss",
+        summary=summary,
+        before=before,
+        after=after,
+        floor=after,
+        verdict=judge_remedy(before, after, after),
+        note="the loss's relative error; a correct run computes it on float32 logits",
+    )
+
+
+def _float32_logits(output: Any) -> Any:
+    if isinstance(output, torch.Tensor):
+        return output.float()
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        upcast = copy.copy(output)
+        upcast["logits"] = logits.float()
+        return upcast
+    return output
+
+
+def verify_remedies(side: ActualSide, budget: ErrorBudget, *, loss: bool = False) -> ErrorBudget:
+    """``budget`` with each finding's remedies applied and measured, and the device switches.
+
+    ``loss`` also verifies the float32-loss remedy (a finding about the loss).
+    """
+    float32_twin = copy.deepcopy(side.constructed).to(device=side.run.torch_device)
+    impacts = [
+        impact.model_copy(
+            update={"remedies": module_remedies(side, impact, budget.floor, float32_twin)}
+        )
+        for impact in budget.impacts
+    ]
+    if loss:
+        check = loss_remedy(side)
+        impacts.append(
+            Impact(
+                module="loss",
+                found_by=["loss"],
+                before=check.before,
+                note="the loss's own error (not the logits')",
+                remedies=[check],
+            )
+        )
+    switches = switch_remedies(side, budget.floor)
+    logger.info("remedies_verified", findings=len(impacts), switches=len(switches))
+    return budget.model_copy(update={"impacts": impacts, "switches": switches})
+
+
+__all__ = [
+    "FLOOR_SLACK",
+    "HELP_SHARE",
+    "judge_remedy",
+    "loss_remedy",
+    "module_remedies",
+    "switch_remedies",
+    "verify_remedies",
+]
