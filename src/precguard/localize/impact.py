@@ -36,12 +36,16 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 from torch import nn
 
 from precguard._logging import get_logger
 from precguard.backend import Backend
-from precguard.compare.impact_report import ErrorBudget, Impact
+from precguard.compare.impact_report import ErrorBudget, Impact, RemedyCheck, RemedyVerdict
 from precguard.compare.metrics import tensor_metrics
+from precguard.compare.render import format_number
 from precguard.compare.report import Comparison
 from precguard.compare.tolerance import get_profile
 from precguard.devices import parse_dtype, resolve_backend
@@ -49,6 +53,7 @@ from precguard.errors import PrecguardError, TargetError, UsageError
 from precguard.localize.bisect import ROOT, ReferencePrecision, _cast_batch, _main_tensor
 from precguard.target import Target, call_model
 from precguard.target_run import TargetRun
+from precguard.text import shown
 
 logger = get_logger(__name__)
 
@@ -218,6 +223,37 @@ class ActualSide:
         if not known:
             return None
         return self.measure(self.forward([self.at_reference(known, self.correct_twin())]))
+
+
+#: a remedy is verified when its output error is at most this multiple of the floor. The
+#: output error of a correct run is the root of a sum of squares of many independent
+#: roundings (every module's); a remedy computes one module differently from the floor's
+#: correct kernel (float32 weights instead of rounded ones, another rounding order), which
+#: moves that sum by the module's own part of it. 1.25 lets that one module own up to a
+#: quarter of the floor's error, more than any single module of a correct run should (a
+#: module beyond that is itself a finding of the budget).
+FLOOR_SLACK = 1.25
+
+#: a remedy that removes less than this share of the excess over the floor did not help:
+#: an excess that stays above 90 % is the same fault, not a partial fix
+HELP_SHARE = 0.1
+
+
+def judge_remedy(before: float, after: float, floor: float | None) -> RemedyVerdict:
+    """verified, helped partly or did not help, for an output error ``before`` -> ``after``."""
+    if not math.isfinite(after):
+        return "did not help"
+    if floor is not None and before <= FLOOR_SLACK * floor:
+        return "did not help"  # nothing to fix: the error was within the floor already
+    if floor is not None and after <= FLOOR_SLACK * floor:
+        return "verified"
+    target = floor if floor is not None else 0.0
+    excess = before - target
+    if not math.isfinite(before):
+        return "helped partly"
+    if excess <= 0 or before - after < HELP_SHARE * excess:
+        return "did not help"
+    return "helped partly"
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -426,6 +462,74 @@ def comparison_impact(
     return error_budget(side, findings, note=note)
 
 
+def render_budget(budget: ErrorBudget, console: Console) -> None:
+    """Print the error budget: findings ranked by impact, their remedies, the device switches."""
+    if budget.measured == "recordings":
+        console.print(Text(f"impact: {budget.note}", style="dim"), soft_wrap=True)
+        return
+    if budget.output_error is None:
+        console.print(Text(f"impact: {budget.note or 'nothing measured'}", style="dim"))
+        return
+    console.print(
+        Text.assemble(
+            ("impact", "bold"),
+            f": output error {budget.output_error:.3g} ({budget.metric} of the logits), "
+            f"{shown(budget.target or '?')} re-run on {shown(budget.device or '?')} "
+            f"({budget.dtype}) against {budget.reference} ({budget.reference_dtype})",
+        ),
+        soft_wrap=True,
+    )
+    table = Table(title_justify="left")
+    for col in ("#", "module", "found by", "with it at reference", "share"):
+        table.add_column(col, overflow="fold")
+    for rank, impact in enumerate(budget.impacts, 1):
+        table.add_row(
+            str(rank),
+            shown(impact.module, markup=True),
+            ", ".join(impact.found_by),
+            format_number(impact.after) if impact.after is not None else "-",
+            f"{impact.share:.0%}" if impact.share is not None else shown(impact.note, markup=True),
+        )
+    console.print(table)
+    parts = []
+    if budget.together is not None and len(budget.impacts) > 1:
+        together = "all of them at reference"
+        if budget.output_error is not None:
+            verdict = judge_remedy(budget.output_error, budget.together, budget.floor)
+            together += f" ({verdict})"
+        parts.append(f"{together}: {budget.together:.3g}")
+    if budget.unexplained is not None:
+        parts.append(f"no single module explains {budget.unexplained:.0%}")
+    parts.append(
+        f"floor of a correct run: {budget.floor:.3g}"
+        if budget.floor is not None
+        else "floor unknown"
+    )
+    console.print("  " + "; ".join(parts))
+    for impact in budget.impacts:
+        for check in impact.remedies:
+            _print_remedy(check, console)
+    for check in budget.switches:
+        _print_remedy(check, console)
+    if budget.note:
+        console.print(Text(f"  note: {budget.note}", style="dim"), soft_wrap=True)
+
+
+_VERDICT_STYLE = {
+    "verified": "bold green",
+    "helped partly": "yellow",
+    "did not help": "red",
+    "not run": "dim",
+}
+
+
+def _print_remedy(check: RemedyCheck, console: Console) -> None:
+    console.print(
+        Text("  " + shown(check.describe(), 400), style=_VERDICT_STYLE[check.verdict]),
+        soft_wrap=True,
+    )
+
+
 __all__ = [
     "ActualSide",
     "Change",
@@ -435,5 +539,6 @@ __all__ = [
     "error_budget",
     "recordings_only",
     "relative_error",
+    "render_budget",
     "share_of",
 ]

@@ -30,8 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -39,44 +38,24 @@ from torch import nn
 
 from precguard._logging import get_logger
 from precguard.backend import Switch
-from precguard.compare.impact_report import ErrorBudget, Impact, RemedyCheck, RemedyVerdict
+from precguard.compare.impact_report import ErrorBudget, Impact, RemedyCheck
+from precguard.compare.report import Comparison
 from precguard.errors import PrecguardError
 from precguard.localize.bisect import ROOT, ReferencePrecision, _cast_batch, _main_tensor
-from precguard.localize.impact import ActualSide, relative_error
-from precguard.target import call_model
+from precguard.localize.impact import (
+    FLOOR_SLACK,
+    HELP_SHARE,
+    ActualSide,
+    comparison_findings,
+    comparison_impact,
+    comparison_side,
+    judge_remedy,
+    relative_error,
+)
+from precguard.target import Target, call_model
 from precguard.target_run import TargetRun
 
 logger = get_logger(__name__)
-
-#: a remedy is verified when its output error is at most this multiple of the floor. The
-#: output error of a correct run is the root of a sum of squares of many independent
-#: roundings (every module's); a remedy computes one module differently from the floor's
-#: correct kernel (float32 weights instead of rounded ones, another rounding order), which
-#: moves that sum by the module's own part of it. 1.25 lets that one module own up to a
-#: quarter of the floor's error, more than any single module of a correct run should (a
-#: module beyond that is itself a finding of the budget).
-FLOOR_SLACK = 1.25
-
-#: a remedy that removes less than this share of the excess over the floor did not help:
-#: an excess that stays above 90 % is the same fault, not a partial fix
-HELP_SHARE = 0.1
-
-
-def judge_remedy(before: float, after: float, floor: float | None) -> RemedyVerdict:
-    """verified, helped partly or did not help, for an output error ``before`` -> ``after``."""
-    if not math.isfinite(after):
-        return "did not help"
-    if floor is not None and before <= FLOOR_SLACK * floor:
-        return "did not help"  # nothing to fix: the error was within the floor already
-    if floor is not None and after <= FLOOR_SLACK * floor:
-        return "verified"
-    target = floor if floor is not None else 0.0
-    excess = before - target
-    if not math.isfinite(before):
-        return "helped partly"
-    if excess <= 0 or before - after < HELP_SHARE * excess:
-        return "did not help"
-    return "helped partly"
 
 
 def _kind(module: nn.Module) -> str:
@@ -322,7 +301,35 @@ __all__ = [
     "HELP_SHARE",
     "judge_remedy",
     "loss_remedy",
+    "measure_comparison",
     "module_remedies",
     "switch_remedies",
     "verify_remedies",
 ]
+
+
+def measure_comparison(
+    result: Comparison,
+    target: str | Target,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    verify: bool = False,
+    prepare: Callable[[nn.Module], Any] | None = None,
+) -> Comparison:
+    """``result`` with its error budget (``Comparison.impact``) measured by re-running
+    ``target``, and with ``verify`` each finding's remedies and the device switches.
+
+    >>> result = precguard.compare_runs("runs/cpu", "runs/bf16")              # doctest: +SKIP
+    >>> checked = measure_comparison(result, "model.py", verify=True)         # doctest: +SKIP
+    >>> checked.impact.impacts[0].remedies[0].describe()                      # doctest: +SKIP
+    'model.rotary_emb at reference precision: verified: output error 0.0754 -> 0.0359, ...'
+    """
+    findings, _ = comparison_findings(result)
+    if not findings:
+        return result.model_copy(update={"impact": comparison_impact(result, target)})
+    side = comparison_side(result, target, device=device, dtype=dtype, prepare=prepare)
+    budget = comparison_impact(result, target, side=side)
+    if verify:
+        budget = verify_remedies(side, budget)
+    return result.model_copy(update={"impact": budget})
