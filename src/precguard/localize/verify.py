@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Iterator
-from typing import Any
+import re
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -49,11 +50,15 @@ from precguard.localize.impact import (
     comparison_findings,
     comparison_impact,
     comparison_side,
+    error_budget,
     judge_remedy,
     relative_error,
 )
 from precguard.target import Target, call_model
 from precguard.target_run import TargetRun
+
+if TYPE_CHECKING:
+    from precguard.report.models import Finding
 
 logger = get_logger(__name__)
 
@@ -296,14 +301,79 @@ def verify_remedies(side: ActualSide, budget: ErrorBudget, *, loss: bool = False
     return budget.model_copy(update={"impacts": impacts, "switches": switches})
 
 
+#: what separates a module name from the words around it in a finding's evidence
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():  # keys name every module a check looked at, not findings
+            yield from _strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+
+
+def finding_modules(side: ActualSide, evidence: dict[str, Any]) -> list[str]:
+    """The target's modules a check's evidence names (its values: ``module``, ``failures``),
+    each module's ancestors left out (``model`` beside ``model.rotary_emb``)."""
+    found: list[str] = []
+    for text in _strings(evidence):
+        for word in _WORD.findall(text):
+            name = word.rstrip(".")
+            if name not in found and name != ROOT and side.has_module(name):
+                found.append(name)
+    return [n for n in found if not any(o.startswith(n + ".") for o in found)]
+
+
+def verify_findings(
+    findings: Sequence[Finding],
+    target: str | Target,
+    *,
+    device: str,
+    dtype: str | None = None,
+    reference: str = "cpu",
+    step: int = 0,
+    prepare: Callable[[nn.Module], Any] | None = None,
+) -> ErrorBudget:
+    """The checklist's flagged ``findings`` (fail or warn) as an error budget with verified
+    remedies: each module their evidence names, and the float32 loss for a loss finding.
+
+    >>> diagnosis = precguard.check("llama-inference", "model.py", device="npu")  # doctest: +SKIP
+    >>> verify_findings(diagnosis.root_causes, "model.py", device="npu").impacts   # doctest: +SKIP
+    """
+    flagged = [f for f in findings if f.status in ("fail", "warn")]
+    side = ActualSide.open(
+        target, device=device, dtype=dtype, reference=reference, step=step, prepare=prepare
+    )
+    named = [(m, f.id) for f in flagged for m in finding_modules(side, f.evidence)]
+    loss = any(f.family == "loss" for f in flagged)
+    budget = (
+        error_budget(side, named)
+        if named
+        else ErrorBudget(
+            measured="target",
+            target=side.run.name,
+            device=side.run.device,
+            output_error=side.output_error(),
+            note="no flagged finding names a module of the target",
+        )
+    )
+    return verify_remedies(side, budget, loss=loss)
+
+
 __all__ = [
     "FLOOR_SLACK",
     "HELP_SHARE",
+    "finding_modules",
     "judge_remedy",
     "loss_remedy",
     "measure_comparison",
     "module_remedies",
     "switch_remedies",
+    "verify_findings",
     "verify_remedies",
 ]
 

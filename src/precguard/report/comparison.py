@@ -26,6 +26,7 @@ from precguard.report.page import (
 )
 
 if TYPE_CHECKING:
+    from precguard.compare.impact_report import ErrorBudget
     from precguard.compare.report import Comparison
     from precguard.report.suspect_stats import SuspectStats
 
@@ -199,11 +200,12 @@ def _replays(result: Comparison) -> str:
 
 
 def _impact(result: Comparison) -> str:
-    """The error budget: findings ranked by their share of the output error, each remedy's
-    before/after (docs/impact.md)."""
-    budget = result.impact
-    if budget is None:
-        return ""
+    return "" if result.impact is None else impact_section(result.impact)
+
+
+def impact_section(budget: ErrorBudget) -> str:
+    """The error budget as HTML: findings ranked by their share of the output error, each
+    remedy's before/after (docs/impact.md); compare's and check's pages show it."""
     if budget.output_error is None:
         return f"<h2 id=impact>Impact on the output error</h2><p class=note>{esc(budget.note)}</p>"
     rows = []
