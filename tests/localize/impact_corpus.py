@@ -9,12 +9,15 @@ run is the floor the remedies must reach.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 import precguard
+from precguard.localize.impact import ActualSide
 from precguard.targets import build_tiny_llama, causal_lm_loss, lm_batch
 from tests.checks.planted import ActivationDtypeRotary
 
@@ -100,3 +103,14 @@ def two_bugs() -> precguard.Target:
 def loss_bug() -> precguard.Target:
     """The correct model with its loss taken on low-precision logits."""
     return _target("sharp-llama-loss-bug", loss=_low_precision_loss)
+
+
+#: the device of the corpus's actual side
+DEVICE = "emu:bf16-mixed"
+
+
+@functools.cache
+def side(name: str, device: str = DEVICE) -> ActualSide:
+    """The actual side of corpus target ``name``, built once per test session (re-runs
+    restore the model: every change is a context)."""
+    return ActualSide.open(f"tests/localize/impact_corpus.py:{name}", device=device)

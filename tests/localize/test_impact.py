@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 import precguard
-from precguard.localize.impact import ActualSide, error_budget, recordings_only
+from precguard.localize.impact import error_budget, recordings_only
 from precguard.localize.verify import measure_comparison
+from tests.localize.impact_corpus import DEVICE, side
 
 CORPUS = "tests/localize/impact_corpus.py:"
-DEVICE = "emu:bf16-mixed"
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -50,15 +50,16 @@ def test_two_faults_are_ranked_by_their_share_of_the_output_error(two_bugs_runs)
     # both at reference together bring the output to the floor of a correct run
     assert budget.floor is not None and budget.together <= 1.01 * budget.floor
     assert 0 <= budget.unexplained <= 1
+    # the re-run reproduces the recorded actual side: the same output error, bit for bit
+    assert budget.recorded_output_error == budget.output_error
     payload = json.loads(measured.model_dump_json())
     row = payload["impact"]["impacts"][0]
     assert {"before", "after", "share"} <= set(row) and row["module"] == "model.rotary_emb"
 
 
 def test_a_planted_projection_fault_outranks_the_casts_rounding() -> None:
-    side = ActualSide.open(CORPUS + "projection_bug", device=DEVICE)
     budget = error_budget(
-        side,
+        side("projection_bug"),
         [("model.rotary_emb", "suspect"), ("model.layers.1.self_attn.v_proj", "first divergence")],
     )
     assert budget.impacts[0].module == "model.layers.1.self_attn.v_proj"
@@ -67,9 +68,9 @@ def test_a_planted_projection_fault_outranks_the_casts_rounding() -> None:
 
 def test_hf_rounded_inv_freq_is_a_small_share_of_a_correct_bf16_run() -> None:
     """HF's LlamaForCausalLM cast with .to(bfloat16) rounds inv_freq: real, but a small share."""
-    side = ActualSide.open(CORPUS + "clean", device=DEVICE)
-    assert str(side.model.model.rotary_emb.inv_freq.dtype) == "torch.bfloat16"
-    budget = error_budget(side, [("model.rotary_emb", "suspect")])
+    clean = side("clean")
+    assert str(clean.model.model.rotary_emb.inv_freq.dtype) == "torch.bfloat16"
+    budget = error_budget(clean, [("model.rotary_emb", "suspect")])
     (rotary,) = budget.impacts
     assert 0 < rotary.share < 0.25
     assert "with it at reference precision" in rotary.describe()

@@ -19,23 +19,23 @@ import precguard
 from precguard import plugins
 from precguard.backend import Switch
 from precguard.hookspecs import hookimpl
-from precguard.localize.impact import FLOOR_SLACK, ActualSide, error_budget
+from precguard.localize.impact import FLOOR_SLACK, error_budget
 from precguard.localize.verify import loss_remedy, switch_remedies, verify_remedies
+from tests.localize.impact_corpus import DEVICE, side
 
 CORPUS = "tests/localize/impact_corpus.py:"
-DEVICE = "emu:bf16-mixed"
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def clean_floor() -> float:
     """The output error of the clean model on the same device: a correct bf16 run."""
-    return ActualSide.open(CORPUS + "clean", device=DEVICE).output_error()
+    return side("clean").output_error()
 
 
 def _remedies(name: str, modules: list[str]):
-    side = ActualSide.open(CORPUS + name, device=DEVICE)
-    budget = verify_remedies(side, error_budget(side, [(m, "finding") for m in modules]))
+    actual = side(name)
+    budget = verify_remedies(actual, error_budget(actual, [(m, "finding") for m in modules]))
     return budget, {(i.module, r.remedy): r for i in budget.impacts for r in i.remedies}
 
 
@@ -83,7 +83,7 @@ def test_a_norm_in_bf16_that_costs_nothing_says_its_remedy_cannot_help(clean_flo
 
 
 def test_the_loss_on_float32_logits_is_verified() -> None:
-    check = loss_remedy(ActualSide.open(CORPUS + "loss_bug", device=DEVICE))
+    check = loss_remedy(side("loss_bug"))
     assert check.verdict == "verified" and check.after < check.before
 
 
@@ -108,8 +108,8 @@ def test_a_plugins_switch_is_run_and_judged() -> None:
     plugins.load_plugins()
     plugins.pm.register(plugin, name="test-switch-plugin")
     try:
-        side = ActualSide.open(CORPUS + "clean", device=DEVICE)
-        checks = {c.remedy: c for c in switch_remedies(side, floor=side.output_error())}
+        clean = side("clean")
+        checks = {c.remedy: c for c in switch_remedies(clean, floor=clean.output_error())}
     finally:
         plugins.pm.unregister(plugin, name="test-switch-plugin")
     assert plugin.entered == ["on"]
@@ -146,3 +146,28 @@ def test_compare_verify_prints_the_verified_remedy(tmp_path: Path) -> None:
     assert impact["impacts"][0]["module"] == "model.rotary_emb"
     assert any(r["verdict"] == "verified" for r in impact["impacts"][0]["remedies"])
     assert "Impact on the output error" in (tmp_path / "c.html").read_text()
+
+
+def test_check_verify_tells_which_of_the_checks_remedies_works(tmp_path: Path) -> None:
+    """The rope check blames the angles and the rounded inv_freq; re-running says which."""
+    env = {"PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "COLUMNS": "250", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "precguard", "check", "--target", CORPUS + "rope_bug"),
+            *("--device", DEVICE, "--only", "rope.position_sweep", "--verify"),
+            *("--json", str(tmp_path / "d.json"), "--html", str(tmp_path / "d.html")),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
+    assert out.returncode == 1, out.stderr
+    impact = json.loads((tmp_path / "d.json").read_text())["impact"]
+    (rotary,) = impact["impacts"]
+    assert rotary["module"] == "model.rotary_emb" and rotary["found_by"] == ["rope.position_sweep"]
+    verdicts = {r["remedy"]: r["verdict"] for r in rotary["remedies"]}
+    assert verdicts["float32-compute"] == "verified"
+    assert verdicts["float32-buffers"] == "did not help"
+    assert "Impact on the output error" in (tmp_path / "d.html").read_text()

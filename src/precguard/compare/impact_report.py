@@ -109,6 +109,11 @@ class ErrorBudget(BaseModel):
     output_error: float | None = Field(
         default=None, description="The model's output error as the actual side computes it."
     )
+    recorded_output_error: float | None = Field(
+        default=None,
+        description="The root output's error in the comparison of the recordings (None: not "
+        "recorded in full); a re-run far from it did not reproduce the actual side.",
+    )
     impacts: list[Impact] = Field(
         default_factory=list, description="Each local finding, the largest share first."
     )

@@ -459,7 +459,45 @@ def comparison_impact(
     if side is None:
         assert target is not None
         side = comparison_side(result, target, device=device, dtype=dtype, prepare=prepare)
-    return error_budget(side, findings, note=note)
+    budget = error_budget(side, findings, note=note)
+    recorded = recorded_output_error(result, side.step, side.expected.numel())
+    if recorded is None or budget.output_error is None:
+        return budget
+    notes = [budget.note] if budget.note else []
+    if abs(budget.output_error - recorded) > REPRODUCED * recorded:
+        notes.append(
+            f"the re-run's output error {budget.output_error:.3g} is not the recordings' "
+            f"{recorded:.3g}: the target or device may not be what the actual side ran"
+        )
+    return budget.model_copy(update={"recorded_output_error": recorded, "note": "; ".join(notes)})
+
+
+#: a re-run reproduces the recorded output error when within this share of it: the same
+#: code on the same device gives the same bits (0); another device of the same precision
+#: rounds otherwise, which moves a correct run's error by a fraction of itself, not by a
+#: quarter of it
+REPRODUCED = 0.25
+
+
+def recorded_output_error(result: Comparison, step: int, numel: int) -> float | None:
+    """The root module's first forward output error at ``step`` in ``result`` (full tensors
+    of ``numel`` elements only; None when the recordings do not hold it)."""
+    for rec in result.records:
+        if (rec.module, rec.phase, rec.role, rec.index, rec.step, rec.call) != (
+            ROOT,
+            "forward",
+            "output",
+            0,
+            step,
+            0,
+        ):
+            continue
+        metrics = rec.metrics
+        size = math.prod(rec.shape) if rec.shape else 0
+        if metrics is None or metrics.level != "full" or size != numel:
+            return None
+        return metrics.rel_l2 if metrics.rel_l2 is not None else metrics.error
+    return None
 
 
 def render_budget(budget: ErrorBudget, console: Console) -> None:
@@ -475,7 +513,12 @@ def render_budget(budget: ErrorBudget, console: Console) -> None:
             ("impact", "bold"),
             f": output error {budget.output_error:.3g} ({budget.metric} of the logits), "
             f"{shown(budget.target or '?')} re-run on {shown(budget.device or '?')} "
-            f"({budget.dtype}) against {budget.reference} ({budget.reference_dtype})",
+            f"({budget.dtype}) against {budget.reference} ({budget.reference_dtype})"
+            + (
+                f"; in the recordings {budget.recorded_output_error:.3g}"
+                if budget.recorded_output_error is not None
+                else ""
+            ),
         ),
         soft_wrap=True,
     )
@@ -537,6 +580,7 @@ __all__ = [
     "comparison_impact",
     "comparison_side",
     "error_budget",
+    "recorded_output_error",
     "recordings_only",
     "relative_error",
     "render_budget",
