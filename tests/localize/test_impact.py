@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import precguard
-from precguard.localize.impact import error_budget, recordings_only
+from precguard.localize.bisect import BisectResult
+from precguard.localize.impact import bisect_findings, error_budget, recordings_only
 from precguard.localize.verify import measure_comparison
 from tests.localize.impact_corpus import DEVICE, side
 
@@ -96,6 +97,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_compare_without_target_says_impact_needs_one(two_bugs_runs) -> None:
     golden, actual = two_bugs_runs
     out = _cli("compare", str(golden), str(actual))
@@ -103,3 +105,24 @@ def test_compare_without_target_says_impact_needs_one(two_bugs_runs) -> None:
     assert "impact needs --target" in out.stdout
     bad = _cli("compare", str(golden), str(actual), "--verify")
     assert bad.returncode == 2 and "--verify" in bad.stderr and "--target" in bad.stderr
+
+
+def test_bisects_culprits_get_their_impact() -> None:
+    culprits = BisectResult(
+        target="sharp-llama-rope-bug",
+        device=DEVICE,
+        dtype="bfloat16",
+        reference="cpu",
+        reference_dtype="float32",
+        metric="rel_l2",
+        threshold=0.1,
+        culprits=["model.rotary_emb"],
+        probes=[],
+        probe_count=0,
+        units=1,
+        baseline_error=0.0,
+        fixed_error=0.0,
+    )
+    budget = error_budget(side("rope_bug"), bisect_findings(culprits))
+    (rotary,) = budget.impacts
+    assert rotary.found_by == ["bisect"] and rotary.share > 0.3

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 import precguard
-from precguard import plugins
-from precguard.backend import Switch
+from precguard import Switch, plugins
 from precguard.hookspecs import hookimpl
 from precguard.localize.impact import FLOOR_SLACK, error_budget
 from precguard.localize.verify import loss_remedy, switch_remedies, verify_remedies
@@ -124,6 +123,7 @@ def test_emu_declares_its_profiles_as_switches() -> None:
     assert {s.instead for s in plugins.collect_switches("emu:bf16")} == {"emu:bf16-mixed"}
 
 
+@pytest.mark.slow
 def test_compare_verify_prints_the_verified_remedy(tmp_path: Path) -> None:
     golden = precguard.record_target(CORPUS + "rope_bug", device="cpu", out=tmp_path / "cpu")
     actual = precguard.record_target(CORPUS + "rope_bug", device=DEVICE, out=tmp_path / "bf16")
@@ -148,6 +148,7 @@ def test_compare_verify_prints_the_verified_remedy(tmp_path: Path) -> None:
     assert "Impact on the output error" in (tmp_path / "c.html").read_text()
 
 
+@pytest.mark.slow
 def test_check_verify_tells_which_of_the_checks_remedies_works(tmp_path: Path) -> None:
     """The rope check blames the angles and the rounded inv_freq; re-running says which."""
     env = {"PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "COLUMNS": "250", "PATH": "/usr/bin:/bin"}

@@ -50,7 +50,13 @@ from precguard.compare.report import Comparison
 from precguard.compare.tolerance import get_profile
 from precguard.devices import parse_dtype, resolve_backend
 from precguard.errors import PrecguardError, TargetError, UsageError
-from precguard.localize.bisect import ROOT, ReferencePrecision, _cast_batch, _main_tensor
+from precguard.localize.bisect import (
+    ROOT,
+    BisectResult,
+    ReferencePrecision,
+    _cast_batch,
+    _main_tensor,
+)
 from precguard.target import Target, call_model
 from precguard.target_run import TargetRun
 from precguard.text import shown
@@ -378,6 +384,12 @@ def comparison_findings(result: Comparison) -> tuple[list[tuple[str, str]], list
     return found, left_out
 
 
+def bisect_findings(result: BisectResult) -> list[tuple[str, str]]:
+    """``bisect``'s culprits as findings for :func:`error_budget` (the root left out: a
+    whole model at reference precision is no finding)."""
+    return [(culprit, "bisect") for culprit in result.culprits if culprit != ROOT]
+
+
 def recordings_only(result: Comparison, *, reason: str) -> ErrorBudget:
     """What the recordings allow without a target: the findings, no counterfactual shares."""
     findings, left_out = comparison_findings(result)
@@ -576,6 +588,7 @@ def _print_remedy(check: RemedyCheck, console: Console) -> None:
 __all__ = [
     "ActualSide",
     "Change",
+    "bisect_findings",
     "comparison_findings",
     "comparison_impact",
     "comparison_side",
