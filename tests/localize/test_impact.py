@@ -126,3 +126,10 @@ def test_bisects_culprits_get_their_impact() -> None:
     budget = error_budget(side("rope_bug"), bisect_findings(culprits))
     (rotary,) = budget.impacts
     assert rotary.found_by == ["bisect"] and rotary.share > 0.3
+
+
+def test_a_target_that_cannot_be_rerun_leaves_the_comparison_standing(two_bugs_runs) -> None:
+    result = precguard.compare_runs(*two_bugs_runs)
+    measured = measure_comparison(result, "tests/localize/impact_corpus.py:no_such_target")
+    assert measured.verdict == "diverged" and measured.first_divergence == result.first_divergence
+    assert measured.impact is not None and "impact not measured" in measured.impact.note

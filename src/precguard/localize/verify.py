@@ -398,8 +398,16 @@ def measure_comparison(
     findings, _ = comparison_findings(result)
     if not findings:
         return result.model_copy(update={"impact": comparison_impact(result, target)})
-    side = comparison_side(result, target, device=device, dtype=dtype, prepare=prepare)
-    budget = comparison_impact(result, target, side=side)
-    if verify:
-        budget = verify_remedies(side, budget)
+    try:
+        side = comparison_side(result, target, device=device, dtype=dtype, prepare=prepare)
+        budget = comparison_impact(result, target, side=side)
+        if verify:
+            budget = verify_remedies(side, budget)
+    except PrecguardError as exc:  # the comparison stands; say why its impact is missing
+        logger.warning("impact_not_measured", error=str(exc))
+        budget = ErrorBudget(
+            measured="target",
+            target=str(target) if isinstance(target, str) else target.name,
+            note=f"impact not measured: {exc}",
+        )
     return result.model_copy(update={"impact": budget})
