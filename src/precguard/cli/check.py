@@ -146,7 +146,7 @@ def check(
     if json_out is None or str(json_out) != "-":
         render_terminal(diagnosis, out)
         if diagnosis.impact is not None:
-            from precguard.localize.impact import render_budget
+            from precguard.localize.impact_render import render_budget
 
             render_budget(diagnosis.impact, out)
     if diagnosis.exit_code:

@@ -272,7 +272,8 @@ def compare(
 
             render_replays(result, console)
         if result.verdict != "match" and layout is None:
-            from precguard.localize.impact import recordings_only, render_budget
+            from precguard.localize.impact import recordings_only
+            from precguard.localize.impact_render import render_budget
 
             budget = result.impact or recordings_only(result, reason="no --target was given")
             render_budget(budget, console)
