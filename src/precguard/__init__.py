@@ -24,6 +24,7 @@ _EXPORTS: dict[str, str] = {
     "load_target": "precguard.target",
     "record_target": "precguard.runner",
     "Backend": "precguard.backend",
+    "Switch": "precguard.backend",
     "hookimpl": "precguard.hookspecs",
     "PrecguardError": "precguard.errors",
     "NonFiniteError": "precguard.errors",
@@ -50,7 +51,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
-    from precguard.backend import Backend
+    from precguard.backend import Backend, Switch
     from precguard.capture.api import (
         MonitorHandle,
         monitor,

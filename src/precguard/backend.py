@@ -247,3 +247,47 @@ class Backend:
     def numerics(self) -> Iterator[None]:
         """Context in which the model runs with this device's numerics (emulators use it)."""
         yield
+
+
+class Switch:
+    """A device setting a plugin declares as a remedy (``precguard_register_switches``).
+
+    ``compare --verify`` re-runs the whole actual side with it and reports whether
+    the output error falls to the floor of a correct run. A switch either runs the
+    model on another device string (``instead``: another ``emu:`` profile, a vendor
+    precision mode spelled as a device) or inside a context manager (``apply()``:
+    a vendor flag set and restored, e.g. a high-precision matmul mode).
+
+    :param name: unique id, ``plugin-what`` (``emu-fp32-accumulate``).
+    :param devices: glob patterns (``fnmatch``) of the device strings it applies to.
+    :param summary: what the switch does, in the user's words ("accumulate in fp32").
+    :param instead: the device string to run on instead, or None.
+    :param apply: a factory of the context manager that sets the switch, or None.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        devices: Iterable[str],
+        summary: str,
+        *,
+        instead: str | None = None,
+        apply: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+    ) -> None:
+        if (instead is None) == (apply is None):
+            raise ValueError(f"switch {name!r}: give exactly one of instead= and apply=")
+        self.name = name
+        self.devices = tuple(devices)
+        self.summary = summary
+        self.instead = instead
+        self.apply = apply
+
+    def applies_to(self, device: str) -> bool:
+        """True when ``device`` matches one of :attr:`devices`."""
+        from fnmatch import fnmatchcase
+
+        return any(fnmatchcase(device, pattern) for pattern in self.devices)
+
+    def __repr__(self) -> str:
+        how = f"instead={self.instead!r}" if self.instead else "apply=..."
+        return f"Switch({self.name!r}, {list(self.devices)!r}, {how})"

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from precguard.backend import Backend
+    from precguard.backend import Backend, Switch
     from precguard.checks.base import Check
 
 hookspec = pluggy.HookspecMarker("precguard")
@@ -65,4 +65,22 @@ def precguard_register_checks(register: Callable[[Check], None]) -> None:
     return a ``skip`` finding for devices that are not theirs. Plugins
     registered later are asked first, so the first check registered for an id
     wins; a displaced one is logged (``check_taken``).
+    """
+
+
+@hookspec
+def precguard_register_switches(register: Callable[[Switch], None]) -> None:
+    """Register device switches a user can try as remedies, calling ``register(switch)``.
+
+    :param register: call it with each :class:`~precguard.backend.Switch`: a
+        name, the device patterns it applies to, a summary, and either the
+        device to run on ``instead`` or an ``apply()`` context manager that sets
+        the vendor flag and restores it.
+    :return: nothing; the return value is ignored.
+
+    ``precguard compare --verify`` and ``check --verify`` re-run the whole
+    actual side with each switch that applies to its device and say whether
+    the output error falls to the floor of a correct run. Plugins registered
+    later are asked first, so the first switch registered for a name wins; a
+    displaced one is logged (``switch_taken``).
     """

@@ -352,6 +352,23 @@ def collect_checks() -> dict[str, Any]:
     return {check_id: entry.item for check_id, entry in found.items()}
 
 
+def _switch_name(switch: Any) -> str:
+    from precguard.backend import Switch
+
+    if not isinstance(switch, Switch):
+        raise TypeError(f"register() expects a precguard.Switch, got {switch!r}")
+    return switch.name
+
+
+def collect_switches(device: str | None = None) -> list[Any]:
+    """Return the device switches plugins declare as remedies (``precguard.Switch``), in
+    pluggy's order; with ``device``, only those that apply to it."""
+    load_plugins()
+    found = _gather("precguard_register_switches", _switch_name, "switch")
+    switches = [entry.item for entry in found.values()]
+    return [s for s in switches if device is None or s.applies_to(device)]
+
+
 # -- what the rest of precguard asks of the registry -------------------------------------
 
 

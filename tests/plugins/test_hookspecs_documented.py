@@ -24,11 +24,16 @@ SPECS = sorted(n for n, f in vars(hookspecs).items() if n.startswith("precguard_
 CALLED_BY: dict[str, Callable[[], Any]] = {
     "precguard_register_backends": lambda: plugins.get_backend("emu:fp16"),
     "precguard_register_checks": plugins.collect_checks,
+    "precguard_register_switches": plugins.collect_switches,
 }
 
 
 def test_there_are_hooks() -> None:
-    assert set(SPECS) == {"precguard_register_backends", "precguard_register_checks"}
+    assert set(SPECS) == {
+        "precguard_register_backends",
+        "precguard_register_checks",
+        "precguard_register_switches",
+    }
 
 
 @pytest.mark.parametrize("name", SPECS)

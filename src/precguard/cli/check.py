@@ -65,6 +65,13 @@ def check(
         help="Write the target's data and tokenizer fingerprints (fingerprints.json) into this "
         "directory, e.g. a golden recording, and exit.",
     ),
+    verify: bool = typer.Option(
+        False,
+        "--verify",
+        help="Re-run the target with each flagged finding's module at reference precision "
+        "and with each mechanical remedy applied: the findings ranked by their share of the "
+        "output error, each remedy verified or not (docs/impact.md).",
+    ),
     list_checks: bool = typer.Option(
         False, "--list", help="List the registered checks and the shipped checklists, then exit."
     ),
@@ -118,6 +125,13 @@ def check(
             skip=skip,
             on_progress=on_progress,
         )
+    if verify and diagnosis.verdict == "fail":
+        from precguard.localize.verify import verify_findings
+
+        budget = verify_findings(
+            diagnosis.root_causes, target, device=device, dtype=dtype, reference=reference
+        )
+        diagnosis = diagnosis.model_copy(update={"impact": budget})
     if json_out is not None:
         if str(json_out) == "-":
             typer.echo(as_json(diagnosis))
@@ -133,5 +147,9 @@ def check(
         write_junit(junit_out, diagnosis_junit(diagnosis))
     if json_out is None or str(json_out) != "-":
         render_terminal(diagnosis, out)
+        if diagnosis.impact is not None:
+            from precguard.localize.impact_render import render_budget
+
+            render_budget(diagnosis.impact, out)
     if diagnosis.exit_code:
         raise typer.Exit(diagnosis.exit_code)

@@ -119,8 +119,24 @@ def compare(
         None,
         "--target",
         "-t",
-        help="With --replay: the target whose code ran on the actual's side (never taken "
-        "from a recording implicitly).",
+        help="The target whose code ran on the actual's side (never taken from a recording "
+        "implicitly): --replay re-runs the failing modules with it, and a divergence gets "
+        "each local finding's impact on the output error (docs/impact.md).",
+    ),
+    device: str | None = typer.Option(
+        None,
+        "--device",
+        "-d",
+        help="With --target: the device to re-run the actual side on (default: the actual "
+        "recording's device).",
+    ),
+    verify: bool = typer.Option(
+        False,
+        "--verify",
+        help="With --target: apply each finding's mechanical remedy to the actual side "
+        "(module at reference precision, float32 statistics, float32 buffers, a plugin's "
+        "device switch) and re-run: verified, helped partly or did not help, against the "
+        "floor of a correct run (docs/impact.md).",
     ),
     workers: int = typer.Option(
         1,
@@ -155,6 +171,7 @@ def compare(
         given = {"--html": html_out, "--csv": csv_out, "--layout": layout, "--map": rename}
         given |= {"--junit-xml": junit_out}
         given |= {"--replay": replay, "--target": target, "--rtol": rtol, "--atol": atol}
+        given |= {"--verify": verify, "--device": device}
         ignored = [name for name, value in given.items() if value]
         if ignored:
             from precguard.errors import UsageError
@@ -199,8 +216,16 @@ def compare(
             "--replay cannot be used with --layout: a sharded module runs only inside its "
             "process group (see docs/layouts.md)"
         )
-    if target is not None and not replay:
-        raise UsageError("--target is used only with --replay")
+    if (verify or device is not None) and target is None:
+        raise UsageError(
+            f"{'--verify' if verify else '--device'} re-runs the actual side: it needs --target "
+            "(the code the actual side ran)"
+        )
+    if target is not None and layout is not None:
+        raise UsageError(
+            "--target cannot be used with --layout: a sharded model runs only inside its "
+            "process group (see docs/layouts.md)"
+        )
     from precguard.report.page import ensure_writable
 
     ensure_writable(html=html_out, csv=csv_out, **{"junit-xml": junit_out})
@@ -223,6 +248,10 @@ def compare(
 
         assert target is not None
         result = replay_suspects(result, target=target, top=replay_top)
+    if target is not None and result.verdict != "match":
+        from precguard.localize.verify import measure_comparison
+
+        result = measure_comparison(result, target, device=device, verify=verify)
     if html_out is not None or csv_out is not None:
         from precguard.report.comparison import write_comparison_reports
 
@@ -242,6 +271,12 @@ def compare(
             from precguard.localize.confirm import render_replays
 
             render_replays(result, console)
+        if result.verdict != "match" and layout is None:
+            from precguard.localize.impact import recordings_only
+            from precguard.localize.impact_render import render_budget
+
+            budget = result.impact or recordings_only(result, reason="no --target was given")
+            render_budget(budget, console)
     if result.verdict != "match":
         raise typer.Exit(1)
     if result.coverage is not None and not result.coverage.complete and not allow_partial:

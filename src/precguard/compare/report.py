@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler
 from pydantic_core import CoreSchema, core_schema, from_json, to_json
 
 from precguard.compare.coverage import Coverage
+from precguard.compare.impact_report import ErrorBudget
 from precguard.dump.schema import Phase, Role
 
 COMPARISON_SCHEMA_VERSION = 1
@@ -620,6 +621,11 @@ class Comparison(BaseModel):
         default_factory=list,
         description="With compare --replay: the failing modules re-run alone on the "
         "actual's device, inferred beside measured local error.",
+    )
+    impact: ErrorBudget | None = Field(
+        default=None,
+        description="With compare --target: the output error split over the local findings' "
+        "modules, largest share first; with --verify each one's remedies (docs/impact.md).",
     )
     coverage: Coverage | None = Field(
         default=None,

@@ -26,6 +26,7 @@ from precguard.report.page import (
 )
 
 if TYPE_CHECKING:
+    from precguard.compare.impact_report import ErrorBudget
     from precguard.compare.report import Comparison
     from precguard.report.suspect_stats import SuspectStats
 
@@ -83,6 +84,7 @@ def _nav(result: Comparison) -> str:
         ("error-plot", "error plot", True),
         ("suspects", "suspects", bool(result.suspects)),
         ("replays", "replays", bool(result.replays)),
+        ("impact", "impact", result.impact is not None),
         ("layers", "across layers", result.first_divergence is not None or bool(result.suspects)),
         ("records-section", "records", True),
         (
@@ -195,6 +197,52 @@ def _replays(result: Comparison) -> str:
         "note",
     )
     return "<h2 id=replays>Replayed alone on the actual's device</h2>" + table(head, rows)
+
+
+def _impact(result: Comparison) -> str:
+    return "" if result.impact is None else impact_section(result.impact)
+
+
+def impact_section(budget: ErrorBudget) -> str:
+    """The error budget as HTML: findings ranked by their share of the output error, each
+    remedy's before/after (docs/impact.md); compare's and check's pages show it."""
+    if budget.output_error is None:
+        return f"<h2 id=impact>Impact on the output error</h2><p class=note>{esc(budget.note)}</p>"
+    rows = []
+    for rank, i in enumerate(budget.impacts, 1):
+        remedies = "<br>".join(
+            f"<b>{esc(r.verdict)}</b>: {esc(r.summary)}: "
+            + (f"{r.before:.3g} &rarr; {r.after:.3g}" if r.after is not None and r.before else "")
+            + (f" ({esc(r.note)})" if r.note else "")
+            for r in i.remedies
+        )
+        share = f"{i.share:.0%}" if i.share is not None else esc(i.note)
+        rows.append(
+            f"<tr><td>{rank}</td><td>{esc(i.module)}</td><td>{esc(', '.join(i.found_by))}</td>"
+            f"{num_cell(i.before)}{num_cell(i.after)}<td>{share}</td><td>{remedies}</td></tr>"
+        )
+    head = ("#", "module", "found by", "output error", "with it at reference", "share", "remedies")
+    summary = [f"output error {budget.output_error:.3g} ({esc(budget.metric)} of the logits)"]
+    if budget.together is not None:
+        summary.append(f"all findings at reference: {budget.together:.3g}")
+    if budget.unexplained is not None:
+        summary.append(f"no single module explains {budget.unexplained:.0%}")
+    summary.append(
+        f"floor of a correct run: {budget.floor:.3g} ({esc(budget.floor_how)})"
+        if budget.floor is not None
+        else "floor unknown"
+    )
+    switches = "".join(
+        f"<li><b>{esc(r.verdict)}</b>: {esc(r.describe())}</li>" for r in budget.switches
+    )
+    return (
+        "<h2 id=impact>Impact on the output error</h2>"
+        f"<p class=note>{esc(budget.target or '')} re-run on {esc(budget.device or '')} "
+        f"({esc(budget.dtype or '')}): {'; '.join(summary)}</p>"
+        + table(head, rows)
+        + (f"<p>Device switches:</p><ul>{switches}</ul>" if switches else "")
+        + (f"<p class=note>{esc(budget.note)}</p>" if budget.note else "")
+    )
 
 
 def _error_plot(result: Comparison) -> str:
@@ -476,6 +524,7 @@ def render_comparison_html(
             _error_plot(result),
             _suspects(result),
             _replays(result),
+            _impact(result),
             _stats_multiples(stats, note),
             _records_table(result),
             _unmatched(result),

@@ -194,11 +194,21 @@ def render_html(d: Diagnosis) -> str:
             if causes_html
             else ""
         )
+        + _impact(d)
         + "<h2>Findings by family</h2>"
         + "".join(family_html)
         + skipped_html
     )
     return document(f"precguard check: {d.checklist} on {d.device}", body)
+
+
+def _impact(d: Diagnosis) -> str:
+    """check --verify's error budget (docs/impact.md), as compare's page shows it."""
+    if d.impact is None:
+        return ""
+    from precguard.report.comparison import impact_section
+
+    return impact_section(d.impact)
 
 
 def write_html(d: Diagnosis, path: Path) -> Path:

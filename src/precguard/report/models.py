@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from precguard.compare.impact_report import ErrorBudget
+
 Status = Literal["pass", "warn", "fail", "skip", "error"]
 
 #: version of the Diagnosis file format
@@ -80,6 +82,11 @@ class Diagnosis(BaseModel):
     durations: dict[str, float] = Field(description="Seconds each check took.")
     duration_s: float = Field(description="Seconds the whole run took.")
     created: str = Field(description="ISO 8601 time the run started.")
+    impact: ErrorBudget | None = Field(
+        default=None,
+        description="With check --verify: the flagged findings' modules ranked by their share "
+        "of the output error, each with its remedies verified by re-running (docs/impact.md).",
+    )
 
     @property
     def root_cause(self) -> Finding | None:

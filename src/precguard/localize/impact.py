@@ -1,0 +1,522 @@
+"""Impact: how much of the model's output error each local finding accounts for.
+
+compare, replay, bisect and the checklist each name modules that make error
+of their own. Whether that matters is a counterfactual: the model's output
+error with that one module computed at reference precision, against the
+output error as the actual side computes it. This module runs it.
+
+The target is built once from its seed (as ``bisect`` builds it): one copy
+on the reference (the golden's device and dtype, e.g. the CPU in float32)
+gives the output the errors are measured against, the other runs on the
+actual's device in its dtype. A module is put at reference precision the way
+``bisect`` does it (:class:`~precguard.localize.bisect.ReferencePrecision`:
+its call goes to the same module of the reference copy, its output cast back
+to the actual's dtype), so no second hook layer exists. The error is the
+relative L2 error of the logits, measured by compare's own
+:func:`~precguard.compare.metrics.tensor_metrics`.
+
+A module's *share* is ``(before - after) / before``. The error budget lists
+each local module's share, the error with all of them at reference together,
+and the share no single module explains (``1 -`` the sum of the positive
+shares). Its *floor* is the output error of a correct run at the actual
+precision (:meth:`ActualSide.floor`, docs/impact.md).
+
+>>> side = ActualSide.open("tiny-llama", device="emu:bf16-mixed")     # doctest: +SKIP
+>>> budget = error_budget(side, ["model.rotary_emb"])                  # doctest: +SKIP
+>>> budget.impacts[0].describe()                                       # doctest: +SKIP
+'model.rotary_emb: output error 0.0240 -> 0.0238 with it at reference precision (1% ...)'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from precguard._logging import get_logger
+from precguard.backend import Backend
+from precguard.compare.impact_report import ErrorBudget, Impact, RemedyVerdict
+from precguard.compare.metrics import tensor_metrics
+from precguard.compare.report import Comparison
+from precguard.compare.tolerance import get_profile
+from precguard.devices import parse_dtype, resolve_backend
+from precguard.errors import PrecguardError, TargetError, UsageError
+from precguard.localize.bisect import (
+    ROOT,
+    BisectResult,
+    ReferencePrecision,
+    _cast_batch,
+    _main_tensor,
+)
+from precguard.target import Target, call_model
+from precguard.target_run import TargetRun
+
+logger = get_logger(__name__)
+
+#: a context applied around one forward of the actual side: (actual model) -> context manager
+Change = Callable[[nn.Module], contextlib.AbstractContextManager[Any]]
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class ActualSide:
+    """The target built once: its actual side re-run with changes, its output error measured.
+
+    :param run: the target set up on the actual's device and dtype.
+    :param reference: the reference backend (the golden's device).
+    :param reference_dtype: the reference model dtype (the golden's).
+    :param step: the batch the forwards run on.
+    :param prepare: alters the built model before it is copied (tests plant faults with it).
+    """
+
+    def __init__(
+        self,
+        run: TargetRun,
+        reference: Backend,
+        reference_dtype: torch.dtype,
+        *,
+        step: int = 0,
+        prepare: Callable[[nn.Module], Any] | None = None,
+    ) -> None:
+        self.run = run
+        self.reference = reference
+        self.reference_dtype = reference_dtype
+        self.step = step
+        built = run.construct()
+        if prepare is not None:
+            prepare(built)
+        built.eval()
+        #: the built model in float32 on the CPU, before any cast: buffers as constructed
+        self.constructed = copy.deepcopy(built)
+        self.reference_model = copy.deepcopy(built).to(
+            device=reference.torch_device(), dtype=reference_dtype
+        )
+        self.model = built.to(device=run.torch_device, dtype=run.dtype)
+        batch = run.batch(step)
+        self.batch = batch
+        self.reference_batch = _cast_batch(
+            run.move(batch, reference.torch_device()), reference_dtype
+        )
+        self.device_batch = _cast_batch(run.move(batch), run.dtype)
+        reference_out = run.call("the reference forward", self._reference_forward)
+        self.expected = _main_tensor(reference_out, "reference").detach().to("cpu")
+        if not bool(torch.isfinite(self.expected).all()):
+            raise TargetError(
+                f"target {run.name!r}: the reference output is not finite; there is nothing "
+                "trustworthy to measure against"
+            )
+        self._cache: dict[tuple[str, ...], float] = {}
+
+    @classmethod
+    def open(
+        cls,
+        target: str | Target,
+        *,
+        device: str,
+        dtype: str | torch.dtype | None = None,
+        reference: str = "cpu",
+        reference_dtype: str | torch.dtype = "float32",
+        step: int = 0,
+        prepare: Callable[[nn.Module], Any] | None = None,
+    ) -> ActualSide:
+        """Build ``target`` for ``device`` (``dtype``: as ``record`` would) and ``reference``."""
+        run = TargetRun.open(target, device, dtype)
+        ref_dtype = parse_dtype(reference_dtype) or torch.float32
+        return cls(run, resolve_backend(reference), ref_dtype, step=step, prepare=prepare)
+
+    # -- forwards ------------------------------------------------------------------------------
+
+    def _reference_forward(self) -> Any:
+        with torch.no_grad(), self.reference.numerics():
+            out = call_model(self.reference_model, self.reference_batch)
+        self.reference.synchronize()
+        return out
+
+    def forward(self, changes: Sequence[Change] = ()) -> Any:
+        """The actual side's output with ``changes`` applied around its forward."""
+        backend = self.run.backend
+
+        def forward() -> Any:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(torch.no_grad())
+                for change in changes:
+                    stack.enter_context(change(self.model))
+                stack.enter_context(backend.numerics())
+                out = call_model(self.model, self.device_batch)
+            backend.synchronize()
+            return out
+
+        return self.run.call("the actual forward", forward)
+
+    def at_reference(self, names: Sequence[str], twin: nn.Module | None = None) -> Change:
+        """A change: ``names`` computed at reference precision (on ``twin``'s modules)."""
+        reference_model = self.reference_model if twin is None else twin
+        return lambda model: ReferencePrecision(
+            model, reference_model, names, self.reference, self.reference_dtype
+        )
+
+    # -- errors ------------------------------------------------------------------------------
+
+    def measure(self, output: Any) -> float:
+        """The relative L2 error of ``output``'s logits against the reference's (inf if not
+        finite), measured by compare's :func:`tensor_metrics`."""
+        got = _main_tensor(output, "actual").detach().to("cpu")
+        return relative_error(got, self.expected)
+
+    def output_error(
+        self, at_reference: Sequence[str] = (), changes: Sequence[Change] = ()
+    ) -> float:
+        """The output error with ``at_reference`` modules at reference and ``changes`` applied
+        (cached by the set of modules when there are no other changes)."""
+        key = tuple(sorted(at_reference))
+        if not changes and key in self._cache:
+            return self._cache[key]
+        all_changes = ([self.at_reference(list(at_reference))] if at_reference else []) + list(
+            changes
+        )
+        err = self.measure(self.forward(all_changes))
+        if not changes:
+            self._cache[key] = err
+        return err
+
+    def has_module(self, name: str) -> bool:
+        """True when ``name`` is a module of the target's model."""
+        try:
+            self.model.get_submodule("" if name == ROOT else name)
+        except AttributeError:
+            return False
+        return True
+
+    def module_type(self, name: str) -> str:
+        """The class name of module ``name``."""
+        return type(self.model.get_submodule("" if name == ROOT else name)).__name__
+
+    def correct_twin(self) -> nn.Module:
+        """The reference copy with its parameters rounded to the actual dtype and back.
+
+        Its modules compute as a correct kernel at the actual precision does: from the
+        stored (rounded) weights, in float32, with buffers (``inv_freq``) as constructed
+        in float32; :class:`ReferencePrecision` rounds their outputs to the actual dtype.
+        """
+        twin = copy.deepcopy(self.reference_model)
+        with torch.no_grad():
+            for p in twin.parameters():
+                if p.is_floating_point():
+                    p.copy_(p.to(self.run.dtype).to(p.dtype))
+        return twin
+
+    def floor(self, modules: Sequence[str]) -> float | None:
+        """The output error of a correct run at the actual precision (None: unknown).
+
+        Every finding's module computed correctly at the actual precision
+        (:meth:`correct_twin`), the rest of the model as the device computes it:
+        the findings say the rest is right, so this is the error a correct run of
+        this model at this precision carries. Unknown without a module to correct.
+        """
+        known = [m for m in modules if self.has_module(m)]
+        if not known:
+            return None
+        return self.measure(self.forward([self.at_reference(known, self.correct_twin())]))
+
+
+#: a remedy is verified when its output error is at most this multiple of the floor. The
+#: output error of a correct run is the root of a sum of squares of many independent
+#: roundings (every module's); a remedy computes one module differently from the floor's
+#: correct kernel (float32 weights instead of rounded ones, another rounding order), which
+#: moves that sum by the module's own part of it. 1.25 lets that one module own up to a
+#: quarter of the floor's error, more than any single module of a correct run should (a
+#: module beyond that is itself a finding of the budget).
+FLOOR_SLACK = 1.25
+
+#: a remedy that removes less than this share of the excess over the floor did not help:
+#: an excess that stays above 90 % is the same fault, not a partial fix
+HELP_SHARE = 0.1
+
+
+def judge_remedy(before: float, after: float, floor: float | None) -> RemedyVerdict:
+    """verified, helped partly or did not help, for an output error ``before`` -> ``after``."""
+    if not math.isfinite(after):
+        return "did not help"
+    if floor is not None and before <= FLOOR_SLACK * floor:
+        return "did not help"  # nothing to fix: the error was within the floor already
+    if floor is not None and after <= FLOOR_SLACK * floor:
+        return "verified"
+    target = floor if floor is not None else 0.0
+    excess = before - target
+    if not math.isfinite(before):
+        return "helped partly"
+    if excess <= 0 or before - after < HELP_SHARE * excess:
+        return "did not help"
+    return "helped partly"
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """``actual``'s relative L2 error against ``expected`` (compare's measure); inf if not
+    finite."""
+    if actual.numel() != expected.numel():
+        raise UsageError(
+            f"the actual output has {actual.numel()} elements, the reference "
+            f"{expected.numel()}: they cannot be compared"
+        )
+    if not bool(torch.isfinite(actual).all()):
+        return math.inf
+    metrics = tensor_metrics(
+        expected,
+        actual,
+        golden_dtype=_name(expected.dtype),
+        actual_dtype=_name(actual.dtype),
+        profile=get_profile("default"),
+    )
+    return float(metrics.rel_l2 if metrics.rel_l2 is not None else metrics.error)
+
+
+def share_of(before: float, after: float) -> float | None:
+    """``(before - after) / before``; None when ``before`` is 0 or either is not finite."""
+    if not (math.isfinite(before) and math.isfinite(after)) or before <= 0:
+        return None
+    return (before - after) / before
+
+
+def error_budget(
+    side: ActualSide,
+    findings: Iterable[tuple[str, str]],
+    *,
+    note: str = "",
+) -> ErrorBudget:
+    """The output error split over ``findings`` ((module, found by) pairs), largest share first."""
+    found_by: dict[str, list[str]] = {}
+    for module, source in findings:
+        found_by.setdefault(module, [])
+        if source not in found_by[module]:
+            found_by[module].append(source)
+    before = side.output_error()
+    impacts: list[Impact] = []
+    measured: list[str] = []
+    for module, sources in found_by.items():
+        if not side.has_module(module):
+            impacts.append(
+                Impact(
+                    module=module,
+                    found_by=sources,
+                    before=before,
+                    note="not a module of the target (a function, or another model's name)",
+                )
+            )
+            continue
+        try:
+            after = side.output_error([module])
+        except PrecguardError as exc:
+            impacts.append(Impact(module=module, found_by=sources, before=before, note=str(exc)))
+            continue
+        measured.append(module)
+        impacts.append(
+            Impact(
+                module=module,
+                module_type=side.module_type(module),
+                found_by=sources,
+                before=before,
+                after=after,
+                share=share_of(before, after),
+            )
+        )
+    together = side.output_error(measured) if measured else None
+    shares = [i.share for i in impacts if i.share is not None]
+    unexplained = max(0.0, 1.0 - sum(max(s, 0.0) for s in shares)) if shares else None
+    floor = side.floor(measured) if measured else None
+    run = side.run
+    budget = ErrorBudget(
+        measured="target",
+        target=run.name,
+        device=run.device,
+        dtype=_name(run.dtype),
+        reference=str(side.reference.device),
+        reference_dtype=_name(side.reference_dtype),
+        output_error=before,
+        impacts=impacts,
+        together=together,
+        unexplained=unexplained,
+        floor=floor,
+        floor_how=(
+            "the findings' modules computed correctly at the actual precision (weights "
+            "rounded to it, float32 inside, outputs rounded), the rest as the device computes it"
+            if floor is not None
+            else "unknown: no finding names a module of the target"
+        ),
+        note=note,
+    )
+    logger.info("impact_measured", modules=len(impacts), output_error=before)
+    return budget.model_copy(update={"impacts": budget.ranked})
+
+
+# -- findings of a comparison ------------------------------------------------------------------
+
+
+def comparison_findings(result: Comparison) -> tuple[list[tuple[str, str]], list[str]]:
+    """The local forward findings of ``result`` as (module, found by), and what was left out."""
+    found: list[tuple[str, str]] = []
+    left_out: list[str] = []
+    first = result.first_divergence
+    if first is not None and first.local is not False:
+        if first.phase == "forward":
+            found.append((first.module, "first divergence"))
+        else:
+            left_out.append(f"{first.module} (in the backward: the logits do not show it)")
+    for suspect in result.suspects:
+        if suspect.phase == "forward":
+            found.append((suspect.module, "suspect"))
+        else:
+            left_out.append(f"{suspect.module} (in the backward)")
+    for replay in result.replays:
+        if replay.replayed and replay.verdict == "diverged":
+            found.append((replay.module, "replay"))
+    return found, left_out
+
+
+def bisect_findings(result: BisectResult) -> list[tuple[str, str]]:
+    """``bisect``'s culprits as findings for :func:`error_budget` (the root left out: a
+    whole model at reference precision is no finding)."""
+    return [(culprit, "bisect") for culprit in result.culprits if culprit != ROOT]
+
+
+def recordings_only(result: Comparison, *, reason: str) -> ErrorBudget:
+    """What the recordings allow without a target: the findings, no counterfactual shares."""
+    findings, left_out = comparison_findings(result)
+    impacts = [
+        Impact(module=m, found_by=[s], note="needs --target: a recording cannot re-run a module")
+        for m, s in dict(findings).items()
+    ]
+    note = (
+        f"{reason}; the recordings hold each finding's own error but not the output error with "
+        "the module fixed: impact needs --target (the code the actual side ran)"
+    )
+    if left_out:
+        note += f"; left out: {', '.join(left_out)}"
+    return ErrorBudget(measured="recordings", impacts=impacts, note=note)
+
+
+def comparison_side(
+    result: Comparison,
+    target: str | Target,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    step: int | None = None,
+    prepare: Callable[[nn.Module], Any] | None = None,
+) -> ActualSide:
+    """The actual side of ``result`` re-built from ``target``: the actual's device and dtype
+    (or ``device``/``dtype``), the golden's device as the reference (the CPU when that
+    device is not usable here), the first divergence's step."""
+    actual_device = device or (result.devices[1] if len(result.devices) > 1 else "cpu")
+    actual_dtype = dtype or (result.dtypes[1] if len(result.dtypes) > 1 else None)
+    golden_device = result.devices[0] if result.devices else "cpu"
+    golden_dtype = (result.dtypes[0] if result.dtypes else None) or "float32"
+    try:
+        resolve_backend(golden_device)
+    except PrecguardError:
+        golden_device = "cpu"
+    if step is None:
+        step = result.first_divergence.step if result.first_divergence is not None else 0
+    return ActualSide.open(
+        target,
+        device=actual_device,
+        dtype=actual_dtype,
+        reference=golden_device,
+        reference_dtype=golden_dtype,
+        step=step,
+        prepare=prepare,
+    )
+
+
+def comparison_impact(
+    result: Comparison,
+    target: str | Target | None,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    prepare: Callable[[nn.Module], Any] | None = None,
+    side: ActualSide | None = None,
+) -> ErrorBudget:
+    """The error budget of ``result``'s local findings, measured by re-running ``target``.
+
+    Without ``target`` (and ``side``): what the recordings allow, stated as such.
+    ``device``/``dtype`` re-run the actual side elsewhere than its manifest says.
+
+    >>> result = precguard.compare_runs("runs/cpu", "runs/bf16")              # doctest: +SKIP
+    >>> budget = comparison_impact(result, "tiny-llama")                      # doctest: +SKIP
+    >>> [(i.module, round(i.share, 2)) for i in budget.impacts]               # doctest: +SKIP
+    [('model.rotary_emb', 0.58)]
+    """
+    findings, left_out = comparison_findings(result)
+    if side is None and target is None:
+        return recordings_only(result, reason="no --target was given")
+    note = f"left out: {', '.join(left_out)}" if left_out else ""
+    if not findings:
+        return ErrorBudget(
+            measured="target",
+            target=str(target) if target is not None else None,
+            note="no local forward finding to measure" + (f"; {note}" if note else ""),
+        )
+    if side is None:
+        assert target is not None
+        side = comparison_side(result, target, device=device, dtype=dtype, prepare=prepare)
+    budget = error_budget(side, findings, note=note)
+    recorded = recorded_output_error(result, side.step, side.expected.numel())
+    if recorded is None or budget.output_error is None:
+        return budget
+    notes = [budget.note] if budget.note else []
+    if abs(budget.output_error - recorded) > REPRODUCED * recorded:
+        notes.append(
+            f"the re-run's output error {budget.output_error:.3g} is not the recordings' "
+            f"{recorded:.3g}: the target or device may not be what the actual side ran"
+        )
+    return budget.model_copy(update={"recorded_output_error": recorded, "note": "; ".join(notes)})
+
+
+#: a re-run reproduces the recorded output error when within this share of it: the same
+#: code on the same device gives the same bits (0); another device of the same precision
+#: rounds otherwise, which moves a correct run's error by a fraction of itself, not by a
+#: quarter of it
+REPRODUCED = 0.25
+
+
+def recorded_output_error(result: Comparison, step: int, numel: int) -> float | None:
+    """The root module's first forward output error at ``step`` in ``result`` (full tensors
+    of ``numel`` elements only; None when the recordings do not hold it)."""
+    for rec in result.records:
+        if (rec.module, rec.phase, rec.role, rec.index, rec.step, rec.call) != (
+            ROOT,
+            "forward",
+            "output",
+            0,
+            step,
+            0,
+        ):
+            continue
+        metrics = rec.metrics
+        size = math.prod(rec.shape) if rec.shape else 0
+        if metrics is None or metrics.level != "full" or size != numel:
+            return None
+        return metrics.rel_l2 if metrics.rel_l2 is not None else metrics.error
+    return None
+
+
+__all__ = [
+    "ActualSide",
+    "Change",
+    "bisect_findings",
+    "comparison_findings",
+    "comparison_impact",
+    "comparison_side",
+    "error_budget",
+    "recorded_output_error",
+    "recordings_only",
+    "relative_error",
+    "share_of",
+]

@@ -1,0 +1,92 @@
+"""The error budget in the terminal: findings ranked by impact, remedies, device switches.
+
+compare --target and check --verify print it after their own report
+(docs/impact.md); the HTML pages show the same in ``report/comparison.py``.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from precguard.compare.impact_report import ErrorBudget, RemedyCheck
+from precguard.compare.render import format_number
+from precguard.localize.impact import judge_remedy
+from precguard.text import shown
+
+
+def render_budget(budget: ErrorBudget, console: Console) -> None:
+    """Print the error budget: findings ranked by impact, their remedies, the device switches."""
+    if budget.measured == "recordings":
+        console.print(Text(f"impact: {budget.note}", style="dim"), soft_wrap=True)
+        return
+    if budget.output_error is None:
+        console.print(Text(f"impact: {budget.note or 'nothing measured'}", style="dim"))
+        return
+    console.print(
+        Text.assemble(
+            ("impact", "bold"),
+            f": output error {budget.output_error:.3g} ({budget.metric} of the logits), "
+            f"{shown(budget.target or '?')} re-run on {shown(budget.device or '?')} "
+            f"({budget.dtype}) against {budget.reference} ({budget.reference_dtype})"
+            + (
+                f"; in the recordings {budget.recorded_output_error:.3g}"
+                if budget.recorded_output_error is not None
+                else ""
+            ),
+        ),
+        soft_wrap=True,
+    )
+    table = Table(title_justify="left")
+    for col in ("#", "module", "found by", "with it at reference", "share"):
+        table.add_column(col, overflow="fold")
+    for rank, impact in enumerate(budget.impacts, 1):
+        table.add_row(
+            str(rank),
+            shown(impact.module, markup=True),
+            ", ".join(impact.found_by),
+            format_number(impact.after) if impact.after is not None else "-",
+            f"{impact.share:.0%}" if impact.share is not None else shown(impact.note, markup=True),
+        )
+    console.print(table)
+    parts = []
+    if budget.together is not None and len(budget.impacts) > 1:
+        together = "all of them at reference"
+        if budget.output_error is not None:
+            verdict = judge_remedy(budget.output_error, budget.together, budget.floor)
+            together += f" ({verdict})"
+        parts.append(f"{together}: {budget.together:.3g}")
+    if budget.unexplained is not None:
+        parts.append(f"no single module explains {budget.unexplained:.0%}")
+    parts.append(
+        f"floor of a correct run: {budget.floor:.3g}"
+        if budget.floor is not None
+        else "floor unknown"
+    )
+    console.print("  " + "; ".join(parts))
+    for impact in budget.impacts:
+        for check in impact.remedies:
+            _print_remedy(check, console)
+    for check in budget.switches:
+        _print_remedy(check, console)
+    if budget.note:
+        console.print(Text(f"  note: {budget.note}", style="dim"), soft_wrap=True)
+
+
+_VERDICT_STYLE = {
+    "verified": "bold green",
+    "helped partly": "yellow",
+    "did not help": "red",
+    "not run": "dim",
+}
+
+
+def _print_remedy(check: RemedyCheck, console: Console) -> None:
+    console.print(
+        Text("  " + shown(check.describe(), 400), style=_VERDICT_STYLE[check.verdict]),
+        soft_wrap=True,
+    )
+
+
+__all__ = ["render_budget"]

@@ -1,0 +1,413 @@
+"""Remedies verified by re-running: each mechanical fix applied to the actual side, measured.
+
+A finding's remedy is advice until the numbers move. For each local module of
+an error budget (:mod:`precguard.localize.impact`), the remedies that can be
+applied without the user's hands are applied to the actual side's model and
+its output error measured again:
+
+``reference-precision``
+    the module computed at reference precision (as ``bisect`` runs it);
+``float32-compute``
+    the module computed in float32 on the actual's own device, its output
+    rounded back: a norm's statistics in float32, rotary frequencies and
+    angles in float32, or any module upcast;
+``float32-buffers``
+    the module's floating buffers (``inv_freq``) kept at the float32 values
+    the model was built with, where a cast (``model.to(bfloat16)``) rounded them;
+``float32-loss``
+    the target's loss computed on float32 logits (the loss's own error);
+``switch:NAME``
+    a device setting a plugin declares (``precguard_register_switches``):
+    another ``emu:`` profile, a vendor flag; run on the whole model.
+
+Each result is judged against the floor of a correct run at the actual
+precision (:meth:`~precguard.localize.impact.ActualSide.floor`): *verified*
+when the error falls to within :data:`FLOOR_SLACK` of it, *did not help* when
+it removes under :data:`HELP_SHARE` of the excess over it, else *helped partly*.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import re
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from precguard._logging import get_logger
+from precguard.backend import Switch
+from precguard.compare.impact_report import ErrorBudget, Impact, RemedyCheck
+from precguard.compare.report import Comparison
+from precguard.errors import PrecguardError
+from precguard.localize.bisect import ROOT, ReferencePrecision, _cast_batch, _main_tensor
+from precguard.localize.impact import (
+    FLOOR_SLACK,
+    HELP_SHARE,
+    ActualSide,
+    comparison_findings,
+    comparison_impact,
+    comparison_side,
+    error_budget,
+    judge_remedy,
+    relative_error,
+)
+from precguard.target import Target, call_model
+from precguard.target_run import TargetRun
+
+if TYPE_CHECKING:
+    from precguard.report.models import Finding
+
+logger = get_logger(__name__)
+
+
+def _kind(module: nn.Module) -> str:
+    name = type(module).__name__.lower()
+    if "norm" in name:
+        return "norm"
+    if "rotary" in name or "rope" in name:
+        return "rotary"
+    return "module"
+
+
+@contextlib.contextmanager
+def _buffers_kept(module: nn.Module, values: dict[str, torch.Tensor]) -> Iterator[None]:
+    """``module``'s named buffers replaced by ``values`` for a while, then restored."""
+    saved: list[tuple[nn.Module, str, torch.Tensor | None]] = []
+    try:
+        for name, value in values.items():
+            owner_path, _, leaf = name.rpartition(".")
+            owner = module.get_submodule(owner_path) if owner_path else module
+            saved.append((owner, leaf, owner._buffers[leaf]))
+            owner._buffers[leaf] = value
+        yield
+    finally:
+        for owner, leaf, old in reversed(saved):
+            owner._buffers[leaf] = old
+
+
+def _rounded_buffers(side: ActualSide, name: str) -> dict[str, torch.Tensor]:
+    """The floating buffers of module ``name`` a cast rounded, at their built float32 values."""
+    path = "" if name == ROOT else name
+    now = side.model.get_submodule(path)
+    built = dict(side.constructed.get_submodule(path).named_buffers())
+    found: dict[str, torch.Tensor] = {}
+    for buf_name, buf in now.named_buffers():
+        original = built.get(buf_name)
+        if (
+            original is not None
+            and buf.is_floating_point()
+            and original.is_floating_point()
+            and buf.dtype != original.dtype
+            and torch.finfo(buf.dtype).eps > torch.finfo(original.dtype).eps
+        ):
+            found[buf_name] = original.to(buf.device)
+    return found
+
+
+def module_remedies(
+    side: ActualSide, impact: Impact, floor: float | None, float32_twin: nn.Module
+) -> list[RemedyCheck]:
+    """Each mechanical remedy of ``impact``'s module applied to the actual side, measured."""
+    name = impact.module
+    before = impact.before
+    if before is None or not side.has_module(name):
+        return []
+    module = side.model.get_submodule("" if name == ROOT else name)
+    kind = _kind(module)
+    checks: list[RemedyCheck] = []
+
+    def result(remedy: str, summary: str, after: float, note: str = "") -> RemedyCheck:
+        assert before is not None
+        if floor is not None and before <= FLOOR_SLACK * floor:
+            note = "the output error is within the floor of a correct run already"
+        return RemedyCheck(
+            remedy=remedy,
+            summary=summary,
+            before=before,
+            after=after,
+            floor=floor,
+            verdict=judge_remedy(before, after, floor),
+            note=note,
+        )
+
+    if impact.after is not None:
+        checks.append(result("reference-precision", f"{name} at reference precision", impact.after))
+    backend = side.run.backend
+    label = {
+        "norm": f"{name}: the norm's statistics in float32",
+        "rotary": f"{name}: the rotary frequencies and angles in float32",
+        "module": f"{name} computed in float32 on {side.run.device}",
+    }[kind]
+    try:
+        after = side.output_error(
+            changes=[
+                lambda model: ReferencePrecision(
+                    model, float32_twin, [name], backend, torch.float32
+                )
+            ]
+        )
+        checks.append(result("float32-compute", label, after))
+    except PrecguardError as exc:
+        checks.append(_not_run("float32-compute", label, before, floor, str(exc)))
+    buffers = _rounded_buffers(side, name)
+    if buffers:
+        summary = f"{name}: buffers kept in float32 after the cast ({', '.join(buffers)})"
+        after = side.output_error(
+            changes=[lambda model: _buffers_kept(model.get_submodule(module_path(name)), buffers)]
+        )
+        checks.append(result("float32-buffers", summary, after))
+    return checks
+
+
+def module_path(name: str) -> str:
+    """The ``get_submodule`` path of a qualified module name (the root is ``""``)."""
+    return "" if name == ROOT else name
+
+
+def _not_run(
+    remedy: str, summary: str, before: float | None, floor: float | None, why: str
+) -> RemedyCheck:
+    return RemedyCheck(
+        remedy=remedy, summary=summary, before=before, floor=floor, verdict="not run", note=why
+    )
+
+
+def switch_remedies(side: ActualSide, floor: float | None) -> list[RemedyCheck]:
+    """Each switch a plugin declares for the actual's device, run on the whole model."""
+    from precguard.plugins import collect_switches
+
+    before = side.output_error()
+    checks: list[RemedyCheck] = []
+    for switch in collect_switches(side.run.device):
+        summary = f"{switch.summary} ({switch.name})"
+        try:
+            after = _switched_error(side, switch)
+        except PrecguardError as exc:
+            checks.append(_not_run(f"switch:{switch.name}", summary, before, floor, str(exc)))
+            continue
+        checks.append(
+            RemedyCheck(
+                remedy=f"switch:{switch.name}",
+                summary=summary + (f": run on {switch.instead}" if switch.instead else ""),
+                before=before,
+                after=after,
+                floor=floor,
+                verdict=judge_remedy(before, after, floor),
+            )
+        )
+    return checks
+
+
+def _switched_error(side: ActualSide, switch: Switch) -> float:
+    """The output error of the whole actual side with ``switch`` set."""
+    if switch.apply is not None:
+        apply = switch.apply
+        return side.output_error(changes=[lambda _model: apply()])
+    assert switch.instead is not None
+    run = TargetRun.on(side.run.target, switch.instead, *_backend_and_dtype(side, switch.instead))
+    model = copy.deepcopy(side.constructed).to(device=run.torch_device, dtype=run.dtype)
+    batch = _cast_batch(run.move(side.batch), run.dtype)
+
+    def forward() -> Any:
+        with torch.no_grad(), run.backend.numerics():
+            out = call_model(model, batch)
+        run.backend.synchronize()
+        return out
+
+    out = run.call(f"the forward on {switch.instead}", forward)
+    return relative_error(_main_tensor(out, "actual").detach().to("cpu"), side.expected)
+
+
+def _backend_and_dtype(side: ActualSide, device: str) -> tuple[Any, torch.dtype]:
+    from precguard.devices import resolve_backend
+
+    return resolve_backend(device), side.run.dtype
+
+
+def loss_remedy(side: ActualSide) -> RemedyCheck:
+    """The target's loss on float32 logits, against its loss as the actual side computes it.
+
+    The error is the loss's relative error against the reference's loss; the floor is
+    that of a correct run, which computes its loss on float32 logits: the remedy's own
+    result, so the check says whether the loss's precision is the cause, by how much.
+    """
+    target = side.run.target
+    summary = "the loss computed on float32 logits"
+    if target.loss is None:
+        return _not_run("float32-loss", summary, None, None, "the target has no loss")
+    loss = target.loss
+    reference_out = side.run.call("the reference forward", side._reference_forward)
+    expected = side.run.call("the loss", lambda: loss(reference_out, side.reference_batch)).detach()
+    out = side.forward()
+    before = relative_error(
+        side.run.call("the loss", lambda: loss(out, side.device_batch)).detach().to("cpu"),
+        expected.to("cpu"),
+    )
+    upcast = _float32_logits(out)
+    after = relative_error(
+        side.run.call("the loss", lambda: loss(upcast, side.device_batch)).detach().to("cpu"),
+        expected.to("cpu"),
+    )
+    return RemedyCheck(
+        remedy="float32-loss",
+        summary=summary,
+        before=before,
+        after=after,
+        floor=after,
+        verdict=judge_remedy(before, after, after),
+        note="the loss's relative error; a correct run computes it on float32 logits",
+    )
+
+
+def _float32_logits(output: Any) -> Any:
+    if isinstance(output, torch.Tensor):
+        return output.float()
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        upcast = copy.copy(output)
+        upcast["logits"] = logits.float()
+        return upcast
+    return output
+
+
+def verify_remedies(side: ActualSide, budget: ErrorBudget, *, loss: bool = False) -> ErrorBudget:
+    """``budget`` with each finding's remedies applied and measured, and the device switches.
+
+    ``loss`` also verifies the float32-loss remedy (a finding about the loss).
+    """
+    float32_twin = copy.deepcopy(side.constructed).to(device=side.run.torch_device)
+    impacts = [
+        impact.model_copy(
+            update={"remedies": module_remedies(side, impact, budget.floor, float32_twin)}
+        )
+        for impact in budget.impacts
+    ]
+    if loss:
+        check = loss_remedy(side)
+        impacts.append(
+            Impact(
+                module="loss",
+                found_by=["loss"],
+                before=check.before,
+                note="the loss's own error (not the logits')",
+                remedies=[check],
+            )
+        )
+    switches = switch_remedies(side, budget.floor)
+    logger.info("remedies_verified", findings=len(impacts), switches=len(switches))
+    return budget.model_copy(update={"impacts": impacts, "switches": switches})
+
+
+#: what separates a module name from the words around it in a finding's evidence
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():  # keys name every module a check looked at, not findings
+            yield from _strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+
+
+def finding_modules(side: ActualSide, evidence: dict[str, Any]) -> list[str]:
+    """The target's modules a check's evidence names (its values: ``module``, ``failures``),
+    each module's ancestors left out (``model`` beside ``model.rotary_emb``)."""
+    found: list[str] = []
+    for text in _strings(evidence):
+        for word in _WORD.findall(text):
+            name = word.rstrip(".")
+            if name not in found and name != ROOT and side.has_module(name):
+                found.append(name)
+    return [n for n in found if not any(o.startswith(n + ".") for o in found)]
+
+
+def verify_findings(
+    findings: Sequence[Finding],
+    target: str | Target,
+    *,
+    device: str,
+    dtype: str | None = None,
+    reference: str = "cpu",
+    step: int = 0,
+    prepare: Callable[[nn.Module], Any] | None = None,
+) -> ErrorBudget:
+    """The checklist's flagged ``findings`` (fail or warn) as an error budget with verified
+    remedies: each module their evidence names, and the float32 loss for a loss finding.
+
+    >>> diagnosis = precguard.check("llama-inference", "model.py", device="npu")  # doctest: +SKIP
+    >>> verify_findings(diagnosis.root_causes, "model.py", device="npu").impacts   # doctest: +SKIP
+    """
+    flagged = [f for f in findings if f.status in ("fail", "warn")]
+    side = ActualSide.open(
+        target, device=device, dtype=dtype, reference=reference, step=step, prepare=prepare
+    )
+    named = [(m, f.id) for f in flagged for m in finding_modules(side, f.evidence)]
+    loss = any(f.family == "loss" for f in flagged)
+    budget = (
+        error_budget(side, named)
+        if named
+        else ErrorBudget(
+            measured="target",
+            target=side.run.name,
+            device=side.run.device,
+            output_error=side.output_error(),
+            note="no flagged finding names a module of the target",
+        )
+    )
+    return verify_remedies(side, budget, loss=loss)
+
+
+__all__ = [
+    "FLOOR_SLACK",
+    "HELP_SHARE",
+    "finding_modules",
+    "judge_remedy",
+    "loss_remedy",
+    "measure_comparison",
+    "module_remedies",
+    "switch_remedies",
+    "verify_findings",
+    "verify_remedies",
+]
+
+
+def measure_comparison(
+    result: Comparison,
+    target: str | Target,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    verify: bool = False,
+    prepare: Callable[[nn.Module], Any] | None = None,
+) -> Comparison:
+    """``result`` with its error budget (``Comparison.impact``) measured by re-running
+    ``target``, and with ``verify`` each finding's remedies and the device switches.
+
+    >>> result = precguard.compare_runs("runs/cpu", "runs/bf16")              # doctest: +SKIP
+    >>> checked = measure_comparison(result, "model.py", verify=True)         # doctest: +SKIP
+    >>> checked.impact.impacts[0].remedies[0].describe()                      # doctest: +SKIP
+    'model.rotary_emb at reference precision: verified: output error 0.0754 -> 0.0359, ...'
+    """
+    findings, _ = comparison_findings(result)
+    if not findings:
+        return result.model_copy(update={"impact": comparison_impact(result, target)})
+    try:
+        side = comparison_side(result, target, device=device, dtype=dtype, prepare=prepare)
+        budget = comparison_impact(result, target, side=side)
+        if verify:
+            budget = verify_remedies(side, budget)
+    except PrecguardError as exc:  # the comparison stands; say why its impact is missing
+        logger.warning("impact_not_measured", error=str(exc))
+        budget = ErrorBudget(
+            measured="target",
+            target=str(target) if isinstance(target, str) else target.name,
+            note=f"impact not measured: {exc}",
+        )
+    return result.model_copy(update={"impact": budget})
