@@ -42,6 +42,7 @@ from precguard.compare.report import (
     Status,
     Unmatched,
 )
+from precguard.compare.routing import Routing
 from precguard.compare.tolerance import Profile, judge, with_bias
 from precguard.compare.units import ShardResult, UnitResult
 from precguard.dump.paths import RECORDS_FILE, rank_dir
@@ -192,6 +193,14 @@ def compare_unit(
         plan.computes,
         plan.renamer,
     )
+    routes = Routing.of_step(
+        step_results.pairs,
+        (g_store, a_store),
+        plan.prof,
+        plan.tolerance_dtype,
+        plan.computes,
+    )
+    step_results.results = routes.remeasure(step_results.results)
     if plan.prof.rule == "expected":
         updates = _golden_updates(plan, g_store, r, g_recs)
         judged, plan.carried[r] = judge_step(
@@ -199,9 +208,10 @@ def compare_unit(
             plan.prof,
             plan.carried.get(r) if s > 0 else None,
             updates,
-            _calibrated(plan, g_store, r, s, g_recs),
+            _calibrated(plan, g_store, r, s, g_recs) | routes.widened(step_results.results),
         )
         step_results.results = judged
+    step_results.results = routes.judge(step_results.results, plan.prof)
     classified = classify_step(step_results.results, plan.prof)
     found = classified.candidates
     logger.debug("step_compared", rank=r, step=s, records=len(step_results.results))
@@ -560,6 +570,8 @@ class _StepResults:
         self.results: list[RecordResult] = []
         self.golden_only: list[str] = []
         self.actual_only: list[str] = []
+        #: the aligned (golden, actual) record pairs, for the routing rules (routing.py)
+        self.pairs: list[tuple[Record, Record]] = []
 
 
 def _compare_step(
@@ -576,6 +588,7 @@ def _compare_step(
     g_store.validate(g_recs)  # a tensor file must agree with its record, read or not
     a_store.validate(a_recs)
     alignment = align(g_recs, a_recs, renamer)
+    out.pairs = list(alignment.pairs)
     for g, a in alignment.pairs:
         metrics = pair_metrics(g, a, g_store, a_store, profile, tol_mode, computes)
         out.results.append(_result(g, a, judge(metrics, profile), metrics))
@@ -615,6 +628,7 @@ def _result(g: Record, a: Record | None, status: Status, metrics: Metrics | None
         golden_dtype=g.dtype,
         actual_dtype=a.dtype if a is not None else None,
         shape=list(g.shape),
+        actual_shape=list(a.shape) if a is not None and list(a.shape) != list(g.shape) else None,
         phase=g.phase,
         role=g.role,
         step=g.step,
