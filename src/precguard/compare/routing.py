@@ -475,7 +475,9 @@ class Routing:
                     }
                 )
                 r = r.model_copy(update={"status": status, "metrics": metrics})
-            elif r.actual_shape is not None and r.metrics.level == "none" and status == "pass":
+            elif r.metrics.level == "none" and status == "fail":
+                r = r.model_copy(update={"status": "fail"})
+            elif r.actual_shape is not None and r.metrics.level == "none":
                 note = (
                     f"shapes differ (golden {r.shape}, actual {r.actual_shape}): its rows follow "
                     f"the routing of {f.router.module}, whose re-routing is explained; not compared"
