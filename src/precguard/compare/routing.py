@@ -18,10 +18,7 @@ the experts). The rules here (docs/compare.md, "Mixture of experts"):
   (the k-th against the (k+1)-th score, or the two it swapped). Each score may
   differ by what the judge accepts for the scores record, ``amplification *
   expected_error * max|golden score|`` element by element, so rounding can
-  cross a margin of twice that (:func:`margin_tolerance`); where the actual's
-  scores were recorded in full, the margin must also be within twice the
-  largest difference the token's scores actually show (plus one rounding of
-  the scores): the actual ranked its own scores. A re-routing within both is
+  cross a margin of twice that (:func:`margin_tolerance`). A re-routing within it is
   explained (reported as a count and the largest margin crossed); one beyond
   is a finding at the router.
 - **Records that follow the routing** (the module that consumed the indices,
@@ -61,7 +58,7 @@ import torch
 from precguard.compare.expected import rounding_floor
 from precguard.compare.metrics import is_float_dtype, precision, tensor_metrics
 from precguard.compare.report import Metrics, RecordResult
-from precguard.compare.tolerance import Profile, unit_roundoff
+from precguard.compare.tolerance import Profile
 from precguard.dump.schema import Record
 from precguard.dump.tensors import TensorStore
 
@@ -504,17 +501,13 @@ class Routing:
         moved = (~router.same).nonzero().flatten()
         tol = self._tolerance(router, scores)
         worst, beyond = 0.0, 0
-        u = unit_roundoff(scores.metrics.dtype) if scores is not None and scores.metrics else 0.0
-        absmax = float(router.g_scores.abs().max()) if router.g_scores.numel() else 0.0
         assert router.g_idx is not None and router.a_idx is not None
         for t in moved.tolist():
             m = _crossed(router.g_scores[t], router.g_idx[t], router.a_idx[t])
             worst = max(worst, m)
-            bound = tol
-            if router.a_scores is not None:
-                moved_by = float((router.a_scores[t] - router.g_scores[t]).abs().max())
-                bound = min(bound, 2.0 * moved_by + 2.0 * u * absmax)
-            if m > bound:
+            # the actual's own scores are not a bound: a router that ranks scores rounded
+            # to bf16 (Qwen2-MoE's probabilities) ties where its logits did not
+            if m > tol:
                 beyond += 1
         n = router.tokens
         if beyond:
