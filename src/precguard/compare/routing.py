@@ -301,7 +301,18 @@ class Routing:
         if g_rows.numel() == 0:
             return r
         masked = self._metrics(f.pair, g_rows, a_rows)
-        update: dict[str, object] = {"rerouted": count, "routed_rows": int(g_rows.numel())}
+        note, compared = None, int(g_rows.numel())
+        if f.passes_on_all and f.kind == "rows":
+            expert, worst = self._worst_expert(f, masked)
+            if worst is not None:
+                masked, compared = worst, int(worst.routed_rows or 0)
+                note = (
+                    f"measured on the {compared} tokens both runs sent to expert {expert}, "
+                    "the expert whose scale differs most"
+                )
+        update: dict[str, object] = {"rerouted": count, "routed_rows": compared}
+        if note is not None:
+            update["note"] = note
         if f.passes_on_all:
             whole = m.error if math.isfinite(m.error) else math.inf
             conc = max(x for x in (whole, m.slice_error, m.peak_error) if x is not None)
@@ -312,6 +323,23 @@ class Routing:
                 f"{g_rows.numel()} rows both runs routed alike"
             )
         return r.model_copy(update={"metrics": masked.model_copy(update=update)})
+
+    def _worst_expert(self, f: _Follower, alike: Metrics) -> tuple[int, Metrics | None]:
+        """The expert whose tokens (sent to it by both runs, routed alike) show the most
+        significant scale, when more significant than over every token routed alike: a
+        fault in one expert scales only the rows it serves, diluted over all of them."""
+        router = f.router
+        assert router.same is not None and router.g_idx is not None
+        best: tuple[float, int, Metrics | None] = (_excess(alike, self.profile), -1, None)
+        for e in sorted(set(router.g_idx.flatten().tolist())):
+            rows = (router.same & router.g_idx.eq(e).any(dim=1)).nonzero().flatten()
+            if rows.numel() < 2:
+                continue
+            m = self._metrics(f.pair, rows, rows)
+            excess = _excess(m, self.profile)
+            if excess > best[0]:
+                best = (excess, e, m.model_copy(update={"routed_rows": int(rows.numel())}))
+        return best[1], best[2]
 
     def _rows_for(self, f: _Follower) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(golden rows, actual rows) of the record to compare, in matching order."""
@@ -536,6 +564,13 @@ class Routing:
     def keys(self) -> Iterable[str]:
         """Keys of every record that follows a routing (the routers' indices included)."""
         return self.followers.keys()
+
+
+def _excess(m: Metrics, profile: Profile) -> float:
+    """How far a scale lies beyond ``bias_z`` standard errors from 1 (-inf: not measured)."""
+    if m.scale is None or m.scale_se is None:
+        return -math.inf
+    return abs(m.scale - 1.0) - profile.bias_z * m.scale_se
 
 
 def _rows(shape: list[int]) -> int:
