@@ -118,17 +118,10 @@ def _experts_scaled(model: nn.Module) -> None:
     experts.register_forward_hook(lambda _m, _args, out: out * 1.03)
 
 
-_PARTIAL = pytest.mark.xfail(
-    reason="issue 28, left open: 3 % on the tokens one expert serves (scale ~1.005 over all "
-    "rows) is not yet told from the rounding of the rows routed alike",
-    strict=False,
-)
-
-
 @pytest.mark.parametrize("experts", ["grouped_mm", "eager"])
 @pytest.mark.parametrize(
     "plant",
-    [_experts_scaled, pytest.param(_expert_scaled, marks=_PARTIAL)],
+    [_experts_scaled, _expert_scaled],
     ids=["all-experts", "one-expert"],
 )
 def test_a_3_percent_fault_in_the_experts_is_named_at_the_experts(
@@ -142,6 +135,9 @@ def test_a_3_percent_fault_in_the_experts_is_named_at_the_experts(
     assert result.verdict == "diverged" and fd is not None
     assert fd.module == "model.layers.1.mlp.experts" and fd.local is True, fd.reason
     assert fd.metrics.routed_rows is not None  # measured on the tokens routed alike
+    if plant is _expert_scaled:  # on the tokens expert 1 serves, where its scale shows
+        assert "expert 1" in (fd.metrics.note or "")
+        assert fd.metrics.scale == pytest.approx(1.03, abs=0.01)
 
 
 @pytest.mark.parametrize("experts", ["grouped_mm", "eager"])
