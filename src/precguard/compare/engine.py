@@ -208,7 +208,7 @@ def compare_unit(
             plan.prof,
             plan.carried.get(r) if s > 0 else None,
             updates,
-            _calibrated(plan, g_store, r, s, g_recs) | routes.widened(step_results.results),
+            _wider(_calibrated(plan, g_store, r, s, g_recs), routes.widened(step_results.results)),
         )
         step_results.results = judged
     step_results.results = routes.judge(step_results.results, plan.prof)
@@ -225,6 +225,17 @@ def compare_unit(
         fallback=None if found else fallback(step_results.results),
         collectives_dropped=dropped,
     )
+
+
+def _wider(
+    first: dict[str, tuple[float, float]], second: dict[str, tuple[float, float]]
+) -> dict[str, tuple[float, float]]:
+    """Per key, the larger of two measured widenings of the expected error."""
+    out = dict(first)
+    for key, (e, c) in second.items():
+        old = out.get(key, (0.0, 0.0))
+        out[key] = (max(old[0], e), max(old[1], c))
+    return out
 
 
 def _calibrated(
