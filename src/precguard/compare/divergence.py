@@ -145,7 +145,7 @@ def _err(r: RecordResult) -> float:
         return 0.0
     if m.level == "exact":
         if m.rerouted is not None:  # a router's indices: judged from its scores (routing.py)
-            return 0.0
+            return 0.0 if r.status == "pass" else math.inf  # a wrong routing explains all after
         return 1.0 if m.mismatched else 0.0  # different ids/positions: different data
     return m.error if math.isfinite(m.error) else math.inf
 

@@ -500,8 +500,12 @@ class Routing:
                     }
                 )
                 r = r.model_copy(update={"status": status, "metrics": metrics})
-            elif r.metrics.level == "none" and status == "fail":
-                r = r.model_copy(update={"status": "fail"})
+            elif status == "fail":
+                # it follows a routing that is itself wrong: the router is the finding
+                update: dict[str, object] = {"amplification": None, "expected_error": None}
+                if r.metrics.level == "none":
+                    update["status"] = "fail"
+                r = r.model_copy(update=update)
             elif r.actual_shape is not None and r.metrics.level == "none":
                 note = (
                     f"shapes differ (golden {r.shape}, actual {r.actual_shape}): its rows follow "
