@@ -219,3 +219,37 @@ def test_clean_qwen2_moe_blocks_pass_with_a_shared_expert(tmp_path: Path) -> Non
     assert not moe, [(r.key, r.metrics and r.metrics.note) for r in moe]
     routers = [r for r in result.records if r.key.endswith("mlp.gate.0.forward.output.2")]
     assert len(routers) == 2 and all(r.metrics and r.metrics.rerouted is not None for r in routers)
+
+
+class _Pick(nn.Module):
+    def __init__(self, wrong: bool) -> None:
+        super().__init__()
+        self.wrong = wrong
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.argmax(dim=-1) + int(self.wrong)
+
+
+class _Picker(nn.Module):
+    def __init__(self, wrong: bool = False) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 8)
+        self.pick = _Pick(wrong)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pick(self.proj(x))
+
+
+def test_integer_outputs_are_reported_as_indices_that_differ(tmp_path: Path) -> None:
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+    for name, wrong in (("g", False), ("a", True)):
+        torch.manual_seed(0)
+        model = _Picker(wrong)
+        with precguard.monitor(model, out=tmp_path / name, tensors=["*"]):
+            model(x)
+
+    result = precguard.compare_runs(tmp_path / "g", tmp_path / "a")
+
+    fd = result.first_divergence
+    assert fd is not None and fd.module == "pick", fd
+    assert "4 of 4 elements differ" in fd.reason and "error 1 " not in fd.reason
