@@ -529,6 +529,9 @@ class Routing:
                 f"'{router.module}')"
             )
             ok = scores_ok and (router.scores is not None)
+            beyond = self._beyond_near_ties(router, scores)
+            if beyond is not None:
+                ok, note = False, beyond
             return ("pass" if ok else "fail"), idx.model_copy(update={"note": note, "rerouted": -1})
         moved = (~router.same).nonzero().flatten()
         tol = self._tolerance(router, scores)
@@ -564,6 +567,42 @@ class Routing:
             "reroute_tolerance": tol,
         }
         return status, idx.model_copy(update=update)
+
+    def _beyond_near_ties(self, router: _Router, scores: RecordResult | None) -> str | None:
+        """With the golden's router in full and the actual's indices as statistics: why more
+        indices differ than the near-tie tokens can account for, or None.
+
+        Rounding can re-route only the tokens whose golden gap is within the tolerance, each
+        changing at most k indices. The statistics bound the differing indices from below:
+        each changes the zero count by at most 1, the sum by at most ``E - 1`` and the sum of
+        squares by at most ``(E - 1)^2`` (indices lie in ``[0, E)``).
+        """
+        if router.g_scores is None or router.g_idx is None:
+            return None
+        gs, as_ = router.index[0].stats, router.index[1].stats
+        if gs is None or as_ is None or not gs.numel:
+            return None
+        e_max = router.g_scores.shape[1] - 1
+        if e_max < 1:
+            return None
+        bounds = []
+        if gs.zeros is not None and as_.zeros is not None:
+            bounds.append(abs(as_.zeros - gs.zeros))
+        if gs.mean is not None and as_.mean is not None:
+            bounds.append(abs(as_.mean - gs.mean) * gs.numel / e_max)
+        if gs.l2 is not None and as_.l2 is not None:
+            bounds.append(abs(as_.l2**2 - gs.l2**2) / e_max**2)
+        differ = math.ceil(max(bounds, default=0.0) - 1e-6)
+        tol = self._tolerance(router, scores)
+        near = int((_gaps(router.g_scores, router.k) <= tol).sum())
+        if differ <= near * router.k:
+            return None
+        return (
+            f"at least {differ} of {gs.numel} indices differ (from their statistics), more than "
+            f"the {near} of {router.tokens} tokens whose golden score gap is within what the "
+            f"scores' expected error lets rounding cross ({tol:.3g}) can account for: the top-k "
+            "choice itself differs"
+        )
 
     def keys(self) -> Iterable[str]:
         """Keys of every record that follows a routing (the routers' indices included)."""
