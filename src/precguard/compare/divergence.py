@@ -283,6 +283,8 @@ def _classify(
     reason = _local_reason(call, first, in_err, out_err, expected, amp, profile)
     if reason is None:
         reason = _bias_reason(call, bad, profile)
+    elif first.metrics is not None and first.metrics.level == "exact":
+        amp, expected = None, None  # indices that differ have no float error to amplify
     decision = Decision(reason is not None, amp, expected)
     if reason is None:
         return None, decision

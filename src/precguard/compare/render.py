@@ -165,7 +165,7 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
             table.add_column(col)
         for s in result.suspects:
             amp = (
-                "weights differ"
+                ("weights differ" if s.role == "param" else "indices differ")
                 if s.amplification is None
                 else f"{format_number(s.amplification)}x"
             )
