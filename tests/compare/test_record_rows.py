@@ -86,9 +86,27 @@ def test_counts_and_filters_read_the_status_bytes_not_the_rows() -> None:
         "missing": 2,
         "full": 3,
         "stats_only": 0,
+        "shape_mismatch": 0,
+        "not_compared": 0,
     }
     assert [r.seq for r in rows.having(["fail"])] == [0, 4]
     assert [r.seq for r in rows.having(["missing", "pass"])] == [2, 3, 5]
+    assert rows.counts() == Counts.of(list(rows))
+
+
+def test_pairs_whose_shapes_differ_count_apart_so_the_counts_add_up() -> None:
+    """A pair whose shapes differ (compared at no level) is counted as such (issue 28)."""
+    shaped = _result(0, error=math.inf, note="shapes differ").model_copy(
+        update={
+            "actual_shape": [30, 128],
+            "metrics": Metrics(level="none", dtype="float32", error=math.inf),
+        }
+    )
+    rows = RecordRows([shaped, _result(1, error=0.0).model_copy(update={"status": "pass"})])
+    c = rows.counts()
+    assert (c.shape_mismatch, c.full, c.failed, c.passed) == (1, 1, 1, 1)
+    assert c.passed + c.failed + c.nonfinite == c.full + c.stats_only + c.shape_mismatch
+    assert rows[0].actual_shape == [30, 128]
     assert rows.counts() == Counts.of(list(rows))
 
 

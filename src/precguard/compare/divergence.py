@@ -51,6 +51,7 @@ from precguard.compare.expected import (
     rounding_floor,
 )
 from precguard.compare.report import FirstDivergence, RecordResult, Suspect
+from precguard.compare.routing import index_reason
 from precguard.compare.tolerance import Profile
 
 _BAD = ("fail", "nonfinite")
@@ -143,6 +144,8 @@ def _err(r: RecordResult) -> float:
     if m is None:
         return 0.0
     if m.level == "exact":
+        if m.rerouted is not None:  # a router's indices: judged from its scores (routing.py)
+            return 0.0 if r.status == "pass" else math.inf  # a wrong routing explains all after
         return 1.0 if m.mismatched else 0.0  # different ids/positions: different data
     return m.error if math.isfinite(m.error) else math.inf
 
@@ -280,6 +283,8 @@ def _classify(
     reason = _local_reason(call, first, in_err, out_err, expected, amp, profile)
     if reason is None:
         reason = _bias_reason(call, bad, profile)
+    elif first.metrics is not None and first.metrics.level == "exact":
+        amp, expected = None, None  # indices that differ have no float error to amplify
     decision = Decision(reason is not None, amp, expected)
     if reason is None:
         return None, decision
@@ -313,6 +318,9 @@ def _local_reason(
             f"{call.module} ({call.module_type}) produced NaN/Inf where golden has none "
             f"(or the reverse) from {ins} without such a mismatch"
         )
+    indices = index_reason(call.module, call.module_type, first, ins)
+    if indices is not None and not any(r.status in _BAD for r in call.consumed):
+        return indices
     dtype = first.metrics.dtype if first.metrics else "float32"
     inputs_bad = any(r.status in _BAD for r in call.consumed)
     where = _concentration(first)

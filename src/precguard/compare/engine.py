@@ -42,6 +42,7 @@ from precguard.compare.report import (
     Status,
     Unmatched,
 )
+from precguard.compare.routing import Routing
 from precguard.compare.tolerance import Profile, judge, with_bias
 from precguard.compare.units import OneSided, ShardResult, UnitResult
 from precguard.dump.paths import RECORDS_FILE, rank_dir
@@ -193,6 +194,14 @@ def compare_unit(
         plan.computes,
         plan.renamer,
     )
+    routes = Routing.of_step(
+        step_results.pairs,
+        (g_store, a_store),
+        plan.prof,
+        plan.tolerance_dtype,
+        plan.computes,
+    )
+    step_results.results = routes.remeasure(step_results.results)
     if plan.prof.rule == "expected":
         updates = _golden_updates(plan, g_store, r, g_recs)
         judged, plan.carried[r] = judge_step(
@@ -200,9 +209,10 @@ def compare_unit(
             plan.prof,
             plan.carried.get(r) if s > 0 else None,
             updates,
-            _calibrated(plan, g_store, r, s, g_recs),
+            _wider(_calibrated(plan, g_store, r, s, g_recs), routes.widened(step_results.results)),
         )
         step_results.results = judged
+    step_results.results = routes.judge(step_results.results, plan.prof)
     classified = classify_step(step_results.results, plan.prof)
     found = classified.candidates
     logger.debug("step_compared", rank=r, step=s, records=len(step_results.results))
@@ -217,6 +227,17 @@ def compare_unit(
         collectives_dropped=dropped,
         one_sided=step_results.one_sided,
     )
+
+
+def _wider(
+    first: dict[str, tuple[float, float]], second: dict[str, tuple[float, float]]
+) -> dict[str, tuple[float, float]]:
+    """Per key, the larger of two measured widenings of the expected error."""
+    out = dict(first)
+    for key, (e, c) in second.items():
+        old = out.get(key, (0.0, 0.0))
+        out[key] = (max(old[0], e), max(old[1], c))
+    return out
 
 
 def _calibrated(
@@ -564,6 +585,8 @@ class _StepResults:
         self.golden_only: list[str] = []
         self.actual_only: list[str] = []
         self.one_sided: list[OneSided] = []
+        #: the aligned (golden, actual) record pairs, for the routing rules (routing.py)
+        self.pairs: list[tuple[Record, Record]] = []
 
 
 def _compare_step(
@@ -580,6 +603,7 @@ def _compare_step(
     g_store.validate(g_recs)  # a tensor file must agree with its record, read or not
     a_store.validate(a_recs)
     alignment = align(g_recs, a_recs, renamer)
+    out.pairs = list(alignment.pairs)
     for g, a in alignment.pairs:
         metrics = pair_metrics(g, a, g_store, a_store, profile, tol_mode, computes)
         out.results.append(_result(g, a, judge(metrics, profile), metrics))
@@ -622,6 +646,7 @@ def _result(g: Record, a: Record | None, status: Status, metrics: Metrics | None
         golden_dtype=g.dtype,
         actual_dtype=a.dtype if a is not None else None,
         shape=list(g.shape),
+        actual_shape=list(a.shape) if a is not None and list(a.shape) != list(g.shape) else None,
         phase=g.phase,
         role=g.role,
         step=g.step,

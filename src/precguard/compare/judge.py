@@ -76,7 +76,12 @@ class _Scope:
     def add(self, m: Metrics, e: float, c: float, profile: Profile) -> None:
         self.err = max(self.err, e)
         self.conc = max(self.conc, c)
-        self.bias = max(self.bias, carried_bias([m], profile))
+        # routing.py: a router's indices carry no scale (their followers are compared on
+        # the rows routed alike); a record compared on those rows passes on every row, and
+        # re-routed rows move a least-squares scale by up to their error: no bias is told
+        routed = m.level == "exact" and m.rerouted is not None
+        own = 0.0 if routed else carried_bias([m], profile)
+        self.bias = max(self.bias, own, m.error_all_rows or 0.0)
         if m.level in ("full", "stats"):
             self.dtype = m.dtype if self.dtype is None else less_precise(self.dtype, m.dtype)
 
@@ -102,13 +107,23 @@ class Judgement:
 
 
 def measured_errors(m: Metrics) -> tuple[float, float]:
-    """(global error, concentrated error) of one record; exact records: 0 or inf."""
+    """(global error, concentrated error) of one record; exact records: 0 or inf (0 for a
+    router's indices, whose re-routing routing.py judges and whose followers it compares
+    on the rows routed alike)."""
     if m.level == "exact":
-        e = math.inf if m.mismatched else 0.0
+        e = math.inf if m.mismatched and m.rerouted is None else 0.0
         return e, e
     e = m.error if math.isfinite(m.error) else math.inf
     conc = max(x for x in (e, m.slice_error, m.peak_error) if x is not None)
     return e, conc if math.isfinite(conc) else math.inf
+
+
+def passed_on(m: Metrics, e: float, c: float) -> tuple[float, float]:
+    """The errors a record passes on to what consumes it: its measured ones, or, for one
+    compared on the rows a router routed alike (routing.py), its error over every row."""
+    if m.error_all_rows is None:
+        return e, c
+    return max(e, m.error_all_rows), max(c, m.conc_all_rows or m.error_all_rows)
 
 
 def _ancestors(module: str) -> list[str]:
@@ -254,6 +269,7 @@ def judge_step(
         ):  # it carries the error its own code made
             judged = judged.model_copy(update={"status": "fail"})
         out.append(judged)
+        e, c = passed_on(m, e, c)
         if r.phase == "forward":
             if r.role == "input":
                 inputs[call].append(judged)
@@ -340,9 +356,12 @@ def _judge(
     if m.nan_mismatch or m.inf_mismatch:
         return r.model_copy(update={"status": "nonfinite"})
     if m.level == "exact":
-        return r.model_copy(update={"status": "fail" if m.mismatched else "pass"})
-    if m.level == "none":
-        return r.model_copy(update={"status": "fail" if m.error > 0 else "pass"})
+        # a router's indices: routing.py judges them from the router's scores afterwards
+        bad = bool(m.mismatched) and m.rerouted is None
+        return r.model_copy(update={"status": "fail" if bad else "pass"})
+    if m.level == "none":  # a follower of a routing (shapes differ): routing.py judges it
+        bad = m.error > 0 and m.rerouted is None
+        return r.model_copy(update={"status": "fail" if bad else "pass"})
     dtype = m.dtype if scope.dtype is None else less_precise(m.dtype, scope.dtype)
     expected = expected_error(_GROWTH * scope.err, dtype, k)
     expected_conc = expected_error(_GROWTH * scope.conc, dtype, k)

@@ -71,8 +71,10 @@ def metric_line(m: Metrics) -> str:
     if m.level == "stats":
         worst = max((m.stat_rel_diff or {}).items(), key=lambda kv: kv[1], default=("-", 0.0))
         return f"stats only: largest difference {worst[0]} {format_number(worst[1])} (weaker test)"
+    if m.level == "exact" and m.rerouted is not None and m.note:
+        return m.note  # a router's indices (routing.py): re-routed tokens, margins
     if m.level == "exact":
-        return f"{m.mismatched} unequal elements"
+        return f"{m.mismatched} unequal elements (indices, compared for equality)"
     return m.note or "not comparable"
 
 
@@ -163,7 +165,7 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
             table.add_column(col)
         for s in result.suspects:
             amp = (
-                "weights differ"
+                ("weights differ" if s.role == "param" else "indices differ")
                 if s.amplification is None
                 else f"{format_number(s.amplification)}x"
             )
@@ -186,6 +188,8 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
         f"records: [green]{c.passed} pass[/]  [red]{c.failed} fail[/]  "
         f"[magenta]{c.nonfinite} nonfinite[/]  [yellow]{c.missing} missing[/]   "
         f"compared on full tensors {c.full}, on statistics only {c.stats_only}"
+        + (f", shapes differ {c.shape_mismatch}" if c.shape_mismatch else "")
+        + (f", nothing comparable {c.not_compared}" if c.not_compared else "")
     )
     if c.stats_only:
         console.print(
@@ -246,12 +250,19 @@ def _top_table(records: list[RecordResult], console: Console, top: int) -> None:
             what += " (bwd)"
         if m.level == "stats":
             what += " [stats]"
+        error = format_number(m.error)
+        if r.actual_shape is not None:  # the shapes, not an error of inf
+            g_shape = "x".join(map(str, r.shape))
+            a_shape = "x".join(map(str, r.actual_shape))
+            error = f"shape {g_shape} vs {a_shape}" + (f" ({error})" if m.level != "none" else "")
+        elif m.level == "exact":
+            error = f"{m.mismatched} differ"
         table.add_row(
             Text(r.status, style=_STATUS_STYLE[r.status]),
             shown(r.module, markup=True),
             shown(what, markup=True),
             str(r.step),
-            format_number(m.error),
+            error,
             format_cosine(m.cosine),
             format_number(m.max_abs_err),
         )

@@ -150,6 +150,37 @@ class Metrics(BaseModel):
         "a lower bound on the tensor's rel_l2 (triangle inequality per position).",
     )
     note: str | None = Field(default=None, description="Why the level is weaker, if it is.")
+    rerouted: int | None = Field(
+        default=None,
+        description="Mixture of experts (docs/compare.md): on a router's top-k indices and "
+        "the records that follow its routing, the tokens whose choice of experts differs "
+        "between the runs (None: no routing involved; -1: not known from statistics).",
+    )
+    reroute_margin: float | None = Field(
+        default=None,
+        description="On a router's indices: the largest golden score margin a re-routed token "
+        "crossed (the k-th against the (k+1)-th score, or the two it swapped).",
+    )
+    reroute_tolerance: float | None = Field(
+        default=None,
+        description="On a router's indices: the margin its scores' expected error lets rounding "
+        "cross, 2 * amplification * expected error * max|golden score|.",
+    )
+    routed_rows: int | None = Field(
+        default=None,
+        description="On records that follow a routing, compared on full tensors: the rows "
+        "(tokens, or token-expert pairs) both runs routed alike, on which the metrics were "
+        "measured.",
+    )
+    error_all_rows: float | None = Field(
+        default=None,
+        description="On records compared on the rows routed alike: the error over every row, "
+        "re-routed ones included; what the record passes on to what consumes it.",
+    )
+    conc_all_rows: float | None = Field(
+        default=None,
+        description="The concentrated error (worst slice, max-abs) over every row, likewise.",
+    )
 
 
 class RecordIdentity(BaseModel):
@@ -195,6 +226,9 @@ class RecordResult(RecordIdentity):
     )
     actual_dtype: str | None = Field(default=None, description="dtype of the actual tensor.")
     shape: list[int] = Field(description="Golden shape.")
+    actual_shape: list[int] | None = Field(
+        default=None, description="Actual shape, when it differs from the golden's."
+    )
     seq: int = Field(description="Golden capture order (execution order).")
     status: Status = Field(description="pass, fail, missing (no counterpart) or nonfinite.")
     metrics: Metrics | None = Field(default=None, description="None when missing.")
@@ -216,9 +250,12 @@ class RecordResult(RecordIdentity):
 
 
 def _level_code(r: RecordResult) -> int:
-    """The level ``r`` was compared at, as a byte; 0: a missing record (even with metrics)."""
+    """The level ``r`` was compared at, as a byte; 0: a missing record (even with metrics);
+    :data:`_SHAPE_CODE`: shapes differ and nothing was compared."""
     if r.metrics is None or r.status == "missing":
         return 0
+    if r.actual_shape is not None and r.metrics.level == "none":
+        return _SHAPE_CODE
     return _LEVEL_CODES[r.metrics.level]
 
 
@@ -338,6 +375,8 @@ class RecordRows(Sequence[RecordResult]):
 _STATUS_CODES: dict[str, int] = {"pass": 1, "fail": 2, "missing": 3, "nonfinite": 4}
 #: 0: no metrics (a missing record)
 _LEVEL_CODES: dict[str, int] = {"full": 1, "stats": 2, "exact": 3, "none": 4}
+#: a pair whose shapes differ, not compared (its own code, so the counts add up)
+_SHAPE_CODE = 5
 
 
 def _keep_rows(value: Any, validate: core_schema.ValidatorFunctionWrapHandler) -> Any:
@@ -499,6 +538,15 @@ class Counts(BaseModel):
     missing: int = Field(default=0, description="Records with no counterpart.")
     full: int = Field(default=0, description="Pairs compared on full tensors.")
     stats_only: int = Field(default=0, description="Pairs compared on statistics only.")
+    shape_mismatch: int = Field(
+        default=0,
+        description="Pairs whose shapes differ and that were not compared (a pass when a "
+        "router's explained re-routing accounts for it: an expert's token count). With "
+        "full, stats_only and not_compared they add up to passed + failed + nonfinite.",
+    )
+    not_compared: int = Field(
+        default=0, description="Other pairs with nothing comparable (no statistics recorded)."
+    )
 
     @classmethod
     def of(cls, results: Sequence[RecordResult]) -> Counts:
@@ -525,6 +573,8 @@ class Counts(BaseModel):
             missing=status(_STATUS_CODES["missing"]),
             full=level(_LEVEL_CODES["full"]) + level(_LEVEL_CODES["exact"]),
             stats_only=level(_LEVEL_CODES["stats"]),
+            shape_mismatch=level(_SHAPE_CODE),
+            not_compared=level(_LEVEL_CODES["none"]),
         )
 
 
