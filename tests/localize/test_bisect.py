@@ -211,6 +211,14 @@ def test_cli_unusable_input_exits_2_with_one_line(capsys, args, message):
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_cli_refuses_a_missing_target_like_record(capsys):
+    """No silent default model: bisect of the wrong model answers a question nobody asked."""
+    code, out, err = _main(capsys, "--device", "emu:fp16")
+    assert code == 2 and out == ""
+    assert "bisect needs --target" in err and "tiny-llama" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.slow
 def test_cli_in_a_real_process(tmp_path):
     run = subprocess.run(

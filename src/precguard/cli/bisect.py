@@ -24,8 +24,12 @@ _HELP = (
 
 @app.command(help=_HELP)
 def bisect(
-    target: str = typer.Option(
-        "tiny-llama", "--target", "-t", help="Built-in name, path/file.py[:fn) or pkg.mod[:fn]."
+    target: str | None = typer.Option(
+        None,
+        "--target",
+        "-t",
+        help="What to bisect (required): a built-in name, path/file.py[:fn] or pkg.mod[:fn].",
+        show_default=False,
     ),
     device: str = typer.Option(..., "--device", "-d", help="Device under test: emu:fp16, npu…"),
     reference: str = typer.Option("cpu", "--reference", help="Trusted reference device."),
@@ -59,6 +63,17 @@ def bisect(
 
     from precguard.localize.bisect import Probe
     from precguard.localize.bisect import bisect as run_bisect
+
+    if target is None:
+        from precguard.errors import UsageError
+        from precguard.target import BUILTIN_TARGETS
+
+        # no default, as record: a bisect of the wrong model answers a question nobody asked
+        raise UsageError(
+            "bisect needs --target: a built-in name ("
+            + ", ".join(BUILTIN_TARGETS)
+            + "), path/file.py[:function] or package.module[:function]"
+        )
 
     to_stdout = json_out is not None and str(json_out) == "-"
     out = Console(stderr=to_stdout, highlight=False, soft_wrap=True)
