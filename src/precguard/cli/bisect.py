@@ -14,7 +14,8 @@ _HELP = (
     "The target's model runs on the reference (default: the CPU in float32) for the trusted "
     "output, then on DEVICE; each probe reruns the device forward with some modules run at "
     "reference precision instead (outside the emu: emulation, on the reference device) and "
-    "measures the final output's error. A binary search over the module tree (blocks first, "
+    "measures the error of each floating output (a loss and its logits alike; the worst "
+    "decides). A binary search over the module tree (blocks first, "
     "then their children) and a last linear pass find a minimal set in O(k log L) probes for "
     "k culprits among L blocks. No golden recording is needed.\n\n"
     "Exit codes: 0 the device output is already within the threshold, 1 culprits found, 2 "
@@ -114,6 +115,11 @@ def bisect(
         f"(threshold {_fmt(result.threshold)}); {result.probe_count} probe(s) over "
         f"{result.units} top-level module(s)"
     )
+    if len(result.output_errors) > 1:
+        # every floating output is judged: say which one decided
+        for name, err in result.output_errors.items():
+            mark = "[green]pass[/]" if err <= result.threshold else "[red]fail[/]"
+            out.print(f"  {name:<24} {_fmt(err):>10}  {mark}")
     if result.culprits:
         out.print(
             f"[bold red]{len(result.culprits)} module(s) must run at reference precision[/] "
