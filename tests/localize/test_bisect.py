@@ -253,3 +253,19 @@ def test_nonfinite_output_names_the_module_that_leaves_fp16s_range(model):
 def test_finite_output_has_no_overflow_finding():
     result = bisect(f"{MODELS}:one_overflow", device="emu:fp16")
     assert result.overflow is None
+
+
+def test_every_floating_output_is_judged_not_only_the_loss_that_comes_first():
+    """A model returning (loss, logits): its loss passes, its logits do not; bisect says so.
+
+    The layers live under a namespace module whose forward never runs: its called
+    members are the units, so the search reaches the fragile block's norm.
+    """
+    result = bisect(f"{MODELS}:loss_first_overflow", device="emu:fp16")
+    errors = result.output_errors
+    assert set(errors) == {"output.0", "output.1"}
+    assert errors["output.0"] <= result.threshold < errors["output.1"]
+    assert result.baseline_error == errors["output.1"]
+    assert result.culprits == ["transformer.inner.blocks.2.norm"]
+    assert result.units > 1
+    assert all(set(p.outputs) == set(errors) for p in result.probes)
