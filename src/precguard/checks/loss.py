@@ -325,7 +325,12 @@ def cross_entropy(ctx: CheckContext, smoothing: float | None = None) -> Finding:
             f"by {own['rel_error']:.3g} (relative), above the {own['tolerance']:.2g} that "
             f"{own['float32_ops_computed_in']} arithmetic explains: the loss is computed in "
             "lower precision than its float32 logits",
-            {**evidence, "failing": sorted(bad)},
+            {
+                **evidence,
+                "tolerance": own["tolerance"],
+                "target_loss_tolerance": tol,
+                "failing": sorted(bad),
+            },
             "Compute the loss on float32 logits (F.cross_entropy(logits.float(), labels)); a "
             "hand-written log-softmax (logits - logsumexp) in bf16/fp16 cancels on peaked "
             "logits.",
