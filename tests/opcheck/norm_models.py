@@ -34,3 +34,20 @@ def undeclared_positions() -> precguard.Target:
         batch=lambda step: {"input_ids": torch.randint(0, 50, (1, 16))},
         seed=0,
     )
+
+
+class Overflowing(nn.Module):
+    """A Linear whose output overflows fp32 (x 1e38), then a LayerNorm that reads it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.proj(x) * 1e38 * 1e38)
+
+
+def overflow_upstream() -> precguard.Target:
+    """The norm's captured inputs are NaN/Inf already in fp32 on the CPU."""
+    return precguard.Target(model=Overflowing, batch=lambda step: torch.randn(1, 4, 8), seed=0)

@@ -56,3 +56,13 @@ def test_a_model_that_does_not_declare_its_positions_stops_where_its_forward_doe
     assert result.seq_lens == [16]
     assert result.exit_code == 0
     assert result.notes and "stopped at 128 tokens" in result.notes[0]
+
+
+def test_inputs_that_are_not_finite_at_reference_are_refused_not_a_nan_fail():
+    import pytest
+
+    from precguard.errors import TargetError
+    from tests.opcheck.norm_models import overflow_upstream
+
+    with pytest.raises(TargetError, match="hold NaN/Inf"):
+        op_check(device="emu:bf16", target=overflow_upstream(), module="norm", seq_lens="4")

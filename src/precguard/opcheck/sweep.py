@@ -413,6 +413,14 @@ def module_points(
                 f"({exc}); swept up to {swept[-1]}"
             )
             break
+        floats = [t for t in _tensor_leaves((a, k)) if t.is_floating_point()]
+        if not all(bool(torch.isfinite(t).all()) for t in floats):
+            # nothing to compare: an upstream module overflows already in fp32 on the CPU
+            raise TargetError(
+                f"{who}: its inputs captured from the fp32 forward on the CPU at {n} tokens "
+                "hold NaN/Inf (a module before it overflows at reference precision): op-check "
+                "the module that produces them"
+            )
         for inputs, (ai, ki) in _input_cases(mod, a, k).items():
             ai, ki = round_floats(ai, bench.compute), round_floats(ki, bench.compute)
             try:
