@@ -69,8 +69,8 @@ def render_terminal(result: GenerationDiff, console: Console) -> None:
             # blame that layer's code or "different data"; the cache is the cause
             console.print(
                 f"  the actual's KV cache is faulty ({escape(fault)}): the replayed forward "
-                "reads it, so this is where the cache's error shows, not a fault of this "
-                "layer's own"
+                "reads that cache, so this first divergence is no evidence of a fault of this "
+                "layer's own; the cause is the cache"
             )
         elif fd and fd.get("reason"):
             console.print(f"  {escape(str(fd['reason']))}")
