@@ -61,7 +61,9 @@ def test_kl_and_top_k_overlap() -> None:
     p = torch.softmax(x.double(), 0)
     q = torch.softmax(x.flip(0).double(), 0)
     assert kl_divergence(x, x.flip(0)) == pytest.approx(float((p * (p / q).log()).sum()))
-    assert kl_divergence(x, torch.tensor([math.inf, 0, 0, 0])) is None
+    # a step that ended in NaN/Inf is infinitely far, never left out of a mean KL
+    assert kl_divergence(x, torch.tensor([math.inf, 0, 0, 0])) == math.inf
+    assert kl_divergence(x, torch.tensor([math.nan, 0, 0, 0])) == math.inf
     assert top_k_overlap(x, x.flip(0), 2) == 0.0 and top_k_overlap(x, x, 3) == 1.0
 
 

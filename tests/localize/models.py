@@ -161,3 +161,30 @@ def loud() -> precguard.Target:
 def loud_output() -> precguard.Target:
     """The model's output itself exceeds fp16's range."""
     return precguard.Target(model=lambda: Loud(gain_last=True), batch=_batch, seed=0)
+
+
+class LossFirst(nn.Module):
+    """Computes its own loss in ``forward`` and returns ``(loss, logits)`` (HF's order).
+
+    Its layers sit in a namespace module (``transformer``, as GPT-2's do) whose own
+    forward never runs; the loss, a mean far from zero like a cross-entropy on peaked
+    logits, averages the logits' error away.
+    """
+
+    def __init__(self, fragile: tuple[int, ...] = ()) -> None:
+        super().__init__()
+        self.transformer = nn.Module()
+        self.transformer.inner = Decoder(4, fragile)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inner = self.transformer.inner
+        h = inner.embed(x) * 4
+        for block in inner.blocks:
+            h = block(h)
+        logits = inner.head(inner.norm(h))
+        return (logits - 100.0).pow(2).mean(), logits
+
+
+def loss_first_overflow() -> precguard.Target:
+    """Block 2's norm overflows in fp16; the model returns ``(loss, logits)``."""
+    return precguard.Target(model=lambda: LossFirst((2,)), batch=_batch, seed=0)

@@ -211,6 +211,14 @@ def test_cli_unusable_input_exits_2_with_one_line(capsys, args, message):
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_cli_refuses_a_missing_target_like_record(capsys):
+    """No silent default model: bisect of the wrong model answers a question nobody asked."""
+    code, out, err = _main(capsys, "--device", "emu:fp16")
+    assert code == 2 and out == ""
+    assert "bisect needs --target" in err and "tiny-llama" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.slow
 def test_cli_in_a_real_process(tmp_path):
     run = subprocess.run(
@@ -245,3 +253,19 @@ def test_nonfinite_output_names_the_module_that_leaves_fp16s_range(model):
 def test_finite_output_has_no_overflow_finding():
     result = bisect(f"{MODELS}:one_overflow", device="emu:fp16")
     assert result.overflow is None
+
+
+def test_every_floating_output_is_judged_not_only_the_loss_that_comes_first():
+    """A model returning (loss, logits): its loss passes, its logits do not; bisect says so.
+
+    The layers live under a namespace module whose forward never runs: its called
+    members are the units, so the search reaches the fragile block's norm.
+    """
+    result = bisect(f"{MODELS}:loss_first_overflow", device="emu:fp16")
+    errors = result.output_errors
+    assert set(errors) == {"output.0", "output.1"}
+    assert errors["output.0"] <= result.threshold < errors["output.1"]
+    assert result.baseline_error == errors["output.1"]
+    assert result.culprits == ["transformer.inner.blocks.2.norm"]
+    assert result.units > 1
+    assert all(set(p.outputs) == set(errors) for p in result.probes)

@@ -45,16 +45,46 @@ def flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def logits_of(output: Any) -> torch.Tensor:
-    """The main tensor of a model output: ``.logits``, the first tensor, or the output itself."""
+    """The main tensor of a model output, as HF returns outputs.
+
+    ``.logits`` (a ``ModelOutput``) or a mapping's ``logits``; else the first floating
+    tensor that is not a scalar (``(loss, logits)``, HF's ``return_dict=False``: a
+    loss computed inside ``forward`` comes first and is not the logits); else the
+    first floating tensor, or the output itself.
+    """
     if isinstance(output, torch.Tensor):
         return output
     logits = getattr(output, "logits", None)
+    if logits is None and tree.is_mapping(output):
+        logits = output.get("logits")
     if isinstance(logits, torch.Tensor):
         return logits
-    found = first_tensor(output)
+    floating = [t for t in tree.tensors(output) if t.is_floating_point()]
+    found = next((t for t in floating if t.dim() > 0), first_tensor(output))
     if found is None:
         raise NotApplicable(f"the model output ({type(output).__name__}) holds no floating tensor")
     return found
+
+
+def loss_of(output: Any) -> torch.Tensor | None:
+    """The loss a model computed inside ``forward``, as HF returns it, or None.
+
+    ``.loss`` (a ``ModelOutput``) or a mapping's ``loss``; in a tuple or list, a
+    floating scalar next to a larger tensor (``(loss, logits)``).
+    """
+    if isinstance(output, torch.Tensor):
+        return None
+    loss = getattr(output, "loss", None)
+    if loss is None and tree.is_mapping(output):
+        loss = output.get("loss")
+    if isinstance(loss, torch.Tensor) and loss.is_floating_point() and loss.numel() == 1:
+        return loss
+    if isinstance(output, (tuple, list)):
+        floating = [t for t in output if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        scalars = [t for t in floating if t.numel() == 1]
+        if len(scalars) == 1 and any(t.dim() > 0 and t.numel() > 1 for t in floating):
+            return scalars[0]
+    return None
 
 
 #: apply a function to every tensor of a nested value, containers kept

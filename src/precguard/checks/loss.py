@@ -16,8 +16,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from precguard.checks._lab import Lab, flatten, lab, logits_of
+from precguard.checks._lab import Lab, flatten, lab, logits_of, loss_of
 from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
+from precguard.devices import dtype_name
+from precguard.opcheck.measure import probe_compute_dtype
+from precguard.opcheck.sweep import default_tolerance
 from precguard.oracle import map_tensors_keeping_types, run_in_fp64
 
 IGNORE_INDEX = -100
@@ -192,6 +195,65 @@ def _target_loss_cases(bench: Lab) -> dict[str, dict[str, float] | str]:
     return results
 
 
+def _model_loss_case(bench: Lab) -> dict[str, Any] | None:
+    """The loss the model computes inside ``forward`` on the device, vs fp64 on its own logits.
+
+    None when the model returns no loss of its own (``.loss``, a ``(loss, logits)``
+    tuple) or the batch has no labels. The fp64 cross-entropy is taken on the
+    *device's* logits, so only the loss computation is judged; labels are read
+    shifted by one (a causal LM, HF's convention) or as they are, whichever
+    explains the model's loss (the other is named in the evidence). The tolerance
+    is op-check's (:func:`~precguard.opcheck.sweep.default_tolerance`) at the
+    precision the device computes **float32** arithmetic in, ``N`` the number of
+    tokens: a loss upcast to fp32 as it should be is held to fp32's error, one
+    left in bf16 is not; on a device that computes fp32 ops in bf16 anyway
+    (``emu:bf16``) a correct loss is rounded to bf16 too and the tolerance is bf16's.
+    """
+    found = _label_tensor(bench.batch(0))
+    if found is None:
+        return None
+    output = bench.forward(bench.copy("device"), "device")
+    loss = loss_of(output)
+    if loss is None:
+        return None
+    got = float(loss.detach().float().cpu())
+    logits = logits_of(output).detach().to("cpu", torch.float64)
+    labels = found[1].detach().cpu()
+    if logits.dim() < 2 or tuple(logits.shape[:-1]) != tuple(labels.shape):
+        return None
+    vocab = logits.shape[-1]
+    conventions = {
+        "shifted": (logits[..., :-1, :], labels[..., 1:]),
+        "as given": (logits, labels),
+    }
+    wants: dict[str, float] = {}
+    for name, (lg, lb) in conventions.items():
+        lb = lb.reshape(-1)
+        if lb.numel() and bool((lb != IGNORE_INDEX).any()):
+            keep = lb[lb != IGNORE_INDEX]
+            if bool(((keep >= 0) & (keep < vocab)).all()):
+                wants[name] = float(
+                    F.cross_entropy(lg.reshape(-1, vocab), lb, ignore_index=IGNORE_INDEX)
+                )
+    if not wants:
+        return None
+    convention = min(wants, key=lambda k: abs(got - wants[k]))
+    want = wants[convention]
+    tokens = int((conventions[convention][1] != IGNORE_INDEX).sum())
+    fp32_ops = probe_compute_dtype(bench.device)
+    tol = default_tolerance(float(torch.finfo(fp32_ops).eps), tokens)
+    err = abs(got - want) / max(abs(want), 1e-12) if math.isfinite(got) else math.inf
+    return {
+        "device": got,
+        "fp64_on_device_logits": want,
+        "rel_error": err,
+        "labels": convention,
+        "tokens": tokens,
+        "float32_ops_computed_in": dtype_name(fp32_ops),
+        "tolerance": tol,
+    }
+
+
 def _to_device(bench: Lab, t: torch.Tensor) -> torch.Tensor:
     t = t.detach().to(bench.dev)
     return t.to(bench.dtype) if t.is_floating_point() else t
@@ -210,6 +272,11 @@ def cross_entropy(ctx: CheckContext, smoothing: float | None = None) -> Finding:
     cid = "loss.cross_entropy"
     tol = max(1e-5, 8 * bench.eps)
     results: dict[str, Any] = {}
+    tolerances: dict[str, float] = {}
+    own = _model_loss_case(bench)
+    if own is not None:
+        results["model_loss"] = own
+        tolerances["model_loss"] = own["tolerance"]
     if bench.target.loss is not None:
         measured = _target_loss_cases(bench)
         results["target_loss"] = measured
@@ -244,8 +311,30 @@ def cross_entropy(ctx: CheckContext, smoothing: float | None = None) -> Finding:
             errors[f"F.cross_entropy:{case}"] = err
             if err > tol and abs(got - diluted) < abs(got - want):
                 results[f"F.cross_entropy:{case}"]["hint"] = "ignored tokens counted in the mean"
-    bad = {k: v for k, v in errors.items() if v > tol}
+    if own is not None:
+        errors["model_loss"] = own["rel_error"]
+    bad = {k: v for k, v in errors.items() if not v <= tolerances.get(k, tol)}
     evidence = {"tolerance": tol, "cases": results}
+    if "model_loss" in bad:
+        return finding(
+            cid,
+            "fail",
+            f"the loss the model computes in forward on {ctx.device} ({own['device']:.6g}) "
+            "differs from cross-entropy in fp64 on its own logits "
+            f"({own['fp64_on_device_logits']:.6g}) "
+            f"by {own['rel_error']:.3g} (relative), above the {own['tolerance']:.2g} that "
+            f"{own['float32_ops_computed_in']} arithmetic explains: the loss is computed in "
+            "lower precision than its float32 logits",
+            {
+                **evidence,
+                "tolerance": own["tolerance"],
+                "target_loss_tolerance": tol,
+                "failing": sorted(bad),
+            },
+            "Compute the loss on float32 logits (F.cross_entropy(logits.float(), labels)); a "
+            "hand-written log-softmax (logits - logsumexp) in bf16/fp16 cancels on peaked "
+            "logits.",
+        )
     if bad:
         case, err = max(bad.items(), key=lambda kv: kv[1])
         return finding(
@@ -259,6 +348,8 @@ def cross_entropy(ctx: CheckContext, smoothing: float | None = None) -> Finding:
             "tokens yourself and divide by their count, or run the loss on the CPU to confirm.",
         )
     tested = ", ".join(k.replace("_", " ") for k in errors)
+    if own is not None:
+        subject = f"the model's own loss (within {own['tolerance']:.2g}) and {subject}"
     return finding(
         cid,
         "pass",

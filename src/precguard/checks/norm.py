@@ -125,6 +125,42 @@ def conditioning(x: torch.Tensor, eps: float | None, centred: bool) -> float:
     return float((rms / (var + (eps or 0.0)).sqrt().clamp_min(1e-300)).clamp_min(1.0).max())
 
 
+def output_bound(mod: nn.Module, sample: torch.Tensor) -> float | None:
+    """The largest row RMS any normalization by ``mod`` can output: ``max|gain| + max|bias|``.
+
+    A normalized row ``h = (x - m) / sqrt(mean((x - m)^2) + eps)`` (or ``x / rms(x)``)
+    has RMS at most 1 for *any* ``m``: a correct norm, however it rounds the mean,
+    stays there. Only statistics computed apart from the centring (a one-pass
+    variance ``E[x^2] - E[x]^2`` that cancels) can leave it. The gain and bias are
+    measured, not read (``1 + w`` gains included): on the rows ``s = R (+1, -1, ...)``
+    (mean 0, RMS ``R``) and ``-s`` the fp64 oracle outputs ``±g*s/R + b``. None when the
+    rows are odd (no such ``s``) or the module does not run alone.
+    """
+    dim = sample.shape[-1]
+    if dim % 2:
+        return None
+    # rows of RMS 2^26, not 1: eps (added to the variance) then moves the output by
+    # eps / 2^53, below fp64's rounding, so the gain is read exactly
+    s = torch.full((dim,), 2.0**26, dtype=torch.float64)
+    s[1::2] = -(2.0**26)
+    rows = torch.stack([s, -s]).reshape(*([1] * (sample.dim() - 2)), 2, dim)
+    try:
+        y = first_tensor(run_in_fp64(mod, rows))
+    except Exception:
+        return None
+    if y is None or y.shape != rows.shape:
+        return None
+    y = y.reshape(2, dim)
+    gain, bias = (y[0] - y[1]) / 2, (y[0] + y[1]) / 2
+    return float(gain.abs().max() + bias.abs().max())
+
+
+def worst_row_rms(x: torch.Tensor) -> float:
+    """The largest RMS of a row (last dim) of ``x``."""
+    x = x.detach().to("cpu", torch.float64)
+    return float(x.pow(2).mean(-1).sqrt().max())
+
+
 def _centres(mod: nn.Module, x: torch.Tensor) -> bool:
     """True when adding a constant to every row leaves the output unchanged (LayerNorm)."""
     try:
@@ -139,7 +175,10 @@ def extreme_inputs_check(ctx: CheckContext, tolerance: float | None = None) -> F
     """Run each norm module on extreme inputs on the device and under the fp64 oracle; compare.
 
     The tolerance is ``4·eps`` of the compute dtype, times the row's conditioning
-    for norms that centre (LayerNorm on rows whose mean dwarfs their spread).
+    for norms that centre (LayerNorm on rows whose mean dwarfs their spread: a
+    correct norm rounds the mean, that much of the spread). Whatever the
+    conditioning, an output row beyond the RMS any normalization gives
+    (:func:`output_bound`, ``4·eps`` of rounding allowed) fails: its statistics are off.
     """
     bench = lab(ctx)
     cid = "norm.extreme_inputs"
@@ -170,6 +209,9 @@ def extreme_inputs_check(ctx: CheckContext, tolerance: float | None = None) -> F
         elif eps is not None and eps < smallest / 2:
             # below the smallest subnormal: eps itself rounds to 0 in the compute dtype
             failures.append((math.inf, f"{name}: eps = {eps:g} rounds to 0 in {bench.cname}"))
+        bound = output_bound(mod, sample)
+        if bound is not None:
+            result["output_rms_bound"] = bound
         for case, x in cases.items():
             try:
                 ref = first_tensor(run_in_fp64(mod, x))
@@ -192,6 +234,21 @@ def extreme_inputs_check(ctx: CheckContext, tolerance: float | None = None) -> F
                 result[case] = "nonfinite"
                 failures.append((math.inf, f"{name}: NaN/Inf on {label}"))
                 continue
+            if bound is not None:
+                rms = worst_row_rms(got)
+                if rms > bound * (1 + tol):
+                    # beyond any normalization's output (output_bound): the statistics are
+                    # off, however ill-conditioned the row (the conditioning below excuses
+                    # a rounded mean, never this)
+                    result[f"{case}_output_rms"] = rms
+                    failures.append(
+                        (
+                            rms / bound,
+                            f"{name}: output rows reach RMS {rms:.3g} on {label}, beyond the "
+                            f"{bound:.3g} any normalization gives (max |gain| + |bias|): its "
+                            "mean/variance are off (one-pass E[x^2]-E[x]^2 cancelling?)",
+                        )
+                    )
             err = row_error(got, ref)
             allowed = tol * conditioning(x, eps, centred)
             result[case] = err

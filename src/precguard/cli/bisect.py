@@ -14,7 +14,8 @@ _HELP = (
     "The target's model runs on the reference (default: the CPU in float32) for the trusted "
     "output, then on DEVICE; each probe reruns the device forward with some modules run at "
     "reference precision instead (outside the emu: emulation, on the reference device) and "
-    "measures the final output's error. A binary search over the module tree (blocks first, "
+    "measures the error of each floating output (a loss and its logits alike; the worst "
+    "decides). A binary search over the module tree (blocks first, "
     "then their children) and a last linear pass find a minimal set in O(k log L) probes for "
     "k culprits among L blocks. No golden recording is needed.\n\n"
     "Exit codes: 0 the device output is already within the threshold, 1 culprits found, 2 "
@@ -24,8 +25,12 @@ _HELP = (
 
 @app.command(help=_HELP)
 def bisect(
-    target: str = typer.Option(
-        "tiny-llama", "--target", "-t", help="Built-in name, path/file.py[:fn) or pkg.mod[:fn]."
+    target: str | None = typer.Option(
+        None,
+        "--target",
+        "-t",
+        help="What to bisect (required): a built-in name, path/file.py[:fn] or pkg.mod[:fn].",
+        show_default=False,
     ),
     device: str = typer.Option(..., "--device", "-d", help="Device under test: emu:fp16, npu…"),
     reference: str = typer.Option("cpu", "--reference", help="Trusted reference device."),
@@ -59,6 +64,17 @@ def bisect(
 
     from precguard.localize.bisect import Probe
     from precguard.localize.bisect import bisect as run_bisect
+
+    if target is None:
+        from precguard.errors import UsageError
+        from precguard.target import BUILTIN_TARGETS
+
+        # no default, as record: a bisect of the wrong model answers a question nobody asked
+        raise UsageError(
+            "bisect needs --target: a built-in name ("
+            + ", ".join(BUILTIN_TARGETS)
+            + "), path/file.py[:function] or package.module[:function]"
+        )
 
     to_stdout = json_out is not None and str(json_out) == "-"
     out = Console(stderr=to_stdout, highlight=False, soft_wrap=True)
@@ -99,6 +115,11 @@ def bisect(
         f"(threshold {_fmt(result.threshold)}); {result.probe_count} probe(s) over "
         f"{result.units} top-level module(s)"
     )
+    if len(result.output_errors) > 1:
+        # every floating output is judged: say which one decided
+        for name, err in result.output_errors.items():
+            mark = "[green]pass[/]" if err <= result.threshold else "[red]fail[/]"
+            out.print(f"  {name:<24} {_fmt(err):>10}  {mark}")
     if result.culprits:
         out.print(
             f"[bold red]{len(result.culprits)} module(s) must run at reference precision[/] "

@@ -56,9 +56,15 @@ def rel_l2(actual: torch.Tensor, golden: torch.Tensor) -> float | None:
 def kl_divergence(
     golden: torch.Tensor, actual: torch.Tensor, temperature: float = 1.0
 ) -> float | None:
-    """KL(p_golden || p_actual) of the softmax distributions, in nats (None if non-finite)."""
+    """KL(p_golden || p_actual) of the softmax distributions, in nats.
+
+    Infinite when either side's logits are not finite: there is no distribution to
+    be near, and a step that ended in NaN/Inf must not drop out of a mean KL that
+    then reads as tiny (issue 29: "mean KL 9.55e-06 nats" when every prompt ended in
+    non-finite logits).
+    """
     if not (torch.isfinite(golden).all() and torch.isfinite(actual).all()):
-        return None
+        return math.inf
     lg = torch.log_softmax(golden.double() / temperature, dim=-1)
     la = torch.log_softmax(actual.double() / temperature, dim=-1)
     return max(float((lg.exp() * (lg - la)).sum()), 0.0)

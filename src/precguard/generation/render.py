@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from rich.console import Console
 from rich.markup import escape
 
@@ -47,10 +49,9 @@ def render_terminal(result: GenerationDiff, console: Console) -> None:
             console.print(f"    {escape(r.first_divergence.reason)}")
     s = result.summary
     median = f"{s.median_first_step:g}" if s.median_first_step is not None else "-"
-    kl = f"{s.mean_kl:.3g}" if s.mean_kl is not None else "-"
     console.print(
         f"summary: {s.diverged}/{s.prompts} diverged, {s.near_ties} near-tie(s), median first "
-        f"step {median}, mean KL {kl} nats, {s.kv_cache_faults} KV-cache fault(s), "
+        f"step {median}, mean KL {_kl(result)}, {s.kv_cache_faults} KV-cache fault(s), "
         f"{s.seconds_per_prompt:.2f} s per prompt"
     )
     lw = result.layerwise
@@ -61,7 +62,17 @@ def render_terminal(result: GenerationDiff, console: Console) -> None:
             f"layerwise (prompt {lw.prompt}, step {lw.step}, position {lw.position}): "
             f"{lw.verdict}; first divergence: [bold]{where}[/]"
         )
-        if fd and fd.get("reason"):
+        fault = _cache_fault(result, lw.prompt)
+        if fd and fault is not None:
+            # the replay reads each side's own cache: a faulty one makes the reading layer
+            # (or the root, whose inputs hold the cache) diverge, and compare's reason would
+            # blame that layer's code or "different data"; the cache is the cause
+            console.print(
+                f"  the actual's KV cache is faulty ({escape(fault)}): the replayed forward "
+                "reads that cache, so this first divergence is no evidence of a fault of this "
+                "layer's own; the cause is the cache"
+            )
+        elif fd and fd.get("reason"):
             console.print(f"  {escape(str(fd['reason']))}")
     elif result.layerwise_note:
         console.print(f"layerwise: {escape(result.layerwise_note)}")
@@ -74,3 +85,22 @@ def render_terminal(result: GenerationDiff, console: Console) -> None:
         "inconclusive": "[yellow]INCONCLUSIVE[/] (no step decoded: nothing was compared)",
     }
     console.print(f"verdict: {word.get(result.verdict, '[red]DIVERGED[/]')}")
+
+
+def _kl(result: GenerationDiff) -> str:
+    """The mean KL, said to be non-finite when a step's logits were (never a small number)."""
+    s = result.summary
+    if s.mean_kl is None:
+        return "-"
+    if not math.isfinite(s.mean_kl):
+        steps = sum(1 for r in result.prompts for k in r.kl if k is None or not math.isfinite(k))
+        return f"non-finite ({steps} step(s) with NaN/Inf logits)"
+    return f"{s.mean_kl:.3g} nats"
+
+
+def _cache_fault(result: GenerationDiff, prompt: int) -> str | None:
+    """The KV-cache fault's reason on ``prompt``, or None when its cache is sound."""
+    for r in result.prompts:
+        if r.index == prompt and r.kv_cache is not None and r.kv_cache.verdict == "cache":
+            return r.kv_cache.reason
+    return None

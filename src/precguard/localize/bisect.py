@@ -132,8 +132,16 @@ class Probe(BaseModel):
 
     index: int = Field(description="0-based order of the probe.")
     at_reference: list[str] = Field(description="Modules run at reference precision.")
-    error: float = Field(description="Output error against the reference (the metric).")
+    error: float = Field(
+        description="Output error against the reference (the metric): the worst of the "
+        "model's floating outputs."
+    )
     passed: bool = Field(description="True when the error is within the threshold.")
+    outputs: dict[str, float] = Field(
+        default_factory=dict,
+        description="The error of each floating output ('output' for a lone tensor, "
+        "'output.logits', 'output.0' for the loss of a (loss, logits) tuple).",
+    )
 
 
 class Overflow(BaseModel):
@@ -189,7 +197,14 @@ class BisectResult(BaseModel):
     probes: list[Probe] = Field(description="Every probe run, in order.")
     probe_count: int = Field(description="Number of probes (forwards on the device).")
     units: int = Field(description="Top-level modules the search started from.")
-    baseline_error: float = Field(description="Output error with every module on the device.")
+    baseline_error: float = Field(
+        description="Output error with every module on the device (the worst output)."
+    )
+    output_errors: dict[str, float] = Field(
+        default_factory=dict,
+        description="Per floating output of the model, its error with every module on the "
+        "device: each is judged, so a loss within the threshold never hides its logits.",
+    )
     fixed_error: float = Field(description="Output error with the culprits at reference.")
     overflow: Overflow | None = Field(
         default=None,
@@ -342,6 +357,11 @@ def child_units(model: nn.Module, name: str, called: dict[str, int]) -> list[str
                 walk(child, f"{qualified}.")
             elif qualified in called:
                 units.append(qualified)
+            elif any(n.startswith(f"{qualified}.") for n in called):
+                # a module only used as a namespace (GPT-2's ``transformer``, whose parent
+                # calls ``transformer.h[i]`` directly): its forward never runs, so it cannot
+                # be swapped; its called members are the units, as a container's are
+                walk(child, f"{qualified}.")
 
     walk(module, prefix)
     return sorted(units, key=called.__getitem__)
@@ -354,14 +374,15 @@ class Bisector:
     """Find the culprits with ``probe(names) -> error`` over the module tree of ``model``.
 
     ``probe`` runs the device forward with ``names`` at reference precision and
-    returns the output error; ``called`` maps the modules a forward calls to
+    returns the output error, or the error of each output (the worst one decides);
+    ``called`` maps the modules a forward calls to
     their call order. ``on_probe`` sees every probe as it completes.
     """
 
     def __init__(
         self,
         model: nn.Module,
-        probe: Callable[[list[str]], float],
+        probe: Callable[[list[str]], float | dict[str, float]],
         called: dict[str, int],
         threshold: float,
         on_probe: Callable[[Probe], None] | None = None,
@@ -379,13 +400,16 @@ class Bisector:
         key = frozenset(names)
         if key not in self._cache:
             ordered = sorted(key, key=lambda n: self.called.get(n, -1))
-            err = self._probe(ordered)
+            found = self._probe(ordered)
+            per_output = found if isinstance(found, dict) else {}
+            err = worst(per_output) if isinstance(found, dict) else found
             self._cache[key] = err
             probe = Probe(
                 index=len(self.probes),
                 at_reference=ordered,
                 error=err,
                 passed=self.passes_error(err),
+                outputs=per_output,
             )
             self.probes.append(probe)
             if self.on_probe is not None:
@@ -515,16 +539,18 @@ def bisect(
         ref_backend.synchronize()
         return out
 
-    expected = _main_tensor(user_code("the reference forward", reference_forward), "reference")
-    if not bool(torch.isfinite(expected).all()):
-        raise TargetError(
-            f"target {target_obj.name!r}: the reference output on {reference} is not finite; "
-            "there is nothing trustworthy to bisect against"
-        )
-    expected = expected.detach().to("cpu", torch.float64)
+    expected = floating_outputs(user_code("the reference forward", reference_forward), "reference")
+    for name, tensor in expected.items():
+        if not bool(torch.isfinite(tensor).all()):
+            raise TargetError(
+                f"target {target_obj.name!r}: the reference output {name} on {reference} is "
+                "not finite; there is nothing trustworthy to bisect against (a bug that "
+                "shows at reference precision too is not bisect's: see op-check)"
+            )
+    expected = {k: v.detach().to("cpu", torch.float64) for k, v in expected.items()}
     called = call_order(reference_model, reference_forward)
 
-    def probe(names: list[str]) -> float:
+    def probe(names: list[str]) -> dict[str, float]:
         def forward() -> Any:
             with (
                 torch.no_grad(),
@@ -535,8 +561,13 @@ def bisect(
             backend.synchronize()
             return out
 
-        out = _main_tensor(user_code("the device forward", forward), "device")
-        return output_error(out, expected, metric)
+        out = floating_outputs(user_code("the device forward", forward), "device")
+        if out.keys() != expected.keys():
+            raise TargetError(
+                f"the device forward returned the outputs {', '.join(out)}, the reference "
+                f"{', '.join(expected)}: they cannot be compared"
+            )
+        return {k: output_error(out[k], expected[k], metric) for k in expected}
 
     bisector = Bisector(model, probe, called, threshold, on_probe)
     overflow: Overflow | None = None
@@ -582,6 +613,7 @@ def bisect(
         probe_count=len(bisector.probes),
         units=len(child_units(model, ROOT, called)),
         baseline_error=baseline,
+        output_errors=dict(probes[0].outputs),
         fixed_error=fixed,
         overflow=overflow,
         note=note,
@@ -714,17 +746,25 @@ def _cast_batch(batch: Any, dtype: torch.dtype) -> Any:
     return map_tensors_keeping_types(batch, lambda t: t.to(dtype) if t.is_floating_point() else t)
 
 
-def _main_tensor(output: Any, where: str) -> torch.Tensor:
-    """The output's logits, or its first floating tensor."""
-    if isinstance(output, torch.Tensor) and output.is_floating_point():
-        return output
-    logits = getattr(output, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return logits
-    found = tree.first_tensor(output)
-    if found is None:
+def floating_outputs(output: Any, where: str) -> dict[str, torch.Tensor]:
+    """Every floating tensor of a model's output by its path, as HF returns outputs.
+
+    A lone tensor is ``output``; a ``(loss, logits)`` tuple (HF's ``return_dict=False``)
+    ``output.0`` and ``output.1``; a ``ModelOutput`` or dict ``output.loss``,
+    ``output.logits``. All are judged: the first floating output of a model that
+    computes its own loss is the loss, a mean over every token, which averages out
+    an error its logits show.
+    """
+    found = {name: t for name, t in tree.named_tensors(output, "output") if t.is_floating_point()}
+    if not found:
         raise TargetError(
             f"the model's {where} output ({type(output).__name__}) holds no floating tensor "
             "to measure"
         )
     return found
+
+
+def worst(errors: dict[str, float]) -> float:
+    """The largest of per-output errors (NaN counts as infinite; no outputs: 0)."""
+    values = [math.inf if math.isnan(e) else e for e in errors.values()]
+    return max(values, default=0.0)

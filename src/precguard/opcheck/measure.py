@@ -32,6 +32,11 @@ GROWTH_FACTOR = 4.0
 FP32_UNIT = 2.0**-24
 
 
+#: default tolerance of max_rel_err, in units of the compute dtype's epsilon (op-check's
+#: sweeps; a norm's large-mean rows are derived from it, ``opcheck/norm.py``)
+TOLERANCE_EPS = 8
+
+
 def cast_floats(value: Any, dtype: torch.dtype, device: torch.device | None = None) -> Any:
     """Cast every floating tensor of a nested value to ``dtype`` (and move all to ``device``)."""
 

@@ -27,7 +27,7 @@ def render_table(result: OpCheckResult, console: Console) -> None:
     for p in result.results:
         colour = "green" if p.status == "pass" else "red"
         table.add_row(
-            p.op or p.module or "",
+            p.label,
             str(p.seq_len),
             _num(p.max_abs_err),
             _num(p.mean_abs_err),
@@ -46,6 +46,8 @@ def render_table(result: OpCheckResult, console: Console) -> None:
             )
         else:
             console.print(f"{name:16} {g.verdict}")
+    for note in result.notes:
+        console.print(f"[yellow]note:[/] {note}")
 
 
 def plot(result: OpCheckResult, path: Path) -> Path:
@@ -60,7 +62,7 @@ def plot(result: OpCheckResult, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     try:
         for name in result.growth:
-            points = [p for p in result.results if (p.op or p.module) == name]
+            points = [p for p in result.results if p.label == name]
             xs = [p.seq_len for p in points if math.isfinite(p.mean_rel_err)]
             ys = [max(p.mean_rel_err, 1e-30) for p in points if math.isfinite(p.mean_rel_err)]
             if xs:

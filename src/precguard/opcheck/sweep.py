@@ -22,9 +22,10 @@ from precguard import tree
 from precguard._logging import get_logger
 from precguard.devices import resolve_backend
 from precguard.errors import PrecguardError, TargetError, UsageError
-from precguard.opcheck import rotary
+from precguard.opcheck import norm, rotary
 from precguard.opcheck.builtin import BUILTIN_OPS, OpSpec, max_angle
 from precguard.opcheck.measure import (
+    TOLERANCE_EPS,
     Growth,
     fit_growth,
     measure,
@@ -43,9 +44,6 @@ _FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
 
 #: sequence lengths of the built-in sweeps when none are given
 DEFAULT_SEQ_LENS: tuple[int, ...] = (128, 1024, 4096)
-
-#: default tolerance of max_rel_err, in units of the compute dtype's epsilon
-TOLERANCE_EPS = 8
 
 
 def default_tolerance(eps: float, n: int) -> float:
@@ -66,6 +64,11 @@ class OpPoint(BaseModel):
     op: str | None = Field(default=None, description="Built-in op name.")
     module: str | None = Field(default=None, description="Module of the user's model.")
     seq_len: int = Field(description="Sequence length (positions for a rotary module).")
+    inputs: str | None = Field(
+        default=None,
+        description="Input statistics when not the captured batch's own: 'mean 8x spread' "
+        "for a norm module's rows re-centred to a large mean (opcheck/norm.py).",
+    )
     dtype: str = Field(description="The device's compute dtype.")
     max_abs_err: float = Field(description="max |device - fp64|.")
     mean_abs_err: float = Field(description="mean |device - fp64|.")
@@ -74,6 +77,12 @@ class OpPoint(BaseModel):
     ulp_err: float = Field(description="max |device - fp64| in ULPs of the compute dtype.")
     allowed: float = Field(description="Largest max_rel_err that passes.")
     status: Literal["pass", "fail", "nonfinite"] = Field(description="Verdict of this point.")
+
+    @property
+    def label(self) -> str:
+        """The op or module, with the input statistics when they are not the batch's own."""
+        name = self.op or self.module or ""
+        return f"{name} ({self.inputs})" if self.inputs else name
 
 
 class OpCheckResult(BaseModel):
@@ -88,6 +97,10 @@ class OpCheckResult(BaseModel):
     seq_lens: list[int] = Field(description="Sequence lengths swept.")
     results: list[OpPoint] = Field(description="One entry per op (or module) and length.")
     growth: dict[str, Growth] = Field(description="Per op or module: error growth with length.")
+    notes: list[str] = Field(
+        default_factory=list,
+        description="What the sweep left out and why (lengths past the model's positions).",
+    )
 
     @property
     def exit_code(self) -> int:
@@ -120,7 +133,9 @@ class _Bench:
         """The max_rel_err a (non-rotary) op of length ``n`` may have."""
         return self.tolerance if self.tolerance is not None else default_tolerance(self.eps, n)
 
-    def point(self, got: Any, want: Any, seq_len: int, allowed: float, **name: str) -> OpPoint:
+    def point(
+        self, got: Any, want: Any, seq_len: int, allowed: float, **name: str | None
+    ) -> OpPoint:
         errors = measure(got, want, self.compute)
         if not math.isfinite(errors["max_abs_err"]):
             status: Literal["pass", "fail", "nonfinite"] = "nonfinite"
@@ -131,10 +146,12 @@ class _Bench:
             **errors,
         )  # fmt: skip
 
-    def result(self, seq_lens: Sequence[int], points: list[OpPoint]) -> OpCheckResult:
+    def result(
+        self, seq_lens: Sequence[int], points: list[OpPoint], notes: Sequence[str] = ()
+    ) -> OpCheckResult:
         growth: dict[str, Growth] = {}
-        for key in dict.fromkeys(p.op or p.module or "" for p in points):
-            mine = [p for p in points if (p.op or p.module) == key]
+        for key in dict.fromkeys(p.label for p in points):
+            mine = [p for p in points if p.label == key]
             growth[key] = fit_growth(
                 [p.seq_len for p in mine], [p.mean_rel_err for p in mine], floor=self.eps / 16
             )
@@ -145,6 +162,7 @@ class _Bench:
             seq_lens=list(seq_lens),
             results=points,
             growth=growth,
+            notes=list(notes),
         )
 
 
@@ -215,6 +233,7 @@ def op_check(
             )
     bench = _Bench(device, dtype, tolerance)
     points: list[OpPoint] = []
+    notes: list[str] = []
 
     def add(point: OpPoint) -> None:
         points.append(point)
@@ -228,8 +247,8 @@ def op_check(
                 add(builtin_point(bench, BUILTIN_OPS[name], n))
     else:
         assert target is not None
-        lens = module_points(bench, target, module, lens, add)
-    return bench.result(lens, points)
+        lens = module_points(bench, target, module, lens, add, notes)
+    return bench.result(lens, points, notes)
 
 
 # -- a module of the user's model -------------------------------------------------------------
@@ -281,10 +300,22 @@ def batch_of_length(batch: Any, length: int) -> Any:
 _tensor_leaves = tree.tensors
 
 
+#: where a model's config says how many positions it takes (HF's names, GPT-2's, nanoGPT's,
+#: a hand-written decoder's ``max_positions``)
+POSITION_ATTRS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_positions",
+    "max_seq_len",
+    "block_size",
+    "seq_length",
+)
+
+
 def max_length(model: nn.Module) -> int | None:
     """The model's maximum sequence length from its config, if it says."""
     config = getattr(model, "config", None)
-    for attr in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+    for attr in POSITION_ATTRS:
         value = getattr(config, attr, None)
         if isinstance(value, int) and value > 0:
             return value
@@ -306,8 +337,16 @@ def module_points(
     name: str,
     seq_lens: list[int] | None,
     add: Callable[[OpPoint], None],
+    notes: list[str] | None = None,
 ) -> list[int]:
     """Sweep module ``name`` of ``target``'s model; returns the lengths swept.
+
+    Lengths past the model's positions (its config's, :data:`POSITION_ATTRS`; or,
+    when it does not say, the first length whose fp32 forward on the CPU raises
+    beyond the batch's own length) are left out, and ``notes`` says so. A
+    normalization module (:func:`~precguard.opcheck.norm.looks_like_norm`) runs at
+    each length twice: on the captured rows and on them re-centred to a large mean
+    (:func:`~precguard.opcheck.norm.with_large_mean`), the rows norms fail on.
 
     A rotary module (named *Rotary*/*RoPE*, following ``forward(x,
     position_ids) -> (cos, sin)``) is called on positions 0..n-1 for each n
@@ -343,24 +382,70 @@ def module_points(
         except (Exception, SystemExit) as exc:
             raise TargetError(f"{who} on positions 0..n-1 {raised(exc)}") from exc
     own = next((t.shape[1] for t in _tensor_leaves(batch) if t.dim() >= 2), None)
-    default = sorted(
-        {*(n for n in DEFAULT_SEQ_LENS if not limit or n <= limit), *([own] if own else [])}
-    )
+    default = sorted({*DEFAULT_SEQ_LENS, *([own] if own else [])})
     lens = seq_lens or default
-    for n in lens:
-        a, k = (args, kwargs) if n == own else _capture(model, mod, batch_of_length(batch, n), who)
-        a, k = round_floats(a, bench.compute), round_floats(k, bench.compute)
-        try:
-            want = run_in_fp64(mod, *a, **k)
-            got = run_on_device(
-                mod, a, k, dtype=bench.dtype, device=bench.dev, numerics=bench.backend.numerics
+    notes = notes if notes is not None else []
+    if limit:
+        past = [n for n in lens if n > limit]
+        lens = [n for n in lens if n <= limit]
+        if past:
+            notes.append(
+                f"lengths past the model's {limit} positions left out: "
+                f"{', '.join(map(str, past))} (its config says it takes {limit})"
             )
-        except PrecguardError:
-            raise
-        except (Exception, SystemExit) as exc:
-            raise TargetError(f"{who} at {n} tokens {raised(exc)}") from exc
-        add(bench.point(got, want, n, bench.allowed(n), module=name))
-    return lens
+        if not lens:
+            raise UsageError(
+                f"--seq-lens: every length is past the {limit} positions of {target_obj.name!r}"
+            )
+    swept: list[int] = []
+    for n in lens:
+        try:
+            a, k = (
+                (args, kwargs) if n == own else _capture(model, mod, batch_of_length(batch, n), who)
+            )
+        except TargetError as exc:
+            if limit or not own or n <= own or not swept:
+                raise
+            # the model does not say how many positions it takes, and its own fp32 forward
+            # on the CPU refuses this length: that is its limit, not the device's error
+            notes.append(
+                f"stopped at {n} tokens: the model's own forward (fp32, CPU) fails there "
+                f"({exc}); swept up to {swept[-1]}"
+            )
+            break
+        floats = [t for t in _tensor_leaves((a, k)) if t.is_floating_point()]
+        if not all(bool(torch.isfinite(t).all()) for t in floats):
+            # nothing to compare: an upstream module overflows already in fp32 on the CPU
+            raise TargetError(
+                f"{who}: its inputs captured from the fp32 forward on the CPU at {n} tokens "
+                "hold NaN/Inf (a module before it overflows at reference precision): op-check "
+                "the module that produces them"
+            )
+        for inputs, (ai, ki) in _input_cases(mod, a, k).items():
+            ai, ki = round_floats(ai, bench.compute), round_floats(ki, bench.compute)
+            try:
+                want = run_in_fp64(mod, *ai, **ki)
+                got = run_on_device(
+                    mod, ai, ki, dtype=bench.dtype, device=bench.dev,
+                    numerics=bench.backend.numerics,
+                )  # fmt: skip
+            except PrecguardError:
+                raise
+            except (Exception, SystemExit) as exc:
+                raise TargetError(f"{who} at {n} tokens {raised(exc)}") from exc
+            add(bench.point(got, want, n, bench.allowed(n), module=name, inputs=inputs))
+        swept.append(n)
+    return swept
+
+
+def _input_cases(mod: nn.Module, args: tuple, kwargs: dict) -> dict[str | None, tuple]:
+    """The inputs a module runs on at one length: as captured and, for a norm, large-mean rows."""
+    cases: dict[str | None, tuple] = {None: (args, kwargs)}
+    if norm.looks_like_norm(mod):
+        shifted = norm.with_large_mean(args, kwargs)
+        if shifted is not None:
+            cases[norm.large_mean_label()] = shifted
+    return cases
 
 
 def _rotary_points(
