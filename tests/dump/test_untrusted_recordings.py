@@ -566,3 +566,15 @@ def test_the_real_cli_refuses_a_recording_that_names_os_abort(mutant: Path):
     assert proc.returncode == 2, proc.stderr  # not SIGABRT (-6), not a silent 0
     assert proc.stderr.count("\n") == 1 and "pass --target os:abort" in proc.stderr
     assert "\x1b" not in proc.stdout + proc.stderr
+
+
+def test_a_hash_that_is_not_16_hex_digits_is_refused(pair: tuple[Path, Path], mutant: Path, capsys):
+    # compare --bitwise prints hashes: free text there would reach the terminal
+    records = records_of(mutant)
+    records[0]["hash"] = "\x1b[2J" + "f" * 5000
+    write_records(mutant, records)
+
+    code, _, err = cli(["compare", str(pair[0]), str(mutant), "--bitwise"], capsys)
+
+    line = refused(code, err)
+    assert "hash" in line and "\x1b" not in line
