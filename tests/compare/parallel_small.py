@@ -15,17 +15,18 @@ from precguard.models import parallel_decoder as pd
 
 
 def small_target(
-    bug: str | None = None, *, layers: int = 1, seq: int = 32, dtype: torch.dtype | None = None
+    bug: str | None = None, *, layers: int = 1, seq: int = 32, **config: float
 ) -> precguard.Target:
     """``parallel-decoder`` with ``layers`` layers on batches of ``seq`` positions.
 
-    ``dtype`` casts the whole model (weights and so optimizer state): pure
-    low-precision training, as ``model.to(torch.float16)`` does.
+    ``config`` overrides the trained-like numbers of
+    :class:`~precguard.models.parallel_decoder.ParallelConfig` (``sink_value``).
+    Pure low-precision training: ``record_target(..., dtype="float16")`` casts the
+    whole model, so the optimizer state is float16 too.
     """
 
     def model() -> torch.nn.Module:
-        m = pd.build(bug, num_layers=layers, max_positions=max(seq, 8))
-        return m if dtype is None else m.to(dtype)
+        return pd.build(bug, num_layers=layers, max_positions=max(seq, 8), **config)
 
     return precguard.Target(
         model=model,
