@@ -58,7 +58,7 @@ from precguard.compare.expected import (
 )
 from precguard.compare.metrics import less_precise
 from precguard.compare.report import Metrics, RecordResult
-from precguard.compare.tolerance import Profile, unit_roundoff
+from precguard.compare.tolerance import SIGNIFICAND_BITS, Profile, unit_roundoff
 
 #: the growth of consumed error a correct module may show; the gate multiplies the
 #: expected error by the profile's amplification (10) on top
@@ -305,8 +305,13 @@ def _trained_apart(results: list[RecordResult], updates: dict[str, float]) -> bo
         m = r.metrics
         if r.role != "param" or m is None or m.level not in SCALED_LEVELS:
             continue
+        # the dtype the actual *stores* its weights in: fp32 master weights under
+        # autocast take every step, whatever precision the forward computes in
+        stored = r.actual_dtype or r.golden_dtype
+        if stored not in SIGNIFICAND_BITS:
+            continue
         step = updates.get(_param_id(r))
-        if step is not None and 0.0 < step < unit_roundoff(m.dtype):
+        if step is not None and 0.0 < step < unit_roundoff(stored):
             return True
     return False
 
