@@ -238,6 +238,27 @@ def classify_step(results: list[RecordResult], profile: Profile) -> StepClassifi
     return StepClassification(_drop_explained(found), decisions)
 
 
+def nonfinite_param_reason(module: str, module_type: str, p: RecordResult) -> str:
+    """Why a parameter record with NaN/Inf where golden has none (or the reverse) failed.
+
+    Step, parameter and counts first (issue 29); in float16, where AdamW's default
+    ``eps`` of 1e-8 rounds to 0, what the optimizer state makes of a zero second moment.
+    """
+    m = p.metrics
+    nan, inf = (m.nan_mismatch, m.inf_mismatch) if m is not None else (0, 0)
+    text = (
+        f"{module} ({module_type}): parameter {p.index} became non-finite by step {p.step}: "
+        f"{nan} NaN and {inf} Inf where golden has none (or the reverse)"
+    )
+    if p.actual_dtype == "float16":
+        text += (
+            "; the parameters are stored in float16, where an optimizer's eps of 1e-8 rounds "
+            "to 0 and a zero second moment divides by zero: keep the optimizer state and "
+            "the master weights in float32 (mixed precision) or raise eps"
+        )
+    return text
+
+
 def _param_candidate(call: _Call, p: RecordResult) -> Candidate:
     cast = (
         f", stored as {p.actual_dtype} where golden has {p.golden_dtype}"
@@ -250,11 +271,17 @@ def _param_candidate(call: _Call, p: RecordResult) -> Candidate:
         if m is not None and m.bias and m.scale is not None and m.scale_se is not None
         else ""
     )
+    reason = (
+        f"{call.module} ({call.module_type}) holds a parameter that differs from golden "
+        f"(error {_fmt(_err(p))}{scaled}{cast}): its weights, not its inputs, differ"
+    )
+    if m is not None and (m.nan_mismatch or m.inf_mismatch):
+        # never a small error: the finite elements' norms say nothing next to NaN weights
+        reason = nonfinite_param_reason(call.module, call.module_type, p)
     return Candidate(
         result=p,
         local=True,
-        reason=f"{call.module} ({call.module_type}) holds a parameter that differs from golden "
-        f"(error {_fmt(_err(p))}{scaled}{cast}): its weights, not its inputs, differ",
+        reason=reason,
         # a weight equal to golden's rounded to the tolerance dtype would have passed
         expected_error=rounding_floor(m.dtype) if m is not None else None,
     )

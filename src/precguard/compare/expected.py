@@ -43,6 +43,9 @@ BIAS_GROWTH = 2.0
 #: golden (relative L2 error); beyond it the runs compute different things altogether
 #: (other input data) and a scale ratio says nothing about the module
 BIAS_MAX_INPUT_ERROR = 0.25
+#: levels whose metrics carry a scale with its standard error: full tensors, and a
+#: statistics-only pair's 128 sampled elements (:func:`precguard.compare.sampled.sample_scale`)
+SCALED_LEVELS = frozenset({"full", "stats"})
 #: module types linear in their one input (y = W x): an input scaled by s_in gives an
 #: output scaled by s_in times the weights' scale, so the module's own scale is s_out/s_in
 LINEAR_TYPES = frozenset({"Linear", "NonDynamicallyQuantizableLinear", "Conv1D", "LoRALinear"})
@@ -147,7 +150,7 @@ def linear_factors(
             m = x.metrics
             if m is None:
                 return None
-            if m.level == "full" and m.scale is not None and m.scale:
+            if m.level in SCALED_LEVELS and m.scale is not None and m.scale:
                 if m.error > RATIO_MAX_ULPS * unit_roundoff(m.dtype):
                     return None  # an error beyond rounding may be structured (see above)
                 out.append(m)
@@ -222,7 +225,7 @@ def significant_scale(m: Metrics, profile: Profile) -> bool:
     what a module that broadcasts a rounded statistic may carry; a ``Linear`` is held
     to less (:func:`scale_floor`).
     """
-    if m.level != "full" or m.scale is None or m.scale_se is None:
+    if m.level not in SCALED_LEVELS or m.scale is None or m.scale_se is None:
         return False
     return abs(m.scale - 1.0) > profile.bias_z * m.scale_se
 
@@ -249,7 +252,7 @@ def own_bias(
         return None
     if any(m.error > BIAS_MAX_INPUT_ERROR for m in inputs):
         return None
-    scaled = [m for m in inputs if m.scale is not None and m.level == "full"]
+    scaled = [m for m in inputs if m.scale is not None and m.level in SCALED_LEVELS]
     if factors is None and module_type in LINEAR_TYPES and len(scaled) == 1 and scaled[0].scale:
         factors = scaled
     if factors is not None:

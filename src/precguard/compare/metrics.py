@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from precguard.compare.report import Metrics
+from precguard.compare.sampled import SLICE_FLOOR, position_evidence, sample_evidence
 from precguard.compare.tolerance import SIGNIFICAND_BITS, Profile
 from precguard.dump.schema import STAT_FIELDS, Record, Stats
 
@@ -44,10 +45,6 @@ BIAS_BLOCKS = 64
 #: a dimension with at least this many indices is also a clustering of the scale's
 #: standard error (each index one cluster: a channel's rounded weights, a repeated row)
 BIAS_MIN_CLUSTERS = 16
-#: a slice's relative error is taken against at least this share of rms(golden) per
-#: element, so a slice of near-zero golden values (a causal first position, a dead
-#: channel) does not read as a concentrated error
-SLICE_FLOOR = 0.1
 #: dimensions longer than this are not sliced (one accumulator entry per index)
 MAX_SLICED = 1 << 18
 
@@ -168,6 +165,8 @@ class _Acc:
     not_close: int = 0
     nan_mismatch: int = 0
     inf_mismatch: int = 0
+    #: elements NaN or Inf on either side (left out of every error metric)
+    nonfinite: int = 0
     sum_signed_rel: float = 0.0
     bands: list[int] = field(default_factory=lambda: [0] * len(REL_BANDS))
     g_absmax: float = 0.0
@@ -193,6 +192,7 @@ class _Acc:
         self.not_close += part.not_close
         self.nan_mismatch += part.nan_mismatch
         self.inf_mismatch += part.inf_mismatch
+        self.nonfinite += part.nonfinite
         self.sum_signed_rel += part.sum_signed_rel
         self.bands = [x + y for x, y in zip(self.bands, part.bands, strict=True)]
         self.g_absmax = max(self.g_absmax, part.g_absmax)
@@ -477,6 +477,7 @@ def _chunk(g_t: torch.Tensor, a_t: torch.Tensor, start: int, p: _Params) -> _Acc
             g_inf, a_inf = np.isinf(g), np.isinf(a)
             acc.inf_mismatch = int(np.count_nonzero((g_inf | a_inf) & (g != a) & ~(g_nan | a_nan)))
             both = np.isfinite(g) & np.isfinite(a)
+            acc.nonfinite = int(both.size - np.count_nonzero(both))
             g = np.where(both, g, 0.0)
             a = np.where(both, a, 0.0)
             g_t = torch.from_numpy(g).to(g_t.dtype)
@@ -583,6 +584,14 @@ def _finish(
     scale, scale_se = _scale(acc, u, None if last is None else last[0], max(1.0, rows / blocks))
     slice_error, slice_dim, slice_index = _worst_slice(acc, rms, numel, slices)
     peak = acc.max_abs / acc.g_absmax if acc.g_absmax > 0 else (0.0 if acc.max_abs == 0 else None)
+    note = None
+    if acc.nan_mismatch or acc.inf_mismatch:
+        # the NaN/Inf mismatch is the error; the norms above are the finite elements' only
+        note = (
+            f"{acc.nan_mismatch} NaN and {acc.inf_mismatch} Inf on one side only; the error "
+            f"metrics are measured over the {acc.n - acc.nonfinite} elements finite "
+            "on both sides"
+        )
     return Metrics(
         level="full",
         dtype=dtype,
@@ -608,6 +617,7 @@ def _finish(
         slice_error=slice_error,
         slice_dim=slice_dim,
         slice_index=slice_index,
+        note=note,
     )
 
 
@@ -718,9 +728,10 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
     else:
         level_note = STATS_NOTE
     if masked:
-        evidence = sample_evidence(golden, actual, 0.0, mask_floor=floor)
+        evidence, peak = sample_evidence(golden, actual, 0.0, mask_floor=floor)
     else:
-        evidence = sample_evidence(golden, actual, rms) | position_evidence(golden, actual)
+        evidence, peak = sample_evidence(golden, actual, rms)
+        evidence |= position_evidence(golden, actual)
     if evidence.get("sample_rel_l2") is not None:
         # an estimate of rel_l2, never below what the norms prove: |l2_a - l2_g| / l2_g
         # and the per-position norms' difference are lower bounds on it
@@ -729,14 +740,21 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
             bounds.append(diffs["l2"])
         error = max(bounds)
         level_note = SAMPLE_NOTE
-    evidence |= concentrated_evidence(evidence, None if masked else gs.absmax)
+    evidence |= concentrated_evidence(evidence, peak)
+    nan = _count_mismatch(gs.nan, as_.nan, gs.has_nan, as_.has_nan)
+    inf = _count_mismatch(gs.inf, as_.inf, gs.has_inf, as_.has_inf)
+    if nan or inf:
+        level_note = (
+            f"{nan} NaN and {inf} Inf on one side only; the sampled error is over the "
+            f"sampled elements finite on both sides. {level_note}"
+        )
     return Metrics(
         level="stats",
         dtype=dtype,
         error=error,
         stat_rel_diff=diffs,
-        nan_mismatch=_count_mismatch(gs.nan, as_.nan, gs.has_nan, as_.has_nan),
-        inf_mismatch=_count_mismatch(gs.inf, as_.inf, gs.has_inf, as_.has_inf),
+        nan_mismatch=nan,
+        inf_mismatch=inf,
         note=level_note,
         **evidence,
     )
@@ -748,19 +766,19 @@ SAMPLE_NOTE = (
 )
 
 
-def concentrated_evidence(evidence: dict[str, Any], absmax: float | None) -> dict[str, Any]:
+def concentrated_evidence(evidence: dict[str, Any], peak: float | None) -> dict[str, Any]:
     """The full level's concentrated-error fields, as far as the sample and norms show them.
 
-    ``peak_error``: the sampled elements' largest error over the golden's max |value|
-    (from its statistics), judged like the full level's against ``u * max|golden|``;
-    ``slice_error``: the worst position's norm difference, a lower bound on that
-    position's relative error. So the expected-error judge sees an error confined to
-    late positions in a statistics-only actual too.
+    ``peak_error``: the sampled elements' largest error over their largest golden
+    value (:func:`precguard.compare.sampled.sample_evidence`), judged like the full
+    level's against ``u * max|golden|``; ``slice_error``: the worst position's norm
+    difference, a lower bound on that position's relative error. So the
+    expected-error judge sees an error confined to late positions in a
+    statistics-only actual too.
     """
     out: dict[str, Any] = {}
-    peak = evidence.get("sample_max_abs")
-    if peak is not None and absmax is not None and math.isfinite(absmax) and absmax > 0:
-        out["peak_error"] = peak / absmax
+    if peak is not None and math.isfinite(peak):
+        out["peak_error"] = peak
     if evidence.get("pos_worst_err") is not None:
         out |= {
             "slice_error": evidence["pos_worst_err"],
@@ -768,72 +786,6 @@ def concentrated_evidence(evidence: dict[str, Any], absmax: float | None) -> dic
             "slice_index": evidence.get("pos_worst"),
         }
     return out
-
-
-def sample_evidence(
-    golden: Record, actual: Record, rms: float, *, mask_floor: float = -math.inf
-) -> dict[str, float | int]:
-    """The ``sample_*`` metrics of two records keeping the same sample (else nothing).
-
-    ``sample_rel_l2 = rms(a_s - g_s) / rms(g)``: the sampled elements' mean squared
-    error estimates the tensor's (the indices are chosen independently of the values),
-    over the golden's rms from its full statistics. Elements non-finite on either side
-    are left out (the NaN/Inf counts judge those). With ``mask_floor`` (a causal
-    mask's -inf stand-ins, at or below it on both sides, count as equal), ``rms`` 0:
-    the golden's rms is taken over its sampled elements above the floor.
-    """
-    gs, as_ = golden.sample, actual.sample
-    if gs is None or as_ is None or gs.seed != as_.seed:
-        return {}
-    g, a = gs.array(), as_.array()
-    if g.size != a.size or g.size == 0:
-        return {}
-    if mask_floor > -math.inf:
-        stand_in = (g <= mask_floor) & (a <= mask_floor)
-        g, a = g[~stand_in], a[~stand_in]
-        if g.size == 0:
-            return {"sample_size": 0, "sample_rel_l2": 0.0, "sample_max_abs": 0.0}
-    both = np.isfinite(g) & np.isfinite(a)
-    if not both.any():
-        return {}
-    d = a[both] - g[both]
-    mse = float(np.dot(d, d)) / d.size
-    den = rms if rms > 0 else math.sqrt(float(np.dot(g[both], g[both])) / d.size)
-    rel = math.sqrt(mse) / den if den > 0 else (0.0 if mse == 0 else math.inf)
-    return {
-        "sample_size": int(d.size),
-        "sample_rel_l2": rel,
-        "sample_max_abs": float(np.abs(d).max()),
-    }
-
-
-def position_evidence(golden: Record, actual: Record) -> dict[str, float | int]:
-    """The ``pos_*`` metrics of two records' per-position norms (else nothing).
-
-    Per bin of positions ``|n_a - n_g| / max(n_g, 1e-3 rms(n_g))``; its largest
-    names where an error concentrated along the sequence sits. ``pos_rel_l2 =
-    ||n_a - n_g|| / ||n_g||`` bounds the tensor's rel_l2 from below, since
-    ``|‖a_t‖ - ‖g_t‖| <= ‖a_t - g_t‖`` for every position.
-    """
-    gp, ap = golden.positions, actual.positions
-    if gp is None or ap is None or (gp.dim, gp.bin, gp.length) != (ap.dim, ap.bin, ap.length):
-        return {}
-    g, a = gp.array(), ap.array()
-    if g.size != a.size or g.size == 0 or not (np.isfinite(g).all() and np.isfinite(a).all()):
-        return {}
-    d = np.abs(a - g)
-    g_norm = float(np.sqrt(np.dot(g, g)))
-    floor = max(REL_FLOOR * g_norm / math.sqrt(g.size), torch.finfo(torch.float64).tiny)
-    rel = d / np.maximum(g, floor)
-    worst = int(np.argmax(rel))
-    err = float(np.sqrt(np.dot(d, d)))
-    return {
-        "pos_dim": gp.dim,
-        "pos_bin": gp.bin,
-        "pos_worst": worst * gp.bin,
-        "pos_worst_err": float(rel[worst]),
-        "pos_rel_l2": err / g_norm if g_norm > 0 else (0.0 if err == 0 else math.inf),
-    }
 
 
 def _count_mismatch(g: int | None, a: int | None, g_has: bool, a_has: bool) -> int:

@@ -43,29 +43,50 @@ def scale_text(m: Metrics) -> str:
     return f"scale {m.scale:.4f}{se}" + (" (bias)" if m.bias else "")
 
 
+def nonfinite_text(m: Metrics) -> str:
+    """'non-finite: 32768 NaN, 0 Inf on one side only' when NaN/Inf differ, else ''.
+
+    A NaN/Inf mismatch is the record's error: the error metrics beside it are measured
+    over the elements finite on both sides only, and a panel must never read as zero
+    error where one side holds NaN (issue 29).
+    """
+    if not (m.nan_mismatch or m.inf_mismatch):
+        return ""
+    return f"non-finite: {m.nan_mismatch} NaN, {m.inf_mismatch} Inf on one side only"
+
+
 def metric_line(m: Metrics) -> str:
-    """One line with the metrics that matter for a record."""
+    """One line with the metrics that matter for a record.
+
+    With a NaN/Inf mismatch the line starts with it, and the metrics after it are
+    labelled as those of the finite elements.
+    """
+    bad = nonfinite_text(m)
+    if bad:
+        finite = _metric_line(m, finite_only=True)
+        return f"{bad};  over the elements finite on both sides: {finite}"
+    return _metric_line(m)
+
+
+def _metric_line(m: Metrics, *, finite_only: bool = False) -> str:
+    # finite_only: the statistics' error is infinite (a NaN mean), the sample's is that of
+    # the sampled elements finite on both sides
     if m.level == "full":
         scale = scale_text(m)
         return (
             f"rel_l2 {format_number(m.rel_l2)}  cosine {format_cosine(m.cosine)}  "
             f"max_abs {format_number(m.max_abs_err)}  max_rel {format_number(m.max_rel_err)}  "
-            f"max_ulp {format_number(m.max_ulp)}  [{m.dtype}]"
-            + (f"  {scale}" if scale else "")
-            + (
-                f"  nan/inf mismatch {m.nan_mismatch}/{m.inf_mismatch}"
-                if m.nan_mismatch or m.inf_mismatch
-                else ""
-            )
+            f"max_ulp {format_number(m.max_ulp)}  [{m.dtype}]" + (f"  {scale}" if scale else "")
         )
     if m.level == "stats" and m.sample_size:
+        error = m.sample_rel_l2 if finite_only else m.error
         where = (
             f"  worst position {m.pos_worst} (norm off by {format_number(m.pos_worst_err)})"
             if m.pos_worst is not None and m.pos_worst_err
             else ""
         )
         return (
-            f"stats and {m.sample_size} sampled elements: rel_l2 ~{format_number(m.error)}  "
+            f"stats and {m.sample_size} sampled elements: rel_l2 ~{format_number(error)}  "
             f"sampled max_abs {format_number(m.sample_max_abs)}{where} (weaker test)"
         )
     if m.level == "stats":
@@ -125,7 +146,7 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
                 f"local   {local}"
                 + (
                     f"   amplification {format_number(fd.amplification)}x"
-                    if fd.amplification
+                    if fd.amplification and not nonfinite_text(fd.metrics)
                     else ""
                 )
             ),
@@ -135,7 +156,7 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
             lines.append(
                 Text(
                     f"expect  {format_number(fd.expected_error)} explained by {fd.metrics.dtype} "
-                    f"precision and the input error, measured {format_number(fd.metrics.error)}"
+                    f"precision and the input error, measured {_measured(fd.metrics)}"
                 )
             )
         lines.append(Text(f"why     {shown(fd.reason, 400)}"))
@@ -202,6 +223,17 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
         console.print(f"[yellow]warning:[/] {shown(w, 400, markup=True)}")
 
 
+def _measured(m: Metrics) -> str:
+    """The measured error of a panel: 'non-finite (...)' where NaN/Inf differ."""
+    if nonfinite_text(m):
+        finite = m.sample_rel_l2 if m.level == "stats" else m.error
+        return (
+            f"non-finite ({m.nan_mismatch} NaN, {m.inf_mismatch} Inf on one side only; "
+            f"{format_number(finite)} over the finite elements)"
+        )
+    return format_number(m.error)
+
+
 def _print_replay_hint(result: Comparison, console: Console) -> None:
     from precguard.compare.hints import replay_hint
 
@@ -262,9 +294,11 @@ def _top_table(records: list[RecordResult], console: Console, top: int) -> None:
             shown(r.module, markup=True),
             shown(what, markup=True),
             str(r.step),
-            error,
-            format_cosine(m.cosine),
-            format_number(m.max_abs_err),
+            *(
+                ("non-finite", "-", "-")
+                if nonfinite_text(m) and r.actual_shape is None
+                else (error, format_cosine(m.cosine), format_number(m.max_abs_err))
+            ),
         )
     console.print(table)
 
