@@ -56,6 +56,7 @@ from precguard.compare.expected import (
     significant_scale,
 )
 from precguard.compare.metrics import less_precise
+from precguard.compare.optimizer import Explained, is_optimizer, update_verdict
 from precguard.compare.report import Metrics, RecordResult
 from precguard.compare.tolerance import Profile
 
@@ -149,6 +150,7 @@ def judge_step(
     previous: dict[str, float] | None = None,
     updates: dict[str, float] | None = None,
     calibrated: dict[str, tuple[float, float]] | None = None,
+    explained: dict[str, Explained] | None = None,
 ) -> tuple[list[RecordResult], dict[str, float]]:
     """Judge one rank and step's records; return them with status and expected error set.
 
@@ -162,9 +164,15 @@ def judge_step(
     run (the golden's code at its own precision, inputs perturbed by one unit roundoff:
     :func:`precguard.compare.calibrate.perturb_inputs`) showed on it: measured, it
     raises the expected error where the analytic model is too low.
+    ``explained`` maps a record key to what an optimizer step explains on it
+    (:mod:`precguard.compare.optimizer`): an update record (the watch's
+    ``optimizer.update.*``) and a parameter after a step are then judged through the
+    update rule, the elements whose gradient is within its error of zero counted as
+    is, the rest as propagated error; it replaces ``updates`` where both are known.
     Missing records are returned unchanged.
     """
     previous = previous or {}
+    explained = explained or {}
     updates = updates or {}
     calibrated = calibrated or {}
     fwd: dict[str, _Scope] = defaultdict(_Scope)  # subtree records of the current call
@@ -175,6 +183,7 @@ def judge_step(
     started: set[tuple[str, int]] = set()
     called: set[str] = {r.module for r in results if r.metrics is not None}
     carried: dict[str, float] = {}
+    stepped_errors: dict[str, float] = {}  # parameters' errors as an optimizer step explains
     glue_bad: set[str] = set()  # modules whose code between submodules made error
     open_calls: list[str] = []  # forward calls whose outputs are not recorded yet
     # only a call whose output is recorded can be seen to end: one that records inputs
@@ -200,7 +209,7 @@ def judge_step(
             fparent = next((n for n in reversed(open_calls) if n != r.module), None)
             if fparent is None:
                 fparent = _parent(r.module, called)
-            if r.role in ("input", "param") and call not in started:
+            if r.role in ("input", "param", "buffer") and call not in started:
                 started.add(call)
                 fwd[r.module] = _Scope()  # a new call of this module starts
                 glue_bad.discard(r.module)
@@ -211,11 +220,20 @@ def judge_step(
                 scope = fwd[parent] if parent is not None else _Scope()
                 consumed = [] if parent is None else inputs[(parent, -1)]
                 k = None
+            elif r.role == "buffer":
+                # one rounding of a constant (rotary inv_freq); state a forward updates
+                # (a norm's running statistics) carries its inputs' error of the step before
+                scope = _Scope()
+                prior = previous.get(_buffer_id(r))
+                if prior is not None:
+                    scope.err = scope.conc = prior
+                consumed, k = [], None
             elif r.role == "param":
                 scope = _Scope()
                 prior = previous.get(_param_id(r))
                 if prior is not None:
-                    step = 2.0 * updates.get(_param_id(r), 0.0)
+                    ex = explained.get(r.key)
+                    step = ex.rest if ex is not None else 2.0 * updates.get(_param_id(r), 0.0)
                     scope.err = scope.conc = prior + step
                 consumed, k = [], None
             else:
@@ -239,10 +257,22 @@ def judge_step(
                 scope = bwd[r.module].merged(forward_scope)
                 consumed = [*inputs[call], *out_grads[call]]
                 k = _reduction(inputs[call], backward=True)
+                ex = explained.get(r.key)
+                if is_optimizer(r.phase, r.role) and ex is not None:
+                    # an update consumed its gradient, through the update rule: the
+                    # share of elements it may flip may also shift its scale by 2f
+                    scope = _Scope(ex.rest, ex.rest, scope.dtype, scope.bias + ex.share)
+                    consumed, k = [], None
         cal = calibrated.get(r.key)
         if cal is not None:
             scope = scope.merged(_Scope(cal[0], cal[1]))
-        judged = _judge(r, m, e, c, scope, consumed, k, profile)
+        stepped = explained.get(r.key)
+        judged = _judge(r, m, e, c, scope, consumed, k, profile, stepped)
+        if stepped is not None and r.role == "param" and m.level == "stats":
+            # statistics cannot see which elements an optimizer step flipped: what
+            # consumes this parameter consumes the error the step explains
+            e, c = max(e, stepped.flipped + stepped.rest), max(c, stepped.peak)
+            stepped_errors[_param_id(r)] = e
         if r.phase == "forward" and r.role == "input" and judged.status == "fail":
             if fparent is not None:  # the enclosing module's own code made it
                 glue_bad.add(fparent)
@@ -259,8 +289,11 @@ def judge_step(
                 inputs[call].append(judged)
                 if fparent is not None:
                     inputs[(fparent, -1)].append(judged)
-            if r.role == "param":
+            if r.role in ("param", "buffer"):
                 inputs[call].append(judged)
+            if r.role == "buffer":
+                ins = [measured_errors(x.metrics)[0] for x in inputs[call] if x.metrics]
+                carried[_buffer_id(r)] = max([e, *ins])
             # a module's outputs do not feed one another: they count for its ancestors
             # (by name, and every call still open around it)
             own = r.role != "output"
@@ -282,12 +315,17 @@ def judge_step(
     for r in results:
         if r.role == "param" and r.phase == "forward" and r.metrics is not None:
             pid = _param_id(r)
-            carried[pid] = max(carried.get(pid, 0.0), measured_errors(r.metrics)[0])
+            own = max(measured_errors(r.metrics)[0], stepped_errors.get(pid, 0.0))
+            carried[pid] = max(carried.get(pid, 0.0), own)
     return out, carried
 
 
 def _param_id(r: RecordResult) -> str:
     return f"{r.module}.{r.index}"
+
+
+def _buffer_id(r: RecordResult) -> str:
+    return f"{r.module}.buffer.{r.index}"
 
 
 def _own_bias(
@@ -335,8 +373,10 @@ def _judge(
     consumed: list[RecordResult],
     k: int | None,
     profile: Profile,
+    stepped: Explained | None = None,
 ) -> RecordResult:
-    """One record against what its scope explains."""
+    """One record against what its scope explains (and, for an optimizer update or a
+    parameter after a step, what the step explains: ``stepped``)."""
     if m.nan_mismatch or m.inf_mismatch:
         return r.model_copy(update={"status": "nonfinite"})
     if m.level == "exact":
@@ -348,6 +388,11 @@ def _judge(
     expected_conc = expected_error(_GROWTH * scope.conc, dtype, k)
     amp = max(e / expected, c / expected_conc) if expected > 0 else math.inf
     bad = amp > profile.amplification
+    if stepped is not None and (r.role == "param" or r.phase == "backward"):
+        bad, expected, amp = update_verdict(e, stepped, expected, profile.amplification)
+        # an element whose gradient is within its error of zero may step from +U to -U:
+        # the largest element and the worst slice may then differ by 2 (of max|golden|)
+        bad = bad or c > stepped.peak + profile.amplification * expected_conc
     if not bad and significant_scale(m, profile):
         bad = _own_bias(r, m, scope, consumed, profile, k)
     return r.model_copy(

@@ -1,0 +1,306 @@
+"""Judge an optimizer step by the error its gradient explains, through the update rule.
+
+An optimizer turns a gradient into an update. SGD (with or without momentum) is
+linear in the gradient: a gradient that differs by rounding (relative error
+``e_g``) gives an update that differs by about as much. Adam (AdamW, Adam,
+Adafactor's first moment) is not: an update element is ``lr * m / (sqrt(v) + eps)``,
+and at the first step from zero state ``m / sqrt(v) = g / |g|``, a sign. Where a
+gradient element lies within its error of zero, bf16's rounding may flip its sign,
+and the update element goes from ``+lr`` to ``-lr``: a correct run, a 100 % error
+on that element. Two correct bf16 fine-tunes of a LoRA adapter (``B = 0`` at the
+start, so the first update *is* the weight) differ by ``2 sqrt(f)`` relative, with
+``f`` the share of near-zero gradient elements (measured 0.09-0.18 at f = 0.2-0.8 %),
+while their gradients are within bf16's error.
+
+So an update (or the parameter after it) is judged in two parts:
+
+* **explained elements**: those whose golden gradient element is within the
+  gradient's error of zero (``|g_i| <= |a_i - g_i|`` where both gradients are full
+  tensors; on the sampled elements where only statistics were kept). Their
+  update may be anything the optimizer can take: ``|du_i| <= 2 U``, ``U`` the
+  golden's largest update element (Adam's step is bounded by ``lr`` times its
+  bias-corrected factor, which the golden's own step shows). Their error is a
+  worst case already and is counted as is, not amplified by the gate.
+* **the rest**: linear in the gradient's error, ``2 e_g`` of the update (``m`` and
+  ``sqrt(v)`` each carry it once), plus rounding: the gate amplifies it like any
+  consumed error.
+
+From statistics, the share ``f`` of explained elements is read from the sampled
+elements of the two gradients (:data:`precguard.capture.evidence.SAMPLE_SIZE` of
+them), as an upper confidence bound ``(h + 3 sqrt(h) + 3) / N`` for ``h`` of ``N``
+sampled elements within error of zero (the rule of three when none is: a share
+this sample could have missed with 5 % chance); the explained error is then
+``2 U sqrt(f n) / ||u||``. Without samples, ``f <= 6 e_g``: the elements within
+3 error standard deviations (``e_g * rms(g)``) of zero, for a density at zero up
+to 1/rms(g) (2.5 times a Gaussian's).
+
+The parameter after a step carries the step's explained error forward: its
+expected error is its error before the step plus the update's, relative to the
+parameter's norm (:func:`explain_params`). Optimizer records are the watch's
+``backward.param`` records (``optimizer.update.<param>``, ``optimizer.<state>.<param>``,
+see docs/watch.md); ``record --train`` keeps no update, so there the update is the
+golden's parameter at this step less the one before.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from precguard.dump.schema import Record
+
+#: name prefix of the watch's update records (training/handle.py ``_record_optimizer``)
+UPDATE_PREFIX = "optimizer.update."
+#: error standard deviations within which an element counts as zero when only the
+#: gradient's global error is known (no per-element errors, no sample)
+_Z = 3.0
+#: density at zero of a gradient's distribution, times its rms, taken as the most a
+#: real gradient has (a Gaussian has 0.40, a Laplace 0.71): with _Z, f <= 2 * 3 * e_g
+_DENSITY = 1.0
+
+Tensors = Callable[[Record], torch.Tensor | None]
+
+
+@dataclass(frozen=True)
+class Explained:
+    """The error an optimizer step explains on one update or parameter record."""
+
+    #: relative error (to the record's golden norm) that elements whose gradient is
+    #: within its error of zero may carry: a worst case, counted as is
+    flipped: float
+    #: relative error propagated from the gradient's error: amplified by the gate
+    rest: float
+    #: share of the elements whose gradient is within its error of zero (an upper
+    #: bound when read from a sample)
+    share: float
+    #: the concentrated error (largest element, worst slice; of max|golden|) those
+    #: elements may carry: a step from +U to -U
+    peak: float = 0.0
+
+
+def is_optimizer(phase: str, role: str) -> bool:
+    """Whether a record of this phase and role is an optimizer record (update or state)."""
+    return phase == "backward" and role == "param"
+
+
+def is_update(rec: Record) -> bool:
+    """Whether ``rec`` is an optimizer update record (the change a step made)."""
+    return is_optimizer(rec.phase, rec.role) and rec.name.startswith(UPDATE_PREFIX)
+
+
+def _full(rec: Record | None, tensors: Tensors) -> torch.Tensor | None:
+    if rec is None or rec.tensor is None:
+        return None
+    t = tensors(rec)
+    return None if t is None else t.detach().double().reshape(-1)
+
+
+def _norm(rec: Record) -> tuple[float, float]:
+    """(l2, absmax) of a record from its statistics."""
+    if rec.stats is None:
+        return 0.0, 0.0
+    return float(rec.stats.l2 or 0.0), float(rec.stats.absmax or 0.0)
+
+
+def near_zero_share(
+    g: Record, a: Record | None, g_tensors: Tensors, a_tensors: Tensors, error: float
+) -> tuple[float, int]:
+    """(share f, count) of gradient elements within their error of zero.
+
+    Element by element when both gradients are full tensors (the count is then
+    exact), else from the two samples (an upper confidence bound), else from the
+    gradient's global relative ``error`` (see the module doc).
+    """
+    n = math.prod(g.shape) or 1
+    gt, at = _full(g, g_tensors), _full(a, a_tensors)
+    if gt is not None and at is not None and gt.shape == at.shape:
+        hits = int((gt.abs() <= (at - gt).abs()).sum())
+        # an element exactly zero on both sides takes no step on either
+        hits -= int(((gt == 0) & (at == 0)).sum())
+        return hits / n, hits
+    gsam, asam = g.sample, a.sample if a is not None else None
+    if gsam is not None and asam is not None and gsam.seed == asam.seed:
+        gs, as_ = gsam.array(), asam.array()
+        if gs.size == as_.size and gs.size:
+            within = (np.abs(gs) <= np.abs(as_ - gs)) & ~((gs == 0) & (as_ == 0))
+            h = int(within.sum())
+            if gs.size >= n:  # the sample is the whole tensor
+                return h / n, h
+            f = min(1.0, (h + 3.0 * math.sqrt(h) + 3.0) / gs.size)
+            return f, round(f * n)
+    if not math.isfinite(error):
+        return 1.0, n
+    f = min(1.0, 2.0 * _Z * _DENSITY * error)
+    return f, round(f * n)
+
+
+def explain_update(
+    update: Record,
+    actual_update: Record | None,
+    grad: Record | None,
+    actual_grad: Record | None,
+    grad_error: float,
+    g_tensors: Tensors,
+    a_tensors: Tensors,
+) -> Explained:
+    """The error a correct optimizer explains on ``update``, given its gradient's.
+
+    ``grad_error``: the measured relative error of the gradient (its record's error).
+    With full tensors of both updates and gradients, the explained elements count
+    with their own error, each at most twice the golden's largest update element.
+    """
+    rest = 2.0 * grad_error if math.isfinite(grad_error) else math.inf
+    if grad is None:
+        return Explained(0.0, rest, 0.0)
+    l2, peak = _norm(update)
+    ug, ua = _full(update, g_tensors), _full(actual_update, a_tensors)
+    gg, ga = _full(grad, g_tensors), _full(actual_grad, a_tensors)
+    if ug is not None:
+        l2, peak = float(ug.norm()), float(ug.abs().max()) if ug.numel() else 0.0
+    if l2 == 0.0:
+        return Explained(0.0, rest, 0.0)
+    full = ug is not None and ua is not None and gg is not None and ga is not None
+    if full and ug.shape == ua.shape == gg.shape == ga.shape:
+        assert ug is not None and ua is not None and gg is not None and ga is not None
+        within = (gg.abs() <= (ga - gg).abs()) & ~((gg == 0) & (ga == 0))
+        du = (ua - ug)[within].abs().clamp(max=2.0 * peak)
+        n = ug.numel() or 1
+        share = int(within.sum()) / n
+        return Explained(float(du.norm()) / l2, rest, share, 2.0 if share else 0.0)
+    f, count = near_zero_share(grad, actual_grad, g_tensors, a_tensors, grad_error)
+    flipped = min(2.0, 2.0 * peak * math.sqrt(count) / l2)
+    return Explained(flipped, rest, f, 2.0 if count else 0.0)
+
+
+def explain_params(
+    before: dict[str, Record],
+    grads: dict[str, tuple[Record, Record | None, float]],
+    now: list[Record],
+    g_tensors: Tensors,
+    a_tensors: Tensors,
+) -> dict[str, Explained]:
+    """Per parameter id (``module.index``): what the step since ``before`` explains on it.
+
+    ``before``: the golden's parameter records of the last step compared, by key;
+    ``grads``: per parameter id, that step's (golden gradient, actual gradient,
+    measured error); ``now``: this step's golden parameter records. The golden's
+    update is ``now - before``, from full tensors or from the two samples (the same
+    indices: the same shape). A parameter whose step's gradient was not recorded is
+    left out (the gate's older rule, twice the update, holds there).
+    """
+    out: dict[str, Explained] = {}
+    for rec in now:
+        if rec.role != "param" or rec.phase != "forward":
+            continue
+        pid = f"{rec.module}.{rec.index}"
+        prev, grad = before.get(rec.key), grads.get(pid)
+        if prev is None or grad is None or prev.shape != rec.shape or prev.step >= rec.step:
+            continue
+        norm, top = _norm(rec)
+        delta_peak, delta_l2 = _delta(prev, rec, g_tensors)
+        if norm == 0.0 or delta_l2 is None:
+            continue
+        g, a, error = grad
+        _f, count = near_zero_share(g, a, g_tensors, a_tensors, error)
+        f = count / (math.prod(rec.shape) or 1)
+        flipped = min(2.0, 2.0 * delta_peak * math.sqrt(count) / norm)
+        rest = 2.0 * error * delta_l2 / norm if math.isfinite(error) else math.inf
+        peak = min(2.0, 2.0 * delta_peak / top) if top > 0 and count else 0.0
+        out[pid] = Explained(flipped, rest, f, peak)
+    return out
+
+
+def _delta(prev: Record, now: Record, tensors: Tensors) -> tuple[float, float | None]:
+    """(largest element, l2) of the golden's update ``now - prev``; l2 None if unknown."""
+    a, b = _full(prev, tensors), _full(now, tensors)
+    if a is not None and b is not None:
+        d = b - a
+        return (float(d.abs().max()) if d.numel() else 0.0), float(d.norm())
+    if prev.sample is None or now.sample is None or prev.sample.seed != now.sample.seed:
+        return 0.0, None
+    d = now.sample.array() - prev.sample.array()
+    if not d.size:
+        return 0.0, None
+    n = math.prod(now.shape)
+    return float(np.abs(d).max()), float(np.sqrt(np.mean(d * d) * n))
+
+
+def update_verdict(
+    error: float, explained: Explained, expected_rest: float, amplification: float
+) -> tuple[bool, float, float]:
+    """(fails, expected error, amplification) of a record an optimizer step explains.
+
+    It fails when its error exceeds the explained elements' error plus
+    ``amplification`` times ``expected_rest`` (the propagated part, already floored
+    at rounding by the caller). The expected error reported is the sum of the two.
+    """
+    expected = explained.flipped + expected_rest
+    bad = error > explained.flipped + amplification * expected_rest
+    return bad, expected, (error / expected if expected > 0 else math.inf)
+
+
+class StepTrail:
+    """What one rank's last compared step leaves for the next: its golden parameters and
+    its gradients (golden, actual, measured error), so the parameters after the
+    optimizer step are judged with the error that step explains."""
+
+    def __init__(self) -> None:
+        self.params: dict[str, Record] = {}
+        self.grads: dict[str, tuple[Record, Record | None, float]] = {}
+
+    def explain(
+        self,
+        g_recs: list[Record],
+        a_recs: list[Record],
+        errors: dict[str, float],
+        g_tensors: Tensors,
+        a_tensors: Tensors,
+    ) -> dict[str, Explained]:
+        """Per golden record key: what the optimizer explains on this step's update
+        records and on its parameters (the step before's update applied).
+
+        ``errors``: the measured relative error of each compared record, by golden key;
+        ``a_recs`` pair with ``g_recs`` by key.
+        """
+        by_key = {r.key: r for r in a_recs}
+        stepped = explain_params(self.params, self.grads, g_recs, g_tensors, a_tensors)
+        out = {
+            rec.key: stepped[_pid(rec)]
+            for rec in g_recs
+            if rec.phase == "forward" and rec.role == "param" and _pid(rec) in stepped
+        }
+        grads: dict[tuple[str, str], Record] = {}
+        for rec in g_recs:
+            if rec.phase == "backward" and rec.role == "grad":
+                grads[(rec.module, rec.name)] = rec
+        for rec in g_recs:
+            if not is_update(rec):
+                continue
+            grad = grads.get((rec.module, rec.name[len(UPDATE_PREFIX) :]))
+            error = errors.get(grad.key, math.inf) if grad is not None else math.inf
+            out[rec.key] = explain_update(
+                rec,
+                by_key.get(rec.key),
+                grad,
+                by_key.get(grad.key) if grad is not None else None,
+                error,
+                g_tensors,
+                a_tensors,
+            )
+        self.params = {
+            r.key: r for r in g_recs if r.phase == "forward" and r.role == "param"
+        } or self.params
+        self.grads = {
+            _pid(r): (r, by_key.get(r.key), errors.get(r.key, math.inf))
+            for r in g_recs
+            if r.phase == "backward" and r.role == "grad"
+        }
+        return out
+
+
+def _pid(rec: Record) -> str:
+    return f"{rec.module}.{rec.index}"
