@@ -585,11 +585,11 @@ def decoding_divergence(units: list[UnitLike]) -> Candidate | None:
             and r.role == "input"
             and r.call == 0
             and r.metrics is not None
-            and r.metrics.level == "exact"
+            and _is_integer(r.golden_dtype)
         ]
         if not ids:
             continue
-        parted = [r for r in ids if r.metrics is not None and r.metrics.mismatched]
+        parted = [r for r in ids if _err(r) > 0 or r.status in _BAD]
         if not parted:
             agreed = True
             continue
@@ -600,12 +600,16 @@ def decoding_divergence(units: list[UnitLike]) -> Candidate | None:
             result=r,
             local=False,
             reason=f"decoding divergence: the step inputs (token ids) part at step {r.step} "
-            f"(the two sides chose different tokens at the step before), so the steps from "
+            f"(the two sides chose different tokens at step {r.step - 1}), so the steps from "
             f"{r.step} on read other tokens and are not judged as layer errors; run "
             "`precguard generate-diff` to find whether the choice was a near-tie of the "
             "logits or a real divergence, and which layer made it",
         )
     return None
+
+
+def _is_integer(dtype: str) -> bool:
+    return dtype.startswith(("int", "uint")) or dtype == "bool"
 
 
 def after_decoding(candidates: list[Candidate], parted: Candidate) -> list[Candidate]:
