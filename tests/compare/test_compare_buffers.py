@@ -91,3 +91,13 @@ def test_recordings_without_buffer_records_compare_as_before(
     assert first is not None and first.module == "model.rotary_emb"
     assert "buffer" not in first.reason
     assert not result.unmatched.golden_only and not result.unmatched.actual_only
+
+
+def test_an_older_recording_against_one_with_buffers_compares_as_before(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    golden = _without_buffers(runs["golden"], tmp_path / "g")
+    result = compare_recordings(golden, runs["kept"])
+    assert result.verdict == "match", result.first_divergence
+    assert not result.unmatched.golden_only and not result.unmatched.actual_only
+    assert result.coverage is not None and result.coverage.complete

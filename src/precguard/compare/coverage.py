@@ -257,8 +257,19 @@ class CoverageTracker:
     def pair(
         self, rank: int, step: int, g_recs: list[Record], a_recs: list[Record]
     ) -> tuple[list[Record], list[Record]]:
-        """Note that (rank, step) is compared; keep only the phases both sides recorded."""
+        """Note that (rank, step) is compared; keep only the phases both sides recorded.
+
+        Buffer records that only one side holds (a recording made before buffers
+        were recorded, against a newer one) are set aside as well: a difference in
+        what the recorder kept, not in the numbers.
+        """
         self.compared.add((rank, step))
+        g_buf = any(r.role == "buffer" for r in g_recs)
+        if g_buf != any(r.role == "buffer" for r in a_recs):
+            if g_buf:
+                g_recs = [r for r in g_recs if r.role != "buffer"]
+            else:
+                a_recs = [r for r in a_recs if r.role != "buffer"]
         g_phases = {r.phase for r in g_recs}
         a_phases = {r.phase for r in a_recs}
         common = g_phases & a_phases
