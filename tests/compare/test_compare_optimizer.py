@@ -10,7 +10,6 @@ compare must say MATCH; a 3 % fault planted in one ``lora_B`` must still be name
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -191,7 +190,7 @@ def _record(key: str, t: torch.Tensor, name: str, phase: str, role: str) -> Reco
 
 
 def test_the_update_rule_explains_sign_flips_near_zero_but_not_elsewhere() -> None:
-    from precguard.compare.optimizer import explain_update
+    from precguard.compare.optimizer import explain_update, update_verdict
 
     gen = torch.Generator().manual_seed(0)
     g = torch.randn(4096, generator=gen)
@@ -213,7 +212,10 @@ def test_the_update_rule_explains_sign_flips_near_zero_but_not_elsewhere() -> No
     ex = explain_update(upd["ug"], upd["ua"], recs["g"], recs["a"], grad_err, lookup, lookup)
     measured = float((ua - ug).norm() / ug.norm())
     assert measured > 0.05  # sign flips: far beyond the gradient's 1 %
-    assert ex.flipped == pytest.approx(measured, rel=1e-4)  # every flipped element explained
+    # every flipped element explained, and not much more (elements near zero that did
+    # not flip may have moved, to first order, by their gradient's relative error)
+    assert measured <= ex.flipped < 3 * measured
+    assert not update_verdict(measured, ex, 2.0**-24, 10.0)[0]
     assert 0 < ex.share < 0.02
 
     # the same gradient error, but the update moved elements far from zero: not explained
@@ -221,5 +223,4 @@ def test_the_update_rule_explains_sign_flips_near_zero_but_not_elsewhere() -> No
     wrong[g.abs() > 1.0] *= -1
     tensors["ua"] = wrong
     ex = explain_update(upd["ug"], upd["ua"], recs["g"], recs["a"], grad_err, lookup, lookup)
-    assert float((wrong - ug).norm() / ug.norm()) > 10 * (ex.flipped + ex.rest)
-    assert math.isfinite(ex.rest)
+    assert update_verdict(float((wrong - ug).norm() / ug.norm()), ex, ex.rest, 10.0)[0]

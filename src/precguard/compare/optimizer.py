@@ -99,6 +99,13 @@ def _full(rec: Record | None, tensors: Tensors) -> torch.Tensor | None:
     return None if t is None else t.detach().double().reshape(-1)
 
 
+def _sampled(rec: Record | None, seed: int | None = None) -> np.ndarray | None:
+    if rec is None or rec.sample is None or (seed is not None and rec.sample.seed != seed):
+        return None
+    values = rec.sample.array()
+    return values if values.size else None
+
+
 def _norm(rec: Record) -> tuple[float, float]:
     """(l2, absmax) of a record from its statistics."""
     if rec.stats is None:
@@ -106,36 +113,70 @@ def _norm(rec: Record) -> tuple[float, float]:
     return float(rec.stats.l2 or 0.0), float(rec.stats.absmax or 0.0)
 
 
-def near_zero_share(
-    g: Record, a: Record | None, g_tensors: Tensors, a_tensors: Tensors, error: float
-) -> tuple[float, int]:
-    """(share f, count) of gradient elements within their error of zero.
+def element_bound(u: np.ndarray | float, g: np.ndarray, d: np.ndarray, top: float) -> np.ndarray:
+    """Per element, the most a correct optimizer's step may differ by, given its gradient's.
 
-    Element by element when both gradients are full tensors (the count is then
-    exact), else from the two samples (an upper confidence bound), else from the
-    gradient's global relative ``error`` (see the module doc).
+    ``u``: the golden's update elements (or their largest, ``top``, where unknown),
+    ``g``: the golden's gradient elements, ``d``: their errors (actual - golden).
+    First order, an update element moves by ``|u| * 2 |d / g|`` (Adam's ``m`` and
+    ``sqrt(v)`` each carry the gradient's relative error once; SGD's step carries it
+    once); where ``|d| >= |g|`` the sign may flip. Never more than ``2 * top``: the
+    step from ``+U`` to ``-U``. An element zero on both sides takes no step on either.
     """
-    n = math.prod(g.shape) or 1
-    gt, at = _full(g, g_tensors), _full(a, a_tensors)
-    if gt is not None and at is not None and gt.shape == at.shape:
-        hits = int((gt.abs() <= (at - gt).abs()).sum())
-        # an element exactly zero on both sides takes no step on either
-        hits -= int(((gt == 0) & (at == 0)).sum())
-        return hits / n, hits
-    gsam, asam = g.sample, a.sample if a is not None else None
-    if gsam is not None and asam is not None and gsam.seed == asam.seed:
-        gs, as_ = gsam.array(), asam.array()
-        if gs.size == as_.size and gs.size:
-            within = (np.abs(gs) <= np.abs(as_ - gs)) & ~((gs == 0) & (as_ == 0))
-            h = int(within.sum())
-            if gs.size >= n:  # the sample is the whole tensor
-                return h / n, h
-            f = min(1.0, (h + 3.0 * math.sqrt(h) + 3.0) / gs.size)
-            return f, round(f * n)
-    if not math.isfinite(error):
-        return 1.0, n
-    f = min(1.0, 2.0 * _Z * _DENSITY * error)
-    return f, round(f * n)
+    g, d = np.abs(g), np.abs(d)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(g > 0, d / np.where(g > 0, g, 1.0), np.where(d > 0, np.inf, 0.0))
+    b = np.minimum(2.0 * np.abs(u) * rel, 2.0 * top)
+    return np.where(d >= g, np.where(d > 0, 2.0 * top, 0.0), b)
+
+
+def _explained(
+    u_full: torch.Tensor | None,
+    u_sample: np.ndarray | None,
+    top: float,
+    grad: Record,
+    actual_grad: Record | None,
+    g_tensors: Tensors,
+    a_tensors: Tensors,
+    grad_error: float,
+    n: int,
+) -> tuple[float, float, float]:
+    """(l2, largest element, share of flippable elements) of what the step may differ by.
+
+    Element by element where both gradients are full tensors; on the sampled elements
+    (an estimate of the l2, plus the flips the sample may have missed: an upper
+    confidence bound on their share) where only statistics were kept; from the
+    gradient's global error where not even samples are (see the module doc).
+    """
+    gg, ga = _full(grad, g_tensors), _full(actual_grad, a_tensors)
+    if gg is not None and ga is not None and gg.shape == ga.shape and gg.numel() == n:
+        u: np.ndarray | float = top
+        if u_full is not None and u_full.numel() == n:
+            u = u_full.abs().numpy()
+        g, d = gg.numpy(), (ga - gg).numpy()
+        b = element_bound(u, g, d, top)
+        flips = float(((np.abs(d) >= np.abs(g)) & (np.abs(d) > 0)).mean()) if n else 0.0
+        return float(np.sqrt(np.sum(b * b))), float(b.max()) if b.size else 0.0, flips
+    gs = _sampled(grad)
+    as_ = _sampled(actual_grad, grad.sample.seed if grad.sample is not None else None)
+    if gs is not None and as_ is not None and gs.size == as_.size:
+        d = as_ - gs
+        us: np.ndarray | float = (
+            u_sample if u_sample is not None and u_sample.size == gs.size else top
+        )
+        b = element_bound(us, gs, d, top)
+        h = int(((np.abs(d) >= np.abs(gs)) & (np.abs(d) > 0)).sum())
+        if gs.size >= n:  # the sample is the whole tensor
+            return float(np.sqrt(np.sum(b * b))), float(b.max()), h / max(n, 1)
+        # flips the sample may have missed: the upper bound less those it saw
+        f_up = min(1.0, (h + 3.0 * math.sqrt(h) + 3.0) / gs.size)
+        unseen = max(0.0, f_up - h / gs.size) * n * (2.0 * top) ** 2
+        l2 = math.sqrt(float(np.mean(b * b)) * n + unseen)
+        return l2, 2.0 * top, f_up
+    if not math.isfinite(grad_error):
+        return 2.0 * top * math.sqrt(n), 2.0 * top, 1.0
+    f = min(1.0, 2.0 * _Z * _DENSITY * grad_error)
+    return 2.0 * top * math.sqrt(f * n), (2.0 * top if f > 0 else 0.0), f
 
 
 def explain_update(
@@ -150,30 +191,25 @@ def explain_update(
     """The error a correct optimizer explains on ``update``, given its gradient's.
 
     ``grad_error``: the measured relative error of the gradient (its record's error).
-    With full tensors of both updates and gradients, the explained elements count
-    with their own error, each at most twice the golden's largest update element.
+    ``actual_update`` is not read: what the step may differ by is the golden's step
+    and the gradients' errors, whatever the actual's step did.
     """
+    del actual_update
     rest = 2.0 * grad_error if math.isfinite(grad_error) else math.inf
     if grad is None:
         return Explained(0.0, rest, 0.0)
-    l2, peak = _norm(update)
-    ug, ua = _full(update, g_tensors), _full(actual_update, a_tensors)
-    gg, ga = _full(grad, g_tensors), _full(actual_grad, a_tensors)
+    l2, top = _norm(update)
+    ug = _full(update, g_tensors)
     if ug is not None:
-        l2, peak = float(ug.norm()), float(ug.abs().max()) if ug.numel() else 0.0
-    if l2 == 0.0:
+        l2, top = float(ug.norm()), float(ug.abs().max()) if ug.numel() else 0.0
+    if l2 == 0.0 or top == 0.0:
         return Explained(0.0, rest, 0.0)
-    full = ug is not None and ua is not None and gg is not None and ga is not None
-    if full and ug.shape == ua.shape == gg.shape == ga.shape:
-        assert ug is not None and ua is not None and gg is not None and ga is not None
-        within = (gg.abs() <= (ga - gg).abs()) & ~((gg == 0) & (ga == 0))
-        du = (ua - ug)[within].abs().clamp(max=2.0 * peak)
-        n = ug.numel() or 1
-        share = int(within.sum()) / n
-        return Explained(float(du.norm()) / l2, rest, share, 2.0 if share else 0.0)
-    f, count = near_zero_share(grad, actual_grad, g_tensors, a_tensors, grad_error)
-    flipped = min(2.0, 2.0 * peak * math.sqrt(count) / l2)
-    return Explained(flipped, rest, f, 2.0 if count else 0.0)
+    n = math.prod(update.shape) or 1
+    us = _sampled(update, grad.sample.seed if grad.sample is not None else None)
+    b_l2, b_max, share = _explained(
+        ug, us, top, grad, actual_grad, g_tensors, a_tensors, grad_error, n
+    )
+    return Explained(min(2.0, b_l2 / l2), rest, share, min(2.0, b_max / top))
 
 
 def explain_params(
@@ -200,33 +236,41 @@ def explain_params(
         prev, grad = before.get(rec.key), grads.get(pid)
         if prev is None or grad is None or prev.shape != rec.shape or prev.step >= rec.step:
             continue
-        norm, top = _norm(rec)
-        delta_peak, delta_l2 = _delta(prev, rec, g_tensors)
+        norm, peak = _norm(rec)
+        w_now = _full(rec, g_tensors)
+        if w_now is not None and w_now.numel():
+            norm, peak = float(w_now.norm()), float(w_now.abs().max())
+        delta, delta_sample, top, delta_l2 = _delta(prev, rec, g_tensors)
         if norm == 0.0 or delta_l2 is None:
             continue
         g, a, error = grad
-        _f, count = near_zero_share(g, a, g_tensors, a_tensors, error)
-        f = count / (math.prod(rec.shape) or 1)
-        flipped = min(2.0, 2.0 * delta_peak * math.sqrt(count) / norm)
+        n = math.prod(rec.shape) or 1
+        b_l2, b_max, share = _explained(
+            delta, delta_sample, top, g, a, g_tensors, a_tensors, error, n
+        )
         rest = 2.0 * error * delta_l2 / norm if math.isfinite(error) else math.inf
-        peak = min(2.0, 2.0 * delta_peak / top) if top > 0 and count else 0.0
-        out[pid] = Explained(flipped, rest, f, peak)
+        out[pid] = Explained(
+            min(2.0, b_l2 / norm), rest, share, min(2.0, b_max / peak) if peak > 0 else 0.0
+        )
     return out
 
 
-def _delta(prev: Record, now: Record, tensors: Tensors) -> tuple[float, float | None]:
-    """(largest element, l2) of the golden's update ``now - prev``; l2 None if unknown."""
+def _delta(
+    prev: Record, now: Record, tensors: Tensors
+) -> tuple[torch.Tensor | None, np.ndarray | None, float, float | None]:
+    """The golden's update ``now - prev``: (full, sampled, largest element, l2 or None)."""
     a, b = _full(prev, tensors), _full(now, tensors)
     if a is not None and b is not None:
         d = b - a
-        return (float(d.abs().max()) if d.numel() else 0.0), float(d.norm())
-    if prev.sample is None or now.sample is None or prev.sample.seed != now.sample.seed:
-        return 0.0, None
-    d = now.sample.array() - prev.sample.array()
-    if not d.size:
-        return 0.0, None
+        return d, None, (float(d.abs().max()) if d.numel() else 0.0), float(d.norm())
+    pa, pb = _sampled(prev), _sampled(now)
+    if pa is None or pb is None or prev.sample is None or now.sample is None:
+        return None, None, 0.0, None
+    if prev.sample.seed != now.sample.seed or pa.size != pb.size:
+        return None, None, 0.0, None
+    d = pb - pa
     n = math.prod(now.shape)
-    return float(np.abs(d).max()), float(np.sqrt(np.mean(d * d) * n))
+    return None, d, float(np.abs(d).max()), float(np.sqrt(np.mean(d * d) * n))
 
 
 def update_verdict(
