@@ -14,25 +14,27 @@ while their gradients are within bf16's error.
 
 So an update (or the parameter after it) is judged in two parts:
 
-* **explained elements**: those whose golden gradient element is within the
-  gradient's error of zero (``|g_i| <= |a_i - g_i|`` where both gradients are full
-  tensors; on the sampled elements where only statistics were kept). Their
-  update may be anything the optimizer can take: ``|du_i| <= 2 U``, ``U`` the
-  golden's largest update element (Adam's step is bounded by ``lr`` times its
-  bias-corrected factor, which the golden's own step shows). Their error is a
-  worst case already and is counted as is, not amplified by the gate.
-* **the rest**: linear in the gradient's error, ``2 e_g`` of the update (``m`` and
-  ``sqrt(v)`` each carry it once), plus rounding: the gate amplifies it like any
-  consumed error.
+* **explained elements**, bounded one by one (:func:`element_bound`): to first
+  order an update element moves by ``2 |u_i| |d_i / g_i|`` (its gradient element's
+  relative error, carried once by Adam's ``m`` and once by ``sqrt(v)``; SGD's step
+  carries it once), and where ``|d_i| >= |g_i|`` (the gradient within its error of
+  zero) its sign may flip; never more than ``2 U``, ``U`` the golden's largest
+  update element (Adam's step is bounded by ``lr`` times its bias-corrected factor,
+  which the golden's own step shows). Elements near Adam's ``eps`` are covered too
+  (``lr g / (|g| + eps)`` is sensitive there). The norm of those bounds is a worst
+  case already and is counted as is, not amplified by the gate.
+* **the rest**: ``2 e_g`` of the update, the gradient's global error, plus rounding:
+  the gate amplifies it like any consumed error.
 
-From statistics, the share ``f`` of explained elements is read from the sampled
-elements of the two gradients (:data:`precguard.capture.evidence.SAMPLE_SIZE` of
-them), as an upper confidence bound ``(h + 3 sqrt(h) + 3) / N`` for ``h`` of ``N``
-sampled elements within error of zero (the rule of three when none is: a share
-this sample could have missed with 5 % chance); the explained error is then
-``2 U sqrt(f n) / ||u||``. Without samples, ``f <= 6 e_g``: the elements within
-3 error standard deviations (``e_g * rms(g)``) of zero, for a density at zero up
-to 1/rms(g) (2.5 times a Gaussian's).
+From statistics, the bound is taken on the sampled elements of the two gradients
+(:data:`precguard.capture.evidence.SAMPLE_SIZE` of them) and scaled to the tensor,
+plus the flips the sample may have missed: for ``h`` of ``N`` sampled elements
+within their error of zero, the share's upper confidence bound
+``(h + 3 sqrt(h) + 3) / N`` (the rule of three when none is: a share this sample
+could have missed with 5 % chance) less ``h / N``, each a step of ``2 U``. Without
+samples, ``f <= 6 e_g`` of the elements may flip: those within 3 error standard
+deviations (``e_g * rms(g)``) of zero, for a density at zero up to 1/rms(g) (2.5
+times a Gaussian's).
 
 The parameter after a step carries the step's explained error forward: its
 expected error is its error before the step plus the update's, relative to the
