@@ -74,10 +74,11 @@ class _Scope:
     dtype: str | None = None  # least precise float dtype seen
     bias: float = 0.0  # largest scale error a record carried (carried_bias)
 
-    def add(self, m: Metrics, e: float, c: float, profile: Profile) -> None:
+    def add(self, m: Metrics, e: float, c: float, profile: Profile, bias: bool = True) -> None:
         self.err = max(self.err, e)
         self.conc = max(self.conc, c)
-        self.bias = max(self.bias, carried_bias([m], profile))
+        if bias:
+            self.bias = max(self.bias, carried_bias([m], profile))
         if m.level in ("full", "stats"):
             self.dtype = m.dtype if self.dtype is None else less_precise(self.dtype, m.dtype)
 
@@ -298,10 +299,13 @@ def judge_step(
             # (by name, and every call still open around it)
             own = r.role != "output"
             enclosing = {*_ancestors(r.module)[1:], *open_calls} - {r.module}
+            # a buffer's rounding is one rounding of a constant, often a short one (32
+            # frequencies): its scale's standard error says nothing of what reads it
+            scaled = r.role != "buffer"
             for name in [r.module] * own + sorted(enclosing):
-                fwd[name].add(m, e, c, profile)
+                fwd[name].add(m, e, c, profile, scaled)
             for name in {r.module, *enclosing}:
-                fwd_all[name].add(m, e, c, profile)
+                fwd_all[name].add(m, e, c, profile, scaled)
             if r.role == "output" and r.module in open_calls:
                 while open_calls and open_calls.pop() != r.module:
                     pass
