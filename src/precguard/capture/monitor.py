@@ -314,6 +314,13 @@ class Monitor:
             sink.add(
                 frame.module, frame.module_type, 0, "forward", "param", params, save=frame.save
             )
+        # what the module reads besides its arguments and weights (a rotary embedding's
+        # inv_freq, non-persistent ones included): compare names a buffer that differs
+        buffers = [(n, b) for n, b in module.named_buffers(recurse=False) if b is not None]
+        if buffers:
+            sink.add(
+                frame.module, frame.module_type, 0, "forward", "buffer", buffers, save=frame.save
+            )
 
     def _post(
         self,

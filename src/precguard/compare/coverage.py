@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,6 +42,10 @@ _FROZEN = ConfigDict(frozen=True)
 
 #: bytes read from the end of a records file to find its last step
 _TAIL_BYTES = 1 << 16
+#: bytes read at a time when listing the steps a records file holds
+_SCAN_BYTES = 1 << 22
+#: a record's step field (module names are JSON strings: a quote inside one is escaped)
+_STEP_FIELD = re.compile(rb'"step":\s*(\d+)')
 
 
 class SameRecordingError(PrecguardError):
@@ -208,6 +213,29 @@ def last_step(run: Run, rank: int) -> int | None:
     return None
 
 
+def recorded_steps(run: Run, rank: int) -> set[int]:
+    """Every step ``rank`` recorded: a sampled recording (the watch's ``every=N``)
+    holds steps 0, N, 2N, ... only, so the last step does not tell how many it holds.
+
+    Read only when the steps compared leave a gap below the last step (one pass over
+    the records file, reading the step fields alone).
+    """
+    path = rank_dir(run.path, rank) / RECORDS_FILE
+    steps: set[int] = set()
+    tail = b""
+    try:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(_SCAN_BYTES):
+                buf = tail + chunk
+                cut = buf.rfind(b"\n") + 1
+                steps.update(int(x) for x in _STEP_FIELD.findall(buf[:cut]))
+                tail = buf[cut:]
+    except OSError:
+        return steps
+    steps.update(int(x) for x in _STEP_FIELD.findall(tail))
+    return steps
+
+
 class CoverageTracker:
     """Keeps the account while :func:`precguard.compare_runs` walks the steps.
 
@@ -229,8 +257,19 @@ class CoverageTracker:
     def pair(
         self, rank: int, step: int, g_recs: list[Record], a_recs: list[Record]
     ) -> tuple[list[Record], list[Record]]:
-        """Note that (rank, step) is compared; keep only the phases both sides recorded."""
+        """Note that (rank, step) is compared; keep only the phases both sides recorded.
+
+        Buffer records that only one side holds (a recording made before buffers
+        were recorded, against a newer one) are set aside as well: a difference in
+        what the recorder kept, not in the numbers.
+        """
         self.compared.add((rank, step))
+        g_buf = any(r.role == "buffer" for r in g_recs)
+        if g_buf != any(r.role == "buffer" for r in a_recs):
+            if g_buf:
+                g_recs = [r for r in g_recs if r.role != "buffer"]
+            else:
+                a_recs = [r for r in a_recs if r.role != "buffer"]
         g_phases = {r.phase for r in g_recs}
         a_phases = {r.phase for r in a_recs}
         common = g_phases & a_phases
@@ -248,10 +287,12 @@ class CoverageTracker:
             last = last_step(run, r)
             if last is None:
                 continue
-            if self.step is None:
-                held |= {(r, s) for s in range(last + 1)}
-            elif self.step <= last:
-                held.add((r, self.step))
+            wanted = range(last + 1) if self.step is None else range(self.step, self.step + 1)
+            steps = {(r, s) for s in wanted if s <= last}
+            if not steps <= self.compared:  # a gap: is it a step this side never recorded?
+                have = recorded_steps(run, r)
+                steps = {(r, s) for r, s in steps if s in have or (r, s) in self.compared}
+            held |= steps
         return held
 
     def result(self) -> Coverage:

@@ -38,7 +38,10 @@ gradients w.r.t. module inputs cannot be classified (``local=None``).
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -50,6 +53,7 @@ from precguard.compare.expected import (
     own_bias,
     rounding_floor,
 )
+from precguard.compare.optimizer import is_optimizer
 from precguard.compare.report import FirstDivergence, RecordResult, Suspect
 from precguard.compare.routing import index_reason
 from precguard.compare.tolerance import Profile
@@ -128,6 +132,14 @@ class Candidate(BaseModel):
         )
 
 
+class UnitLike(Protocol):
+    """One compared (rank, step): what :func:`decoding_divergence` reads of it."""
+
+    rank: int
+    step: int
+    results: Iterable[RecordResult]
+
+
 @dataclass
 class _Call:
     module: str
@@ -203,13 +215,17 @@ def _calls(results: list[RecordResult]) -> list[_Call]:
     return [*forward.values(), *backward.values()]
 
 
-def classify_step(results: list[RecordResult], profile: Profile) -> StepClassification:
+def classify_step(
+    results: list[RecordResult], profile: Profile, names: dict[str, str] | None = None
+) -> StepClassification:
     """Classify one rank and step: its local candidates and a decision per failing record.
 
     The candidates are in execution order (see the module doc); the decisions
     say, for every failing produced record and parameter, whether its module
-    made the error itself, the amplification and the expected error.
+    made the error itself, the amplification and the expected error. ``names``:
+    the recorded name of a buffer record, by key (the why line names the buffer).
     """
+    names = names or {}
     decisions: dict[str, Decision] = {}
     forward = [r for r in results if r.phase == "forward" and r.metrics is not None]
     found: list[Candidate] = []
@@ -218,11 +234,12 @@ def classify_step(results: list[RecordResult], profile: Profile) -> StepClassifi
     input_grads = any(r.phase == "backward" and r.role == "input" for r in results)
     for call in _calls(results):
         bad_params = [p for p in call.params if p.status in _BAD]
+        bad_params += [b for b in call.consumed if b.role == "buffer" and b.status in _BAD]
         for p in bad_params:
             floor = rounding_floor(p.metrics.dtype) if p.metrics else None
             decisions[p.key] = Decision(True, None, floor)
         for p in bad_params[:1]:
-            found.append(_param_candidate(call, p))
+            found.append(_param_candidate(call, p, names))
         bad = [o for o in call.produced if o.status in _BAD]
         if not bad or bad_params:
             continue
@@ -230,7 +247,7 @@ def classify_step(results: list[RecordResult], profile: Profile) -> StepClassifi
             for o in bad:  # without input or output gradients the consumed side is incomplete
                 decisions[o.key] = Decision(None, None, None)
             continue
-        candidate, decision = _classify(call, bad, profile, forward)
+        candidate, decision = _classify(call, bad, profile, forward, names)
         decisions.update(dict.fromkeys((o.key for o in bad), decision))
         if candidate is not None:
             found.append(candidate)
@@ -259,7 +276,15 @@ def nonfinite_param_reason(module: str, module_type: str, p: RecordResult) -> st
     return text
 
 
-def _param_candidate(call: _Call, p: RecordResult) -> Candidate:
+def _param_candidate(call: _Call, p: RecordResult, names: dict[str, str]) -> Candidate:
+    if p.role == "buffer":
+        return Candidate(
+            result=p,
+            local=True,
+            reason=f"{call.module} ({call.module_type}) reads a buffer that differs from "
+            f"golden: {_buffer_what(p, names)}; {_buffer_remedy(p, names)}",
+            expected_error=p.expected_error,
+        )
     cast = (
         f", stored as {p.actual_dtype} where golden has {p.golden_dtype}"
         if p.actual_dtype and p.actual_dtype != p.golden_dtype
@@ -288,7 +313,11 @@ def _param_candidate(call: _Call, p: RecordResult) -> Candidate:
 
 
 def _classify(
-    call: _Call, bad: list[RecordResult], profile: Profile, forward: list[RecordResult]
+    call: _Call,
+    bad: list[RecordResult],
+    profile: Profile,
+    forward: list[RecordResult],
+    names: dict[str, str] | None = None,
 ) -> tuple[Candidate | None, Decision]:
     """Whether ``call``, whose produced records ``bad`` fail, made the error itself."""
     first = bad[0]
@@ -316,7 +345,7 @@ def _classify(
     if reason is None:
         return None, decision
     if call.phase == "forward":
-        reason += _glue_note(call, first, forward)
+        reason = _with_buffers(reason, call, names or {}) + _glue_note(call, first, forward)
     candidate = Candidate(
         result=first,
         local=True,
@@ -340,6 +369,8 @@ def _local_reason(
     """Why ``call`` made error of its own, or None when it only passed error on."""
     what = "its output" if call.phase == "forward" else "the gradients it computed"
     ins = "inputs" if call.phase == "forward" else "incoming gradients and inputs"
+    if is_optimizer(first.phase, first.role):
+        what, ins = "the optimizer's update of its parameters", "gradients"
     if first.status == "nonfinite" and not any(r.status == "nonfinite" for r in call.consumed):
         return (
             f"{call.module} ({call.module_type}) produced NaN/Inf where golden has none "
@@ -364,6 +395,54 @@ def _local_reason(
             f"{_fmt(expected)}), threshold {_fmt(profile.amplification)}x"
         )
     return None
+
+
+def _differs(r: RecordResult) -> bool:
+    """Whether a consumed record is not bitwise golden's: another dtype, or any error."""
+    dtype = r.actual_dtype is not None and r.actual_dtype != r.golden_dtype
+    return dtype or _err(r) > 0
+
+
+def _buffer_name(b: RecordResult, names: dict[str, str]) -> str:
+    return names.get(b.key) or f"buffer {b.index}"
+
+
+def _buffer_what(b: RecordResult, names: dict[str, str]) -> str:
+    cast = (
+        f", stored as {b.actual_dtype} where golden has {b.golden_dtype}"
+        if b.actual_dtype and b.actual_dtype != b.golden_dtype
+        else ""
+    )
+    return f"its buffer {_buffer_name(b, names)} differs (error {_fmt(_err(b))}{cast})"
+
+
+def _buffer_remedy(b: RecordResult, names: dict[str, str]) -> str:
+    name = _buffer_name(b, names)
+    if b.actual_dtype and b.actual_dtype != b.golden_dtype:
+        return (
+            f"keep `{name}` in {b.golden_dtype} (model.to({b.actual_dtype}) casts float "
+            f"buffers too: cast it back after the cast, or recompute it in {b.golden_dtype})"
+        )
+    return f"compute `{name}` as golden does (its values, not the module's arithmetic, differ)"
+
+
+def _with_buffers(reason: str, call: _Call, names: dict[str, str]) -> str:
+    """Name the buffers ``call`` read that differ from golden: what it consumed besides
+    its arguments and weights, the likely cause when its inputs match."""
+    differ = [b for b in call.consumed if b.role == "buffer" and _differs(b)]
+    if not differ:
+        return reason
+    reason = re.sub(
+        r"its inputs match \(error ([^)]*)\) but",
+        lambda m: (
+            f"its inputs match (error {m.group(1)}) but {_buffer_what(differ[0], names)}, and"
+        ),
+        reason,
+        count=1,
+    )
+    if "its buffer" not in reason:
+        reason += f"; {_buffer_what(differ[0], names)}"
+    return f"{reason}; {_buffer_remedy(differ[0], names)}"
 
 
 def _concentration(r: RecordResult) -> str:
@@ -397,6 +476,8 @@ def _bias_reason(call: _Call, bad: list[RecordResult], profile: Profile) -> str 
         scaled = [i for i in inputs if i.scale is not None and math.isfinite(i.scale)]
         carried = max((abs(i.scale - 1.0) for i in scaled if i.scale is not None), default=0.0)
         what = "its output" if call.phase == "forward" else "a gradient it computed"
+        if is_optimizer(o.phase, o.role):
+            what = "the optimizer's update of its parameters"
         if call.module_type in LINEAR_TYPES and len(scaled) == 1 and scaled[0].scale:
             own = m.scale / scaled[0].scale
             return (
@@ -470,7 +551,14 @@ def fallback(results: list[RecordResult]) -> Candidate | None:
         for r in results:
             if r.phase != phase or r.status not in _BAD:
                 continue
-            if phase == "backward" and not input_grads:
+            if phase == "backward" and is_optimizer(r.phase, r.role):
+                reason = (
+                    f"first failing optimizer record, at {r.module} ({r.module_type}): the "
+                    "update (or state) its parameters took differs beyond what their "
+                    "gradients' error explains through the update rule"
+                )
+                local = None
+            elif phase == "backward" and not input_grads:
                 reason = (
                     f"first failing gradient, at {r.module} ({r.module_type}); this recording "
                     "has no gradients w.r.t. module inputs (backward.input records), so "
@@ -509,3 +597,56 @@ def rank_suspects(
     rest = [c for c in cands if c is not first]
     rest.sort(key=lambda c: (c.amplification is None, -(c.amplification or 0.0), c.order))
     return [c.suspect() for c in rest[:top]]
+
+
+def decoding_divergence(units: list[UnitLike]) -> Candidate | None:
+    """The first step whose root integer inputs (token ids) differ after steps that agreed.
+
+    A recording of ``generate()`` under :func:`precguard.monitor` holds one step per
+    forward of the root: the prefill, then one new token each. When the two sides
+    choose different tokens (a near-tie in the logits, or a real fault), every later
+    step reads other tokens (and a cache built from them): its records differ because
+    its data differ, not because a layer computed wrongly. The step where the inputs
+    parted is named instead, with ``precguard generate-diff`` for the cause. Step 0's
+    inputs differing is not decoding (the runs were fed different prompts).
+    """
+    agreed = False
+    for unit in sorted(units, key=lambda u: (u.step, u.rank)):
+        ids = [
+            r
+            for r in unit.results
+            if r.module == "root"
+            and r.phase == "forward"
+            and r.role == "input"
+            and r.call == 0
+            and r.metrics is not None
+            and _is_integer(r.golden_dtype)
+        ]
+        if not ids:
+            continue
+        parted = [r for r in ids if _err(r) > 0 or r.status in _BAD]
+        if not parted:
+            agreed = True
+            continue
+        if not agreed:
+            return None
+        r = parted[0]
+        return Candidate(
+            result=r,
+            local=False,
+            reason=f"decoding divergence: the step inputs (token ids) part at step {r.step} "
+            f"(the two sides chose different tokens at step {r.step - 1}), so the steps from "
+            f"{r.step} on read other tokens and are not judged as layer errors; run "
+            "`precguard generate-diff` to find whether the choice was a near-tie of the "
+            "logits or a real divergence, and which layer made it",
+        )
+    return None
+
+
+def _is_integer(dtype: str) -> bool:
+    return dtype.startswith(("int", "uint")) or dtype == "bool"
+
+
+def after_decoding(candidates: list[Candidate], parted: Candidate) -> list[Candidate]:
+    """``candidates`` of the steps before the decoding divergence ``parted``."""
+    return [c for c in candidates if c.result.step < parted.result.step]

@@ -20,7 +20,9 @@ from precguard.compare.coverage import CoverageTracker, ensure_distinct, incompl
 from precguard.compare.divergence import (
     Candidate,
     Decision,
+    after_decoding,
     classify_step,
+    decoding_divergence,
     fallback,
     rank_suspects,
 )
@@ -32,6 +34,7 @@ from precguard.compare.metrics import (
     tensor_metrics,
     tolerance_dtype,
 )
+from precguard.compare.optimizer import StepTrail
 from precguard.compare.options import CompareOptions
 from precguard.compare.report import (
     Comparison,
@@ -98,6 +101,9 @@ class ComparePlan:
         self.carried: dict[int, dict[str, float]] = {}
         #: per rank: the golden's parameter records of the last step compared, by key
         self.golden_params: dict[int, dict[str, Record]] = {}
+        #: per rank: the parameters and gradients of the last step compared, for the
+        #: optimizer's update rule (compare/optimizer.py)
+        self.trails: dict[int, StepTrail] = {}
         #: a calibration recording (the golden's code at its own precision, inputs perturbed
         #: by one unit roundoff: calibrate.perturb_inputs), if any
         self.calibration: Run | None = None
@@ -204,16 +210,22 @@ def compare_unit(
     step_results.results = routes.remeasure(step_results.results)
     if plan.prof.rule == "expected":
         updates = _golden_updates(plan, g_store, r, g_recs)
+        errors = {x.key: x.metrics.error for x in step_results.results if x.metrics is not None}
+        explained = plan.trails.setdefault(r, StepTrail()).explain(
+            g_recs, a_recs, errors, g_store.tensor, a_store.tensor
+        )
         judged, plan.carried[r] = judge_step(
             step_results.results,
             plan.prof,
             plan.carried.get(r) if s > 0 else None,
             updates,
             _wider(_calibrated(plan, g_store, r, s, g_recs), routes.widened(step_results.results)),
+            explained,
         )
         step_results.results = judged
     step_results.results = routes.judge(step_results.results, plan.prof)
-    classified = classify_step(step_results.results, plan.prof)
+    names = {g.key: g.name for g in g_recs if g.role == "buffer"}
+    classified = classify_step(step_results.results, plan.prof, names)
     found = classified.candidates
     logger.debug("step_compared", rank=r, step=s, records=len(step_results.results))
     return UnitResult(
@@ -409,6 +421,10 @@ def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
             )
         )
     candidates, firsts = _across_ranks(results, candidates, firsts)
+    parted = decoding_divergence(units)
+    if parted is not None:  # later steps read other tokens: no layer errors there
+        candidates = after_decoding(candidates, parted)
+        firsts = [*after_decoding(firsts, parted), parted]
     first = min(firsts, key=lambda c: c.order) if firsts else None
     for side, i in (("golden", 0), ("actual", 1)):
         dropped = sum(u.collectives_dropped[i] for u in units)

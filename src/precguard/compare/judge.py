@@ -57,6 +57,7 @@ from precguard.compare.expected import (
     significant_scale,
 )
 from precguard.compare.metrics import less_precise
+from precguard.compare.optimizer import Explained, is_optimizer, update_verdict
 from precguard.compare.report import Metrics, RecordResult
 from precguard.compare.tolerance import SIGNIFICAND_BITS, Profile, unit_roundoff
 
@@ -74,14 +75,15 @@ class _Scope:
     dtype: str | None = None  # least precise float dtype seen
     bias: float = 0.0  # largest scale error a record carried (carried_bias)
 
-    def add(self, m: Metrics, e: float, c: float, profile: Profile) -> None:
+    def add(self, m: Metrics, e: float, c: float, profile: Profile, bias: bool = True) -> None:
         self.err = max(self.err, e)
         self.conc = max(self.conc, c)
         # routing.py: a router's indices carry no scale (their followers are compared on
         # the rows routed alike); a record compared on those rows passes on every row, and
-        # re-routed rows move a least-squares scale by up to their error: no bias is told
+        # re-routed rows move a least-squares scale by up to their error: no bias is told.
+        # A buffer's (bias False) scale is not carried either, only its error
         routed = m.level == "exact" and m.rerouted is not None
-        own = 0.0 if routed else carried_bias([m], profile)
+        own = 0.0 if routed or not bias else carried_bias([m], profile)
         self.bias = max(self.bias, own, m.error_all_rows or 0.0)
         if m.level in ("full", "stats"):
             self.dtype = m.dtype if self.dtype is None else less_precise(self.dtype, m.dtype)
@@ -165,6 +167,7 @@ def judge_step(
     previous: dict[str, float] | None = None,
     updates: dict[str, float] | None = None,
     calibrated: dict[str, tuple[float, float]] | None = None,
+    explained: dict[str, Explained] | None = None,
 ) -> tuple[list[RecordResult], dict[str, float]]:
     """Judge one rank and step's records; return them with status and expected error set.
 
@@ -178,9 +181,15 @@ def judge_step(
     run (the golden's code at its own precision, inputs perturbed by one unit roundoff:
     :func:`precguard.compare.calibrate.perturb_inputs`) showed on it: measured, it
     raises the expected error where the analytic model is too low.
+    ``explained`` maps a record key to what an optimizer step explains on it
+    (:mod:`precguard.compare.optimizer`): an update record (the watch's
+    ``optimizer.update.*``) and a parameter after a step are then judged through the
+    update rule, the elements whose gradient is within its error of zero counted as
+    is, the rest as propagated error; it replaces ``updates`` where both are known.
     Missing records are returned unchanged.
     """
     previous = previous or {}
+    explained = explained or {}
     updates = updates or {}
     calibrated = calibrated or {}
     fwd: dict[str, _Scope] = defaultdict(_Scope)  # subtree records of the current call
@@ -191,6 +200,7 @@ def judge_step(
     started: set[tuple[str, int]] = set()
     called: set[str] = {r.module for r in results if r.metrics is not None}
     carried: dict[str, float] = {}
+    stepped_errors: dict[str, float] = {}  # parameters' errors as an optimizer step explains
     glue_bad: set[str] = set()  # modules whose code between submodules made error
     open_calls: list[str] = []  # forward calls whose outputs are not recorded yet
     # only a call whose output is recorded can be seen to end: one that records inputs
@@ -217,7 +227,7 @@ def judge_step(
             fparent = next((n for n in reversed(open_calls) if n != r.module), None)
             if fparent is None:
                 fparent = _parent(r.module, called)
-            if r.role in ("input", "param") and call not in started:
+            if r.role in ("input", "param", "buffer") and call not in started:
                 started.add(call)
                 fwd[r.module] = _Scope()  # a new call of this module starts
                 glue_bad.discard(r.module)
@@ -228,11 +238,20 @@ def judge_step(
                 scope = fwd[parent] if parent is not None else _Scope()
                 consumed = [] if parent is None else inputs[(parent, -1)]
                 k = None
+            elif r.role == "buffer":
+                # one rounding of a constant (rotary inv_freq); state a forward updates
+                # (a norm's running statistics) carries its inputs' error of the step before
+                scope = _Scope()
+                prior = previous.get(_buffer_id(r))
+                if prior is not None:
+                    scope.err = scope.conc = prior
+                consumed, k = [], None
             elif r.role == "param":
                 scope = _Scope()
                 prior = previous.get(_param_id(r))
                 if prior is not None:
-                    step = 2.0 * updates.get(_param_id(r), 0.0)
+                    ex = explained.get(r.key)
+                    step = ex.rest if ex is not None else 2.0 * updates.get(_param_id(r), 0.0)
                     scope.err = scope.conc = prior + step
                 consumed, k = [], None
             else:
@@ -256,12 +275,25 @@ def judge_step(
                 scope = bwd[r.module].merged(forward_scope)
                 consumed = [*inputs[call], *out_grads[call]]
                 k = _reduction(inputs[call], backward=True)
+                ex = explained.get(r.key)
+                if is_optimizer(r.phase, r.role) and ex is not None:
+                    # an update consumed its gradient, through the update rule: the
+                    # share of elements it may flip may also shift its scale by 2f
+                    scope = _Scope(ex.rest, ex.rest, scope.dtype, scope.bias + ex.share)
+                    consumed, k = [], None
         cal = calibrated.get(r.key)
         if cal is not None:
             scope = scope.merged(_Scope(cal[0], cal[1]))
-        judged = _judge(r, m, e, c, scope, consumed, k, profile, scale_test=not (
-            apart and r.phase == "backward"
-        ))  # fmt: skip
+        stepped = explained.get(r.key)
+        judged = _judge(
+            r, m, e, c, scope, consumed, k, profile, stepped,
+            scale_test=not (apart and r.phase == "backward"),
+        )  # fmt: skip
+        if stepped is not None and r.role == "param" and m.level == "stats":
+            # statistics cannot see which elements an optimizer step flipped: what
+            # consumes this parameter consumes the error the step explains
+            e, c = max(e, stepped.flipped + stepped.rest), max(c, stepped.peak)
+            stepped_errors[_param_id(r)] = e
         if r.phase == "forward" and r.role == "input" and judged.status == "fail":
             if fparent is not None:  # the enclosing module's own code made it
                 glue_bad.add(fparent)
@@ -279,16 +311,22 @@ def judge_step(
                 inputs[call].append(judged)
                 if fparent is not None:
                     inputs[(fparent, -1)].append(judged)
-            if r.role == "param":
+            if r.role in ("param", "buffer"):
                 inputs[call].append(judged)
+            if r.role == "buffer":
+                ins = [measured_errors(x.metrics)[0] for x in inputs[call] if x.metrics]
+                carried[_buffer_id(r)] = max([e, *ins])
             # a module's outputs do not feed one another: they count for its ancestors
             # (by name, and every call still open around it)
             own = r.role != "output"
             enclosing = {*_ancestors(r.module)[1:], *open_calls} - {r.module}
+            # a buffer's rounding is one rounding of a constant, often a short one (32
+            # frequencies): its scale's standard error says nothing of what reads it
+            scaled = r.role != "buffer"
             for name in [r.module] * own + sorted(enclosing):
-                fwd[name].add(m, e, c, profile)
+                fwd[name].add(m, e, c, profile, scaled)
             for name in {r.module, *enclosing}:
-                fwd_all[name].add(m, e, c, profile)
+                fwd_all[name].add(m, e, c, profile, scaled)
             if r.role == "output" and r.module in open_calls:
                 while open_calls and open_calls.pop() != r.module:
                     pass
@@ -302,7 +340,8 @@ def judge_step(
     for r in results:
         if r.role == "param" and r.phase == "forward" and r.metrics is not None:
             pid = _param_id(r)
-            carried[pid] = max(carried.get(pid, 0.0), measured_errors(r.metrics)[0])
+            own = max(measured_errors(r.metrics)[0], stepped_errors.get(pid, 0.0))
+            carried[pid] = max(carried.get(pid, 0.0), own)
     return out, carried
 
 
@@ -334,6 +373,10 @@ def _trained_apart(results: list[RecordResult], updates: dict[str, float]) -> bo
 
 def _param_id(r: RecordResult) -> str:
     return f"{r.module}.{r.index}"
+
+
+def _buffer_id(r: RecordResult) -> str:
+    return f"{r.module}.buffer.{r.index}"
 
 
 def _own_bias(
@@ -381,10 +424,13 @@ def _judge(
     consumed: list[RecordResult],
     k: int | None,
     profile: Profile,
+    stepped: Explained | None = None,
     *,
     scale_test: bool = True,
 ) -> RecordResult:
-    """One record against what its scope explains (``scale_test``: and its own scale)."""
+    """One record against what its scope explains (and, for an optimizer update or a
+    parameter after a step, what the step explains: ``stepped``; ``scale_test``: and its
+    own scale)."""
     if m.nan_mismatch or m.inf_mismatch:
         return r.model_copy(update={"status": "nonfinite"})
     if m.level == "exact":
@@ -399,6 +445,11 @@ def _judge(
     expected_conc = expected_error(_GROWTH * scope.conc, dtype, k)
     amp = max(e / expected, c / expected_conc) if expected > 0 else math.inf
     bad = amp > profile.amplification
+    if stepped is not None and (r.role == "param" or r.phase == "backward"):
+        bad, expected, amp = update_verdict(e, stepped, expected, profile.amplification)
+        # an element whose gradient is within its error of zero may step from +U to -U:
+        # the largest element and the worst slice may then differ by 2 (of max|golden|)
+        bad = bad or c > stepped.peak + profile.amplification * expected_conc
     if not bad and scale_test and significant_scale(m, profile):
         bad = _own_bias(r, m, scope, consumed, profile, k)
     if bad and m.level == "stats" and e <= expected:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 SCHEMA_VERSION = 1
 
 Phase = Literal["forward", "backward"]
-Role = Literal["input", "output", "param", "grad"]
+Role = Literal["input", "output", "param", "grad", "buffer"]
 
 _FROZEN = ConfigDict(frozen=True, extra="ignore", ser_json_inf_nan="strings")
 

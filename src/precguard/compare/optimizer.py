@@ -1,0 +1,352 @@
+"""Judge an optimizer step by the error its gradient explains, through the update rule.
+
+An optimizer turns a gradient into an update. SGD (with or without momentum) is
+linear in the gradient: a gradient that differs by rounding (relative error
+``e_g``) gives an update that differs by about as much. Adam (AdamW, Adam,
+Adafactor's first moment) is not: an update element is ``lr * m / (sqrt(v) + eps)``,
+and at the first step from zero state ``m / sqrt(v) = g / |g|``, a sign. Where a
+gradient element lies within its error of zero, bf16's rounding may flip its sign,
+and the update element goes from ``+lr`` to ``-lr``: a correct run, a 100 % error
+on that element. Two correct bf16 fine-tunes of a LoRA adapter (``B = 0`` at the
+start, so the first update *is* the weight) differ by ``2 sqrt(f)`` relative, with
+``f`` the share of near-zero gradient elements (measured 0.09-0.18 at f = 0.2-0.8 %),
+while their gradients are within bf16's error.
+
+So an update (or the parameter after it) is judged in two parts:
+
+* **explained elements**, bounded one by one (:func:`element_bound`): to first
+  order an update element moves by ``2 |u_i| |d_i / g_i|`` (its gradient element's
+  relative error, carried once by Adam's ``m`` and once by ``sqrt(v)``; SGD's step
+  carries it once), and where ``|d_i| >= |g_i|`` (the gradient within its error of
+  zero) its sign may flip; never more than ``2 U``, ``U`` the golden's largest
+  update element (Adam's step is bounded by ``lr`` times its bias-corrected factor,
+  which the golden's own step shows). Elements near Adam's ``eps`` are covered too
+  (``lr g / (|g| + eps)`` is sensitive there). The norm of those bounds is a worst
+  case already and is counted as is, not amplified by the gate.
+* **the rest**: ``2 e_g`` of the update, the gradient's global error, plus rounding:
+  the gate amplifies it like any consumed error.
+
+From statistics, the bound is taken on the sampled elements of the two gradients
+(:data:`precguard.capture.evidence.SAMPLE_SIZE` of them) and scaled to the tensor,
+plus the flips the sample may have missed: for ``h`` of ``N`` sampled elements
+within their error of zero, the share's upper confidence bound
+``(h + 3 sqrt(h) + 3) / N`` (the rule of three when none is: a share this sample
+could have missed with 5 % chance) less ``h / N``, each a step of ``2 U``. Without
+samples, ``f <= 6 e_g`` of the elements may flip: those within 3 error standard
+deviations (``e_g * rms(g)``) of zero, for a density at zero up to 1/rms(g) (2.5
+times a Gaussian's).
+
+The parameter after a step carries the step's explained error forward: its
+expected error is its error before the step plus the update's, relative to the
+parameter's norm (:func:`explain_params`). Optimizer records are the watch's
+``backward.param`` records (``optimizer.update.<param>``, ``optimizer.<state>.<param>``,
+see docs/watch.md); ``record --train`` keeps no update, so there the update is the
+golden's parameter at this step less the one before.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from precguard.dump.schema import Record
+
+#: name prefix of the watch's update records (training/handle.py ``_record_optimizer``)
+UPDATE_PREFIX = "optimizer.update."
+#: error standard deviations within which an element counts as zero when only the
+#: gradient's global error is known (no per-element errors, no sample)
+_Z = 3.0
+#: density at zero of a gradient's distribution, times its rms, taken as the most a
+#: real gradient has (a Gaussian has 0.40, a Laplace 0.71): with _Z, f <= 2 * 3 * e_g
+_DENSITY = 1.0
+
+Tensors = Callable[[Record], torch.Tensor | None]
+
+
+@dataclass(frozen=True)
+class Explained:
+    """The error an optimizer step explains on one update or parameter record."""
+
+    #: relative error (to the record's golden norm) that elements whose gradient is
+    #: within its error of zero may carry: a worst case, counted as is
+    flipped: float
+    #: relative error propagated from the gradient's error: amplified by the gate
+    rest: float
+    #: share of the elements whose gradient is within its error of zero (an upper
+    #: bound when read from a sample)
+    share: float
+    #: the concentrated error (largest element, worst slice; of max|golden|) those
+    #: elements may carry: a step from +U to -U
+    peak: float = 0.0
+
+
+def is_optimizer(phase: str, role: str) -> bool:
+    """Whether a record of this phase and role is an optimizer record (update or state)."""
+    return phase == "backward" and role == "param"
+
+
+def is_update(rec: Record) -> bool:
+    """Whether ``rec`` is an optimizer update record (the change a step made)."""
+    return is_optimizer(rec.phase, rec.role) and rec.name.startswith(UPDATE_PREFIX)
+
+
+def _full(rec: Record | None, tensors: Tensors) -> torch.Tensor | None:
+    if rec is None or rec.tensor is None:
+        return None
+    t = tensors(rec)
+    return None if t is None else t.detach().double().reshape(-1)
+
+
+def _sampled(rec: Record | None, seed: int | None = None) -> np.ndarray | None:
+    if rec is None or rec.sample is None or (seed is not None and rec.sample.seed != seed):
+        return None
+    values = rec.sample.array()
+    return values if values.size else None
+
+
+def _norm(rec: Record) -> tuple[float, float]:
+    """(l2, absmax) of a record from its statistics."""
+    if rec.stats is None:
+        return 0.0, 0.0
+    return float(rec.stats.l2 or 0.0), float(rec.stats.absmax or 0.0)
+
+
+def element_bound(u: np.ndarray | float, g: np.ndarray, d: np.ndarray, top: float) -> np.ndarray:
+    """Per element, the most a correct optimizer's step may differ by, given its gradient's.
+
+    ``u``: the golden's update elements (or their largest, ``top``, where unknown),
+    ``g``: the golden's gradient elements, ``d``: their errors (actual - golden).
+    First order, an update element moves by ``|u| * 2 |d / g|`` (Adam's ``m`` and
+    ``sqrt(v)`` each carry the gradient's relative error once; SGD's step carries it
+    once); where ``|d| >= |g|`` the sign may flip. Never more than ``2 * top``: the
+    step from ``+U`` to ``-U``. An element zero on both sides takes no step on either.
+    """
+    g, d = np.abs(g), np.abs(d)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(g > 0, d / np.where(g > 0, g, 1.0), np.where(d > 0, np.inf, 0.0))
+    b = np.minimum(2.0 * np.abs(u) * rel, 2.0 * top)
+    return np.where(d >= g, np.where(d > 0, 2.0 * top, 0.0), b)
+
+
+def _explained(
+    u_full: torch.Tensor | None,
+    u_sample: np.ndarray | None,
+    top: float,
+    grad: Record,
+    actual_grad: Record | None,
+    g_tensors: Tensors,
+    a_tensors: Tensors,
+    grad_error: float,
+    n: int,
+) -> tuple[float, float, float]:
+    """(l2, largest element, share of flippable elements) of what the step may differ by.
+
+    Element by element where both gradients are full tensors; on the sampled elements
+    (an estimate of the l2, plus the flips the sample may have missed: an upper
+    confidence bound on their share) where only statistics were kept; from the
+    gradient's global error where not even samples are (see the module doc).
+    """
+    gg, ga = _full(grad, g_tensors), _full(actual_grad, a_tensors)
+    if gg is not None and ga is not None and gg.shape == ga.shape and gg.numel() == n:
+        u: np.ndarray | float = top
+        if u_full is not None and u_full.numel() == n:
+            u = u_full.abs().numpy()
+        g, d = gg.numpy(), (ga - gg).numpy()
+        b = element_bound(u, g, d, top)
+        flips = float(((np.abs(d) >= np.abs(g)) & (np.abs(d) > 0)).mean()) if n else 0.0
+        return float(np.sqrt(np.sum(b * b))), float(b.max()) if b.size else 0.0, flips
+    gs = _sampled(grad)
+    as_ = _sampled(actual_grad, grad.sample.seed if grad.sample is not None else None)
+    if gs is not None and as_ is not None and gs.size == as_.size:
+        d = as_ - gs
+        us: np.ndarray | float = (
+            u_sample if u_sample is not None and u_sample.size == gs.size else top
+        )
+        b = element_bound(us, gs, d, top)
+        h = int(((np.abs(d) >= np.abs(gs)) & (np.abs(d) > 0)).sum())
+        if gs.size >= n:  # the sample is the whole tensor
+            return float(np.sqrt(np.sum(b * b))), float(b.max()), h / max(n, 1)
+        # flips the sample may have missed: the upper bound less those it saw
+        f_up = min(1.0, (h + 3.0 * math.sqrt(h) + 3.0) / gs.size)
+        unseen = max(0.0, f_up - h / gs.size) * n * (2.0 * top) ** 2
+        l2 = math.sqrt(float(np.mean(b * b)) * n + unseen)
+        return l2, 2.0 * top, f_up
+    if not math.isfinite(grad_error):
+        return 2.0 * top * math.sqrt(n), 2.0 * top, 1.0
+    f = min(1.0, 2.0 * _Z * _DENSITY * grad_error)
+    return 2.0 * top * math.sqrt(f * n), (2.0 * top if f > 0 else 0.0), f
+
+
+def explain_update(
+    update: Record,
+    actual_update: Record | None,
+    grad: Record | None,
+    actual_grad: Record | None,
+    grad_error: float,
+    g_tensors: Tensors,
+    a_tensors: Tensors,
+) -> Explained:
+    """The error a correct optimizer explains on ``update``, given its gradient's.
+
+    ``grad_error``: the measured relative error of the gradient (its record's error).
+    ``actual_update`` is not read: what the step may differ by is the golden's step
+    and the gradients' errors, whatever the actual's step did.
+    """
+    del actual_update
+    rest = 2.0 * grad_error if math.isfinite(grad_error) else math.inf
+    if grad is None:
+        return Explained(0.0, rest, 0.0)
+    l2, top = _norm(update)
+    ug = _full(update, g_tensors)
+    if ug is not None:
+        l2, top = float(ug.norm()), float(ug.abs().max()) if ug.numel() else 0.0
+    if l2 == 0.0 or top == 0.0:
+        return Explained(0.0, rest, 0.0)
+    n = math.prod(update.shape) or 1
+    us = _sampled(update, grad.sample.seed if grad.sample is not None else None)
+    b_l2, b_max, share = _explained(
+        ug, us, top, grad, actual_grad, g_tensors, a_tensors, grad_error, n
+    )
+    return Explained(min(2.0, b_l2 / l2), rest, share, min(2.0, b_max / top))
+
+
+def explain_params(
+    before: dict[str, Record],
+    grads: dict[str, tuple[Record, Record | None, float]],
+    now: list[Record],
+    g_tensors: Tensors,
+    a_tensors: Tensors,
+) -> dict[str, Explained]:
+    """Per parameter id (``module.index``): what the step since ``before`` explains on it.
+
+    ``before``: the golden's parameter records of the last step compared, by key;
+    ``grads``: per parameter id, that step's (golden gradient, actual gradient,
+    measured error); ``now``: this step's golden parameter records. The golden's
+    update is ``now - before``, from full tensors or from the two samples (the same
+    indices: the same shape). A parameter whose step's gradient was not recorded is
+    left out (the gate's older rule, twice the update, holds there).
+    """
+    out: dict[str, Explained] = {}
+    for rec in now:
+        if rec.role != "param" or rec.phase != "forward":
+            continue
+        pid = f"{rec.module}.{rec.index}"
+        prev, grad = before.get(rec.key), grads.get(pid)
+        if prev is None or grad is None or prev.shape != rec.shape or prev.step >= rec.step:
+            continue
+        norm, peak = _norm(rec)
+        w_now = _full(rec, g_tensors)
+        if w_now is not None and w_now.numel():
+            norm, peak = float(w_now.norm()), float(w_now.abs().max())
+        delta, delta_sample, top, delta_l2 = _delta(prev, rec, g_tensors)
+        if norm == 0.0 or delta_l2 is None:
+            continue
+        g, a, error = grad
+        n = math.prod(rec.shape) or 1
+        b_l2, b_max, share = _explained(
+            delta, delta_sample, top, g, a, g_tensors, a_tensors, error, n
+        )
+        rest = 2.0 * error * delta_l2 / norm if math.isfinite(error) else math.inf
+        out[pid] = Explained(
+            min(2.0, b_l2 / norm), rest, share, min(2.0, b_max / peak) if peak > 0 else 0.0
+        )
+    return out
+
+
+def _delta(
+    prev: Record, now: Record, tensors: Tensors
+) -> tuple[torch.Tensor | None, np.ndarray | None, float, float | None]:
+    """The golden's update ``now - prev``: (full, sampled, largest element, l2 or None)."""
+    a, b = _full(prev, tensors), _full(now, tensors)
+    if a is not None and b is not None:
+        d = b - a
+        return d, None, (float(d.abs().max()) if d.numel() else 0.0), float(d.norm())
+    pa, pb = _sampled(prev), _sampled(now)
+    if pa is None or pb is None or prev.sample is None or now.sample is None:
+        return None, None, 0.0, None
+    if prev.sample.seed != now.sample.seed or pa.size != pb.size:
+        return None, None, 0.0, None
+    d = pb - pa
+    n = math.prod(now.shape)
+    return None, d, float(np.abs(d).max()), float(np.sqrt(np.mean(d * d) * n))
+
+
+def update_verdict(
+    error: float, explained: Explained, expected_rest: float, amplification: float
+) -> tuple[bool, float, float]:
+    """(fails, expected error, amplification) of a record an optimizer step explains.
+
+    It fails when its error exceeds the explained elements' error plus
+    ``amplification`` times ``expected_rest`` (the propagated part, already floored
+    at rounding by the caller). The expected error reported is the sum of the two.
+    """
+    expected = explained.flipped + expected_rest
+    bad = error > explained.flipped + amplification * expected_rest
+    return bad, expected, (error / expected if expected > 0 else math.inf)
+
+
+class StepTrail:
+    """What one rank's last compared step leaves for the next: its golden parameters and
+    its gradients (golden, actual, measured error), so the parameters after the
+    optimizer step are judged with the error that step explains."""
+
+    def __init__(self) -> None:
+        self.params: dict[str, Record] = {}
+        self.grads: dict[str, tuple[Record, Record | None, float]] = {}
+
+    def explain(
+        self,
+        g_recs: list[Record],
+        a_recs: list[Record],
+        errors: dict[str, float],
+        g_tensors: Tensors,
+        a_tensors: Tensors,
+    ) -> dict[str, Explained]:
+        """Per golden record key: what the optimizer explains on this step's update
+        records and on its parameters (the step before's update applied).
+
+        ``errors``: the measured relative error of each compared record, by golden key;
+        ``a_recs`` pair with ``g_recs`` by key.
+        """
+        by_key = {r.key: r for r in a_recs}
+        stepped = explain_params(self.params, self.grads, g_recs, g_tensors, a_tensors)
+        out = {
+            rec.key: stepped[_pid(rec)]
+            for rec in g_recs
+            if rec.phase == "forward" and rec.role == "param" and _pid(rec) in stepped
+        }
+        grads: dict[tuple[str, str], Record] = {}
+        for rec in g_recs:
+            if rec.phase == "backward" and rec.role == "grad":
+                grads[(rec.module, rec.name)] = rec
+        for rec in g_recs:
+            if not is_update(rec):
+                continue
+            grad = grads.get((rec.module, rec.name[len(UPDATE_PREFIX) :]))
+            error = errors.get(grad.key, math.inf) if grad is not None else math.inf
+            out[rec.key] = explain_update(
+                rec,
+                by_key.get(rec.key),
+                grad,
+                by_key.get(grad.key) if grad is not None else None,
+                error,
+                g_tensors,
+                a_tensors,
+            )
+        self.params = {
+            r.key: r for r in g_recs if r.phase == "forward" and r.role == "param"
+        } or self.params
+        self.grads = {
+            _pid(r): (r, by_key.get(r.key), errors.get(r.key, math.inf))
+            for r in g_recs
+            if r.phase == "backward" and r.role == "grad"
+        }
+        return out
+
+
+def _pid(rec: Record) -> str:
+    return f"{rec.module}.{rec.index}"
