@@ -52,13 +52,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
 def test_parted_tokens_are_a_decoding_divergence(runs: tuple[Path, Path, int]) -> None:
     golden, actual, chosen = runs
     result = compare_recordings(golden, actual)
-    first = result.first_divergence
-    assert first is not None
+    # a correct run whose greedy tokens part at a near-tie: no layer is named, the steps
+    # before the parting match, and the rest is a gap of the coverage (a partial match)
+    assert result.verdict == "match" and result.first_divergence is None
+    assert result.coverage is not None and not result.coverage.complete
+    gap = result.coverage.gaps[0]
     # step 0 is the prefill; the token chosen at step k is the input of step k + 1
-    assert first.module == "root" and first.step == chosen + 1
-    assert "decoding divergence" in first.reason and "generate-diff" in first.reason
-    assert f"at step {chosen}" in first.reason
-    assert all(s.step <= chosen for s in result.suspects)
+    assert gap.startswith(f"steps {chosen + 1}-")
+    assert "decoding divergence" in gap and "generate-diff" in gap
+    assert f"at step {chosen}" in gap
+    assert not result.suspects
 
 
 def test_the_steps_before_the_tokens_part_match(runs: tuple[Path, Path, int]) -> None:

@@ -645,8 +645,3 @@ def decoding_divergence(units: list[UnitLike]) -> Candidate | None:
 
 def _is_integer(dtype: str) -> bool:
     return dtype.startswith(("int", "uint")) or dtype == "bool"
-
-
-def after_decoding(candidates: list[Candidate], parted: Candidate) -> list[Candidate]:
-    """``candidates`` of the steps before the decoding divergence ``parted``."""
-    return [c for c in candidates if c.result.step < parted.result.step]

@@ -16,11 +16,15 @@ from typing import Any
 from precguard._logging import get_logger
 from precguard.compare import hints
 from precguard.compare.align import WRAPPER_TYPES, Renamer, align, fsdp2_class
-from precguard.compare.coverage import CoverageTracker, ensure_distinct, incomplete_note
+from precguard.compare.coverage import (
+    Coverage,
+    CoverageTracker,
+    ensure_distinct,
+    incomplete_note,
+)
 from precguard.compare.divergence import (
     Candidate,
     Decision,
-    after_decoding,
     classify_step,
     decoding_divergence,
     fallback,
@@ -391,7 +395,14 @@ def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
     actual_only: list[str] = []
     candidates: list[Candidate] = []
     firsts: list[Candidate] = []
+    # a decoding divergence: from the step whose token ids part, each step reads other
+    # tokens (and a cache built from them); its records differ because its data do, so
+    # they are left out of the verdict, and the coverage says so (a partial match)
+    parted = decoding_divergence(units)
+    parted_at = parted.result.step if parted is not None else None
     for unit in units:
+        if parted_at is not None and unit.step >= parted_at:
+            continue
         results.extend(unit.results)
         golden_only.extend(unit.golden_only)
         actual_only.extend(unit.actual_only)
@@ -421,10 +432,6 @@ def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
             )
         )
     candidates, firsts = _across_ranks(results, candidates, firsts)
-    parted = decoding_divergence(units)
-    if parted is not None:  # later steps read other tokens: no layer errors there
-        candidates = after_decoding(candidates, parted)
-        firsts = [*after_decoding(firsts, parted), parted]
     first = min(firsts, key=lambda c: c.order) if firsts else None
     for side, i in (("golden", 0), ("actual", 1)):
         dropped = sum(u.collectives_dropped[i] for u in units)
@@ -453,8 +460,18 @@ def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
         unmatched=Unmatched(golden_only=golden_only, actual_only=actual_only),
         fingerprint_diff=fingerprint_diff(g_run.manifest.fingerprint, a_run.manifest.fingerprint),
         warnings=warnings,
-        coverage=coverage.result(),
+        coverage=_decoding_gap(coverage.result(), parted, units),
     )
+
+
+def _decoding_gap(cov: Coverage, parted: Candidate | None, units: list[Any]) -> Coverage:
+    """The coverage, with the steps after a decoding divergence as its first gap."""
+    if parted is None:
+        return cov
+    later = sorted({u.step for u in units if u.step >= parted.result.step})
+    span = f"step {later[0]}" if len(later) == 1 else f"steps {later[0]}-{later[-1]}"
+    gap = f"{span} not judged: {parted.reason}"
+    return cov.model_copy(update={"complete": False, "gaps": [gap, *cov.gaps]})
 
 
 def _across_ranks(
