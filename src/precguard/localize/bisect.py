@@ -764,6 +764,19 @@ def floating_outputs(output: Any, where: str) -> dict[str, torch.Tensor]:
     return found
 
 
+def main_output(output: Any, where: str) -> torch.Tensor:
+    """The output users read: its logits (by name, else the largest floating tensor).
+
+    A ``(loss, logits)`` tuple's first tensor is the loss, a mean that averages out
+    what its logits show: the largest tensor is the logits there.
+    """
+    found = floating_outputs(output, where)
+    for name, t in found.items():
+        if name.rsplit(".", 1)[-1] == "logits":
+            return t
+    return max(found.values(), key=lambda t: t.numel())
+
+
 def worst(errors: dict[str, float]) -> float:
     """The largest of per-output errors (NaN counts as infinite; no outputs: 0)."""
     values = [math.inf if math.isnan(e) else e for e in errors.values()]

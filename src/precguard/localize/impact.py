@@ -51,7 +51,7 @@ from precguard.localize.bisect import (
     BisectResult,
     ReferencePrecision,
     _cast_batch,
-    _main_tensor,
+    main_output,
 )
 from precguard.target import Target, call_model
 from precguard.target_run import TargetRun
@@ -106,7 +106,7 @@ class ActualSide:
         )
         self.device_batch = _cast_batch(run.move(batch), run.dtype)
         reference_out = run.call("the reference forward", self._reference_forward)
-        self.expected = _main_tensor(reference_out, "reference").detach().to("cpu")
+        self.expected = main_output(reference_out, "reference").detach().to("cpu")
         if not bool(torch.isfinite(self.expected).all()):
             raise TargetError(
                 f"target {run.name!r}: the reference output is not finite; there is nothing "
@@ -167,7 +167,7 @@ class ActualSide:
     def measure(self, output: Any) -> float:
         """The relative L2 error of ``output``'s logits against the reference's (inf if not
         finite), measured by compare's :func:`tensor_metrics`."""
-        got = _main_tensor(output, "actual").detach().to("cpu")
+        got = main_output(output, "actual").detach().to("cpu")
         return relative_error(got, self.expected)
 
     def output_error(

@@ -42,7 +42,7 @@ from precguard.backend import Switch
 from precguard.compare.impact_report import ErrorBudget, Impact, RemedyCheck
 from precguard.compare.report import Comparison
 from precguard.errors import PrecguardError
-from precguard.localize.bisect import ROOT, ReferencePrecision, _cast_batch, _main_tensor
+from precguard.localize.bisect import ROOT, ReferencePrecision, _cast_batch, main_output
 from precguard.localize.impact import (
     FLOOR_SLACK,
     HELP_SHARE,
@@ -218,7 +218,7 @@ def _switched_error(side: ActualSide, switch: Switch) -> float:
         return out
 
     out = run.call(f"the forward on {switch.instead}", forward)
-    return relative_error(_main_tensor(out, "actual").detach().to("cpu"), side.expected)
+    return relative_error(main_output(out, "actual").detach().to("cpu"), side.expected)
 
 
 def _backend_and_dtype(side: ActualSide, device: str) -> tuple[Any, torch.dtype]:
