@@ -419,6 +419,7 @@ def _same_initial_weights(r: RecordResult, m: Metrics, stepped: Explained | None
     """A parameter of the first step, stored in the same dtype on both sides."""
     return (
         r.role == "param"
+        and r.phase == "forward"  # not an optimizer's update (the watch's backward params)
         and r.step == 0
         and stepped is None
         and m.level in ("full", "stats")
