@@ -131,7 +131,13 @@ def test_margins_are_error_over_the_records_own_allowed_error(tmp_path: Path) ->
     assert worst is not None and worst.allowed is not None
     record = next(r for r in result.records if r.key == worst.key)
     assert record.metrics is not None
-    assert math.isclose(worst.margin, record.metrics.error / worst.allowed)
+    # the margin is the record's amplification over the judge's limit: its global error
+    # over the allowed error, or its concentrated evidence (a slice, the sample's largest
+    # element) over what that allows, whichever is larger
+    assert record.amplification is not None
+    limit = result.tolerances["amplification"]
+    assert math.isclose(worst.margin, record.amplification / limit)
+    assert worst.margin >= record.metrics.error / worst.allowed * (1 - 1e-9)
     assert worst.margin > 1 and record.status == "fail"
     assert worst.module.startswith("layers.2") or worst.module in ("head", "root")
 

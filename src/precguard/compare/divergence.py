@@ -307,8 +307,15 @@ def _param_candidate(call: _Call, p: RecordResult, names: dict[str, str]) -> Can
         result=p,
         local=True,
         reason=reason,
-        # a weight equal to golden's rounded to the tolerance dtype would have passed
-        expected_error=rounding_floor(m.dtype) if m is not None else None,
+        # what the judge allowed it: a weight equal to golden's rounded to the tolerance
+        # dtype would have passed (nothing at all for two copies in one dtype)
+        expected_error=(
+            p.expected_error
+            if p.expected_error is not None
+            else rounding_floor(m.dtype)
+            if m is not None
+            else None
+        ),
     )
 
 

@@ -416,7 +416,7 @@ def _own_bias(
 
 
 def _same_initial_weights(r: RecordResult, m: Metrics, stepped: Explained | None) -> bool:
-    """A parameter of the first step, stored in the same dtype on both sides."""
+    """A parameter of the first step, stored in the same (floating) dtype on both sides."""
     return (
         r.role == "param"
         and r.phase == "forward"  # not an optimizer's update (the watch's backward params)
@@ -425,6 +425,7 @@ def _same_initial_weights(r: RecordResult, m: Metrics, stepped: Explained | None
         and m.level in ("full", "stats")
         and r.actual_dtype is not None
         and r.actual_dtype == r.golden_dtype
+        and r.golden_dtype.startswith(("float", "bfloat"))
     )
 
 
@@ -453,19 +454,12 @@ def _judge(
     if m.level == "none":  # a follower of a routing (shapes differ): routing.py judges it
         bad = m.error > 0 and m.rerouted is None
         return r.model_copy(update={"status": "fail" if bad else "pass"})
-    if _same_initial_weights(r, m, stepped):
-        # two copies of the initial weights stored in one dtype: nothing computed them, so
-        # they are equal bit for bit (the compute precision of an emu: profile or autocast
-        # rounds what reads them, not the weights); any difference is the weights' own
-        bad = m.error > 0.0
-        return r.model_copy(
-            update={
-                "status": "fail" if bad else "pass",
-                "expected_error": 0.0,
-                "amplification": None,
-            }
-        )
     dtype = m.dtype if scope.dtype is None else less_precise(m.dtype, scope.dtype)
+    if _same_initial_weights(r, m, stepped):
+        # two copies of the initial weights stored in one dtype: nothing computed them (an
+        # emu: profile or autocast rounds what reads them, not the weights), so they are
+        # judged at the precision they are stored in, not the compute precision
+        dtype = r.golden_dtype
     expected = expected_error(_GROWTH * scope.err, dtype, k)
     expected_conc = expected_error(_GROWTH * scope.conc, dtype, k)
     amp = max(e / expected, c / expected_conc) if expected > 0 else math.inf
