@@ -201,17 +201,7 @@ def lora_training(side: Side) -> None:
     )
     if side.fault:
         scale_output(model.base_model.model.model.layers[1].self_attn.v_proj.lora_B.default, 1.03)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    with (
-        side.numerics(),
-        side.monitor(model, backward=True, params="every_step", auto_step=False) as h,
-    ):
-        for step in range(3):
-            out = model(**batch(step))
-            out.loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            h.step()
+    adamw_steps(model, side)
 
 
 def full_training(side: Side) -> None:
@@ -219,12 +209,17 @@ def full_training(side: Side) -> None:
     model = llama()
     if side.fault:
         scale_output(model.model.layers[1].mlp.down_proj, 1.03)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    adamw_steps(model, side)
+
+
+def adamw_steps(model: nn.Module, side: Side, steps: int = 3) -> None:
+    """``steps`` AdamW steps of a hand-written loop under ``monitor``, every step recorded."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     with (
         side.numerics(),
         side.monitor(model, backward=True, params="every_step", auto_step=False) as h,
     ):
-        for step in range(3):
+        for step in range(steps):
             out = model(**batch(step))
             out.loss.backward()
             opt.step()

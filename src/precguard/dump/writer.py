@@ -158,7 +158,7 @@ def _as_os_error(exc: Exception, path: Path) -> OSError:
     return OSError(code, os.strerror(code), str(path))
 
 
-def _write_json_or_in_place(path: Path, data: str) -> None:
+def write_json_or_in_place(path: Path, data: str) -> None:
     """:func:`write_json_atomic`, or, where no new file can be made, rewrite ``path`` in place.
 
     A directory made read-only (or a full disk) refuses the temporary file, but
@@ -227,14 +227,12 @@ class RunWriter:
         self._layouts: set[tuple[tuple[str, ...], bool]] = set()
 
     def _write_manifest(self) -> None:
-        _write_json_or_in_place(
-            self.root / "manifest.json", self.manifest.model_dump_json(indent=2)
-        )
+        write_json_or_in_place(self.root / "manifest.json", self.manifest.model_dump_json(indent=2))
 
     def _write_status(self, status: RankStatus) -> None:
         """Replace this rank's ``status.json`` (its own account of whether it completed)."""
         self._status = status
-        _write_json_or_in_place(self.rank_dir / STATUS_FILE, status.model_dump_json(indent=2))
+        write_json_or_in_place(self.rank_dir / STATUS_FILE, status.model_dump_json(indent=2))
 
     def update_manifest(self, **fields: Any) -> None:
         """Change manifest fields (e.g. ``model``, ``dtype``) and rewrite it (rank 0)."""

@@ -28,7 +28,6 @@ stops writing, keeps detecting and logging alerts, and training goes on;
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -47,6 +46,7 @@ from precguard.capture.options import CaptureOptions
 from precguard.capture.recording import Recording
 from precguard.capture.stats import capture_scope
 from precguard.dump.lock import hold_writer_lock, release_writer_lock
+from precguard.dump.writer import write_json_or_in_place
 from precguard.errors import OutputExistsError, UsageError
 from precguard.text import shown
 from precguard.training.alerts import Alert, WatchOptions
@@ -99,27 +99,6 @@ def _prepare(out: Path, overwrite: bool) -> None:
         except BaseException:
             release_writer_lock(out)
             raise
-
-
-def _write_json_or_in_place(path: Path, data: str) -> None:
-    """Replace ``path`` atomically, or, where no new file can be made, rewrite it in place.
-
-    A full disk or a directory made read-only refuses the temporary file, while
-    ``watch.json`` itself may still take its last word (``complete: false`` and the
-    error), as the recording's manifest does.
-    """
-    from precguard.dump.writer import write_json_atomic
-
-    try:
-        write_json_atomic(path, data)
-    except OSError:
-        if path.is_symlink() or not path.is_file():
-            raise
-        with contextlib.suppress(OSError):
-            os.unlink(path.with_name(path.name + ".tmp"))
-        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0))
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(data)
 
 
 class _RecordedStep:
@@ -423,10 +402,10 @@ class WatchHandle:
             info["steps_written"] = self.steps_written
             info["error"] = {"type": type(exc).__name__, "message": str(exc)}
         if not last:
-            _write_json_or_in_place(self.path / WATCH_FILE, json.dumps(info, indent=2))
+            write_json_or_in_place(self.path / WATCH_FILE, json.dumps(info, indent=2))
             return
         try:
-            _write_json_or_in_place(self.path / WATCH_FILE, json.dumps(info, indent=2))
+            write_json_or_in_place(self.path / WATCH_FILE, json.dumps(info, indent=2))
         except OSError as exc:
             if self.write_failure is None:
                 self._stop_writing(exc)
