@@ -34,8 +34,9 @@ def build_tiny_llama(**overrides: Any) -> nn.Module:
         raise ImportError(
             "the tiny-llama target needs transformers: pip install 'precguard[hf]'"
         ) from exc
+    attention = overrides.pop("attn_implementation", "eager")
     config = LlamaConfig(**{**TINY_LLAMA_CONFIG, **overrides})
-    config._attn_implementation = "eager"
+    config._attn_implementation = attention
     return LlamaForCausalLM(config)
 
 

@@ -14,22 +14,14 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import precguard
+from precguard.targets import build_tiny_llama
 
 transformers = pytest.importorskip("transformers")
 
 
 def _llama() -> torch.nn.Module:
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        attn_implementation="eager",
-    )
-    return transformers.LlamaForCausalLM(config).train()
+    return build_tiny_llama(num_hidden_layers=2).train()
 
 
 def _checkpoint_mlps(model: torch.nn.Module, *, reentrant: bool) -> None:

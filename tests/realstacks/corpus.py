@@ -37,6 +37,7 @@ from torch import nn
 
 import precguard
 from precguard.devices import resolve_backend
+from precguard.targets import build_tiny_llama
 
 VOCAB = 256
 HIDDEN = 64
@@ -128,16 +129,9 @@ def _seed() -> None:
 
 
 def llama(**overrides: Any) -> nn.Module:
-    """A tiny ``LlamaForCausalLM`` (2 layers, hidden 64), seeded."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+    """A tiny ``LlamaForCausalLM`` (2 layers, hidden 64, 1024 positions), seeded."""
     _seed()
-    config = LlamaConfig(
-        hidden_size=HIDDEN, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=1024,
-        attn_implementation=overrides.pop("attn_implementation", "eager"), **overrides,
-    )  # fmt: skip
-    return LlamaForCausalLM(config)
+    return build_tiny_llama(num_hidden_layers=2, max_position_embeddings=1024, **overrides)
 
 
 def hf_model(kind: str) -> nn.Module:
