@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from torch import nn
 import precguard
 from precguard.dump.reader import Run
 from precguard.dump.writer import RunWriter
+from tests import tmpfs
 
 STEPS = 30
 
@@ -52,22 +52,8 @@ def _train(model: nn.Module, mon: precguard.MonitorHandle | None, explicit: bool
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A real 2 MB tmpfs: a disk that fills after a few steps of full tensors."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    if shutil.which("mount") is None:
-        pytest.skip("no mount command here")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", f"precguard-{uuid.uuid4().hex[:8]}", str(mnt)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here: {done.stderr.strip()}")
-    try:
+    with tmpfs.small_tmpfs(tmp_path, "2m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _manifest(run: Path) -> dict:

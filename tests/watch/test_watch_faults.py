@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import pytest
 import precguard
 from precguard.errors import OutputExistsError
 from precguard.training.handle import SCALARS_FILE
+from tests import tmpfs
 from tests.watch.conftest import train
 
 STEPS = 40
@@ -111,22 +111,8 @@ def test_a_file_size_limit_stops_the_watch_and_training_goes_on(tmp_path):
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A real 24 KB tmpfs: a disk that fills after some steps of the watch's lines."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    if shutil.which("mount") is None:
-        pytest.skip("no mount command here")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=24k", f"pg-{uuid.uuid4().hex[:8]}", str(mnt)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here: {done.stderr.strip()}")
-    try:
+    with tmpfs.small_tmpfs(tmp_path, "24k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_full_disk_stops_the_watch_and_training_goes_on(small_tmpfs, caplog):
