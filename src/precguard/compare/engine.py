@@ -16,6 +16,7 @@ from typing import Any
 from precguard._logging import get_logger
 from precguard.compare import hints
 from precguard.compare.align import WRAPPER_TYPES, Renamer, align, fsdp2_class
+from precguard.compare.caches import cache_names, name_cache_reads
 from precguard.compare.coverage import (
     Coverage,
     CoverageTracker,
@@ -238,6 +239,7 @@ def compare_unit(
     names = {g.key: g.name for g in g_recs if g.role == "buffer"}
     classified = classify_step(step_results.results, plan.prof, names)
     found = classified.candidates
+    name_cache_reads(found, step_results.results, cache_names(g_recs))
     logger.debug("step_compared", rank=r, step=s, records=len(step_results.results))
     return UnitResult(
         rank=r,
