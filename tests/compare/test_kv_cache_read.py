@@ -70,6 +70,21 @@ def test_an_attention_reading_a_cache_kept_in_fp16_names_the_cache_and_the_remed
     assert "keep the KV cache in the model's dtype (float32)" in fd.reason
 
 
+def test_the_same_under_hf_generate(tmp_path):
+    """``generate()`` drives the cache itself: one recorded step per call, the same line."""
+    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(1))
+    for side in ("golden", "actual"):
+        model = _llama()
+        if side == "actual":
+            _keep_cache_in_fp16(model)
+        with precguard.monitor(model, tmp_path / side, kv_cache=True), torch.no_grad():
+            model.generate(ids, max_new_tokens=2, do_sample=False)
+    fd = precguard.compare_runs(tmp_path / "golden", tmp_path / "actual").first_divergence
+    assert fd is not None and (fd.module, fd.step) == ("model.layers.0.self_attn", 1)
+    assert "the KV cache it reads does not: layer 0 " in fd.reason
+    assert "keep the KV cache in the model's dtype (float32)" in fd.reason
+
+
 def test_a_cache_written_wrong_is_said_to_be_the_cache_it_wrote(tmp_path):
     _decode(_llama(), tmp_path / "golden", True)
     faulty = _llama()
