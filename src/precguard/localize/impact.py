@@ -53,6 +53,7 @@ from precguard.localize.bisect import (
     _cast_batch,
     main_output,
 )
+from precguard.opcheck.sweep import OpCheckResult
 from precguard.target import Target, call_model
 from precguard.target_run import TargetRun
 
@@ -385,6 +386,17 @@ def bisect_findings(result: BisectResult) -> list[tuple[str, str]]:
     return [(culprit, "bisect") for culprit in result.culprits if culprit != ROOT]
 
 
+def opcheck_findings(result: OpCheckResult) -> list[tuple[str, str]]:
+    """The modules an ``op-check --module`` sweep failed (a point over its tolerance or not
+    finite) as findings for :func:`error_budget`; built-in ops name no module of a model."""
+    found: list[tuple[str, str]] = []
+    for point in result.results:
+        finding = (point.module, "op-check")
+        if point.module is not None and point.status != "pass" and finding not in found:
+            found.append((point.module, "op-check"))
+    return found
+
+
 def recordings_only(result: Comparison, *, reason: str) -> ErrorBudget:
     """What the recordings allow without a target: the findings, no counterfactual shares."""
     findings, left_out = comparison_findings(result)
@@ -515,6 +527,7 @@ __all__ = [
     "comparison_impact",
     "comparison_side",
     "error_budget",
+    "opcheck_findings",
     "recorded_output_error",
     "recordings_only",
     "relative_error",

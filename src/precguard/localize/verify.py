@@ -53,8 +53,10 @@ from precguard.localize.impact import (
     comparison_side,
     error_budget,
     judge_remedy,
+    opcheck_findings,
     relative_error,
 )
+from precguard.opcheck.sweep import OpCheckResult
 from precguard.oracle import map_tensors_keeping_types
 from precguard.target import Target, call_model
 from precguard.target_run import TargetRun
@@ -498,8 +500,41 @@ __all__ = [
     "module_remedies",
     "switch_remedies",
     "verify_findings",
+    "verify_opcheck",
     "verify_remedies",
 ]
+
+
+def verify_opcheck(
+    result: OpCheckResult,
+    target: str | Target,
+    *,
+    device: str,
+    dtype: str | None = None,
+    reference: str = "cpu",
+    verify: bool = True,
+    prepare: Callable[[nn.Module], Any] | None = None,
+) -> ErrorBudget:
+    """The error budget of an ``op-check --target T --module M`` sweep's failed module: its
+    share of the model's output error, and with ``verify`` its remedies re-run.
+
+    The sweep judges the module on its own inputs; whether that error reaches the
+    model's output is what the re-run tells.
+
+    >>> result = op_check(device="npu", target="model.py", module="model.norm")  # doctest: +SKIP
+    >>> verify_opcheck(result, "model.py", device="npu").impacts[0].remedies   # doctest: +SKIP
+    """
+    findings = opcheck_findings(result)
+    if not findings:
+        return ErrorBudget(
+            measured="target",
+            target=target if isinstance(target, str) else target.name,
+            device=device,
+            note="no module of the target failed the sweep: nothing to measure",
+        )
+    side = ActualSide.open(target, device=device, dtype=dtype, reference=reference, prepare=prepare)
+    budget = error_budget(side, findings)
+    return verify_remedies(side, budget) if verify else budget
 
 
 def measure_comparison(
@@ -526,7 +561,10 @@ def measure_comparison(
         side = comparison_side(result, target, device=device, dtype=dtype, prepare=prepare)
         budget = comparison_impact(result, target, side=side)
         if verify:
-            budget = verify_remedies(side, budget)
+            loss = any(
+                "loss" in module.lower() and not side.has_module(module) for module, _ in findings
+            )
+            budget = verify_remedies(side, budget, loss=loss)
     except PrecguardError as exc:  # the comparison stands; say why its impact is missing
         logger.warning("impact_not_measured", error=str(exc))
         budget = ErrorBudget(
