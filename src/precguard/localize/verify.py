@@ -230,9 +230,16 @@ def _switched_error(side: ActualSide, switch: Switch) -> float:
 
 
 def _backend_and_dtype(side: ActualSide, device: str) -> tuple[Any, torch.dtype]:
+    """The switched device's backend, and the dtype ``record -d DEVICE`` would give it when
+    the actual side ran in its own device's default (``emu:bf16`` keeps float32 tensors,
+    ``emu:bf16-mixed`` stores bf16: run in float32 there it would round nothing)."""
     from precguard.devices import resolve_backend
 
-    return resolve_backend(device), side.run.dtype
+    backend = resolve_backend(device)
+    own_default = side.run.backend.model_dtype() or torch.float32
+    if side.run.dtype == own_default:
+        return backend, backend.model_dtype() or torch.float32
+    return backend, side.run.dtype
 
 
 @contextlib.contextmanager
