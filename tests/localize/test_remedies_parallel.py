@@ -13,7 +13,7 @@ import pytest
 from torch import nn
 
 from precguard.localize.impact import FLOOR_SLACK, ActualSide, error_budget
-from precguard.localize.verify import verify_opcheck, verify_remedies
+from precguard.localize.verify import verify_findings, verify_opcheck, verify_remedies
 from precguard.opcheck.sweep import op_check
 
 
@@ -103,3 +103,32 @@ def test_an_op_check_that_passes_has_nothing_to_measure() -> None:
     assert result.exit_code == 0
     budget = verify_opcheck(result, "parallel-decoder", device="cpu", dtype="bfloat16")
     assert budget.impacts == [] and "nothing to measure" in budget.note
+
+
+def test_findings_that_miss_the_real_fault_say_the_fault_may_lie_elsewhere() -> None:
+    """compare names the blocks' norms of the norm bug; the final norm, which costs the
+    logits, is not among them: the budget must not clear the bug as within the floor."""
+    side = _side("parallel-decoder-norm-low-precision")
+    blocks = [n for n in _norms(side) if n != "transformer.ln_f"]
+    budget = error_budget(side, [(n, "suspect") for n in blocks])
+    assert "the fault may be in a module no finding names" in budget.note
+    # and with the final norm among the findings the note is gone
+    assert "no finding names" not in error_budget(side, [("transformer.ln_f", "x")]).note
+
+
+def test_the_checklists_loss_finding_goes_to_the_loss_module_a_model_computes_itself() -> None:
+    from precguard.report.models import Finding
+
+    finding = Finding(
+        id="loss.cross_entropy",
+        status="fail",
+        summary="the loss differs from a float32 cross-entropy",
+        evidence={"rel_error": 1e-3},
+    )
+    budget = verify_findings(
+        [finding], "parallel-decoder-loss-low-precision", device="cpu", dtype="bfloat16"
+    )
+    (loss,) = budget.impacts
+    assert loss.module == "loss_fn" and loss.found_by == ["loss.cross_entropy"]
+    (check,) = loss.remedies
+    assert check.remedy == "float32-loss" and check.verdict == "verified"

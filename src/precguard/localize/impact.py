@@ -331,6 +331,17 @@ def error_budget(
     shares = [i.share for i in impacts if i.share is not None]
     unexplained = max(0.0, 1.0 - sum(max(s, 0.0) for s in shares)) if shares else None
     floor = side.floor(measured) if measured else None
+    together_share = share_of(before, together) if together is not None else None
+    if together_share is not None and together_share < HELP_SHARE and before > 0:
+        # the floor corrects only the findings' modules: with innocent findings it is the
+        # error as it is, and "within the floor" would clear the real fault
+        missed = (
+            f"the findings together explain {max(together_share, 0.0):.0%} of the output "
+            "error: the fault may be in a module no finding names (bisect --target searches "
+            "every module), and the floor, which corrects only the findings' modules, is then "
+            "too high"
+        )
+        note = f"{note}; {missed}" if note else missed
     run = side.run
     budget = ErrorBudget(
         measured="target",

@@ -460,6 +460,11 @@ def finding_modules(side: ActualSide, evidence: dict[str, Any]) -> list[str]:
     return [n for n in found if not any(o.startswith(n + ".") for o in found)]
 
 
+def loss_modules(side: ActualSide) -> list[str]:
+    """The modules of the target's model that compute a loss (a class named ``*Loss*``)."""
+    return [name for name, module in side.model.named_modules() if name and _kind(module) == "loss"]
+
+
 def verify_findings(
     findings: Sequence[Finding],
     target: str | Target,
@@ -481,7 +486,12 @@ def verify_findings(
         target, device=device, dtype=dtype, reference=reference, step=step, prepare=prepare
     )
     named = [(m, f.id) for f in flagged for m in finding_modules(side, f.evidence)]
-    loss = any(f.family == "loss" for f in flagged)
+    loss_findings = [f for f in flagged if f.family == "loss"]
+    # a model that computes its loss itself (a loss module, HF's ``(loss, logits)``): the
+    # loss finding is that module's, judged on its own inputs; else the target's loss
+    modules = loss_modules(side) if loss_findings else []
+    named += [(m, f.id) for f in loss_findings for m in modules if (m, f.id) not in named]
+    loss = bool(loss_findings) and not modules
     budget = (
         error_budget(side, named)
         if named
@@ -502,6 +512,7 @@ __all__ = [
     "finding_modules",
     "judge_remedy",
     "loss_module_remedy",
+    "loss_modules",
     "loss_remedy",
     "measure_comparison",
     "module_remedies",
