@@ -111,7 +111,7 @@ def test_findings_that_miss_the_real_fault_say_the_fault_may_lie_elsewhere() -> 
     side = _side("parallel-decoder-norm-low-precision")
     blocks = [n for n in _norms(side) if n != "transformer.ln_f"]
     budget = error_budget(side, [(n, "suspect") for n in blocks])
-    assert "the fault may be in a module no finding names" in budget.note
+    assert "its cause is a module no finding names" in budget.note
     # and with the final norm among the findings the note is gone
     assert "no finding names" not in error_budget(side, [("transformer.ln_f", "x")]).note
 

@@ -337,9 +337,9 @@ def error_budget(
         # error as it is, and "within the floor" would clear the real fault
         missed = (
             f"the findings together explain {max(together_share, 0.0):.0%} of the output "
-            "error: the fault may be in a module no finding names (bisect --target searches "
-            "every module), and the floor, which corrects only the findings' modules, is then "
-            "too high"
+            "error: either it is a correct run's, or its cause is a module no finding names "
+            "(bisect --target searches every module; the floor corrects only the findings' "
+            "modules and is then too high)"
         )
         note = f"{note}; {missed}" if note else missed
     run = side.run
