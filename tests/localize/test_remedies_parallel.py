@@ -8,6 +8,10 @@ in real bfloat16 on the CPU; its correct twin (``parallel-decoder``) gives the f
 from __future__ import annotations
 
 import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from torch import nn
@@ -132,3 +136,25 @@ def test_the_checklists_loss_finding_goes_to_the_loss_module_a_model_computes_it
     assert loss.module == "loss_fn" and loss.found_by == ["loss.cross_entropy"]
     (check,) = loss.remedies
     assert check.remedy == "float32-loss" and check.verdict == "verified"
+
+
+@pytest.mark.slow
+def test_op_check_verify_prints_and_writes_the_modules_impact(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    env = {"PYTHONPATH": f"{root / 'src'}:{root}", "COLUMNS": "200", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "precguard", "op-check", "-d", "cpu", "--dtype", "bfloat16"),
+            *("-t", "parallel-decoder-norm-low-precision", "-m", "transformer.ln_f"),
+            *("--seq-lens", "32", "--verify", "--json", str(tmp_path / "o.json")),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env=env,
+        check=False,
+    )
+    assert out.returncode == 1, out.stderr
+    assert "transformer.ln_f: the norm's statistics in float32: verified" in out.stdout
+    impact = json.loads((tmp_path / "o.json").read_text())["impact"]
+    assert impact["impacts"][0]["found_by"] == ["op-check"]
