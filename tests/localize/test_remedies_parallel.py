@@ -158,3 +158,12 @@ def test_op_check_verify_prints_and_writes_the_modules_impact(tmp_path: Path) ->
     assert "transformer.ln_f: the norm's statistics in float32: verified" in out.stdout
     impact = json.loads((tmp_path / "o.json").read_text())["impact"]
     assert impact["impacts"][0]["found_by"] == ["op-check"]
+
+
+def test_a_loss_finding_that_names_no_module_goes_to_the_models_own_loss_module() -> None:
+    """compare may name the loss by the target's loss function, not a module: the model
+    computes it in ``loss_fn``, whose remedy is the one verified."""
+    side = _side("parallel-decoder-loss-low-precision")
+    budget = verify_remedies(side, error_budget(side, []), loss=True)
+    (loss,) = budget.impacts
+    assert loss.module == "loss_fn" and loss.remedies[0].verdict == "verified"

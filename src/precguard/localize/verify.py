@@ -417,7 +417,18 @@ def verify_remedies(side: ActualSide, budget: ErrorBudget, *, loss: bool = False
         )
         for impact in budget.impacts
     ]
-    if loss:
+    modules = loss_modules(side) if loss else []
+    for name in modules:  # the model computes its loss itself: that module is the finding's
+        if name not in {i.module for i in impacts}:
+            impacts.append(
+                Impact(
+                    module=name,
+                    found_by=["loss"],
+                    note="the loss's own error (the logits do not show it)",
+                    remedies=[loss_module_remedy(side, name, float32_twin)],
+                )
+            )
+    if loss and not modules:
         check = loss_remedy(side)
         impacts.append(
             Impact(
