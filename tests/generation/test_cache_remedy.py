@@ -3,6 +3,8 @@ again (issue 32): the fp16 cache of the corpus's second decoder in a bf16 model.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from precguard.generation.cache_remedy import verify_cache_remedy
@@ -38,8 +40,11 @@ def test_a_cache_in_the_models_dtype_already_says_there_is_nothing_to_keep() -> 
     assert check.after == check.before
 
 
-def test_generate_diff_verify_applies_the_caches_remedy_to_its_kv_cache_cause() -> None:
+def test_generate_diff_verify_applies_the_caches_remedy_to_its_kv_cache_cause(
+    tmp_path: Path,
+) -> None:
     from precguard.generation import generate_diff
+    from precguard.generation.page import write_html
 
     result = generate_diff(
         "parallel-decoder-cache-fp16",
@@ -55,3 +60,6 @@ def test_generate_diff_verify_applies_the_caches_remedy_to_its_kv_cache_cause() 
     (check,) = result.remedies
     assert check.remedy == "cache-model-dtype" and check.verdict == "verified"
     assert '"remedies"' in result.model_dump_json()
+    page = tmp_path / "g.html"
+    write_html(result, page)
+    assert "the KV cache kept in the model&#x27;s dtype" in page.read_text()
