@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from precguard.compare.impact_report import RemedyCheck
+
 GENERATION_SCHEMA_VERSION = 1
 
 _FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
@@ -267,6 +269,11 @@ class GenerationDiff(BaseModel):
         default=None, description="Why layerwise is null although a divergence was found."
     )
     cause: Cause | None = Field(description="The most likely cause of the first divergence.")
+    remedies: list[RemedyCheck] = Field(
+        default_factory=list,
+        description="With --verify: the cause's remedy applied and the decoding re-run (a "
+        "KV-cache cause: the cache kept in the model's dtype; docs/impact.md).",
+    )
 
     @property
     def exit_code(self) -> int:

@@ -53,6 +53,7 @@ from precguard.localize.bisect import (
     _cast_batch,
     main_output,
 )
+from precguard.opcheck.sweep import OpCheckResult
 from precguard.target import Target, call_model
 from precguard.target_run import TargetRun
 
@@ -330,6 +331,17 @@ def error_budget(
     shares = [i.share for i in impacts if i.share is not None]
     unexplained = max(0.0, 1.0 - sum(max(s, 0.0) for s in shares)) if shares else None
     floor = side.floor(measured) if measured else None
+    together_share = share_of(before, together) if together is not None else None
+    if together_share is not None and together_share < HELP_SHARE and before > 0:
+        # the floor corrects only the findings' modules: with innocent findings it is the
+        # error as it is, and "within the floor" would clear the real fault
+        missed = (
+            f"the findings together explain {max(together_share, 0.0):.0%} of the output "
+            "error: either it is a correct run's, or its cause is a module no finding names "
+            "(bisect --target searches every module; the floor corrects only the findings' "
+            "modules and is then too high)"
+        )
+        note = f"{note}; {missed}" if note else missed
     run = side.run
     budget = ErrorBudget(
         measured="target",
@@ -383,6 +395,17 @@ def bisect_findings(result: BisectResult) -> list[tuple[str, str]]:
     """``bisect``'s culprits as findings for :func:`error_budget` (the root left out: a
     whole model at reference precision is no finding)."""
     return [(culprit, "bisect") for culprit in result.culprits if culprit != ROOT]
+
+
+def opcheck_findings(result: OpCheckResult) -> list[tuple[str, str]]:
+    """The modules an ``op-check --module`` sweep failed (a point over its tolerance or not
+    finite) as findings for :func:`error_budget`; built-in ops name no module of a model."""
+    found: list[tuple[str, str]] = []
+    for point in result.results:
+        finding = (point.module, "op-check")
+        if point.module is not None and point.status != "pass" and finding not in found:
+            found.append((point.module, "op-check"))
+    return found
 
 
 def recordings_only(result: Comparison, *, reason: str) -> ErrorBudget:
@@ -515,6 +538,7 @@ __all__ = [
     "comparison_impact",
     "comparison_side",
     "error_budget",
+    "opcheck_findings",
     "recorded_output_error",
     "recordings_only",
     "relative_error",
