@@ -55,7 +55,7 @@ def test_a_family_no_plugin_registers_is_named_when_the_checklist_is_planned(
     checklist = tmp_path / "vendor.yaml"
     checklist.write_text("name: vendor\ndescription: d\nchecks: [npuops.fused_rmsnorm]\n")
     spec = load_checklist(checklist)  # any lowercase family loads: plugins bring their own
-    with pytest.raises(ChecklistError, match="no plugin registers its family.*env, grads"):
+    with pytest.raises(ChecklistError, match=r"no plugin registers its family.*env, grads"):
         plan(spec, registered_checks())
 
 
@@ -63,5 +63,5 @@ def test_a_family_no_plugin_registers_is_named_when_the_checklist_is_planned(
 def test_a_check_id_without_a_family_is_refused(bad: str, tmp_path: Path) -> None:
     checklist = tmp_path / "bad.yaml"
     checklist.write_text(f"name: x\ndescription: y\nchecks: [{bad!r}]\n")
-    with pytest.raises(ChecklistError, match="family.name"):
+    with pytest.raises(ChecklistError, match=r"family\.name"):
         load_checklist(checklist)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from precguard import hookimpl, plugins
-from precguard.cli.plugins_cmd import describe
 from precguard.backend import Backend
 from precguard.backends.cpu import CpuBackend
 from precguard.checks.base import Check, Finding
+from precguard.cli.plugins_cmd import describe
 
 
 class ChipBackend(Backend):
