@@ -30,7 +30,7 @@ _EXPORTS: dict[str, str] = {
     "PrecguardError": "precguard.errors",
     "NonFiniteError": "precguard.errors",
     "ExitCode": "precguard.errors",
-    "compare_runs": "precguard.layout.compare",
+    "compare_runs": "precguard.layout.compare",  # defined in compare.runs; layout adds layout=
     "CompareOptions": "precguard.compare.options",
     "Comparison": "precguard.compare",
     "check": "precguard.checklist",
