@@ -122,7 +122,7 @@ def _close(
     """Take ``recording`` off the active stack, unhook its decorated modules, close it.
 
     ``check_patterns``: warn about ``tensors`` globs that selected none of the
-    decorated modules and functions that ran (``record()``, which cannot know
+    decorated modules and functions that ran (``recording()``, which cannot know
     the names before they run).
     """
     if _pop(recording):
@@ -310,7 +310,7 @@ def recording(
     """
     options = capture_options(options, **overrides)
     if options.level != "module":
-        # op capture hooks a root module; record() has none until decorated ones run
+        # op capture hooks a root module; recording() has none until decorated ones run
         logger.warning("op_level_needs_monitor", level=options.level, recorded="modules only")
     recording = Recording(
         out,

@@ -1,4 +1,4 @@
-"""Bitwise comparison of two recordings by their tensor hashes (``compare --bitwise``).
+"""Bitwise comparison of two recordings by their tensor hashes (``precguard bitwise``).
 
 Two runs that should be bitwise identical (same code, seed, data and
 determinism flags, on the same kind of device) are compared record by record
