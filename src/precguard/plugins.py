@@ -11,16 +11,14 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pluggy
+import torch
 
 from precguard import hookspecs
 from precguard._logging import get_logger
 from precguard.backend import Backend, Switch, device_fingerprint
-
-if TYPE_CHECKING:
-    import torch
 
 logger = get_logger(__name__)
 hookimpl = hookspecs.hookimpl  # re-exported: plugins written against precguard.plugins
@@ -47,37 +45,42 @@ def _failed(name: str, cause: str, event: str = "plugin_load_failed") -> None:
 def load_plugins() -> pluggy.PluginManager:
     """Register the built-in and entry-point plugins once; return :data:`pm` (idempotent)."""
     global _loaded, _loading, _undo_tracing
+    if _loaded:
+        return pm
     on = {k for k, v in os.environ.items() if v.strip().lower() not in ("", "0", "false", "no")}
     with _lock:
         if _loaded or _loading:  # _loading: a plugin's import asked again (same thread)
             return pm
         _loading = True
-        if "PRECGUARD_TRACE_HOOKS" in on:
-            pm.trace.root.setwriter(lambda text: sys.stderr.write(text))
-            _undo_tracing = pm.enable_tracing()
-        for module_name, name in zip(DEFAULT_PLUGINS, BUILTINS, strict=True):
-            try:
-                pm.has_plugin(name) or pm.register(importlib.import_module(module_name), name)
-            except Exception as exc:  # a broken built-in must not take the others down
-                _failed(name, f"{type(exc).__name__}: {exc}")
-        from importlib.metadata import entry_points
-
-        wanted = {n.strip() for n in os.environ.get("PRECGUARD_PLUGINS", "").split(",")} - {""}
-        names = [ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)]
-        for name in dict.fromkeys(names if "PRECGUARD_DISABLE_PLUGIN_AUTOLOAD" not in on else []):
-            if wanted and name not in wanted:
-                pm.set_blocked(name)
-            elif name in BUILTINS:
-                load_errors[name] = f"NameConflict: entry point {name!r} is a built-in's name"
-            else:
-                try:  # pluggy's loader, one name at a time: a broken plugin is left out alone
-                    pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=name)
-                except Exception as exc:
+        try:
+            if "PRECGUARD_TRACE_HOOKS" in on:
+                pm.trace.root.setwriter(lambda text: sys.stderr.write(text))
+                _undo_tracing = pm.enable_tracing()
+            for module_name, name in zip(DEFAULT_PLUGINS, BUILTINS, strict=True):
+                try:
+                    pm.has_plugin(name) or pm.register(importlib.import_module(module_name), name)
+                except Exception as exc:  # a broken built-in must not take the others down
                     _failed(name, f"{type(exc).__name__}: {exc}")
-        for name, plugin in pm.list_name_plugin():
-            for hook in unknown_hooks(plugin):
+            from importlib.metadata import entry_points
+
+            wanted = {n.strip() for n in os.environ.get("PRECGUARD_PLUGINS", "").split(",")} - {""}
+            autoload = "PRECGUARD_DISABLE_PLUGIN_AUTOLOAD" not in on
+            names = [ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)] if autoload else []
+            for name in dict.fromkeys(names):
+                if wanted and name not in wanted:
+                    pm.set_blocked(name)
+                elif name in BUILTINS:
+                    load_errors[name] = f"NameConflict: entry point {name!r} is a built-in's name"
+                else:
+                    try:  # pluggy's loader, one name at a time: a broken plugin is left out alone
+                        pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=name)
+                    except Exception as exc:
+                        _failed(name, f"{type(exc).__name__}: {exc}")
+            for name, hook in [(n, h) for n, p in pm.list_name_plugin() for h in unknown_hooks(p)]:
                 logger.warning("plugin_unknown_hook", plugin=name, hook=hook)
-        _loaded, _loading = True, False
+            _loaded = True
+        finally:
+            _loading = False
     registered("backends")  # cheap: a plugin whose registration raises is named at load
     return pm
 

@@ -70,5 +70,5 @@ def test_compare_runs_is_defined_in_compare_and_takes_layout_there(tmp_path):
     assert compare_runs.__module__ == "precguard.compare.runs"
     with pytest.raises(UsageError, match=r"layout= is taken by precguard\.compare_runs"):
         compare_recordings(golden, actual, layout="megatron")
-    with pytest.raises(UsageError, match="unknown layout|megatron-nope|no such"):
+    with pytest.raises(UsageError, match=r"unknown layout|megatron-nope|no such"):
         compare_runs(golden, actual, layout="megatron-nope")  # reaches the layout branch
