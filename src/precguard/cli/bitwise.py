@@ -29,9 +29,18 @@ def bitwise(
 
 
 def run_bitwise(
-    golden: Path, actual: Path, *, rank: int | None, step: int | None, json_out: Path | None
+    golden: Path,
+    actual: Path,
+    *,
+    rank: int | None,
+    step: int | None,
+    json_out: Path | None,
+    note: str = "",
 ) -> None:
-    """Compare by hashes, print or write the result, and exit with its code."""
+    """Compare by hashes, print or write the result, and exit with its code.
+
+    ``note`` goes to stderr once there is a result (unusable input stays one line).
+    """
     from precguard.compare.bitwise import compare_bitwise, render_bitwise
     from precguard.compare.runs import open_side, with_names
     from precguard.dump.atomic import write_atomic
@@ -45,5 +54,7 @@ def run_bitwise(
         if json_out is not None:
             write_atomic(json_out, payload + "\n", what="--json")
         typer.echo(render_bitwise(result))
+    if note:
+        typer.echo(note, err=True)
     if result.exit_code:
         raise typer.Exit(result.exit_code)

@@ -197,8 +197,8 @@ def compare(
             )
         from precguard.cli.bitwise import run_bitwise
 
-        typer.echo("note: compare --bitwise is now `precguard bitwise`", err=True)
-        run_bitwise(golden, actual, rank=rank, step=step, json_out=json_out)
+        moved = "note: compare --bitwise is now `precguard bitwise`"
+        run_bitwise(golden, actual, rank=rank, step=step, json_out=json_out, note=moved)
         return
 
     from rich.console import Console
