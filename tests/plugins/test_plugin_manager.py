@@ -190,6 +190,9 @@ def test_precguard_plugins_limits_entry_points(
     monkeypatch.setenv("PRECGUARD_PLUGINS", "ascend")
     names = {p["name"] for p in describe()["plugins"]}
     assert "ascend" in names and not names & {"cuda", "cambricon"}
+    assert plugins.pm.is_blocked("cuda")  # pluggy's own blocking, undone by reset()
+    plugins.reset()
+    assert not plugins.pm.is_blocked("cuda")
 
 
 def test_trace_hooks_names_the_registering_plugin(
