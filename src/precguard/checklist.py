@@ -160,18 +160,18 @@ def plan(
     """Resolve a checklist's entries to registered checks, honouring ``only`` and ``skip``."""
     steps: list[tuple[Check, dict[str, Any]]] = []
     seen: set[str] = set()
+    families = sorted({check_id.split(".", 1)[0] for check_id in available})
     for entry in checklist.checks:
+        if entry.id.split(".", 1)[0] not in families:  # families are open: a typo shows here
+            raise ChecklistError(
+                f"checklist {checklist.name}: no check {entry.id!r} is registered: no plugin "
+                f"registers its family (families: {', '.join(families)})"
+            )
         if any(c in entry.id for c in "*?["):
             ids = sorted(i for i in available if fnmatch.fnmatchcase(i, entry.id))
         elif entry.id in available:
             ids = [entry.id]
         else:
-            families = sorted({check_id.split(".", 1)[0] for check_id in available})
-            if entry.id.split(".", 1)[0] not in families:
-                raise ChecklistError(
-                    f"checklist {checklist.name}: no check {entry.id!r} is registered: no plugin "
-                    f"registers its family (families: {', '.join(families)})"
-                )
             raise ChecklistError(
                 f"checklist {checklist.name}: no check {entry.id!r} is registered"
                 + (

@@ -53,10 +53,11 @@ def test_a_family_no_plugin_registers_is_named_when_the_checklist_is_planned(
     fresh_plugins: None, tmp_path: Path
 ) -> None:
     checklist = tmp_path / "vendor.yaml"
-    checklist.write_text("name: vendor\ndescription: d\nchecks: [npuops.fused_rmsnorm]\n")
-    spec = load_checklist(checklist)  # any lowercase family loads: plugins bring their own
-    with pytest.raises(ChecklistError, match=r"no plugin registers its family.*env, grads"):
-        plan(spec, registered_checks())
+    for entry in ("npuops.fused_rmsnorm", "rop.*"):  # a plugin not installed; a typo
+        checklist.write_text(f"name: vendor\ndescription: d\nchecks: ['{entry}']\n")
+        spec = load_checklist(checklist)  # any lowercase family loads: plugins bring their own
+        with pytest.raises(ChecklistError, match=r"no plugin registers its family.*env, grads"):
+            plan(spec, registered_checks())
 
 
 @pytest.mark.parametrize("bad", ["npuops", "NPU.ops", "npuops.", ".x"])
