@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from precguard.compare.impact_report import RemedyCheck
+from precguard.errors import ExitCode
 
 GENERATION_SCHEMA_VERSION = 1
 
@@ -279,8 +280,8 @@ class GenerationDiff(BaseModel):
     def exit_code(self) -> int:
         """0 no real divergence (near-ties at most), 1 a divergence, 3 nothing compared."""
         if self.verdict == "inconclusive":
-            return 3  # as compare and check: a result that compared nothing is never a pass
-        return 1 if self.verdict == "diverged" else 0
+            return ExitCode.INCONCLUSIVE  # as compare and check: nothing compared is no pass
+        return ExitCode.FAIL if self.verdict == "diverged" else ExitCode.PASS
 
 
 def generation_schema() -> dict[str, Any]:
