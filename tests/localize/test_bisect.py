@@ -21,8 +21,10 @@ from precguard.localize.bisect import (
     Bisector,
     ReferencePrecision,
     bisect,
-    default_threshold,
+    correct_threshold,
+    least_threshold,
     output_error,
+    round_to_precision,
 )
 from tests.localize import models
 from tests.localize.models import Decoder, decoder_target
@@ -150,12 +152,22 @@ def test_output_error_metrics():
     assert output_error(ref, ref, "cosine") == 0.0
 
 
-def test_default_threshold_follows_the_compute_precision():
-    """16 eps of what the device computes in, a vendor's named TF32 mode included."""
-    assert default_threshold(torch.float16) == 16 * 2**-10
-    assert default_threshold(torch.bfloat16) == 16 * 2**-7
-    assert default_threshold("tfloat32") == default_threshold(torch.float16)
-    assert default_threshold(torch.float32) < 2e-6
+def test_the_threshold_is_what_a_correct_run_explains_beyond_its_floor():
+    """sqrt(2) times the floor probe's error, never below one rounding and one reduction."""
+    assert correct_threshold(0.01, torch.bfloat16, 256) == pytest.approx(0.01 * math.sqrt(2))
+    # a float32 device: rounding float32 to float32 changes nothing, the floor can be 0
+    assert correct_threshold(0.0, torch.float32, 256) == least_threshold(torch.float32, 256)
+    assert 1e-6 < least_threshold(torch.float32, 256) < 2e-6
+    assert least_threshold(torch.bfloat16) == 2**-8  # a scalar loss: one rounding
+    assert math.isinf(correct_threshold(math.inf, torch.float16))
+
+
+def test_rounding_to_a_named_precision_keeps_its_significand_bits():
+    x = torch.tensor([1.0 + 2**-12, 3.0, -1.0 - 2**-9])
+    assert torch.equal(round_to_precision(x, torch.bfloat16), x.bfloat16().float())
+    # tfloat32: 11 significand bits, float32's range
+    assert torch.equal(round_to_precision(x, "tfloat32"), x.half().float())
+    assert round_to_precision(torch.tensor([1e30]), "tfloat32").item() == pytest.approx(1e30, 1e-3)
 
 
 # -- the command line ------------------------------------------------------------------------
@@ -264,7 +276,8 @@ def test_every_floating_output_is_judged_not_only_the_loss_that_comes_first():
     result = bisect(f"{MODELS}:loss_first_overflow", device="emu:fp16")
     errors = result.output_errors
     assert set(errors) == {"output.0", "output.1"}
-    assert errors["output.0"] <= result.threshold < errors["output.1"]
+    limits = result.thresholds
+    assert errors["output.0"] <= limits["output.0"] and errors["output.1"] > limits["output.1"]
     assert result.baseline_error == errors["output.1"]
     assert result.culprits == ["transformer.inner.blocks.2.norm"]
     assert result.units > 1
