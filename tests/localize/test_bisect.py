@@ -282,3 +282,29 @@ def test_every_floating_output_is_judged_not_only_the_loss_that_comes_first():
     assert result.culprits == ["transformer.inner.blocks.2.norm"]
     assert result.units > 1
     assert all(set(p.outputs) == set(errors) for p in result.probes)
+
+
+def test_a_one_pass_layernorm_in_bf16_is_named_where_16_eps_passed_it():
+    """The second decoder's LayerNorm bug (mean and variance in one pass in bf16) moves the
+    logits a few times what a correct run of the model explains, far under 16 bf16 eps
+    (0.125): judged against the model's own floor, bisect names the norm."""
+    from tests.compare.parallel_small import small_target
+
+    result = bisect(small_target("norm_low_precision"), device="emu:bf16")
+    assert result.culprits == ["transformer.ln_f"]
+    assert result.exit_code == 1
+    logits = result.output_errors["output.1"]
+    assert result.thresholds["output.1"] < logits < 0.125
+    assert result.thresholds["output.1"] == pytest.approx(
+        math.sqrt(2) * result.floor_errors["output.1"]
+    )
+
+
+@pytest.mark.parametrize("target", ["parallel-small", "tiny-llama"])
+def test_a_correct_bf16_run_stays_within_its_floor(target):
+    from tests.compare.parallel_small import small_target
+
+    result = bisect(small_target() if target == "parallel-small" else target, device="emu:bf16")
+    assert result.culprits == [] and result.exit_code == 0 and result.probe_count == 1
+    for name, err in result.output_errors.items():
+        assert result.floor_errors[name] <= err * 1.01 <= result.thresholds[name]
