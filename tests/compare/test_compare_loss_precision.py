@@ -54,6 +54,22 @@ def test_the_twin_that_upcasts_its_logits_matches(golden, tmp_path, tensors):
     assert result.verdict == "match", [r.key for r in result.records if r.status != "pass"]
 
 
+def test_a_model_cast_to_bf16_on_emu_bf16_shows_it_too(golden, tmp_path):
+    """``--dtype bfloat16`` on emu:bf16: the bug's loss is a bf16 tensor, the twin's float32;
+    their values are equally far from golden."""
+    runs = {
+        bug: precguard.record_target(
+            small_target(bug), device="emu:bf16", dtype="bfloat16", out=tmp_path / str(bug)
+        )
+        for bug in (None, "loss_low_precision")
+    }
+    twin, bug = (precguard.compare_runs(golden, runs[b]) for b in runs)
+    assert twin.verdict == "match"
+    assert bug.verdict == "diverged" and bug.first_divergence.module == "loss_fn"
+    errors = [next(r for r in c.records if r.key == LOSS).metrics.error for c in (twin, bug)]
+    assert errors[0] == pytest.approx(errors[1])
+
+
 def test_on_emu_bf16_the_bug_and_its_twin_are_one_computation(tmp_path):
     """emu:bf16 rounds every op to bf16, the twin's float32 log-softmax too, and keeps
     float32 tensors: nothing tells the two apart there, and compare says match."""
