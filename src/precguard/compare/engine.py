@@ -32,6 +32,7 @@ from precguard.compare.divergence import (
     rank_suspects,
 )
 from precguard.compare.judge import judge_step, measured_errors
+from precguard.compare.loss import low_precision_losses
 from precguard.compare.metrics import (
     golden_rms,
     precision,
@@ -238,6 +239,8 @@ def compare_unit(
     step_results.results = routes.judge(step_results.results, plan.prof)
     names = {g.key: g.name for g in g_recs if g.role == "buffer"}
     classified = classify_step(step_results.results, plan.prof, names)
+    # a loss computed in bf16/fp16 where golden computes it in fp32 (compare/loss.py)
+    step_results.results, classified = low_precision_losses(step_results.results, classified)
     found = classified.candidates
     name_cache_reads(found, step_results.results, cache_names(g_recs))
     logger.debug("step_compared", rank=r, step=s, records=len(step_results.results))
