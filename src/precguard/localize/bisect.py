@@ -51,9 +51,9 @@ from torch.utils._python_dispatch import _disable_current_modes
 from precguard import tree
 from precguard._logging import get_logger
 from precguard.backend import Backend
-from precguard.compare.tolerance import SIGNIFICAND_BITS, unit_roundoff
 from precguard.devices import parse_dtype, resolve_backend
 from precguard.errors import TargetError, UsageError
+from precguard.numerics import SIGNIFICAND_BITS, relative_l2, unit_roundoff
 from precguard.oracle import map_tensors_keeping_types
 from precguard.target import Target, call_model
 from precguard.target_run import TargetRun
@@ -103,9 +103,8 @@ def output_error(actual: torch.Tensor, expected: torch.Tensor, metric: str = "re
     if not bool(torch.isfinite(a).all()):
         return math.inf
     diff = a - e
-    if metric == "rel_l2":
-        denom = float(e.norm())
-        return float(diff.norm()) / denom if denom else float(diff.norm())
+    if metric == "rel_l2":  # the one definition (precguard.numerics)
+        return relative_l2(float(diff.norm()), float(e.norm()))
     if metric == "max_abs":
         return float(diff.abs().max()) if diff.numel() else 0.0
     if metric == "mean_abs":

@@ -12,8 +12,8 @@ actual's device in its dtype. A module is put at reference precision the way
 ``bisect`` does it (:class:`~precguard.localize.bisect.ReferencePrecision`:
 its call goes to the same module of the reference copy, its output cast back
 to the actual's dtype), so no second hook layer exists. The error is the
-relative L2 error of the logits, measured by compare's own
-:func:`~precguard.compare.metrics.tensor_metrics`.
+relative L2 error of the logits, measured by the one measure every tool uses,
+:func:`precguard.numerics.measure`.
 
 A module's *share* is ``(before - after) / before``. The error budget lists
 each local module's share, the error with all of them at reference together,
@@ -41,9 +41,7 @@ from torch import nn
 from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.compare.impact_report import ErrorBudget, Impact, RemedyVerdict
-from precguard.compare.metrics import tensor_metrics
 from precguard.compare.report import Comparison
-from precguard.compare.tolerance import get_profile
 from precguard.devices import parse_dtype, resolve_backend
 from precguard.errors import PrecguardError, TargetError, UsageError
 from precguard.localize.bisect import (
@@ -53,6 +51,7 @@ from precguard.localize.bisect import (
     _cast_batch,
     main_output,
 )
+from precguard.numerics import FLOOR_SLACK, HELP_SHARE, measure
 from precguard.target import Target, call_model
 from precguard.target_run import TargetRun
 
@@ -166,7 +165,7 @@ class ActualSide:
 
     def measure(self, output: Any) -> float:
         """The relative L2 error of ``output``'s logits against the reference's (inf if not
-        finite), measured by compare's :func:`tensor_metrics`."""
+        finite), measured by :func:`precguard.numerics.measure`."""
         got = main_output(output, "actual").detach().to("cpu")
         return relative_error(got, self.expected)
 
@@ -226,18 +225,9 @@ class ActualSide:
         return self.measure(self.forward([self.at_reference(known, self.correct_twin())]))
 
 
-#: a remedy is verified when its output error is at most this multiple of the floor. The
-#: output error of a correct run is the root of a sum of squares of many independent
-#: roundings (every module's); a remedy computes one module differently from the floor's
-#: correct kernel (float32 weights instead of rounded ones, another rounding order), which
-#: moves that sum by the module's own part of it. 1.25 lets that one module own up to a
-#: quarter of the floor's error, more than any single module of a correct run should (a
-#: module beyond that is itself a finding of the budget).
-FLOOR_SLACK = 1.25
-
-#: a remedy that removes less than this share of the excess over the floor did not help:
-#: an excess that stays above 90 % is the same fault, not a partial fix
-HELP_SHARE = 0.1
+#: FLOOR_SLACK (a remedy is verified within 1.25x the floor) and HELP_SHARE (one that
+#: removes less than a tenth of the excess did not help) are defined, with their
+#: derivations, in precguard.numerics
 
 
 def judge_remedy(before: float, after: float, floor: float | None) -> RemedyVerdict:
@@ -258,8 +248,8 @@ def judge_remedy(before: float, after: float, floor: float | None) -> RemedyVerd
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """``actual``'s relative L2 error against ``expected`` (compare's measure); inf if not
-    finite."""
+    """``actual``'s relative L2 error against ``expected``
+    (:func:`precguard.numerics.measure`); inf if not finite."""
     if actual.numel() != expected.numel():
         raise UsageError(
             f"the actual output has {actual.numel()} elements, the reference "
@@ -267,14 +257,7 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
         )
     if not bool(torch.isfinite(actual).all()):
         return math.inf
-    metrics = tensor_metrics(
-        expected,
-        actual,
-        golden_dtype=_name(expected.dtype),
-        actual_dtype=_name(actual.dtype),
-        profile=get_profile("default"),
-    )
-    return float(metrics.rel_l2 if metrics.rel_l2 is not None else metrics.error)
+    return measure(actual, expected).rel_l2
 
 
 def share_of(before: float, after: float) -> float | None:
