@@ -12,8 +12,10 @@ actual's device in its dtype. A module is put at reference precision the way
 ``bisect`` does it (:class:`~precguard.localize.bisect.ReferencePrecision`:
 its call goes to the same module of the reference copy, its output cast back
 to the actual's dtype), so no second hook layer exists. The error is the
-relative L2 error of the logits, measured by the one measure every tool uses,
-:func:`precguard.numerics.measure`.
+relative L2 error of the logits, measured by compare's own
+:func:`~precguard.compare.metrics.tensor_metrics` (not the in-memory
+:func:`precguard.numerics.measure`: the re-run must reproduce the recorded
+comparison's error bit for bit, and compare sums the squares by chunks).
 
 A module's *share* is ``(before - after) / before``. The error budget lists
 each local module's share, the error with all of them at reference together,
@@ -41,7 +43,9 @@ from torch import nn
 from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.compare.impact_report import ErrorBudget, Impact, RemedyVerdict
+from precguard.compare.metrics import tensor_metrics
 from precguard.compare.report import Comparison
+from precguard.compare.tolerance import get_profile
 from precguard.devices import parse_dtype, resolve_backend
 from precguard.errors import PrecguardError, TargetError, UsageError
 from precguard.localize.bisect import (
@@ -51,7 +55,7 @@ from precguard.localize.bisect import (
     _cast_batch,
     main_output,
 )
-from precguard.numerics import FLOOR_SLACK, HELP_SHARE, measure
+from precguard.numerics import FLOOR_SLACK, HELP_SHARE
 from precguard.target import Target, call_model
 from precguard.target_run import TargetRun
 
@@ -165,7 +169,7 @@ class ActualSide:
 
     def measure(self, output: Any) -> float:
         """The relative L2 error of ``output``'s logits against the reference's (inf if not
-        finite), measured by :func:`precguard.numerics.measure`."""
+        finite), measured by compare's :func:`tensor_metrics`."""
         got = main_output(output, "actual").detach().to("cpu")
         return relative_error(got, self.expected)
 
@@ -248,8 +252,8 @@ def judge_remedy(before: float, after: float, floor: float | None) -> RemedyVerd
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """``actual``'s relative L2 error against ``expected``
-    (:func:`precguard.numerics.measure`); inf if not finite."""
+    """``actual``'s relative L2 error against ``expected`` (compare's measure, whose
+    ratio is :func:`precguard.numerics.relative_l2`); inf if not finite."""
     if actual.numel() != expected.numel():
         raise UsageError(
             f"the actual output has {actual.numel()} elements, the reference "
@@ -257,7 +261,14 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
         )
     if not bool(torch.isfinite(actual).all()):
         return math.inf
-    return measure(actual, expected).rel_l2
+    metrics = tensor_metrics(
+        expected,
+        actual,
+        golden_dtype=_name(expected.dtype),
+        actual_dtype=_name(actual.dtype),
+        profile=get_profile("default"),
+    )
+    return float(metrics.rel_l2 if metrics.rel_l2 is not None else metrics.error)
 
 
 def share_of(before: float, after: float) -> float | None:
