@@ -51,10 +51,15 @@ from torch.utils._python_dispatch import _disable_current_modes
 from precguard import tree
 from precguard._logging import get_logger
 from precguard.backend import Backend
-from precguard.compare.expected import rounding_floor
-from precguard.compare.tolerance import SIGNIFICAND_BITS, unit_roundoff
 from precguard.devices import parse_dtype, resolve_backend
 from precguard.errors import TargetError, UsageError
+from precguard.numerics import (
+    CORRECT_RUN_GROWTH,
+    SIGNIFICAND_BITS,
+    relative_l2,
+    rounding_floor,
+    unit_roundoff,
+)
 from precguard.oracle import map_tensors_keeping_types
 from precguard.target import Target, call_model
 from precguard.target_run import TargetRun
@@ -64,20 +69,6 @@ logger = get_logger(__name__)
 _FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
 
 MetricName = Literal["rel_l2", "max_abs", "mean_abs", "max_rel", "cosine"]
-
-#: How far a correct device run's output error may exceed its floor, the
-#: error of the same forward with every leaf module computed at reference precision and its
-#: inputs and output rounded once to the device's format (the code between leaves stays
-#: on the device). That floor holds every rounding a correct device must do: each hand-off
-#: between modules stored in its format. A correct leaf adds the roundings of its own
-#: intermediate values; each is one rounding relative to a value no larger than what it
-#: feeds (a well-conditioned kernel does not amplify them), so, rounding errors being
-#: independent, they add at most as much again in quadrature: sqrt(1 + 1) times the floor.
-#: A leaf whose code is ill-conditioned in the device's precision (one-pass variance of a
-#: row with a large mean, angles rounded before the sine, a matmul past the format's
-#: range) exceeds it. Measured on ``emu:bf16`` (``precguard bisect``, docs/bisect.md):
-#: parallel-decoder 1.08x its floor, tiny-llama 1.2x, the one-pass LayerNorm twin 1.96x.
-CORRECT_RUN_GROWTH = math.sqrt(2.0)
 
 
 def precision_eps(precision: torch.dtype | str) -> float:
@@ -145,9 +136,8 @@ def output_error(actual: torch.Tensor, expected: torch.Tensor, metric: str = "re
     if not bool(torch.isfinite(a).all()):
         return math.inf
     diff = a - e
-    if metric == "rel_l2":
-        denom = float(e.norm())
-        return float(diff.norm()) / denom if denom else float(diff.norm())
+    if metric == "rel_l2":  # the one definition (precguard.numerics)
+        return relative_l2(float(diff.norm()), float(e.norm()))
     if metric == "max_abs":
         return float(diff.abs().max()) if diff.numel() else 0.0
     if metric == "mean_abs":

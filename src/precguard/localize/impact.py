@@ -13,7 +13,9 @@ actual's device in its dtype. A module is put at reference precision the way
 its call goes to the same module of the reference copy, its output cast back
 to the actual's dtype), so no second hook layer exists. The error is the
 relative L2 error of the logits, measured by compare's own
-:func:`~precguard.compare.metrics.tensor_metrics`.
+:func:`~precguard.compare.metrics.tensor_metrics` (not the in-memory
+:func:`precguard.numerics.measure`: the re-run must reproduce the recorded
+comparison's error bit for bit, and compare sums the squares by chunks).
 
 A module's *share* is ``(before - after) / before``. The error budget lists
 each local module's share, the error with all of them at reference together,
@@ -53,6 +55,7 @@ from precguard.localize.bisect import (
     _cast_batch,
     main_output,
 )
+from precguard.numerics import FLOOR_SLACK, HELP_SHARE
 from precguard.opcheck.sweep import OpCheckResult
 from precguard.target import Target, call_model
 from precguard.target_run import TargetRun
@@ -227,18 +230,9 @@ class ActualSide:
         return self.measure(self.forward([self.at_reference(known, self.correct_twin())]))
 
 
-#: a remedy is verified when its output error is at most this multiple of the floor. The
-#: output error of a correct run is the root of a sum of squares of many independent
-#: roundings (every module's); a remedy computes one module differently from the floor's
-#: correct kernel (float32 weights instead of rounded ones, another rounding order), which
-#: moves that sum by the module's own part of it. 1.25 lets that one module own up to a
-#: quarter of the floor's error, more than any single module of a correct run should (a
-#: module beyond that is itself a finding of the budget).
-FLOOR_SLACK = 1.25
-
-#: a remedy that removes less than this share of the excess over the floor did not help:
-#: an excess that stays above 90 % is the same fault, not a partial fix
-HELP_SHARE = 0.1
+#: FLOOR_SLACK (a remedy is verified within 1.25x the floor) and HELP_SHARE (one that
+#: removes less than a tenth of the excess did not help) are defined, with their
+#: derivations, in precguard.numerics
 
 
 def judge_remedy(before: float, after: float, floor: float | None) -> RemedyVerdict:
@@ -259,8 +253,8 @@ def judge_remedy(before: float, after: float, floor: float | None) -> RemedyVerd
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """``actual``'s relative L2 error against ``expected`` (compare's measure); inf if not
-    finite."""
+    """``actual``'s relative L2 error against ``expected`` (compare's measure, whose
+    ratio is :func:`precguard.numerics.relative_l2`); inf if not finite."""
     if actual.numel() != expected.numel():
         raise UsageError(
             f"the actual output has {actual.numel()} elements, the reference "
