@@ -163,13 +163,15 @@ def _guard(
     errors: Errors,
     failures: _Failures,
     eager: Callable[[Any], Any] = outside_dynamo,
+    first: Any = None,
 ) -> Callable[..., Any]:
-    """``fn`` with ``name`` bound first; with ``errors="report"`` a raise is reported, not raised.
+    """``fn`` with ``first`` (default ``name``) bound first; with ``errors="report"`` a raise
+    is reported under ``name``, not raised.
 
     ``eager``: how it is kept out of dynamo (forward hooks; gradient hooks run in
     autograd's engine, outside dynamo's frames, and pass ``_as_is``).
     """
-    bound = functools.partial(fn, name)
+    bound = functools.partial(fn, name if first is None else first)
     if errors == "raise":
         return eager(bound)
 
@@ -199,6 +201,7 @@ def on_calls(
     root_name: str = "root",
     errors: Errors = "report",
     always_call: bool = False,
+    bind: Callable[[str, nn.Module], Any] | None = None,
 ) -> HookHandle:
     """Call ``pre`` before and ``post`` after each call of the chosen modules under ``model``.
 
@@ -214,17 +217,20 @@ def on_calls(
     ``modules``: every module except containers (None), those a predicate
     ``(name, module) -> bool`` accepts, or an iterable of qualified names.
     ``always_call``: run ``post`` also when the module raised (a stack kept
-    by ``pre``/``post`` stays balanced).
+    by ``pre``/``post`` stays balanced). ``bind(name, module)``: what the
+    callbacks get first instead of the name, made once per module at
+    registration (what a capture resolves once rather than per call).
     """
     handle = HookHandle()
     failures = _Failures()
     try:
         for name, mod in _chosen(model, modules, root_name):
+            first = bind(name, mod) if bind is not None else None
             if pre is not None:
-                hook = _guard(pre, name, "forward_pre", errors, failures)
+                hook = _guard(pre, name, "forward_pre", errors, failures, first=first)
                 handle._add(mod.register_forward_pre_hook(hook, with_kwargs=with_kwargs))
             if post is not None:
-                hook = _guard(post, name, "forward", errors, failures)
+                hook = _guard(post, name, "forward", errors, failures, first=first)
                 handle._add(
                     mod.register_forward_hook(
                         hook, with_kwargs=with_kwargs, always_call=always_call
