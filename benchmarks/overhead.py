@@ -392,6 +392,14 @@ def per_call_overhead(repeats: int) -> None:
     def noop_post(module: object, args: object, kwargs: object, output: object) -> None:
         return None
 
+    def noop_pre_named(name: str, module: object, args: object, kwargs: object) -> None:
+        return None
+
+    def noop_post_named(
+        name: str, module: object, args: object, kwargs: object, output: object
+    ) -> None:
+        return None
+
     def torch_hooks() -> object:
         hs = [m.register_forward_pre_hook(noop_pre, with_kwargs=True) for m in modules]
         hs += [m.register_forward_hook(noop_post, with_kwargs=True) for m in modules]
@@ -403,7 +411,7 @@ def per_call_overhead(repeats: int) -> None:
         from precguard.capture.hooks import on_calls
 
         def noop_calls() -> object:
-            return on_calls(model, lambda call: None, lambda call, output: None).remove
+            return on_calls(model, noop_pre_named, noop_post_named).remove
 
         configs["on_calls no-op"] = noop_calls
     except ImportError:  # the code before the one hook layer
