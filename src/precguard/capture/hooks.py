@@ -156,6 +156,10 @@ def _chosen(root: nn.Module, modules: ModuleChoice, root_name: str) -> list[tupl
     return chosen
 
 
+#: ``_guard``'s default first argument: the module's name
+_NAME = object()
+
+
 def _guard(
     fn: Callable[..., Any],
     name: str,
@@ -163,7 +167,7 @@ def _guard(
     errors: Errors,
     failures: _Failures,
     eager: Callable[[Any], Any] = outside_dynamo,
-    first: Any = None,
+    first: Any = _NAME,
 ) -> Callable[..., Any]:
     """``fn`` with ``first`` (default ``name``) bound first; with ``errors="report"`` a raise
     is reported under ``name``, not raised.
@@ -171,7 +175,7 @@ def _guard(
     ``eager``: how it is kept out of dynamo (forward hooks; gradient hooks run in
     autograd's engine, outside dynamo's frames, and pass ``_as_is``).
     """
-    bound = functools.partial(fn, name if first is None else first)
+    bound = functools.partial(fn, name if first is _NAME else first)
     if errors == "raise":
         return eager(bound)
 
@@ -225,7 +229,7 @@ def on_calls(
     failures = _Failures()
     try:
         for name, mod in _chosen(model, modules, root_name):
-            first = bind(name, mod) if bind is not None else None
+            first = bind(name, mod) if bind is not None else _NAME
             if pre is not None:
                 hook = _guard(pre, name, "forward_pre", errors, failures, first=first)
                 handle._add(mod.register_forward_pre_hook(hook, with_kwargs=with_kwargs))
