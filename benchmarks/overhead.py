@@ -26,7 +26,9 @@ hook layer pays), with no-op callbacks through ``capture.hooks.on_calls`` (where
 it exists), and monitored by a ``Monitor`` whose recording computes no
 statistics (capture doing nothing but the call bookkeeping: frames, call
 counts, the named tensors of each call). Each figure is (median hooked −
-median plain forward) / module calls per forward, from interleaved repeats.
+median plain forward) / module calls per forward, from interleaved repeats;
+beside it the Python functions called per module call, counted
+(``sys.setprofile``), which no machine load changes.
 
     .venv/bin/python benchmarks/overhead.py [--hidden 256 1024] [--repeats 21] [--threads N]
     .venv/bin/python benchmarks/overhead.py --hidden --per-call [--repeats 201]
@@ -40,8 +42,10 @@ import io
 import json
 import pstats
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -438,6 +442,14 @@ def per_call_overhead(repeats: int) -> None:
                     remove()
                 if i:
                     times[name].append(t1 - t0)
+        # the same cost counted, not timed: Python functions called per forward (a count
+        # no machine load changes, so two revisions compare exactly)
+        py_calls: dict[str, int] = {}
+        for name, attach in configs.items():
+            remove = attach() if callable(attach) else None
+            py_calls[name] = python_calls(lambda: model(ids))
+            if callable(remove):
+                remove()
         rec.close()
     torch.set_num_threads(threads)
     base = statistics.median(times["plain"])
@@ -446,14 +458,36 @@ def per_call_overhead(repeats: int) -> None:
         f"tokens, {n_calls} module calls per forward, one thread, process CPU time, "
         f"repeats={repeats} (interleaved) --"
     )
-    print(f"{'config':<24}{'forward':>10}  {'µs/call':>8}  {'q1-q3 µs/call':>17}")
+    print(
+        f"{'config':<24}{'forward':>10}  {'µs/call':>8}  {'q1-q3 µs/call':>17}  "
+        f"{'Python calls/call':>17}"
+    )
     for name, ts in times.items():
         med = statistics.median(ts)
         q1, q3 = quartiles(
             [(t - p) / n_calls * 1e6 for p, t in zip(times["plain"], ts, strict=True)]
         )
         per = (med - base) / n_calls * 1e6
-        print(f"{name:<24}{med * 1e3:7.2f} ms  {per:8.2f}  {q1:7.2f} - {q3:7.2f}")
+        calls_per = (py_calls[name] - py_calls["plain"]) / n_calls
+        print(
+            f"{name:<24}{med * 1e3:7.2f} ms  {per:8.2f}  {q1:7.2f} - {q3:7.2f}  {calls_per:17.2f}"
+        )
+
+
+def python_calls(run: Callable[[], object]) -> int:
+    """How many Python functions ``run()`` calls (``sys.setprofile``'s call events)."""
+    count = [0]
+
+    def profile(_frame: object, event: str, _arg: object) -> None:
+        if event == "call":
+            count[0] += 1
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return count[0]
 
 
 if __name__ == "__main__":
