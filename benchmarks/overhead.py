@@ -19,7 +19,19 @@ monitored, with and without the gradients w.r.t. module inputs
 (``input_grads``). ``--profile`` prints where a monitored forward spends its
 time (cProfile, precguard's own functions and the torch ops they call).
 
+``--per-call`` prints the Python cost of the hooks themselves, in µs per module
+call with statistics off: a small LLaMA (hidden 64, 8 tokens, so the forward is
+mostly Python) runs plain, with torch's own no-op forward hooks (the floor any
+hook layer pays), with no-op callbacks through ``capture.hooks.on_calls`` (where
+it exists), and monitored by a ``Monitor`` whose recording computes no
+statistics (capture doing nothing but the call bookkeeping: frames, call
+counts, the named tensors of each call). Each figure is (median hooked −
+median plain forward) / module calls per forward, from interleaved repeats;
+beside it the Python functions called per module call, counted
+(``sys.setprofile``), which no machine load changes.
+
     .venv/bin/python benchmarks/overhead.py [--hidden 256 1024] [--repeats 21] [--threads N]
+    .venv/bin/python benchmarks/overhead.py --hidden --per-call [--repeats 201]
 """
 
 from __future__ import annotations
@@ -30,8 +42,10 @@ import io
 import json
 import pstats
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -66,7 +80,9 @@ def quartiles(values: list[float]) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, nargs="+", default=[256, 1024])
+    parser.add_argument(
+        "--hidden", type=int, nargs="*", default=[256, 1024], help="none: skip the ratio table"
+    )
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=128)
@@ -84,9 +100,18 @@ def main() -> None:
         help="Also time op-level capture (level='op' and 'both', function and aten level) "
         "beside module level, interleaved in one run.",
     )
+    parser.add_argument(
+        "--per-call",
+        action="store_true",
+        help="Print the µs per module call of the hooks with statistics off.",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.per_call:
+        per_call_overhead(args.repeats)
+    if not args.hidden:
+        return
 
     from precguard.capture.monitor import Monitor
     from precguard.capture.options import CaptureOptions
@@ -321,6 +346,148 @@ def op_overhead(model: torch.nn.Module, ids: torch.Tensor, repeats: int, hidden:
         q1, q3 = quartiles([b / a for a, b in zip(times["plain"], times[name], strict=True)])
         n = records.get(name, 0)
         print(f"{name:<18}{med * 1e3:7.1f} ms  {med / base:6.3f}x  {q1:5.3f}-{q3:5.3f}x  {n:>12}")
+
+
+def per_call_overhead(repeats: int) -> None:
+    """Print the µs per module call of hooks that compute no statistics (see the module doc)."""
+    from precguard.capture.monitor import Monitor
+    from precguard.capture.options import CaptureOptions
+    from precguard.capture.recording import Recording
+
+    class Bookkeeping(Recording):
+        """A recording that counts calls and opens frames but computes and writes nothing."""
+
+        def add(self, *args: object, **kwargs: object) -> bool:  # type: ignore[override]
+            return True
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=4,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        vocab_size=1024,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 1024, (1, 8))
+    # the hooks' cost is Python on one thread: one torch thread keeps a loaded machine's
+    # thread contention out of it, and process CPU time keeps out the time others ran
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    modules = [m for m in model.modules() if not isinstance(m, torch.nn.ModuleList)]
+    calls = [0]
+
+    def count(*_: object) -> None:
+        calls[0] += 1
+
+    handles = [m.register_forward_pre_hook(count) for m in modules]
+    with torch.no_grad():
+        model(ids)
+    for h in handles:
+        h.remove()
+    n_calls = calls[0]
+
+    def noop_pre(module: object, args: object, kwargs: object) -> None:
+        return None
+
+    def noop_post(module: object, args: object, kwargs: object, output: object) -> None:
+        return None
+
+    def noop_pre_named(name: str, module: object, args: object, kwargs: object) -> None:
+        return None
+
+    def noop_post_named(
+        name: str, module: object, args: object, kwargs: object, output: object
+    ) -> None:
+        return None
+
+    def torch_hooks() -> object:
+        hs = [m.register_forward_pre_hook(noop_pre, with_kwargs=True) for m in modules]
+        hs += [m.register_forward_hook(noop_post, with_kwargs=True) for m in modules]
+        return lambda: [h.remove() for h in hs]
+
+    options = CaptureOptions(backward=False, params="never", evidence=False)
+    configs: dict[str, object] = {"plain": None, "torch no-op hooks": torch_hooks}
+    try:
+        from precguard.capture.hooks import on_calls
+
+        def noop_calls() -> object:
+            return on_calls(model, noop_pre_named, noop_post_named).remove
+
+        configs["on_calls no-op"] = noop_calls
+    except ImportError:  # the code before the one hook layer
+        pass
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        rec = Bookkeeping(Path(tmp) / "run", options)
+
+        def monitor() -> object:
+            return Monitor(model, rec, options).remove
+
+        configs["Monitor, no statistics"] = monitor
+        times: dict[str, list[float]] = {name: [] for name in configs}
+        for _ in range(3):
+            model(ids)
+        for i in range(repeats + 1):
+            names = list(configs) if i % 2 else list(reversed(configs))
+            for name in names:
+                attach = configs[name]
+                remove = attach() if callable(attach) else None
+                t0 = time.process_time()
+                model(ids)
+                t1 = time.process_time()
+                if callable(remove):
+                    remove()
+                if i:
+                    times[name].append(t1 - t0)
+        # the same cost counted, not timed: Python functions called per forward (a count
+        # no machine load changes, so two revisions compare exactly)
+        py_calls: dict[str, int] = {}
+        for name, attach in configs.items():
+            remove = attach() if callable(attach) else None
+            py_calls[name] = python_calls(lambda: model(ids))
+            if callable(remove):
+                remove()
+        rec.close()
+    torch.set_num_threads(threads)
+    base = statistics.median(times["plain"])
+    print(
+        f"-- per module call, statistics off: LLaMA hidden=64 layers=4 vocab=1024, 1x8 "
+        f"tokens, {n_calls} module calls per forward, one thread, process CPU time, "
+        f"repeats={repeats} (interleaved) --"
+    )
+    print(
+        f"{'config':<24}{'forward':>10}  {'µs/call':>8}  {'q1-q3 µs/call':>17}  "
+        f"{'Python calls/call':>17}"
+    )
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        q1, q3 = quartiles(
+            [(t - p) / n_calls * 1e6 for p, t in zip(times["plain"], ts, strict=True)]
+        )
+        per = (med - base) / n_calls * 1e6
+        calls_per = (py_calls[name] - py_calls["plain"]) / n_calls
+        print(
+            f"{name:<24}{med * 1e3:7.2f} ms  {per:8.2f}  {q1:7.2f} - {q3:7.2f}  {calls_per:17.2f}"
+        )
+
+
+def python_calls(run: Callable[[], object]) -> int:
+    """How many Python functions ``run()`` calls (``sys.setprofile``'s call events)."""
+    count = [0]
+
+    def profile(_frame: object, event: str, _arg: object) -> None:
+        if event == "call":
+            count[0] += 1
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return count[0]
 
 
 if __name__ == "__main__":

@@ -16,18 +16,23 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from precguard.capture.hooks import on_calls
+
 
 def plant_fp16_rmsnorm(model: nn.Module, name: str) -> None:
     """Make the RMSNorm ``name`` compute in float16, as a port without an fp32 upcast would."""
     norm = model.get_submodule(name)
 
-    def fp16_forward(_mod: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    def fp16_forward(
+        _name: str, _mod: nn.Module, args: tuple, output: torch.Tensor
+    ) -> torch.Tensor:
         x = args[0].half()
         variance = x.pow(2).mean(-1, keepdim=True)
         normed = x * torch.rsqrt(variance + norm.variance_epsilon)
         return (norm.weight.half() * normed).to(output.dtype)
 
-    norm.register_forward_hook(fp16_forward)
+    # the planted bug stays for the model's life (the demo builds the model for one run)
+    on_calls(norm, post=fp16_forward, modules=["root"], with_kwargs=False, errors="raise")
 
 
 def main(argv: list[str] | None = None) -> int:

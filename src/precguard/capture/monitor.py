@@ -42,17 +42,15 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from precguard._logging import get_logger
-from precguard.capture.compiled import outside_dynamo
 from precguard.capture.flatten import named_tensors
 from precguard.capture.grad_edges import consumer_edges
+from precguard.capture.hooks import module_names, on_calls
 from precguard.capture.kv_cache import CacheStates, caches_in, caches_out
 from precguard.capture.options import CaptureOptions
 from precguard.capture.recording import CallFrame, Recording
 from precguard.errors import NonFiniteError
 
 logger = get_logger(__name__)
-
-_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
 
 
 @dataclass
@@ -108,23 +106,6 @@ def attributable_readers(readers: list[_Reader], root_name: str = "root") -> lis
         return _encloses(a.module, b.module, root_name) or _encloses(b.module, a.module, root_name)
 
     return [r for r in readers if all(nested(r, o) for o in readers)]
-
-
-def module_names(root: nn.Module, root_name: str = "root") -> dict[nn.Module, str]:
-    """Map each module under ``root`` to its qualified name; the root is ``root_name``.
-
-    With a root name other than ``root`` (a decorated instance) children are
-    prefixed with it: ``LlamaMLP#0.down_proj``.
-    """
-    names: dict[nn.Module, str] = {}
-    for name, mod in root.named_modules():
-        if mod in names:
-            continue
-        if not name:
-            names[mod] = root_name
-        else:
-            names[mod] = name if root_name == "root" else f"{root_name}.{name}"
-    return names
 
 
 #: an open call: its sink, its frame, and its inputs that require grad as
@@ -196,35 +177,39 @@ class Monitor:
         #: the user keeps) never keeps a model alive
         self.names: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary(names)
         self._covered: list[int] = []
-        for mod, name in names.items():
-            if isinstance(mod, _CONTAINERS):
-                continue
-            if covers and self._fixed_sink is not None:
-                self._fixed_sink.covered.add(id(mod))
-                self._covered.append(id(mod))
-            mtype = type(mod).__name__
-            site = _Site(
-                name,
-                mtype,
-                options.saves(name),
-                mod is root,
-                not covers,
-                next(mod.children(), None) is None,
-            )
-            self._sites.append(site)
-            # kept out of dynamo's tracing: under torch.compile a hooked module's boundary
-            # is a graph break and the hook sees real tensors (capture/compiled.py)
-            pre = outside_dynamo(functools.partial(self._pre, site))
-            post = outside_dynamo(functools.partial(self._post, site))
-            self._handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
-            self._handles.append(mod.register_forward_hook(post, with_kwargs=True))
-            if options.backward:
-                for index, (pname, p) in enumerate(mod.named_parameters(recurse=False)):
-                    if p.requires_grad:
-                        hook = functools.partial(
-                            self._param_grad, name, mtype, index, pname, site.save
-                        )
-                        self._handles.append(p.register_post_accumulate_grad_hook(hook))
+        self._hooks = on_calls(
+            root,
+            self._pre,
+            self._post,
+            root_name=root_name,
+            # the Monitor's hooks catch their own errors, per module and hook, and push a
+            # frame even when the pre-hook failed: no wrapper of the layer around them
+            errors="raise",
+            bind=functools.partial(self._site, root, covers),
+        )
+
+    def _site(self, root: nn.Module, covers: bool, name: str, mod: nn.Module) -> _Site:
+        """Resolve once what the hooks of ``mod`` need; hook its parameters' gradients."""
+        options = self.options
+        if covers and self._fixed_sink is not None:
+            self._fixed_sink.covered.add(id(mod))
+            self._covered.append(id(mod))
+        mtype = type(mod).__name__
+        site = _Site(
+            name,
+            mtype,
+            options.saves(name),
+            mod is root,
+            not covers,
+            next(mod.children(), None) is None,
+        )
+        self._sites.append(site)
+        if options.backward:
+            for index, (pname, p) in enumerate(mod.named_parameters(recurse=False)):
+                if p.requires_grad:
+                    hook = functools.partial(self._param_grad, name, mtype, index, pname, site.save)
+                    self._handles.append(p.register_post_accumulate_grad_hook(hook))
+        return site
 
     # -- hooks -------------------------------------------------------------------------
 
@@ -553,6 +538,7 @@ class Monitor:
         if self.removed:
             return
         self.removed = True
+        self._hooks.remove()
         for h in self._handles:
             h.remove()
         self._handles.clear()

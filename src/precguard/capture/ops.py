@@ -52,10 +52,10 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.hooks import RemovableHandle
 
 from precguard._logging import get_logger
 from precguard.capture.flatten import named_tensors
+from precguard.capture.hooks import HookHandle, on_calls
 from precguard.capture.monitor import module_names
 from precguard.capture.options import CaptureOptions
 from precguard.capture.recording import CallFrame, Recording
@@ -190,7 +190,6 @@ class OpCapture:
         self.removed = False
         self._depth = 0
         self._mode: TorchFunctionMode | TorchDispatchMode | None = None
-        self._handles: list[RemovableHandle] = []
         #: (module, op) -> (the key call counts use, the op's record module, its tensors saved)
         self._sites: dict[tuple[str, str], tuple[object, str, bool]] = {}
         self._selected: dict[str, bool] = {}  # module name -> its ops are recorded
@@ -201,15 +200,33 @@ class OpCapture:
         names = module_names(root, root_name)
         #: module -> qualified name, weak (as the Monitor's) so no handle keeps a model alive
         self.names: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary(names)
-        for mod, name in names.items():
-            if mod is root:
-                pre = functools.partial(self._root_pre, name)
-                post = functools.partial(self._root_post, name)
-            else:
-                pre = functools.partial(self._push, name)
-                post = self._pop
-            self._handles.append(mod.register_forward_pre_hook(pre))
-            self._handles.append(mod.register_forward_hook(post, always_call=True))
+        # the stack stays balanced when a module raises (always_call); the hooks catch
+        # their own errors (the mode's entry and exit), so no wrapper of the layer's
+        self._hooks = HookHandle()
+        self._hooks._add(
+            on_calls(
+                root,
+                self._push,
+                self._pop,
+                modules=lambda _n, m: m is not root,
+                with_kwargs=False,
+                root_name=root_name,
+                errors="raise",
+                always_call=True,
+            )
+        )
+        self._hooks._add(
+            on_calls(
+                root,
+                self._root_pre,
+                self._root_post,
+                modules=[root_name],
+                with_kwargs=False,
+                root_name=root_name,
+                errors="raise",
+                always_call=True,
+            )
+        )
 
     # -- module stack ----------------------------------------------------------------------
 
@@ -217,7 +234,7 @@ class OpCapture:
         if self.stack:
             self.stack.append(name)
 
-    def _pop(self, module: nn.Module, args: Any, output: Any) -> None:
+    def _pop(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
         if len(self.stack) > 1:
             self.stack.pop()
 
@@ -368,9 +385,7 @@ class OpCapture:
         if self.removed:
             return
         self.removed = True
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        self._hooks.remove()
         mode, self._mode = self._mode, None
         if mode is not None:
             try:

@@ -22,6 +22,7 @@ import torch
 
 from precguard._logging import get_logger
 from precguard.capture.hashing import HashBuffer
+from precguard.capture.hooks import NonFiniteOrigin
 from precguard.capture.options import CaptureOptions, OnNonFinite
 from precguard.capture.run_dir import agree_on_run_dir
 from precguard.capture.stats import _DTYPE_INFO, StatsBuffer, capture_scope, dtype_info
@@ -193,8 +194,8 @@ class Recording:
         self.recomputed_calls = 0
         self._step_owner: int | None = None
         self._explicit_steps = not auto_step
-        self._inputs_finite: dict[tuple[str, int], bool] = {}
-        self._origin_seen: set[str] = set()  # phases whose origin this step was found
+        #: this step's NaN/Inf origin per phase, from the records in capture order
+        self._origin = NonFiniteOrigin()
         self._nonfinite_acted = False
         self.steps_seen = 0
         #: the I/O error that stopped the recording (disk full, directory made
@@ -277,8 +278,7 @@ class Recording:
         self.step_index += 1
         self._calls.clear()
         self._recomputes.clear()
-        self._inputs_finite.clear()
-        self._origin_seen.clear()
+        self._origin.reset()
         self._nonfinite_acted = False
 
     def enter(
@@ -484,22 +484,20 @@ class Recording:
 
     def _scan_nonfinite(self, records: list[dict[str, Any]]) -> None:
         """Mark the NaN/Inf origin among ``records`` (in capture order) and log it."""
+        origin = self._origin
         for rec in records:
             stats = rec.get("stats")
-            bad = stats is not None and (stats["nan"] or stats["inf"])
+            finite = stats is None or not (stats["nan"] or stats["inf"])
             phase = rec["phase"]
             if phase == "forward":
                 group = (rec["module"], rec["call"])
                 if rec["role"] == "input":
-                    self._inputs_finite[group] = self._inputs_finite.get(group, True) and not bad
+                    origin.inputs(group, finite)
                     continue
-                if rec["role"] != "output" or not bad:
+                if rec["role"] != "output" or not origin.output(group, finite):
                     continue
-                if not self._inputs_finite.get(group, True) or "forward" in self._origin_seen:
-                    continue
-            elif not bad or phase in self._origin_seen:
+            elif not origin.first(rec["key"], finite, phase):
                 continue
-            self._origin_seen.add(phase)
             rec["nonfinite_origin"] = True
             logger.warning(
                 "nonfinite_origin",

@@ -21,6 +21,7 @@ from torch import nn
 from precguard import tree
 from precguard._logging import get_logger
 from precguard.backend import Backend
+from precguard.capture.hooks import on_calls
 from precguard.checks.base import CheckContext, NotApplicable
 from precguard.devices import dtype_name, parse_dtype, seed_everything
 from precguard.numerics import measure
@@ -316,28 +317,28 @@ class Lab:
             captured: dict[str, tuple[nn.Module, tuple, dict]] = {}
             classes: set[type] = set()
             used = [0]
-            handles = []
-            for name, mod in model.named_modules():
-                if not _worth_capturing(mod):
-                    continue
 
-                def pre(m: nn.Module, args: tuple, kwargs: dict, _name: str = name) -> None:
-                    if _name in captured:
-                        return
-                    if used[0] > CAPTURE_BUDGET and type(m) in classes:
-                        return
-                    a, k = _detach(args), _detach(kwargs)
-                    used[0] += sum(t.numel() * t.element_size() for _, t in _tensors(a, k))
-                    classes.add(type(m))
-                    captured[_name] = (m, a, k)
+            def pre(name: str, m: nn.Module, args: tuple, kwargs: dict) -> None:
+                if name in captured:
+                    return
+                if used[0] > CAPTURE_BUDGET and type(m) in classes:
+                    return
+                a, k = _detach(args), _detach(kwargs)
+                used[0] += sum(t.numel() * t.element_size() for _, t in _tensors(a, k))
+                classes.add(type(m))
+                captured[name] = (m, a, k)
 
-                handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
-            try:
-                with torch.no_grad():  # on the CPU in fp32: the captures are the exact inputs
-                    call_model(model, self.batch(0))
-            finally:
-                for h in handles:
-                    h.remove()
+            # a capture that fails is an error of the check: it would run on missing inputs
+            with (
+                on_calls(
+                    model,
+                    pre,
+                    modules=lambda _name, mod: _worth_capturing(mod),
+                    errors="raise",
+                ),
+                torch.no_grad(),  # on the CPU in fp32: the captures are the exact inputs
+            ):
+                call_model(model, self.batch(0))
             self._cache["module_inputs"] = {(k or "root"): v for k, v in captured.items()}
         return self._cache["module_inputs"]
 

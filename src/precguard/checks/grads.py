@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from precguard.checks._lab import Gradients, first_tensor, flatten, lab
+from precguard.capture.hooks import NonFiniteOrigin, has_nonfinite, on_calls, on_tensor_grad
+from precguard.checks._lab import Gradients, first_tensor, lab
 from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
 from precguard.target import call_model
 
@@ -113,39 +114,33 @@ def nonfinite_origin(ctx: CheckContext) -> Finding:
         raise NotApplicable("target gives no loss")
     model = bench.copy("device")
     model.eval()
+    origin = NonFiniteOrigin()
     forward_origin: list[str] = []
     backward_seen: list[tuple[str, bool]] = []
-    handles = []
 
-    def finite(value: Any) -> bool:
-        return all(
-            bool(torch.isfinite(t).all())
-            for _, t in flatten(value)
-            if isinstance(t, torch.Tensor) and t.is_floating_point()
-        )
+    def post(name: str, _m: nn.Module, args: Any, out: Any) -> None:
+        if "forward" not in origin.found and origin.call(
+            name, not has_nonfinite(args), not has_nonfinite(out)
+        ):
+            forward_origin.append(name)
+        t = first_tensor(out)
+        if t is not None and t.requires_grad:
+            on_tensor_grad(
+                t,
+                lambda g, _q=name: backward_seen.append((_q, bool(torch.isfinite(g).all()))),
+                name=name,
+                errors="raise",
+            )
 
-    for name, mod in model.named_modules():
-        qual = name or "root"
-
-        def post(_m: nn.Module, args: Any, out: Any, _q: str = qual) -> None:
-            if not forward_origin and finite(args) and not finite(out):
-                forward_origin.append(_q)
-            t = first_tensor(out)
-            if t is not None and t.requires_grad:
-                t.register_hook(
-                    lambda g, _q=_q: backward_seen.append((_q, bool(torch.isfinite(g).all())))
-                )
-
-        handles.append(mod.register_forward_hook(post))
     batch = bench.place(bench.batch(0), "device")
-    try:
-        with bench.numerics("device"):
-            out = call_model(model, batch)
-            loss = bench.target.loss(out, batch)
-            loss.backward()
-    finally:
-        for h in handles:
-            h.remove()
+    # a hook that fails is an error of the check: it would call an unwatched run finite
+    with (
+        on_calls(model, post=post, modules=lambda _n, _m: True, with_kwargs=False, errors="raise"),
+        bench.numerics("device"),
+    ):
+        out = call_model(model, batch)
+        loss = bench.target.loss(out, batch)
+        loss.backward()
     bad_params = [
         n
         for n, p in model.named_parameters()

@@ -14,24 +14,27 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
+from precguard.capture.hooks import OpsHandle, on_ops
 from precguard.checks._lab import lab, logits_of, rel_error
 from precguard.checks.base import Check, CheckContext, Finding, finding
 
 
-class ShuffledReduction(TorchFunctionMode):
-    """Permute the contraction dimension of linear/matmul: same math, another order."""
+class ShuffledReduction:
+    """Permute the contraction dimension of linear/matmul: same math, another order.
+
+    Run an op through it (``on_ops(run=ShuffledReduction(seed))``, or
+    :func:`shuffled_reduction`) and a linear or a matmul adds its terms in a
+    seeded random order; every other op runs as called.
+    """
 
     def __init__(self, seed: int) -> None:
-        super().__init__()
         self.gen = torch.Generator().manual_seed(seed)
 
     def _perm(self, n: int, device: torch.device) -> torch.Tensor:
         return torch.randperm(n, generator=self.gen).to(device)
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
+    def __call__(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if func is F.linear and len(args) >= 2:
             x, w = args[0], args[1]
             p = self._perm(x.shape[-1], x.device)
@@ -47,6 +50,11 @@ class ShuffledReduction(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def shuffled_reduction(seed: int) -> OpsHandle:
+    """A context in which linear and matmul reduce in a seeded random order (enter it once)."""
+    return on_ops(run=ShuffledReduction(seed))
+
+
 def order_sensitivity(ctx: CheckContext, runs: int = 3, factor: float = 4.0) -> Finding:
     """Spread of the device's output under shuffled reduction order vs the device-reference gap."""
     bench = lab(ctx)
@@ -55,7 +63,9 @@ def order_sensitivity(ctx: CheckContext, runs: int = 3, factor: float = 4.0) -> 
     base = logits_of(bench.forward(model, "device")).detach()
     spreads = []
     for seed in range(runs):
-        shuffled = logits_of(bench.forward(model, "device", inner=ShuffledReduction(seed))).detach()
+        shuffled = logits_of(
+            bench.forward(model, "device", inner=shuffled_reduction(seed))
+        ).detach()
         spreads.append(rel_error(shuffled, base))
     spread = max(spreads)
     gap = rel_error(base, bench.reference_logits())

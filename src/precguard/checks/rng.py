@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
+from precguard.capture.hooks import OpsHandle, on_calls, on_ops
 from precguard.checks._lab import first_tensor, lab
 from precguard.checks.base import Check, CheckContext, Finding, finding
 from precguard.checks.fingerprints import tensor_hash
@@ -51,29 +51,12 @@ class RandomCall:
 @dataclass
 class _Tracer:
     calls: list[RandomCall] = field(default_factory=list)
-    stack: list[str] = field(default_factory=list)
 
-
-class _RandomOpMode(TorchFunctionMode):
-    """Notes each random op and the module running it; computes exactly as without it."""
-
-    def __init__(self, tracer: _Tracer) -> None:
-        super().__init__()
-        self.tracer = tracer
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        name = getattr(func, "__name__", "")
-        if name in _RANDOM_OPS and _consumes(name, args, kwargs):
+    def op(self, name: str, args: tuple, kwargs: dict, _result: Any, module: str) -> None:
+        """Note a random op that drew from a generator, and the module running it."""
+        if _consumes(name, args, kwargs):
             gen = kwargs.get("generator")
-            self.tracer.calls.append(
-                RandomCall(
-                    op=name,
-                    module=self.tracer.stack[-1] if self.tracer.stack else "root",
-                    own_generator=gen is not None,
-                )
-            )
-        return func(*args, **kwargs)
+            self.calls.append(RandomCall(op=name, module=module, own_generator=gen is not None))
 
 
 def _consumes(name: str, args: tuple, kwargs: dict) -> bool:
@@ -87,34 +70,31 @@ def _consumes(name: str, args: tuple, kwargs: dict) -> bool:
 @contextmanager
 def trace_forward(
     model: nn.Module,
-) -> Iterator[tuple[_Tracer, list[tuple[str, str]], TorchFunctionMode]]:
+) -> Iterator[tuple[_Tracer, list[tuple[str, str]], OpsHandle]]:
     """Trace random ops per module and hash each module's output, in execution order.
 
-    Yields the tracer, the output hashes and the op-watching mode, which the
-    caller enters inside the device's numerics (``Lab.forward(inner=mode)``).
+    Yields the tracer, the output hashes and the op watcher, which the caller
+    enters inside the device's numerics (``Lab.forward(inner=mode)``). The op
+    watcher notes each random op and the module running it; the model computes
+    exactly as without it.
     """
     tracer = _Tracer()
     outputs: list[tuple[str, str]] = []
-    handles = []
-    for name, mod in model.named_modules():
-        qual = name or "root"
 
-        def pre(_m: nn.Module, _a: Any, _qual: str = qual) -> None:
-            tracer.stack.append(_qual)
+    def post(name: str, _m: nn.Module, _a: Any, out: Any) -> None:
+        t = first_tensor(out)
+        outputs.append((name, tensor_hash(t) if t is not None else "-"))
 
-        def post(_m: nn.Module, _a: Any, out: Any, _qual: str = qual) -> None:
-            if tracer.stack:
-                tracer.stack.pop()
-            t = first_tensor(out)
-            outputs.append((_qual, tensor_hash(t) if t is not None else "-"))
-
-        handles.append(mod.register_forward_pre_hook(pre))
-        handles.append(mod.register_forward_hook(post))
+    # errors raised: a hash or an op that goes unnoted would be a wrong verdict. The op
+    # watcher is entered by the caller, inside the device's numerics; removed here.
+    ops = on_ops(tracer.op, model=model, ops=_RANDOM_OPS, errors="raise")
     try:
-        yield tracer, outputs, _RandomOpMode(tracer)
+        with on_calls(
+            model, post=post, modules=lambda _n, _m: True, with_kwargs=False, errors="raise"
+        ):
+            yield tracer, outputs, ops
     finally:
-        for h in handles:
-            h.remove()
+        ops.remove()
 
 
 def _init_hashes(bench: Any, backend: Any) -> dict[str, str]:

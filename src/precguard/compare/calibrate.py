@@ -19,33 +19,31 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
+from precguard.capture.hooks import HookHandle, on_calls
 from precguard.compare.tolerance import unit_roundoff
 
 
-def perturb_inputs(
-    model: nn.Module, dtype: str = "bfloat16", seed: int = 0
-) -> list[RemovableHandle]:
+def perturb_inputs(model: nn.Module, dtype: str = "bfloat16", seed: int = 0) -> HookHandle:
     """Perturb every module's float inputs by one unit roundoff of ``dtype``; return the hooks.
 
     Each module call draws its signs from a generator seeded by ``seed``, the
     module's position in ``model.modules()`` and its call count, so two
-    calibration passes agree.
+    calibration passes agree. ``remove()`` the handle (or use it as a context
+    manager) to compute as before.
     """
     u = unit_roundoff(dtype)
-    handles = []
-    for position, module in enumerate(model.modules()):
-        calls = [0]
+    position = {mod: i for i, mod in enumerate(model.modules())}
+    calls: dict[str, int] = {}
 
-        def pre_hook(_mod: nn.Module, args: tuple[Any, ...], position: int = position,
-                     calls: list[int] = calls) -> tuple[Any, ...]:  # fmt: skip
-            gen = torch.Generator().manual_seed(seed * 1_000_003 + position * 1009 + calls[0])
-            calls[0] += 1
-            return tuple(_perturbed(a, u, gen) for a in args)
+    def pre(name: str, module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        call = calls.get(name, 0)
+        calls[name] = call + 1
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + position[module] * 1009 + call)
+        return tuple(_perturbed(a, u, gen) for a in args)
 
-        handles.append(module.register_forward_pre_hook(pre_hook))
-    return handles
+    # a perturbation that failed would calibrate on unperturbed inputs: raised, not reported
+    return on_calls(model, pre, modules=lambda _n, _m: True, with_kwargs=False, errors="raise")
 
 
 def _perturbed(x: Any, u: float, gen: torch.Generator) -> Any:

@@ -51,6 +51,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from precguard import tree
 from precguard._logging import get_logger
 from precguard.backend import Backend
+from precguard.capture.hooks import HookHandle, NonFiniteOrigin, on_calls, replace_forward
 from precguard.devices import parse_dtype, resolve_backend
 from precguard.errors import TargetError, UsageError
 from precguard.numerics import (
@@ -305,7 +306,7 @@ class ReferencePrecision:
         self.names = list(names)
         self.reference = reference
         self.dtype = dtype
-        self._saved: list[tuple[nn.Module, bool, Any]] = []
+        self._swaps: list[HookHandle] = []
 
     def _wrapper(self, module: nn.Module, twin: nn.Module) -> Callable[..., Any]:
         param = next(module.parameters(), None)
@@ -342,14 +343,14 @@ class ReferencePrecision:
         return at_reference
 
     def __enter__(self) -> ReferencePrecision:
+        # the module's forward is replaced, not its output (capture.hooks.replace_forward
+        # says why): the device module must not run at all
         try:
             for name in self.names:
                 path = "" if name == ROOT else name
                 module = self.model.get_submodule(path)
                 twin = self.reference_model.get_submodule(path)
-                had = "forward" in module.__dict__
-                self._saved.append((module, had, module.__dict__.get("forward")))
-                module.forward = self._wrapper(module, twin)  # type: ignore[method-assign]
+                self._swaps.append(replace_forward(module, self._wrapper(module, twin)))
         except BaseException:
             self._restore()
             raise
@@ -359,12 +360,8 @@ class ReferencePrecision:
         self._restore()
 
     def _restore(self) -> None:
-        while self._saved:
-            module, had, old = self._saved.pop()
-            if had:
-                module.forward = old  # type: ignore[method-assign]
-            else:
-                del module.forward
+        while self._swaps:
+            self._swaps.pop().remove()
 
 
 class RoundedReference(ReferencePrecision):
@@ -411,18 +408,14 @@ _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
 def call_order(model: nn.Module, run: Callable[[], Any]) -> dict[str, int]:
     """Qualified names (root as ``root``) of the modules ``run()`` calls, by first call."""
     order: dict[str, int] = {}
-    handles = []
-    for name, mod in model.named_modules():
 
-        def pre(_m: nn.Module, _args: Any, _name: str = name or ROOT) -> None:
-            order.setdefault(_name, len(order))
+    def pre(name: str, _m: nn.Module, _args: Any) -> None:
+        order.setdefault(name, len(order))
 
-        handles.append(mod.register_forward_pre_hook(pre))
-    try:
+    with on_calls(
+        model, pre, modules=lambda _n, _m: True, with_kwargs=False, root_name=ROOT, errors="raise"
+    ):
         run()
-    finally:
-        for h in handles:
-            h.remove()
     return order
 
 
@@ -781,6 +774,7 @@ def find_overflow(
     """
     fmax = float(torch.finfo(fmt).max)
     found: list[tuple[str, nn.Module, dict[str, float]]] = []
+    origin = NonFiniteOrigin()  # saturation counts as non-finite here: out of fmt's range
     inputs_ok: dict[str, tuple[bool, float]] = {}
 
     def measure(value: Any) -> tuple[int, int, float]:
@@ -797,41 +791,23 @@ def find_overflow(
             absmax = max(absmax, top)
         return nonfinite, saturated, absmax
 
-    def pre(name: str) -> Callable[..., None]:
-        def hook(_m: nn.Module, args: Any, kwargs: Any) -> None:
-            if not found:
-                nonfinite, saturated, absmax = measure((args, kwargs))
-                inputs_ok[name] = (nonfinite == 0 and saturated == 0, absmax)
+    def pre(name: str, _m: nn.Module, args: Any, kwargs: Any) -> None:
+        if not found:
+            nonfinite, saturated, absmax = measure((args, kwargs))
+            inputs_ok[name] = (nonfinite == 0 and saturated == 0, absmax)
 
-        return hook
+    def post(name: str, module: nn.Module, _args: Any, _kwargs: Any, output: Any) -> None:
+        ok, in_absmax = inputs_ok.get(name, (False, math.inf))
+        if found or not ok:
+            return
+        nonfinite, saturated, absmax = measure(output)
+        if origin.call(name, ok, not (nonfinite or saturated)):
+            values = {"nonfinite": nonfinite, "saturated": saturated, "absmax": absmax}
+            found.append((name, module, {**values, "in": in_absmax}))
 
-    def post(name: str) -> Callable[..., None]:
-        def hook(module: nn.Module, _args: Any, _kwargs: Any, output: Any) -> None:
-            ok, in_absmax = inputs_ok.get(name, (False, math.inf))
-            if found or not ok:
-                return
-            nonfinite, saturated, absmax = measure(output)
-            if nonfinite or saturated:
-                values = {
-                    "nonfinite": nonfinite,
-                    "saturated": saturated,
-                    "absmax": absmax,
-                    "in": in_absmax,
-                }
-                found.append((name, module, values))
-
-        return hook
-
-    handles = []
-    try:
-        for name, mod in model.named_modules():
-            label = name or ROOT
-            handles.append(mod.register_forward_pre_hook(pre(label), with_kwargs=True))
-            handles.append(mod.register_forward_hook(post(label), with_kwargs=True))
+    # a measurement that failed would name no module or the wrong one: raised
+    with on_calls(model, pre, post, modules=lambda _n, _m: True, root_name=ROOT, errors="raise"):
         forward()
-    finally:
-        for h in handles:
-            h.remove()
     if not found:
         return None
     name, module, values = found[0]
@@ -855,7 +831,7 @@ def _reference_absmax(model: nn.Module, name: str, forward: Callable[[], Any]) -
     """Largest |value| of module ``name``'s output in one ``forward()`` of ``model``."""
     seen: list[float] = []
 
-    def hook(_m: nn.Module, _args: Any, output: Any) -> None:
+    def hook(_name: str, _m: nn.Module, _args: Any, output: Any) -> None:
         if not seen:
             tops = [float(t.detach().abs().max()) for t in _float_tensors(output) if t.numel()]
             seen.append(max(tops, default=0.0))
@@ -864,11 +840,8 @@ def _reference_absmax(model: nn.Module, name: str, forward: Callable[[], Any]) -
         module = model.get_submodule("" if name == ROOT else name)
     except AttributeError:
         return None
-    handle = module.register_forward_hook(hook)
-    try:
+    with on_calls(module, post=hook, modules=["root"], with_kwargs=False, errors="raise"):
         forward()
-    finally:
-        handle.remove()
     return seen[0] if seen else None
 
 

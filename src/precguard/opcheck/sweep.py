@@ -20,6 +20,7 @@ from torch import nn
 
 from precguard import tree
 from precguard._logging import get_logger
+from precguard.capture.hooks import on_calls
 from precguard.devices import resolve_backend
 from precguard.errors import PrecguardError, TargetError, UsageError
 from precguard.numerics import TOLERANCE_EPS, accumulation_error
@@ -258,14 +259,15 @@ def _capture(model: nn.Module, module: nn.Module, batch: Any, who: str) -> tuple
     """The (args, kwargs) of ``module``'s first call in a forward of ``batch`` (CPU, fp32)."""
     seen: list[tuple[tuple, dict]] = []
 
-    def pre(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+    def pre(_name: str, _m: nn.Module, args: tuple, kwargs: dict) -> None:
         if not seen:
             detach = lambda t: t.detach().clone()  # noqa: E731
             seen.append(
                 (map_tensors_keeping_types(args, detach), map_tensors_keeping_types(kwargs, detach))
             )
 
-    handle = module.register_forward_pre_hook(pre, with_kwargs=True)
+    # a capture that fails is the sweep's error: reported, it would sweep nothing
+    handle = on_calls(module, pre, modules=["root"], errors="raise")
     try:
         with torch.no_grad():
             call_model(model, batch)

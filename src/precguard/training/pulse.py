@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 from precguard._logging import get_logger
+from precguard.capture.hooks import HookHandle, on_calls, on_param_grads
 from precguard.capture.stats import capture_scope
 
 logger = get_logger(__name__)
@@ -96,11 +96,12 @@ class Pulse:
         self._previous: torch.Tensor | None = None
         self._index = [self._sample_index(p) for _n, p in self.params]
         self._uniform = len({(p.dtype, p.device) for _n, p in self.params}) <= 1
-        self._handles: list[RemovableHandle] = [
-            p.register_post_accumulate_grad_hook(self._grad_hook(i))
-            for i, (_n, p) in enumerate(self.params)
+        position = {name: i for i, name in enumerate(self.names)}
+        # a failing hook reports itself (hook_failed) and never stops the step
+        self._handles: list[HookHandle] = [
+            on_param_grads(self.params, lambda name, p: self._grad_norm(position[name], p)),
+            on_calls(model, post=self._forward_hook, modules=["root"], with_kwargs=False),
         ]
-        self._handles.append(model.register_forward_hook(self._forward_hook))
         self._previous = self._sample()
 
     @staticmethod
@@ -117,27 +118,16 @@ class Pulse:
             return stride, offset
         return (torch.arange(SAMPLE, device=p.device) * stride + offset) % n
 
-    def _grad_hook(self, i: int) -> Any:
-        norms = self._grad_norms
+    def _grad_norm(self, i: int, p: torch.Tensor) -> None:
+        if not self.layer_grads:
+            return
+        with capture_scope():
+            self._grad_norms[i] = torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float32)
 
-        def hook(p: torch.Tensor) -> None:
-            if not self.layer_grads:
-                return
-            try:
-                with capture_scope():
-                    norms[i] = torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float32)
-            except Exception as exc:  # never stop the backward pass
-                logger.error("hook_failed", hook="watch_grad_norm", error=str(exc))
-
-        return hook
-
-    def _forward_hook(self, module: nn.Module, args: Any, output: Any) -> None:
-        try:
-            loss = loss_of(output)
-            if loss is not None:
-                self._loss = loss.detach()
-        except Exception as exc:
-            logger.error("hook_failed", hook="watch_loss", error=str(exc))
+    def _forward_hook(self, _name: str, module: nn.Module, args: Any, output: Any) -> None:
+        loss = loss_of(output)
+        if loss is not None:
+            self._loss = loss.detach()
 
     def _sample(self) -> torch.Tensor | None:
         if not self.params:
