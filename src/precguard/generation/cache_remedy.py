@@ -29,51 +29,41 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from precguard._logging import get_logger
+from precguard.capture.hooks import on_ops
 from precguard.compare.impact_report import RemedyCheck
 from precguard.generation.decode import DecodeSide, StepFn, decode
 from precguard.localize.impact import FLOOR_SLACK, judge_remedy, relative_error
 
 logger = get_logger(__name__)
 
-#: the tensor methods that change a tensor's dtype
-_CASTS = frozenset(
-    {
-        torch.Tensor.half,
-        torch.Tensor.bfloat16,
-        torch.Tensor.float,
-        torch.Tensor.to,
-        torch.Tensor.type,
-    }
-)
+#: the tensor methods that change a tensor's dtype (their names, as the op layer reports them)
+_CASTS = frozenset({"half", "bfloat16", "float", "to", "type"})
 
 
-class _CastSources(TorchFunctionMode):
-    """Notes each cast of a floating tensor to a dtype other than ``dtype`` and no wider."""
+class _CastSources:
+    """Notes each cast of a floating tensor to a dtype other than ``dtype`` and no wider
+    (the ``post`` callback of :func:`precguard.capture.hooks.on_ops`)."""
 
     def __init__(self, dtype: torch.dtype) -> None:
-        super().__init__()
         self.dtype = dtype
         self.bits = torch.finfo(dtype).bits
         #: id(cast result) -> (cast result, its source): the result is held so its id stays
         self.sources: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if func in _CASTS and args and isinstance(args[0], torch.Tensor):
-            src = args[0]
-            if (
-                isinstance(out, torch.Tensor)
-                and out is not src
-                and src.is_floating_point()
-                and out.is_floating_point()
-                and out.dtype not in (src.dtype, self.dtype)
-                and torch.finfo(out.dtype).bits <= self.bits
-            ):
-                self.sources[id(out)] = (out, src)
-        return out
+    def __call__(self, op: str, args: tuple, kwargs: dict, out: Any, module: str) -> None:
+        src = args[0] if args else None
+        if (
+            isinstance(src, torch.Tensor)
+            and isinstance(out, torch.Tensor)
+            and out is not src
+            and src.is_floating_point()
+            and out.is_floating_point()
+            and out.dtype not in (src.dtype, self.dtype)
+            and torch.finfo(out.dtype).bits <= self.bits
+        ):
+            self.sources[id(out)] = (out, src)
 
 
 def _in_model_dtype(cache: Any, sources: _CastSources) -> tuple[Any, int]:
@@ -100,7 +90,8 @@ def cache_in_model_dtype(step: StepFn, dtype: torch.dtype, kept: list[int]) -> S
     appends to ``kept`` how many cache tensors it restored."""
 
     def kept_step(ids: torch.Tensor, cache: Any, keep: int = 1) -> tuple[torch.Tensor, Any]:
-        with _CastSources(dtype) as sources:
+        sources = _CastSources(dtype)
+        with on_ops(sources, ops=_CASTS, errors="raise"):
             logits, new_cache = step(ids, cache, keep)
         restored, count = _in_model_dtype(new_cache, sources)
         kept.append(count)

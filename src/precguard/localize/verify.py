@@ -39,6 +39,7 @@ from torch import nn
 
 from precguard._logging import get_logger
 from precguard.backend import Switch
+from precguard.capture.hooks import replace_forward
 from precguard.compare.impact_report import ErrorBudget, Impact, RemedyCheck
 from precguard.compare.report import Comparison
 from precguard.errors import PrecguardError
@@ -254,8 +255,6 @@ def _loss_probe(
     inputs, and the ``oracle`` (float64, on the CPU, outside the device's numerics) on the
     same inputs: the relative error of its first floating result is appended to ``errors``."""
     module = model.get_submodule(module_path(name))
-    had = "forward" in module.__dict__
-    saved = module.__dict__.get("forward")
     original = module.forward
 
     def forward(*args: Any, **kwargs: Any) -> Any:
@@ -274,14 +273,8 @@ def _loss_probe(
             errors.append(relative_error(got_t.detach().to("cpu").double(), want_t))
         return out
 
-    module.forward = forward  # type: ignore[method-assign]
-    try:
+    with replace_forward(module, forward):
         yield
-    finally:
-        if had:
-            module.forward = saved  # type: ignore[method-assign]
-        else:
-            del module.forward
 
 
 def _on_float32(module: nn.Module, device: torch.device, *, outside: bool) -> Callable[..., Any]:
