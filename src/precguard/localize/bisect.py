@@ -53,7 +53,7 @@ from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.capture.hooks import HookHandle, NonFiniteOrigin, on_calls, replace_forward
 from precguard.devices import parse_dtype, resolve_backend
-from precguard.errors import TargetError, UsageError
+from precguard.errors import ExitCode, TargetError, UsageError
 from precguard.numerics import (
     CORRECT_RUN_GROWTH,
     SIGNIFICAND_BITS,
@@ -264,7 +264,7 @@ class BisectResult(BaseModel):
     def exit_code(self) -> int:
         """0 when the device output is within the threshold, 1 when culprits or an overflow
         were found."""
-        return 1 if self.culprits or self.overflow is not None else 0
+        return ExitCode.FAIL if self.culprits or self.overflow is not None else ExitCode.PASS
 
 
 # -- swapping modules for their reference twins ----------------------------------------------

@@ -22,7 +22,7 @@ from precguard import tree
 from precguard._logging import get_logger
 from precguard.capture.hooks import on_calls
 from precguard.devices import resolve_backend
-from precguard.errors import PrecguardError, TargetError, UsageError
+from precguard.errors import ExitCode, PrecguardError, TargetError, UsageError
 from precguard.numerics import TOLERANCE_EPS, accumulation_error
 from precguard.opcheck import norm, rotary
 from precguard.opcheck.builtin import BUILTIN_OPS, OpSpec, max_angle
@@ -106,7 +106,7 @@ class OpCheckResult(BaseModel):
     @property
     def exit_code(self) -> int:
         """1 when a point fails (or is not finite), else 0."""
-        return 1 if any(p.status != "pass" for p in self.results) else 0
+        return ExitCode.FAIL if any(p.status != "pass" for p in self.results) else ExitCode.PASS
 
 
 def lowest(*dtypes: torch.dtype) -> torch.dtype:
