@@ -122,9 +122,7 @@ def measured_errors(m: Metrics) -> tuple[float, float]:
     return e, conc if math.isfinite(conc) else math.inf
 
 
-def _bounds(
-    m: Metrics, profile: Profile
-) -> tuple[tuple[float, float], tuple[float, float]]:
+def _bounds(m: Metrics, profile: Profile) -> tuple[tuple[float, float], tuple[float, float]]:
     """(global, concentrated) errors at least and at most: a record's measured ones, or a
     statistics-only record's sampled bounds (:func:`sampled_bounds`)."""
     if m.level == "stats":
