@@ -12,16 +12,19 @@ the record is judged by their lower bounds and passes their upper bounds on. A
 
 from __future__ import annotations
 
+import io
 import math
 
 import numpy as np
 import torch
+from rich.console import Console
 from torch import nn
 
 import precguard
 from precguard.capture.evidence import sample_indices
 from precguard.compare.expected import carried_bias
 from precguard.compare.metrics import full_metrics
+from precguard.compare.render import render
 from precguard.compare.report import Metrics
 from precguard.compare.sampled import RARE_COUNT, mean_square_rse, sampled_bounds
 from precguard.compare.tolerance import get_profile
@@ -153,3 +156,12 @@ def test_a_channel_of_small_values_carrying_its_share_is_no_concentrated_error()
     d2[:, 3] = 0.05 * g[:, 3]
     m2 = full_metrics(g, g + d2, dtype="bfloat16", rtol=1.6e-2, atol=1e-5)
     assert m2.slice_error is not None and m2.slice_error > 5 * m2.rel_l2
+
+
+def test_the_terminal_shows_how_loose_the_sampled_error_is(tmp_path):
+    result = _compare(tmp_path, scale=1.03)
+    buf = io.StringIO()
+    render(result, Console(file=buf, width=200, color_system=None))
+    # the first divergence's panel: the sample's estimate with its standard error
+    assert "sampled elements: rel_l2 ~" in buf.getvalue()
+    assert "%  sampled max_abs" in buf.getvalue()
