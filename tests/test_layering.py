@@ -297,8 +297,9 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         # the root package (".": only __version__ and lazy exports) and the package's helpers
         ". _logging errors text suggest",
         # pure helpers over torch: the tree walker, the Backend class, the hook specs, the
-        # hand-written models of the built-in targets
-        "tree backend hookspecs models",
+        # hand-written models of the built-in targets, the numerics core (rounding floor,
+        # reduction length, measure, status ladder, thresholds) every judge of error asks
+        "tree backend hookspecs models numerics",
         # the plugin registry
         "plugins",
         # built-in backend plugins (the registry loads them whenever a device is asked for,

@@ -12,6 +12,7 @@ import precguard
 COMMANDS = {
     "record": "record_target",
     "compare": "compare_runs",
+    "bitwise": "compare_bitwise",
     "replay": "replay_module",
     "bisect": "bisect",
     "op-check": "op_check",
@@ -28,9 +29,16 @@ def test_each_command_is_a_documented_api_function(command: str, name: str) -> N
     assert inspect.getdoc(func), f"precguard.{name} ({command}) has no docstring"
 
 
-def test_the_context_manager_has_a_name_of_its_own_and_keeps_its_old_one() -> None:
-    assert precguard.recording is precguard.record
+def test_the_context_manager_has_a_name_of_its_own_and_its_old_one_is_deprecated(
+    tmp_path,
+) -> None:
     assert precguard.recording is not precguard.record_target
+    with pytest.warns(DeprecationWarning, match="use precguard.recording"):
+        handle = precguard.record(tmp_path / "run")
+    with handle:  # still opens the same recording
+        handle.step()
+    assert isinstance(handle, precguard.Handle)
+    assert precguard.load_run(tmp_path / "run").manifest.complete
 
 
 def test_dir_lists_the_lazy_public_api_before_anything_is_loaded() -> None:

@@ -15,6 +15,7 @@ _EXPORTS: dict[str, str] = {
     "precision_monitor": "precguard.capture.api",
     "unmonitor": "precguard.capture.api",
     "MonitorHandle": "precguard.capture.api",
+    "Handle": "precguard.capture.handle",
     "CaptureOptions": "precguard.capture.options",
     "load_run": "precguard.dump.reader",
     "Run": "precguard.dump.reader",
@@ -28,7 +29,8 @@ _EXPORTS: dict[str, str] = {
     "hookimpl": "precguard.hookspecs",
     "PrecguardError": "precguard.errors",
     "NonFiniteError": "precguard.errors",
-    "compare_runs": "precguard.layout.compare",
+    "ExitCode": "precguard.errors",
+    "compare_runs": "precguard.layout.compare",  # defined in compare.runs; layout adds layout=
     "CompareOptions": "precguard.compare.options",
     "Comparison": "precguard.compare",
     "check": "precguard.checklist",
@@ -42,8 +44,9 @@ _EXPORTS: dict[str, str] = {
     "bisect": "precguard.localize.bisect",
     "op_check": "precguard.opcheck.sweep",
     "check_replicas": "precguard.ranks",
+    "compare_bitwise": "precguard.compare.bitwise",
     "import_msprobe": "precguard.interop.msprobe",
-    # clearer names: `recording` is the context manager (`record` kept as its alias);
+    # `recording` is the context manager (`record`, its old name, is deprecated);
     # `record_target` is what `precguard record --target` runs
     "recording": "precguard.capture.api",
 }
@@ -60,13 +63,15 @@ if TYPE_CHECKING:
         recording,
         unmonitor,
     )
+    from precguard.capture.handle import Handle
     from precguard.capture.options import CaptureOptions
     from precguard.checklist import Diagnosis, check
     from precguard.compare import Comparison
+    from precguard.compare.bitwise import compare_bitwise
     from precguard.compare.options import CompareOptions
     from precguard.dump.reader import Run, load_run
     from precguard.dump.schema import Manifest, Record
-    from precguard.errors import NonFiniteError, PrecguardError
+    from precguard.errors import ExitCode, NonFiniteError, PrecguardError
     from precguard.generation import GenerationDiff, generate_diff
     from precguard.hookspecs import hookimpl
     from precguard.interop.msprobe import import_msprobe

@@ -26,6 +26,10 @@ from typing import Any
 
 import torch
 
+from precguard._logging import get_logger
+
+logger = get_logger(__name__)
+
 
 def parse_device(device: str) -> tuple[str, int | None]:
     """Split ``"npu:1"`` into ``("npu", 1)`` and ``"npu"`` into ``("npu", None)``.
@@ -82,6 +86,23 @@ def torch_facts() -> dict[str, Any]:
         "torch.float32_matmul_precision": torch.get_float32_matmul_precision(),
         "torch.default_dtype": str(torch.get_default_dtype()),
     }
+
+
+def device_fingerprint(backend: Backend | None) -> dict[str, Any]:
+    """Return torch's facts and ``backend``'s (None: torch's only), sorted by key.
+
+    A backend whose fingerprint raises is reported under ``fingerprint.error``
+    and logged: the fingerprint is evidence, so a broken one must be visible,
+    not fatal.
+    """
+    facts = torch_facts()
+    try:
+        facts.update(backend.fingerprint() if backend is not None else {})
+    except Exception as exc:
+        cause = f"{type(backend).__name__}.fingerprint raised {type(exc).__name__}: {exc}"
+        facts["fingerprint.error"] = cause
+        logger.error("fingerprint_failed", device=backend.device, cause=cause)
+    return dict(sorted(facts.items()))
 
 
 @contextlib.contextmanager

@@ -33,12 +33,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from precguard._logging import get_logger
 from precguard.checks.base import (
-    FAMILIES,
     Check,
     CheckContext,
     Finding,
     NotApplicable,
     family_of,
+    family_rank,
 )
 from precguard.errors import PrecguardError, UsageError
 from precguard.report.models import Diagnosis
@@ -160,7 +160,13 @@ def plan(
     """Resolve a checklist's entries to registered checks, honouring ``only`` and ``skip``."""
     steps: list[tuple[Check, dict[str, Any]]] = []
     seen: set[str] = set()
+    families = sorted({check_id.split(".", 1)[0] for check_id in available})
     for entry in checklist.checks:
+        if entry.id.split(".", 1)[0] not in families:  # families are open: a typo shows here
+            raise ChecklistError(
+                f"checklist {checklist.name}: no check {entry.id!r} is registered: no plugin "
+                f"registers its family (families: {', '.join(families)})"
+            )
         if any(c in entry.id for c in "*?["):
             ids = sorted(i for i in available if fnmatch.fnmatchcase(i, entry.id))
         elif entry.id in available:
@@ -275,10 +281,10 @@ def _error(check: Check, exc: BaseException, hint: str = "") -> Finding:
 
 
 def rank_root_causes(findings: Sequence[Finding]) -> list[Finding]:
-    """Failures first, then errors, then warnings; within each, in the order of ``FAMILIES``."""
-    order = {f: i for i, f in enumerate(FAMILIES)}
+    """Failures first, then errors, then warnings; within each, in the order of ``FAMILIES``
+    (a family a plugin brings ranks after the built-in ones), then in the order they ran."""
     flagged = [(i, f) for i, f in enumerate(findings) if f.status in _STATUS_RANK]
-    flagged.sort(key=lambda p: (_STATUS_RANK[p[1].status], order.get(p[1].family, 99), p[0]))
+    flagged.sort(key=lambda p: (_STATUS_RANK[p[1].status], family_rank(p[1].family), p[0]))
     return [f for _, f in flagged]
 
 

@@ -68,7 +68,7 @@ def find_backend(device: str) -> Backend:
     if backend is None:
         from precguard.suggest import did_you_mean
 
-        known = sorted({t for types in plugins.device_types().values() for t in types})
+        known = sorted(plugins.registered("backends"))
         kind, sep, rest = device.partition(":")
         # suggest the device type, keeping what followed it: "nup:1" -> "npu:1"
         hint = did_you_mean(kind, known, n=1)

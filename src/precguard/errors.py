@@ -8,11 +8,27 @@ code). Anything else that escapes is a bug in precguard.
 
 from __future__ import annotations
 
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """The exit codes of every command, defined once (the results' ``exit_code`` return them).
+
+    ``PASS`` 0: a match, every check passed; ``FAIL`` 1: a divergence, a failed
+    check; ``USAGE`` 2: unusable input or usage, one line on stderr;
+    ``INCONCLUSIVE`` 3: nothing, or only part, was compared (never a pass).
+    """
+
+    PASS = 0
+    FAIL = 1
+    USAGE = 2
+    INCONCLUSIVE = 3
+
 
 class PrecguardError(Exception):
     """Base class: the input or environment is unusable; the message says why."""
 
-    exit_code: int = 2
+    exit_code: int = ExitCode.USAGE
 
 
 class UsageError(PrecguardError):
@@ -47,7 +63,7 @@ class NonFiniteError(PrecguardError):
         key: record key of the first non-finite output.
     """
 
-    exit_code = 1
+    exit_code = ExitCode.FAIL
 
     def __init__(self, message: str, *, module: str, step: int, key: str) -> None:
         super().__init__(message)

@@ -22,14 +22,17 @@ plugins`` lists it as failed) and unregistered; the other plugins still work.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pluggy
+
+from precguard._logging import get_logger
 
 if TYPE_CHECKING:
     from precguard.backend import Backend, Switch
     from precguard.checks.base import Check
 
+logger = get_logger(__name__)
 hookspec = pluggy.HookspecMarker("precguard")
 #: the marker of hook implementations (``from precguard import hookimpl``); here beside the
 #: specs, as in llm, so a plugin imports the specs' module and never the plugin manager
@@ -84,3 +87,74 @@ def precguard_register_switches(register: Callable[[Switch], None]) -> None:
     later are asked first, so the first switch registered for a name wins; a
     displaced one is logged (``switch_taken``).
     """
+
+
+class Registration(NamedTuple):
+    """One thing a plugin registered through a ``register_*`` hook, and the plugin's name."""
+
+    item: Any
+    plugin: str
+
+
+#: what each hook's ``register`` takes: the attribute an item is filed under (a non-empty
+#: string), whether the item is a class (a Backend subclass) or an instance, what the hook
+#: takes in words, and the key's name in log events (``device_type_taken``)
+REGISTERS: dict[str, tuple[str, bool, str, str]] = {
+    "precguard_register_backends": ("device_type", True, "a Backend subclass", "device_type"),
+    "precguard_register_checks": ("id", False, "a Check", "check"),
+    "precguard_register_switches": ("name", False, "a precguard.Switch", "switch"),
+}
+
+
+def _key(hook_name: str, item: Any) -> str:
+    attribute, is_class, expected, _ = REGISTERS[hook_name]
+    key = getattr(item, attribute, None)
+    if not (key and isinstance(key, str)) or isinstance(item, type) != is_class:
+        raise TypeError(f"register() expects {expected} with a {attribute}, got {item!r}")
+    return key
+
+
+def register_each(
+    pm: pluggy.PluginManager, hook_name: str
+) -> tuple[dict[str, Registration], dict[str, str]]:
+    """Call the ``register_*`` hook ``hook_name`` once per plugin, each with its own ``register``.
+
+    How every registration hook is called: one plugin at a time (pluggy's
+    ``subset_hook_caller``, so a hook wrapper runs around its own plugin's
+    call), in pluggy's order (the last registered and ``tryfirst`` first), so
+    the first registration of a key wins and a later one is logged as
+    displaced (``device_type_taken``...). An item is filed under its key
+    (:data:`REGISTERS`); a ``register`` given what its hook does not take,
+    or kept and called after its hook returned, raises.
+
+    :return: what was registered, by key; and the plugins whose call raised
+        (name -> cause), of which nothing is kept.
+    """
+    field = REGISTERS[hook_name][3]
+    found: dict[str, Registration] = {}
+    failed: dict[str, str] = {}
+    for impl in reversed(getattr(pm.hook, hook_name).get_hookimpls()):
+        name, mine, open_ = impl.plugin_name, {}, [True]
+
+        def register(item: Any, mine: dict[str, Any] = mine, open_: list[bool] = open_) -> None:
+            if not open_:
+                raise RuntimeError(f"register() was called after {hook_name} returned")
+            mine.setdefault(_key(hook_name, item), item)
+
+        register.__qualname__ = f"register_for_{name}"  # names the plugin in pluggy's trace
+        try:
+            others = [p for p in pm.get_plugins() if p is not impl.plugin]
+            pm.subset_hook_caller(hook_name, others)(register=register)
+        except Exception as exc:
+            failed[name] = f"{hook_name} raised {type(exc).__name__}: {exc}"
+            continue
+        finally:
+            open_.clear()
+        for item_key, item in mine.items():
+            if item_key in found:
+                owner = found[item_key].plugin
+                logger.warning(f"{field}_taken", **{field: item_key}, plugin=name, owner=owner)
+            else:
+                found[item_key] = Registration(item, name)
+                pm.trace.root.get("registry")(f"{name} registers {field} {item_key!r}: {item!r}")
+    return found, failed

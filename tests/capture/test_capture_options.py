@@ -50,7 +50,7 @@ def test_a_misspelt_option_is_an_error_naming_it(tmp_path: Path, api: str) -> No
         if api == "monitor":
             precguard.monitor(_model(), tmp_path / "run", tensor=True)
         elif api == "record":
-            with precguard.record(tmp_path / "run", tensor=True):
+            with precguard.recording(tmp_path / "run", tensor=True):
                 pass
         else:
             precguard.precision_monitor(tensor=True)
@@ -80,7 +80,7 @@ def test_precision_monitor_options_object_sets_only_what_it_names(tmp_path: Path
         return x * 2
 
     # the recording saves every tensor; the decorator explicitly said no
-    with precguard.record(tmp_path / "run", tensors=True):
+    with precguard.recording(tmp_path / "run", tensors=True):
         scaled(torch.ones(3))
 
     records = list(precguard.load_run(tmp_path / "run").records())
@@ -97,7 +97,7 @@ def test_each_thread_records_into_the_recording_it_opened(tmp_path: Path) -> Non
 
     def session(name: str, calls: int) -> None:
         try:
-            with precguard.record(tmp_path / name, auto_step=False):
+            with precguard.recording(tmp_path / name, auto_step=False):
                 barrier.wait(timeout=30)  # both recordings open at once
                 for _ in range(calls):
                     work(torch.ones(2))
@@ -133,7 +133,7 @@ def test_backward_run_in_another_thread_still_records_parameter_gradients(tmp_pa
     context; the gradients of a decorated module still belong to its recording."""
     torch.manual_seed(0)
     model = Scale()
-    with precguard.record(tmp_path / "run"):
+    with precguard.recording(tmp_path / "run"):
         loss = model(torch.ones(2, 4)).sum()
         worker = threading.Thread(target=loss.backward)
         worker.start()

@@ -101,7 +101,7 @@ def test_unpatched_also_when_the_body_raises(one_rank, tmp_path):
 
 def test_async_op_records_the_output_when_waited(one_rank, tmp_path):
     y = torch.arange(4.0)
-    with precguard.record(tmp_path / "run"):
+    with precguard.recording(tmp_path / "run"):
         work = dist.all_reduce(y, async_op=True)
         work.wait()
         assert work.is_completed()  # the rest of the work object is the original's
@@ -114,7 +114,7 @@ def test_functional_collectives_share_the_op_count(one_rank, tmp_path):
     import torch.distributed._functional_collectives as funcol
 
     y = torch.arange(4.0)
-    with precguard.record(tmp_path / "run"):
+    with precguard.recording(tmp_path / "run"):
         dist.all_reduce(y)
         z = funcol.all_reduce(y, "sum", dist.group.WORLD)
     recs = {r.key: r for r in precguard.load_run(tmp_path / "run").records()}
@@ -123,7 +123,7 @@ def test_functional_collectives_share_the_op_count(one_rank, tmp_path):
 
 
 def test_collectives_off_records_none(one_rank, tmp_path):
-    with precguard.record(tmp_path / "run2", collectives=False):
+    with precguard.recording(tmp_path / "run2", collectives=False):
         dist.all_reduce(torch.ones(2))
     assert not list(precguard.load_run(tmp_path / "run2").records())
 
@@ -146,7 +146,7 @@ def test_a_run_with_collectives_compares_with_a_golden_without(one_rank, tmp_pat
 
 def test_object_collectives_record_no_pickled_bytes(one_rank, tmp_path):
     box = [{"step": 3}]
-    with precguard.record(tmp_path / "run"):
+    with precguard.recording(tmp_path / "run"):
         dist.broadcast_object_list(box, src=0)
         gathered = [None]
         dist.all_gather_object(gathered, "hello")

@@ -35,7 +35,7 @@ def test_class_decorator_writes_into_active_recording(tmp_path):
     net = Net()
     x = torch.randn(2, 4)
     plain = net(x)
-    with precguard.record(tmp_path / "run") as rec:
+    with precguard.recording(tmp_path / "run") as rec:
         watched = net(x)
         rec.step()
         net(x)
@@ -65,7 +65,7 @@ def test_instance_decorator_and_unmonitor(tmp_path):
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
     precguard.precision_monitor(model, on_nonfinite="raise")
     assert len(model[0]._forward_hooks_with_kwargs) == 1
-    with precguard.record(tmp_path / "run"):
+    with precguard.recording(tmp_path / "run"):
         model(torch.randn(1, 4))
     keys = {r.key for r in precguard.load_run(tmp_path / "run").records()}
     assert "0.0.forward.output.0" in keys and "root.0.forward.input.0" in keys
@@ -86,7 +86,7 @@ def test_function_decorator(tmp_path):
 
     pos = torch.arange(8)
     inv = 1.0 / (10000 ** (torch.arange(0, 4, 2).float() / 4))
-    with precguard.record(tmp_path / "run"):
+    with precguard.recording(tmp_path / "run"):
         cos, _sin = rope_angles(pos, inv)
     expected = pos[:, None].float() * inv[None]
     assert torch.equal(cos, expected.cos())
@@ -113,7 +113,7 @@ def test_decorator_policy_applies_inside_a_recording(tmp_path):
         return torch.log(x)
 
     with (
-        precguard.record(tmp_path / "run"),  # the recording itself only records NaN/Inf
+        precguard.recording(tmp_path / "run"),  # the recording itself only records NaN/Inf
         pytest.raises(NonFiniteError, match="log_of"),
     ):
         log_of(torch.tensor([1.0, -1.0]))

@@ -55,7 +55,7 @@ def one_run(out: Path, *, fault: str | None = None) -> Path:
         module = net.get_submodule(fault)
         module.register_forward_hook(lambda _m, _a, output: output * 1.05)
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad(), precguard.record(out) as rec:
+    with torch.no_grad(), precguard.recording(out) as rec:
         for _ in range(2):
             net(x)
             rec.step()
@@ -104,7 +104,7 @@ def test_explicit_name_and_manifest_facts(tmp_path: Path) -> None:
     try:
         torch.manual_seed(0)
         net = Net().to(torch.float64)
-        with torch.no_grad(), precguard.record(tmp_path / "run"):
+        with torch.no_grad(), precguard.recording(tmp_path / "run"):
             net(torch.randn(2, 8, dtype=torch.float64))
     finally:
         assert precguard.unmonitor(Block) is True
@@ -134,7 +134,7 @@ def test_class_decoration_can_be_undone(tmp_path: Path) -> None:
     assert precguard.unmonitor(Block) is True
     assert "__call__" not in Block.__dict__
     assert not block.proj._forward_hooks_with_kwargs
-    with precguard.record(tmp_path / "run"):
+    with precguard.recording(tmp_path / "run"):
         block(torch.randn(2, 8))
     assert not list(precguard.load_run(tmp_path / "run").records())
     assert precguard.unmonitor(Block) is False
@@ -146,7 +146,7 @@ def test_decorated_module_inside_a_decorated_module_is_recorded_once(tmp_path: P
     try:
         torch.manual_seed(0)
         net = Net()
-        with torch.no_grad(), precguard.record(tmp_path / "run"):
+        with torch.no_grad(), precguard.recording(tmp_path / "run"):
             net(torch.randn(2, 8))
     finally:
         precguard.unmonitor(Net)
@@ -161,7 +161,7 @@ def test_decorated_module_inside_a_decorated_module_is_recorded_once(tmp_path: P
 def test_a_raising_body_is_written_incomplete(decorated_block, tmp_path: Path) -> None:
     torch.manual_seed(0)
     net = Net()
-    with pytest.raises(KeyError), precguard.record(tmp_path / "run"):
+    with pytest.raises(KeyError), precguard.recording(tmp_path / "run"):
         net(torch.randn(2, 8))
         raise KeyError("tokenizer")
     m = precguard.load_run(tmp_path / "run").manifest
@@ -172,10 +172,10 @@ def test_only_the_innermost_recording_records(decorated_block, tmp_path: Path) -
     torch.manual_seed(0)
     net = Net()
     x = torch.randn(2, 8)
-    with torch.no_grad(), precguard.record(tmp_path / "outer") as outer:
+    with torch.no_grad(), precguard.recording(tmp_path / "outer") as outer:
         net(x)
         outer.step()
-        with precguard.record(tmp_path / "inner"):
+        with precguard.recording(tmp_path / "inner"):
             net(x)
         net(x)
     outer = [r for r in precguard.load_run(tmp_path / "outer").records() if r.role != "param"]
@@ -191,7 +191,7 @@ def test_a_closed_recording_keeps_no_instance_alive(decorated_block, tmp_path) -
     import weakref
 
     block = Block()
-    with precguard.record(tmp_path / "run"):
+    with precguard.recording(tmp_path / "run"):
         block(torch.randn(2, 8))
     assert not block.proj._forward_hooks_with_kwargs  # the recording's hooks went with it
     ref = weakref.ref(block)
@@ -209,14 +209,14 @@ def test_the_recordings_options_apply_to_a_bare_decorated_class(
 
     torch.manual_seed(0)
     net = Net()
-    with torch.no_grad(), precguard.record(tmp_path / "run", tensors=["Block#1.*"]):
+    with torch.no_grad(), precguard.recording(tmp_path / "run", tensors=["Block#1.*"]):
         scale(net(torch.randn(2, 8)))
     run = precguard.load_run(tmp_path / "run")
     saved = {r.module for r in run.records() if r.tensor is not None}
     assert saved == {"Block#1", "Block#1.proj", "Block#1.norm"}  # as the manifest says
     assert run.manifest.options["tensors"] == ["Block#1.*"]
     # a decorator's own explicit option still wins inside any recording
-    with pytest.raises(precguard.NonFiniteError), precguard.record(tmp_path / "again"):
+    with pytest.raises(precguard.NonFiniteError), precguard.recording(tmp_path / "again"):
         scale(torch.tensor([3e38]))  # finite in, inf out: scale is the origin
 
 
@@ -228,7 +228,7 @@ def test_a_tensors_glob_that_matches_nothing_in_record_is_named(
     with (
         caplog.at_level("WARNING", logger="precguard"),
         torch.no_grad(),
-        precguard.record(tmp_path / "run", tensors=["Block#1.proj", "Blok#0.*"]),
+        precguard.recording(tmp_path / "run", tensors=["Block#1.proj", "Blok#0.*"]),
     ):
         net(torch.randn(2, 8))
     unmatched = [

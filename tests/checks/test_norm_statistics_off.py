@@ -37,6 +37,8 @@ def test_one_pass_bf16_layernorm_fails_and_its_twin_passes(run_check):
     assert "beyond the" in found["summary"] and "any normalization gives" in found["summary"]
     module = found["evidence"]["modules"]["transformer.h.0.ln_attn"]
     assert module["mean_offset_output_rms"] > 10 * module["output_rms_bound"]
+    # a LayerNorm's remedy centres first (two passes), not an RMSNorm's rsqrt(mean(x^2))
+    assert "two passes" in found["remedy"] and "E[x^2] - E[x]^2" in found["remedy"]
     assert bug.code == 1
 
     twin = run_check("--target", f"{PARALLEL}:correct", "--device", "emu:bf16", "--only", "norm")

@@ -108,6 +108,9 @@ def test_training_golden_against_one_eval_step_is_a_partial_match(
     assert cov["phases_only_in_golden"] == ["backward"]
     # the golden's backward records were set aside, not counted as missing
     assert data["counts"]["missing"] == 0 and data["counts"]["passed"] > 0
+    # the API's result carries the CLI's exit code
+    result = precguard.compare_runs(golden_train5, actual_eval1)
+    assert result.verdict == "match" and result.exit_code == precguard.ExitCode.INCONCLUSIVE == 3
 
 
 def test_allow_partial_accepts_the_narrower_comparison(

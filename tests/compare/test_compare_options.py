@@ -58,13 +58,17 @@ def test_a_worker_rebuilds_the_same_options_from_their_json(tmp_path):
     assert again.prof == plan.prof and plan.prof.dtypes["float32"].rtol == 1e-3
 
 
-def test_layout_is_precguard_compare_runs_argument_not_the_subpackages(tmp_path):
-    # the layout branch lives above compare (precguard.layout.compare); compare itself
-    # says where to find it rather than ignoring the argument
-    from precguard.compare import compare_recordings
-    from precguard.layout.compare import compare_runs
+def test_compare_runs_is_defined_in_compare_and_takes_layout_there(tmp_path):
+    # compare_runs lives in the compare package; its layout branch lives above
+    # (precguard.layout.compare, which installs itself): the old import paths still work,
+    # and compare_recordings says where layout= goes rather than ignoring it
+    from precguard.compare import compare_recordings, compare_runs
+    from precguard.layout.compare import compare_runs as through_layout
 
     golden, actual = write_pair(tmp_path)
-    assert precguard.compare_runs is compare_runs
-    with pytest.raises(UsageError, match=r"precguard\.layout\.compare_layout"):
+    assert precguard.compare_runs is compare_runs is through_layout
+    assert compare_runs.__module__ == "precguard.compare.runs"
+    with pytest.raises(UsageError, match=r"layout= is taken by precguard\.compare_runs"):
         compare_recordings(golden, actual, layout="megatron")
+    with pytest.raises(UsageError, match=r"unknown layout|megatron-nope|no such"):
+        compare_runs(golden, actual, layout="megatron-nope")  # reaches the layout branch

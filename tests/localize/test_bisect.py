@@ -21,8 +21,10 @@ from precguard.localize.bisect import (
     Bisector,
     ReferencePrecision,
     bisect,
-    default_threshold,
+    correct_threshold,
+    least_threshold,
     output_error,
+    round_to_precision,
 )
 from tests.localize import models
 from tests.localize.models import Decoder, decoder_target
@@ -150,12 +152,22 @@ def test_output_error_metrics():
     assert output_error(ref, ref, "cosine") == 0.0
 
 
-def test_default_threshold_follows_the_compute_precision():
-    """16 eps of what the device computes in, a vendor's named TF32 mode included."""
-    assert default_threshold(torch.float16) == 16 * 2**-10
-    assert default_threshold(torch.bfloat16) == 16 * 2**-7
-    assert default_threshold("tfloat32") == default_threshold(torch.float16)
-    assert default_threshold(torch.float32) < 2e-6
+def test_the_threshold_is_what_a_correct_run_explains_beyond_its_floor():
+    """sqrt(2) times the floor probe's error, never below one rounding and one reduction."""
+    assert correct_threshold(0.01, torch.bfloat16, 256) == pytest.approx(0.01 * math.sqrt(2))
+    # a float32 device: rounding float32 to float32 changes nothing, the floor can be 0
+    assert correct_threshold(0.0, torch.float32, 256) == least_threshold(torch.float32, 256)
+    assert 1e-6 < least_threshold(torch.float32, 256) < 2e-6
+    assert least_threshold(torch.bfloat16) == 2**-8  # a scalar loss: one rounding
+    assert math.isinf(correct_threshold(math.inf, torch.float16))
+
+
+def test_rounding_to_a_named_precision_keeps_its_significand_bits():
+    x = torch.tensor([1.0 + 2**-12, 3.0, -1.0 - 2**-9])
+    assert torch.equal(round_to_precision(x, torch.bfloat16), x.bfloat16().float())
+    # tfloat32: 11 significand bits, float32's range
+    assert torch.equal(round_to_precision(x, "tfloat32"), x.half().float())
+    assert round_to_precision(torch.tensor([1e30]), "tfloat32").item() == pytest.approx(1e30, 1e-3)
 
 
 # -- the command line ------------------------------------------------------------------------
@@ -264,8 +276,35 @@ def test_every_floating_output_is_judged_not_only_the_loss_that_comes_first():
     result = bisect(f"{MODELS}:loss_first_overflow", device="emu:fp16")
     errors = result.output_errors
     assert set(errors) == {"output.0", "output.1"}
-    assert errors["output.0"] <= result.threshold < errors["output.1"]
+    limits = result.thresholds
+    assert errors["output.0"] <= limits["output.0"] and errors["output.1"] > limits["output.1"]
     assert result.baseline_error == errors["output.1"]
     assert result.culprits == ["transformer.inner.blocks.2.norm"]
     assert result.units > 1
     assert all(set(p.outputs) == set(errors) for p in result.probes)
+
+
+def test_a_one_pass_layernorm_in_bf16_is_named_where_16_eps_passed_it():
+    """The second decoder's LayerNorm bug (mean and variance in one pass in bf16) moves the
+    logits a few times what a correct run of the model explains, far under 16 bf16 eps
+    (0.125): judged against the model's own floor, bisect names the norm."""
+    from tests.compare.parallel_small import small_target
+
+    result = bisect(small_target("norm_low_precision"), device="emu:bf16")
+    assert result.culprits == ["transformer.ln_f"]
+    assert result.exit_code == 1
+    logits = result.output_errors["output.1"]
+    assert result.thresholds["output.1"] < logits < 0.125
+    assert result.thresholds["output.1"] == pytest.approx(
+        math.sqrt(2) * result.floor_errors["output.1"]
+    )
+
+
+@pytest.mark.parametrize("target", ["parallel-small", "tiny-llama"])
+def test_a_correct_bf16_run_stays_within_its_floor(target):
+    from tests.compare.parallel_small import small_target
+
+    result = bisect(small_target() if target == "parallel-small" else target, device="emu:bf16")
+    assert result.culprits == [] and result.exit_code == 0 and result.probe_count == 1
+    for name, err in result.output_errors.items():
+        assert result.floor_errors[name] <= err * 1.01 <= result.thresholds[name]

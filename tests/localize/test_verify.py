@@ -18,7 +18,7 @@ import pytest
 import precguard
 from precguard import Switch, plugins
 from precguard.hookspecs import hookimpl
-from precguard.localize.impact import FLOOR_SLACK, error_budget
+from precguard.localize.impact import FLOOR_SLACK, ActualSide, error_budget
 from precguard.localize.verify import loss_remedy, switch_remedies, verify_remedies
 from tests.localize.impact_corpus import DEVICE, side
 
@@ -172,3 +172,11 @@ def test_check_verify_tells_which_of_the_checks_remedies_works(tmp_path: Path) -
     assert verdicts["float32-compute"] == "verified"
     assert verdicts["float32-buffers"] == "did not help"
     assert "Impact on the output error" in (tmp_path / "d.html").read_text()
+
+
+def test_a_switch_to_the_mixed_profile_runs_in_its_storage_dtype() -> None:
+    """emu:bf16 keeps float32 tensors; its switch to emu:bf16-mixed must run in bf16 as
+    ``record -d emu:bf16-mixed`` would (in float32 it rounded nothing: an error of 0)."""
+    actual = ActualSide.open("tiny-llama", device="emu:bf16")
+    (mixed,) = [c for c in switch_remedies(actual, floor=None) if "emu:bf16-mixed" in c.summary]
+    assert mixed.after is not None and 0 < mixed.after < mixed.before

@@ -34,6 +34,8 @@ def test_there_are_hooks() -> None:
         "precguard_register_checks",
         "precguard_register_switches",
     }
+    # each says what its register takes and files it under (the registry refuses the rest)
+    assert set(hookspecs.REGISTERS) == set(SPECS)
 
 
 @pytest.mark.parametrize("name", SPECS)

@@ -14,6 +14,7 @@ from precguard import hookimpl, plugins
 from precguard.backend import Backend
 from precguard.backends.cpu import CpuBackend
 from precguard.checks.base import Check, Finding
+from precguard.cli.plugins_cmd import describe
 
 
 class ChipBackend(Backend):
@@ -72,7 +73,7 @@ def test_a_class_plugin_registers_a_backend_and_its_failing_fingerprint_is_repor
     try:
         assert isinstance(plugins.get_backend("chip:1"), ChipBackend)
         assert plugins.get_backend("chip:1").device == "chip:1"
-        assert plugins.device_types()["chip"] == ["chip"]
+        assert plugins.registered("backends")["chip"].plugin == "chip"
         facts = plugins.fingerprint("chip")  # the backend raises; precguard's facts remain
         assert "torch.version" in facts
         assert facts["fingerprint.error"] == (
@@ -146,7 +147,7 @@ def test_a_plugin_that_fails_to_import_is_reported_and_the_rest_work(
     )
     assert plugins.get_backend("cpu") is not None
     assert plugins.get_backend("npu") is not None  # other entry points still loaded
-    described = plugins.describe()
+    described = describe()
     assert {"name": "brokenchip", "cause": plugins.load_errors["brokenchip"]} in described[
         "load_errors"
     ]
@@ -168,7 +169,7 @@ def test_unknown_hook_names_are_flagged(
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
-    entry = next(p for p in plugins.describe()["plugins"] if p["name"] == "typochip")
+    entry = next(p for p in describe()["plugins"] if p["name"] == "typochip")
     assert entry["version"] == "0.3" and entry["distribution"] == "typochip"
     assert "unknown hook 'precguard_backnd'" in entry["warnings"][0]
 
@@ -177,7 +178,7 @@ def test_disable_autoload_keeps_only_builtins(
     fresh_plugins: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PRECGUARD_DISABLE_PLUGIN_AUTOLOAD", "1")
-    names = {p["name"] for p in plugins.describe()["plugins"]}
+    names = {p["name"] for p in describe()["plugins"]}
     assert {"cpu", "emu"} <= names
     assert not names & {"cuda", "ascend", "cambricon"}
     assert plugins.get_backend("npu") is None
@@ -187,8 +188,11 @@ def test_precguard_plugins_limits_entry_points(
     fresh_plugins: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PRECGUARD_PLUGINS", "ascend")
-    names = {p["name"] for p in plugins.describe()["plugins"]}
+    names = {p["name"] for p in describe()["plugins"]}
     assert "ascend" in names and not names & {"cuda", "cambricon"}
+    assert plugins.pm.is_blocked("cuda")  # pluggy's own blocking, undone by reset()
+    plugins.reset()
+    assert not plugins.pm.is_blocked("cuda")
 
 
 def test_trace_hooks_names_the_registering_plugin(
@@ -196,16 +200,16 @@ def test_trace_hooks_names_the_registering_plugin(
 ) -> None:
     monkeypatch.setenv("PRECGUARD_TRACE_HOOKS", "1")
     plugins.get_backend("emu:fp16")
-    err = capsys.readouterr().err
-    assert "precguard_register_backends(register=" in err and "asks [" in err
-    assert "backend for 'emu:fp16': EmuBackend (emu)" in err
+    err = capsys.readouterr().err  # pluggy's hook tracing, and what each plugin registered
+    assert "precguard_register_backends [hook]\n      register: <function register_for_emu" in err
+    assert "backend for 'emu:fp16': EmuBackend (emu) [registry]" in err
     assert (
         "emu registers device_type 'emu': <class 'precguard.backends.emu.backend.EmuBackend'>"
         in err
     )
     plugins.collect_checks()
     err = capsys.readouterr().err
-    assert "precguard_register_checks(register=" in err
+    assert "precguard_register_checks [hook]" in err
     assert "ascend registers check 'env.ascend_precision_mode'" in err
 
 
@@ -263,7 +267,7 @@ def test_registering_something_that_is_not_a_backend_is_the_plugins_fault(
     assert plugins.load_errors["confused"].startswith(
         "precguard_register_backends raised TypeError: register() expects a Backend subclass"
     )
-    described = plugins.describe()
+    described = describe()
     assert {"name": "confused", "cause": plugins.load_errors["confused"]} in described[
         "load_errors"
     ]
@@ -331,8 +335,8 @@ def test_two_instances_of_one_plugin_class_are_told_apart(fresh_plugins: None) -
     pm = plugins.load_plugins()
     pm.register(VendorPlugin("aa"), name="vendor-a")
     pm.register(VendorPlugin("bb"), name="vendor-b")
-    claimed = plugins.device_types()
-    assert claimed["vendor-a"] == ["aa"] and claimed["vendor-b"] == ["bb"]
+    claimed = plugins.registered("backends")
+    assert claimed["aa"].plugin == "vendor-a" and claimed["bb"].plugin == "vendor-b"
 
 
 def test_one_of_two_instances_raising_leaves_the_other_registered(fresh_plugins: None) -> None:

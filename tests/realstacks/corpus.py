@@ -277,6 +277,8 @@ def attention(padding: bool) -> Workload:
 
     def run(side: Side) -> None:
         model = llama(attn_implementation="sdpa" if side.actual else "eager").eval()
+        if side.fault:
+            scale_output(model.model.layers[1].mlp.down_proj, 1.03)
         ids = batch()["input_ids"]
         mask = torch.ones_like(ids)
         if padding:
@@ -399,6 +401,14 @@ def _cases() -> list[Case]:
         Case("hf trainer bf16=True [stats]", hf_trainer, False, device="cpu", fast=True),
         Case("sdpa vs eager [full]", attention(False), True, device="cpu", fast=True),
         Case("sdpa vs eager, padded [full]", attention(True), True, device="cpu"),
+        Case("sdpa vs eager, padded [stats]", attention(True), False, device="cpu"),
+        Case(
+            "sdpa vs eager, padded, fault 3% down_proj [stats]",
+            attention(True),
+            False,
+            device="cpu",
+            expect="layers.1.mlp.down_proj",
+        ),
         Case("sdpa vs eager [stats]", attention(False), False, device="cpu"),
         Case(
             "checkpointing vs none [stats]",

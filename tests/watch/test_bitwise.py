@@ -106,7 +106,7 @@ def test_two_identical_runs_have_equal_hashes(tmp_path: Path, capsys) -> None:
     result = compare_bitwise(a, b)
     assert result.verdict == "identical"
     assert result.compared == result.equal > 50  # every record of 3 steps
-    assert run_cli(["compare", "--bitwise", str(a), str(b)], capsys)[0] == 0
+    assert run_cli(["bitwise", str(a), str(b)], capsys)[0] == 0
 
 
 def test_one_op_summing_in_another_order_is_named_as_the_first_difference(
@@ -124,9 +124,13 @@ def test_one_op_summing_in_another_order_is_named_as_the_first_difference(
     first = result.first_difference
     assert first is not None
     assert (first.key, first.step, first.reason) == ("pool.0.forward.output.0", 0, "hash")
-    code, out, _err = run_cli(["compare", "--bitwise", str(a), str(b)], capsys)
+    code, out, _err = run_cli(["bitwise", str(a), str(b)], capsys)
     assert code == 1
     assert "first difference: pool.0.forward.output.0" in out
+    # the old spelling still runs it, and says where it moved
+    code, out, err = run_cli(["compare", "--bitwise", str(a), str(b)], capsys)
+    assert code == 1 and "first difference: pool.0.forward.output.0" in out
+    assert "compare --bitwise is now `precguard bitwise`" in err
 
 
 def test_recordings_without_hashes_are_inconclusive_not_identical(tmp_path: Path, capsys) -> None:
@@ -137,9 +141,7 @@ def test_recordings_without_hashes_are_inconclusive_not_identical(tmp_path: Path
             model(torch.ones(2, 4))
     result = compare_bitwise(tmp_path / "a", tmp_path / "b")
     assert result.verdict == "inconclusive" and result.compared == 0
-    code, out, _err = run_cli(
-        ["compare", "--bitwise", str(tmp_path / "a"), str(tmp_path / "b")], capsys
-    )
+    code, out, _err = run_cli(["bitwise", str(tmp_path / "a"), str(tmp_path / "b")], capsys)
     assert code == 3
     assert "hashes=True" in out
 
@@ -160,4 +162,5 @@ def test_bitwise_refuses_options_it_would_ignore(tmp_path: Path, capsys) -> None
         capsys,
     )
     assert code == 2
-    assert "--bitwise compares hashes only" in err and "--html" in err
+    assert "compares hashes only" in err and "--html" in err
+    assert "`precguard bitwise`" in err

@@ -197,7 +197,7 @@ def test_checks_skip_other_devices_and_a_missing_sdk(no_npu_sdk: None) -> None:
 
 
 def test_backend_and_checks_reach_the_registry_through_the_hooks() -> None:
-    assert plugins.backends()["npu"].plugin == "ascend"
+    assert plugins.registered("backends")["npu"].plugin == "ascend"
     ids = set(plugins.collect_checks())
     assert {"env.ascend_precision_mode", "env.npu_conv_hf32", "env.npu_saturation_mode"} <= ids
 

@@ -1,13 +1,17 @@
-"""Public capture API: ``monitor``, ``record``, ``precision_monitor``, ``unmonitor``."""
+"""Public capture API: ``monitor``, ``recording``, ``precision_monitor``, ``unmonitor``.
+
+``monitor`` and ``recording`` return a :class:`~precguard.capture.handle.Handle`;
+``record`` is the deprecated old name of ``recording``.
+"""
 
 from __future__ import annotations
 
 import functools
 import itertools
 import os
+import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, overload
 
 from torch import nn
@@ -21,6 +25,7 @@ from precguard.capture.active import pop as _pop
 from precguard.capture.active import push as _push
 from precguard.capture.compiled import compiled_modules, outside_dynamo, refusal
 from precguard.capture.flatten import named_tensors
+from precguard.capture.handle import Handle
 from precguard.capture.monitor import Monitor
 from precguard.capture.options import CaptureOptions, OnNonFinite
 from precguard.capture.recording import Recording
@@ -67,8 +72,8 @@ def capture_options(options: CaptureOptions | None = None, **overrides: Any) -> 
     return CaptureOptions.model_validate({**given, **overrides})
 
 
-class MonitorHandle:
-    """What :func:`monitor` returns: steps, removal, and context-manager use.
+class MonitorHandle(Handle):
+    """What :func:`monitor` returns: a :class:`~precguard.capture.handle.Handle`.
 
     >>> with precguard.monitor(model, out="runs/cpu") as mon:   # doctest: +SKIP
     ...     for batch in batches:
@@ -104,12 +109,6 @@ class MonitorHandle:
         finally:
             _close(self.recording, error)
 
-    def __enter__(self) -> MonitorHandle:
-        return self
-
-    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        self.remove(exc)
-
 
 def _open(recording: Recording) -> None:
     """Make ``recording`` the innermost active one; collectives record into it from now on."""
@@ -123,7 +122,7 @@ def _close(
     """Take ``recording`` off the active stack, unhook its decorated modules, close it.
 
     ``check_patterns``: warn about ``tensors`` globs that selected none of the
-    decorated modules and functions that ran (``record()``, which cannot know
+    decorated modules and functions that ran (``recording()``, which cannot know
     the names before they run).
     """
     if _pop(recording):
@@ -254,11 +253,14 @@ def _model_dtype(model: nn.Module) -> str | None:
     return None
 
 
-class RecordingHandle:
-    """What :func:`record` yields: the open recording with explicit steps."""
+class RecordingHandle(Handle):
+    """What :func:`recording` returns: the open recording, a
+    :class:`~precguard.capture.handle.Handle` (``remove()`` closes it)."""
 
     def __init__(self, recording: Recording) -> None:
         self.recording = recording
+        self._removed = False
+        _open(recording)
 
     @property
     def path(self) -> os.PathLike[str] | None:
@@ -269,9 +271,18 @@ class RecordingHandle:
         """End the current step."""
         self.recording.step()
 
+    def remove(self, error: BaseException | None = None) -> None:
+        """Close the recording and unhook the decorated modules that wrote into it. Idempotent.
 
-@contextmanager
-def record(
+        ``error``: the exception that ended the recorded code, if any (``with`` passes it):
+        the manifest then says ``complete: false`` and names it.
+        """
+        if not self._removed:
+            self._removed = True
+            _close(self.recording, error, check_patterns=True)
+
+
+def recording(
     out: str | os.PathLike[str],
     options: CaptureOptions | None = None,
     *,
@@ -281,7 +292,7 @@ def record(
     auto_step: bool = True,
     compute_dtype: str | None = None,
     **overrides: Any,
-) -> Iterator[RecordingHandle]:
+) -> RecordingHandle:
     """Open a recording that ``@precision_monitor`` modules and functions write into.
 
     Options are those of :func:`monitor` (a :class:`CaptureOptions` and/or its
@@ -291,14 +302,15 @@ def record(
     manifest's device (unless given), dtype, model and environment
     fingerprint come from the first decorated module (or function) called.
     When the body raises, the recording is closed ``complete: false`` with the
-    exception's type, and the exception propagates.
+    exception's type, and the exception propagates. Without ``with``, call the
+    handle's ``remove()`` to close it.
 
-    >>> with precguard.record("runs/npu") as rec:   # doctest: +SKIP
+    >>> with precguard.recording("runs/npu") as rec:   # doctest: +SKIP
     ...     model(x)          # a @precision_monitor model
     """
     options = capture_options(options, **overrides)
     if options.level != "module":
-        # op capture hooks a root module; record() has none until decorated ones run
+        # op capture hooks a root module; recording() has none until decorated ones run
         logger.warning("op_level_needs_monitor", level=options.level, recorded="modules only")
     recording = Recording(
         out,
@@ -311,18 +323,18 @@ def record(
         to_host=plugins.to_host,
         fingerprint_of=environment_fingerprint,
     )
-    _open(recording)
-    try:
-        yield RecordingHandle(recording)
-    except BaseException as exc:
-        _close(recording, exc, check_patterns=True)
-        raise
-    _close(recording, None, check_patterns=True)
+    return RecordingHandle(recording)
 
 
-#: the clearer name of :func:`record`, the context manager (``precguard record`` on the
-#: command line is :func:`precguard.record_target`): ``with precguard.recording("runs/npu"):``
-recording = record
+def record(*args: Any, **kwargs: Any) -> RecordingHandle:
+    """Deprecated: the old name of :func:`recording` (``precguard record`` on the command
+    line is :func:`precguard.record_target`); it warns and opens the same recording."""
+    warnings.warn(
+        "precguard.record is deprecated: use precguard.recording (the same context manager)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return recording(*args, **kwargs)
 
 
 class _WatchSinks:

@@ -68,7 +68,7 @@ class CaptureOptions(BaseModel):
         default=False,
         description="Also record a hash of each tensor's bits (16 hex digits, computed on the "
         "device) so two runs that should be bitwise identical are compared by "
-        "`precguard compare --bitwise` (see docs/watch.md).",
+        "`precguard bitwise` (see docs/watch.md).",
     )
 
     level: CaptureLevel = Field(

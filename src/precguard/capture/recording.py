@@ -171,7 +171,7 @@ class Recording:
             except BaseException:
                 release_writer_lock(self.path)  # the directory is free for the next try
                 raise
-        # manifest facts not known when the recording opened (record(): the
+        # manifest facts not known when the recording opened (recording(): the
         # device, dtype and model come with the first decorated module called)
         self.missing_facts: set[str] = set()
         if self.writer is not None:
@@ -207,7 +207,7 @@ class Recording:
     def fill_facts(self, *, device: str | None, dtype: str | None, model: str | None) -> None:
         """Fill the manifest facts the recording was opened without, once.
 
-        ``record()`` opens before any model runs; the first decorated module or
+        ``recording()`` opens before any model runs; the first decorated module or
         function called in it tells the device, the model dtype and the model's
         class, and the environment fingerprint follows from the device.
         """

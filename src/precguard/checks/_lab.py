@@ -23,6 +23,7 @@ from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.checks.base import CheckContext, NotApplicable
 from precguard.devices import dtype_name, parse_dtype, seed_everything
+from precguard.numerics import measure
 from precguard.opcheck.measure import cast_floats, probe_compute_dtype, run_on_device
 from precguard.target import Target, call_model
 from precguard.target_run import TargetRun
@@ -92,14 +93,11 @@ map_tensors = tree.map_tensors
 
 
 def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """Relative L2 error of ``actual`` against ``expected`` (both cast to fp64 on the CPU)."""
-    a = actual.detach().to("cpu", torch.float64)
-    e = expected.detach().to("cpu", torch.float64)
-    if not torch.isfinite(a).all():
+    """Relative L2 error of ``actual`` against ``expected`` (fp64,
+    :func:`precguard.numerics.measure`); inf when ``actual`` is not finite."""
+    if not bool(torch.isfinite(actual).all()):
         return math.inf
-    denom = e.norm().item()
-    diff = (a - e).norm().item()
-    return diff / denom if denom > 0 else diff
+    return measure(actual, expected).rel_l2
 
 
 class Lab:

@@ -8,6 +8,7 @@ built-in ones the same way as a vendor plugin's. A check is a function
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +23,12 @@ if TYPE_CHECKING:
     from precguard.target import Target
 
 
-#: the check families, in the order their failures are blamed (the Diagnosis ranks root
-#: causes by it): a cause upstream (environment, seeds, data, tokens) explains every
+#: the built-in check families, in the order their failures are blamed (the Diagnosis ranks
+#: root causes by it): a cause upstream (environment, seeds, data, tokens) explains every
 #: numeric symptom downstream of it, and a layer the golden names explains the gradient,
-#: loss and reduction-order symptoms after it.
+#: loss and reduction-order symptoms after it. The families are open: a plugin adds one by
+#: registering a check whose id names it (``npuops.fused_rmsnorm``); a family not listed
+#: here ranks after these, since precguard cannot know what it explains.
 FAMILIES: tuple[str, ...] = (
     "env",
     "rng",
@@ -41,18 +44,29 @@ FAMILIES: tuple[str, ...] = (
     "loss",
     "reduce",
 )
+_FAMILY = re.compile(r"[a-z][a-z0-9_]*")
 
 
 def family_of(check_id: str) -> str:
-    """The family of a check id ``family.name``; ValueError unless it is one of :data:`FAMILIES`.
+    """The family of a check id ``family.name``; ValueError unless it has that shape.
+
+    The family is a lowercase identifier; it need not be one of :data:`FAMILIES`
+    (a plugin's check may bring its own).
 
     >>> family_of("rope.position_sweep")
     'rope'
     """
-    family = check_id.split(".", 1)[0]
-    if "." not in check_id or family not in FAMILIES:
-        raise ValueError(f"expected 'family.name' with family in {', '.join(FAMILIES)}")
+    family, dot, name = check_id.partition(".")
+    if not (dot and name and _FAMILY.fullmatch(family)):
+        raise ValueError(
+            f"expected 'family.name' with a lowercase family such as {', '.join(FAMILIES[:4])}"
+        )
     return family
+
+
+def family_rank(family: str) -> int:
+    """Where a family's failures rank as a root cause: :data:`FAMILIES`' order, others last."""
+    return FAMILIES.index(family) if family in FAMILIES else len(FAMILIES)
 
 
 class NotApplicable(Exception):

@@ -269,9 +269,21 @@ def extreme_inputs_check(ctx: CheckContext, tolerance: float | None = None) -> F
         "return weight * y.to(x.dtype)` (eps around 1e-5/1e-6, never 0); on Ascend use the "
         "fused npu_rms_norm, which accumulates in fp32."
     )
+    # a norm that centres (LayerNorm) needs its mean subtracted before the variance: the
+    # one-pass E[x^2] - E[x]^2 cancels on rows whose mean dwarfs their spread, in any dtype
+    remedy_centred = (
+        "Compute the statistics in fp32, the mean first and the variance of the centred "
+        "rows (two passes), and cast once at the end: `x32 = x.float(); mu = "
+        "x32.mean(-1, keepdim=True); var = (x32 - mu).pow(2).mean(-1, keepdim=True); y = "
+        "(x32 - mu) * torch.rsqrt(var + eps); return (y * weight + bias).to(x.dtype)` (or "
+        "F.layer_norm on the fp32 input); never E[x^2] - E[x]^2."
+    )
     if failures:
         failures.sort(key=lambda f: -f[0])
         messages = [m for _, m in failures]
+        worst = per_module.get(messages[0].split(":")[0], {})
+        if worst.get("centres"):
+            remedy = remedy_centred
         return finding(
             cid,
             "fail",

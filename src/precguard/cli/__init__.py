@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "precguard.cli.record",
     "precguard.cli.schema",
     "precguard.cli.compare",
+    "precguard.cli.bitwise",
     "precguard.cli.plugins_cmd",
     "precguard.cli.check",
     "precguard.cli.bisect",
@@ -42,7 +43,7 @@ for _name in COMMAND_MODULES:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
-    from precguard.errors import PrecguardError
+    from precguard.errors import ExitCode, PrecguardError
 
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args or os.environ.get("PRECGUARD_DEBUG", "") not in ("", "0")
@@ -66,4 +67,4 @@ def main(argv: list[str] | None = None) -> None:
             f"precguard: internal error: {type(exc).__name__}: {shown(exc, ERROR_LIMIT)}{hint}",
             file=sys.stderr,
         )
-        sys.exit(2)
+        sys.exit(ExitCode.USAGE)

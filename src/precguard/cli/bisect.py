@@ -118,8 +118,9 @@ def bisect(
     if len(result.output_errors) > 1:
         # every floating output is judged: say which one decided
         for name, err in result.output_errors.items():
-            mark = "[green]pass[/]" if err <= result.threshold else "[red]fail[/]"
-            out.print(f"  {name:<24} {_fmt(err):>10}  {mark}")
+            limit = result.thresholds.get(name, result.threshold)
+            mark = "[green]pass[/]" if err <= limit else "[red]fail[/]"
+            out.print(f"  {name:<24} {_fmt(err):>10}  {mark}  (threshold {_fmt(limit)})")
     if result.culprits:
         out.print(
             f"[bold red]{len(result.culprits)} module(s) must run at reference precision[/] "

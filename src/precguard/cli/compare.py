@@ -44,8 +44,14 @@ with itself), one line on stderr.
 GOLDEN and ACTUAL may each be an msprobe (mindstudio-probe) dump directory, read as a
 recording (see docs/msprobe.md; `precguard import-msprobe` converts one once).
 
-Profiles: default (rel-L2 <= k x assert_close rtol, cosine >= 0.99), strict (every element
-as torch.testing.assert_close), msprobe (Ascend msprobe's lax verdict). See docs/compare.md.
+Profiles (--profile): default judges each record by the error its precision explains, as
+above: it fails beyond 10x that (the amplification), on a significant scale error of its own,
+or when NaN/Inf differ. fixed: rel-L2 <= k x assert_close's rtol (k 2 for fp32/fp64, 3 for
+fp16/bf16) and cosine >= 0.99. strict: every element as torch.testing.assert_close. msprobe:
+Ascend msprobe's lax verdict. --rtol/--atol make the default a fixed tolerance with those
+numbers. See docs/compare.md.
+
+Bitwise identity by recorded hashes is its own command: `precguard bitwise GOLDEN ACTUAL`.
 """
 
 
@@ -74,8 +80,18 @@ def compare(
     profile: str = typer.Option(
         "default", "--profile", help="default (expected error), fixed, strict or msprobe."
     ),
-    rtol: float | None = typer.Option(None, "--rtol", help="Override the relative tolerance."),
-    atol: float | None = typer.Option(None, "--atol", help="Override the absolute tolerance."),
+    rtol: float | None = typer.Option(
+        None,
+        "--rtol",
+        help="Relative tolerance in every dtype: judges by a fixed tolerance (rel-L2 <= k x "
+        "rtol) instead of the expected error.",
+    ),
+    atol: float | None = typer.Option(
+        None,
+        "--atol",
+        help="Absolute tolerance in every dtype: judges by a fixed tolerance instead of the "
+        "expected error.",
+    ),
     rank: int | None = typer.Option(None, "--rank", help="Compare only this rank."),
     step: int | None = typer.Option(None, "--step", help="Compare only this step."),
     top: int = typer.Option(10, "--top", help="Rows in the top-N table by error."),
@@ -162,9 +178,7 @@ def compare(
     bitwise: bool = typer.Option(
         False,
         "--bitwise",
-        help="Compare by the tensor hashes of recordings made with hashes=True: no "
-        "tolerance; names the first tensor whose bits differ (exit 0 identical, 1 differs, "
-        "3 records without hashes). See docs/watch.md.",
+        help="Moved to `precguard bitwise GOLDEN ACTUAL`; this spelling still runs it.",
     ),
 ) -> None:
     if bitwise:
@@ -177,10 +191,14 @@ def compare(
             from precguard.errors import UsageError
 
             raise UsageError(
-                f"--bitwise compares hashes only; it takes --json, --rank and --step, not "
+                f"--bitwise (now `precguard bitwise`) compares hashes only; it takes --json, "
+                f"--rank and --step, not "
                 f"{', '.join(ignored)}"
             )
-        _compare_bitwise(golden, actual, rank=rank, step=step, json_out=json_out)
+        from precguard.cli.bitwise import run_bitwise
+
+        moved = "note: compare --bitwise is now `precguard bitwise`"
+        run_bitwise(golden, actual, rank=rank, step=step, json_out=json_out, note=moved)
         return
 
     from rich.console import Console
@@ -277,14 +295,13 @@ def compare(
 
             budget = result.impact or recordings_only(result, reason="no --target was given")
             render_budget(budget, console)
-    if result.verdict != "match":
-        raise typer.Exit(1)
-    if result.coverage is not None and not result.coverage.complete and not allow_partial:
-        raise typer.Exit(PARTIAL_EXIT_CODE)
+    from precguard.errors import ExitCode
 
-
-#: a match that covers only part of the recordings (see compare/coverage.py)
-PARTIAL_EXIT_CODE = 3
+    code = result.exit_code
+    if code == ExitCode.INCONCLUSIVE and allow_partial:
+        code = ExitCode.PASS
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()
@@ -340,28 +357,9 @@ def replay(
         _write(json_out, result.model_dump_json(indent=2))
     render_replay(result, Console())
     if result.verdict != "match":
-        raise typer.Exit(1)
+        from precguard.errors import ExitCode
 
-
-def _compare_bitwise(
-    golden: Path, actual: Path, *, rank: int | None, step: int | None, json_out: Path | None
-) -> None:
-    """``compare --bitwise``: hashes only; exit 0 identical, 1 differs, 3 inconclusive."""
-    from precguard.compare.bitwise import compare_bitwise, render_bitwise
-    from precguard.compare.runs import open_side, with_names
-
-    g, a = open_side(golden), open_side(actual)
-    result = compare_bitwise(g.run, a.run, rank=rank, step=step)
-    result = with_names(result, g, a)
-    payload = result.model_dump_json(indent=2)
-    if json_out is not None and str(json_out) == "-":
-        typer.echo(payload)
-    else:
-        if json_out is not None:
-            _write(json_out, payload)
-        typer.echo(render_bitwise(result))
-    if result.exit_code:
-        raise typer.Exit(result.exit_code)
+        raise typer.Exit(ExitCode.FAIL)
 
 
 def _steps_to_compare(golden: Path, rank: int | None, step: int | None) -> int | None:

@@ -82,6 +82,12 @@ def generate_diff_cmd(
         "--against",
         help="With --save-run: a saved golden run to take prompts and tokens from.",
     ),
+    verify: bool = typer.Option(
+        False,
+        "--verify",
+        help="Apply the cause's remedy and decode again: a KV-cache cause's cache kept in the "
+        "model's dtype, verified against the actual's cache-free forward (docs/impact.md).",
+    ),
     json_out: Path | None = typer.Option(
         None, "--json", help="Write the result as JSON here ('-' for stdout)."
     ),
@@ -174,12 +180,15 @@ def generate_diff_cmd(
                 layerwise=layerwise,
                 keep_recordings=keep_recordings,
                 on_progress=on_progress,
+                verify=verify,
             )
     from precguard.text import safe_console
 
     # the summary quotes saved runs' text (device names, paths, reasons): one escaping console
     out = safe_console(stderr=to_stdout, highlight=False, soft_wrap=True)
     render_terminal(result, out)
+    for check in result.remedies:
+        out.print(f"remedy: {shown(check.describe(), 400)}")
     text = result.model_dump_json(indent=2)
     if to_stdout:
         typer.echo(text)

@@ -111,4 +111,6 @@ def diff(
         write_page(json_out, result.model_dump_json(indent=2) + "\n", "--json")
     if html_out is not None:
         write_page(html_out, render_html(result))
-    raise typer.Exit(1 if result.verdict == "different" else 0)
+    from precguard.errors import ExitCode
+
+    raise typer.Exit(ExitCode.FAIL if result.verdict == "different" else ExitCode.PASS)

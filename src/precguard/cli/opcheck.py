@@ -52,6 +52,13 @@ def op_check(
         help="Largest max_rel_err that passes (default: 8 eps of the compute dtype + "
         "sqrt(n) fp32 roundoffs; rotary: the angle allowance).",
     ),
+    verify: bool = typer.Option(
+        False,
+        "--verify",
+        help="With --target and --module, when the module fails: re-run the model with it "
+        "at reference precision and with each mechanical remedy applied; its share of the "
+        "output error and each remedy verified or not (docs/impact.md).",
+    ),
     json_out: Path | None = typer.Option(
         None, "--json", help="Write the results as JSON to this file ('-' for stdout)."
     ),
@@ -95,9 +102,23 @@ def op_check(
     stream = sys.stderr if to_stdout else sys.stdout
     # a pipe or a file gets the whole table, not one cut to 80 columns
     width = None if stream.isatty() else 120
-    render_table(result, Console(stderr=to_stdout, highlight=False, width=width))
+    console = Console(stderr=to_stdout, highlight=False, width=width)
+    render_table(result, console)
+    budget = None
+    if verify and target is not None and module is not None and result.exit_code:
+        from precguard.localize.impact_render import render_budget
+        from precguard.localize.verify import verify_opcheck
+
+        budget = verify_opcheck(result, target, device=device, dtype=dtype)
+        render_budget(budget, console)
     if json_out is not None:
         payload = result.model_dump_json(indent=2, exclude_none=True)
+        if budget is not None:
+            import json
+
+            merged = json.loads(payload)
+            merged["impact"] = json.loads(budget.model_dump_json())
+            payload = json.dumps(merged, indent=2)
         if to_stdout:
             typer.echo(payload)
         else:

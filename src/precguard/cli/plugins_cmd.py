@@ -3,10 +3,56 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import typer
 
 from precguard.cli._app import app
+
+
+def describe() -> dict[str, Any]:
+    """What ``precguard plugins --json`` prints: every plugin and every load error.
+
+    Each plugin: its name, built in or not, module, distribution and version
+    (pluggy's distribution info of an entry point), the device types and
+    check ids it registers, its hooks, and its warnings (a ``hookimpl`` that
+    matches no hook). Both registration hooks are asked first, so a plugin
+    that breaks there is listed under ``load_errors``.
+    """
+    from precguard import __version__, plugins
+
+    registered = {kind: plugins.registered(kind) for kind in ("backends", "checks")}
+    dists = {id(plugin): dist for plugin, dist in plugins.pm.list_plugin_distributions()}
+    entries = []
+    for name, plugin in sorted(
+        plugins.pm.list_name_plugin(), key=lambda p: (p[0] not in plugins.BUILTINS, p[0])
+    ):
+        if plugin is None:  # blocked (PRECGUARD_PLUGINS)
+            continue
+        dist, builtin = dists.get(id(plugin)), name in plugins.BUILTINS
+        mine = {
+            k: sorted(key for key, e in found.items() if e.plugin == name)
+            for k, found in registered.items()
+        }
+        entries.append(
+            {
+                "name": name,
+                "builtin": builtin,
+                "module": getattr(plugin, "__name__", type(plugin).__module__),
+                "distribution": dist.metadata["Name"] if dist else "precguard" if builtin else None,
+                "version": dist.version if dist else __version__ if builtin else None,
+                "device_types": mine["backends"],
+                "checks": mine["checks"],
+                "hooks": sorted(c.name for c in plugins.pm.get_hookcallers(plugin) or []),
+                "warnings": [
+                    f"implements unknown hook {hook!r} (a typo, or written for another "
+                    "precguard version)"
+                    for hook in plugins.unknown_hooks(plugin)
+                ],
+            }
+        )
+    errors = [{"name": n, "cause": c} for n, c in sorted(plugins.load_errors.items())]
+    return {"schema_version": 1, "plugins": entries, "load_errors": errors}
 
 
 @app.command()
@@ -19,9 +65,7 @@ def plugins(
 
     Plugins that failed to load are listed with the cause; the others still work.
     """
-    from precguard import plugins as plugin_manager
-
-    info = plugin_manager.describe()
+    info = describe()
     if as_json:
         typer.echo(json.dumps(info, indent=2))
         return

@@ -57,10 +57,12 @@ def ranks(
         if json_out is not None:
             _write(json_out, payload)
         render(report, Console())
+    from precguard.errors import ExitCode
+
     if report.verdict == "disagree":
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAIL)
     if report.verdict == "inconclusive":
-        raise typer.Exit(3)
+        raise typer.Exit(ExitCode.INCONCLUSIVE)
 
 
 def _parse_group(text: str) -> list[int]:

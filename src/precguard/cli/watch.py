@@ -41,7 +41,9 @@ def watch_report(
         if stopped:
             typer.echo(stopped)
         if run.alerts:
-            raise typer.Exit(1)
+            from precguard.errors import ExitCode
+
+            raise typer.Exit(ExitCode.FAIL)
         return
     if csv_out is not None:
         write_page(csv_out, watch_csv(run), "--csv")

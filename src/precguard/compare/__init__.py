@@ -1,8 +1,9 @@
 """Compare two recordings: align records, measure error, name the layer that introduced it.
 
-The function is :func:`precguard.compare_runs`; :func:`compare_recordings` here is the
-same without ``layout=`` (the layout branch lives above, in :mod:`precguard.layout.compare`,
-and calls it). ``precguard.compare`` is this subpackage, not a callable. How to
+The function is :func:`compare_runs` (``precguard.compare_runs``); :func:`compare_recordings`
+is the same without ``layout=`` (the layout branch lives above, in
+:mod:`precguard.layout.compare`, installs itself here and calls it).
+``precguard.compare`` is this subpackage, not a callable. How to
 compare is one :class:`CompareOptions`.
 
 >>> result = precguard.compare_runs("runs/golden", "runs/actual")   # doctest: +SKIP
@@ -15,7 +16,7 @@ from __future__ import annotations
 from precguard.compare.engine import IncomparableRunsError, fingerprint_diff
 from precguard.compare.options import CompareOptions
 from precguard.compare.report import Comparison, FirstDivergence, Metrics, RecordResult
-from precguard.compare.runs import compare_recordings
+from precguard.compare.runs import compare_recordings, compare_runs
 from precguard.compare.tolerance import PROFILES, Profile, get_profile
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "Profile",
     "RecordResult",
     "compare_recordings",
+    "compare_runs",
     "fingerprint_diff",
     "get_profile",
 ]

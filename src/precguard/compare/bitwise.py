@@ -1,4 +1,4 @@
-"""Bitwise comparison of two recordings by their tensor hashes (``compare --bitwise``).
+"""Bitwise comparison of two recordings by their tensor hashes (``precguard bitwise``).
 
 Two runs that should be bitwise identical (same code, seed, data and
 determinism flags, on the same kind of device) are compared record by record
@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from precguard.dump.reader import Run, load_run
 from precguard.dump.schema import Record
+from precguard.errors import ExitCode
 
 #: differences listed in full after the first
 MAX_LISTED = 50
@@ -79,7 +80,8 @@ class BitwiseComparison(BaseModel):
     @property
     def exit_code(self) -> int:
         """0 identical, 1 differs, 3 inconclusive."""
-        return {"identical": 0, "differs": 1, "inconclusive": 3}[self.verdict]
+        codes = {"identical": ExitCode.PASS, "differs": ExitCode.FAIL}
+        return codes.get(self.verdict, ExitCode.INCONCLUSIVE)
 
 
 _Slot = tuple[int, int, str, int]  # rank, step, key, occurrence in that step

@@ -48,20 +48,18 @@ from pydantic import BaseModel, ConfigDict
 from precguard.compare.align import parent_module
 from precguard.compare.expected import (
     LINEAR_TYPES,
-    expected_error,
+    SCALED_LEVELS,
+    carried_bias,
     linear_factors,
     own_bias,
-    rounding_floor,
 )
 from precguard.compare.optimizer import is_optimizer
 from precguard.compare.report import FirstDivergence, RecordResult, Suspect
 from precguard.compare.routing import index_reason
 from precguard.compare.tolerance import Profile
+from precguard.numerics import MIN_LOCAL_GROWTH, expected_error, reduction_length, rounding_floor
 
 _BAD = ("fail", "nonfinite")
-#: a module whose inputs passed is local only if it at least doubled their error; below
-#: that, propagated error merely crossed the threshold there
-MIN_LOCAL_GROWTH = 2.0
 
 
 class Candidate(BaseModel):
@@ -331,7 +329,11 @@ def _classify(
     tol_dtype = first.metrics.dtype if first.metrics else "float32"
     in_err = max((_err(r) for r in call.consumed), default=0.0)
     out_err = max(_err(o) for o in call.produced)
-    k = max((r.shape[-1] for r in call.consumed if r.shape), default=None)
+    # the judge's K (judge.py): the forward call's inputs, parameters and buffers
+    k = reduction_length(
+        (r.shape for r in [*call.consumed, *call.params] if r.phase == "forward"),
+        backward=call.phase == "backward",
+    )
     expected = expected_error(in_err, tol_dtype, k)
     amp = out_err / expected
     # the expected-error gate (judge.py) judged each record against everything it
@@ -477,7 +479,18 @@ def _bias_reason(call: _Call, bad: list[RecordResult], profile: Profile) -> str 
         linear = linear_factors(
             call.module_type, o.phase, o.role, o.index, [*call.consumed, *call.params]
         )
-        excess = own_bias(m, inputs, profile, call.module_type, factors=linear)
+        scaled_in = [i for i in inputs if i.scale is not None and i.level in SCALED_LEVELS]
+        if linear is None and call.module_type in LINEAR_TYPES and len(scaled_in) == 1:
+            # a module linear in its one float input: its own scale is s_out / s_in
+            linear = scaled_in if scaled_in[0].scale else None
+        excess = own_bias(
+            m,
+            profile,
+            input_error=max((i.error for i in inputs), default=0.0),
+            carried=carried_bias(inputs, profile),
+            factors=linear,
+            module_type=call.module_type,
+        )
         if excess is None or m.scale is None:
             continue
         scaled = [i for i in inputs if i.scale is not None and math.isfinite(i.scale)]

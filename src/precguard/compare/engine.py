@@ -16,6 +16,7 @@ from typing import Any
 from precguard._logging import get_logger
 from precguard.compare import hints
 from precguard.compare.align import WRAPPER_TYPES, Renamer, align, fsdp2_class
+from precguard.compare.caches import cache_names, name_cache_reads
 from precguard.compare.coverage import (
     Coverage,
     CoverageTracker,
@@ -31,6 +32,7 @@ from precguard.compare.divergence import (
     rank_suspects,
 )
 from precguard.compare.judge import judge_step, measured_errors
+from precguard.compare.loss import low_precision_losses
 from precguard.compare.metrics import (
     golden_rms,
     precision,
@@ -40,6 +42,13 @@ from precguard.compare.metrics import (
 )
 from precguard.compare.optimizer import StepTrail
 from precguard.compare.options import CompareOptions
+from precguard.compare.padding import (
+    LeftOut,
+    StepPadding,
+    mask_metrics,
+    mask_stats_metrics,
+    padding_note,
+)
 from precguard.compare.report import (
     Comparison,
     Counts,
@@ -230,7 +239,10 @@ def compare_unit(
     step_results.results = routes.judge(step_results.results, plan.prof)
     names = {g.key: g.name for g in g_recs if g.role == "buffer"}
     classified = classify_step(step_results.results, plan.prof, names)
+    # a loss computed in bf16/fp16 where golden computes it in fp32 (compare/loss.py)
+    step_results.results, classified = low_precision_losses(step_results.results, classified)
     found = classified.candidates
+    name_cache_reads(found, step_results.results, cache_names(g_recs))
     logger.debug("step_compared", rank=r, step=s, records=len(step_results.results))
     return UnitResult(
         rank=r,
@@ -242,6 +254,7 @@ def compare_unit(
         fallback=None if found else fallback(step_results.results),
         collectives_dropped=dropped,
         one_sided=step_results.one_sided,
+        left_out=step_results.left_out,
     )
 
 
@@ -438,6 +451,9 @@ def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
         if dropped:
             warnings.append(hints.collectives_left_out(dropped, side))
     warnings.extend(hints.one_sided_notes([o for u in units for o in u.one_sided]))
+    padded = padding_note(sum((u.left_out for u in units), LeftOut()))
+    if padded is not None:
+        warnings.append(padded)
     if golden_only or actual_only:
         warnings.append(hints.unmatched_warning(golden_only, actual_only))
     prof = plan.prof
@@ -620,6 +636,8 @@ class _StepResults:
         self.one_sided: list[OneSided] = []
         #: the aligned (golden, actual) record pairs, for the routing rules (routing.py)
         self.pairs: list[tuple[Record, Record]] = []
+        #: the padded positions left out of the metrics (padding.py)
+        self.left_out = LeftOut()
 
 
 def _compare_step(
@@ -637,9 +655,11 @@ def _compare_step(
     a_store.validate(a_recs)
     alignment = align(g_recs, a_recs, renamer)
     out.pairs = list(alignment.pairs)
+    padding = StepPadding.of_step(g_recs, a_recs, g_store, a_store)
     for g, a in alignment.pairs:
-        metrics = pair_metrics(g, a, g_store, a_store, profile, tol_mode, computes)
+        metrics = pair_metrics(g, a, g_store, a_store, profile, tol_mode, computes, padding)
         out.results.append(_result(g, a, judge(metrics, profile), metrics))
+    out.left_out = padding.left_out()
     for g in alignment.golden_only:
         out.golden_only.append(g.key)
         out.results.append(_result(g, None, "missing", None))
@@ -698,11 +718,14 @@ def pair_metrics(
     profile: Profile,
     tol_mode: str = "auto",
     computes: tuple[str | None, str | None] = (None, None),
+    padding: StepPadding | None = None,
 ) -> Metrics:
     """Metrics for one aligned pair: full tensors when both were saved, else statistics.
 
     Each side's precision is the less precise of its stored dtype and the dtype it
     was computed in (the record's ``compute_dtype``, else its run's, ``computes``).
+    ``padding``, the step's padded positions, leaves them out of the metrics
+    (:mod:`precguard.compare.padding`).
     """
     g_prec = precision(g.dtype, g.compute_dtype or computes[0])
     a_prec = precision(a.dtype, a.compute_dtype or computes[1])
@@ -713,6 +736,7 @@ def pair_metrics(
             f"model: parameter {g.key} ({g.name}) has shape {a.shape}, golden {g.shape}"
             + hints.shard_hint(g.shape, a.shape)
         )
+    padding = padding if padding is not None else StepPadding([], [])
     if _squeezed(g.shape) != _squeezed(a.shape):
         return Metrics(
             level="none",
@@ -729,6 +753,14 @@ def pair_metrics(
             g_release(start, end)
             a_release(start, end)
 
+        as_masks = mask_metrics(g, a, gt, at, padding)
+        if as_masks is not None:
+            return as_masks
+        kept = padding.full(g, a, gt, at)
+        rms = golden_rms(g.stats)
+        releaser: Callable[[int, int], None] | None = release
+        if kept is not None:  # copies, their rms the real positions' (zeros count in it)
+            (gt, at), rms, releaser = kept, None, None
         metrics = tensor_metrics(
             gt,
             at,
@@ -736,11 +768,14 @@ def pair_metrics(
             actual_dtype=a_prec,
             profile=profile,
             tol_mode=tol_mode,
-            golden_rms=golden_rms(g.stats),
-            release=release,
+            golden_rms=rms,
+            release=releaser,
         )
         return with_bias(metrics, profile)
-    return stats_metrics(g, a, dtype=dtype)
+    as_masks = mask_stats_metrics(g, a)
+    if as_masks is not None:
+        return as_masks
+    return padding.stats(g, a, lambda g, a: stats_metrics(g, a, dtype=dtype))
 
 
 def _squeezed(shape: list[int]) -> list[int]:

@@ -22,6 +22,8 @@ sources (docs/compare.md cites them):
 The expected error is ``max(input error, rounding floor)``; a module is local
 when it at least doubles that with inputs in tolerance, or grows it by the
 profile's ``amplification`` otherwise (see :mod:`precguard.compare.divergence`).
+The floor, the expected error and the growth factor are defined once, in
+:mod:`precguard.numerics`, which every tool asks.
 
 A systematic (scale) error hides inside rounding noise element by element but
 not in aggregate: :func:`own_bias` is the part of an output's scale error that
@@ -35,11 +37,18 @@ from typing import Any
 
 from precguard.compare.report import Metrics
 from precguard.compare.sampled import sampled_bounds
-from precguard.compare.tolerance import Profile, unit_roundoff
+from precguard.compare.tolerance import Profile
+from precguard.numerics import (
+    PRODUCT_GROWTH,
+    accumulation_error,
+    expected_error,
+    rounding_floor,
+    unit_roundoff,
+)
 
 #: the factor by which a correct module may grow the relative scale error of its inputs:
 #: a product of two inputs that each carry a scale 1+d (q.k, gate*up) carries ~1+2d
-BIAS_GROWTH = 2.0
+BIAS_GROWTH = PRODUCT_GROWTH
 #: a scale is read as a perturbation of golden only while every input is this close to
 #: golden (relative L2 error); beyond it the runs compute different things altogether
 #: (other input data) and a scale ratio says nothing about the module
@@ -58,26 +67,6 @@ RATIO_MAX_ULPS = 10.0
 SCALE_INVARIANT_TYPES = frozenset(
     {"RMSNorm", "LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "T5LayerNorm", "LayerNorm"}
 )
-
-
-def rounding_floor(dtype: str, k: int | None = None) -> float:
-    """Relative error a correct output in ``dtype`` carries when its inputs are exact.
-
-    One rounding to ``dtype`` plus the probabilistic accumulation error
-    ``sqrt(k) * u_acc`` of dot products of length ``k`` (``u_acc``: fp32's, or
-    ``dtype``'s when that is more precise).
-
-    >>> rounding_floor("bfloat16") == 2.0**-8
-    True
-    """
-    u = unit_roundoff(dtype)
-    u_acc = min(u, unit_roundoff("float32"))
-    return u + (math.sqrt(k) * u_acc if k and k > 1 else 0.0)
-
-
-def expected_error(input_error: float, dtype: str, k: int | None = None) -> float:
-    """The output error a correct module explains: its inputs' error or its rounding floor."""
-    return max(input_error, rounding_floor(dtype, k))
 
 
 def carried_bias(inputs: list[Metrics], profile: Profile) -> float:
@@ -121,8 +110,7 @@ def scale_floor(dtype: str, k: int | None, profile: Profile, linear: bool = Fals
     """
     if profile.bias_floor is not None:
         return profile.bias_floor
-    u_acc = min(unit_roundoff(dtype), unit_roundoff("float32"))
-    acc = math.sqrt(k) * u_acc if k and k > 1 else 0.0
+    acc = accumulation_error(k, dtype)
     return acc + (0.0 if linear else profile.bias_floor_ulps * unit_roundoff(dtype))
 
 
@@ -240,33 +228,55 @@ def significant_scale(m: Metrics, profile: Profile) -> bool:
 
 def own_bias(
     output: Metrics,
-    inputs: list[Metrics],
     profile: Profile,
-    module_type: str = "",
+    *,
+    input_error: float,
+    carried: float,
     k: int | None = None,
     factors: list[Metrics] | None = None,
+    module_type: str = "",
+    param: bool = False,
 ) -> float | None:
-    """The scale error ``output`` shows beyond what ``inputs`` explain, or None.
+    """The scale error ``output`` shows beyond what it consumed explains, or None.
 
-    Only for an output whose scale is significant (:func:`significant_scale`), inputs within
-    :data:`BIAS_MAX_INPUT_ERROR` of golden. With ``factors`` (the records it is
-    linear in, :func:`linear_factors`), or for a module linear in its one float input
-    (:data:`LINEAR_TYPES`), its own scale ``s_out / prod(s_f)`` must differ from 1
-    (:func:`own_scale`). For any other module, its |s - 1| less ``bias_z`` standard
-    errors must exceed :func:`scale_floor` and :data:`BIAS_GROWTH` times the largest
-    scale error an input carries (:func:`carried_bias`).
+    The one test of "this scale error is the module's own", for the judge (per
+    record, with what its scope consumed) and for divergence (per call). Only for an
+    output whose scale is significant (:func:`significant_scale`) and whose consumed
+    records are within :data:`BIAS_MAX_INPUT_ERROR` of golden (``input_error``, their
+    largest error). With ``factors`` (the records it is linear in,
+    :func:`linear_factors`), its own scale ``s_out / prod(s_f)`` must differ from 1
+    (:func:`own_scale`; a normalization, not in :data:`LINEAR_TYPES`, keeps the one-ulp
+    part of the floor). Otherwise its |s - 1| less ``bias_z`` standard errors must
+    exceed :func:`scale_floor` and :data:`BIAS_GROWTH` times ``carried``, the largest
+    scale error anything it consumed carries (:func:`carried_bias`). A ``param``'s is
+    its own only when nothing carried error into it (a cast rounds every weight once:
+    one ulp, as any module).
     """
     if not significant_scale(output, profile):
         return None
-    if any(m.error > BIAS_MAX_INPUT_ERROR for m in inputs):
+    if input_error > BIAS_MAX_INPUT_ERROR:
         return None
-    scaled = [m for m in inputs if m.scale is not None and m.level in SCALED_LEVELS]
-    if factors is None and module_type in LINEAR_TYPES and len(scaled) == 1 and scaled[0].scale:
-        factors = scaled
     if factors is not None:
         return own_scale(output, factors, profile, k, linear=module_type in LINEAR_TYPES)
+    assert output.scale is not None
     excess = abs(output.scale - 1.0) - profile.bias_z * (output.scale_se or 0.0)
     floor = scale_floor(output.dtype, k, profile)
-    if excess > max(BIAS_GROWTH * carried_bias(inputs, profile), floor):
-        return excess
-    return None
+    if param:
+        return excess if input_error == 0.0 and excess > floor else None
+    return excess if excess > max(BIAS_GROWTH * carried, floor) else None
+
+
+__all__ = [
+    "BIAS_GROWTH",
+    "BIAS_MAX_INPUT_ERROR",
+    "LINEAR_TYPES",
+    "SCALED_LEVELS",
+    "carried_bias",
+    "expected_error",
+    "linear_factors",
+    "own_bias",
+    "own_scale",
+    "rounding_floor",
+    "scale_floor",
+    "significant_scale",
+]

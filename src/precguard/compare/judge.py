@@ -45,26 +45,25 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from precguard.compare.expected import (
-    BIAS_GROWTH,
     BIAS_MAX_INPUT_ERROR,
-    LINEAR_TYPES,
     SCALED_LEVELS,
     carried_bias,
-    expected_error,
     linear_factors,
-    own_scale,
-    scale_floor,
+    own_bias,
     significant_scale,
 )
 from precguard.compare.metrics import less_precise
 from precguard.compare.optimizer import Explained, is_optimizer, update_verdict
 from precguard.compare.report import Metrics, RecordResult
 from precguard.compare.sampled import sampled_bounds
-from precguard.compare.tolerance import SIGNIFICAND_BITS, Profile, unit_roundoff
-
-#: the growth of consumed error a correct module may show; the gate multiplies the
-#: expected error by the profile's amplification (10) on top
-_GROWTH = 1.0
+from precguard.compare.tolerance import Profile
+from precguard.numerics import (
+    SIGNIFICAND_BITS,
+    expected_error,
+    ladder,
+    reduction_length,
+    unit_roundoff,
+)
 
 
 @dataclass
@@ -99,15 +98,6 @@ class _Scope:
         if other.dtype is not None:
             out.dtype = other.dtype if out.dtype is None else less_precise(out.dtype, other.dtype)
         return out
-
-
-@dataclass(frozen=True)
-class Judgement:
-    """The gate's verdict on one record."""
-
-    status: str
-    expected_error: float | None
-    amplification: float | None
 
 
 def measured_errors(m: Metrics) -> tuple[float, float]:
@@ -162,18 +152,9 @@ def _parent(module: str, called: set[str]) -> str | None:
 
 
 def _reduction(records: list[RecordResult], backward: bool) -> int | None:
-    """The reduction length of what consumed ``records``: their last dimension (a
-    Linear's K); in backward also their leading dimensions (a weight gradient sums
-    over every row)."""
-    k = 0
-    for r in records:
-        if not r.shape:
-            continue
-        last = r.shape[-1]
-        k = max(k, last)
-        if backward and last:
-            k = max(k, math.prod(r.shape) // last)
-    return k or None
+    """The reduction length of what consumed ``records`` (:func:`~precguard.numerics.
+    reduction_length` of their shapes)."""
+    return reduction_length((r.shape for r in records), backward=backward)
 
 
 def judge_step(
@@ -404,34 +385,31 @@ def _own_bias(
     profile: Profile,
     k: int | None = None,
 ) -> bool:
-    """Whether ``m``'s significant scale error is the record's own, not carried in.
+    """Whether ``m``'s significant scale error is the record's own, not carried in
+    (:func:`~precguard.compare.expected.own_bias`, with what the record's scope consumed).
 
-    A parameter's is its own unless its step's optimizer update carried error in. A
-    record linear in what it consumed (:func:`linear_factors`: a ``Linear``'s output and
-    gradients, a normalization's output): its own scale ``s / prod(s_f)`` must differ
-    from 1 (:func:`own_scale`). Otherwise ``|s - 1|``
-    less ``bias_z`` standard errors must exceed :data:`BIAS_GROWTH` times the largest
-    scale error anything in scope carried, and :func:`scale_floor`.
+    A record linear in what it consumed (:func:`linear_factors`: a ``Linear``'s output and
+    gradients, a normalization's output) is tested through its factors when nothing else
+    it consumed carries more error; any other by the largest error and scale error anything
+    in scope carried; a parameter's is its own unless its step's update carried error in.
     """
-    if m.scale is None:
-        return False
     factors = linear_factors(r.module_type, r.phase, r.role, r.index, consumed)
     if factors is not None and m.level in SCALED_LEVELS:
         known = [x.metrics for x in consumed if x.metrics is not None]
-        # and nothing else it consumed (a collective it called) carries more error
-        # (a statistics-only record counts by the upper bound it passed on to the scope)
-        most = max((_upper(x, profile)[0] for x in known), default=0.0)
-        alone = r.phase == "backward" or scope.err <= most
+        # and nothing else it consumed (a collective it called) carries more error (a
+        # statistics-only record counts by the upper bound it passed on to the scope)
+        worst = max((_upper(x, profile)[0] for x in known), default=0.0)
+        alone = r.phase == "backward" or scope.err <= worst
         if alone and not any(x.error > BIAS_MAX_INPUT_ERROR for x in known):
-            linear = r.module_type in LINEAR_TYPES
-            return own_scale(m, factors, profile, k, linear=linear) is not None
-    if scope.err > BIAS_MAX_INPUT_ERROR:
-        return False
-    excess = abs(m.scale - 1.0) - profile.bias_z * (m.scale_se or 0.0)
-    floor = scale_floor(m.dtype, k, profile)
-    if r.role == "param":  # a cast rounds every weight once: one ulp, as any module
-        return scope.err == 0.0 and excess > floor
-    return excess > max(BIAS_GROWTH * scope.bias, floor)
+            excess = own_bias(
+                m, profile, input_error=0.0, carried=0.0, k=k, factors=factors,
+                module_type=r.module_type,
+            )  # fmt: skip
+            return excess is not None
+    excess = own_bias(
+        m, profile, input_error=scope.err, carried=scope.bias, k=k, param=r.role == "param"
+    )
+    return excess is not None
 
 
 def _same_initial_weights(r: RecordResult, m: Metrics, stepped: Explained | None) -> bool:
@@ -464,23 +442,19 @@ def _judge(
     """One record against what its scope explains (and, for an optimizer update or a
     parameter after a step, what the step explains: ``stepped``; ``scale_test``: and its
     own scale)."""
-    if m.nan_mismatch or m.inf_mismatch:
-        return r.model_copy(update={"status": "nonfinite"})
-    if m.level == "exact":
-        # a router's indices: routing.py judges them from the router's scores afterwards
-        bad = bool(m.mismatched) and m.rerouted is None
-        return r.model_copy(update={"status": "fail" if bad else "pass"})
-    if m.level == "none":  # a follower of a routing (shapes differ): routing.py judges it
-        bad = m.error > 0 and m.rerouted is None
-        return r.model_copy(update={"status": "fail" if bad else "pass"})
+    # non-finite, exact (a router's indices: routing.py judges them from the router's
+    # scores afterwards), nothing measurable (a follower of a routing whose shapes differ)
+    settled = ladder(m)
+    if settled is not None:
+        return r.model_copy(update={"status": settled})
     dtype = m.dtype if scope.dtype is None else less_precise(m.dtype, scope.dtype)
     if _same_initial_weights(r, m, stepped):
         # two copies of the initial weights stored in one dtype: nothing computed them (an
         # emu: profile or autocast rounds what reads them, not the weights), so they are
         # judged at the precision they are stored in, not the compute precision
         dtype = r.golden_dtype
-    expected = expected_error(_GROWTH * scope.err, dtype, k)
-    expected_conc = expected_error(_GROWTH * scope.conc, dtype, k)
+    expected = expected_error(scope.err, dtype, k)
+    expected_conc = expected_error(scope.conc, dtype, k)
     amp = max(e / expected, c / expected_conc) if expected > 0 else math.inf
     bad = amp > profile.amplification
     if stepped is not None and (r.role == "param" or r.phase == "backward"):

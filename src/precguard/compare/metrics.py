@@ -30,8 +30,9 @@ import torch
 
 from precguard.compare.report import Metrics
 from precguard.compare.sampled import SLICE_FLOOR, position_evidence, sample_evidence
-from precguard.compare.tolerance import SIGNIFICAND_BITS, Profile
+from precguard.compare.tolerance import Profile
 from precguard.dump.schema import STAT_FIELDS, Record, Stats
+from precguard.numerics import SIGNIFICAND_BITS, relative_l2
 
 #: elements per chunk: 256 KiB of float32 keeps the working set in cache
 CHUNK = 1 << 16
@@ -573,7 +574,7 @@ def _finish(
     # and rounding can leave it a hair below zero
     g_norm, a_norm = math.sqrt(acc.gg), math.sqrt(max(acc.aa, 0.0))
     err_norm = math.sqrt(acc.sum_sq)
-    rel_l2 = err_norm / g_norm if g_norm > 0 else (0.0 if err_norm == 0 else math.inf)
+    rel_l2 = relative_l2(err_norm, g_norm)  # the one definition (precguard.numerics)
     if g_norm > 0 and a_norm > 0:
         cosine = max(-1.0, min(1.0, acc.ga / (g_norm * a_norm)))
     else:

@@ -54,15 +54,10 @@ import numpy as np
 import torch
 
 from precguard.dump.schema import Record
+from precguard.numerics import Z_SCORE, ZERO_DENSITY
 
 #: name prefix of the watch's update records (training/handle.py ``_record_optimizer``)
 UPDATE_PREFIX = "optimizer.update."
-#: error standard deviations within which an element counts as zero when only the
-#: gradient's global error is known (no per-element errors, no sample)
-_Z = 3.0
-#: density at zero of a gradient's distribution, times its rms, taken as the most a
-#: real gradient has (a Gaussian has 0.40, a Laplace 0.71): with _Z, f <= 2 * 3 * e_g
-_DENSITY = 1.0
 
 Tensors = Callable[[Record], torch.Tensor | None]
 
@@ -177,7 +172,9 @@ def _explained(
         return l2, 2.0 * top, f_up
     if not math.isfinite(grad_error):
         return 2.0 * top * math.sqrt(n), 2.0 * top, 1.0
-    f = min(1.0, 2.0 * _Z * _DENSITY * grad_error)
+    # within Z_SCORE error standard deviations (e_g * rms(g)) of zero, for a density at zero
+    # up to ZERO_DENSITY / rms(g) (precguard.numerics): f <= 2 * 3 * 1 * e_g
+    f = min(1.0, 2.0 * Z_SCORE * ZERO_DENSITY * grad_error)
     return 2.0 * top * math.sqrt(f * n), (2.0 * top if f > 0 else 0.0), f
 
 

@@ -16,6 +16,7 @@ from pydantic_core import CoreSchema, core_schema, from_json, to_json
 from precguard.compare.coverage import Coverage
 from precguard.compare.impact_report import ErrorBudget
 from precguard.dump.schema import Phase, Role
+from precguard.errors import ExitCode
 
 COMPARISON_SCHEMA_VERSION = 1
 
@@ -701,6 +702,17 @@ class Comparison(BaseModel):
     def diverged(self) -> bool:
         """True when the verdict is 'diverged'."""
         return self.verdict == "diverged"
+
+    @property
+    def exit_code(self) -> int:
+        """The CLI's exit code (:class:`~precguard.errors.ExitCode`): 1 diverged; 3 a match
+        that covers only part of the recordings (``coverage.complete`` false: steps or phases
+        one side lacks, a run that did not finish); 0 a match of everything."""
+        if self.verdict != "match":
+            return ExitCode.FAIL
+        if self.coverage is not None and not self.coverage.complete:
+            return ExitCode.INCONCLUSIVE
+        return ExitCode.PASS
 
 
 def write_comparison_json(result: Comparison, out: TextIO, *, indent: int | None = 2) -> None:

@@ -55,16 +55,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from precguard.compare.expected import rounding_floor
 from precguard.compare.metrics import is_float_dtype, precision, tensor_metrics
 from precguard.compare.report import Metrics, RecordResult
 from precguard.compare.tolerance import Profile
 from precguard.dump.schema import Record
 from precguard.dump.tensors import TensorStore
+from precguard.numerics import REROUTED_ROW_ERROR, rounding_floor
 
 Pair = tuple[Record, Record]
-#: a re-routed row differs by at most the norm of both sides' rows: about twice its own
-REROUTED_ROW_ERROR = 2.0
 
 
 def is_index_dtype(dtype: str) -> bool:

@@ -6,9 +6,10 @@ Python), settles a plan (:mod:`precguard.compare.engine`), has its (rank, step)
 units compared here, by worker processes or by the processes of a torchrun job
 (:mod:`precguard.compare.parallel`), and merges them.
 
-A tensor-/pipeline-parallel side is gathered into whole tensors first by the
-layer above, :mod:`precguard.layout.compare`, which then calls this function:
-``precguard.compare_runs(..., layout=...)`` is that one.
+:func:`compare_runs` is the public ``precguard.compare_runs``: the same, and with
+``layout=`` a tensor-/pipeline-parallel side gathered into whole tensors first by
+the layer above, :mod:`precguard.layout.compare`, which then calls
+:func:`compare_recordings` (it installs itself with :func:`set_layout_branch`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -28,6 +29,9 @@ from precguard.compare.report import Comparison
 from precguard.dump.reader import Run
 from precguard.errors import PrecguardError, UsageError
 from precguard.interop.msprobe import is_api_key, open_recording
+
+if TYPE_CHECKING:
+    from precguard.layout.spec import LayoutSpec
 
 _Result = TypeVar("_Result", bound=BaseModel)
 
@@ -106,7 +110,7 @@ def compare_recordings(
     """
     if "layout" in settings:
         raise UsageError(
-            "layout= is taken by precguard.compare_runs (precguard.layout.compare_layout); "
+            "layout= is taken by precguard.compare_runs; "
             "precguard.compare.compare_recordings compares the recordings as they are"
         )
     options = compare_options(options, **settings)
@@ -119,6 +123,54 @@ def compare_recordings(
             raise
         raise type(exc)(message) from exc
     return with_names(result, g, a)
+
+
+#: the layout branch of :func:`compare_runs` (``layout=``): :mod:`precguard.layout` gathers
+#: a sharded side and calls compare, so compare cannot import it; it sets this on import
+#: (``precguard.compare_runs`` is reached through it, so the branch is always there)
+_layout_branch: Callable[..., Comparison] | None = None
+
+
+def set_layout_branch(branch: Callable[..., Comparison]) -> None:
+    """Install the function :func:`compare_runs` calls with ``layout=`` (``compare_layout``)."""
+    global _layout_branch
+    _layout_branch = branch
+
+
+def compare_runs(
+    golden: str | os.PathLike[str] | Run,
+    actual: str | os.PathLike[str] | Run,
+    options: CompareOptions | None = None,
+    *,
+    layout: str | os.PathLike[str] | LayoutSpec | None = None,
+    on_step: Callable[[int, int], None] | None = None,
+    **settings: Any,
+) -> Comparison:
+    """Compare an ``actual`` recording with a ``golden`` one and name where they diverge.
+
+    ``precguard.compare_runs``: :func:`compare_recordings` (recordings or msprobe
+    dumps; ``options`` or its keyword ``settings``: ``profile``, ``rtol``, ``atol``,
+    ``rank``, ``step``, ``suspects``, ``tolerance_dtype``, ``rename``, ``workers``,
+    ``calibration``, see :class:`~precguard.compare.options.CompareOptions`), and with
+    ``layout`` (a layout spec: YAML file, shipped name or ``LayoutSpec``) a tensor-/
+    pipeline-parallel side gathered first (docs/layouts.md).
+
+    :param on_step: called as ``on_step(rank, step)`` after each step is compared.
+    :raises IncomparableRunsError: the recordings are of different models.
+    :raises DumpFormatError: a recording is missing, corrupt or of a newer schema.
+
+    >>> result = precguard.compare_runs("runs/cpu", "runs/npu")      # doctest: +SKIP
+    >>> result.verdict, result.first_divergence.module          # doctest: +SKIP
+    ('diverged', 'model.layers.3.mlp')
+    """
+    if layout is None:
+        return compare_recordings(golden, actual, options, on_step=on_step, **settings)
+    if _layout_branch is None:
+        raise UsageError(
+            "compare_runs(layout=...) gathers through precguard.layout: import it first "
+            "(precguard.compare_runs does)"
+        )
+    return _layout_branch(golden, actual, layout, options, on_step=on_step, **settings)
 
 
 def _compare(

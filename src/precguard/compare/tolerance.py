@@ -25,25 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from precguard.compare.report import Metrics, Status
 from precguard.errors import UsageError
-
-#: the floating dtypes compare measures with error metrics, and their precision in bits
-#: (significand including the implicit bit): fewer bits is less precise
-#: significand bits (with the implicit one) of the precisions compare judges by; besides
-#: torch's float dtypes, the reduced-precision fp32 matmul modes a backend can report as its
-#: compute precision: TF32 (NVIDIA, Cambricon: 10 stored mantissa bits) and Ascend's HF32 (11)
-SIGNIFICAND_BITS: dict[str, int] = {
-    "float64": 53,
-    "float32": 24,
-    "hfloat32": 12,
-    "tfloat32": 11,
-    "float16": 11,
-    "bfloat16": 8,
-    # float8 (OCP e4m3/e5m2, and the fnuz variants): compared upcast to fp32/fp64
-    "float8_e4m3fn": 4,
-    "float8_e4m3fnuz": 4,
-    "float8_e5m2": 3,
-    "float8_e5m2fnuz": 3,
-}
+from precguard.numerics import AMPLIFICATION, SIGNIFICAND_BITS, ladder, unit_roundoff
 
 
 class DtypeTolerance(BaseModel):
@@ -76,7 +58,8 @@ class Profile(BaseModel):
     )
     dtypes: dict[str, DtypeTolerance] = Field(description="Thresholds per dtype name.")
     amplification: float = Field(
-        default=10.0, description="Output/input error ratio from which a module is 'local'."
+        default=AMPLIFICATION,
+        description="Output/input error ratio from which a module is 'local'.",
     )
     bias_z: float = Field(
         default=4.0,
@@ -238,16 +221,17 @@ def get_profile(name: str) -> Profile:
 
 
 def judge(metrics: Metrics, profile: Profile) -> Status:
-    """Return ``pass``, ``fail`` or ``nonfinite`` for one compared pair."""
-    if metrics.nan_mismatch or metrics.inf_mismatch:
-        return "nonfinite"
+    """Return ``pass``, ``fail`` or ``nonfinite`` for one compared pair.
+
+    The ladder of :func:`precguard.numerics.ladder` first (non-finite, exact, nothing
+    measurable), then the profile's rule.
+    """
+    settled = ladder(metrics)
+    if settled is not None:
+        return settled
     tol = profile.for_dtype(metrics.dtype)
-    if metrics.level == "exact":
-        return "fail" if metrics.mismatched else "pass"
     if metrics.level == "stats":
         return "fail" if metrics.error > tol.stats_rtol else "pass"
-    if metrics.level == "none":  # nothing to measure; a shape mismatch carries error inf
-        return "fail" if metrics.error > 0 else "pass"
     assert metrics.cosine is not None and metrics.max_abs_err is not None
     if profile.rule == "msprobe":
         bad = (
@@ -283,6 +267,14 @@ def with_bias(metrics: Metrics, profile: Profile) -> Metrics:
     return metrics.model_copy(update={"bias": True})
 
 
-def unit_roundoff(dtype: str) -> float:
-    """Half the machine epsilon of ``dtype`` (float32's for non-float dtypes)."""
-    return 2.0 ** -SIGNIFICAND_BITS.get(dtype, SIGNIFICAND_BITS["float32"])
+__all__ = [
+    "PROFILES",
+    "SIGNIFICAND_BITS",
+    "DtypeTolerance",
+    "Profile",
+    "bias_threshold",
+    "get_profile",
+    "judge",
+    "unit_roundoff",
+    "with_bias",
+]

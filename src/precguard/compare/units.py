@@ -11,6 +11,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from precguard.compare.divergence import Candidate
+from precguard.compare.padding import LeftOut
 from precguard.compare.report import RecordRows
 from precguard.dump.schema import Record
 
@@ -73,6 +74,10 @@ class UnitResult(BaseModel):
     one_sided: list[OneSided] = Field(
         default_factory=list,
         description="Inputs/outputs only one side passed or returned (counted missing).",
+    )
+    left_out: LeftOut = Field(
+        default_factory=LeftOut,
+        description="Padded positions left out of the metrics (compare/padding.py).",
     )
 
     @property

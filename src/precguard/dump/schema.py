@@ -232,7 +232,7 @@ class Record(BaseModel):
     hash: str | None = Field(
         default=None,
         # a recording is untrusted input: a hash is 16 hex digits, never free text that
-        # would reach the terminal (compare --bitwise prints it)
+        # would reach the terminal (precguard bitwise prints it)
         pattern=r"^[0-9a-f]{16}$",
         description="Hash of the tensor's bits in logical order (16 hex digits), when "
         "recorded with hashes=True; equal hashes mean bitwise equal values.",

@@ -293,6 +293,7 @@ def generate_diff(
     prepare: Callable[[nn.Module], Any] | None = None,
     prepare_reference: Callable[[nn.Module], Any] | None = None,
     on_progress: ProgressFn | None = None,
+    verify: bool = False,
 ) -> GenerationDiff:
     """Decode ``prompts`` on ``reference`` (golden) and ``device`` (actual) and compare.
 
@@ -306,6 +307,8 @@ def generate_diff(
     :param prepare: alter the actual's built model (tests plant faults with it);
         ``prepare_reference`` the golden's.
     :param reference_target: another target for the golden side (default: ``target``).
+    :param verify: a KV-cache cause's remedy (the cache kept in the model's dtype) applied to
+        the first divergent prompt's decoding and verified (``GenerationDiff.remedies``).
     :returns: a :class:`GenerationDiff`; its ``exit_code`` is 1 for a real divergence.
 
     >>> result = precguard.generate_diff("tiny-llama", device="emu:bf16")   # doctest: +SKIP
@@ -344,7 +347,20 @@ def generate_diff(
             step=first.first_divergence.step,
             keep=keep_recordings,
         )
-    return assemble(golden.side, actual.side, opts, results, replay)
+    result = assemble(golden.side, actual.side, opts, results, replay)
+    cause = result.cause
+    if verify and first is not None and cause is not None and cause.kind == "kv-cache":
+        from precguard.generation.cache_remedy import verify_cache_remedy
+
+        check = verify_cache_remedy(
+            golden_side,
+            actual_side,
+            prompt_list[first.index].ids,
+            golden.fed[first.index],
+            where=cause.where,
+        )
+        result = result.model_copy(update={"remedies": [check]})
+    return result
 
 
 def assemble(

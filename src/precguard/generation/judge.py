@@ -4,7 +4,7 @@ A flip is a **near-tie** when the compute precision explains it: the two
 tokens' scores are within the error the logits carry on each side, and the
 logits as a whole are no further apart than that error. The explained error of
 a logit, relative to the logits' RMS, is the rounding floor of its last
-reduction (:func:`precguard.compare.expected.rounding_floor` with ``k`` = the
+reduction (:func:`precguard.numerics.rounding_floor` with ``k`` = the
 hidden size) grown by the square root of the number of residual blocks: each
 block adds its own rounding to the residual stream, and roundings of random
 sign add in quadrature (Higham & Mary 2019). The difference of two logits
@@ -18,11 +18,10 @@ import math
 
 import torch
 
-from precguard.compare.expected import rounding_floor
-from precguard.compare.tolerance import unit_roundoff
+from precguard.numerics import Z_SCORE, measure, rounding_floor, unit_roundoff
 
 #: standard deviations of the explained error a margin may be within and still be a near-tie
-Z = 3.0
+Z = Z_SCORE
 #: a near-tie also needs the whole logits vector within this multiple of the explained error
 LOGITS_SLACK = 3.0
 
@@ -44,13 +43,10 @@ def rms(x: torch.Tensor) -> float:
 
 
 def rel_l2(actual: torch.Tensor, golden: torch.Tensor) -> float | None:
-    """||a - g|| / ||g||, or None when either side holds a non-finite value."""
-    if not (torch.isfinite(actual).all() and torch.isfinite(golden).all()):
-        return None
-    g = golden.double()
-    norm = float(g.norm())
-    diff = float((actual.double() - g).norm())
-    return diff / norm if norm > 0 else (0.0 if diff == 0 else math.inf)
+    """||a - g|| / ||g|| (:func:`precguard.numerics.measure`), or None when either side
+    holds a non-finite value (a step's logits with NaN/Inf are no distribution to be near)."""
+    m = measure(actual, golden)
+    return m.rel_l2 if m.finite else None
 
 
 def kl_divergence(

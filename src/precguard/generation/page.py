@@ -110,6 +110,8 @@ def render_html(result: GenerationDiff) -> str:
             f"<dt>cause</dt><dd>{esc(result.cause.kind)} <code>{esc(result.cause.where or '-')}"
             f"</code>: {esc(result.cause.reason)}</dd>"
         )
+    for check in result.remedies:  # --verify: the cause's remedy, its before/after
+        cause += f"<dt>remedy</dt><dd>{esc(check.describe())}</dd>"
     body = (
         f"{_STRIP_CSS}<h1>generate-diff</h1>"
         f"<p class='sub'>golden {esc(g.device)} ({esc(g.compute_dtype)}) vs actual "

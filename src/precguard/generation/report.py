@@ -13,6 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from precguard.compare.impact_report import RemedyCheck
+from precguard.errors import ExitCode
+
 GENERATION_SCHEMA_VERSION = 1
 
 _FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
@@ -267,13 +270,18 @@ class GenerationDiff(BaseModel):
         default=None, description="Why layerwise is null although a divergence was found."
     )
     cause: Cause | None = Field(description="The most likely cause of the first divergence.")
+    remedies: list[RemedyCheck] = Field(
+        default_factory=list,
+        description="With --verify: the cause's remedy applied and the decoding re-run (a "
+        "KV-cache cause: the cache kept in the model's dtype; docs/impact.md).",
+    )
 
     @property
     def exit_code(self) -> int:
         """0 no real divergence (near-ties at most), 1 a divergence, 3 nothing compared."""
         if self.verdict == "inconclusive":
-            return 3  # as compare and check: a result that compared nothing is never a pass
-        return 1 if self.verdict == "diverged" else 0
+            return ExitCode.INCONCLUSIVE  # as compare and check: nothing compared is no pass
+        return ExitCode.FAIL if self.verdict == "diverged" else ExitCode.PASS
 
 
 def generation_schema() -> dict[str, Any]:

@@ -4,8 +4,8 @@
 (:class:`~precguard.layout.view.LayoutViews`), has
 :func:`precguard.compare.compare_recordings` compare the views as it compares any
 recordings, and maps the result back onto the real recordings and ranks.
-:func:`compare_runs` is the public ``precguard.compare_runs``: that function,
-with ``layout=`` as well.
+:func:`precguard.compare_runs` (defined in :mod:`precguard.compare.runs`) calls
+:func:`compare_layout` when given ``layout=``: this module installs it on import.
 """
 
 from __future__ import annotations
@@ -17,11 +17,20 @@ from typing import Any
 
 from precguard.compare.options import CompareOptions, compare_options
 from precguard.compare.report import Comparison
-from precguard.compare.runs import compare_recordings, named, open_side, with_names
+from precguard.compare.runs import (
+    compare_recordings,
+    compare_runs,
+    named,
+    open_side,
+    set_layout_branch,
+    with_names,
+)
 from precguard.dump.reader import Run
 from precguard.errors import PrecguardError, UsageError
 from precguard.layout.spec import LayoutSpec
 from precguard.layout.view import LayoutViews
+
+__all__ = ["compare_layout", "compare_runs"]
 
 
 def compare_layout(
@@ -61,32 +70,5 @@ def compare_layout(
     return with_names(result, g, a)
 
 
-def compare_runs(
-    golden: str | os.PathLike[str] | Run,
-    actual: str | os.PathLike[str] | Run,
-    options: CompareOptions | None = None,
-    *,
-    layout: str | Path | LayoutSpec | None = None,
-    on_step: Callable[[int, int], None] | None = None,
-    **settings: Any,
-) -> Comparison:
-    """Compare an ``actual`` recording with a ``golden`` one and name where they diverge.
-
-    ``precguard.compare_runs``: :func:`precguard.compare.compare_recordings` (recordings or
-    msprobe dumps; ``options`` or its keyword ``settings``: ``profile``, ``rtol``,
-    ``atol``, ``rank``, ``step``, ``suspects``, ``tolerance_dtype``, ``rename``,
-    ``workers``, ``calibration``, see :class:`~precguard.compare.options.CompareOptions`),
-    and with ``layout`` a tensor-/pipeline-parallel side gathered first
-    (:func:`compare_layout`, docs/layouts.md).
-
-    :param on_step: called as ``on_step(rank, step)`` after each step is compared.
-    :raises IncomparableRunsError: the recordings are of different models.
-    :raises DumpFormatError: a recording is missing, corrupt or of a newer schema.
-
-    >>> result = precguard.compare_runs("runs/cpu", "runs/npu")      # doctest: +SKIP
-    >>> result.verdict, result.first_divergence.module          # doctest: +SKIP
-    ('diverged', 'model.layers.3.mlp')
-    """
-    if layout is not None:
-        return compare_layout(golden, actual, layout, options, on_step=on_step, **settings)
-    return compare_recordings(golden, actual, options, on_step=on_step, **settings)
+# compare_runs(layout=...) comes here; precguard.compare_runs is reached through this module
+set_layout_branch(compare_layout)

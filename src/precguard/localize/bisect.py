@@ -51,9 +51,15 @@ from torch.utils._python_dispatch import _disable_current_modes
 from precguard import tree
 from precguard._logging import get_logger
 from precguard.backend import Backend
-from precguard.compare.tolerance import SIGNIFICAND_BITS, unit_roundoff
 from precguard.devices import parse_dtype, resolve_backend
 from precguard.errors import TargetError, UsageError
+from precguard.numerics import (
+    CORRECT_RUN_GROWTH,
+    SIGNIFICAND_BITS,
+    relative_l2,
+    rounding_floor,
+    unit_roundoff,
+)
 from precguard.oracle import map_tensors_keeping_types
 from precguard.target import Target, call_model
 from precguard.target_run import TargetRun
@@ -64,12 +70,6 @@ _FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
 
 MetricName = Literal["rel_l2", "max_abs", "mean_abs", "max_rel", "cosine"]
 
-#: the default threshold of the ``rel_l2`` metric, in units of the machine epsilon of the
-#: device's compute dtype. A correct low-precision forward of tiny-llama lands near 1 eps
-#: on every ``emu:`` profile (fp16 9e-4, bf16 7e-3); 16 eps leaves room for deeper models,
-#: while an overflow, a flushed norm or angles rounded to bf16 land at 0.1 to inf.
-DEFAULT_EPS_FACTOR = 16
-
 
 def precision_eps(precision: torch.dtype | str) -> float:
     """Machine epsilon of a dtype or of a backend's named precision (``tfloat32``, ``hfloat32``)."""
@@ -79,9 +79,42 @@ def precision_eps(precision: torch.dtype | str) -> float:
     return 2 * unit_roundoff(name)
 
 
-def default_threshold(compute: torch.dtype | str) -> float:
-    """The default ``rel_l2`` threshold: :data:`DEFAULT_EPS_FACTOR` eps of ``compute``."""
-    return DEFAULT_EPS_FACTOR * precision_eps(compute)
+def least_threshold(compute: torch.dtype | str, length: int | None = None) -> float:
+    """The smallest threshold of an output of ``length`` elements along its last dimension.
+
+    One rounding in ``compute`` and one reduction of that length in another order
+    (:func:`precguard.compare.expected.rounding_floor`): the error two correct runs of any
+    depth differ by at least. It rules where the floor probe cannot see a device's
+    difference, a float32 device with another reduction order (rounding float32 values
+    to float32 changes nothing).
+    """
+    return rounding_floor(str(compute).removeprefix("torch."), length)
+
+
+def correct_threshold(floor: float, compute: torch.dtype | str, length: int | None = None) -> float:
+    """The ``rel_l2`` threshold of one output: :data:`CORRECT_RUN_GROWTH` times its floor.
+
+    ``floor`` is that output's error in the floor probe (:data:`CORRECT_RUN_GROWTH`), at
+    least :func:`least_threshold`. An infinite floor (values beyond the format's range
+    even when every leaf is right) leaves the threshold infinite: no set of modules at
+    reference precision can be asked to do better than the format.
+    """
+    return max(CORRECT_RUN_GROWTH * floor, least_threshold(compute, length))
+
+
+def round_to_precision(t: torch.Tensor, precision: torch.dtype | str) -> torch.Tensor:
+    """``t`` rounded once (to nearest, ties to even) to ``precision``'s significand.
+
+    A torch dtype by a cast there and back (its range too: overflow gives inf); a named
+    precision (``tfloat32``) by its significand bits, float32's range kept.
+    """
+    if not t.is_floating_point():
+        return t
+    if isinstance(precision, torch.dtype):
+        return t.to(precision).to(t.dtype)
+    bits = SIGNIFICAND_BITS[str(precision)]
+    mantissa, exponent = torch.frexp(t)
+    return torch.ldexp(torch.round(mantissa * 2.0**bits) / 2.0**bits, exponent).to(t.dtype)
 
 
 ROOT = "root"
@@ -103,9 +136,8 @@ def output_error(actual: torch.Tensor, expected: torch.Tensor, metric: str = "re
     if not bool(torch.isfinite(a).all()):
         return math.inf
     diff = a - e
-    if metric == "rel_l2":
-        denom = float(e.norm())
-        return float(diff.norm()) / denom if denom else float(diff.norm())
+    if metric == "rel_l2":  # the one definition (precguard.numerics)
+        return relative_l2(float(diff.norm()), float(e.norm()))
     if metric == "max_abs":
         return float(diff.abs().max()) if diff.numel() else 0.0
     if metric == "mean_abs":
@@ -190,7 +222,21 @@ class BisectResult(BaseModel):
     reference: str = Field(description="Reference device.")
     reference_dtype: str = Field(description="Model dtype on the reference.")
     metric: str = Field(description="Error metric of the final output.")
-    threshold: float = Field(description="An output error at or below this passes.")
+    threshold: float = Field(
+        description="The threshold of the output furthest beyond its own (an output error at "
+        "or below its threshold passes)."
+    )
+    thresholds: dict[str, float] = Field(
+        default_factory=dict,
+        description="Per floating output, its threshold: CORRECT_RUN_GROWTH times its floor "
+        "error, or the one --threshold given.",
+    )
+    floor_errors: dict[str, float] = Field(
+        default_factory=dict,
+        description="Per floating output, its error in the floor probe: every leaf module at "
+        "reference precision, its output rounded once to the device's format (empty when "
+        "--threshold was given).",
+    )
     culprits: list[str] = Field(
         description="Modules that must run at reference precision (empty: already fine)."
     )
@@ -321,6 +367,42 @@ class ReferencePrecision:
                 del module.forward
 
 
+class RoundedReference(ReferencePrecision):
+    """:class:`ReferencePrecision` whose modules take inputs and hand back outputs rounded
+    once to ``precision``.
+
+    The floor probe of :data:`CORRECT_RUN_GROWTH`: every leaf computed right, each
+    hand-off stored in the device's format, as a correct device must store it.
+    """
+
+    def __init__(self, *args: Any, precision: torch.dtype | str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.precision = precision
+
+    def _wrapper(self, module: nn.Module, twin: nn.Module) -> Callable[..., Any]:
+        inner = super()._wrapper(module, twin)
+        precision = self.precision
+
+        def rounded(*args: Any, **kwargs: Any) -> Any:
+            # what reaches it is in the device's format too (the model's float inputs are
+            # where this is not already so: everything else comes from a rounded hand-off)
+            with _outside_device():
+                args, kwargs = map_tensors_keeping_types(
+                    (args, kwargs), lambda t: round_to_precision(t, precision)
+                )
+            out = inner(*args, **kwargs)
+            with _outside_device():
+                return map_tensors_keeping_types(out, lambda t: round_to_precision(t, precision))
+
+        return rounded
+
+
+def leaf_modules(called: dict[str, int]) -> list[str]:
+    """The called modules none of whose submodules were called, in call order."""
+    names = [n for n in called if n != ROOT]
+    return [n for n in names if not any(m.startswith(f"{n}.") for m in names)]
+
+
 # -- the module tree ---------------------------------------------------------------------------
 
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
@@ -374,9 +456,10 @@ class Bisector:
     """Find the culprits with ``probe(names) -> error`` over the module tree of ``model``.
 
     ``probe`` runs the device forward with ``names`` at reference precision and
-    returns the output error, or the error of each output (the worst one decides);
-    ``called`` maps the modules a forward calls to
-    their call order. ``on_probe`` sees every probe as it completes.
+    returns the output error, or the error of each output; ``threshold`` is one number,
+    or one per output (a probe passes when every output is within its own); ``called``
+    maps the modules a forward calls to their call order. ``on_probe`` sees every probe
+    as it completes.
     """
 
     def __init__(
@@ -384,7 +467,7 @@ class Bisector:
         model: nn.Module,
         probe: Callable[[list[str]], float | dict[str, float]],
         called: dict[str, int],
-        threshold: float,
+        threshold: float | dict[str, float],
         on_probe: Callable[[Probe], None] | None = None,
     ) -> None:
         self.model = model
@@ -394,6 +477,13 @@ class Bisector:
         self.on_probe = on_probe
         self.probes: list[Probe] = []
         self._cache: dict[frozenset[str], float] = {}
+        self._passed: dict[frozenset[str], bool] = {}
+
+    def threshold_of(self, output: str) -> float:
+        """The threshold of one output (the one number when there is one)."""
+        if isinstance(self.threshold, dict):
+            return self.threshold.get(output, math.inf)
+        return self.threshold
 
     def error(self, names: Sequence[str]) -> float:
         """The output error with ``names`` at reference (cached by the set)."""
@@ -404,11 +494,16 @@ class Bisector:
             per_output = found if isinstance(found, dict) else {}
             err = worst(per_output) if isinstance(found, dict) else found
             self._cache[key] = err
+            if per_output:
+                passed = all(self._within(e, self.threshold_of(k)) for k, e in per_output.items())
+            else:
+                passed = self.passes_error(err)
+            self._passed[key] = passed
             probe = Probe(
                 index=len(self.probes),
                 at_reference=ordered,
                 error=err,
-                passed=self.passes_error(err),
+                passed=passed,
                 outputs=per_output,
             )
             self.probes.append(probe)
@@ -417,12 +512,18 @@ class Bisector:
         return self._cache[key]
 
     def passes_error(self, err: float) -> bool:
-        """True when ``err`` is finite and within the threshold."""
-        return math.isfinite(err) and err <= self.threshold
+        """True when ``err`` is finite and within the (smallest) threshold."""
+        limit = min(self.threshold.values()) if isinstance(self.threshold, dict) else None
+        return self._within(err, self.threshold if limit is None else limit)
+
+    @staticmethod
+    def _within(err: float, threshold: float) -> bool:
+        return math.isfinite(err) and err <= threshold
 
     def passes(self, names: Sequence[str]) -> bool:
-        """True when the output with ``names`` at reference is within the threshold."""
-        return self.passes_error(self.error(names))
+        """True when every output with ``names`` at reference is within its threshold."""
+        self.error(names)
+        return self._passed[frozenset(names)]
 
     def _quickxplain(self, background: list[str], delta: bool, units: list[str]) -> list[str]:
         """A minimal subset X of ``units`` passing with ``background`` (Junker's QuickXplain)."""
@@ -450,9 +551,14 @@ class Bisector:
         found = self.minimal([], top)
         if found is None:  # the root's own code (outside every child) is needed
             if not self.passes([ROOT]):
+                limit = (
+                    min(self.threshold.values())
+                    if isinstance(self.threshold, dict)
+                    else self.threshold
+                )
                 raise TargetError(
                     f"even with the whole model at reference precision the output error is "
-                    f"{self.error([ROOT]):.3g} (threshold {self.threshold:.3g}): the forward "
+                    f"{self.error([ROOT]):.3g} (threshold {limit:.3g}): the forward "
                     "does not reproduce the reference (random ops or state it changes), so "
                     "there is nothing to bisect"
                 )
@@ -496,8 +602,9 @@ def bisect(
     The model is built once from the target's seed; one copy runs on
     ``reference`` in ``reference_dtype``, the other on ``device`` in ``dtype``
     (default: float32, or the storage dtype of a mixed-precision ``emu:``
-    profile). Batch ``step`` is the input. ``threshold`` defaults to
-    :func:`default_threshold` of the device's compute dtype for ``rel_l2``
+    profile). Batch ``step`` is the input. ``threshold`` defaults, for ``rel_l2``,
+    to a threshold per floating output derived from the floor probe
+    (:data:`CORRECT_RUN_GROWTH`: what a correct device run of this model explains),
     and must be given for any other metric. ``prepare(model)`` may alter the
     built model before it is copied (tests plant faults with it).
     """
@@ -515,10 +622,11 @@ def bisect(
     ref_backend = resolve_backend(reference)
     ref_dtype = parse_dtype(reference_dtype)
     compute = backend.compute_dtype() or model_dtype
-    if threshold is None:
-        if metric != "rel_l2":
-            raise UsageError(f"--metric {metric} needs --threshold (a default exists for rel_l2)")
-        threshold = default_threshold(max(compute, model_dtype, key=precision_eps))
+    if threshold is None and metric != "rel_l2":
+        raise UsageError(f"--metric {metric} needs --threshold (a default exists for rel_l2)")
+    # the format a correct device stores each hand-off in: the less precise of what it
+    # computes in and what the model is stored in
+    storage = max(compute, model_dtype, key=precision_eps)
 
     built = run.construct()
     if prepare is not None:
@@ -550,13 +658,17 @@ def bisect(
     expected = {k: v.detach().to("cpu", torch.float64) for k, v in expected.items()}
     called = call_order(reference_model, reference_forward)
 
-    def probe(names: list[str]) -> dict[str, float]:
+    def probe(names: list[str], floor: bool = False) -> dict[str, float]:
+        swap = (
+            RoundedReference(
+                model, reference_model, names, ref_backend, ref_dtype, precision=storage
+            )
+            if floor
+            else ReferencePrecision(model, reference_model, names, ref_backend, ref_dtype)
+        )
+
         def forward() -> Any:
-            with (
-                torch.no_grad(),
-                ReferencePrecision(model, reference_model, names, ref_backend, ref_dtype),
-                backend.numerics(),
-            ):
+            with torch.no_grad(), swap, backend.numerics():
                 out = call_model(model, dev_batch)
             backend.synchronize()
             return out
@@ -569,7 +681,26 @@ def bisect(
             )
         return {k: output_error(out[k], expected[k], metric) for k in expected}
 
-    bisector = Bisector(model, probe, called, threshold, on_probe)
+    floors: dict[str, float] = {}
+    if threshold is None:
+        # the floor is a measurement of this forward: it means something only when the
+        # forward reproduces the reference (no random ops, no state it changes)
+        # (an infinite error is the format's range, which the search reports as an overflow)
+        again = probe([ROOT])
+        for k, err in again.items():
+            if math.isfinite(err) and err > least_threshold(storage, _length(expected[k])):
+                raise TargetError(
+                    f"even with the whole model at reference precision the output {k} has "
+                    f"error {err:.3g}: the forward does not reproduce the reference (random "
+                    "ops or state it changes), so there is nothing to bisect"
+                )
+        floors = probe(leaf_modules(called), floor=True)
+        thresholds = {
+            k: correct_threshold(floors[k], storage, _length(expected[k])) for k in expected
+        }
+    else:
+        thresholds = dict.fromkeys(expected, threshold)
+    bisector = Bisector(model, probe, called, thresholds, on_probe)
     overflow: Overflow | None = None
     note: str | None = None
     if not math.isfinite(bisector.error([])):
@@ -599,6 +730,11 @@ def bisect(
     probes = bisector.probes
     baseline = probes[0].error
     fixed = bisector.error(culprits) if culprits else baseline
+    # the threshold shown beside the baseline: that of the output furthest beyond its own
+    decisive = max(
+        probes[0].outputs or thresholds,
+        key=lambda k: _ratio(probes[0].outputs.get(k, 0.0), thresholds[k]),
+    )
     logger.info("bisect_done", culprits=culprits, probes=len(probes))
     return BisectResult(
         target=target_obj.name,
@@ -607,7 +743,9 @@ def bisect(
         reference=reference,
         reference_dtype=_name(ref_dtype),
         metric=metric,
-        threshold=threshold,
+        threshold=thresholds[decisive],
+        thresholds=thresholds,
+        floor_errors=floors,
         culprits=culprits,
         probes=list(bisector.probes),
         probe_count=len(bisector.probes),
@@ -736,6 +874,17 @@ def _reference_absmax(model: nn.Module, name: str, forward: Callable[[], Any]) -
 
 def _float_tensors(value: Any) -> list[torch.Tensor]:
     return [t for t in tree.tensors(value) if t.is_floating_point()]
+
+
+def _length(t: torch.Tensor) -> int | None:
+    """The last dimension of an output (None for a scalar loss)."""
+    return int(t.shape[-1]) if t.dim() else None
+
+
+def _ratio(err: float, threshold: float) -> float:
+    if math.isnan(err) or math.isinf(err):
+        return math.inf
+    return err / threshold if threshold > 0 else (math.inf if err > 0 else 0.0)
 
 
 def _name(dtype: torch.dtype) -> str:

@@ -13,7 +13,9 @@ actual's device in its dtype. A module is put at reference precision the way
 its call goes to the same module of the reference copy, its output cast back
 to the actual's dtype), so no second hook layer exists. The error is the
 relative L2 error of the logits, measured by compare's own
-:func:`~precguard.compare.metrics.tensor_metrics`.
+:func:`~precguard.compare.metrics.tensor_metrics` (not the in-memory
+:func:`precguard.numerics.measure`: the re-run must reproduce the recorded
+comparison's error bit for bit, and compare sums the squares by chunks).
 
 A module's *share* is ``(before - after) / before``. The error budget lists
 each local module's share, the error with all of them at reference together,
@@ -53,6 +55,8 @@ from precguard.localize.bisect import (
     _cast_batch,
     main_output,
 )
+from precguard.numerics import FLOOR_SLACK, HELP_SHARE
+from precguard.opcheck.sweep import OpCheckResult
 from precguard.target import Target, call_model
 from precguard.target_run import TargetRun
 
@@ -226,18 +230,9 @@ class ActualSide:
         return self.measure(self.forward([self.at_reference(known, self.correct_twin())]))
 
 
-#: a remedy is verified when its output error is at most this multiple of the floor. The
-#: output error of a correct run is the root of a sum of squares of many independent
-#: roundings (every module's); a remedy computes one module differently from the floor's
-#: correct kernel (float32 weights instead of rounded ones, another rounding order), which
-#: moves that sum by the module's own part of it. 1.25 lets that one module own up to a
-#: quarter of the floor's error, more than any single module of a correct run should (a
-#: module beyond that is itself a finding of the budget).
-FLOOR_SLACK = 1.25
-
-#: a remedy that removes less than this share of the excess over the floor did not help:
-#: an excess that stays above 90 % is the same fault, not a partial fix
-HELP_SHARE = 0.1
+#: FLOOR_SLACK (a remedy is verified within 1.25x the floor) and HELP_SHARE (one that
+#: removes less than a tenth of the excess did not help) are defined, with their
+#: derivations, in precguard.numerics
 
 
 def judge_remedy(before: float, after: float, floor: float | None) -> RemedyVerdict:
@@ -258,8 +253,8 @@ def judge_remedy(before: float, after: float, floor: float | None) -> RemedyVerd
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """``actual``'s relative L2 error against ``expected`` (compare's measure); inf if not
-    finite."""
+    """``actual``'s relative L2 error against ``expected`` (compare's measure, whose
+    ratio is :func:`precguard.numerics.relative_l2`); inf if not finite."""
     if actual.numel() != expected.numel():
         raise UsageError(
             f"the actual output has {actual.numel()} elements, the reference "
@@ -330,6 +325,17 @@ def error_budget(
     shares = [i.share for i in impacts if i.share is not None]
     unexplained = max(0.0, 1.0 - sum(max(s, 0.0) for s in shares)) if shares else None
     floor = side.floor(measured) if measured else None
+    together_share = share_of(before, together) if together is not None else None
+    if together_share is not None and together_share < HELP_SHARE and before > 0:
+        # the floor corrects only the findings' modules: with innocent findings it is the
+        # error as it is, and "within the floor" would clear the real fault
+        missed = (
+            f"the findings together explain {max(together_share, 0.0):.0%} of the output "
+            "error: either it is a correct run's, or its cause is a module no finding names "
+            "(bisect --target searches every module; the floor corrects only the findings' "
+            "modules and is then too high)"
+        )
+        note = f"{note}; {missed}" if note else missed
     run = side.run
     budget = ErrorBudget(
         measured="target",
@@ -383,6 +389,17 @@ def bisect_findings(result: BisectResult) -> list[tuple[str, str]]:
     """``bisect``'s culprits as findings for :func:`error_budget` (the root left out: a
     whole model at reference precision is no finding)."""
     return [(culprit, "bisect") for culprit in result.culprits if culprit != ROOT]
+
+
+def opcheck_findings(result: OpCheckResult) -> list[tuple[str, str]]:
+    """The modules an ``op-check --module`` sweep failed (a point over its tolerance or not
+    finite) as findings for :func:`error_budget`; built-in ops name no module of a model."""
+    found: list[tuple[str, str]] = []
+    for point in result.results:
+        finding = (point.module, "op-check")
+        if point.module is not None and point.status != "pass" and finding not in found:
+            found.append((point.module, "op-check"))
+    return found
 
 
 def recordings_only(result: Comparison, *, reason: str) -> ErrorBudget:
@@ -515,6 +532,7 @@ __all__ = [
     "comparison_impact",
     "comparison_side",
     "error_budget",
+    "opcheck_findings",
     "recorded_output_error",
     "recordings_only",
     "relative_error",

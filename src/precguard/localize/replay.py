@@ -15,7 +15,6 @@ named tolerance profile judges by fixed tolerances instead.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from typing import Any, Literal
@@ -28,7 +27,6 @@ from rich.text import Text
 
 from precguard._logging import get_logger
 from precguard.capture.flatten import named_tensors
-from precguard.compare.expected import expected_error
 from precguard.compare.metrics import golden_rms, less_precise, tensor_metrics
 from precguard.compare.render import format_cosine, format_number
 from precguard.compare.report import Metrics, Status
@@ -37,6 +35,7 @@ from precguard.dump.reader import Run, load_run
 from precguard.dump.schema import Record
 from precguard.dump.tensors import TensorStore
 from precguard.errors import DumpFormatError, PrecguardError, UsageError
+from precguard.numerics import REPLAY_MARGIN, expected_error, measure, reduction_length, status
 from precguard.text import shown
 
 logger = get_logger(__name__)
@@ -167,7 +166,7 @@ def replay_module(
         expected = (
             None
             if profile
-            else replay_expected_error(inputs, store, torch_dtype, prec, reduction_length(sub))
+            else replay_expected_error(inputs, store, torch_dtype, prec, layer_reduction(sub))
         )
         results = [_judge_output(o, got.get(o.name), store, prof, expected) for o in outputs]
     finally:
@@ -303,13 +302,6 @@ def _materialize(node: Any) -> Any:
     return {k: _materialize(v) for k, v in node.items()}
 
 
-#: a correct module's replayed output stays within this many times its expected error:
-#: the expected error is one rounding's rms (u/sqrt(3) per rounded operand, u per
-#: rounding in the worst case), and a module combines a few such roundings (inputs,
-#: weights, output) and may amplify its inputs' rounding by its condition number
-REPLAY_MARGIN = 4.0
-
-
 def replay_precision(dtype: torch.dtype, compute: torch.dtype | str | None) -> str:
     """The precision a replay computes in: its dtype, or the device's lower compute precision."""
     name = str(dtype).removeprefix("torch.")
@@ -318,18 +310,19 @@ def replay_precision(dtype: torch.dtype, compute: torch.dtype | str | None) -> s
     return less_precise(name, str(compute).removeprefix("torch."))
 
 
-def reduction_length(module: torch.nn.Module) -> int | None:
+def layer_reduction(module: torch.nn.Module) -> int | None:
     """The longest dot product a module computes, as far as its layers tell (None: unknown).
 
-    The in-features of its (or its children's) linear layers; it sets the accumulation
-    term ``sqrt(k) * u_acc`` of :func:`~precguard.compare.expected.rounding_floor`.
+    :func:`~precguard.numerics.reduction_length` of the in-features of its (or its
+    children's) linear layers; it sets the accumulation term ``sqrt(k) * u_acc`` of
+    :func:`~precguard.numerics.rounding_floor`.
     """
-    lengths = [
+    widths = [
         int(m.in_features)
         for m in module.modules()
         if isinstance(getattr(m, "in_features", None), int)
     ]
-    return max(lengths, default=None)
+    return reduction_length(widths=widths)
 
 
 def replay_expected_error(
@@ -338,9 +331,10 @@ def replay_expected_error(
     """The relative error a correct module's output carries when replayed in ``dtype``.
 
     The golden inputs, rounded to ``dtype``, carry an error measured here (their
-    relative L2 change); the module adds one rounding in ``precision`` and the
-    accumulation of length-``k`` reductions
-    (:func:`~precguard.compare.expected.expected_error`).
+    relative L2 change, :func:`~precguard.numerics.measure`); the module adds one rounding
+    in ``precision`` and the accumulation of length-``k`` reductions
+    (:func:`~precguard.numerics.expected_error`). An input that is zero or not finite
+    on golden tells nothing of a rounding's size and is skipped.
     """
     input_error = 0.0
     for rec in inputs:
@@ -349,12 +343,9 @@ def replay_expected_error(
         g = store.tensor(rec)
         if not g.is_floating_point() or g.numel() == 0:
             continue
-        g64 = g.double()
-        norm = float(torch.linalg.vector_norm(g64))
-        if not (norm > 0 and math.isfinite(norm)):
+        if not bool(torch.isfinite(g).all()) or not bool(g.any()):
             continue
-        diff = float(torch.linalg.vector_norm(g.to(dtype).double() - g64))
-        input_error = max(input_error, diff / norm)
+        input_error = max(input_error, measure(g.to(dtype), g).rel_l2)
     return expected_error(input_error, precision, k)
 
 
@@ -389,12 +380,9 @@ def _judge_output(
 
 
 def judge_by_expected(metrics: Metrics, expected: float) -> Status:
-    """``pass`` while a replayed output's error is within :data:`REPLAY_MARGIN` x expected."""
-    if metrics.nan_mismatch or metrics.inf_mismatch:
-        return "nonfinite"
-    if metrics.level == "exact":
-        return "fail" if metrics.mismatched else "pass"
-    return "fail" if metrics.error > REPLAY_MARGIN * expected else "pass"
+    """``pass`` while a replayed output's error is within :data:`~precguard.numerics.
+    REPLAY_MARGIN` x expected (the ladder of :func:`precguard.numerics.status`)."""
+    return status(metrics, REPLAY_MARGIN * expected)
 
 
 def render_replay(result: ReplayResult, console: Console) -> None:

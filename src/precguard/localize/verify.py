@@ -43,6 +43,7 @@ from precguard.compare.impact_report import ErrorBudget, Impact, RemedyCheck
 from precguard.compare.report import Comparison
 from precguard.errors import PrecguardError
 from precguard.localize.bisect import ROOT, ReferencePrecision, _cast_batch, main_output
+from precguard.localize.bisect import _outside_device as bisect_outside_device
 from precguard.localize.impact import (
     FLOOR_SLACK,
     HELP_SHARE,
@@ -52,8 +53,11 @@ from precguard.localize.impact import (
     comparison_side,
     error_budget,
     judge_remedy,
+    opcheck_findings,
     relative_error,
 )
+from precguard.opcheck.sweep import OpCheckResult
+from precguard.oracle import map_tensors_keeping_types
 from precguard.target import Target, call_model
 from precguard.target_run import TargetRun
 
@@ -65,6 +69,8 @@ logger = get_logger(__name__)
 
 def _kind(module: nn.Module) -> str:
     name = type(module).__name__.lower()
+    if "loss" in name:
+        return "loss"
     if "norm" in name:
         return "norm"
     if "rotary" in name or "rope" in name:
@@ -117,6 +123,8 @@ def module_remedies(
         return []
     module = side.model.get_submodule("" if name == ROOT else name)
     kind = _kind(module)
+    if kind == "loss":  # the logits do not show a loss's error: judged on the loss itself
+        return [loss_module_remedy(side, name, float32_twin)]
     checks: list[RemedyCheck] = []
 
     def result(remedy: str, summary: str, after: float, note: str = "") -> RemedyCheck:
@@ -222,9 +230,133 @@ def _switched_error(side: ActualSide, switch: Switch) -> float:
 
 
 def _backend_and_dtype(side: ActualSide, device: str) -> tuple[Any, torch.dtype]:
+    """The switched device's backend, and the dtype ``record -d DEVICE`` would give it when
+    the actual side ran in its own device's default (``emu:bf16`` keeps float32 tensors,
+    ``emu:bf16-mixed`` stores bf16: run in float32 there it would round nothing)."""
     from precguard.devices import resolve_backend
 
-    return resolve_backend(device), side.run.dtype
+    backend = resolve_backend(device)
+    own_default = side.run.backend.model_dtype() or torch.float32
+    if side.run.dtype == own_default:
+        return backend, backend.model_dtype() or torch.float32
+    return backend, side.run.dtype
+
+
+@contextlib.contextmanager
+def _loss_probe(
+    model: nn.Module,
+    name: str,
+    compute: Callable[..., Any] | None,
+    oracle: nn.Module,
+    errors: list[float],
+) -> Iterator[None]:
+    """Module ``name`` of ``model`` computed by ``compute`` (None: as it is) on its own
+    inputs, and the ``oracle`` (float64, on the CPU, outside the device's numerics) on the
+    same inputs: the relative error of its first floating result is appended to ``errors``."""
+    module = model.get_submodule(module_path(name))
+    had = "forward" in module.__dict__
+    saved = module.__dict__.get("forward")
+    original = module.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        out = (compute or original)(*args, **kwargs)
+
+        def exact(t: torch.Tensor) -> torch.Tensor:
+            t = t.detach().to("cpu")
+            return t.double() if t.is_floating_point() else t
+
+        with bisect_outside_device():
+            want = oracle(
+                *map_tensors_keeping_types(args, exact), **map_tensors_keeping_types(kwargs, exact)
+            )
+        got_t, want_t = next(_tensors(out), None), next(_tensors(want), None)
+        if got_t is not None and want_t is not None and not errors:
+            errors.append(relative_error(got_t.detach().to("cpu").double(), want_t))
+        return out
+
+    module.forward = forward  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if had:
+            module.forward = saved  # type: ignore[method-assign]
+        else:
+            del module.forward
+
+
+def _on_float32(module: nn.Module, device: torch.device, *, outside: bool) -> Callable[..., Any]:
+    """``module`` called on ``device`` with its floating inputs in float32, its result kept
+    (a loss is not rounded back to the logits' dtype); ``outside``: out of the device's
+    numerics (a computation of the reference)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        def up(t: torch.Tensor) -> torch.Tensor:
+            t = t.to(device)
+            return t.float() if t.is_floating_point() else t
+
+        with bisect_outside_device() if outside else contextlib.nullcontext():
+            return module(
+                *map_tensors_keeping_types(args, up), **map_tensors_keeping_types(kwargs, up)
+            )
+
+    return call
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point():
+            yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+def loss_module_remedy(side: ActualSide, name: str, float32_twin: nn.Module) -> RemedyCheck:
+    """The loss module ``name`` computed on float32 logits, judged on the loss itself.
+
+    The logits do not show a loss's error, and the loss of logits that carry the
+    device's rounding differs from the reference's loss by that rounding whatever the
+    loss does. So the loss is judged *on its own inputs*: its result against the same
+    loss computed in float64 from the same logits (on the CPU). *before*: the module as
+    the device computes it; *after*: the module on float32 logits on the device (its
+    float32 result kept, as a correct loss returns it); *floor*: a correct loss kernel,
+    float32 logits in and float32 accumulation, on the reference device.
+    """
+    summary = f"{name}: the loss computed on float32 logits"
+    path = module_path(name)
+    oracle = copy.deepcopy(side.constructed.get_submodule(path)).to(torch.float64)
+    reference = copy.deepcopy(side.constructed.get_submodule(path))
+    twin = float32_twin.get_submodule(path)
+    device = side.run.torch_device
+
+    def measured(compute: Callable[..., Any] | None) -> float:
+        errors: list[float] = []
+        side.forward([lambda model: _loss_probe(model, name, compute, oracle, errors)])
+        if not errors:
+            raise PrecguardError(f"{name} was not called with a floating input by the forward")
+        return errors[0]
+
+    try:
+        before = measured(None)
+        after = measured(_on_float32(twin, device, outside=False))
+        floor = measured(_on_float32(reference, torch.device("cpu"), outside=True))
+    except PrecguardError as exc:
+        return _not_run("float32-loss", summary, None, None, str(exc))
+    note = "the loss's relative error on the device's own logits (the logits do not show it)"
+    if before <= FLOOR_SLACK * floor:
+        note = "the loss's error is within the floor of a correct run already"
+    return RemedyCheck(
+        remedy="float32-loss",
+        summary=summary,
+        before=before,
+        after=after,
+        floor=floor,
+        verdict=judge_remedy(before, after, floor),
+        note=note,
+    )
 
 
 def loss_remedy(side: ActualSide) -> RemedyCheck:
@@ -285,7 +417,18 @@ def verify_remedies(side: ActualSide, budget: ErrorBudget, *, loss: bool = False
         )
         for impact in budget.impacts
     ]
-    if loss:
+    modules = loss_modules(side) if loss else []
+    for name in modules:  # the model computes its loss itself: that module is the finding's
+        if name not in {i.module for i in impacts}:
+            impacts.append(
+                Impact(
+                    module=name,
+                    found_by=["loss"],
+                    note="the loss's own error (the logits do not show it)",
+                    remedies=[loss_module_remedy(side, name, float32_twin)],
+                )
+            )
+    if loss and not modules:
         check = loss_remedy(side)
         impacts.append(
             Impact(
@@ -328,6 +471,11 @@ def finding_modules(side: ActualSide, evidence: dict[str, Any]) -> list[str]:
     return [n for n in found if not any(o.startswith(n + ".") for o in found)]
 
 
+def loss_modules(side: ActualSide) -> list[str]:
+    """The modules of the target's model that compute a loss (a class named ``*Loss*``)."""
+    return [name for name, module in side.model.named_modules() if name and _kind(module) == "loss"]
+
+
 def verify_findings(
     findings: Sequence[Finding],
     target: str | Target,
@@ -349,7 +497,12 @@ def verify_findings(
         target, device=device, dtype=dtype, reference=reference, step=step, prepare=prepare
     )
     named = [(m, f.id) for f in flagged for m in finding_modules(side, f.evidence)]
-    loss = any(f.family == "loss" for f in flagged)
+    loss_findings = [f for f in flagged if f.family == "loss"]
+    # a model that computes its loss itself (a loss module, HF's ``(loss, logits)``): the
+    # loss finding is that module's, judged on its own inputs; else the target's loss
+    modules = loss_modules(side) if loss_findings else []
+    named += [(m, f.id) for f in loss_findings for m in modules if (m, f.id) not in named]
+    loss = bool(loss_findings) and not modules
     budget = (
         error_budget(side, named)
         if named
@@ -369,13 +522,48 @@ __all__ = [
     "HELP_SHARE",
     "finding_modules",
     "judge_remedy",
+    "loss_module_remedy",
+    "loss_modules",
     "loss_remedy",
     "measure_comparison",
     "module_remedies",
     "switch_remedies",
     "verify_findings",
+    "verify_opcheck",
     "verify_remedies",
 ]
+
+
+def verify_opcheck(
+    result: OpCheckResult,
+    target: str | Target,
+    *,
+    device: str,
+    dtype: str | None = None,
+    reference: str = "cpu",
+    verify: bool = True,
+    prepare: Callable[[nn.Module], Any] | None = None,
+) -> ErrorBudget:
+    """The error budget of an ``op-check --target T --module M`` sweep's failed module: its
+    share of the model's output error, and with ``verify`` its remedies re-run.
+
+    The sweep judges the module on its own inputs; whether that error reaches the
+    model's output is what the re-run tells.
+
+    >>> result = op_check(device="npu", target="model.py", module="model.norm")  # doctest: +SKIP
+    >>> verify_opcheck(result, "model.py", device="npu").impacts[0].remedies   # doctest: +SKIP
+    """
+    findings = opcheck_findings(result)
+    if not findings:
+        return ErrorBudget(
+            measured="target",
+            target=target if isinstance(target, str) else target.name,
+            device=device,
+            note="no module of the target failed the sweep: nothing to measure",
+        )
+    side = ActualSide.open(target, device=device, dtype=dtype, reference=reference, prepare=prepare)
+    budget = error_budget(side, findings)
+    return verify_remedies(side, budget) if verify else budget
 
 
 def measure_comparison(
@@ -402,7 +590,10 @@ def measure_comparison(
         side = comparison_side(result, target, device=device, dtype=dtype, prepare=prepare)
         budget = comparison_impact(result, target, side=side)
         if verify:
-            budget = verify_remedies(side, budget)
+            loss = any(
+                "loss" in module.lower() and not side.has_module(module) for module, _ in findings
+            )
+            budget = verify_remedies(side, budget, loss=loss)
     except PrecguardError as exc:  # the comparison stands; say why its impact is missing
         logger.warning("impact_not_measured", error=str(exc))
         budget = ErrorBudget(

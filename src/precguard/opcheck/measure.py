@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from precguard.backend import Backend
+from precguard.numerics import TOLERANCE_EPS, ulp, unit_roundoff
+from precguard.numerics import measure as measure_tensors
 from precguard.oracle import map_tensors_keeping_types
 
 _FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
@@ -29,12 +31,7 @@ Numerics = Callable[[], contextlib.AbstractContextManager[Any]]
 GROWTH_FACTOR = 4.0
 
 #: fp32 unit roundoff: what an angle rounded to fp32 costs per radian
-FP32_UNIT = 2.0**-24
-
-
-#: default tolerance of max_rel_err, in units of the compute dtype's epsilon (op-check's
-#: sweeps; a norm's large-mean rows are derived from it, ``opcheck/norm.py``)
-TOLERANCE_EPS = 8
+FP32_UNIT = unit_roundoff("float32")
 
 
 def cast_floats(value: Any, dtype: torch.dtype, device: torch.device | None = None) -> Any:
@@ -98,15 +95,6 @@ def flat64(value: Any) -> torch.Tensor:
     return torch.cat(leaves) if leaves else torch.zeros(0, dtype=torch.float64)
 
 
-def ulp(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The spacing of ``dtype`` at each of ``values`` (fp64; subnormal spacing below tiny)."""
-    info = torch.finfo(dtype)
-    bits = -round(math.log2(info.eps))  # significand bits after the point
-    _, exponent = torch.frexp(values.abs())
-    lowest = round(math.log2(info.tiny)) + 1
-    return torch.ldexp(torch.ones_like(values), exponent.clamp(min=lowest) - 1 - bits)
-
-
 def probe_compute_dtype(backend: Backend) -> torch.dtype:
     """Find the precision the device computes fp32 arithmetic in, by experiment.
 
@@ -132,28 +120,21 @@ def measure(got: Any, want: Any, dtype: torch.dtype) -> dict[str, float]:
     ``max_abs_err`` max|e|, ``mean_abs_err`` mean|e|, ``max_rel_err`` max|e| / max|truth|
     (relative to the output's scale: an element near zero does not blow it up),
     ``mean_rel_err`` mean|e| / mean|truth|, ``ulp_err`` max of |e| in units of
-    ``dtype``'s spacing at the truth. Non-finite results give inf everywhere.
+    ``dtype``'s spacing at the truth (:func:`precguard.numerics.measure`). A result
+    non-finite where the truth is not (or the reverse) gives inf everywhere.
     """
     g, w = flat64(got), flat64(want)
     if g.shape != w.shape:
         raise ValueError(f"the device gave {g.numel()} values, the oracle {w.numel()}")
     if not g.numel():
         raise ValueError("no floating output to compare")
-    if not bool(torch.isfinite(g[torch.isfinite(w)]).all()):
-        inf = math.inf
-        return dict.fromkeys(
-            ("max_abs_err", "mean_abs_err", "max_rel_err", "mean_rel_err", "ulp_err"), inf
-        )
-    e = (g - w).abs()
-    e = torch.where(torch.isfinite(w), e, torch.zeros_like(e))
-    top, avg = float(e.max()), float(e.mean())
-    scale, mean_scale = float(w.abs().max()), float(w.abs().mean())
+    m = measure_tensors(g, w, dtype)
     return {
-        "max_abs_err": top,
-        "mean_abs_err": avg,
-        "max_rel_err": top / scale if scale else top,
-        "mean_rel_err": avg / mean_scale if mean_scale else avg,
-        "ulp_err": float((e / ulp(w, dtype)).max()),
+        "max_abs_err": m.max_abs,
+        "mean_abs_err": m.mean_abs,
+        "max_rel_err": m.max_rel,
+        "mean_rel_err": m.mean_rel,
+        "ulp_err": m.ulps if m.ulps is not None else math.inf,
     }
 
 
@@ -202,3 +183,21 @@ def fit_growth(
     verdict: Literal["flat", "grows"] = "grows" if factor > GROWTH_FACTOR else "flat"
     return Growth(metric=metric, slope=slope, factor=factor, first=first, last=last,
                   verdict=verdict)  # fmt: skip
+
+
+__all__ = [
+    "FP32_UNIT",
+    "GROWTH_FACTOR",
+    "TOLERANCE_EPS",
+    "Growth",
+    "cast_floats",
+    "fit_growth",
+    "flat64",
+    "float_leaves",
+    "measure",
+    "probe_compute_dtype",
+    "rope_allowed",
+    "round_floats",
+    "run_on_device",
+    "ulp",
+]

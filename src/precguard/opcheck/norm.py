@@ -23,10 +23,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from precguard.opcheck.measure import TOLERANCE_EPS
-
-#: rows are re-centred to a mean this many times their spread (module docstring)
-MEAN_TO_SPREAD = TOLERANCE_EPS
+#: rows are re-centred to a mean this many times their spread (the module docstring; defined
+#: with the tolerance it is derived from in :mod:`precguard.numerics`)
+from precguard.numerics import MEAN_TO_SPREAD
 
 
 def looks_like_norm(module: nn.Module) -> bool:

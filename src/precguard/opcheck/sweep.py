@@ -22,10 +22,10 @@ from precguard import tree
 from precguard._logging import get_logger
 from precguard.devices import resolve_backend
 from precguard.errors import PrecguardError, TargetError, UsageError
+from precguard.numerics import TOLERANCE_EPS, accumulation_error
 from precguard.opcheck import norm, rotary
 from precguard.opcheck.builtin import BUILTIN_OPS, OpSpec, max_angle
 from precguard.opcheck.measure import (
-    TOLERANCE_EPS,
     Growth,
     fit_growth,
     measure,
@@ -53,7 +53,7 @@ def default_tolerance(eps: float, n: int) -> float:
     Mary's probabilistic bound): it lets a softmax or matmul over 4096 terms on
     an fp32 device pass, and is negligible next to fp16/bf16 output rounding.
     """
-    return TOLERANCE_EPS * eps + math.sqrt(n) * 2.0**-24
+    return TOLERANCE_EPS * eps + accumulation_error(n)
 
 
 class OpPoint(BaseModel):

@@ -23,6 +23,8 @@ import random
 
 import torch
 
+from precguard.numerics import unit_roundoff
+
 #: at most this many summation orders are tried (all permutations of small groups)
 MAX_ORDERS = 24
 
@@ -56,11 +58,6 @@ def _tree_sum(parts: list[torch.Tensor]) -> torch.Tensor:
     return level[0]
 
 
-def unit_roundoff(dtype: torch.dtype) -> float:
-    """Half the machine epsilon of a float dtype."""
-    return torch.finfo(dtype).eps / 2
-
-
 def reduction_spread(
     inputs: list[torch.Tensor], outputs: list[torch.Tensor], reduce_op: str | None
 ) -> tuple[int, float, float, float] | None:
@@ -88,7 +85,7 @@ def reduction_spread(
         sums = [s / n for s in sums]
     sums64 = [s.double() for s in sums]
     noise = max(float((s - sums64[0]).abs().max()) for s in sums64) / scale
-    u = unit_roundoff(inputs[0].dtype)
+    u = unit_roundoff(str(inputs[0].dtype).removeprefix("torch."))
     # the average's division adds one rounding of its own
     bound = ((n - 1) + (reduce_op == "avg")) * u * magnitude
     tiny = torch.finfo(inputs[0].dtype).tiny

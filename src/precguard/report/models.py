@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from precguard.compare.impact_report import ErrorBudget
+from precguard.errors import ExitCode
 
 Status = Literal["pass", "warn", "fail", "skip", "error"]
 
@@ -19,8 +20,9 @@ Status = Literal["pass", "warn", "fail", "skip", "error"]
 SCHEMA_VERSION = 1
 
 #: exit code of a run in which no check produced a result (all skipped, or none selected):
-#: neither a pass (nothing was shown to be right) nor a failure (nothing was found wrong)
-EXIT_INCONCLUSIVE = 3
+#: neither a pass (nothing was shown to be right) nor a failure (nothing was found wrong);
+#: the old name of :attr:`precguard.errors.ExitCode.INCONCLUSIVE`
+EXIT_INCONCLUSIVE = ExitCode.INCONCLUSIVE
 
 #: the input cases of the norm checks (``norm.*`` evidence is keyed by them), as reports label them
 NORM_CASE_LABELS = {
@@ -95,5 +97,8 @@ class Diagnosis(BaseModel):
 
     @property
     def exit_code(self) -> int:
-        """The CLI's exit code: 0 pass, 1 fail, 3 inconclusive (:data:`EXIT_INCONCLUSIVE`)."""
-        return {"pass": 0, "fail": 1}.get(self.verdict, EXIT_INCONCLUSIVE)
+        """The CLI's exit code (:class:`~precguard.errors.ExitCode`): 0 pass, 1 fail, 3
+        inconclusive."""
+        return {"pass": ExitCode.PASS, "fail": ExitCode.FAIL}.get(
+            self.verdict, ExitCode.INCONCLUSIVE
+        )

@@ -46,7 +46,7 @@ class WatchOptions(BaseModel):
     hashes: bool = Field(
         default=False,
         description="Recorded steps also carry a hash of every tensor's bits, for "
-        "`precguard compare --bitwise` between two runs that should be bitwise identical.",
+        "`precguard bitwise` between two runs that should be bitwise identical.",
     )
 
 

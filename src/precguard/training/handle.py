@@ -41,6 +41,7 @@ from torch import nn
 from precguard import __version__, plugins
 from precguard._logging import get_logger
 from precguard.capture.api import environment_fingerprint
+from precguard.capture.handle import Handle
 from precguard.capture.monitor import Monitor, module_names
 from precguard.capture.options import CaptureOptions
 from precguard.capture.recording import Recording
@@ -110,8 +111,9 @@ class _RecordedStep:
         self.before = before
 
 
-class WatchHandle:
-    """What :func:`watch` returns: call :meth:`step` once per optimizer step; close at the end.
+class WatchHandle(Handle):
+    """What :func:`watch` returns, a :class:`~precguard.capture.handle.Handle`: call
+    :meth:`step` once per optimizer step, :meth:`remove` (or leave the ``with``) at the end.
 
     >>> with precguard.watch(model, optimizer, out="runs/watch") as w:   # doctest: +SKIP
     ...     for batch in batches:
@@ -250,8 +252,8 @@ class WatchHandle:
         self.pulse.layer_grads = not self._norm_given or self._current is not None
         return alerts
 
-    def close(self, error: BaseException | None = None) -> None:
-        """Remove every hook, finish the files. Idempotent.
+    def remove(self, error: BaseException | None = None) -> None:
+        """Remove every hook, finish the files. Idempotent (:meth:`close` is its old name).
 
         A step being recorded when the watch closes keeps what it recorded.
         ``error``: the exception that ended training, if any (the recording
@@ -276,11 +278,8 @@ class WatchHandle:
                 release_writer_lock(self.path)
                 self._locked = False
 
-    def __enter__(self) -> WatchHandle:
-        return self
-
-    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        self.close(exc)
+    #: the watch's first name for :meth:`remove`, kept: ``handle.close()`` still closes it
+    close = remove
 
     # -- recorded steps ----------------------------------------------------------------
 
@@ -445,7 +444,7 @@ def watch(
     :returns: a :class:`WatchHandle`; call ``step()`` after each optimizer step
         (``step(loss, grad_norm=clip_grad_norm_(...))`` where the loop clips: the watch
         then makes no pass of its own over the gradients), and use it as a context
-        manager (or call ``close()``) so its hooks go at the end.
+        manager (or call ``remove()``) so its hooks go at the end.
 
     >>> w = precguard.watch(model, opt, every=500, out="w", on_alert="record")  # doctest: +SKIP
     """

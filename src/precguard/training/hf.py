@@ -68,4 +68,4 @@ class PrecguardWatchCallback(TrainerCallback):  # type: ignore[misc]
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Close the watch: hooks off, files finished."""
         if self.handle is not None:
-            self.handle.close()
+            self.handle.remove()

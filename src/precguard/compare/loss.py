@@ -1,0 +1,155 @@
+"""A loss computed in low precision where golden computes it in float32: found by its dtype.
+
+A causal-LM loss is a log-softmax over the vocabulary, ``logits - logsumexp(logits)``,
+averaged over tokens. For a confident prediction the two terms are nearly equal
+and large (peaked logits span tens of units), so in a format with unit roundoff
+``u`` each token's log-probability carries an absolute error of about
+``u * |logsumexp|`` however small the loss is: in bfloat16, 2**-8 of a logsumexp of 32
+is 0.125 nats, where a trained model's loss per token is a few tenths. That is the
+classic port bug "cross-entropy on bf16 logits"; the remedy is to compute the loss
+on float32 logits (``logits.float()`` before ``log_softmax``/``cross_entropy``), as
+transformers' ``ForCausalLMLoss`` does.
+
+Its *value* cannot show it reliably (measured on ``parallel-decoder-loss-low-precision``,
+``emu:bf16-mixed`` against the cpu golden, docs/targets.md): the loss is a mean over
+254 tokens, whose per-token rounding errors average out, then one rounding of the
+scalar to bfloat16; the buggy loss was off by 6.3e-4 (relative) and its correct twin,
+the same logits in float32, by 7.2e-4. No expected error separates them. What
+separates them is the precision the loss was computed in, which the record keeps:
+``F.cross_entropy`` and a hand-written log-softmax return the dtype they computed
+in, so a loss whose output is bfloat16 or float16, where golden's is float32, was
+computed in that precision (its twin, which upcasts, returns float32).
+
+A loss record is a forward output of one element (a scalar) of a module call that
+consumed a floating tensor of at least two dimensions (the logits, reduced over
+their last) and integer labels, or of a module whose type ends in ``Loss``
+(``nn.CrossEntropyLoss``, ``nn.KLDivLoss``). The root module's outputs are not
+judged here: a root that returns its loss computed it in a submodule (judged there)
+or in its own code, which consumed no floating tensor it recorded.
+
+On ``emu:bf16`` (every op rounded to bfloat16, float32 tensors kept) the bug and its
+twin are the same computation and the same dtype: there is nothing to find, and
+nothing is reported (docs/targets.md says where users meet the bug: a model cast to
+bfloat16, ``emu:bf16-mixed``).
+"""
+
+from __future__ import annotations
+
+from precguard.compare.divergence import Candidate, Decision, StepClassification
+from precguard.compare.report import RecordResult
+from precguard.compare.tolerance import SIGNIFICAND_BITS, unit_roundoff
+
+#: what the finding tells the user to do
+REMEDY = (
+    "compute the loss on float32 logits (logits.float() before log_softmax or "
+    "cross_entropy), as golden does"
+)
+
+
+def _floating(dtype: str | None) -> bool:
+    return dtype is not None and dtype in SIGNIFICAND_BITS
+
+
+def _scalar(shape: list[int]) -> bool:
+    n = 1
+    for d in shape:
+        n *= d
+    return n == 1
+
+
+def _calls(results: list[RecordResult]) -> dict[tuple[int, int, str, int], list[RecordResult]]:
+    """The forward records of every module call, by (rank, step, module, call)."""
+    calls: dict[tuple[int, int, str, int], list[RecordResult]] = {}
+    for r in results:
+        if r.phase == "forward" and r.role in ("input", "output"):
+            calls.setdefault((r.rank, r.step, r.module, r.call), []).append(r)
+    return calls
+
+
+def is_loss(output: RecordResult, call: list[RecordResult]) -> bool:
+    """Whether ``output`` is the loss its module call computed (module doc)."""
+    if output.module == "root" or output.role != "output" or not _scalar(output.shape):
+        return False
+    if not _floating(output.golden_dtype):
+        return False
+    inputs = [r for r in call if r.role == "input"]
+    reduced = any(
+        _floating(r.golden_dtype) and len(r.shape) >= 2 and r.shape[-1] >= 2 for r in inputs
+    )
+    labels = any(
+        r.golden_dtype is not None and r.golden_dtype.startswith(("int", "uint")) for r in inputs
+    )
+    return reduced and (labels or output.module_type.endswith("Loss"))
+
+
+def computed_in_low_precision(r: RecordResult) -> bool:
+    """Whether the actual's loss is in a less precise floating dtype than golden's float32
+    or wider one (a bfloat16 or float16 output: the precision it was computed in)."""
+    if not (_floating(r.actual_dtype) and _floating(r.golden_dtype)):
+        return False
+    assert r.actual_dtype is not None
+    golden_u = unit_roundoff(r.golden_dtype)
+    return golden_u <= unit_roundoff("float32") and unit_roundoff(r.actual_dtype) > golden_u
+
+
+def reason(r: RecordResult, logits: RecordResult | None) -> str:
+    """The why line of a loss computed in low precision."""
+    over = ""
+    if logits is not None and logits.shape:
+        over = f" over {logits.shape[-1]} classes"
+    u = unit_roundoff(r.actual_dtype or "float32")
+    value = f", {r.metrics.error:.3g} here" if r.metrics is not None else ""
+    return (
+        f"{r.module} ({r.module_type}) computes the loss in {r.actual_dtype} where golden "
+        f"computes it in {r.golden_dtype}: a log-softmax{over} in {r.actual_dtype} loses "
+        f"about {u:.3g} x |logsumexp| nats per token however small the loss (its value "
+        f"can stay within rounding{value}: a mean over tokens hides it); {REMEDY}"
+    )
+
+
+def low_precision_losses(
+    results: list[RecordResult], classified: StepClassification
+) -> tuple[list[RecordResult], StepClassification]:
+    """Fail every loss record the actual computed in a less precise dtype than golden.
+
+    Each becomes a local candidate (in execution order among the others) with the why
+    line of :func:`reason` and no expected error or amplification (the finding is the
+    precision, not a magnitude); it replaces a candidate the loss had already. Returns the
+    results and the classification, updated.
+    """
+    calls = _calls(results)
+    found: dict[str, Candidate] = {}
+    out: list[RecordResult] = []
+    for r in results:
+        call = calls.get((r.rank, r.step, r.module, r.call), [])
+        if (
+            r.phase == "forward"
+            and r.metrics is not None
+            and r.status in ("pass", "fail")
+            and is_loss(r, call)
+            and computed_in_low_precision(r)
+        ):
+            logits = next(
+                (x for x in call if x.role == "input" and _floating(x.golden_dtype)), None
+            )
+            update = {"status": "fail", "local": True, "amplification": None}
+            r = r.model_copy(update={**update, "expected_error": None})
+            # the finding is the precision, not a magnitude: no expected error or
+            # amplification is claimed (the value may well be within bf16's rounding)
+            found[r.key] = Candidate(
+                result=r,
+                local=True,
+                input_error=None
+                if logits is None or logits.metrics is None
+                else logits.metrics.error,
+                reason=reason(r, logits),
+            )
+        out.append(r)
+    if not found:
+        return results, classified
+    kept = [c for c in classified.candidates if c.result.key not in found]
+    candidates = sorted([*kept, *found.values()], key=lambda c: c.order)
+    decisions = dict(classified.decisions)
+    for key in found:
+        decisions[key] = Decision(True, None, None)
+    return out, StepClassification(candidates, decisions)

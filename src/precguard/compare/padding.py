@@ -1,0 +1,375 @@
+"""Padded positions and attention masks: what a batch's ``attention_mask`` says no one reads.
+
+A batch padded on the left or the right holds positions the model is told to
+ignore (``attention_mask == 0``). The hidden states computed at those query
+positions are undefined — eager attention softmaxes a row of ``finfo.min``
+into a uniform average of every value, SDPA into another average or NaN — and
+nothing downstream reads them: real queries never attend to padded keys, and a
+loss skips padded labels. Two correct runs may therefore differ there by
+anything, and comparing them judges that noise as the model's error.
+
+So compare learns the padding from the recording: the root call's
+``attention_mask`` keyword input, a 2-d ``[batch, seq]`` tensor recorded in
+full on either side. Every forward float record of that call whose leading
+dimensions are ``[batch, seq]`` (hidden states, attention and MLP outputs,
+logits), or ``[batch, heads, seq, ...]`` (per-head queries, attention
+weights, a 4-d mask), is measured over the real positions only:
+
+- full tensors: both sides are set to zero at padded positions before the
+  metrics (so the shape, and the worst slice's index, stay the tensor's);
+- statistics only: the evidence at padded positions (sampled elements, the
+  norms of positions padded in any batch row) and the overall statistics,
+  which mix padded and real positions, are taken from the golden, so the
+  error is estimated from the real positions' sample and norms alone.
+
+When the mask itself was recorded as statistics only, its zeros say how many
+positions are padded but not which: nothing is left out, and the comparison
+says so. Records of other shapes (a flattened ``[batch * seq, hidden]`` token
+list, the cache's keys) are judged as before.
+
+The same attention mask also reaches the layers in two representations: eager
+attention gets an additive float mask (0 where a query attends, ``finfo.min``
+where not), SDPA a boolean one (True where it attends). Compared as floats they
+differ by 100 %; :func:`mask_metrics` compares them as masks, position by
+position.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from precguard.capture.evidence import encode, sample_indices
+from precguard.compare.metrics import exact_metrics, is_float_dtype
+from precguard.compare.report import Metrics
+from precguard.dump.schema import PositionNorms, Record, Sample
+from precguard.dump.tensors import TensorStore
+
+#: the keyword input whose zeros mark padded positions (HF's name, which every
+#: transformers model and most hand-written ones take)
+MASK_NAME = "attention_mask"
+
+_MODEL = ConfigDict(frozen=True, extra="forbid")
+
+
+class LeftOut(BaseModel):
+    """What padding left out of one comparison's metrics (summed over its units)."""
+
+    model_config = _MODEL
+
+    positions: int = Field(
+        default=0, description="Padded (batch, position) pairs of the root calls left out."
+    )
+    records: int = Field(
+        default=0, description="Records measured over their real positions only (full tensors)."
+    )
+    stats_records: int = Field(
+        default=0,
+        description="Statistics-only records whose error was estimated from the sampled "
+        "elements and position norms of real positions only.",
+    )
+    unknown: int = Field(
+        default=0,
+        description="Padded positions whose place is unknown: the attention_mask was recorded "
+        "as statistics only on both sides, so they were not left out.",
+    )
+
+    def __add__(self, other: LeftOut) -> LeftOut:
+        return LeftOut(
+            positions=self.positions + other.positions,
+            records=self.records + other.records,
+            stats_records=self.stats_records + other.stats_records,
+            unknown=self.unknown + other.unknown,
+        )
+
+
+def padding_note(left: LeftOut) -> str | None:
+    """The comparison's line about padding (None when there was none)."""
+    parts = []
+    if left.records or left.stats_records:
+        kinds = []
+        if left.records:
+            kinds.append(f"{left.records} records on full tensors")
+        if left.stats_records:
+            kinds.append(
+                f"{left.stats_records} statistics-only records (estimated from the sampled "
+                "elements and position norms of real positions)"
+            )
+        parts.append(
+            f"{left.positions} padded positions (attention_mask = 0) left out of the hidden "
+            f"states, attention and MLP outputs and logits: {', '.join(kinds)}; what a model "
+            "computes at a padded query position is undefined and nothing reads it"
+        )
+    if left.unknown:
+        parts.append(
+            f"the attention_mask marks {left.unknown} padded positions but was recorded as "
+            "statistics only, so padded positions could not be left out of the hidden states "
+            "(an error there may be padding, not the model): record the root's inputs in "
+            "full (--tensors root, or tensors=['root'])"
+        )
+    return "; ".join(parts) or None
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One root call of a step on one side: its records' seq range and its mask."""
+
+    start: int
+    end: float
+    #: True at real tokens, [batch, seq]; None when only statistics of the mask exist
+    keep: torch.Tensor | None
+    padded: int
+
+
+def _root_calls(records: list[Record], store: TensorStore) -> list[_Call]:
+    """The root calls of one step that took a 2-d ``attention_mask`` with padded positions."""
+    spans: dict[int, list[int]] = {}
+    masks: dict[int, Record] = {}
+    for rec in records:
+        if rec.module != "root" or rec.phase != "forward":
+            continue
+        span = spans.setdefault(rec.call, [rec.seq, -1])
+        span[0] = min(span[0], rec.seq)
+        if rec.role == "output":
+            span[1] = max(span[1], rec.seq)
+        if rec.role == "input" and rec.name.rsplit(".", 1)[-1] == MASK_NAME:
+            masks.setdefault(rec.call, rec)
+    starts = sorted(s[0] for s in spans.values())
+    out = []
+    for call, rec in masks.items():
+        if len(rec.shape) != 2 or rec.stats is None or rec.stats.zeros in (None, 0):
+            continue
+        start, last = spans[call]
+        later = [s for s in starts if s > start]
+        end: float = last if last >= 0 else (later[0] - 1 if later else math.inf)
+        keep = store.tensor(rec) != 0 if rec.tensor is not None else None
+        out.append(_Call(start, end, keep, int(rec.stats.zeros or 0)))
+    return out
+
+
+def _call_of(calls: list[_Call], seq: int) -> _Call | None:
+    for c in calls:
+        if c.start <= seq <= c.end:
+            return c
+    return None
+
+
+def _layout(shape: list[int], keep: torch.Tensor) -> torch.Tensor | None:
+    """``keep`` shaped to broadcast over a record of ``shape`` (None: not [batch, seq]-led).
+
+    ``[batch, seq, ...]`` first; else ``[batch, heads, seq, ...]`` (4-d), the
+    per-head layout of queries, attention weights and a 4-d mask.
+    """
+    batch, seq = keep.shape
+    if len(shape) >= 2 and shape[0] == batch and shape[1] == seq:
+        return keep.reshape(batch, seq, *([1] * (len(shape) - 2)))
+    if len(shape) == 4 and shape[0] == batch and shape[2] == seq:
+        return keep.reshape(batch, 1, seq, 1)
+    return None
+
+
+class StepPadding:
+    """The padded positions of one step's root calls, on both sides, and what was left out."""
+
+    def __init__(self, golden: list[_Call], actual: list[_Call]) -> None:
+        self._golden = golden
+        self._actual = actual
+        self._records = 0
+        self._stats_records = 0
+        #: the calls (the golden's where both sides have them) whose padding was used or
+        #: could not be: their padded positions, by id
+        self._used: dict[int, int] = {}
+        self._unknown: dict[int, int] = {}
+
+    @classmethod
+    def of_step(
+        cls, g_recs: list[Record], a_recs: list[Record], g_store: TensorStore, a_store: TensorStore
+    ) -> StepPadding:
+        """Read the root calls' masks of one step (empty when no call was padded)."""
+        return cls(_root_calls(g_recs, g_store), _root_calls(a_recs, a_store))
+
+    def _keep(self, g: Record, a: Record) -> torch.Tensor | None:
+        """The mask of the root call ``g`` and ``a`` belong to, shaped for them."""
+        if g.phase != "forward" or (g.module == "root" and g.role == "input"):
+            return None
+        if not (is_float_dtype(g.dtype) or is_float_dtype(a.dtype)):
+            return None
+        gc, ac = _call_of(self._golden, g.seq), _call_of(self._actual, a.seq)
+        if gc is None and ac is None:
+            return None
+        call = gc if gc is not None else ac
+        assert call is not None
+        known = [c for c in (gc, ac) if c is not None and c.keep is not None]
+        if not known:
+            self._unknown[id(call)] = call.padded
+            return None
+        if len(known) == 2 and not torch.equal(known[0].keep, known[1].keep):
+            return None  # the two runs were fed other masks: compare names that input
+        keep = known[0].keep
+        assert keep is not None
+        shaped = _layout(list(g.shape), keep)
+        if shaped is None:
+            return None
+        self._used[id(call)] = call.padded
+        return shaped
+
+    def full(
+        self, g: Record, a: Record, golden: torch.Tensor, actual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Both full tensors, zero at padded positions (None: nothing to leave out)."""
+        keep = self._keep(g, a)
+        if keep is None or keep.all():
+            return None
+        if golden.shape != actual.shape:
+            actual = actual.reshape(golden.shape)
+        self._records += 1
+        zero = torch.zeros((), dtype=golden.dtype)
+        return torch.where(keep, golden, zero), torch.where(keep, actual, zero.to(actual.dtype))
+
+    def stats(self, g: Record, a: Record, measure: Callable[[Record, Record], Metrics]) -> Metrics:
+        """``measure(g, a)``, or, when padding applies, of ``a`` with the golden's evidence
+        at padded positions and the golden's overall statistics.
+
+        The overall statistics mix padded and real positions, so they are not judged;
+        the sampled elements at real positions and the norms of positions no batch
+        row pads are. The non-finite counts stay the actual's: a NaN is never hidden.
+        A pair that keeps neither a sample nor position norms is measured as before
+        (its statistics are all there is).
+        """
+        keep = self._keep(g, a)
+        if keep is None or keep.all() or g.stats is None or a.stats is None:
+            return measure(g, a)
+        sample = _kept_sample(g, a, keep)
+        positions = _kept_positions(g, a, keep)
+        if sample is None and positions is None:
+            return measure(g, a)
+        update: dict[str, object] = {
+            "stats": g.stats.model_copy(update={"nan": a.stats.nan, "inf": a.stats.inf}),
+            "sample": sample if sample is not None else a.sample,
+            "positions": positions if positions is not None else a.positions,
+        }
+        self._stats_records += 1
+        metrics = measure(g, a.model_copy(update=update))
+        return metrics.model_copy(
+            update={
+                "stat_rel_diff": None,
+                "note": "padded positions left out: the error is estimated from the sampled "
+                "elements and position norms of real positions (the overall statistics mix "
+                f"in padded ones and are not judged). {metrics.note or ''}".strip(),
+            }
+        )
+
+    def left_out(self) -> LeftOut:
+        """What this step's pairs left out so far."""
+        return LeftOut(
+            positions=sum(self._used.values()),
+            records=self._records,
+            stats_records=self._stats_records,
+            unknown=sum(n for c, n in self._unknown.items() if c not in self._used),
+        )
+
+
+def _kept_sample(g: Record, a: Record, keep: torch.Tensor) -> Sample | None:
+    """The actual's sample with the golden's values at padded positions."""
+    gs, as_ = g.sample, a.sample
+    if gs is None or as_ is None or gs.seed != as_.seed:
+        return None
+    gv, av = gs.array(), as_.array()
+    index = sample_indices(tuple(g.shape))
+    if gv.size != av.size or index.size != gv.size:
+        return None
+    full = np.broadcast_to(keep.numpy(), tuple(g.shape)).reshape(-1)
+    padded = ~full[index]
+    av = np.where(padded, gv, av).astype(np.float64 if as_.dtype == "float64" else np.float32)
+    return as_.model_copy(update={"values": encode(av)})
+
+
+def _kept_positions(g: Record, a: Record, keep: torch.Tensor) -> PositionNorms | None:
+    """The actual's position norms with the golden's at bins holding a padded position."""
+    gp, ap = g.positions, a.positions
+    if gp is None or ap is None or (gp.dim, gp.bin, gp.length) != (ap.dim, ap.bin, ap.length):
+        return None
+    seq_dim = 1 if keep.shape[1] == g.shape[1] else 2
+    if gp.dim != seq_dim or gp.length != keep.shape[1]:
+        return None
+    gn, an = gp.array(), ap.array()
+    padded = ~keep.reshape(keep.shape[0], -1).all(0).numpy()
+    bins = np.zeros(gn.size, dtype=bool)
+    for b in range(gn.size):
+        bins[b] = padded[b * gp.bin : (b + 1) * gp.bin].any()
+    an = np.where(bins, gn, an).astype(np.float64 if ap.dtype == "float64" else np.float32)
+    return ap.model_copy(update={"norms": encode(an)})
+
+
+def _as_attend(t: torch.Tensor) -> torch.Tensor | None:
+    """Where an attention mask lets a query attend: a bool mask itself; an additive float
+    mask's zeros, when it holds nothing but 0 and one negative fill (``finfo.min``, -inf)."""
+    if t.dtype == torch.bool:
+        return t
+    if not t.is_floating_point() or t.numel() == 0:
+        return None
+    low = t.min()
+    if not bool(low < 0) or not bool(((t == 0) | (t == low)).all()):
+        return None
+    return t == 0
+
+
+def mask_metrics(
+    g: Record, a: Record, golden: torch.Tensor, actual: torch.Tensor, padding: StepPadding
+) -> Metrics | None:
+    """Compare a boolean attention mask with an additive float one as masks (else None).
+
+    Eager attention gets 0 / ``finfo.min``, SDPA True / False for the same mask; they
+    are equal when every position is attended on both sides or on neither. Query rows
+    at padded positions (fully masked on one side, unmasked on the other by SDPA's
+    kernels' needs) are left out like every padded position.
+    """
+    if (golden.dtype == torch.bool) == (actual.dtype == torch.bool):
+        return None
+    g_attend, a_attend = _as_attend(golden), _as_attend(actual.reshape(golden.shape))
+    if g_attend is None or a_attend is None:
+        return None
+    kept = padding.full(g, a, g_attend, a_attend)
+    if kept is not None:
+        g_attend, a_attend = kept
+    metrics = exact_metrics(g_attend, a_attend)
+    return metrics.model_copy(
+        update={
+            "note": "compared as attention masks: True where a query attends (bool) against "
+            "0 where it attends (additive float)"
+        }
+    )
+
+
+def mask_stats_metrics(g: Record, a: Record) -> Metrics | None:
+    """A boolean attention mask against an additive float one from their statistics (else None).
+
+    The float mask's zeros are the positions attended; the boolean's zeros those
+    masked. Equal counts are the evidence statistics can give; the padded query
+    rows cannot be told apart here.
+    """
+    if (g.dtype == "bool") == (a.dtype == "bool") or g.stats is None or a.stats is None:
+        return None
+    boolean, additive = (g.stats, a.stats) if g.dtype == "bool" else (a.stats, g.stats)
+    if (
+        boolean.zeros is None
+        or additive.zeros is None
+        or boolean.numel != additive.numel
+        or not (additive.max == 0 and additive.min < 0 and additive.absmax == -additive.min)
+    ):
+        return None
+    attended = (boolean.numel - boolean.zeros, additive.zeros)
+    differ = abs(attended[0] - attended[1])
+    return Metrics(
+        level="stats",
+        dtype="bool",
+        error=differ / max(boolean.numel, 1),
+        note=f"compared as attention masks from their statistics: {attended[0]} attended "
+        f"positions (bool) against {attended[1]} (additive float); equal counts suggest "
+        "equal masks",
+    )

@@ -1,0 +1,179 @@
+"""A cache in the model's dtype: the remedy of a KV-cache finding, verified by decoding again.
+
+``generate-diff`` names a cache entry as the cause of a divergence when the
+actual's cache holds values its golden does not (a cache kept in float16 in a
+bf16 model: a massive activation overflows to inf where it is stored). The fix
+a user applies is to keep the cache in the model's dtype; this module applies
+it mechanically and decodes again.
+
+How it is applied: while the actual's model takes a step, every cast of a
+floating tensor to a dtype other than the model's and no wider than it (``k.half()``
+in a bf16 model, or in a float32 one) is noted with the tensor it was cast from;
+the cache the step returns has each such cast result replaced by its source, in
+the model's dtype. The step's own numbers are unchanged (it attends to what it
+computed); the next step reads the cache as the model's dtype holds it. Caches
+of tuples, lists and dicts (the plain ``step(ids, cache) -> (logits, cache)``
+convention) are rewritten; an HF ``Cache`` object concatenates inside its
+``update`` and is left as it is (the remedy then says it did not help).
+
+The error is the relative L2 error of the decoding's logits (every step, the
+golden's tokens fed to both sides) against the golden's. The floor is the
+actual's own cache-free forward over the same tokens: the same model at the
+same precision with no cache path, so a correct run's error
+(``generation/kvcache.py`` uses the same forward as the cache path's check).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from precguard._logging import get_logger
+from precguard.compare.impact_report import RemedyCheck
+from precguard.generation.decode import DecodeSide, StepFn, decode
+from precguard.localize.impact import FLOOR_SLACK, judge_remedy, relative_error
+
+logger = get_logger(__name__)
+
+#: the tensor methods that change a tensor's dtype
+_CASTS = frozenset(
+    {
+        torch.Tensor.half,
+        torch.Tensor.bfloat16,
+        torch.Tensor.float,
+        torch.Tensor.to,
+        torch.Tensor.type,
+    }
+)
+
+
+class _CastSources(TorchFunctionMode):
+    """Notes each cast of a floating tensor to a dtype other than ``dtype`` and no wider."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+        self.bits = torch.finfo(dtype).bits
+        #: id(cast result) -> (cast result, its source): the result is held so its id stays
+        self.sources: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func in _CASTS and args and isinstance(args[0], torch.Tensor):
+            src = args[0]
+            if (
+                isinstance(out, torch.Tensor)
+                and out is not src
+                and src.is_floating_point()
+                and out.is_floating_point()
+                and out.dtype not in (src.dtype, self.dtype)
+                and torch.finfo(out.dtype).bits <= self.bits
+            ):
+                self.sources[id(out)] = (out, src)
+        return out
+
+
+def _in_model_dtype(cache: Any, sources: _CastSources) -> tuple[Any, int]:
+    """``cache`` with each noted cast result replaced by its source in the model's dtype,
+    and how many tensors were replaced."""
+    if isinstance(cache, torch.Tensor):
+        hit = sources.sources.get(id(cache))
+        if hit is not None and hit[0] is cache:
+            return hit[1].to(sources.dtype), 1
+        return cache, 0
+    if isinstance(cache, (list, tuple)):
+        parts = [_in_model_dtype(item, sources) for item in cache]
+        items = [p for p, _ in parts]
+        count = sum(n for _, n in parts)
+        return (tuple(items) if isinstance(cache, tuple) else items), count
+    if isinstance(cache, dict):
+        found = {k: _in_model_dtype(v, sources) for k, v in cache.items()}
+        return {k: v for k, (v, _) in found.items()}, sum(n for _, n in found.values())
+    return cache, 0
+
+
+def cache_in_model_dtype(step: StepFn, dtype: torch.dtype, kept: list[int]) -> StepFn:
+    """``step`` with the cache it returns kept in ``dtype`` (module docstring); each call
+    appends to ``kept`` how many cache tensors it restored."""
+
+    def kept_step(ids: torch.Tensor, cache: Any, keep: int = 1) -> tuple[torch.Tensor, Any]:
+        with _CastSources(dtype) as sources:
+            logits, new_cache = step(ids, cache, keep)
+        restored, count = _in_model_dtype(new_cache, sources)
+        kept.append(count)
+        return logits, restored
+
+    return kept_step
+
+
+@dataclass
+class _KeptSide(DecodeSide):
+    """A decoding side whose step keeps its cache in the model's dtype."""
+
+    kept: list[int] | None = None
+
+    def step_fn(self) -> StepFn:
+        assert self.kept is not None
+        return cache_in_model_dtype(super().step_fn(), self.model_dtype(), self.kept)
+
+    def model_dtype(self) -> torch.dtype:
+        """The dtype of the model's floating parameters (its dtype as built)."""
+        for p in self.model.parameters():
+            if p.is_floating_point():
+                return p.dtype
+        return torch.float32
+
+
+def verify_cache_remedy(
+    golden: DecodeSide,
+    actual: DecodeSide,
+    prompt: torch.Tensor,
+    tokens: list[int],
+    *,
+    where: str | None = None,
+) -> RemedyCheck:
+    """The actual's decoding of ``prompt`` (``[1, P]``; ``tokens``: the golden's, fed to both
+    sides) with its cache kept in the model's dtype, against the decoding as it is.
+
+    :param where: the cache entry the finding names (``layers.0.values``), for the summary.
+    """
+    steps = len(tokens)
+    forced = list(tokens)
+    expected = decode(golden, prompt, steps, forced=forced, cache_free=False).scores
+    as_is = decode(actual, prompt, steps, forced=forced, cache_free=True)
+    before = relative_error(as_is.scores, expected)
+    floor = None
+    if as_is.free_scores is not None:
+        floor = relative_error(as_is.free_scores, expected)
+    kept: list[int] = []
+    side = _KeptSide(**{f: getattr(actual, f) for f in DecodeSide.__dataclass_fields__}, kept=kept)
+    summary = "the KV cache kept in the model's dtype" + (f" ({where})" if where else "")
+    summary += f" ({side.model_dtype()})".replace("torch.", "")
+    after = relative_error(
+        decode(side, prompt, steps, forced=forced, cache_free=False).scores, expected
+    )
+    note = "the decoding's logits over every step, the golden's tokens fed to both sides"
+    if not any(kept):
+        note = (
+            "no cache tensor was a cast to another dtype (an HF Cache object, or a cache "
+            "stored in the model's dtype already): nothing to keep"
+        )
+    elif floor is not None and before <= FLOOR_SLACK * floor:
+        note = "the output error is within the floor of a correct run already"
+    check = RemedyCheck(
+        remedy="cache-model-dtype",
+        summary=summary,
+        before=before,
+        after=after,
+        floor=floor,
+        verdict=judge_remedy(before, after, floor),
+        note=note,
+    )
+    logger.info("cache_remedy_verified", verdict=check.verdict, restored=sum(kept))
+    return check
+
+
+__all__ = ["cache_in_model_dtype", "verify_cache_remedy"]

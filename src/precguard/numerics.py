@@ -1,0 +1,412 @@
+"""The one numerics core every judge of error asks: floors, lengths, one measure, one ladder.
+
+Compare's judge, divergence, replay, op-check, the optimizer and routing rules,
+impact's remedy verdicts and generate-diff all decide "is this error what a
+correct computation explains?". They share here, defined once:
+
+- **the unit roundoff** of a precision (:func:`unit_roundoff`) and **the rounding
+  floor** (:func:`rounding_floor`): one rounding to the precision plus the
+  probabilistic accumulation error ``sqrt(K) * u_acc`` of a reduction of length
+  ``K`` (Higham & Mary, SIAM J. Sci. Comput. 41(5), 2019; the worst case is
+  ``gamma_K = K u / (1 - K u)``, Higham, *Accuracy and Stability of Numerical
+  Algorithms*, 2nd ed., §3.1). Accelerators store bf16/fp16 and accumulate in
+  fp32 (DESIGN.md), so ``u_acc`` is fp32's unless the precision is finer;
+- **the reduction length** ``K`` of a call (:func:`reduction_length`);
+- **one measure of two tensors** (:func:`measure`): relative L2, max-abs,
+  max-relative, ULPs, the least-squares scale, and the NaN/Inf counts of each
+  side, where a non-finite element on one side only is never a zero error;
+- **one status ladder** (:func:`ladder`, :func:`status`): non-finite, then
+  exact (indices), then the error against what is allowed;
+- **the thresholds**, each a multiple of the floor with the arithmetic it stands
+  for (a growth factor, a worst-case sum of roundings, a z-score, a triangle
+  inequality) in its comment.
+
+It imports nothing of precguard: every package may ask it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+
+#: significand bits (with the implicit one) of the precisions judged; besides torch's float
+#: dtypes, the reduced-precision fp32 matmul modes a backend can report as its compute
+#: precision: TF32 (NVIDIA, Cambricon: 10 stored mantissa bits) and Ascend's HF32 (11).
+#: Fewer bits is less precise.
+SIGNIFICAND_BITS: dict[str, int] = {
+    "float64": 53,
+    "float32": 24,
+    "hfloat32": 12,
+    "tfloat32": 11,
+    "float16": 11,
+    "bfloat16": 8,
+    # float8 (OCP e4m3/e5m2, and the fnuz variants): compared upcast to fp32/fp64
+    "float8_e4m3fn": 4,
+    "float8_e4m3fnuz": 4,
+    "float8_e5m2": 3,
+    "float8_e5m2fnuz": 3,
+}
+
+# -- the thresholds, as multiples of the floor ----------------------------------------------
+
+#: the factor by which a correct module may grow the relative error of what it consumed.
+#: A product of two operands that each carry a relative error ``d`` (``q . k``, ``gate * up``,
+#: ``x * w``) carries ``(1 + d)^2 - 1 ~ 2 d``; a sum or a normalization carries at most ``d``.
+#: So a module whose inputs are within tolerance is *local* only when it at least doubled
+#: their error (compare/divergence.py), and a scale error grows by at most 2 through it.
+PRODUCT_GROWTH = 2.0
+#: alias in divergence's words: below this growth, propagated error merely crossed the
+#: threshold at the module's output
+MIN_LOCAL_GROWTH = PRODUCT_GROWTH
+
+#: a correct module replayed on golden inputs rounded to its dtype stays within this many
+#: times its expected error ``E = max(e_in, floor)``. By the triangle inequality its output
+#: error is at most the sum of: its inputs' rounding grown by :data:`PRODUCT_GROWTH`
+#: (``2 e_in``), its weights' rounding to the same dtype (about ``e_in`` again: the same
+#: rounding of the same precision), and its own rounding floor (``floor``):
+#: ``2 e_in + e_in + floor <= (PRODUCT_GROWTH + 2) E = 4 E``.
+REPLAY_MARGIN = PRODUCT_GROWTH + 2.0
+
+#: op-check allows ``OPCHECK_ROUNDINGS`` unit roundoffs of the compute dtype on max|e| /
+#: max|truth|, on top of the accumulation term. Op-check's inputs are rounded to the dtype
+#: first (exact on both sides), so the error is the op's own: the worst case of ``n``
+#: roundings lined up in one element is ``gamma_n ~ n u`` (Higham §3.1). The longest chain
+#: of the built-in ops (layer_norm: centre, square, rsqrt, scale, weight, bias, plus the
+#: roundings of the mean and variance it broadcasts to every element) is under 8 roundings
+#: on the value and 8 on the statistic: 16.
+OPCHECK_ROUNDINGS = 16
+#: the same tolerance in machine epsilons (``eps = 2 u``), as op-check has always named it
+TOLERANCE_EPS = OPCHECK_ROUNDINGS // 2
+
+#: op-check re-centres a norm's rows to a mean this many times their spread
+#: (opcheck/norm.py). A correct norm rounds the row mean once (``M u`` of the spread for a
+#: mean ``M`` times the spread) and centres before squaring: at ``M = TOLERANCE_EPS = 8``
+#: that is ``8 u``, half the tolerance of ``16 u``. The one-pass variance
+#: ``E[x^2] - E[x]^2`` rounds two terms of ``M^2`` times the variance: up to ``2 M^2 u =
+#: 128 u`` of the variance, ``64 u`` of the scale, four times the tolerance. One ratio
+#: separates the two on every dtype, derived from the tolerance alone.
+MEAN_TO_SPREAD = TOLERANCE_EPS
+
+#: a row routed to other experts on the two sides differs by at most the norm of both
+#: sides' rows (triangle inequality: ``||a - g|| <= ||a|| + ||g||``), the two of about the
+#: same norm: twice its own norm (compare/routing.py)
+REROUTED_ROW_ERROR = 2.0
+
+#: standard deviations of a rounding error within which a difference is explained: a z-score
+#: of 3, which a Gaussian error exceeds with probability 0.27 % (two-sided). A gradient
+#: element within ``Z_SCORE`` error standard deviations of zero counts as zero when only its
+#: global error is known (compare/optimizer.py); two tokens whose scores are within
+#: ``Z_SCORE`` standard deviations of their difference's explained error are a near-tie
+#: (generation/judge.py)
+Z_SCORE = 3.0
+#: a gradient's density at zero times its rms, taken as the most a real gradient has: a
+#: Gaussian has ``1/sqrt(2 pi) = 0.40``, a Laplace ``1/sqrt(2) = 0.71``; 1 is ``sqrt(2)``
+#: times the Laplace's, the peakiest common model. The share within ``z e_g rms`` of zero is
+#: then ``f <= 2 * Z_SCORE * ZERO_DENSITY * e_g`` (density times width).
+ZERO_DENSITY = 1.0
+
+#: a remedy is verified when its output error is at most this multiple of the floor. The
+#: output error of a correct run is the root of a sum of squares of many independent
+#: roundings (every module's); a remedy computes one module differently from the floor's
+#: correct kernel (float32 weights instead of rounded ones, another rounding order), which
+#: moves that sum by the module's own part of it: ``1 + 1/4`` lets that one module own up to
+#: a quarter of the floor's error, more than any single module of a correct run should (a
+#: module beyond that is itself a finding of the budget) (localize/impact.py).
+FLOOR_SLACK = 1.25
+
+#: the profile's amplification: an error at least ten times (one order of magnitude) what
+#: explains it is made by the module itself (compare/tolerance.py)
+AMPLIFICATION = 10.0
+#: a remedy that removes less than this share of the excess over the floor did not help: the
+#: reciprocal of :data:`AMPLIFICATION`. A change an order of magnitude below the excess is
+#: what the judge treats as explained, not made (an excess that stays above 90 % is the same
+#: fault, not a partial fix) (localize/impact.py).
+HELP_SHARE = 1.0 / AMPLIFICATION
+
+#: How far a correct device run's output error may exceed its floor (localize/bisect.py), the
+#: error of the same forward with every leaf module computed at reference precision and its
+#: inputs and output rounded once to the device's format (the code between leaves stays
+#: on the device). That floor holds every rounding a correct device must do: each hand-off
+#: between modules stored in its format. A correct leaf adds the roundings of its own
+#: intermediate values; each is one rounding relative to a value no larger than what it
+#: feeds (a well-conditioned kernel does not amplify them), so, rounding errors being
+#: independent, they add at most as much again in quadrature: sqrt(1 + 1) times the floor.
+#: A leaf whose code is ill-conditioned in the device's precision (one-pass variance of a
+#: row with a large mean, angles rounded before the sine, a matmul past the format's
+#: range) exceeds it. Measured on ``emu:bf16`` (``precguard bisect``, docs/bisect.md):
+#: parallel-decoder 1.08x its floor, tiny-llama 1.2x, the one-pass LayerNorm twin 1.96x.
+CORRECT_RUN_GROWTH = math.sqrt(2.0)
+
+
+# -- the rounding floor and the reduction length --------------------------------------------
+
+
+def unit_roundoff(dtype: str) -> float:
+    """Half the machine epsilon of ``dtype`` (float32's for non-float dtypes).
+
+    >>> unit_roundoff("bfloat16") == 2.0**-8
+    True
+    """
+    return 2.0 ** -SIGNIFICAND_BITS.get(dtype, SIGNIFICAND_BITS["float32"])
+
+
+def accumulation_error(k: int | None, dtype: str = "float32") -> float:
+    """The probabilistic error ``sqrt(k) * u_acc`` of a reduction of length ``k``.
+
+    ``u_acc`` is fp32's, or ``dtype``'s when that is more precise (accelerators
+    accumulate in fp32). Zero for no reduction (``k`` None, 0 or 1).
+    """
+    if not k or k <= 1:
+        return 0.0
+    u_acc = min(unit_roundoff(dtype), unit_roundoff("float32"))
+    return math.sqrt(k) * u_acc
+
+
+def rounding_floor(dtype: str, k: int | None = None) -> float:
+    """Relative error a correct output in ``dtype`` carries when its inputs are exact.
+
+    One rounding to ``dtype`` plus :func:`accumulation_error` of dot products of
+    length ``k``.
+
+    >>> rounding_floor("bfloat16") == 2.0**-8
+    True
+    """
+    return unit_roundoff(dtype) + accumulation_error(k, dtype)
+
+
+def expected_error(input_error: float, dtype: str, k: int | None = None) -> float:
+    """The output error a correct module explains: its inputs' error or its rounding floor."""
+    return max(input_error, rounding_floor(dtype, k))
+
+
+def opcheck_tolerance(dtype: str, n: int) -> float:
+    """Op-check's default allowance: :data:`OPCHECK_ROUNDINGS` unit roundoffs of the
+    compute ``dtype`` plus the accumulation of ``n`` terms in fp32 (Higham & Mary: it lets
+    a softmax or matmul over 4096 terms on an fp32 device pass, and is negligible next to
+    fp16/bf16 output rounding)."""
+    return OPCHECK_ROUNDINGS * unit_roundoff(dtype) + accumulation_error(n, "float32")
+
+
+def reduction_length(
+    shapes: Iterable[Sequence[int] | None] = (),
+    *,
+    backward: bool = False,
+    widths: Iterable[int] = (),
+) -> int | None:
+    """The longest dot product a call computes (``K``), None when nothing tells.
+
+    From the shapes of what the call consumed: their last dimension (a Linear's
+    in-features); in ``backward`` also the product of their leading dimensions (a
+    weight gradient sums over every row). ``widths`` are reduction lengths known
+    otherwise (the in-features of the linear layers a replayed module holds).
+
+    >>> reduction_length([(2, 5, 64), (128, 64)])
+    64
+    >>> reduction_length([(2, 5, 64)], backward=True)
+    64
+    >>> reduction_length([(4, 100, 64)], backward=True)
+    400
+    """
+    k = max((int(w) for w in widths), default=0)
+    for shape in shapes:
+        if not shape:
+            continue
+        last = int(shape[-1])
+        k = max(k, last)
+        if backward and last:
+            k = max(k, math.prod(shape) // last)
+    return k or None
+
+
+# -- one measure of two tensors -------------------------------------------------------------
+
+
+def relative_l2(diff_norm: float, golden_norm: float) -> float:
+    """``||a - g|| / ||g||``: 0 when both are 0, inf when only golden's norm is (never a
+    zero error for a difference from an all-zero golden), inf when either is not finite."""
+    if not (math.isfinite(diff_norm) and math.isfinite(golden_norm)):
+        return math.inf
+    if golden_norm > 0:
+        return diff_norm / golden_norm
+    return 0.0 if diff_norm == 0 else math.inf
+
+
+def ulp(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of ``dtype`` at each of ``values`` (fp64; subnormal spacing below tiny)."""
+    info = torch.finfo(dtype)
+    bits = -round(math.log2(info.eps))  # significand bits after the point
+    _, exponent = torch.frexp(values.abs())
+    lowest = round(math.log2(info.tiny)) + 1
+    return torch.ldexp(torch.ones_like(values), exponent.clamp(min=lowest) - 1 - bits)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Two tensors' difference, measured on the elements both hold finite.
+
+    Where one side holds NaN or ±Inf and the other does not (or not the same one),
+    every error is inf: a non-finite mismatch is never a small or zero error. Elements
+    non-finite alike on both sides (the same NaN, the same infinity) are left out of the
+    errors and counted.
+    """
+
+    numel: int
+    #: ||a - g|| / ||g|| (:func:`relative_l2`)
+    rel_l2: float
+    #: max |a - g|
+    max_abs: float
+    #: mean |a - g|
+    mean_abs: float
+    #: max |a - g| / max |g| (relative to the tensor's scale: an element near zero does not
+    #: blow it up)
+    max_rel: float
+    #: mean |a - g| / mean |g|
+    mean_rel: float
+    #: max |a - g| in units of the spacing of ``dtype`` at golden (None: no dtype given)
+    ulps: float | None
+    #: the least-squares scale ``<a, g> / <g, g>`` of actual on golden (None: golden is 0)
+    scale: float | None
+    #: NaN and Inf counts of golden and actual
+    golden_nan: int
+    golden_inf: int
+    actual_nan: int
+    actual_inf: int
+    #: elements non-finite on one side and not alike on the other
+    nonfinite_mismatch: int
+
+    @property
+    def finite(self) -> bool:
+        """True when neither side holds a non-finite element."""
+        return not (self.golden_nan or self.golden_inf or self.actual_nan or self.actual_inf)
+
+
+def _ratio(top: float, scale: float) -> float:
+    if scale > 0:
+        return top / scale
+    return 0.0 if top == 0 else math.inf
+
+
+def measure(
+    actual: torch.Tensor, golden: torch.Tensor, dtype: torch.dtype | None = None
+) -> Measurement:
+    """Measure ``actual`` against ``golden`` (any shapes of the same element count; fp64).
+
+    ``dtype``: the precision ULPs are counted in (the compute dtype). Raises
+    ValueError when the element counts differ.
+    """
+    a = actual.detach().to("cpu", torch.float64).flatten()
+    g = golden.detach().to("cpu", torch.float64).flatten()
+    if a.numel() != g.numel():
+        raise ValueError(f"actual has {a.numel()} elements, golden {g.numel()}")
+    g_fin, a_fin = torch.isfinite(g), torch.isfinite(a)
+    g_nan, a_nan = torch.isnan(g), torch.isnan(a)
+    alike = (g_nan & a_nan) | (~g_fin & ~g_nan & (a == g))
+    both = g_fin & a_fin
+    mismatch = int((~both & ~alike).sum())
+    counts = {
+        "golden_nan": int(g_nan.sum()),
+        "golden_inf": int((~g_fin & ~g_nan).sum()),
+        "actual_nan": int(a_nan.sum()),
+        "actual_inf": int((~a_fin & ~a_nan).sum()),
+    }
+    if mismatch:
+        inf = math.inf
+        return Measurement(a.numel(), inf, inf, inf, inf, inf, inf if dtype else None, None,
+                           nonfinite_mismatch=mismatch, **counts)  # fmt: skip
+    a, g = a[both], g[both]
+    e = (a - g).abs()
+    n = e.numel()
+    top = float(e.max()) if n else 0.0
+    avg = float(e.mean()) if n else 0.0
+    gg = float(g @ g)
+    return Measurement(
+        numel=int(actual.numel()),
+        rel_l2=relative_l2(float(e.norm()), math.sqrt(gg)),
+        max_abs=top,
+        mean_abs=avg,
+        max_rel=_ratio(top, float(g.abs().max()) if n else 0.0),
+        mean_rel=_ratio(avg, float(g.abs().mean()) if n else 0.0),
+        ulps=None if dtype is None else float((e / ulp(g, dtype)).max()) if n else 0.0,
+        scale=float(a @ g) / gg if gg > 0 else None,
+        nonfinite_mismatch=0,
+        **counts,
+    )
+
+
+# -- one status ladder ----------------------------------------------------------------------
+
+Verdict = Literal["pass", "fail", "nonfinite"]
+
+
+class Measured(Protocol):
+    """What the ladder reads of a measured pair (compare's ``Metrics``)."""
+
+    nan_mismatch: int
+    inf_mismatch: int
+    level: str
+    mismatched: int | None
+    error: float
+
+
+def ladder(m: Measured) -> Verdict | None:
+    """The rungs every judge climbs first; None when the error decides.
+
+    1. **non-finite**: NaN/Inf differ between the sides;
+    2. **exact** (indices, ids, masks): fail when any element differs; a router's indices
+       (``rerouted`` set) pass here, routing.py judges them from the router's scores;
+    3. **none** (nothing measurable: a shape mismatch carries error inf): fail when the
+       error is above zero, unless re-routed (routing.py judges the follower).
+
+    Then the error against what is allowed (:func:`status`, or a judge's own rule).
+    """
+    if m.nan_mismatch or m.inf_mismatch:
+        return "nonfinite"
+    rerouted = getattr(m, "rerouted", None) is not None
+    if m.level == "exact":
+        return "fail" if m.mismatched and not rerouted else "pass"
+    if m.level == "none":
+        return "fail" if m.error > 0 and not rerouted else "pass"
+    return None
+
+
+def status(m: Measured, allowed: float) -> Verdict:
+    """:func:`ladder`, then ``pass`` while the error is within ``allowed``."""
+    settled = ladder(m)
+    if settled is not None:
+        return settled
+    return "fail" if m.error > allowed else "pass"
+
+
+__all__ = [
+    "AMPLIFICATION",
+    "FLOOR_SLACK",
+    "HELP_SHARE",
+    "MEAN_TO_SPREAD",
+    "MIN_LOCAL_GROWTH",
+    "OPCHECK_ROUNDINGS",
+    "PRODUCT_GROWTH",
+    "REPLAY_MARGIN",
+    "REROUTED_ROW_ERROR",
+    "SIGNIFICAND_BITS",
+    "TOLERANCE_EPS",
+    "ZERO_DENSITY",
+    "Z_SCORE",
+    "Measured",
+    "Measurement",
+    "Verdict",
+    "accumulation_error",
+    "expected_error",
+    "ladder",
+    "measure",
+    "opcheck_tolerance",
+    "reduction_length",
+    "relative_l2",
+    "rounding_floor",
+    "status",
+    "ulp",
+    "unit_roundoff",
+]
