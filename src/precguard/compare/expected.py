@@ -36,6 +36,7 @@ import math
 from typing import Any
 
 from precguard.compare.report import Metrics
+from precguard.compare.sampled import sampled_bounds
 from precguard.compare.tolerance import Profile
 from precguard.numerics import (
     PRODUCT_GROWTH,
@@ -71,14 +72,21 @@ SCALE_INVARIANT_TYPES = frozenset(
 def carried_bias(inputs: list[Metrics], profile: Profile) -> float:
     """The largest scale error the inputs may carry: |s - 1| plus ``bias_z`` standard errors.
 
-    Infinite when an input differs but its scale was not measured (integer ids,
-    statistics only, a shape mismatch): nothing can then be said to be the
-    module's own.
+    An input whose scale was not measured (a sample that a few elements dominate)
+    carries at most its relative L2 error: ``|s - 1| = |<g, d>| / <g, g> <= ||d|| /
+    ||g||`` (Cauchy-Schwarz), for a statistics-only record the upper bound of its
+    sampled error (:func:`precguard.compare.sampled.sampled_bounds`). Infinite when an
+    input differs and neither was measured (integer ids, a shape mismatch): nothing
+    can then be said to be the module's own.
     """
     carried = 0.0
     for m in inputs:
         if m.scale is None or not math.isfinite(m.scale):
-            if m.error > 0 or m.nan_mismatch or m.inf_mismatch:
+            if m.nan_mismatch or m.inf_mismatch:
+                return math.inf
+            if m.level in SCALED_LEVELS and math.isfinite(m.error):
+                carried = max(carried, sampled_bounds(m, profile.bias_z)[1][0])
+            elif m.error > 0:
                 return math.inf
             continue
         carried = max(carried, abs(m.scale - 1.0) + profile.bias_z * (m.scale_se or 0.0))

@@ -55,6 +55,7 @@ from precguard.compare.expected import (
 from precguard.compare.metrics import less_precise
 from precguard.compare.optimizer import Explained, is_optimizer, update_verdict
 from precguard.compare.report import Metrics, RecordResult
+from precguard.compare.sampled import sampled_bounds
 from precguard.compare.tolerance import Profile
 from precguard.numerics import (
     SIGNIFICAND_BITS,
@@ -109,6 +110,20 @@ def measured_errors(m: Metrics) -> tuple[float, float]:
     e = m.error if math.isfinite(m.error) else math.inf
     conc = max(x for x in (e, m.slice_error, m.peak_error) if x is not None)
     return e, conc if math.isfinite(conc) else math.inf
+
+
+def _bounds(m: Metrics, profile: Profile) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(global, concentrated) errors at least and at most: a record's measured ones, or a
+    statistics-only record's sampled bounds (:func:`sampled_bounds`)."""
+    if m.level == "stats":
+        return sampled_bounds(m, profile.bias_z)
+    measured = measured_errors(m)
+    return measured, measured
+
+
+def _upper(m: Metrics, profile: Profile) -> tuple[float, float]:
+    """The errors a record may carry: its measured ones, the upper bounds of a sample's."""
+    return _bounds(m, profile)[1]
 
 
 def passed_on(m: Metrics, e: float, c: float) -> tuple[float, float]:
@@ -199,7 +214,9 @@ def judge_step(
         if m is None:
             out.append(r)
             continue
-        e, c = measured_errors(m)
+        # statistics only: judged by the lower bounds of its sampled errors, and passing
+        # their upper bounds on (sampled.py: a sample's estimate carries its uncertainty)
+        (low_e, low_c), (e, c) = _bounds(m, profile)
         call = (r.module, r.call)
         fparent: str | None = None
         if r.phase == "forward":
@@ -267,7 +284,7 @@ def judge_step(
             scope = scope.merged(_Scope(cal[0], cal[1]))
         stepped = explained.get(r.key)
         judged = _judge(
-            r, m, e, c, scope, consumed, k, profile, stepped,
+            r, m, low_e, low_c, scope, consumed, k, profile, stepped,
             scale_test=not (apart and r.phase == "backward"),
         )  # fmt: skip
         if stepped is not None and r.role == "param" and m.level == "stats":
@@ -295,7 +312,7 @@ def judge_step(
             if r.role in ("param", "buffer"):
                 inputs[call].append(judged)
             if r.role == "buffer":
-                ins = [measured_errors(x.metrics)[0] for x in inputs[call] if x.metrics]
+                ins = [_upper(x.metrics, profile)[0] for x in inputs[call] if x.metrics]
                 carried[_buffer_id(r)] = max([e, *ins])
             # a module's outputs do not feed one another: they count for its ancestors
             # (by name, and every call still open around it)
@@ -321,7 +338,7 @@ def judge_step(
     for r in results:
         if r.role == "param" and r.phase == "forward" and r.metrics is not None:
             pid = _param_id(r)
-            own = max(measured_errors(r.metrics)[0], stepped_errors.get(pid, 0.0))
+            own = max(_upper(r.metrics, profile)[0], stepped_errors.get(pid, 0.0))
             carried[pid] = max(carried.get(pid, 0.0), own)
     return out, carried
 
@@ -379,8 +396,9 @@ def _own_bias(
     factors = linear_factors(r.module_type, r.phase, r.role, r.index, consumed)
     if factors is not None and m.level in SCALED_LEVELS:
         known = [x.metrics for x in consumed if x.metrics is not None]
-        worst = max((x.error for x in known), default=0.0)
-        # and nothing else it consumed (a collective it called) carries more error
+        # and nothing else it consumed (a collective it called) carries more error (a
+        # statistics-only record counts by the upper bound it passed on to the scope)
+        worst = max((_upper(x, profile)[0] for x in known), default=0.0)
         alone = r.phase == "backward" or scope.err <= worst
         if alone and not any(x.error > BIAS_MAX_INPUT_ERROR for x in known):
             excess = own_bias(
@@ -446,9 +464,10 @@ def _judge(
         bad = bad or c > stepped.peak + profile.amplification * expected_conc
     if not bad and scale_test and significant_scale(m, profile):
         bad = _own_bias(r, m, scope, consumed, profile, k)
-    if bad and m.level == "stats" and e <= expected:
+    if bad and m.level == "stats" and m.error <= expected:
         # statistics only: the sample's and the norms' concentrated evidence is an
         # estimate, and an error no larger than what the inputs explain is never a finding
+        # (the sample's estimate: ``e`` is its lower bound, sampled.py)
         bad = False
     return r.model_copy(
         update={

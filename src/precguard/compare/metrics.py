@@ -540,8 +540,10 @@ def _worst_slice(
 ) -> tuple[float | None, int | None, int | None]:
     """The worst slice's relative L2 error, its dimension and index (None: not sliced).
 
-    A slice's golden norm is floored at :data:`SLICE_FLOOR` times rms(golden) per
-    element; an exactly equal tensor has no slice error.
+    A slice's golden norm is floored at :data:`SLICE_FLOOR` times the typical slice's
+    (rms(golden) per element: a slice below it is judged by its share of the tensor's
+    error, the constant's comment derives it); an exactly equal tensor has no slice
+    error.
     """
     if not slices or not acc.slice_dd:
         return (0.0, None, None) if slices and acc.sum_sq == 0 else (None, None, None)

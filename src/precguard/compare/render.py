@@ -85,9 +85,12 @@ def _metric_line(m: Metrics, *, finite_only: bool = False) -> str:
             if m.pos_worst is not None and m.pos_worst_err
             else ""
         )
+        # the sample's standard error of rel_l2: half that of its mean square (delta method)
+        rse = m.sample_rse
+        spread = f" ±{50 * rse:.0f}%" if rse is not None and 0 < rse < 2 else ""
         return (
-            f"stats and {m.sample_size} sampled elements: rel_l2 ~{format_number(error)}  "
-            f"sampled max_abs {format_number(m.sample_max_abs)}{where} (weaker test)"
+            f"stats and {m.sample_size} sampled elements: rel_l2 ~{format_number(error)}"
+            f"{spread}  sampled max_abs {format_number(m.sample_max_abs)}{where} (weaker test)"
         )
     if m.level == "stats":
         worst = max((m.stat_rel_diff or {}).items(), key=lambda kv: kv[1], default=("-", 0.0))

@@ -109,8 +109,9 @@ class Metrics(BaseModel):
     slice_error: float | None = Field(
         default=None,
         description="Relative L2 error of the worst slice along any dimension (one position, "
-        "one channel, one head), each slice's golden norm floored at 0.1 rms(golden) per "
-        "element (full level): an error confined to a few slices shows here.",
+        "one channel, one head), each slice's golden norm floored at the typical slice's, "
+        "rms(golden) per element (full level): an error confined to a few slices shows "
+        "here; a slice of small values is judged by its share of the tensor's error.",
     )
     slice_dim: int | None = Field(default=None, description="Dimension of the worst slice.")
     slice_index: int | None = Field(
@@ -129,6 +130,19 @@ class Metrics(BaseModel):
     sample_max_abs: float | None = Field(
         default=None, description="max |actual - golden| over the sampled elements."
     )
+    sample_rse: float | None = Field(
+        default=None,
+        description="Relative standard error of the sampled mean squared error, from the "
+        "sample's own spread of squared errors (finite-population corrected: 0 when every "
+        "element was sampled); the judge holds sample_rel_l2 to the bounds it gives "
+        "(docs/compare.md, 'Sampling uncertainty').",
+    )
+    sample_peaks: list[float] | None = Field(
+        default=None,
+        description="The largest sampled element errors over the sample's largest golden "
+        "value, in decreasing order (up to 16): how many sampled elements carry the peak "
+        "error.",
+    )
     pos_dim: int | None = Field(
         default=None, description="Sequence dimension of the per-position norms compared."
     )
@@ -143,7 +157,7 @@ class Metrics(BaseModel):
     pos_worst_err: float | None = Field(
         default=None,
         description="|norm(actual) - norm(golden)| / norm(golden) at pos_worst (its norm "
-        "floored at 1e-3 of the positions' rms).",
+        "floored at the positions' rms, SLICE_FLOOR).",
     )
     pos_rel_l2: float | None = Field(
         default=None,

@@ -17,11 +17,11 @@ not see (docs/compare.md, "Evidence in statistics-mode records"):
   against the sample's own largest value, as the full level's ``max_abs /
   max|g|`` is one tensor's (an outlier the sample missed does not make every
   sampled error look small, nor a sampled outlier every error look large).
-- **worst position**: ``|n_a - n_g| / max(n_g, SLICE_FLOOR rms(n_g))``, the
-  full level's slice floor: a position whose norm is a tenth of the typical
+- **worst position**: ``|n_a - n_g| / max(n_g, rms(n_g))``, the full level's
+  slice floor (:data:`SLICE_FLOOR`): a position whose norm is below the typical
   position's (the sink's first token after a LayerNorm, a causal first
   position) carries its share of the tensor's absolute error and is judged
-  against the typical norm, not its own near-zero one.
+  against the typical norm, not its own smaller one.
 - **scale** ``s = <g_s, a_s> / <g_s, g_s>`` with its standard error
   (:func:`sample_scale`), so a systematic error of a few percent is seen from
   the sample alone.
@@ -34,18 +34,40 @@ from typing import Any
 
 import numpy as np
 
+from precguard.compare.report import Metrics
+from precguard.compare.tolerance import Profile
 from precguard.dump.schema import Record
 
-#: a sample's scale is estimated only when at least this many of its elements carry
-#: its norm (effective count ``(sum g^2)^2 / sum g^4``): the standard error is itself
-#: estimated from the sample, within ~1/sqrt(2 n_eff) relative (18 % at 16); a sample
-#: that one sampled outlier dominates says nothing about the rest of the tensor
-MIN_EFFECTIVE = 16
-#: a slice's relative error is taken against at least this share of rms(golden) per
-#: element, so a slice of near-zero golden values (a causal first position, a dead
-#: channel) does not read as a concentrated error; the full level's slices
-#: (:func:`precguard.compare.metrics.full_metrics`) and the per-position norms alike
-SLICE_FLOOR = 0.1
+#: the standard errors the judge asks of a significant scale (the default profile's)
+_BIAS_Z: float = Profile.model_fields["bias_z"].default
+#: a sample's scale is estimated only when more than this many of its elements carry
+#: its norm (effective count ``n_eff = (sum g^2)^2 / sum g^4``). The scale is a ratio
+#: ``<g, d> / <g, g>`` whose denominator, the sampled ``<g, g>``, estimates the
+#: tensor's with a relative standard error of ~``1 / sqrt(n_eff)``
+#: (:func:`mean_square_rse` of ``g``); the ratio is bounded at ``z`` standard errors
+#: only while its denominator is, ``1 - z / sqrt(n_eff) > 0``: ``n_eff > z^2``, 16 at
+#: the default ``bias_z`` of 4. A sample that one sampled outlier dominates says nothing
+#: about the rest of the tensor; what consumes such a record takes its scale error as
+#: at most its error (:func:`precguard.compare.expected.carried_bias`)
+MIN_EFFECTIVE = _BIAS_Z * _BIAS_Z
+#: sampled element errors kept in decreasing order (``sample_peaks``): enough to tell
+#: how many of them carry the peak (:data:`RARE_COUNT`)
+PEAKS_KEPT = 16
+#: a slice's relative error is taken against at least this share of the typical
+#: slice's golden norm (``rms(golden) * sqrt(elements per slice)``), the full level's
+#: slices (:func:`precguard.compare.metrics.full_metrics`) and the per-position norms
+#: alike. A slice's error has two sources a correct run explains: the rounding of its
+#: own values (relative to its own norm) and its share of the error that every
+#: operation mixing slices spreads over the tensor (a norm's input gradient puts
+#: ``mean(g w x)`` terms of the row's scale into every channel; attention mixes
+#: positions): an even share is ``rel_l2`` times the *typical* slice's norm, whatever
+#: the slice's own. Against ``max(own norm, typical norm)`` both read as at most the
+#: relative error the judge already expects (the consumed records' error), so a
+#: channel of near-zero golden values carrying its share reads ``rel_l2``, not
+#: ``rel_l2 * typical / own`` (10x at a floor of 0.1: a LayerNorm's input gradient in
+#: the parallel decoder); a slice that carries more than its share still reads more
+#: (an error confined to one of S slices: ``sqrt(S)`` times ``rel_l2``)
+SLICE_FLOOR = 1.0
 
 
 def _pairs(
@@ -95,7 +117,7 @@ def sample_scale(g: np.ndarray, a: np.ndarray) -> tuple[float, float] | None:
     if not (gg > 0 and math.isfinite(gg) and g4 > 0 and math.isfinite(g4)):
         return None
     n_eff = gg * gg / g4
-    if n_eff < MIN_EFFECTIVE:
+    if n_eff <= MIN_EFFECTIVE:
         return None
     d = a - g
     bias = float(np.dot(g, d)) / gg
@@ -128,14 +150,92 @@ def sample_evidence(
     err = math.sqrt(float(np.dot(d, d)))
     den = max(math.sqrt(float(np.dot(g, g))), math.sqrt(n) * rms)
     rel = err / den if den > 0 else (0.0 if err == 0 else math.inf)
-    max_abs = float(np.abs(d).max())
+    abs_d = np.abs(d)
+    max_abs = float(abs_d.max())
     top = float(np.abs(g).max())
     peak = max_abs / top if top > 0 else (0.0 if max_abs == 0 else None)
     out: dict[str, Any] = {"sample_size": n, "sample_rel_l2": rel, "sample_max_abs": max_abs}
+    numel = golden.stats.numel if golden.stats is not None else None
+    out["sample_rse"] = mean_square_rse(d, numel)
+    if top > 0:
+        largest = np.sort(abs_d)[::-1][:PEAKS_KEPT] / top
+        out["sample_peaks"] = [float(x) for x in largest]
     scaled = sample_scale(g, a) if mask_floor == -math.inf else None
     if scaled is not None:
         out["scale"], out["scale_se"] = scaled
     return out, peak
+
+
+def mean_square_rse(d: np.ndarray, numel: int | None) -> float:
+    """Relative standard error of a sample's mean squared error as an estimate of the
+    tensor's.
+
+    The sampled ``x_i = d_i^2`` estimate ``E[d^2]`` by their mean, whose standard error
+    is ``s / sqrt(n)`` with ``s^2`` their sample variance; relative to the mean that is
+    ``sqrt(n / (n - 1) * (1 / n_eff - 1 / n))`` with ``n_eff = (sum x)^2 / sum x^2``, the
+    number of sampled elements that effectively hold the sample's squared error (``n``
+    for equal errors, 1 for one element holding all of it). The indices are drawn
+    without replacement from ``numel`` elements: the finite-population factor ``1 - n /
+    numel`` makes a fully sampled tensor's estimate exact (0). Gaussian errors give
+    ``sqrt(2 / n)``, 0.125 at 128 elements; the rows a router sent elsewhere, a few
+    sampled elements holding most of the error, give ~0.6.
+    """
+    n = d.size
+    x = d * d
+    total = float(x.sum())
+    if total == 0 or n >= (numel or math.inf):
+        return 0.0
+    if n < 2 or not math.isfinite(total):
+        return math.inf
+    inv_eff = float(np.dot(x, x)) / (total * total)
+    fpc = 1.0 - n / numel if numel else 1.0
+    return math.sqrt(max(0.0, n / (n - 1) * (inv_eff - 1.0 / n) * fpc))
+
+
+#: sampled elements an output's peak error must reach before it counts (the rule of
+#: three): an error confined to a share ``p`` of a tensor's elements escapes a sample of
+#: ``n`` with probability ``(1 - p)^n ~ exp(-n p)``, so inputs whose samples saw no such
+#: error exclude a source of prevalence ``k / n`` with confidence ``1 - exp(-k)``: 95 %
+#: at ``k = 3`` (Hanley & Lippman-Hand, JAMA 249(13), 1983). An error that only one or
+#: two of the output's sampled elements carry (the row of a token a router sent
+#: elsewhere in an earlier layer) may come from a source the inputs' samples missed as
+#: easily. The confidence is the rule's, not ``bias_z``'s: at ``exp(-z^2 / 2)`` with ``z
+#: = 4`` an error had to reach 8 of 128 sampled elements, and the RoPE bug's late
+#: positions (4-6 of them) would go unseen (docs/compare.md, "Sampling uncertainty")
+RARE_COUNT = 3
+
+
+def sampled_bounds(m: Metrics, z: float) -> tuple[tuple[float, float], tuple[float, float]]:
+    """A statistics-only record's (global, concentrated) error, as lower and upper bounds.
+
+    ``((low, low_conc), (high, high_conc))`` at ``z`` standard errors of the sample
+    (:func:`mean_square_rse`): the sampled mean squared error ``e^2`` lies within
+    ``e^2 (1 +- z rse)``; what the norms prove (``pos_rel_l2``, the l2 statistic's
+    difference) holds without sampling and bounds both from below. The concentrated
+    error's lower bound takes the worst position's norm difference (every position
+    measured) and the :data:`RARE_COUNT`-th largest sampled element error, its upper
+    bound the largest. The judge holds a record to its lower bounds and passes
+    its upper bounds on to what consumes it. Any other record: its measured errors.
+    """
+    e = m.error if math.isfinite(m.error) else math.inf
+    conc = max(x for x in (e, m.slice_error, m.peak_error) if x is not None)
+    if m.level != "stats" or m.sample_rel_l2 is None or m.sample_rse is None:
+        return (e, conc), (e, conc)
+    if not math.isfinite(z):  # the profile asks for no statistical test (bias_z inf)
+        return (e, conc), (e, conc)
+    proven = max(m.pos_rel_l2 or 0.0, (m.stat_rel_diff or {}).get("l2", 0.0))
+    spread = z * m.sample_rse
+    low = max(proven, m.sample_rel_l2 * math.sqrt(max(0.0, 1.0 - spread)))
+    # a sample of one element has no spread to measure: its estimate is all it says
+    grown = math.sqrt(1.0 + spread) if math.isfinite(spread) else 1.0
+    high = max(proven, m.sample_rel_l2 * grown)
+    peaks = m.sample_peaks or []
+    exact = m.sample_rse == 0.0  # every element sampled, or no sampled element differs
+    k = RARE_COUNT
+    peak_low = m.peak_error if exact else (peaks[k - 1] if len(peaks) >= k else 0.0)
+    low_conc = max(x for x in (low, m.slice_error, peak_low) if x is not None)
+    high_conc = max(x for x in (high, conc) if x is not None)
+    return (low, low_conc), (high, high_conc)
 
 
 def position_evidence(golden: Record, actual: Record) -> dict[str, float | int]:
