@@ -172,6 +172,8 @@ CONSTANTS = frozenset(
         "MIN_LOCAL_GROWTH",
         "REPLAY_MARGIN",
         "CORRECT_RUN_GROWTH",
+        "SLICE_FLOOR",
+        "RARE_COUNT",
         "OPCHECK_ROUNDINGS",
         "TOLERANCE_EPS",
         "MEAN_TO_SPREAD",

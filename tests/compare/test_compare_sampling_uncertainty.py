@@ -26,8 +26,9 @@ from precguard.compare.expected import carried_bias
 from precguard.compare.metrics import full_metrics
 from precguard.compare.render import render
 from precguard.compare.report import Metrics
-from precguard.compare.sampled import RARE_COUNT, mean_square_rse, sampled_bounds
+from precguard.compare.sampled import mean_square_rse, sampled_bounds
 from precguard.compare.tolerance import get_profile
+from precguard.numerics import RARE_COUNT
 
 HIDDEN, OUT, BATCH, SEQ = 64, 32, 2, 32
 U_BF16 = 2.0**-8

@@ -29,10 +29,10 @@ import numpy as np
 import torch
 
 from precguard.compare.report import Metrics
-from precguard.compare.sampled import SLICE_FLOOR, position_evidence, sample_evidence
+from precguard.compare.sampled import position_evidence, sample_evidence
 from precguard.compare.tolerance import Profile
 from precguard.dump.schema import STAT_FIELDS, Record, Stats
-from precguard.numerics import SIGNIFICAND_BITS, relative_l2
+from precguard.numerics import SIGNIFICAND_BITS, SLICE_FLOOR, relative_l2
 
 #: elements per chunk: 256 KiB of float32 keeps the working set in cache
 CHUNK = 1 << 16

@@ -37,6 +37,7 @@ import numpy as np
 from precguard.compare.report import Metrics
 from precguard.compare.tolerance import Profile
 from precguard.dump.schema import Record
+from precguard.numerics import RARE_COUNT, SLICE_FLOOR
 
 #: the standard errors the judge asks of a significant scale (the default profile's)
 _BIAS_Z: float = Profile.model_fields["bias_z"].default
@@ -53,21 +54,6 @@ MIN_EFFECTIVE = _BIAS_Z * _BIAS_Z
 #: sampled element errors kept in decreasing order (``sample_peaks``): enough to tell
 #: how many of them carry the peak (:data:`RARE_COUNT`)
 PEAKS_KEPT = 16
-#: a slice's relative error is taken against at least this share of the typical
-#: slice's golden norm (``rms(golden) * sqrt(elements per slice)``), the full level's
-#: slices (:func:`precguard.compare.metrics.full_metrics`) and the per-position norms
-#: alike. A slice's error has two sources a correct run explains: the rounding of its
-#: own values (relative to its own norm) and its share of the error that every
-#: operation mixing slices spreads over the tensor (a norm's input gradient puts
-#: ``mean(g w x)`` terms of the row's scale into every channel; attention mixes
-#: positions): an even share is ``rel_l2`` times the *typical* slice's norm, whatever
-#: the slice's own. Against ``max(own norm, typical norm)`` both read as at most the
-#: relative error the judge already expects (the consumed records' error), so a
-#: channel of near-zero golden values carrying its share reads ``rel_l2``, not
-#: ``rel_l2 * typical / own`` (10x at a floor of 0.1: a LayerNorm's input gradient in
-#: the parallel decoder); a slice that carries more than its share still reads more
-#: (an error confined to one of S slices: ``sqrt(S)`` times ``rel_l2``)
-SLICE_FLOOR = 1.0
 
 
 def _pairs(
@@ -190,19 +176,6 @@ def mean_square_rse(d: np.ndarray, numel: int | None) -> float:
     inv_eff = float(np.dot(x, x)) / (total * total)
     fpc = 1.0 - n / numel if numel else 1.0
     return math.sqrt(max(0.0, n / (n - 1) * (inv_eff - 1.0 / n) * fpc))
-
-
-#: sampled elements an output's peak error must reach before it counts (the rule of
-#: three): an error confined to a share ``p`` of a tensor's elements escapes a sample of
-#: ``n`` with probability ``(1 - p)^n ~ exp(-n p)``, so inputs whose samples saw no such
-#: error exclude a source of prevalence ``k / n`` with confidence ``1 - exp(-k)``: 95 %
-#: at ``k = 3`` (Hanley & Lippman-Hand, JAMA 249(13), 1983). An error that only one or
-#: two of the output's sampled elements carry (the row of a token a router sent
-#: elsewhere in an earlier layer) may come from a source the inputs' samples missed as
-#: easily. The confidence is the rule's, not ``bias_z``'s: at ``exp(-z^2 / 2)`` with ``z
-#: = 4`` an error had to reach 8 of 128 sampled elements, and the RoPE bug's late
-#: positions (4-6 of them) would go unseen (docs/compare.md, "Sampling uncertainty")
-RARE_COUNT = 3
 
 
 def sampled_bounds(m: Metrics, z: float) -> tuple[tuple[float, float], tuple[float, float]]:
