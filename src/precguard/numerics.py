@@ -143,16 +143,16 @@ HELP_SHARE = 1.0 / AMPLIFICATION
 #: (an error confined to one of S slices: ``sqrt(S)`` times ``rel_l2``)
 SLICE_FLOOR = 1.0
 
-#: sampled elements an output's peak error must reach before it counts (the rule of
-#: three; compare/sampled.py): an error confined to a share ``p`` of a tensor's
-#: elements escapes a sample of ``n`` with probability ``(1 - p)^n ~ exp(-n p)``, so inputs whose samples saw no such
-#: error exclude a source of prevalence ``k / n`` with confidence ``1 - exp(-k)``: 95 %
-#: at ``k = 3`` (Hanley & Lippman-Hand, JAMA 249(13), 1983). An error that only one or
-#: two of the output's sampled elements carry (the row of a token a router sent
-#: elsewhere in an earlier layer) may come from a source the inputs' samples missed as
-#: easily. The confidence is the rule's, not ``bias_z``'s: at ``exp(-z^2 / 2)`` with ``z
-#: = 4`` an error had to reach 8 of 128 sampled elements, and the RoPE bug's late
-#: positions (4-6 of them) would go unseen (docs/compare.md, "Sampling uncertainty")
+#: sampled elements an output's peak error must reach before it counts (the rule of three;
+#: compare/sampled.py): an error confined to a share ``p`` of a tensor's elements escapes a sample
+#: of ``n`` with probability ``(1 - p)^n ~ exp(-n p)``, so inputs whose samples saw no such error
+#: exclude a source of prevalence ``k / n`` with confidence ``1 - exp(-k)``: 95 % at ``k = 3``
+#: (Hanley & Lippman-Hand, JAMA 249(13), 1983). An error that only one or two of the output's
+#: sampled elements carry (the row of a token a router sent elsewhere in an earlier layer) may come
+#: from a source the inputs' samples missed as easily. The confidence is the rule's, not
+#: ``bias_z``'s: at ``exp(-z^2 / 2)`` with ``z = 4`` an error had to reach 8 of 128 sampled
+#: elements, and the RoPE bug's late positions (4-6 of them) would go unseen (docs/compare.md,
+#: "Sampling uncertainty")
 RARE_COUNT = 3
 
 #: How far a correct device run's output error may exceed its floor (localize/bisect.py), the
