@@ -135,7 +135,9 @@ def llama(**overrides: Any) -> nn.Module:
 
 
 def hf_model(kind: str) -> nn.Module:
-    """A tiny seeded HF causal LM of ``kind``: qwen2, mistral, gpt2, mixtral, qwen2-moe."""
+    """A tiny seeded HF causal LM of ``kind``: qwen2, mistral, gpt2, mixtral, qwen2-moe;
+    ``mixtral-loop``: Mixtral whose experts run one by one (``_experts_implementation =
+    "eager"``: each expert's records hold its own tokens, counts differing by side)."""
     import transformers as tf
 
     _seed()
@@ -153,10 +155,12 @@ def hf_model(kind: str) -> nn.Module:
             n_embd=HIDDEN, n_head=4, n_positions=256, bos_token_id=0, eos_token_id=0, **common
         )
         return tf.GPT2LMHeadModel(config)
-    if kind == "mixtral":
+    if kind in ("mixtral", "mixtral-loop"):
         config = tf.MixtralConfig(
             **common, **llama_like, num_local_experts=4, num_experts_per_tok=2
         )
+        if kind == "mixtral-loop":
+            config._experts_implementation = "eager"
         return tf.MixtralForCausalLM(config)
     if kind == "qwen2-moe":
         config = tf.Qwen2MoeConfig(
@@ -309,6 +313,33 @@ def checkpointing(side: Side) -> None:
         model(**batch()).loss.backward()
 
 
+def utils_checkpoint(side: Side) -> None:
+    """One training step; the actual side runs each MLP under ``torch.utils.checkpoint``
+    (non-reentrant), not through HF's switch (both cpu fp32)."""
+    from torch.utils.checkpoint import checkpoint
+
+    model = llama()
+    if side.actual:
+        for layer in model.model.layers:
+            forward = layer.mlp.forward
+            layer.mlp.forward = lambda x, forward=forward: checkpoint(
+                forward, x, use_reentrant=False
+            )
+    model.train()
+    with side.monitor(model, backward=True):
+        model(**batch()).loss.backward()
+
+
+def monitor_then_compile(side: Side) -> None:
+    """The actual side is monitored, then compiled (``aot_eager``: dynamo and AOT autograd
+    without a C++ compiler), and run: recorded whole, compared with the eager golden."""
+    model = llama().eval()
+    ids = batch()["input_ids"]
+    with side.monitor(model), torch.no_grad():
+        run = torch.compile(model, backend="aot_eager") if side.actual else model
+        run(input_ids=ids)
+
+
 def compiled_before_monitor(side: Side) -> None:
     """The actual side compiles and runs the model once before ``monitor`` sees it."""
     model = llama().eval()
@@ -396,6 +427,15 @@ def _cases() -> list[Case]:
                 partial_text=("decoding divergence", "generate-diff"),
             ),
             Case(f"gpt2 to(bf16) [{lvl}]", cast("gpt2"), full, device="cpu"),
+            Case(f"mixtral per-expert loop bf16 [{lvl}]", forward("mixtral-loop"), full),
+            Case(
+                f"mixtral per-expert loop, fault 3% expert [{lvl}]",
+                forward("mixtral-loop", expert_fault),
+                full,
+                expect="layers.1.mlp.experts",
+            ),
+            Case(f"qwen2 bf16 [{lvl}]", forward("qwen2"), full),
+            Case(f"mistral bf16 [{lvl}]", forward("mistral"), full),
         ]
     cases += [
         Case("hf trainer bf16=True [stats]", hf_trainer, False, device="cpu", fast=True),
@@ -427,6 +467,15 @@ def _cases() -> list[Case]:
             expect_text=("recomput",),
             must_match=True,
         ),
+        Case(
+            "torch.utils.checkpoint vs none [full]",
+            utils_checkpoint,
+            True,
+            device="cpu",
+            expect_text=("recomput",),
+            must_match=True,
+        ),
+        Case("monitor then compile vs eager [full]", monitor_then_compile, True, device="cpu"),
         Case(
             "compiled before monitor [stats]",
             compiled_before_monitor,
