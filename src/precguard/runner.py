@@ -44,10 +44,11 @@ def record_target(
 
     ``target`` is a :class:`~precguard.Side` (the one way: ``record_target(Side("tiny-llama",
     "emu:bf16"), out=...)``), or a target spec with the side's ``device`` (None: ``"cpu"``),
-    ``dtype`` and ``prepare`` as keywords. Forward only by default; with ``train`` each step is forward, backward and
-    an optimizer step. ``prepare(model)`` may alter the built model before
-    recording (tests and the demo use it to plant faults). ``dtype`` None means
-    float32, or the storage dtype of a mixed-precision device (``emu:fp16-mixed``).
+    ``dtype`` and ``prepare`` as keywords. Forward only by default; with ``train`` each
+    step is forward, backward and an optimizer step. ``prepare(model)`` may alter the
+    built model before recording (tests and the demo use it to plant faults). ``dtype``
+    None means float32, or the storage dtype of a mixed-precision device
+    (``emu:fp16-mixed``).
 
     What to capture is a :class:`CaptureOptions` (``options``) and/or its fields
     as keyword arguments (``tensors=True``), as for :func:`~precguard.monitor`;
