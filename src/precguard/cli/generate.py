@@ -163,14 +163,13 @@ def generate_diff_cmd(
     else:
         if against is not None:
             raise UsageError("--against goes with --save-run")
+        from precguard.target_run import Side
+
+        spec = target or "tiny-llama"
         with progress:
             result = generate_diff(
-                target or "tiny-llama",
-                device=device,
-                reference=reference or "cpu",
-                dtype=dtype,
-                reference_dtype=reference_dtype,
-                reference_target=reference_target,
+                golden=Side(reference_target or spec, reference or "cpu", reference_dtype),
+                actual=Side(spec, device, dtype),
                 prompts=given,
                 max_new_tokens=max_new_tokens,
                 sample=sample,

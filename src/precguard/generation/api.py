@@ -341,7 +341,10 @@ def generate_diff(
         prepare=prepare,
         default_device=None,
     )
-    actual = actual.replace(target=load_target(actual.target))  # loaded once for both sides
+    spec = actual.target
+    actual = actual.replace(target=load_target(spec))  # loaded once for both sides
+    if golden is not None and golden.target == spec:
+        golden = golden.replace(target=actual.target)  # the same file target, not run twice
     if golden is None:
         golden = Side(
             load_target(reference_target) if reference_target is not None else actual.target,
