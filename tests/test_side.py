@@ -89,3 +89,18 @@ def test_generate_diff_of_two_sides_is_the_keyword_generate_diff() -> None:
 def test_a_side_said_twice_or_not_at_all_is_a_usage_error(call: Any, named: str) -> None:
     with pytest.raises(UsageError, match=named):
         call()
+
+
+def test_replay_and_op_check_of_a_side_are_the_keyword_ones(tmp_path) -> None:
+    module = "model.layers.0.mlp"
+    golden = precguard.record_target(Side("tiny-llama"), out=tmp_path / "g", tensors=[module])
+    actual = Side("tiny-llama", "emu:bf16", prepare=plant)
+    by_side = precguard.replay_module(golden, module, target=actual)
+    by_keywords = precguard.replay_module(golden, module, target="tiny-llama", device="emu:bf16")
+    # replay takes its weights from the target: the layer-0 MLP is not the planted layer
+    assert by_side.model_dump() == by_keywords.model_dump()
+    assert by_side.device == "emu:bf16"
+
+    swept = precguard.op_check(side=actual, module=module, seq_lens="8")
+    kw = precguard.op_check(device="emu:bf16", target="tiny-llama", module=module, seq_lens="8")
+    assert swept.model_dump() == kw.model_dump() and swept.results
