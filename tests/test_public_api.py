@@ -49,3 +49,19 @@ def test_dir_lists_the_lazy_public_api_before_anything_is_loaded() -> None:
     code = "import precguard, sys; print(sorted(set(precguard.__all__) - set(dir(precguard))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_one_side_of_a_comparison_is_one_public_class() -> None:
+    # what runs where is said one way: precguard.Side, set up as the TargetRun every
+    # command shares; the other classes that had the name now say what they are
+    from precguard.target_run import TargetRun
+
+    assert "Side" in precguard.__all__ and "Side" in dir(precguard)
+    side = precguard.Side("handwritten-llama", "cpu")
+    run = side.open()
+    assert isinstance(run, TargetRun)
+    assert (run.device, run.name) == ("cpu", "handwritten-llama")
+    import precguard.compare.runs as runs
+    import precguard.generation.report as report
+
+    assert not hasattr(runs, "Side") and not hasattr(report, "Side")

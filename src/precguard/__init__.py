@@ -23,6 +23,8 @@ _EXPORTS: dict[str, str] = {
     "Manifest": "precguard.dump.schema",
     "Target": "precguard.target",
     "load_target": "precguard.target",
+    # one side of a comparison (target, device, dtype, set-up): what every entry point takes
+    "Side": "precguard.target_run",
     "record_target": "precguard.runner",
     "Backend": "precguard.backend",
     "Switch": "precguard.backend",
@@ -82,6 +84,7 @@ if TYPE_CHECKING:
     from precguard.ranks import check_replicas
     from precguard.runner import record_target
     from precguard.target import Target, load_target
+    from precguard.target_run import Side
     from precguard.training.handle import WatchHandle, watch
 
 

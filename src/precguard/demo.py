@@ -51,16 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     planted = f"model.layers.{args.layer}.post_attention_layernorm"
     golden, actual = args.out / "golden", args.out / "fp16-rmsnorm"
     console.print(f"[bold]1. Recording[/] tiny-llama on the CPU (golden) -> {golden}")
-    precguard.record_target("tiny-llama", out=golden, steps=2, tensors=True, overwrite=True)
+    cpu = precguard.Side("tiny-llama")  # one side: target, device (the CPU), dtype, set-up
+    precguard.record_target(cpu, out=golden, steps=2, tensors=True, overwrite=True)
     console.print(f"[bold]2. Recording[/] again with {planted} computing in float16 -> {actual}")
-    precguard.record_target(
-        "tiny-llama",
-        out=actual,
-        steps=2,
-        tensors=True,
-        overwrite=True,
-        prepare=lambda model: plant_fp16_rmsnorm(model, planted),
-    )
+    planted_side = cpu.replace(prepare=lambda model: plant_fp16_rmsnorm(model, planted))
+    precguard.record_target(planted_side, out=actual, steps=2, tensors=True, overwrite=True)
     console.print("[bold]3. Comparing[/] the two recordings layer by layer\n")
     result = precguard.compare_runs(golden, actual)
     render(result, console, top=8)

@@ -21,15 +21,15 @@ from precguard.capture.options import CaptureOptions
 from precguard.dump.vendor import record_vendor_state
 from precguard.errors import PrecguardError, UsageError
 from precguard.target import Target, call_model
-from precguard.target_run import TargetRun
+from precguard.target_run import Side, one_side
 
 logger = get_logger(__name__)
 
 
 def record_target(
-    target: str | Target,
+    target: str | Target | Side,
     *,
-    device: str = "cpu",
+    device: str | None = None,
     dtype: str | torch.dtype | None = None,
     out: str | os.PathLike[str],
     steps: int = 1,
@@ -42,10 +42,13 @@ def record_target(
 ) -> Path:
     """Record ``steps`` steps of ``target`` on ``device`` into ``out`` and return the path.
 
-    Forward only by default; with ``train`` each step is forward, backward and
-    an optimizer step. ``prepare(model)`` may alter the built model before
-    recording (tests and the demo use it to plant faults). ``dtype`` None means
-    float32, or the storage dtype of a mixed-precision device (``emu:fp16-mixed``).
+    ``target`` is a :class:`~precguard.Side` (the one way: ``record_target(Side("tiny-llama",
+    "emu:bf16"), out=...)``), or a target spec with the side's ``device`` (None: ``"cpu"``),
+    ``dtype`` and ``prepare`` as keywords. Forward only by default; with ``train`` each
+    step is forward, backward and an optimizer step. ``prepare(model)`` may alter the
+    built model before recording (tests and the demo use it to plant faults). ``dtype``
+    None means float32, or the storage dtype of a mixed-precision device
+    (``emu:fp16-mixed``).
 
     What to capture is a :class:`CaptureOptions` (``options``) and/or its fields
     as keyword arguments (``tensors=True``), as for :func:`~precguard.monitor`;
@@ -54,13 +57,13 @@ def record_target(
     """
     if steps < 1:
         raise UsageError(f"--steps must be at least 1, got {steps}")
-    run = TargetRun.open(target, device, dtype)
+    side = one_side(target, "record_target", device=device, dtype=dtype, prepare=prepare)
+    device = side.device
+    run = side.open()
     target_obj, backend = run.target, run.backend
     if train and target_obj.loss is None:
         raise UsageError(f"target {target_obj.name!r} has no loss; --train needs one")
-    model = run.build_model()
-    if prepare is not None:
-        prepare(model)
+    model = run.prepared(run.build_model())
     optimizer = None
     if train:
         model.train()
@@ -81,7 +84,7 @@ def record_target(
         _record_options(train, options, overrides),
         overwrite=overwrite,
         device=device,
-        target=_target_spec(target, target_obj),
+        target=_target_spec(side.target, target_obj),
         fingerprint=fingerprint,
         auto_step=False,
         compute_dtype=str(compute).removeprefix("torch.") if compute is not None else None,

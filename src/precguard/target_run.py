@@ -7,14 +7,23 @@ float32), build the model seeded on the CPU and move it, move each batch to
 the device, and name the target's own code when it raises or calls
 ``sys.exit()``. :class:`TargetRun` is that set-up, written once.
 
+:class:`Side` is what the user says about one side of a comparison (the
+target, the device, the dtype, what alters the built model); ``Side.open()``
+sets it up as a :class:`TargetRun`. Every entry point that runs a target
+(``record_target``, ``bisect``, ``generate_diff``) takes a ``Side`` and builds
+its model through it.
+
 >>> run = TargetRun.open("tiny-llama", "emu:bf16")          # doctest: +SKIP
 >>> model = run.build_model()                               # seeded, on the device
 >>> out = run.forward(model, run.device_batch(0))
+>>> side = Side("tiny-llama", "emu:bf16")                   # doctest: +SKIP
+>>> run = side.open()                                       # the same TargetRun
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -24,7 +33,7 @@ from torch import nn
 
 from precguard import tree
 from precguard.devices import construct_model, parse_dtype, resolve_backend
-from precguard.errors import PrecguardError, TargetError
+from precguard.errors import PrecguardError, TargetError, UsageError
 from precguard.target import Target, call_model, load_target, raised
 
 if TYPE_CHECKING:
@@ -55,6 +64,8 @@ class TargetRun:
     dtype: torch.dtype
     #: what part of the target's code is running (None: precguard's own), see :meth:`doing`
     running: str | None = field(default=None, compare=False)
+    #: alters the built model before it runs (a :class:`Side`'s ``prepare``), see :meth:`prepared`
+    prepare: Callable[[nn.Module], Any] | None = field(default=None, compare=False)
 
     @classmethod
     def open(
@@ -128,6 +139,16 @@ class TargetRun:
         """
         return self.construct().to(device=self.torch_device, dtype=dtype or self.dtype)
 
+    def prepared(self, model: nn.Module) -> nn.Module:
+        """``model`` altered by :attr:`prepare` (in place; unchanged when there is none).
+
+        Called by each feature where its set-up allows (after :meth:`build_model`, or on
+        the CPU copy of :meth:`construct` when one model is copied to two devices).
+        """
+        if self.prepare is not None:
+            self.prepare(model)
+        return model
+
     def batch(self, step: int) -> Any:
         """The target's batch for ``step``, on the CPU as the target built it."""
         return self.call(f"batch({step})", self.target.batch, step)
@@ -144,3 +165,79 @@ class TargetRun:
     def forward(self, model: nn.Module, batch: Any, what: str = "the forward") -> Any:
         """``model`` called with ``batch`` by the target convention; a raise is the target's."""
         return self.call(what, call_model, model, batch)
+
+
+#: a target as the entry points accept it: a built-in name, ``file.py:fn``, or a Target
+TargetSpec = str | Target
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of a comparison: the target, the device it runs on, the dtype, the set-up.
+
+    The one way to say what runs where: ``precguard.record_target``,
+    ``precguard.bisect`` and ``precguard.generate_diff`` take a ``Side`` (their
+    older keyword arguments ``device=``, ``dtype=``, ``prepare=`` build one), and
+    the CLI builds one from ``--target``/``--device``/``--dtype``.
+
+    :param target: the model: a built-in target name, ``file.py:fn`` or a
+        :class:`~precguard.target.Target`.
+    :param device: the device string (``"cpu"``, ``"npu:1"``, ``"emu:bf16"``).
+    :param dtype: the model dtype; None: the backend's storage dtype
+        (``emu:fp16-mixed``'s float16), else float32.
+    :param prepare: ``prepare(model)`` alters the built model before it runs (tests
+        and the demo plant faults with it).
+
+    >>> golden = precguard.Side("tiny-llama")                     # doctest: +SKIP
+    >>> actual = precguard.Side("tiny-llama", "emu:bf16")         # doctest: +SKIP
+    >>> precguard.generate_diff(golden=golden, actual=actual)     # doctest: +SKIP
+    """
+
+    target: TargetSpec
+    device: str = "cpu"
+    dtype: str | torch.dtype | None = None
+    prepare: Callable[[nn.Module], Any] | None = None
+
+    def open(self) -> TargetRun:
+        """Resolve the dtype, the target and the device (each bad one is exit 2), set up."""
+        run = TargetRun.open(self.target, self.device, self.dtype)
+        run.prepare = self.prepare
+        return run
+
+    def replace(self, **changes: Any) -> Side:
+        """A copy with ``changes`` (``side.replace(device="cpu")``)."""
+        return dataclasses.replace(self, **changes)
+
+
+def one_side(
+    target: TargetSpec | Side | None,
+    what: str,
+    *,
+    device: str | None = None,
+    dtype: str | torch.dtype | None = None,
+    prepare: Callable[[nn.Module], Any] | None = None,
+    default_device: str | None = "cpu",
+) -> Side:
+    """The :class:`Side` an entry point's ``target`` and per-side keywords mean.
+
+    ``target`` may be a Side (then the keywords must be left unset) or a target
+    spec (then the keywords build the Side; ``device`` None is ``default_device``,
+    and a missing one is a usage error naming ``what``).
+    """
+    if isinstance(target, Side):
+        given = [
+            name
+            for name, value in (("device", device), ("dtype", dtype), ("prepare", prepare))
+            if value is not None
+        ]
+        if given:
+            raise UsageError(
+                f"{what}: {', '.join(given)} given beside a Side; set them on the Side"
+            )
+        return target
+    if target is None:
+        raise UsageError(f"{what}: no target given (pass a Side or a target)")
+    where = device if device is not None else default_device
+    if where is None:
+        raise UsageError(f"{what}: no device given (pass a Side or device=)")
+    return Side(target, where, dtype, prepare)

@@ -24,15 +24,14 @@ def first_divergence(ctx: CheckContext, profile: str = "default") -> Finding:
         raise NotApplicable(f"precguard.compare is not available ({exc})") from exc
     from precguard.dump.reader import load_run
     from precguard.runner import record_target
+    from precguard.target_run import Side
 
     bench = lab(ctx)
     manifest = load_run(ctx.golden).manifest
     options = manifest.options or {}
     with tempfile.TemporaryDirectory(prefix="precguard-check-") as tmp:
         record_target(
-            bench.target,
-            device=ctx.device,
-            dtype=ctx.dtype,
+            Side(bench.target, ctx.device, ctx.dtype),
             out=f"{tmp}/actual",
             steps=manifest.steps or 1,
             train=bool(options.get("backward", False)),

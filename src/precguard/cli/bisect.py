@@ -64,6 +64,7 @@ def bisect(
 
     from precguard.localize.bisect import Probe
     from precguard.localize.bisect import bisect as run_bisect
+    from precguard.target_run import Side
 
     if target is None:
         from precguard.errors import UsageError
@@ -100,10 +101,8 @@ def bisect(
     with progress:
         task = progress.add_task(f"bisecting {target} on {device}", total=None)
         result = run_bisect(
-            target,
-            device=device,
+            Side(target, device, dtype),
             reference=reference,
-            dtype=dtype,
             reference_dtype=reference_dtype,
             metric=metric,
             threshold=threshold,

@@ -341,13 +341,13 @@ def replay(
     from rich.console import Console
 
     from precguard.localize.replay import render_replay, replay_module
+    from precguard.target_run import Side
 
     result = replay_module(
         golden,
         module,
-        target=target,
-        device=device,
-        dtype=dtype,
+        # no --target: replay_module says which target the golden names
+        target=Side(target, device, dtype) if target else None,
         call=call,
         step=step,
         rank=rank,

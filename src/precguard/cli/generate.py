@@ -141,15 +141,14 @@ def generate_diff_cmd(
         raise UsageError("give --device DEV (or two saved runs GOLDEN ACTUAL to compare)")
     elif save_run is not None:
         from precguard.generation import generate_run
+        from precguard.target_run import Side
 
         if reference is not None or reference_target is not None:
             raise UsageError("--save-run decodes one side (--device); it takes no --reference")
         with progress:
             path = generate_run(
-                target or "tiny-llama",
-                device=device,
+                Side(target or "tiny-llama", device, dtype),
                 out=save_run,
-                dtype=dtype,
                 prompts=given,
                 max_new_tokens=max_new_tokens,
                 sample=sample,
@@ -163,14 +162,13 @@ def generate_diff_cmd(
     else:
         if against is not None:
             raise UsageError("--against goes with --save-run")
+        from precguard.target_run import Side
+
+        spec = target or "tiny-llama"
         with progress:
             result = generate_diff(
-                target or "tiny-llama",
-                device=device,
-                reference=reference or "cpu",
-                dtype=dtype,
-                reference_dtype=reference_dtype,
-                reference_target=reference_target,
+                golden=Side(reference_target or spec, reference or "cpu", reference_dtype),
+                actual=Side(spec, device, dtype),
                 prompts=given,
                 max_new_tokens=max_new_tokens,
                 sample=sample,

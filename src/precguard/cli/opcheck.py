@@ -72,6 +72,7 @@ def op_check(
     from precguard.opcheck.render import plot, render_table
     from precguard.opcheck.sweep import OpPoint
     from precguard.opcheck.sweep import op_check as run_op_check
+    from precguard.target_run import Side
 
     to_stdout = json_out is not None and str(json_out) == "-"
     progress = Progress(
@@ -89,12 +90,14 @@ def op_check(
         def seen(point: OpPoint) -> None:
             progress.update(task, description=f"{point.op or point.module} at {point.seq_len}")
 
+        # a module's sweep runs one side of a target; the built-in ops only need the device
+        side = Side(target, device, dtype) if target else None
         result = run_op_check(
-            device=device,
-            dtype=dtype,
+            side=side,
+            device=None if side else device,
+            dtype=None if side else dtype,
             ops=[o.strip() for o in ops.split(",") if o.strip()] if ops else None,
             seq_lens=seq_lens,
-            target=target,
             module=module,
             tolerance=tolerance,
             on_point=seen,

@@ -44,6 +44,7 @@ def record(
     from rich.progress import Progress
 
     from precguard.runner import record_target
+    from precguard.target_run import Side
 
     if target is None:
         from precguard.errors import UsageError
@@ -66,9 +67,7 @@ def record(
     with Progress(console=console, transient=True, disable=not show_progress()) as bar:
         task = bar.add_task(f"recording {target} on {device}", total=steps)
         path = record_target(
-            target,
-            device=device,
-            dtype=dtype,
+            Side(target, device, dtype),
             out=out,
             steps=steps,
             train=train,

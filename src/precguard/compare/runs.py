@@ -37,8 +37,11 @@ _Result = TypeVar("_Result", bound=BaseModel)
 
 
 @dataclass(frozen=True)
-class Side:
-    """One side of a comparison: the recording compared, and the name the user gave it."""
+class OpenedRecording:
+    """A recording opened to be compared, and the name the user gave it.
+
+    (Not :class:`precguard.Side`, which says what runs where before anything is recorded.)
+    """
 
     run: Run
     name: str
@@ -49,18 +52,18 @@ class Side:
         return self.name != str(self.run.path)
 
 
-def open_side(side: str | os.PathLike[str] | Run) -> Side:
+def open_side(side: str | os.PathLike[str] | Run) -> OpenedRecording:
     """``side`` as a recording: a Run as is, a recording directory loaded, an msprobe dump
     converted into a temporary recording (docs/msprobe.md). The CLI opens with it too.
 
     :raises DumpFormatError: ``side`` is neither a readable recording nor an msprobe dump.
     """
     if isinstance(side, Run):
-        return Side(side, str(side.path))
-    return Side(open_recording(side), str(Path(side)))
+        return OpenedRecording(side, str(side.path))
+    return OpenedRecording(open_recording(side), str(Path(side)))
 
 
-def named(text: str, *sides: Side) -> str:
+def named(text: str, *sides: OpenedRecording) -> str:
     """``text`` with each converted side's temporary path replaced by the dump's name."""
     for side in sides:
         if side.converted:
@@ -68,7 +71,7 @@ def named(text: str, *sides: Side) -> str:
     return text
 
 
-def with_names(result: _Result, golden: Side, actual: Side) -> _Result:
+def with_names(result: _Result, golden: OpenedRecording, actual: OpenedRecording) -> _Result:
     """``result`` (a Comparison or a bitwise one) naming the directories the user gave,
     not a converted dump's temporary copy."""
     if not (golden.converted or actual.converted):

@@ -46,12 +46,13 @@ from precguard.generation.report import (
     GenerationDiff,
     Layerwise,
     PromptResult,
-    Side,
+    SideReport,
     StepPoint,
     Summary,
     TokenDivergence,
 )
 from precguard.target import Target, load_target
+from precguard.target_run import Side, one_side
 
 logger = get_logger(__name__)
 
@@ -63,7 +64,7 @@ ProgressFn = Callable[[str, int, int, int], None]
 class Decoded:
     """One side's decodings of every prompt, with what is needed to judge them."""
 
-    side: Side
+    side: SideReport
     hidden: int | None
     layers: int
     decodings: list[Decoding] = field(default_factory=list)
@@ -86,9 +87,9 @@ class DecodingOptions:
         return gumbel_noise(self.seed, prompt, self.steps, vocab) if self.sample else None
 
 
-def side_info(side: DecodeSide, saved: str | None = None) -> Side:
+def side_info(side: DecodeSide, saved: str | None = None) -> SideReport:
     """The report's description of a built side."""
-    return Side(
+    return SideReport(
         device=side.device,
         dtype=side.dtype,
         compute_dtype=side.compute_dtype,
@@ -275,10 +276,12 @@ def find_cause(results: list[PromptResult], layerwise: Layerwise | None) -> Caus
 
 
 def generate_diff(
-    target: str | Target,
+    target: str | Target | None = None,
     *,
-    device: str,
-    reference: str = "cpu",
+    golden: Side | None = None,
+    actual: Side | None = None,
+    device: str | None = None,
+    reference: str | None = None,
     dtype: str | None = None,
     reference_dtype: str | None = None,
     reference_target: str | Target | None = None,
@@ -296,6 +299,14 @@ def generate_diff(
     verify: bool = False,
 ) -> GenerationDiff:
     """Decode ``prompts`` on ``reference`` (golden) and ``device`` (actual) and compare.
+
+    The two sides are :class:`~precguard.Side` s, the one way to say them:
+    ``generate_diff(golden=Side("tiny-llama"), actual=Side("tiny-llama", "emu:bf16"))``
+    (``golden`` defaults to the actual's target on the CPU). The older keywords build
+    them: ``target``, ``device`` (required then), ``dtype`` and ``prepare`` the actual;
+    ``reference`` (None: ``"cpu"``), ``reference_dtype``, ``reference_target`` and
+    ``prepare_reference`` the golden. A keyword beside the Side it belongs to is a
+    usage error.
 
     :param target: the model (built-in name, ``file.py:fn`` or a Target); an HF causal LM
         or a module whose ``forward(input_ids, cache)`` returns ``(logits, cache)``.
@@ -320,17 +331,55 @@ def generate_diff(
         raise UsageError(f"--temperature must be positive, got {temperature}")
     if top_k < 1:
         raise UsageError(f"--top-k must be at least 1, got {top_k}")
-    actual_target = load_target(target)
-    golden_target = load_target(reference_target) if reference_target is not None else actual_target
+    if actual is not None and target is not None:
+        raise UsageError("generate_diff: target given beside actual=; set it on the Side")
+    actual = one_side(
+        actual if actual is not None else target,
+        "generate_diff",
+        device=device,
+        dtype=dtype,
+        prepare=prepare,
+        default_device=None,
+    )
+    spec = actual.target
+    actual = actual.replace(target=load_target(spec))  # loaded once for both sides
+    if golden is not None and golden.target == spec:
+        golden = golden.replace(target=actual.target)  # the same file target, not run twice
+    if golden is None:
+        golden = Side(
+            load_target(reference_target) if reference_target is not None else actual.target,
+            reference if reference is not None else "cpu",
+            reference_dtype,
+            prepare_reference,
+        )
+    else:
+        given = [
+            name
+            for name, value in (
+                ("reference", reference),
+                ("reference_dtype", reference_dtype),
+                ("reference_target", reference_target),
+                ("prepare_reference", prepare_reference),
+            )
+            if value is not None
+        ]
+        if given:
+            raise UsageError(
+                f"generate_diff: {', '.join(given)} given beside golden=; set them on the Side"
+            )
     opts = DecodingOptions(max_new_tokens, sample, seed, temperature, top_k)
-    golden_side = DecodeSide.build(golden_target, reference, reference_dtype, prepare_reference)
-    actual_side = DecodeSide.build(actual_target, device, dtype, prepare)
+    golden_side = DecodeSide.open(golden)
+    actual_side = DecodeSide.open(actual)
+    actual_target = actual_side.target
     prompt_list = build_prompts(actual_target, None if prompts is None else list(prompts))
     tokenizer = make_tokenizer(actual_target)
-    golden = decode_side(golden_side, prompt_list, opts, on_progress=on_progress)
-    actual = decode_side(actual_side, prompt_list, opts, forced=golden.fed, on_progress=on_progress)
+    golden_run = decode_side(golden_side, prompt_list, opts, on_progress=on_progress)
+    actual_run = decode_side(
+        actual_side, prompt_list, opts, forced=golden_run.fed, on_progress=on_progress
+    )
     results = [
-        judge_prompt(i, p, golden, actual, opts, tokenizer) for i, p in enumerate(prompt_list)
+        judge_prompt(i, p, golden_run, actual_run, opts, tokenizer)
+        for i, p in enumerate(prompt_list)
     ]
     first = first_divergent(results)
     replay = None
@@ -347,7 +396,7 @@ def generate_diff(
             step=first.first_divergence.step,
             keep=keep_recordings,
         )
-    result = assemble(golden.side, actual.side, opts, results, replay)
+    result = assemble(golden_run.side, actual_run.side, opts, results, replay)
     cause = result.cause
     if verify and first is not None and cause is not None and cause.kind == "kv-cache":
         from precguard.generation.cache_remedy import verify_cache_remedy
@@ -356,7 +405,7 @@ def generate_diff(
             golden_side,
             actual_side,
             prompt_list[first.index].ids,
-            golden.fed[first.index],
+            golden_run.fed[first.index],
             where=cause.where,
         )
         result = result.model_copy(update={"remedies": [check]})
@@ -364,8 +413,8 @@ def generate_diff(
 
 
 def assemble(
-    golden: Side,
-    actual: Side,
+    golden: SideReport,
+    actual: SideReport,
     opts: DecodingOptions,
     results: list[PromptResult],
     replay: Layerwise | None,

@@ -28,9 +28,10 @@ from torch import nn
 
 from precguard._logging import get_logger
 from precguard.backend import Backend
-from precguard.devices import build_model, dtype_name, parse_dtype, resolve_backend
+from precguard.devices import dtype_name
 from precguard.errors import TargetError
 from precguard.target import Target, raised
+from precguard.target_run import Side
 
 logger = get_logger(__name__)
 
@@ -59,18 +60,19 @@ class DecodeSide:
         prepare: Callable[[nn.Module], Any] | None = None,
     ) -> DecodeSide:
         """Build ``target``'s model on ``device`` as ``precguard record`` does (seeded)."""
-        backend = resolve_backend(device)
-        torch_dtype = (parse_dtype(dtype) if dtype else None) or backend.model_dtype()
-        torch_dtype = torch_dtype or torch.float32
-        model = build_model(target, backend, torch_dtype)
-        if prepare is not None:
-            prepare(model)
+        return cls.open(Side(target, device, dtype, prepare))
+
+    @classmethod
+    def open(cls, side: Side) -> DecodeSide:
+        """Set ``side`` up (:meth:`Side.open`), build its model (seeded), prepare it, eval."""
+        run = side.open()
+        model = run.prepared(run.build_model())
         model.eval()
-        compute = backend.compute_dtype()
+        compute = run.backend.compute_dtype()
         compute_name = (
-            str(compute).removeprefix("torch.") if compute is not None else dtype_name(torch_dtype)
+            str(compute).removeprefix("torch.") if compute is not None else dtype_name(run.dtype)
         )
-        return cls(device, backend, model, dtype_name(torch_dtype), compute_name, target)
+        return cls(run.device, run.backend, model, dtype_name(run.dtype), compute_name, run.target)
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:

@@ -24,8 +24,8 @@ FlipKind = Literal["near-tie", "divergence"]
 CacheStatus = Literal["pass", "fail", "nonfinite", "missing"]
 
 
-class Side(BaseModel):
-    """One side of the comparison: where and how its model ran."""
+class SideReport(BaseModel):
+    """The report's account of one side: where and how its model ran."""
 
     model_config = _FROZEN
 
@@ -250,8 +250,8 @@ class GenerationDiff(BaseModel):
     model_config = _FROZEN
 
     schema_version: int = Field(default=GENERATION_SCHEMA_VERSION, description="Format version.")
-    golden: Side = Field(description="The reference side.")
-    actual: Side = Field(description="The side under test.")
+    golden: SideReport = Field(description="The reference side.")
+    actual: SideReport = Field(description="The side under test.")
     mode: Literal["greedy", "sample"] = Field(description="Decoding rule.")
     seed: int | None = Field(description="Seed of the shared Gumbel noise when sampling.")
     temperature: float = Field(description="Sampling temperature (1 for greedy).")

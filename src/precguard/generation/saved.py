@@ -34,7 +34,7 @@ from precguard.dump.untrusted import (
 )
 from precguard.errors import DumpFormatError, OutputExistsError
 from precguard.generation.decode import Decoding
-from precguard.generation.report import Side
+from precguard.generation.report import SideReport
 from precguard.text import shown
 
 SAVED_SCHEMA_VERSION = 1
@@ -61,7 +61,7 @@ class SavedRun(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     schema_version: int = Field(default=SAVED_SCHEMA_VERSION, description="Format version.")
-    side: Side = Field(description="Where and how the model ran.")
+    side: SideReport = Field(description="Where and how the model ran.")
     hidden: Count | None = Field(description="Hidden size (the logits' reduction length).")
     layers: Count = Field(description="Number of residual blocks.")
     steps: Count = Field(description="Tokens decoded per prompt.")

@@ -37,6 +37,7 @@ from precguard.generation.prompts import Prompt, build_prompts, make_tokenizer
 from precguard.generation.report import GenerationDiff
 from precguard.generation.saved import SavedPrompt, SavedRun, load_run, save_run
 from precguard.target import Target, load_target
+from precguard.target_run import Side, one_side
 
 #: where a saved run keeps its replay recording of the first real divergence
 REPLAY_DIR = "layerwise"
@@ -63,9 +64,9 @@ def _options(meta: SavedRun, top_k: int = 5) -> DecodingOptions:
 
 
 def generate_run(
-    target: str | Target,
+    target: str | Target | Side,
     *,
-    device: str,
+    device: str | None = None,
     out: str | os.PathLike[str],
     dtype: str | None = None,
     prompts: Sequence[str | list[int]] | None = None,
@@ -81,12 +82,17 @@ def generate_run(
 
     With ``against`` (a saved golden run) the prompts and decoding options are the
     golden's, every step is fed the golden's tokens, and the first real divergence
-    is replayed under ``monitor`` into ``out/layerwise``.
+    is replayed under ``monitor`` into ``out/layerwise``. ``target`` is a
+    :class:`~precguard.Side` (the one way), or a target spec with ``device`` (then
+    required), ``dtype`` and ``prepare`` as keywords.
     """
+    one = one_side(
+        target, "generate_run", device=device, dtype=dtype, prepare=prepare, default_device=None
+    )
     out_path = Path(out)
     if out_path.exists() and (not out_path.is_dir() or any(out_path.iterdir())):
         raise OutputExistsError(f"--save-run {out_path}: exists and is not empty")
-    target_obj = load_target(target)
+    target_obj = load_target(one.target)
     golden = None
     if against is not None:
         g_meta, g_dec = load_run(against)
@@ -104,7 +110,7 @@ def generate_run(
         prompt_list = build_prompts(target_obj, None if prompts is None else list(prompts))
         opts = DecodingOptions(max_new_tokens, sample, seed, temperature)
         forced = None
-    side = DecodeSide.build(target_obj, device, dtype, prepare)
+    side = DecodeSide.open(one.replace(target=target_obj))
     decoded = decode_side(side, prompt_list, opts, forced=forced, on_progress=on_progress)
     meta = SavedRun(
         side=decoded.side,

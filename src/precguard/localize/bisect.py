@@ -63,7 +63,7 @@ from precguard.numerics import (
 )
 from precguard.oracle import map_tensors_keeping_types
 from precguard.target import Target, call_model
-from precguard.target_run import TargetRun
+from precguard.target_run import Side, one_side
 
 logger = get_logger(__name__)
 
@@ -578,9 +578,9 @@ class Bisector:
 
 
 def bisect(
-    target: str | Target,
+    target: str | Target | Side,
     *,
-    device: str,
+    device: str | None = None,
     reference: str = "cpu",
     dtype: str | torch.dtype | None = None,
     reference_dtype: str | torch.dtype = "float32",
@@ -591,6 +591,11 @@ def bisect(
     prepare: Callable[[nn.Module], Any] | None = None,
 ) -> BisectResult:
     """Bisect the modules of ``target`` that make its output on ``device`` differ.
+
+    ``target`` is a :class:`~precguard.Side` (the one way: ``bisect(Side("tiny-llama",
+    "emu:bf16"))``), or a target spec with the side's ``device`` (then required),
+    ``dtype`` and ``prepare`` as keywords. The reference is the same model on
+    ``reference`` in ``reference_dtype``.
 
     The model is built once from the target's seed; one copy runs on
     ``reference`` in ``reference_dtype``, the other on ``device`` in ``dtype``
@@ -610,7 +615,10 @@ def bisect(
         )
     if threshold is not None and not (threshold >= 0 and math.isfinite(threshold)):
         raise UsageError(f"--threshold must be a finite number >= 0, got {threshold}")
-    run = TargetRun.open(target, device, dtype)
+    side = one_side(
+        target, "bisect", device=device, dtype=dtype, prepare=prepare, default_device=None
+    )
+    run = side.open()
     target_obj, backend, model_dtype = run.target, run.backend, run.dtype
     ref_backend = resolve_backend(reference)
     ref_dtype = parse_dtype(reference_dtype)
@@ -621,9 +629,7 @@ def bisect(
     # computes in and what the model is stored in
     storage = max(compute, model_dtype, key=precision_eps)
 
-    built = run.construct()
-    if prepare is not None:
-        prepare(built)
+    built = run.prepared(run.construct())  # before the copy: both sides carry it
     built.eval()
     reference_model = copy.deepcopy(built).to(device=ref_backend.torch_device(), dtype=ref_dtype)
     model = built.to(device=backend.torch_device(), dtype=model_dtype)
@@ -731,7 +737,7 @@ def bisect(
     logger.info("bisect_done", culprits=culprits, probes=len(probes))
     return BisectResult(
         target=target_obj.name,
-        device=device,
+        device=side.device,
         dtype=_name(model_dtype),
         reference=reference,
         reference_dtype=_name(ref_dtype),

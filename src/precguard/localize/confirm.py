@@ -36,9 +36,11 @@ def replay_suspects(result: Comparison, *, target: str, top: int = 3) -> Compari
     [('model.layers.1.mlp.down_proj', 'diverged', 0.00099)]
     """
     from precguard.localize.replay import replay_module
+    from precguard.target_run import Side
 
     device = result.devices[1] if len(result.devices) > 1 else "cpu"
     dtype = result.dtypes[1] if len(result.dtypes) > 1 else None
+    actual = Side(target, device, dtype) if target else None  # rebuilt from ``target``
     # a named fixed profile judges the replays too; the default judges each by the error
     # a correct module explains at the replay's precision
     profile = result.profile if result.profile in PROFILES and result.profile != "default" else None
@@ -65,9 +67,7 @@ def replay_suspects(result: Comparison, *, target: str, top: int = 3) -> Compari
             replay = replay_module(
                 result.golden,
                 spot.module,
-                target=target,
-                device=device,
-                dtype=dtype,
+                target=actual,
                 call=spot.call,
                 step=spot.step,
                 rank=spot.rank,

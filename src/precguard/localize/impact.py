@@ -58,7 +58,7 @@ from precguard.localize.bisect import (
 from precguard.numerics import FLOOR_SLACK, HELP_SHARE
 from precguard.opcheck.sweep import OpCheckResult
 from precguard.target import Target, call_model
-from precguard.target_run import TargetRun
+from precguard.target_run import Side, TargetRun, one_side
 
 logger = get_logger(__name__)
 
@@ -93,9 +93,9 @@ class ActualSide:
         self.reference = reference
         self.reference_dtype = reference_dtype
         self.step = step
-        built = run.construct()
         if prepare is not None:
-            prepare(built)
+            run.prepare = prepare
+        built = run.prepared(run.construct())  # before the copy: both models carry it
         built.eval()
         #: the built model in float32 on the CPU, before any cast: buffers as constructed
         self.constructed = copy.deepcopy(built)
@@ -121,19 +121,26 @@ class ActualSide:
     @classmethod
     def open(
         cls,
-        target: str | Target,
+        target: str | Target | Side,
         *,
-        device: str,
+        device: str | None = None,
         dtype: str | torch.dtype | None = None,
         reference: str = "cpu",
         reference_dtype: str | torch.dtype = "float32",
         step: int = 0,
         prepare: Callable[[nn.Module], Any] | None = None,
     ) -> ActualSide:
-        """Build ``target`` for ``device`` (``dtype``: as ``record`` would) and ``reference``."""
-        run = TargetRun.open(target, device, dtype)
+        """Build ``target`` for ``device`` (``dtype``: as ``record`` would) and ``reference``.
+
+        ``target`` may be a :class:`~precguard.Side` (then ``device``, ``dtype`` and
+        ``prepare`` are its own); else ``device`` is required.
+        """
+        side = one_side(
+            target, "impact", device=device, dtype=dtype, prepare=prepare, default_device=None
+        )
+        run = side.open()
         ref_dtype = parse_dtype(reference_dtype) or torch.float32
-        return cls(run, resolve_backend(reference), ref_dtype, step=step, prepare=prepare)
+        return cls(run, resolve_backend(reference), ref_dtype, step=step)
 
     # -- forwards ------------------------------------------------------------------------------
 
@@ -420,7 +427,7 @@ def recordings_only(result: Comparison, *, reason: str) -> ErrorBudget:
 
 def comparison_side(
     result: Comparison,
-    target: str | Target,
+    target: str | Target | Side,
     *,
     device: str | None = None,
     dtype: str | None = None,
@@ -440,6 +447,11 @@ def comparison_side(
         golden_device = "cpu"
     if step is None:
         step = result.first_divergence.step if result.first_divergence is not None else 0
+    if isinstance(target, Side):  # the user said the actual side: it overrides the result's
+        side = one_side(target, "impact", device=device, dtype=dtype, prepare=prepare)
+        return ActualSide.open(
+            side, reference=golden_device, reference_dtype=golden_dtype, step=step
+        )
     return ActualSide.open(
         target,
         device=actual_device,
@@ -453,7 +465,7 @@ def comparison_side(
 
 def comparison_impact(
     result: Comparison,
-    target: str | Target | None,
+    target: str | Target | Side | None,
     *,
     device: str | None = None,
     dtype: str | None = None,
@@ -477,7 +489,9 @@ def comparison_impact(
     if not findings:
         return ErrorBudget(
             measured="target",
-            target=str(target) if target is not None else None,
+            target=str(target.target if isinstance(target, Side) else target)
+            if target is not None
+            else None,
             note="no local forward finding to measure" + (f"; {note}" if note else ""),
         )
     if side is None:

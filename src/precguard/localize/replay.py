@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,6 +37,9 @@ from precguard.dump.tensors import TensorStore
 from precguard.errors import DumpFormatError, PrecguardError, UsageError
 from precguard.numerics import REPLAY_MARGIN, expected_error, measure, reduction_length, status
 from precguard.text import shown
+
+if TYPE_CHECKING:
+    from precguard.target_run import Side
 
 logger = get_logger(__name__)
 
@@ -92,8 +95,8 @@ def replay_module(
     golden: str | os.PathLike[str],
     module: str,
     *,
-    target: str | None = None,
-    device: str = "cpu",
+    target: str | Side | None = None,
+    device: str | None = None,
     dtype: str | None = None,
     call: int = 0,
     step: int = 0,
@@ -102,9 +105,11 @@ def replay_module(
 ) -> ReplayResult:
     """Run ``module`` of ``target`` alone on ``device`` with the golden's inputs.
 
-    ``target`` is required: the golden's manifest names the target it was
-    recorded from, but a recording is untrusted input and never chooses the
-    code that runs (the name is only suggested in the error).
+    ``target`` is a :class:`~precguard.Side` (the one way: ``replay_module(golden, name,
+    target=Side("tiny-llama", "npu"))``) or a target spec with ``device`` (None:
+    ``"cpu"``) and ``dtype`` as keywords. It is required: the golden's manifest
+    names the target it was recorded from, but a recording is untrusted input and
+    never chooses the code that runs (the name is only suggested in the error).
 
     The golden must hold full tensors of the module's inputs and outputs
     (recorded with ``tensors=["NAME"]`` or ``tensors=True``); a missing tensor
@@ -119,7 +124,7 @@ def replay_module(
     >>> r.verdict, r.local_error                                           # doctest: +SKIP
     ('diverged', 0.0031)
     """
-    from precguard.target_run import TargetRun
+    from precguard.target_run import one_side
 
     run = load_run(golden)
     prof = get_profile(profile or "default")
@@ -143,11 +148,12 @@ def replay_module(
         )
     if not target:
         raise UsageError(missing_target_message(run))
-    target_spec = target
+    side = one_side(target, "replay_module", device=device, dtype=dtype)
+    target_spec = side.target if isinstance(side.target, str) else side.target.name
     # dtype None: what `record` uses on the device (its model dtype), not float32
-    setup = TargetRun.open(target_spec, device, dtype)
+    setup = side.open()
     torch_dtype, backend = setup.dtype, setup.backend
-    model = setup.build_model()
+    model = setup.prepared(setup.build_model())
     model.eval()
     try:
         sub = model if module == "root" else model.get_submodule(module)
@@ -179,7 +185,7 @@ def replay_module(
         golden=str(run.path),
         module=module,
         module_type=records[0].module_type,
-        device=device,
+        device=side.device,
         dtype=str(torch_dtype).removeprefix("torch."),
         step=step,
         call=call,

@@ -37,7 +37,7 @@ from precguard.opcheck.measure import (
 )
 from precguard.oracle import map_tensors_keeping_types, run_in_fp64
 from precguard.target import Target, call_model, raised
-from precguard.target_run import TargetRun, model_dtype
+from precguard.target_run import Side, TargetRun, model_dtype, one_side
 
 logger = get_logger(__name__)
 
@@ -196,7 +196,8 @@ def builtin_point(bench: _Bench, spec: OpSpec, n: int, seed: int = 0) -> OpPoint
 
 def op_check(
     *,
-    device: str,
+    side: Side | None = None,
+    device: str | None = None,
     dtype: str | torch.dtype | None = None,
     ops: Sequence[str] | None = None,
     seq_lens: Sequence[int] | str | None = None,
@@ -212,7 +213,20 @@ def op_check(
     :data:`DEFAULT_SEQ_LENS`). With ``target`` and ``module``: that module,
     see :func:`module_points`. ``tolerance`` bounds ``max_rel_err``
     (default :func:`default_tolerance`; rotary ones get the angle allowance).
+
+    A module's sweep may say its side as a :class:`~precguard.Side` (the one way:
+    ``op_check(side=Side("tiny-llama", "emu:bf16"), module="model.norm")``; its
+    ``prepare`` alters the model the module is taken from) instead of ``target``,
+    ``device`` and ``dtype``; the built-in ops need only ``device`` (required then).
     """
+    prepare = None
+    if side is not None:
+        side = one_side(side, "op_check", device=device, dtype=dtype)
+        if target is not None:
+            raise UsageError("op_check: target given beside side=; set it on the Side")
+        target, device, dtype, prepare = side.target, side.device, side.dtype, side.prepare
+    if device is None:
+        raise UsageError("op_check: no device given (pass side= or device=)")
     lens = parse_seq_lens(seq_lens)
     if tolerance is not None and not (tolerance > 0 and math.isfinite(tolerance)):
         raise UsageError(f"--tolerance must be a positive number, got {tolerance}")
@@ -248,7 +262,7 @@ def op_check(
                 add(builtin_point(bench, BUILTIN_OPS[name], n))
     else:
         assert target is not None
-        lens = module_points(bench, target, module, lens, add, notes)
+        lens = module_points(bench, target, module, lens, add, notes, prepare=prepare)
     return bench.result(lens, points, notes)
 
 
@@ -340,6 +354,8 @@ def module_points(
     seq_lens: list[int] | None,
     add: Callable[[OpPoint], None],
     notes: list[str] | None = None,
+    *,
+    prepare: Callable[[nn.Module], Any] | None = None,
 ) -> list[int]:
     """Sweep module ``name`` of ``target``'s model; returns the lengths swept.
 
@@ -359,8 +375,9 @@ def module_points(
     built-in lengths up to the model's maximum).
     """
     run = TargetRun.on(target, bench.device, bench.backend, bench.dtype)
+    run.prepare = prepare
     target_obj = run.target
-    model = run.construct().to("cpu", torch.float32).eval()
+    model = run.prepared(run.construct()).to("cpu", torch.float32).eval()
     try:
         mod = model.get_submodule(name)
     except AttributeError:
