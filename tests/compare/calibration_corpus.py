@@ -176,7 +176,7 @@ MODELS: dict[str, Callable[[], precguard.Target | str | None]] = {
     "parallel": _parallel,
     **{
         f"parallel-{bug}": functools.partial(_parallel, bug)
-        for bug in ("qk_fp16", "norm_low_precision")
+        for bug in ("qk_fp16", "norm_low_precision", "loss_low_precision")
     },
 }
 
@@ -496,6 +496,18 @@ def _faults() -> list[Pair]:
                     golden_model="parallel",
                 )
             )
+        # the loss on bf16 logits: where users meet it, a bf16 run whose float32 ops stay
+        # float32 (on emu:bf16 every op rounds to bf16 and the bug is its twin: docs/targets.md)
+        pairs.append(
+            Pair(
+                f"parallel emu:bf16-mixed{how} cross-entropy on bf16 logits (the classic bug)",
+                "parallel-loss_low_precision",
+                Recipe("emu:bf16-mixed", tensors=tensors),
+                expect=("loss_fn",),
+                kind="parallel-loss_low_precision",
+                golden_model="parallel",
+            )
+        )
     return pairs
 
 

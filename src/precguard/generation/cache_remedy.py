@@ -34,7 +34,7 @@ from precguard._logging import get_logger
 from precguard.capture.hooks import on_ops
 from precguard.compare.impact_report import RemedyCheck
 from precguard.generation.decode import DecodeSide, StepFn, decode
-from precguard.localize.impact import FLOOR_SLACK, judge_remedy, relative_error
+from precguard.localize.impact import relative_error, remedy_check
 
 logger = get_logger(__name__)
 
@@ -147,22 +147,14 @@ def verify_cache_remedy(
         decode(side, prompt, steps, forced=forced, cache_free=False).scores, expected
     )
     note = "the decoding's logits over every step, the golden's tokens fed to both sides"
+    check = remedy_check("cache-model-dtype", summary, before, after, floor, note)
     if not any(kept):
-        note = (
-            "no cache tensor was a cast to another dtype (an HF Cache object, or a cache "
-            "stored in the model's dtype already): nothing to keep"
+        check = check.model_copy(
+            update={
+                "note": "no cache tensor was a cast to another dtype (an HF Cache object, or a "
+                "cache stored in the model's dtype already): nothing to keep"
+            }
         )
-    elif floor is not None and before <= FLOOR_SLACK * floor:
-        note = "the output error is within the floor of a correct run already"
-    check = RemedyCheck(
-        remedy="cache-model-dtype",
-        summary=summary,
-        before=before,
-        after=after,
-        floor=floor,
-        verdict=judge_remedy(before, after, floor),
-        note=note,
-    )
     logger.info("cache_remedy_verified", verdict=check.verdict, restored=sum(kept))
     return check
 

@@ -42,7 +42,7 @@ from torch import nn
 
 from precguard._logging import get_logger
 from precguard.backend import Backend
-from precguard.compare.impact_report import ErrorBudget, Impact, RemedyVerdict
+from precguard.compare.impact_report import ErrorBudget, Impact, RemedyCheck, RemedyVerdict
 from precguard.compare.metrics import tensor_metrics
 from precguard.compare.report import Comparison
 from precguard.compare.tolerance import get_profile
@@ -257,6 +257,32 @@ def judge_remedy(before: float, after: float, floor: float | None) -> RemedyVerd
     if excess <= 0 or before - after < HELP_SHARE * excess:
         return "did not help"
     return "helped partly"
+
+
+WITHIN_FLOOR_NOTE = "the output error is within the floor of a correct run already"
+
+
+def remedy_check(
+    remedy: str,
+    summary: str,
+    before: float,
+    after: float,
+    floor: float | None,
+    note: str = "",
+) -> RemedyCheck:
+    """A remedy re-run and judged (:func:`judge_remedy`): ``before`` -> ``after`` against
+    ``floor``; an error within the floor already says so in the note instead of ``note``."""
+    if floor is not None and before <= FLOOR_SLACK * floor:
+        note = WITHIN_FLOOR_NOTE
+    return RemedyCheck(
+        remedy=remedy,
+        summary=summary,
+        before=before,
+        after=after,
+        floor=floor,
+        verdict=judge_remedy(before, after, floor),
+        note=note,
+    )
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -48,6 +48,7 @@ from precguard.localize.bisect import _outside_device as bisect_outside_device
 from precguard.localize.impact import (
     FLOOR_SLACK,
     HELP_SHARE,
+    WITHIN_FLOOR_NOTE,
     ActualSide,
     comparison_findings,
     comparison_impact,
@@ -56,6 +57,7 @@ from precguard.localize.impact import (
     judge_remedy,
     opcheck_findings,
     relative_error,
+    remedy_check,
 )
 from precguard.opcheck.sweep import OpCheckResult
 from precguard.oracle import map_tensors_keeping_types
@@ -130,17 +132,7 @@ def module_remedies(
 
     def result(remedy: str, summary: str, after: float, note: str = "") -> RemedyCheck:
         assert before is not None
-        if floor is not None and before <= FLOOR_SLACK * floor:
-            note = "the output error is within the floor of a correct run already"
-        return RemedyCheck(
-            remedy=remedy,
-            summary=summary,
-            before=before,
-            after=after,
-            floor=floor,
-            verdict=judge_remedy(before, after, floor),
-            note=note,
-        )
+        return remedy_check(remedy, summary, before, after, floor, note)
 
     if impact.after is not None:
         checks.append(result("reference-precision", f"{name} at reference precision", impact.after))
@@ -197,10 +189,11 @@ def switch_remedies(side: ActualSide, floor: float | None) -> list[RemedyCheck]:
         except PrecguardError as exc:
             checks.append(_not_run(f"switch:{switch.name}", summary, before, floor, str(exc)))
             continue
+        where = f": run on {switch.instead}" if switch.instead else ""
         checks.append(
             RemedyCheck(
                 remedy=f"switch:{switch.name}",
-                summary=summary + (f": run on {switch.instead}" if switch.instead else ""),
+                summary=summary + where,
                 before=before,
                 after=after,
                 floor=floor,
@@ -339,17 +332,12 @@ def loss_module_remedy(side: ActualSide, name: str, float32_twin: nn.Module) -> 
     except PrecguardError as exc:
         return _not_run("float32-loss", summary, None, None, str(exc))
     note = "the loss's relative error on the device's own logits (the logits do not show it)"
-    if before <= FLOOR_SLACK * floor:
-        note = "the loss's error is within the floor of a correct run already"
-    return RemedyCheck(
-        remedy="float32-loss",
-        summary=summary,
-        before=before,
-        after=after,
-        floor=floor,
-        verdict=judge_remedy(before, after, floor),
-        note=note,
-    )
+    check = remedy_check("float32-loss", summary, before, after, floor, note)
+    if check.note == WITHIN_FLOOR_NOTE:
+        check = check.model_copy(
+            update={"note": "the loss's error is within the floor of a correct run already"}
+        )
+    return check
 
 
 def loss_remedy(side: ActualSide) -> RemedyCheck:
@@ -376,14 +364,13 @@ def loss_remedy(side: ActualSide) -> RemedyCheck:
         side.run.call("the loss", lambda: loss(upcast, side.device_batch)).detach().to("cpu"),
         expected.to("cpu"),
     )
-    return RemedyCheck(
-        remedy="float32-loss",
-        summary=summary,
-        before=before,
-        after=after,
-        floor=after,
-        verdict=judge_remedy(before, after, after),
-        note="the loss's relative error; a correct run computes it on float32 logits",
+    return remedy_check(
+        "float32-loss",
+        summary,
+        before,
+        after,
+        after,
+        "the loss's relative error; a correct run computes it on float32 logits",
     )
 
 
