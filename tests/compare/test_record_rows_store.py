@@ -9,9 +9,14 @@ another store read back as they were.
 
 from __future__ import annotations
 
+import io
 import math
+from pathlib import Path
 
-from precguard.compare.report import Metrics, RecordResult, RecordRows
+import precguard
+from precguard.compare.report import Metrics, RecordResult, RecordRows, write_comparison_json
+
+from .conftest import FAULTS, record
 
 _NOTE = "statistics only: " + "the tensors were not recorded; " * 16
 
@@ -68,3 +73,23 @@ def test_stores_share_nothing() -> None:
     kept = RecordRows([_result(0, note="kept")])
     RecordRows([_result(i, note=f"note {i}") for i in range(5000)])
     assert kept[0].metrics is not None and kept[0].metrics.note == "kept"
+
+
+def test_json_of_a_full_tensor_comparison_is_that_of_its_models(
+    tiny_golden: Path, tmp_path: Path
+) -> None:
+    """--json of a full-tensor case (an fp16 norm planted) is what a list of models writes.
+
+    The JSON compare wrote before the store changed was checked equal byte for
+    byte by hand (this case and a statistics-only one; too large to keep here):
+    the models are unchanged, so this comparison holds it from now on.
+    """
+    fault = next(f for f in FAULTS if f.name == "rmsnorm-fp16-first-layer")
+    result = precguard.compare_runs(tiny_golden, record(tmp_path / "actual", fault=fault))
+    assert result.verdict == "diverged" and result.first_divergence is not None
+    out = io.StringIO()
+    write_comparison_json(result, out)
+    as_list = result.model_copy(update={"records": list(result.records)})
+    assert out.getvalue() == as_list.model_dump_json(indent=2)
+    levels = {r.metrics.level for r in result.records if r.metrics is not None}
+    assert "full" in levels
