@@ -7,8 +7,9 @@ divergence, the ``suspects`` after it, the ``profile`` used, counts, and
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Literal, TextIO, overload
+from typing import Any, Generic, Literal, TextIO, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler
 from pydantic_core import CoreSchema, core_schema, from_json, to_json
@@ -25,9 +26,7 @@ _FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
 Status = Literal["pass", "fail", "missing", "nonfinite"]
 Verdict = Literal["match", "diverged"]
 Level = Literal["full", "stats", "exact", "none"]
-
-#: stands for "no default" where a field is required (no value is it)
-_REQUIRED = object()
+T = TypeVar("T")
 
 
 class Metrics(BaseModel):
@@ -279,28 +278,37 @@ class RecordRows(Sequence[RecordResult]):
 
     A :class:`RecordResult` model costs about 3 KB of memory (two pydantic
     models with a field dict and a field set each, a dozen small objects);
-    a comparison of millions of records cannot keep one per pair. A row is the
-    JSON array of the result's values in field order, its metrics as a bit
-    mask of the fields that differ from their defaults followed by those
-    values (floats written shortest-exact, NaN and Infinity as JSON's
-    extensions; a key spelled from its fields and a repeated note left out),
-    and the model is rebuilt when it is read (a few microseconds). So
-    ``comparison.records`` reads as before, a sequence of RecordResult, and the
-    written JSON is the same. Reading a row twice gives
-    two equal, separate models: change one with ``model_copy`` and keep the copy.
+    a comparison of millions of records cannot keep one per pair. A row is what
+    pydantic dumps of the result, fields at their defaults left out
+    (``model_dump(mode="json", exclude_defaults=True)``: NaN and Infinity as the
+    strings the model config writes), as the JSON array of its values (floats
+    shortest-exact); the model is rebuilt when it is read (``model_validate``,
+    a few microseconds). What repeats from row to row is kept once per store
+    and numbered: the names of the fields a row has (a handful of sets per
+    comparison; in each row they would double its size) and the metrics' note
+    (the statistics-only one is on every such pair); a key spelled from its
+    fields is rebuilt from them. So ``comparison.records`` reads as before, a
+    sequence of RecordResult, and the written JSON is the same. Reading a row
+    twice gives two equal, separate models: change one with ``model_copy`` and
+    keep the copy.
 
     >>> rows = RecordRows(results)                     # doctest: +SKIP
     >>> rows[0].status, len(rows)                      # doctest: +SKIP
     ('pass', 2)
     """
 
-    __slots__ = ("_levels", "_rows", "_statuses")
+    __slots__ = ("_levels", "_names", "_notes", "_row_names", "_row_notes", "_rows", "_statuses")
 
     def __init__(self, results: Iterable[RecordResult] = ()) -> None:
         self._rows: list[bytes] = []
         #: one byte per row each, so counting and filtering read no row
         self._statuses = bytearray()
         self._levels = bytearray()
+        #: per row, the number of its field names (result's, metrics') and of its note
+        self._row_names = array("I")
+        self._row_notes = array("I")
+        self._names: _Numbered[tuple[tuple[str, ...], tuple[str, ...] | None]] = _Numbered()
+        self._notes: _Numbered[str | None] = _Numbered()
         self.extend(results)
 
     def append(self, result: RecordResult) -> None:
@@ -313,11 +321,43 @@ class RecordRows(Sequence[RecordResult]):
             self._rows.extend(results._rows)
             self._statuses += results._statuses
             self._levels += results._levels
+            self._row_names.extend(self._names.renumber(results._names, results._row_names))
+            self._row_notes.extend(self._notes.renumber(results._notes, results._row_notes))
             return
         for r in results:
-            self._rows.append(_encode(r))
+            fields = r.model_dump(
+                mode="json",
+                exclude=_NO_KEY_NOR_NOTE if r.key == _key_of(r.__dict__) else _NO_NOTE,
+                exclude_defaults=True,
+            )
+            metrics = fields.pop("metrics", None)
+            values = list(fields.values())
+            if metrics is not None:
+                values.extend(metrics.values())
+            self._rows.append(to_json(values))
             self._statuses.append(_STATUS_CODES[r.status])
             self._levels.append(_level_code(r))
+            self._row_names.append(
+                self._names.number((tuple(fields), None if metrics is None else tuple(metrics)))
+            )
+            self._row_notes.append(
+                self._notes.number(None if r.metrics is None else r.metrics.note)
+            )
+
+    def _read(self, i: int) -> RecordResult:
+        """The RecordResult of row ``i``."""
+        names, metrics_names = self._names.values[self._row_names[i]]
+        values = from_json(self._rows[i])
+        fields = dict(zip(names, values, strict=False))
+        if metrics_names is not None:
+            metrics = dict(zip(metrics_names, values[len(names) :], strict=True))
+            note = self._notes.values[self._row_notes[i]]
+            if note is not None:
+                metrics["note"] = note
+            fields["metrics"] = metrics
+        if "key" not in fields:
+            fields["key"] = _key_of(fields)
+        return RecordResult.model_validate(fields)
 
     def counts(self) -> Counts:
         """How many rows ended in each status, and at which level the pairs were compared."""
@@ -326,9 +366,9 @@ class RecordRows(Sequence[RecordResult]):
     def having(self, statuses: Iterable[Status]) -> Iterator[RecordResult]:
         """The results whose status is one of ``statuses``, in order (no other row is read)."""
         wanted = {_STATUS_CODES[s] for s in statuses}
-        for row, code in zip(self._rows, self._statuses, strict=True):
+        for i, code in enumerate(self._statuses):
             if code in wanted:
-                yield _decode(row)
+                yield self._read(i)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -341,28 +381,36 @@ class RecordRows(Sequence[RecordResult]):
 
     def __getitem__(self, index: int | slice) -> RecordResult | list[RecordResult]:
         if isinstance(index, slice):
-            return [_decode(b) for b in self._rows[index]]
-        return _decode(self._rows[index])
+            return [self._read(i) for i in range(len(self._rows))[index]]
+        return self._read(range(len(self._rows))[index])  # IndexError and negatives as a list
 
     def __iter__(self) -> Iterator[RecordResult]:
-        for row in self._rows:
-            yield _decode(row)
+        for i in range(len(self._rows)):
+            yield self._read(i)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, RecordRows):
-            return self._rows == other._rows
+            # the stored forms, not the models: NaN reads back unequal to itself
+            return self._rows == other._rows and self._kept_apart() == other._kept_apart()
         if isinstance(other, Sequence) and not isinstance(other, str | bytes):
             return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]  # mutable, like a list
 
+    def _kept_apart(self) -> list[tuple[Any, str | None]]:
+        """Per row, its field names and note (kept numbered, apart from the row)."""
+        names, notes = self._names.values, self._notes.values
+        return [(names[a], notes[b]) for a, b in zip(self._row_names, self._row_notes, strict=True)]
+
     def __repr__(self) -> str:
         return f"RecordRows({len(self)} records)"
 
     def nbytes(self) -> int:
-        """Bytes the rows' JSON takes (without the list and object headers)."""
-        return sum(map(len, self._rows))
+        """Bytes the rows' JSON and their numbers take (without the list and object headers;
+        the names and notes kept once are a few kilobytes per store)."""
+        numbers = self._row_names.itemsize * (len(self._row_names) + len(self._row_notes))
+        return sum(map(len, self._rows)) + numbers
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
@@ -399,36 +447,6 @@ def _keep_rows(value: Any, validate: core_schema.ValidatorFunctionWrapHandler) -
     return value if isinstance(value, RecordRows) else validate(value)
 
 
-#: a row's fields: RecordResult's in order, then its metrics (mask and values)
-_BASE_FIELDS = tuple(name for name in RecordResult.model_fields if name != "metrics")
-_METRICS_FIELDS = tuple(Metrics.model_fields)
-#: per Metrics field: its default, or a marker no value equals (a required field)
-_METRICS_DEFAULTS = tuple(
-    _REQUIRED if info.is_required() else info.get_default()
-    for info in Metrics.model_fields.values()
-)
-
-
-_KEY = _BASE_FIELDS.index("key")
-#: notes repeat (the statistics-only one is on every such pair): each text kept once, by
-#: number, up to this many texts (more are kept in their rows)
-_MAX_NOTES = 4096
-_NOTE_CODES: dict[str, int] = {}
-_NOTES: list[str] = []
-
-
-def _note_code(note: str) -> int | str:
-    """The number of ``note`` in the shared list of notes (the text itself once it is full)."""
-    code = _NOTE_CODES.get(note)
-    if code is None:
-        if len(_NOTES) >= _MAX_NOTES:
-            return note
-        code = _NOTE_CODES.setdefault(note, len(_NOTES))
-        if code == len(_NOTES):
-            _NOTES.append(note)
-    return code
-
-
 def _key_of(fields: dict[str, Any]) -> str:
     """The key a record of these fields has when it follows the usual spelling."""
     return (
@@ -436,51 +454,32 @@ def _key_of(fields: dict[str, Any]) -> str:
     )
 
 
-def _encode(result: RecordResult) -> bytes:
-    """The compact row of ``result`` (see :class:`RecordRows`).
-
-    A key spelled from its fields is kept as 0 and a note by its number in the
-    shared list: both are rebuilt when the row is read.
-    """
-    values = result.__dict__
-    row = [values[name] for name in _BASE_FIELDS]
-    if row[_KEY] == _key_of(values):
-        row[_KEY] = 0
-    metrics = values["metrics"]
-    if metrics is None:
-        row.append(None)
-    else:
-        mask = 0
-        kept = []
-        measured = metrics.__dict__
-        for bit, (name, default) in enumerate(zip(_METRICS_FIELDS, _METRICS_DEFAULTS, strict=True)):
-            value = measured[name]
-            if value is not default and value != default:
-                mask |= 1 << bit
-                kept.append(_note_code(value) if name == "note" else value)
-        row.append(mask)
-        row.extend(kept)
-    return to_json(row, inf_nan_mode="constants")
+#: what a row leaves out: the key when it is spelled from the fields, the note always
+_NO_KEY_NOR_NOTE: dict[str, Any] = {"key": True, "metrics": {"note"}}
+_NO_NOTE: dict[str, Any] = {"metrics": {"note"}}
 
 
-def _decode(row: bytes) -> RecordResult:
-    """The RecordResult a row holds."""
-    values = from_json(row, allow_inf_nan=True)
-    n = len(_BASE_FIELDS)
-    fields: dict[str, Any] = dict(zip(_BASE_FIELDS, values[:n], strict=True))
-    if fields["key"] == 0:
-        fields["key"] = _key_of(fields)
-    mask = values[n]
-    if mask is None:
-        fields["metrics"] = None
-    else:
-        kept = iter(values[n + 1 :])
-        measured = {name: next(kept) for bit, name in enumerate(_METRICS_FIELDS) if mask >> bit & 1}
-        note = measured.get("note")
-        if isinstance(note, int):
-            measured["note"] = _NOTES[note]
-        fields["metrics"] = measured
-    return RecordResult.model_validate(fields)
+class _Numbered(Generic[T]):
+    """Distinct values, each kept once and known by its number (a store's own, not shared)."""
+
+    __slots__ = ("_numbers", "values")
+
+    def __init__(self) -> None:
+        self.values: list[T] = []
+        self._numbers: dict[T, int] = {}
+
+    def number(self, value: T) -> int:
+        """The number of ``value`` (added when new)."""
+        number = self._numbers.get(value)
+        if number is None:
+            number = self._numbers[value] = len(self.values)
+            self.values.append(value)
+        return number
+
+    def renumber(self, other: _Numbered[T], numbers: Iterable[int]) -> list[int]:
+        """``numbers`` of ``other``'s values, as numbers of these."""
+        mine = [self.number(value) for value in other.values]
+        return [mine[n] for n in numbers]
 
 
 class FirstDivergence(RecordIdentity):
