@@ -392,10 +392,17 @@ def _local_reason(
     inputs_bad = any(r.status in _BAD for r in call.consumed)
     where = _concentration(first)
     if not inputs_bad and amp >= MIN_LOCAL_GROWTH:
+        verb = "do not" if what.endswith("computed") else "does not"
+        m = first.metrics
+        scaled = (
+            f", scaled by {m.scale:.4g} ± {m.scale_se:.1g}"
+            if m is not None and m.bias and m.scale is not None and m.scale_se is not None
+            else ""
+        )
         return (
             f"{call.module} ({call.module_type}): its {ins} match (error {_fmt(in_err)}) but "
-            f"{what} does not: error {_fmt(out_err)}{where} where {dtype} precision and the "
-            f"{ins}' error explain {_fmt(expected)} ({_fmt(amp)}x)"
+            f"{what} {verb}: error {_fmt(out_err)}{scaled}{where} where {dtype} precision and "
+            f"the {ins}' error explain {_fmt(expected)} ({_fmt(amp)}x)"
         )
     if amp >= profile.amplification:
         return (
