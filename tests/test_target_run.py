@@ -8,8 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from precguard import Target
-from precguard.errors import TargetError, UsageError
+from precguard import Target, TargetError, UsageError
 from precguard.target_run import TargetRun
 
 

@@ -32,6 +32,14 @@ _EXPORTS: dict[str, str] = {
     "PrecguardError": "precguard.errors",
     "NonFiniteError": "precguard.errors",
     "ExitCode": "precguard.errors",
+    # the errors a caller catches, each with its exit code (docs/moved.md)
+    "UsageError": "precguard.errors",
+    "TargetError": "precguard.errors",
+    "DeviceUnavailableError": "precguard.errors",
+    "DumpFormatError": "precguard.errors",
+    "OutputExistsError": "precguard.errors",
+    # a device string ("cpu", "emu:bf16", "npu:0") -> its usable Backend, what --device does
+    "resolve_backend": "precguard.devices",
     "compare_runs": "precguard.layout.compare",  # defined in compare.runs; layout adds layout=
     "CompareOptions": "precguard.compare.options",
     "Comparison": "precguard.compare",
@@ -71,9 +79,19 @@ if TYPE_CHECKING:
     from precguard.compare import Comparison
     from precguard.compare.bitwise import compare_bitwise
     from precguard.compare.options import CompareOptions
+    from precguard.devices import resolve_backend
     from precguard.dump.reader import Run, load_run
     from precguard.dump.schema import Manifest, Record
-    from precguard.errors import ExitCode, NonFiniteError, PrecguardError
+    from precguard.errors import (
+        DeviceUnavailableError,
+        DumpFormatError,
+        ExitCode,
+        NonFiniteError,
+        OutputExistsError,
+        PrecguardError,
+        TargetError,
+        UsageError,
+    )
     from precguard.generation import GenerationDiff, generate_diff
     from precguard.hookspecs import hookimpl
     from precguard.interop.msprobe import import_msprobe

@@ -209,8 +209,8 @@ def test_no_hint_when_the_error_came_from_upstream(
 
 
 def test_replay_runs_on_the_actuals_device(tiny_golden: Path, tmp_path: Path) -> None:
+    from precguard import resolve_backend
     from precguard.compare.hints import replay_hint
-    from precguard.devices import resolve_backend
     from precguard.localize.confirm import replay_suspects
 
     try:

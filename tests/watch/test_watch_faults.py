@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import precguard
-from precguard.errors import OutputExistsError
+from precguard import OutputExistsError
 from precguard.training.handle import SCALARS_FILE
 from tests import tmpfs
 from tests.watch.conftest import train
@@ -150,7 +150,7 @@ def test_a_second_watch_on_a_running_watch_directory_is_refused_untouched(tmp_pa
 
 _SECOND_WATCH_CHILD = """
 import sys, torch, precguard
-from precguard.errors import OutputExistsError
+from precguard import OutputExistsError
 try:
     precguard.watch(torch.nn.Linear(2, 2), out=sys.argv[1], overwrite=True)
 except OutputExistsError as exc:

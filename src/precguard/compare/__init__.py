@@ -15,7 +15,15 @@ from __future__ import annotations
 
 from precguard.compare.engine import IncomparableRunsError, fingerprint_diff
 from precguard.compare.options import CompareOptions
-from precguard.compare.report import Comparison, FirstDivergence, Metrics, RecordResult
+from precguard.compare.report import (
+    Comparison,
+    Counts,
+    FirstDivergence,
+    Metrics,
+    RecordIdentity,
+    RecordResult,
+    Suspect,
+)
 from precguard.compare.runs import compare_recordings, compare_runs
 from precguard.compare.tolerance import PROFILES, Profile, get_profile
 
@@ -23,11 +31,14 @@ __all__ = [
     "PROFILES",
     "CompareOptions",
     "Comparison",
+    "Counts",
     "FirstDivergence",
     "IncomparableRunsError",
     "Metrics",
     "Profile",
+    "RecordIdentity",
     "RecordResult",
+    "Suspect",
     "compare_recordings",
     "compare_runs",
     "fingerprint_diff",
