@@ -8,7 +8,10 @@ Public (not counted): ``precguard`` itself (its lazy exports, ``precguard.__all_
 ``precguard.targets`` (the built-in targets, docs/targets.md: ``tiny-llama`` is
 ``precguard.targets:tiny_llama``, with the model and batch builders behind it);
 ``precguard.training.hf`` (docs/watch.md), ``precguard.oracle`` (docs/checklist.md) and
-``precguard.checks`` (the package: ``Check``, ``CheckContext``, ``Finding`` for plugins).
+``precguard.checks`` (the package: ``Check``, ``CheckContext``, ``Finding``, ``finding`` for
+plugins); ``precguard.layout`` (``LayoutSpec``, ``compare_layout``: docs/layouts.md);
+``precguard.plugins`` (``get_backend``: docs/plugins.md); ``precguard.interop.msprobe``
+(``open_recording``: docs/msprobe.md).
 
 Everything else (``precguard.compare.metrics``, ``precguard.dump.writer``...) is internal: a unit
 test of that algorithm may import it; a test of a user's story should not need to.
@@ -29,6 +32,9 @@ PUBLIC_MODULES = frozenset(
         "precguard.training.hf",
         "precguard.oracle",
         "precguard.checks",
+        "precguard.layout",
+        "precguard.plugins",
+        "precguard.interop.msprobe",
     }
 )
 

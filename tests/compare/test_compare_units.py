@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import precguard
+from precguard import Record, Stats
 from precguard.compare.align import align
 from precguard.compare.metrics import exact_metrics, full_metrics, stats_metrics
 from precguard.compare.tolerance import get_profile, judge
-from precguard.dump.schema import Record, Stats
 from tests.compare.conftest import FAULTS, record, run_cli
 
 

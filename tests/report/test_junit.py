@@ -17,7 +17,7 @@ import pytest
 import xmlschema
 
 from precguard import plugins
-from precguard.checks.base import Check, finding
+from precguard.checks import Check, finding
 from precguard.cli import main
 from precguard.testing import record_model
 from tests.guard.models import batch, build

@@ -13,6 +13,7 @@ compare is one :class:`CompareOptions`.
 
 from __future__ import annotations
 
+from precguard.compare.coverage import SameRecordingError
 from precguard.compare.engine import IncomparableRunsError, fingerprint_diff
 from precguard.compare.options import CompareOptions
 from precguard.compare.report import (
@@ -38,6 +39,7 @@ __all__ = [
     "Profile",
     "RecordIdentity",
     "RecordResult",
+    "SameRecordingError",
     "Suspect",
     "compare_recordings",
     "compare_runs",
