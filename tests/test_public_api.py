@@ -99,6 +99,8 @@ def test_the_errors_a_caller_catches_are_public_with_their_exit_code(name: str, 
         "replay_suspects",
         "resolve_backend",
         "seed_everything",
+        "load_watch",  # a watch directory read back
+        "WatchRun",
     ],
 )
 def test_what_a_caller_annotates_or_calls_is_public(name: str) -> None:

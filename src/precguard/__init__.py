@@ -56,6 +56,9 @@ _EXPORTS: dict[str, str] = {
     "GenerationDiff": "precguard.generation",
     "watch": "precguard.training.handle",
     "WatchHandle": "precguard.training.handle",
+    # a watch directory read back (what `precguard watch-report` reads)
+    "load_watch": "precguard.training.report",
+    "WatchRun": "precguard.training.report",
     # one function per command (precguard replay / bisect / op-check / ranks / import-msprobe)
     "replay_module": "precguard.localize.replay",
     "bisect": "precguard.localize.bisect",
@@ -119,6 +122,7 @@ if TYPE_CHECKING:
     from precguard.target import Target, load_target
     from precguard.target_run import Side, TargetRun
     from precguard.training.handle import WatchHandle, watch
+    from precguard.training.report import WatchRun, load_watch
 
 
 #: subpackages reachable as attributes whatever was imported first

@@ -103,7 +103,7 @@ def test_a_file_size_limit_stops_the_watch_and_training_goes_on(tmp_path):
     assert info["complete"] is False and info["error"]["message"].startswith("[Errno 27]")
     assert 0 < info["steps_written"] < 95 and info["steps"] == 95
     # what was written is whole lines, readable by watch-report
-    from precguard.training.report import load_watch
+    from precguard import load_watch
 
     assert len(load_watch(out).scalars) >= info["steps_written"]
 
