@@ -69,5 +69,6 @@ def test_internal_imports_in_tests_only_go_down() -> None:
     found = internal_imports()
     assert len(found) <= CEILING, (
         f"{len(found)} internal imports in tests/ (ceiling {CEILING}): a test of behaviour goes "
-        "through the public API (precguard.X); export what a user needs too"
+        "through the public API (precguard.X); export what a user needs too. They are:\n"
+        + "\n".join(found)
     )
