@@ -150,7 +150,7 @@ def test_the_ladder_non_finite_then_exact_then_the_error(
 
 
 def test_the_compare_and_replay_judges_climb_the_same_ladder() -> None:
-    from precguard.compare.report import Metrics
+    from precguard.compare import Metrics
     from precguard.compare.tolerance import get_profile, judge
     from precguard.localize.replay import judge_by_expected
 

@@ -54,7 +54,7 @@ def test_dir_lists_the_lazy_public_api_before_anything_is_loaded() -> None:
 def test_one_side_of_a_comparison_is_one_public_class() -> None:
     # what runs where is said one way: precguard.Side, set up as the TargetRun every
     # command shares; the other classes that had the name now say what they are
-    from precguard.target_run import TargetRun
+    from precguard import TargetRun
 
     assert "Side" in precguard.__all__ and "Side" in dir(precguard)
     side = precguard.Side("handwritten-llama", "cpu")
@@ -65,3 +65,55 @@ def test_one_side_of_a_comparison_is_one_public_class() -> None:
     import precguard.generation.report as report
 
     assert not hasattr(runs, "Side") and not hasattr(report, "Side")
+
+
+#: what a caller catches, annotates or reads back, each reachable as precguard.<name>
+CALLER_NAMES = {
+    # errors, each with its own exit code
+    "UsageError": 2,
+    "TargetError": 2,
+    "DeviceUnavailableError": 2,
+    "DumpFormatError": 2,
+    "OutputExistsError": 2,
+}
+
+
+@pytest.mark.parametrize(("name", "code"), sorted(CALLER_NAMES.items()))
+def test_the_errors_a_caller_catches_are_public_with_their_exit_code(name: str, code: int) -> None:
+    error = getattr(precguard, name)
+    assert name in precguard.__all__ and name in dir(precguard)
+    assert issubclass(error, precguard.PrecguardError) and error.exit_code == code
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "BisectResult",  # precguard.bisect's result
+        "BitwiseComparison",  # precguard.compare_bitwise's result
+        "BitwiseDifference",
+        "TargetRun",  # Side.open()
+        "Stats",  # a Record's fields (docs/recording.md)
+        "TensorRef",
+        "Sample",
+        "PositionNorms",
+        "replay_suspects",
+        "resolve_backend",
+        "seed_everything",
+        "load_watch",  # a watch directory read back
+        "WatchRun",
+    ],
+)
+def test_what_a_caller_annotates_or_calls_is_public(name: str) -> None:
+    assert name in precguard.__all__ and name in dir(precguard)
+    value = getattr(precguard, name)
+    assert callable(value) and inspect.getdoc(value), f"precguard.{name} has no docstring"
+
+
+def test_the_result_models_of_a_comparison_are_in_the_compare_subpackage() -> None:
+    import precguard.checks
+
+    result_models = ("Counts", "Suspect", "RecordIdentity", "SameRecordingError")
+    for name in result_models:
+        assert name in precguard.compare.__all__ and getattr(precguard.compare, name)
+    assert issubclass(precguard.compare.SameRecordingError, precguard.PrecguardError)
+    assert "finding" in precguard.checks.__all__

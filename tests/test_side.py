@@ -15,8 +15,7 @@ import torch
 from torch import nn
 
 import precguard
-from precguard import Side
-from precguard.errors import UsageError
+from precguard import Side, UsageError
 
 
 def plant(model: nn.Module) -> None:

@@ -8,9 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from precguard import Target
-from precguard.errors import TargetError, UsageError
-from precguard.target_run import TargetRun
+from precguard import Target, TargetError, TargetRun, UsageError
 
 
 def _target(batch=lambda step: torch.ones(2, 4)) -> Target:

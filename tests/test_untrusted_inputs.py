@@ -420,7 +420,7 @@ def test_graph_files_fuzzed(tmp_path: Path) -> None:
 
 
 def test_a_fifo_or_sparse_graph_file_or_layout_spec_is_refused_unread(tmp_path: Path) -> None:
-    from precguard.errors import PrecguardError
+    from precguard import PrecguardError
     from precguard.graph.build import load_graph
     from precguard.layout.spec import load_layout
 
@@ -445,8 +445,8 @@ def test_a_fifo_or_sparse_graph_file_or_layout_spec_is_refused_unread(tmp_path: 
 
 
 def test_a_report_replaces_the_old_file_whole_or_leaves_it(tmp_path: Path) -> None:
+    from precguard import UsageError
     from precguard.dump.atomic import atomic_output, write_atomic
-    from precguard.errors import UsageError
 
     out = tmp_path / "report.json"
     out.write_text("old", encoding="utf-8")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import precguard
-from precguard.errors import UsageError
+from precguard import UsageError
 from precguard.targets import build_tiny_llama
 
 pytest.importorskip("torch._dynamo")

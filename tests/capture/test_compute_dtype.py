@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import precguard
-from precguard.dump.reader import load_run
+from precguard import load_run
 
 
 def _model() -> nn.Module:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import precguard
-from precguard.errors import NonFiniteError
+from precguard import NonFiniteError
 
 
 @precguard.precision_monitor

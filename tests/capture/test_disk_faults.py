@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 import precguard
-from precguard.dump.reader import Run
+from precguard import Run
 from precguard.dump.writer import RunWriter
 from tests import tmpfs
 

@@ -58,19 +58,16 @@ def test_input_gradient_is_the_modules_own(tiny_llama, input_ids, tmp_path):
         tiny_llama(input_ids, labels=input_ids).loss.backward()
     run = precguard.load_run(tmp_path / "run")
     records = {r.key: r for r in run.records()}
-    from precguard.dump.tensors import TensorStore
-
-    store = TensorStore(run.path)
 
     def grad_in(module: str) -> torch.Tensor:
         rec = records[f"{module}.0.backward.input.0"]
         assert rec.phase == "backward" and rec.role == "input"
         assert rec.shape == records[f"{module}.0.forward.input.0"].shape
-        return store.tensor(rec)
+        return run.tensor(rec)
 
     def linear_grad_in(module: str) -> torch.Tensor:
         # a Linear's own input gradient: its output gradient times its weight
-        grad_out = store.tensor(records[f"{module}.0.backward.output.0"])
+        grad_out = run.tensor(records[f"{module}.0.backward.output.0"])
         return grad_out @ tiny_llama.get_submodule(module).weight.detach()
 
     def close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -89,7 +86,7 @@ def test_input_gradient_is_the_modules_own(tiny_llama, input_ids, tmp_path):
     norm = records["model.layers.1.input_layernorm.0.backward.input.0"]
     layer = records["model.layers.1.0.backward.input.0"]
     assert norm.seq < layer.seq and norm.stats != layer.stats
-    store.close()
+    run.tensors.close()
 
 
 def test_input_grads_off(tiny_llama, input_ids, tmp_path):

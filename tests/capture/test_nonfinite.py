@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 import precguard
-from precguard.errors import NonFiniteError
+from precguard import NonFiniteError
 from tests.capture.models import Stack
 
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn, relu
 
 import precguard
-from precguard.dump.reader import Run
+from precguard import Run
 
 
 def _records(path):
@@ -115,7 +115,7 @@ def test_op_level_steps_follow_the_root_calls(tmp_path):
 def test_aten_level_composes_with_the_emulator_and_keeps_its_output(
     tiny_llama, input_ids, tmp_path
 ):
-    from precguard.devices import resolve_backend
+    from precguard import resolve_backend
 
     backend = resolve_backend("emu:bf16")
     with torch.no_grad(), backend.numerics():

@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 import precguard
+from precguard import PositionNorms
 from precguard.capture import stats as stats_module
 from precguard.capture.stats import StatsBuffer
-from precguard.dump.schema import PositionNorms
 from tests.capture.models import Branchy
 
 INTEGER_FIELDS = ("nan", "inf", "zeros", "numel")

@@ -19,7 +19,7 @@ from precguard.checklist import (
     rank_root_causes,
     registered_checks,
 )
-from precguard.checks.base import Check, Finding
+from precguard.checks import Check, Finding
 
 
 def test_shipped_checklists_validate_and_name_registered_checks():
@@ -111,7 +111,7 @@ def test_a_check_that_raises_becomes_an_error_and_the_run_goes_on(tmp_path):
 
 
 def test_a_check_that_cannot_apply_is_skipped_with_the_reason():
-    from precguard.target import Target
+    from precguard import Target
     from precguard.targets import build_tiny_llama, lm_batch
 
     bare = Target(model=build_tiny_llama, batch=lm_batch, name="no-tokenizer")
@@ -135,7 +135,7 @@ def test_each_family_is_one_module_of_its_own_checks():
     """FAMILIES is the one list: it names the built-in modules and orders the root causes."""
     import importlib
 
-    from precguard.checks.base import FAMILIES
+    from precguard.checks import FAMILIES
     from precguard.checks.builtin import FAMILY_MODULES
 
     assert len(FAMILY_MODULES) == len(FAMILIES)

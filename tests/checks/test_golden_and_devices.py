@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import precguard
-from precguard.runner import record_target
+from precguard import record_target
 from tests.checks.conftest import planted
 
 
@@ -172,8 +172,8 @@ def test_single_ops_below_the_device_precision_are_named(device, status, op):
 
 
 def test_padding_on_the_other_side_than_the_golden_is_named(run_check, tmp_path):
+    from precguard import load_target
     from precguard.checks import fingerprints
-    from precguard.target import load_target
 
     golden = record_target(planted("right_padded"), device="cpu", out=tmp_path / "golden")
     fingerprints.write(golden, load_target(planted("right_padded")))
@@ -188,7 +188,7 @@ def test_the_rng_checks_share_one_device_build_of_the_model():
     One reference model for the copies, a second same-seed build on the device, one
     build through the reference backend; the first device build serves both checks.
     """
-    from precguard.target import Target
+    from precguard import Target
     from precguard.targets import build_tiny_llama, lm_batch
 
     builds = []

@@ -104,7 +104,7 @@ def test_the_cli_exits_3_when_nothing_was_checked():
 @pytest.fixture(scope="module")
 def tuple_golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The hand-written decoder recorded with ``model(*(ids,))``: inputs named ``args.0``."""
-    from precguard.runner import record_target
+    from precguard import record_target
 
     out = tmp_path_factory.mktemp("golden") / "tuple"
     return record_target(handmade("tuple_batch"), device="cpu", out=out, steps=2)
@@ -113,7 +113,7 @@ def tuple_golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def keyword_golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The hand-written decoder recorded with ``model(ids=...)``: inputs named ``kwargs.ids``."""
-    from precguard.runner import record_target
+    from precguard import record_target
 
     out = tmp_path_factory.mktemp("golden") / "keyword"
     return record_target(handmade("dict_batch"), device="cpu", out=out, steps=2)
@@ -198,8 +198,8 @@ def test_the_html_report_says_inconclusive(tmp_path):
 
 
 def test_a_remedy_a_plugin_puts_on_a_pass_is_not_shown():
-    from precguard.checklist import Diagnosis
-    from precguard.checks.base import Finding
+    from precguard import Diagnosis
+    from precguard.checks import Finding
     from precguard.report.diagnosis import render_html
 
     passed = Finding(id="env.vendor_flag", status="pass", summary="ok", remedy="flip the flag")

@@ -11,8 +11,8 @@ import torch.distributed as dist
 from torch import nn
 
 import precguard
+from precguard import UsageError
 from precguard.compare.align import Renamer, RenameRule, closest_unmatched
-from precguard.errors import UsageError
 from precguard.targets import build_tiny_llama, causal_lm_loss, lm_batch
 from tests.compare.conftest import run_cli
 

@@ -19,7 +19,7 @@ import torch
 
 import precguard
 from precguard.cli import main
-from precguard.compare.coverage import SameRecordingError
+from precguard.compare import SameRecordingError
 
 TARGET = Path(__file__).resolve().parents[1] / "targets" / "handwritten" / "target.py"
 

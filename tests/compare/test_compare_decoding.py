@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import precguard
+from precguard import resolve_backend
 from precguard.compare import compare_recordings
-from precguard.devices import resolve_backend
 from precguard.targets import build_tiny_llama
 
 #: a prompt seed whose greedy tokens part at the 7th new token (fp32 vs emu:bf16)

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 import precguard
-from precguard.errors import PrecguardError
+from precguard import PrecguardError
 from tests.compare.conftest import FAULTS, record
 
 
 def _needs(device: str) -> None:
-    from precguard.devices import resolve_backend
+    from precguard import resolve_backend
 
     try:
         resolve_backend(device)
@@ -59,7 +59,7 @@ def test_chip_running_softmax_in_fp16_is_traced_to_attention(
 
 def test_replay_on_the_emulated_chip_confirms_the_attention_module(tiny_golden: Path) -> None:
     _needs("emu:softmax-fp16")
-    from precguard.localize.replay import replay_module
+    from precguard import replay_module
 
     chip = {"target": "tiny-llama", "device": "emu:softmax-fp16"}
     attention = replay_module(tiny_golden, "model.layers.2.self_attn", **chip)

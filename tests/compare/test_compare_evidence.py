@@ -41,7 +41,7 @@ def test_sample_holds_the_elements_at_indices_chosen_from_the_shape(defer):
     torch.manual_seed(0)
     # (batch, heads, seq, head_dim) = (2, 4, 300, 16), a transposed view: not contiguous
     x = torch.randn(2, 300, 4, 16).transpose(1, 2)
-    from precguard.dump.schema import Sample
+    from precguard import Sample
 
     got = Sample(**evidence_of(x, defer=defer)["sample"]).array()
     idx = sample_indices(tuple(x.shape))
@@ -61,7 +61,7 @@ def test_sample_indices_depend_on_the_shape_only():
 @pytest.mark.parametrize("defer", [False, True], ids=["cpu-path", "deferred-path"])
 @pytest.mark.parametrize("length", [128, 600])
 def test_position_norms_are_l2_per_position_binned_beyond_256(defer, length):
-    from precguard.dump.schema import PositionNorms
+    from precguard import PositionNorms
 
     torch.manual_seed(0)
     x = torch.randn(2, length, 24)

@@ -7,9 +7,8 @@ outputs in capture order) with the errors a real run measured, judged by
 
 from __future__ import annotations
 
+from precguard.compare import Metrics, RecordResult, get_profile
 from precguard.compare.judge import judge_step
-from precguard.compare.report import Metrics, RecordResult
-from precguard.compare.tolerance import get_profile
 
 DEFAULT = get_profile("default")
 

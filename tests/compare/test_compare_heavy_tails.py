@@ -18,12 +18,11 @@ import torch
 from torch import nn
 
 import precguard
+from precguard.compare import Metrics, RecordResult, get_profile
 from precguard.compare.expected import rounding_floor
 from precguard.compare.judge import judge_step
 from precguard.compare.metrics import stats_metrics
-from precguard.compare.report import Metrics, RecordResult
 from precguard.compare.sampled import MIN_EFFECTIVE, sample_scale
-from precguard.compare.tolerance import get_profile
 from tests.compare.calibration_corpus import _epilogue_scale
 from tests.compare.parallel_small import small_target
 

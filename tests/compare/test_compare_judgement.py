@@ -9,13 +9,12 @@ import pytest
 import torch
 
 import precguard
+from precguard import UsageError, load_run
+from precguard.compare import Metrics, RecordResult
 from precguard.compare.divergence import Decision, classify_step, fallback
 from precguard.compare.expected import rounding_floor
 from precguard.compare.metrics import full_metrics, precision, tolerance_dtype
-from precguard.compare.report import Metrics, RecordResult
 from precguard.compare.tolerance import get_profile, judge, with_bias
-from precguard.dump.reader import load_run
-from precguard.errors import UsageError
 from tests.compare.conftest import FAULTS, record, run_cli
 
 BF16 = get_profile("default").for_dtype("bfloat16")

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import precguard
-from precguard.target import Target
+from precguard import Target
 from precguard.targets import causal_lm_loss, lm_batch
 
 pytest.importorskip("transformers")

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import precguard
+from precguard import Record, Stats, TensorRef
 from precguard.cli import main
 from precguard.compare import compare_recordings
-from precguard.dump.schema import Record, Stats, TensorRef
 from precguard.targets import build_tiny_llama, causal_lm_loss, lm_batch
 
 pytest.importorskip("peft")

@@ -6,9 +6,9 @@ import pydantic
 import pytest
 
 import precguard
+from precguard import UsageError
 from precguard.compare.engine import plan_comparison, plan_from_arguments
 from precguard.compare.options import CompareOptions, compare_options
-from precguard.errors import UsageError
 from tests.compare.test_compare_workers import write_pair
 
 

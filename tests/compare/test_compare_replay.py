@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from precguard.localize.replay import replay_module
+from precguard import replay_module
 from tests.compare.conftest import record, run_cli
 
 FAULTY_TARGET = """

@@ -113,7 +113,7 @@ def test_compare_replay_confirms_each_suspect(
 def test_compare_replay_of_a_clean_module_says_it_is_not_local(
     tiny_golden: Path, tmp_path: Path
 ) -> None:
-    from precguard.localize.confirm import replay_suspects
+    from precguard import replay_suspects
 
     target = _faulty_target(tmp_path, {DOWN: 1.01})
     actual = precguard.record_target(str(target), out=tmp_path / "actual", tensors=True)
@@ -209,9 +209,8 @@ def test_no_hint_when_the_error_came_from_upstream(
 
 
 def test_replay_runs_on_the_actuals_device(tiny_golden: Path, tmp_path: Path) -> None:
+    from precguard import replay_suspects, resolve_backend
     from precguard.compare.hints import replay_hint
-    from precguard.devices import resolve_backend
-    from precguard.localize.confirm import replay_suspects
 
     try:
         resolve_backend("emu:softmax-fp16")

@@ -22,12 +22,11 @@ from torch import nn
 
 import precguard
 from precguard.capture.evidence import sample_indices
+from precguard.compare import Metrics, get_profile
 from precguard.compare.expected import carried_bias
 from precguard.compare.metrics import full_metrics
 from precguard.compare.render import render
-from precguard.compare.report import Metrics
 from precguard.compare.sampled import mean_square_rse, sampled_bounds
-from precguard.compare.tolerance import get_profile
 from precguard.numerics import RARE_COUNT
 
 HIDDEN, OUT, BATCH, SEQ = 64, 32, 2, 32

@@ -15,9 +15,9 @@ import math
 import pytest
 import torch
 
+from precguard.compare import Metrics, RecordResult
 from precguard.compare.expected import linear_factors, own_scale, scale_floor
 from precguard.compare.metrics import full_metrics
-from precguard.compare.report import Metrics, RecordResult
 from precguard.compare.tolerance import get_profile, unit_roundoff
 
 U = unit_roundoff("bfloat16")

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import precguard
+from precguard import Record, Stats
 from precguard.compare.align import align
 from precguard.compare.metrics import exact_metrics, full_metrics, stats_metrics
 from precguard.compare.tolerance import get_profile, judge
-from precguard.dump.schema import Record, Stats
 from tests.compare.conftest import FAULTS, record, run_cli
 
 
@@ -436,7 +436,7 @@ def test_fp32_ulps_same_sign_and_across_zero() -> None:
 
 
 def test_tensor_store_releaser_does_not_need_the_tensor_read_first(tiny_golden: Path) -> None:
-    from precguard.dump.reader import load_run
+    from precguard import load_run
     from precguard.dump.tensors import TensorStore
 
     run = load_run(tiny_golden)

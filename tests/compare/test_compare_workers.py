@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import precguard
+from precguard import DumpFormatError
 from precguard.compare.parallel import owner
 from precguard.dump.writer import RunWriter, prepare_run_dir
-from precguard.errors import DumpFormatError
 from tests.distributed.synthetic import stats_of
 
 

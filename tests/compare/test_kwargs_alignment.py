@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import precguard
+from precguard import Record
 from precguard.compare.align import align
-from precguard.dump.schema import Record
 from precguard.targets import build_tiny_llama
 
 transformers = pytest.importorskip("transformers")

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import precguard
+from precguard import Record
 from precguard.compare.padding import mask_metrics, padding_note
-from precguard.dump.schema import Record
 from precguard.targets import build_tiny_llama
 
 pytest.importorskip("transformers")

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import precguard
-from precguard.compare.report import FirstDivergence, RecordIdentity, RecordResult, Suspect
+from precguard.compare import FirstDivergence, RecordIdentity, RecordResult, Suspect
 
 
 class SharedBlockModel(nn.Module):

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 import precguard
-from precguard.errors import PrecguardError
+from precguard import PrecguardError
 
 
 class MLP(nn.Module):

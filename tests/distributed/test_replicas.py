@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from precguard.errors import UsageError
-from precguard.ranks import check_replicas
+from precguard import UsageError, check_replicas
 from tests.distributed.synthetic import collective, write_ranks
 
 W = torch.randn(16, 8, generator=torch.Generator().manual_seed(0))

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import precguard
+from precguard import DumpFormatError, UsageError
 from precguard.dump.reader import MAX_WORLD_SIZE, Run
-from precguard.errors import DumpFormatError, UsageError
 from precguard.layout.spec import MAX_LAYOUT_BYTES, load_layout
 from tests.compare.conftest import run_cli
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import precguard
+from precguard import DumpFormatError
 from precguard.dump.schema import SCHEMA_VERSION, schemas
-from precguard.errors import DumpFormatError
 
 
 def test_schema_describes_manifest_and_record():

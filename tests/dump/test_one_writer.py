@@ -11,8 +11,7 @@ import torch
 from torch import nn
 
 import precguard
-from precguard.dump.reader import Run
-from precguard.errors import OutputExistsError
+from precguard import OutputExistsError, Run
 
 
 def _model() -> nn.Module:
@@ -61,7 +60,7 @@ def test_a_failed_open_leaves_the_directory_free(tmp_path: Path) -> None:
 
 _SECOND_WRITER = """
 import sys, torch, precguard
-from precguard.errors import PrecguardError
+from precguard import PrecguardError
 try:
     precguard.monitor(torch.nn.Linear(2, 2), out=sys.argv[1], overwrite=True)
 except PrecguardError as exc:

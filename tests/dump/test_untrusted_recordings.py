@@ -20,7 +20,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 import precguard
-from precguard.errors import DumpFormatError
+from precguard import DumpFormatError
 from precguard.text import shown
 
 CANARY = "CANARY-5f2b9c"

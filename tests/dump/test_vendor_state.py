@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from precguard.backend import Backend
+from precguard import Backend
 from precguard.dump.vendor import record_vendor_state
 
 

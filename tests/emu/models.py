@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from precguard.target import Target
+from precguard import Target
 
 
 class Blowup(nn.Module):

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from precguard import load_run, record_target
 from precguard.compare import compare_recordings as compare_runs
-from precguard.dump.reader import load_run
-from precguard.runner import record_target
 
 
 @pytest.mark.slow

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from precguard.dump.reader import load_run
-from precguard.runner import record_target
+from precguard import load_run, record_target
 from tests.emu.models import blowup_target
 
 BIG = "big.0.forward.output.0"

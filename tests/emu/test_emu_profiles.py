@@ -7,13 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from precguard import plugins
+from precguard import DeviceUnavailableError, load_run, plugins, record_target, resolve_backend
 from precguard.backends.emu.profile import EmuProfileError, builtin_profiles, load_profile
 from precguard.cli import main
-from precguard.devices import resolve_backend
-from precguard.dump.reader import load_run
-from precguard.errors import DeviceUnavailableError
-from precguard.runner import record_target
 from tests.emu.models import blowup_target
 
 REQUIRED = {

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from precguard import plugins
-from precguard.backend import Backend
-from precguard.checks.base import CheckContext
-from precguard.devices import resolve_backend
+from precguard import Backend, plugins, resolve_backend
+from precguard.checks import CheckContext
 from tests.emu.models import dropout_target
 
 

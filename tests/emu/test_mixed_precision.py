@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import precguard
-from precguard.devices import resolve_backend
+from precguard import resolve_backend
 
 
 class UpcastNorm(nn.Module):

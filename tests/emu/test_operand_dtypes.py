@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from precguard.devices import resolve_backend
+from precguard import resolve_backend
 
 
 class ForgetfulNorm(nn.Module):

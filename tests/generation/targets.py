@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from precguard.target import Target
+from precguard import Target
 from precguard.targets import CharTokenizer, build_tiny_llama
 
 #: the output head's scale: top-1 probabilities of ~0.3-0.9 over 256 tokens

@@ -102,7 +102,7 @@ def test_rope_at_the_wrong_offset_with_a_cache_is_traced_to_the_cache() -> None:
 
 
 def test_a_reference_with_non_finite_logits_is_unusable() -> None:
-    from precguard.errors import UsageError
+    from precguard import UsageError
 
     def poison(model: torch.nn.Module) -> None:
         with torch.no_grad():
@@ -128,7 +128,7 @@ class _NoCache(torch.nn.Module):
 
 
 def test_a_model_without_a_cache_decodes_by_rerunning_the_sequence() -> None:
-    from precguard.target import Target
+    from precguard import Target
 
     target = Target(model=_NoCache, batch=lambda step: torch.tensor([[1, 2, 3]]), name="no-cache")
     result = generate_diff(target, device="cpu", max_new_tokens=3)

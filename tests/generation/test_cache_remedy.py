@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
+from precguard import load_target
 from precguard.generation.cache_remedy import verify_cache_remedy
 from precguard.generation.decode import DecodeSide, decode
 from precguard.localize.impact import FLOOR_SLACK
 from precguard.models.parallel_decoder import lm_batch
-from precguard.target import load_target
 
 
 def _sides(actual: str) -> tuple[DecodeSide, DecodeSide, torch.Tensor, list[int]]:
@@ -43,7 +43,7 @@ def test_a_cache_in_the_models_dtype_already_says_there_is_nothing_to_keep() -> 
 def test_generate_diff_verify_applies_the_caches_remedy_to_its_kv_cache_cause(
     tmp_path: Path,
 ) -> None:
-    from precguard.generation import generate_diff
+    from precguard import generate_diff
     from precguard.generation.page import write_html
 
     result = generate_diff(

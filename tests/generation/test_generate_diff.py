@@ -126,7 +126,7 @@ def test_seeded_sampling_is_reproducible_and_matches_on_one_device() -> None:
 
 
 def test_bad_options_are_usage_errors() -> None:
-    from precguard.errors import UsageError
+    from precguard import UsageError
 
     with pytest.raises(UsageError, match="max-new-tokens"):
         generate_diff(T.peaked(), device="cpu", max_new_tokens=0)
@@ -135,7 +135,7 @@ def test_bad_options_are_usage_errors() -> None:
 
 
 def test_no_prompts_is_unusable_not_a_match() -> None:
-    from precguard.errors import UsageError
+    from precguard import UsageError
 
     with pytest.raises(UsageError, match="no prompts"):
         generate_diff(T.peaked(), device="cpu", prompts=[], max_new_tokens=2)

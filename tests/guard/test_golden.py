@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import precguard
-from precguard.errors import OutputExistsError
+from precguard import OutputExistsError
 from precguard.guard.golden import golden_files, read_golden, write_golden
 from precguard.testing import record_model
 from tests.guard.models import batch, build

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
-from precguard.compare.report import Metrics
+from precguard.compare import Metrics
 from precguard.guard.margin import allowed_error, record_margin
 
 TOLERANCES = {

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import precguard
-from precguard.devices import seed_everything
+from precguard import seed_everything
 from precguard.plugins import get_backend
 from precguard.testing import assert_matches_golden
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from precguard.errors import DumpFormatError
+from precguard import DumpFormatError
 from precguard.interop.msprobe.tensors import load_tensor
 from tests.compare.conftest import run_cli
 from tests.interop.test_msprobe_untrusted import MLP_OUT, _copy, _import_fails, _save
@@ -68,7 +68,7 @@ def test_many_sibling_calls_each_become_a_root(tmp_path, capsys) -> None:
     (rank_dir / "construct.json").unlink(missing_ok=True)
     code, _, err = run_cli(["import-msprobe", str(dump_dir), "--out", str(tmp_path / "o")], capsys)
     assert code == 0, err
-    from precguard.dump.reader import Run
+    from precguard import Run
 
     modules = {r.module for r in Run(tmp_path / "o").records()}
     assert {f"model.layers.{i}.mlp" for i in range(2000)} <= modules

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from precguard.dump.reader import load_run
+from precguard import load_run
 from precguard.interop.msprobe import find_rank_dumps, import_msprobe, is_msprobe_dump, parse_name
 
 FIXTURES = Path(__file__).parent / "fixtures" / "msprobe"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
+from precguard import Record, Stats
 from precguard.compare.metrics import stats_metrics
-from precguard.dump.schema import Record, Stats
 
 
 def _record(stats: Stats) -> Record:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from precguard.dump.schema import Manifest, Record
+from precguard import Manifest, Record
 from precguard.layout.combine import tensor_stats
 
 #: (module, phase, role, index, name, tensor)

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from precguard import Stats
 from precguard.capture.stats import StatsBuffer
-from precguard.dump.schema import Stats
 from precguard.layout.combine import concat_shape, concat_stats, sum_partials, tensor_stats
 
 FIELDS = ("min", "max", "mean", "std", "absmax", "l2")

@@ -8,10 +8,9 @@ import pytest
 import torch
 
 import precguard
-from precguard.compare.engine import IncomparableRunsError
+from precguard import UsageError
+from precguard.compare import Counts, IncomparableRunsError
 from precguard.compare.hints import replay_hint
-from precguard.compare.report import Counts
-from precguard.errors import UsageError
 from precguard.layout import LayoutSpec, gather_run, load_layout
 from tests.compare.conftest import run_cli
 from tests.layout.synth import TP_SPEC, split, weights, whole, write_run

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import precguard
-from precguard.localize.bisect import BisectResult
+from precguard import BisectResult
 from precguard.localize.impact import bisect_findings, error_budget, recordings_only
 from precguard.localize.verify import measure_comparison
 from tests.localize.impact_corpus import DEVICE, side

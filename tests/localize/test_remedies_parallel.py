@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from torch import nn
 
+from precguard import op_check
 from precguard.localize.impact import FLOOR_SLACK, ActualSide, error_budget
 from precguard.localize.verify import verify_findings, verify_opcheck, verify_remedies
-from precguard.opcheck.sweep import op_check
 
 
 @functools.cache
@@ -121,7 +121,7 @@ def test_findings_that_miss_the_real_fault_say_the_fault_may_lie_elsewhere() -> 
 
 
 def test_the_checklists_loss_finding_goes_to_the_loss_module_a_model_computes_itself() -> None:
-    from precguard.report.models import Finding
+    from precguard.checks import Finding
 
     finding = Finding(
         id="loss.cross_entropy",

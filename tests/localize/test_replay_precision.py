@@ -71,7 +71,7 @@ def _scale_down_proj(model: torch.nn.Module) -> None:
 def test_compare_replay_with_a_statistics_only_actual_replays_from_the_golden(
     golden: Path, tmp_path: Path
 ) -> None:
-    from precguard.localize.confirm import replay_suspects
+    from precguard import replay_suspects
 
     actual = precguard.record_target(ROPE_BUG, out=tmp_path / "a", prepare=_scale_down_proj)
     result = precguard.compare_runs(golden, actual)
@@ -84,7 +84,7 @@ def test_compare_replay_with_a_statistics_only_actual_replays_from_the_golden(
 
 
 def test_compare_replay_says_when_it_is_the_golden_that_lacks_tensors(tmp_path: Path) -> None:
-    from precguard.localize.confirm import replay_suspects
+    from precguard import replay_suspects
 
     golden = precguard.record_target(ROPE_BUG, out=tmp_path / "g")
     actual = precguard.record_target(

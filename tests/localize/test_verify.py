@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 import precguard
-from precguard import Switch, plugins
-from precguard.hookspecs import hookimpl
+from precguard import Switch, hookimpl, plugins
 from precguard.localize.impact import FLOOR_SLACK, ActualSide, error_budget
 from precguard.localize.verify import loss_remedy, switch_remedies, verify_remedies
 from tests.localize.impact_corpus import DEVICE, side

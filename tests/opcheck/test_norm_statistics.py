@@ -61,7 +61,7 @@ def test_a_model_that_does_not_declare_its_positions_stops_where_its_forward_doe
 def test_inputs_that_are_not_finite_at_reference_are_refused_not_a_nan_fail():
     import pytest
 
-    from precguard.errors import TargetError
+    from precguard import TargetError
     from tests.opcheck.norm_models import overflow_upstream
 
     with pytest.raises(TargetError, match="hold NaN/Inf"):

@@ -12,7 +12,7 @@ from precguard.checklist import ChecklistError, load_checklist, plan, registered
 
 VENDOR_PLUGIN = """
 from precguard import hookimpl
-from precguard.checks.base import Check, finding
+from precguard.checks import Check, finding
 
 
 def fused_rmsnorm(ctx):

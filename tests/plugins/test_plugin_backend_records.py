@@ -12,10 +12,8 @@ from typing import Any
 
 import torch
 
-from precguard import hookimpl, plugins
+from precguard import Run, hookimpl, plugins, record_target
 from precguard.backends.cpu import CpuBackend
-from precguard.dump.reader import Run
-from precguard.runner import record_target
 
 
 class StatusChip(CpuBackend):

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from precguard import hookimpl, plugins
-from precguard.backend import Backend
+from precguard import Backend, hookimpl, plugins
 from precguard.backends.cpu import CpuBackend
-from precguard.checks.base import Check, Finding
+from precguard.checks import Check, Finding
 from precguard.cli.plugins_cmd import describe
 
 

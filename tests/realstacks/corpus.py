@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 import precguard
-from precguard.devices import resolve_backend
+from precguard import resolve_backend
 from precguard.targets import build_tiny_llama
 
 VOCAB = 256

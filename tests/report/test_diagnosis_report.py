@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from precguard.checklist import Diagnosis
-from precguard.checks.base import Finding
+from precguard import Diagnosis
+from precguard.checks import Finding
 from precguard.report.diagnosis import render_html
 from tests.compare.conftest import run_cli
 from tests.report.conftest import IMG_FACT, SCRIPT_NAME, fetched_resources

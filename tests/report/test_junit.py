@@ -17,7 +17,7 @@ import pytest
 import xmlschema
 
 from precguard import plugins
-from precguard.checks.base import Check, finding
+from precguard.checks import Check, finding
 from precguard.cli import main
 from precguard.testing import record_model
 from tests.guard.models import batch, build
@@ -170,8 +170,8 @@ def test_the_schema_is_the_one_pytest_writes_too(tmp_path: Path) -> None:
 def test_a_match_with_nothing_compared_is_an_error_case(
     runs: dict[str, Path], tmp_path: Path
 ) -> None:
+    from precguard.compare import Counts
     from precguard.compare import compare_recordings as compare_runs
-    from precguard.compare.report import Counts
     from precguard.report.junit import comparison_junit, write_junit
 
     result = compare_runs(runs["golden"], runs["clean"])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from precguard import load_target
 from precguard.models.handwritten_llama import HandwrittenConfig, HandwrittenLlama
-from precguard.target import load_target
 
 
 def _logits(rope_bug: bool, dtype: torch.dtype) -> torch.Tensor:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from precguard import load_target
 from precguard.models.parallel_decoder import BUGS, DecoderStep, build, lm_batch
-from precguard.target import load_target
 
 
 def _model(bug: str | None = None, dtype: torch.dtype = torch.float32) -> torch.nn.Module:

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import precguard
-from precguard.dump.reader import load_run
+from precguard import load_run
 from tests.watch.conftest import TinyNet, batch, train
 
 
@@ -148,7 +148,7 @@ def test_an_unknown_option_is_an_error_and_a_used_directory_is_refused(tmp_path:
     import pytest
     from pydantic import ValidationError
 
-    from precguard.errors import OutputExistsError
+    from precguard import OutputExistsError
 
     model = TinyNet()
     with pytest.raises(ValidationError, match="z_treshold"):

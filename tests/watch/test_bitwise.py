@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 import precguard
+from precguard import compare_bitwise
 from precguard.capture.hashing import HashBuffer, tensor_hash
 from precguard.cli import main
-from precguard.compare.bitwise import compare_bitwise
 from tests.watch.conftest import batch
 
 

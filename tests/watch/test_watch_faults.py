@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import precguard
-from precguard.errors import OutputExistsError
+from precguard import OutputExistsError
 from precguard.training.handle import SCALARS_FILE
 from tests import tmpfs
 from tests.watch.conftest import train
@@ -103,7 +103,7 @@ def test_a_file_size_limit_stops_the_watch_and_training_goes_on(tmp_path):
     assert info["complete"] is False and info["error"]["message"].startswith("[Errno 27]")
     assert 0 < info["steps_written"] < 95 and info["steps"] == 95
     # what was written is whole lines, readable by watch-report
-    from precguard.training.report import load_watch
+    from precguard import load_watch
 
     assert len(load_watch(out).scalars) >= info["steps_written"]
 
@@ -150,7 +150,7 @@ def test_a_second_watch_on_a_running_watch_directory_is_refused_untouched(tmp_pa
 
 _SECOND_WATCH_CHILD = """
 import sys, torch, precguard
-from precguard.errors import OutputExistsError
+from precguard import OutputExistsError
 try:
     precguard.watch(torch.nn.Linear(2, 2), out=sys.argv[1], overwrite=True)
 except OutputExistsError as exc:

@@ -5,6 +5,6 @@ The contract (:class:`Check`, :class:`Finding`, :class:`CheckContext`) lives in
 built-in families; :mod:`precguard.checklist` runs them.
 """
 
-from precguard.checks.base import FAMILIES, Check, CheckContext, Finding, NotApplicable
+from precguard.checks.base import FAMILIES, Check, CheckContext, Finding, NotApplicable, finding
 
-__all__ = ["FAMILIES", "Check", "CheckContext", "Finding", "NotApplicable"]
+__all__ = ["FAMILIES", "Check", "CheckContext", "Finding", "NotApplicable", "finding"]

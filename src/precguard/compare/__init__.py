@@ -13,9 +13,18 @@ compare is one :class:`CompareOptions`.
 
 from __future__ import annotations
 
+from precguard.compare.coverage import SameRecordingError
 from precguard.compare.engine import IncomparableRunsError, fingerprint_diff
 from precguard.compare.options import CompareOptions
-from precguard.compare.report import Comparison, FirstDivergence, Metrics, RecordResult
+from precguard.compare.report import (
+    Comparison,
+    Counts,
+    FirstDivergence,
+    Metrics,
+    RecordIdentity,
+    RecordResult,
+    Suspect,
+)
 from precguard.compare.runs import compare_recordings, compare_runs
 from precguard.compare.tolerance import PROFILES, Profile, get_profile
 
@@ -23,11 +32,15 @@ __all__ = [
     "PROFILES",
     "CompareOptions",
     "Comparison",
+    "Counts",
     "FirstDivergence",
     "IncomparableRunsError",
     "Metrics",
     "Profile",
+    "RecordIdentity",
     "RecordResult",
+    "SameRecordingError",
+    "Suspect",
     "compare_recordings",
     "compare_runs",
     "fingerprint_diff",
