@@ -13,7 +13,6 @@ import torch
 
 import precguard
 from precguard import Side
-from precguard.errors import UsageError
 
 #: two quick checks that build the model and run it on both devices (seconds on tiny-llama)
 ONLY = ["norm.extreme_inputs", "loss.logits_range"]
@@ -69,7 +68,7 @@ def test_the_sides_prepare_reaches_the_models_the_checks_run():
     ],
 )
 def test_a_keyword_or_reference_that_conflicts_with_the_side_is_a_usage_error(call, named):
-    with pytest.raises(UsageError, match=named):
+    with pytest.raises(precguard.UsageError, match=named):
         call()
 
 
