@@ -28,8 +28,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from torch import nn
 
 from precguard._logging import get_logger
 from precguard.checks.base import (
@@ -40,8 +42,10 @@ from precguard.checks.base import (
     family_of,
     family_rank,
 )
+from precguard.devices import parse_dtype
 from precguard.errors import PrecguardError, UsageError
 from precguard.report.models import Diagnosis
+from precguard.target_run import Side, one_side
 
 logger = get_logger(__name__)
 
@@ -288,6 +292,36 @@ def rank_root_causes(findings: Sequence[Finding]) -> list[Finding]:
     return [f for _, f in flagged]
 
 
+def _reference_side(reference: str | Side, side: Side | None) -> Side | None:
+    """The reference Side of a check run: ``reference`` as given, or the device side's
+    target on the ``reference`` device; a usage error when it cannot be the checks'.
+
+    The checks build one model and copy it to both devices, in float32 on the
+    reference, so a reference Side must name the same target, leave the dtype unset
+    (or float32) and carry no ``prepare`` of its own.
+    """
+    if not isinstance(reference, Side):
+        return None if side is None else Side(side.target, reference, torch.float32, side.prepare)
+    if side is None:
+        raise UsageError("check: a reference Side given without a target")
+    if reference.target != side.target:
+        raise UsageError(
+            f"check: the reference Side runs {reference.target!r}, the device's "
+            f"{side.target!r}; the checks compare one target on two devices"
+        )
+    if reference.dtype is not None and parse_dtype(reference.dtype) != torch.float32:
+        raise UsageError(
+            f"check: the reference Side's dtype is {reference.dtype}; the checks run the "
+            "reference in float32 (leave it unset)"
+        )
+    if reference.prepare is not None and reference.prepare is not side.prepare:
+        raise UsageError(
+            "check: the reference Side has a prepare of its own; the checks copy one "
+            "built model to both devices, so set prepare on the device's Side"
+        )
+    return reference.replace(dtype=torch.float32, prepare=side.prepare)
+
+
 def verdict_of(counts: dict[str, int]) -> Literal["pass", "fail", "inconclusive"]:
     """'fail' on any fail or error; 'inconclusive' unless some check passed or warned."""
     if counts.get("fail") or counts.get("error"):
@@ -301,10 +335,11 @@ def check(
     checklist: str | Path | Checklist = "llama-finetune",
     target: Any = "tiny-llama",
     *,
-    device: str = "cpu",
-    reference: str = "cpu",
+    device: str | None = None,
+    reference: str | Side = "cpu",
     golden: str | Path | None = None,
     dtype: str | None = None,
+    prepare: Callable[[nn.Module], Any] | None = None,
     only: Sequence[str] = (),
     skip: Sequence[str] = (),
     on_progress: Callable[[str, int, int], None] | None = None,
@@ -312,15 +347,21 @@ def check(
     """Run a checklist on a target, device under test against reference; return the Diagnosis.
 
     :param checklist: shipped name, YAML path, or a :class:`Checklist`.
-    :param target: target spec (``tiny-llama``, ``file.py:fn``) or a ``Target``; None runs
-        only the checks that need none.
+    :param target: the device under test as a :class:`~precguard.Side` (the one way:
+        ``check("quick", Side("tiny-llama", "emu:fp16"))``), or a target spec
+        (``tiny-llama``, ``file.py:fn``) or ``Target`` with the side's ``device``
+        (default ``"cpu"``), ``dtype`` and ``prepare`` as keywords (a keyword beside a
+        Side is a usage error); None runs only the checks that need none.
+    :param reference: the trusted reference device, or a Side of the same target on it
+        (the checks run the reference in float32, and build one model that both sides
+        copy, so the device Side's ``prepare`` reaches both).
     :param golden: a golden recording for the ``layerwise``, ``data`` and ``env`` checks.
     :param dtype: model dtype on the device; None means float32, or the storage dtype
         of a mixed-precision device (``emu:fp16-mixed``).
     :param only: run only these check ids, globs or family names; ``skip``: leave these out.
     :param on_progress: called as ``(check_id, index, total)`` before each check.
 
-    >>> d = precguard.check("quick", "tiny-llama", device="emu:fp16")   # doctest: +SKIP
+    >>> d = precguard.check("quick", Side("tiny-llama", "emu:fp16"))   # doctest: +SKIP
     >>> d.verdict, d.root_cause
     """
     from precguard.devices import dtype_name, resolve_backend
@@ -329,15 +370,23 @@ def check(
 
     started = time.perf_counter()
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    side = (
+        one_side(target, "check", device=device, dtype=dtype, prepare=prepare)
+        if target is not None
+        else None
+    )
+    reference_side = _reference_side(reference, side)
+    device = side.device if side is not None else device or "cpu"
+    reference = reference_side.device if isinstance(reference, Side) else reference
     spec = checklist if isinstance(checklist, Checklist) else load_checklist(checklist)
     device_backend = resolve_backend(device)
-    model_dtype = target_model_dtype(device_backend, dtype)
+    model_dtype = target_model_dtype(device_backend, side.dtype if side is not None else dtype)
     dtype = dtype_name(model_dtype)
     reference_backend = resolve_backend(reference)
     golden_path = Path(golden) if golden is not None else None
     if golden_path is not None and not (golden_path / "manifest.json").is_file():
         raise UsageError(f"--golden {golden_path}: not a precguard recording (no manifest.json)")
-    target_obj = load_target(target) if target is not None else None
+    target_obj = load_target(side.target) if side is not None else None
     steps = plan(spec, registered_checks(), only, skip)
     ctx = CheckContext(
         device=device,
@@ -346,6 +395,13 @@ def check(
         golden=golden_path,
         dtype=dtype,
         backends={reference: reference_backend, device: device_backend},
+        # the target loaded once: the checks' Lab opens both sides without importing it again
+        side=side.replace(target=target_obj, dtype=model_dtype) if side is not None else None,
+        reference_side=(
+            reference_side.replace(target=target_obj, dtype=torch.float32)
+            if reference_side is not None
+            else None
+        ),
     )
     findings: list[Finding] = []
     durations: dict[str, float] = {}

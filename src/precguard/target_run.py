@@ -10,8 +10,8 @@ the device, and name the target's own code when it raises or calls
 :class:`Side` is what the user says about one side of a comparison (the
 target, the device, the dtype, what alters the built model); ``Side.open()``
 sets it up as a :class:`TargetRun`. Every entry point that runs a target
-(``record_target``, ``bisect``, ``generate_diff``) takes a ``Side`` and builds
-its model through it.
+(``record_target``, ``bisect``, ``generate_diff``, ``replay_module``, ``op_check``,
+``check``) takes a ``Side`` and builds its model through it.
 
 >>> run = TargetRun.open("tiny-llama", "emu:bf16")          # doctest: +SKIP
 >>> model = run.build_model()                               # seeded, on the device
@@ -176,7 +176,8 @@ class Side:
     """One side of a comparison: the target, the device it runs on, the dtype, the set-up.
 
     The one way to say what runs where: ``precguard.record_target``,
-    ``precguard.bisect`` and ``precguard.generate_diff`` take a ``Side`` (their
+    ``precguard.bisect``, ``precguard.generate_diff`` and ``precguard.check`` take a
+    ``Side`` (their
     older keyword arguments ``device=``, ``dtype=``, ``prepare=`` build one), and
     the CLI builds one from ``--target``/``--device``/``--dtype``.
 

@@ -23,11 +23,11 @@ from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.capture.hooks import on_calls
 from precguard.checks.base import CheckContext, NotApplicable
-from precguard.devices import dtype_name, parse_dtype, seed_everything
+from precguard.devices import dtype_name, seed_everything
 from precguard.numerics import measure
 from precguard.opcheck.measure import cast_floats, probe_compute_dtype, run_on_device
 from precguard.target import Target, call_model
-from precguard.target_run import TargetRun
+from precguard.target_run import Side, TargetRun
 
 logger = get_logger(__name__)
 
@@ -108,16 +108,18 @@ class Lab:
     """
 
     def __init__(self, ctx: CheckContext) -> None:
-        if ctx.target is None:
+        if ctx.target is None or ctx.side is None or ctx.reference_side is None:
             raise NotApplicable("no target given")
         self.ctx = ctx
-        self.target: Target = ctx.target
-        self.device: Backend = ctx.backend()
-        self.reference: Backend = ctx.backend(ctx.reference)
-        self.dtype: torch.dtype = parse_dtype(ctx.dtype)
-        #: the set-up every command shares, on the device and on the reference
-        self.run = TargetRun(self.target, ctx.device, self.device, self.dtype)
-        self.reference_run = TargetRun(self.target, ctx.reference, self.reference, torch.float32)
+        #: the device under test and the reference, as the user said them
+        self.side: Side = ctx.side
+        #: the set-up every command shares (``Side.open()``), on the device and the reference
+        self.run: TargetRun = ctx.side.open()
+        self.reference_run: TargetRun = ctx.reference_side.open()
+        self.target: Target = self.run.target
+        self.device: Backend = self.run.backend
+        self.reference: Backend = self.reference_run.backend
+        self.dtype: torch.dtype = self.run.dtype
         self._cache: dict[str, Any] = {}
 
     # -- facts -------------------------------------------------------------
@@ -158,11 +160,13 @@ class Lab:
 
         Seeded like every other build of the run (:meth:`build_fresh`) and never
         sent to the reference device and back: on a GPU reference that would copy
-        every weight twice.
+        every weight twice. The device side's ``prepare`` alters it once, so every
+        copy (device, reference, fp64) carries it, as bisect's two copies do.
         Shared: never modify it; take :meth:`copy` instead.
         """
         if "reference_model" not in self._cache:
-            model = self.build_fresh(self.reference).to(device="cpu", dtype=torch.float32)
+            built = self.run.prepared(self.build_fresh(self.reference))
+            model = built.to(device="cpu", dtype=torch.float32)
             model.eval()
             self._cache["reference_model"] = model
         return self._cache["reference_model"]

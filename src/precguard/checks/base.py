@@ -21,6 +21,7 @@ from precguard.report.models import Finding, Status
 if TYPE_CHECKING:
     from precguard.backend import Backend
     from precguard.target import Target
+    from precguard.target_run import Side
 
 
 #: the built-in check families, in the order their failures are blamed (the Diagnosis ranks
@@ -118,6 +119,12 @@ class CheckContext:
     (the checklist resolves them, so a device that is unknown or unavailable
     is refused before any check runs); checks reach them through
     :meth:`backend`. Checks never resolve devices themselves.
+
+    ``side`` and ``reference_side`` are the two :class:`~precguard.Side` s the run
+    compares (the checks' :class:`~precguard.checks._lab.Lab` opens its models
+    through them); ``device``, ``target`` and ``dtype`` are the device side's, spelt
+    out for the checks that read them. A context built without sides gets them from
+    those fields (the reference in float32).
     """
 
     device: str
@@ -130,6 +137,20 @@ class CheckContext:
     dtype: str = "float32"
     #: resolved backends by device string: ``device`` and ``reference``
     backends: Mapping[str, Backend] = field(default_factory=dict)
+    #: the device under test as a Side (target, device, dtype, prepare); None without a target
+    side: Side | None = None
+    #: the reference as a Side: the same target on ``reference`` in float32
+    reference_side: Side | None = None
+
+    def __post_init__(self) -> None:
+        if self.target is None:
+            return
+        from precguard.target_run import Side
+
+        if self.side is None:
+            self.side = Side(self.target, self.device, self.dtype)
+        if self.reference_side is None:
+            self.reference_side = Side(self.target, self.reference, torch.float32)
 
     def backend(self, device: str | None = None) -> Backend:
         """Return the resolved backend of ``device`` (default: the device under test).

@@ -24,14 +24,13 @@ def first_divergence(ctx: CheckContext, profile: str = "default") -> Finding:
         raise NotApplicable(f"precguard.compare is not available ({exc})") from exc
     from precguard.dump.reader import load_run
     from precguard.runner import record_target
-    from precguard.target_run import Side
 
     bench = lab(ctx)
     manifest = load_run(ctx.golden).manifest
     options = manifest.options or {}
     with tempfile.TemporaryDirectory(prefix="precguard-check-") as tmp:
         record_target(
-            Side(bench.target, ctx.device, ctx.dtype),
+            bench.side,  # the device under test as the user said it, prepare and all
             out=f"{tmp}/actual",
             steps=manifest.steps or 1,
             train=bool(options.get("backward", False)),

@@ -81,6 +81,7 @@ def check(
 
     from precguard import checklist as cl
     from precguard.report.diagnosis import as_json, render_terminal, write_html
+    from precguard.target_run import Side
 
     out = Console(highlight=False, soft_wrap=False)
     if list_checks:
@@ -116,11 +117,9 @@ def check(
 
         diagnosis = cl.check(
             checklist,
-            target,
-            device=device,
+            Side(target, device, dtype),  # --target/--device/--dtype: the device under test
             reference=reference,
             golden=golden,
-            dtype=dtype,
             only=only,
             skip=skip,
             on_progress=on_progress,
