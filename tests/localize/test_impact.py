@@ -7,8 +7,6 @@ enough for the rotary angles to reach the logits, run on ``emu:bf16-mixed``.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,10 +15,10 @@ import precguard
 from precguard import BisectResult
 from precguard.localize.impact import bisect_findings, error_budget, recordings_only
 from precguard.localize.verify import measure_comparison
+from tests.localize.cli import precguard_cli
 from tests.localize.impact_corpus import DEVICE, side
 
 CORPUS = "tests/localize/impact_corpus.py:"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -85,25 +83,13 @@ def test_without_a_target_the_budget_says_what_the_recordings_allow(two_bugs_run
     assert {i.module for i in budget.impacts} >= {"model.rotary_emb"}
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {"PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "COLUMNS": "200", "PATH": "/usr/bin:/bin"}
-    return subprocess.run(
-        [sys.executable, "-m", "precguard", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        check=False,
-    )
-
-
 @pytest.mark.slow
 def test_compare_without_target_says_impact_needs_one(two_bugs_runs) -> None:
     golden, actual = two_bugs_runs
-    out = _cli("compare", str(golden), str(actual))
+    out = precguard_cli("compare", str(golden), str(actual))
     assert out.returncode == 1
     assert "impact needs --target" in out.stdout
-    bad = _cli("compare", str(golden), str(actual), "--verify")
+    bad = precguard_cli("compare", str(golden), str(actual), "--verify")
     assert bad.returncode == 2 and "--verify" in bad.stderr and "--target" in bad.stderr
 
 

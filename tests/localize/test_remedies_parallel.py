@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ from torch import nn
 from precguard import op_check
 from precguard.localize.impact import FLOOR_SLACK, ActualSide, error_budget
 from precguard.localize.verify import verify_findings, verify_opcheck, verify_remedies
+from tests.localize.cli import precguard_cli
 
 
 @functools.cache
@@ -140,19 +139,10 @@ def test_the_checklists_loss_finding_goes_to_the_loss_module_a_model_computes_it
 
 @pytest.mark.slow
 def test_op_check_verify_prints_and_writes_the_modules_impact(tmp_path: Path) -> None:
-    root = Path(__file__).resolve().parents[2]
-    env = {"PYTHONPATH": f"{root / 'src'}:{root}", "COLUMNS": "200", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run(
-        [
-            *(sys.executable, "-m", "precguard", "op-check", "-d", "cpu", "--dtype", "bfloat16"),
-            *("-t", "parallel-decoder-norm-low-precision", "-m", "transformer.ln_f"),
-            *("--seq-lens", "32", "--verify", "--json", str(tmp_path / "o.json")),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=root,
-        env=env,
-        check=False,
+    out = precguard_cli(
+        *("op-check", "-d", "cpu", "--dtype", "bfloat16"),
+        *("-t", "parallel-decoder-norm-low-precision", "-m", "transformer.ln_f"),
+        *("--seq-lens", "32", "--verify", "--json", str(tmp_path / "o.json")),
     )
     assert out.returncode == 1, out.stderr
     assert "transformer.ln_f: the norm's statistics in float32: verified" in out.stdout

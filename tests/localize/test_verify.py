@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,10 +17,10 @@ import precguard
 from precguard import Switch, hookimpl, plugins
 from precguard.localize.impact import FLOOR_SLACK, ActualSide, error_budget
 from precguard.localize.verify import loss_remedy, switch_remedies, verify_remedies
+from tests.localize.cli import precguard_cli
 from tests.localize.impact_corpus import DEVICE, side
 
 CORPUS = "tests/localize/impact_corpus.py:"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -126,18 +124,10 @@ def test_emu_declares_its_profiles_as_switches() -> None:
 def test_compare_verify_prints_the_verified_remedy(tmp_path: Path) -> None:
     golden = precguard.record_target(CORPUS + "rope_bug", device="cpu", out=tmp_path / "cpu")
     actual = precguard.record_target(CORPUS + "rope_bug", device=DEVICE, out=tmp_path / "bf16")
-    env = {"PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "COLUMNS": "250", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run(
-        [
-            *(sys.executable, "-m", "precguard", "compare", str(golden), str(actual)),
-            *("--target", CORPUS + "rope_bug", "--verify", "--json", str(tmp_path / "c.json")),
-            *("--html", str(tmp_path / "c.html")),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        check=False,
+    out = precguard_cli(
+        *("compare", str(golden), str(actual)),
+        *("--target", CORPUS + "rope_bug", "--verify", "--json", str(tmp_path / "c.json")),
+        *("--html", str(tmp_path / "c.html")),
     )
     assert out.returncode == 1, out.stderr
     assert "model.rotary_emb: the rotary frequencies and angles in float32: verified" in out.stdout
@@ -150,18 +140,10 @@ def test_compare_verify_prints_the_verified_remedy(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_check_verify_tells_which_of_the_checks_remedies_works(tmp_path: Path) -> None:
     """The rope check blames the angles and the rounded inv_freq; re-running says which."""
-    env = {"PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "COLUMNS": "250", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run(
-        [
-            *(sys.executable, "-m", "precguard", "check", "--target", CORPUS + "rope_bug"),
-            *("--device", DEVICE, "--only", "rope.position_sweep", "--verify"),
-            *("--json", str(tmp_path / "d.json"), "--html", str(tmp_path / "d.html")),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        check=False,
+    out = precguard_cli(
+        *("check", "--target", CORPUS + "rope_bug"),
+        *("--device", DEVICE, "--only", "rope.position_sweep", "--verify"),
+        *("--json", str(tmp_path / "d.json"), "--html", str(tmp_path / "d.html")),
     )
     assert out.returncode == 1, out.stderr
     impact = json.loads((tmp_path / "d.json").read_text())["impact"]
