@@ -172,6 +172,7 @@ CONSTANTS = frozenset(
         "MIN_LOCAL_GROWTH",
         "REPLAY_MARGIN",
         "CORRECT_RUN_GROWTH",
+        "REPRODUCED",
         "SLICE_FLOOR",
         "RARE_COUNT",
         "OPCHECK_ROUNDINGS",

@@ -118,6 +118,12 @@ ZERO_DENSITY = 1.0
 #: module beyond that is itself a finding of the budget) (localize/impact.py).
 FLOOR_SLACK = 1.25
 
+#: a re-run reproduces a recorded output error when within this share of it: the same code
+#: on the same device gives the same bits (0); another device of the same precision rounds
+#: each module otherwise, which moves a correct run's error by what one module may own of
+#: it, the :data:`FLOOR_SLACK` margin's quarter (localize/impact.py)
+REPRODUCED = FLOOR_SLACK - 1.0
+
 #: the profile's amplification: an error at least ten times (one order of magnitude) what
 #: explains it is made by the module itself (compare/tolerance.py)
 AMPLIFICATION = 10.0

@@ -55,7 +55,7 @@ from precguard.localize.bisect import (
     _cast_batch,
     main_output,
 )
-from precguard.numerics import FLOOR_SLACK, HELP_SHARE
+from precguard.numerics import FLOOR_SLACK, HELP_SHARE, REPRODUCED
 from precguard.opcheck.sweep import OpCheckResult
 from precguard.target import Target, call_model
 from precguard.target_run import Side, TargetRun, one_side
@@ -534,13 +534,6 @@ def comparison_impact(
             f"{recorded:.3g}: the target or device may not be what the actual side ran"
         )
     return budget.model_copy(update={"recorded_output_error": recorded, "note": "; ".join(notes)})
-
-
-#: a re-run reproduces the recorded output error when within this share of it: the same
-#: code on the same device gives the same bits (0); another device of the same precision
-#: rounds otherwise, which moves a correct run's error by a fraction of itself, not by a
-#: quarter of it
-REPRODUCED = 0.25
 
 
 def recorded_output_error(result: Comparison, step: int, numel: int) -> float | None:
