@@ -27,7 +27,9 @@ def _ids() -> torch.Tensor:
 
 def _mask(side: str) -> torch.Tensor:
     mask = torch.ones(2, 32, dtype=torch.long)
-    if side == "left":
+    if side == "all":
+        mask[:] = 0
+    elif side == "left":
         mask[0, :5] = 0
     else:
         mask[1, -7:] = 0
@@ -148,3 +150,13 @@ def test_no_padding_no_note():
     from precguard.compare.padding import LeftOut
 
     assert padding_note(LeftOut()) is None
+
+
+def test_a_batch_with_no_real_position_is_compared_as_recorded_not_passed(tmp_path):
+    """Leaving out every position would compare nothing: a fault must still be named."""
+    golden = _record(tmp_path, "eager", True, padding="all", name="golden")
+    actual = _record(tmp_path, "eager", True, padding="all", fault=True, name="actual")
+    result = precguard.compare_runs(golden, actual)
+    assert result.verdict == "diverged"
+    assert result.first_divergence.module == "model.layers.1.mlp.down_proj"
+    assert not [w for w in result.warnings if "left out of" in w]
