@@ -376,10 +376,12 @@ def _local_reason(
     profile: Profile,
 ) -> str | None:
     """Why ``call`` made error of its own, or None when it only passed error on."""
-    what = "its output" if call.phase == "forward" else "the gradients it computed"
+    what, differs = "its output", "does not"
+    if call.phase != "forward":
+        what, differs = "the gradients it computed", "do not"
     ins = "inputs" if call.phase == "forward" else "incoming gradients and inputs"
     if is_optimizer(first.phase, first.role):
-        what, ins = "the optimizer's update of its parameters", "gradients"
+        what, differs, ins = "the optimizer's update of its parameters", "does not", "gradients"
     if first.status == "nonfinite" and not any(r.status == "nonfinite" for r in call.consumed):
         return (
             f"{call.module} ({call.module_type}) produced NaN/Inf where golden has none "
@@ -392,7 +394,6 @@ def _local_reason(
     inputs_bad = any(r.status in _BAD for r in call.consumed)
     where = _concentration(first)
     if not inputs_bad and amp >= MIN_LOCAL_GROWTH:
-        verb = "do not" if what.endswith("computed") else "does not"
         m = first.metrics
         scaled = (
             f", scaled by {m.scale:.4g} ± {m.scale_se:.1g}"
@@ -401,7 +402,7 @@ def _local_reason(
         )
         return (
             f"{call.module} ({call.module_type}): its {ins} match (error {_fmt(in_err)}) but "
-            f"{what} {verb}: error {_fmt(out_err)}{scaled}{where} where {dtype} precision and "
+            f"{what} {differs}: error {_fmt(out_err)}{scaled}{where} where {dtype} precision and "
             f"the {ins}' error explain {_fmt(expected)} ({_fmt(amp)}x)"
         )
     if amp >= profile.amplification:
