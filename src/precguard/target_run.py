@@ -209,6 +209,21 @@ class Side:
         """A copy with ``changes`` (``side.replace(device="cpu")``)."""
         return dataclasses.replace(self, **changes)
 
+    def open_beside(self, run: TargetRun) -> TargetRun:
+        """This side set up on ``run``'s already loaded target: the golden of an entry point
+        that copies one built model to both sides (bisect, the error budget, verify).
+
+        The dtype, then the device, are resolved (each bad one is exit 2); the target is
+        not loaded again (a ``file.py`` target would run its module twice), and ``run``'s
+        ``prepare`` is kept: the one build both copies come from carries it.
+        """
+        if self.dtype is not None:
+            parse_dtype(self.dtype)
+        backend = resolve_backend(self.device)
+        return TargetRun(
+            run.target, self.device, backend, model_dtype(backend, self.dtype), prepare=run.prepare
+        )
+
 
 def one_side(
     target: TargetSpec | Side | None,
@@ -242,3 +257,78 @@ def one_side(
     if where is None:
         raise UsageError(f"{what}: no device given (pass a Side or device=)")
     return Side(target, where, dtype, prepare)
+
+
+#: the golden's dtype when the deprecated ``reference_dtype=`` keyword is left unset: the
+#: trusted reference has always been float32, whatever the golden device's storage dtype
+REFERENCE_DTYPE = torch.float32
+
+
+def golden_side(
+    golden: Side | None,
+    actual: Side,
+    what: str,
+    *,
+    reference: str | None = None,
+    reference_dtype: str | torch.dtype | None = None,
+) -> Side:
+    """The golden (reference) :class:`Side` of an entry point that runs ``actual``'s target
+    on two sides from one build: ``bisect``, the error budget, ``verify_findings``,
+    ``verify_opcheck``, ``measure_comparison``.
+
+    ``golden`` given: it is the side, and the deprecated keywords ``reference=`` and
+    ``reference_dtype=`` must be left unset (both forms is a usage error naming ``what``).
+    Else the keywords build it: the actual's target on ``reference`` (None: ``"cpu"``) in
+    ``reference_dtype`` (None: float32, the old default).
+
+    The two sides are copies of one built model, so a golden Side names the actual's
+    target (the same spec or the same :class:`~precguard.target.Target`), and its
+    ``prepare`` is the actual's or None (the build carries the actual's ``prepare`` to
+    both copies); anything else is a usage error saying so. Its dtype None means, as for
+    every Side, the backend's storage dtype, else float32.
+
+    >>> golden_side(None, Side("tiny-llama", "emu:bf16"), "bisect")  # doctest: +SKIP
+    Side(target='tiny-llama', device='cpu', dtype=torch.float32, prepare=None)
+    """
+    if golden is None:
+        return Side(
+            actual.target,
+            reference if reference is not None else "cpu",
+            reference_dtype if reference_dtype is not None else REFERENCE_DTYPE,
+        )
+    if not isinstance(golden, Side):
+        raise UsageError(
+            f"{what}: golden= takes a Side, got {type(golden).__name__} "
+            "(precguard.Side(target, device, dtype))"
+        )
+    given = [
+        name
+        for name, value in (("reference", reference), ("reference_dtype", reference_dtype))
+        if value is not None
+    ]
+    if given:
+        raise UsageError(
+            f"{what}: {', '.join(given)} given beside golden=; set them on the golden Side"
+        )
+    if golden.target is not actual.target and golden.target != actual.target:
+        raise UsageError(
+            f"{what}: the golden Side runs {_spec(golden.target)}, the actual "
+            f"{_spec(actual.target)}; {what} copies one built model to both sides"
+        )
+    if golden.prepare is not None and golden.prepare is not actual.prepare:
+        raise UsageError(
+            f"{what}: the golden Side has a prepare of its own; {what} copies one built "
+            "model to both sides, so set prepare on the actual's Side (it reaches both)"
+        )
+    return golden
+
+
+def spec_name(target: TargetSpec | Side) -> str:
+    """The name a result shows for a target spec, a loaded Target or a Side's target."""
+    if isinstance(target, Side):
+        target = target.target
+    return target if isinstance(target, str) else target.name
+
+
+def _spec(target: TargetSpec) -> str:
+    return repr(spec_name(target))

@@ -102,8 +102,7 @@ def bisect(
         task = progress.add_task(f"bisecting {target} on {device}", total=None)
         result = run_bisect(
             Side(target, device, dtype),
-            reference=reference,
-            reference_dtype=reference_dtype,
+            golden=Side(target, reference, reference_dtype),
             metric=metric,
             threshold=threshold,
             step=step,

@@ -99,6 +99,10 @@ def check(
     from precguard.report.page import ensure_writable
 
     ensure_writable(html=html_out, **{"junit-xml": junit_out})
+    # --target/--device/--dtype: the device under test; --reference: the same target there,
+    # in float32 (the checks' reference and the golden --verify re-runs against)
+    actual = Side(target, device, dtype)
+    reference_side = Side(target, reference, "float32")
     err = Console(stderr=True)
     progress = Progress(
         TextColumn("[progress.description]{task.description}"),
@@ -117,8 +121,8 @@ def check(
 
         diagnosis = cl.check(
             checklist,
-            Side(target, device, dtype),  # --target/--device/--dtype: the device under test
-            reference=reference,
+            actual,
+            reference=reference_side,
             golden=golden,
             only=only,
             skip=skip,
@@ -127,9 +131,7 @@ def check(
     if verify and diagnosis.verdict == "fail":
         from precguard.localize.verify import verify_findings
 
-        budget = verify_findings(
-            diagnosis.root_causes, target, device=device, dtype=dtype, reference=reference
-        )
+        budget = verify_findings(diagnosis.root_causes, actual, golden=reference_side)
         diagnosis = diagnosis.model_copy(update={"impact": budget})
     if json_out is not None:
         if str(json_out) == "-":

@@ -267,9 +267,12 @@ def compare(
         assert target is not None
         result = replay_suspects(result, target=target, top=replay_top)
     if target is not None and result.verdict != "match":
+        from precguard.localize.impact import comparison_sides
         from precguard.localize.verify import measure_comparison
 
-        result = measure_comparison(result, target, device=device, verify=verify)
+        # the sides the recordings ran, the --target's code on each (--device: elsewhere)
+        golden_side, actual_side = comparison_sides(result, target, device=device)
+        result = measure_comparison(result, actual_side, golden=golden_side, verify=verify)
     if html_out is not None or csv_out is not None:
         from precguard.report.comparison import write_comparison_reports
 

@@ -112,7 +112,8 @@ def op_check(
         from precguard.localize.impact_render import render_budget
         from precguard.localize.verify import verify_opcheck
 
-        budget = verify_opcheck(result, target, device=device, dtype=dtype)
+        assert side is not None  # --target given: the sweep's Side, re-run against the CPU
+        budget = verify_opcheck(result, side, golden=Side(target, "cpu", "float32"))
         render_budget(budget, console)
     if json_out is not None:
         payload = result.model_dump_json(indent=2, exclude_none=True)

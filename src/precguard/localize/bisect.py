@@ -31,7 +31,7 @@ that exceed the format where the model hands them on, or its output itself).
 Probes are cached by the set they test. The user's model is never touched:
 both models are private builds, and every swapped ``forward`` is restored.
 
->>> result = bisect("tiny-llama", device="emu:fp16")   # doctest: +SKIP
+>>> result = bisect(Side("tiny-llama", "emu:fp16"))     # doctest: +SKIP
 >>> result.culprits, result.probe_count                 # doctest: +SKIP
 """
 
@@ -52,7 +52,6 @@ from precguard import tree
 from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.capture.hooks import HookHandle, NonFiniteOrigin, on_calls, replace_forward
-from precguard.devices import parse_dtype, resolve_backend
 from precguard.errors import ExitCode, TargetError, UsageError
 from precguard.numerics import (
     CORRECT_RUN_GROWTH,
@@ -63,7 +62,7 @@ from precguard.numerics import (
 )
 from precguard.oracle import map_tensors_keeping_types
 from precguard.target import Target, call_model
-from precguard.target_run import Side, one_side
+from precguard.target_run import Side, golden_side, one_side
 
 logger = get_logger(__name__)
 
@@ -580,10 +579,11 @@ class Bisector:
 def bisect(
     target: str | Target | Side,
     *,
+    golden: Side | None = None,
     device: str | None = None,
-    reference: str = "cpu",
+    reference: str | None = None,
     dtype: str | torch.dtype | None = None,
-    reference_dtype: str | torch.dtype = "float32",
+    reference_dtype: str | torch.dtype | None = None,
     metric: str = "rel_l2",
     threshold: float | None = None,
     step: int = 0,
@@ -592,19 +592,22 @@ def bisect(
 ) -> BisectResult:
     """Bisect the modules of ``target`` that make its output on ``device`` differ.
 
-    ``target`` is a :class:`~precguard.Side` (the one way: ``bisect(Side("tiny-llama",
-    "emu:bf16"))``), or a target spec with the side's ``device`` (then required),
-    ``dtype`` and ``prepare`` as keywords. The reference is the same model on
-    ``reference`` in ``reference_dtype``.
+    ``target`` is the actual side, a :class:`~precguard.Side` (the one way:
+    ``bisect(Side("tiny-llama", "emu:bf16"), golden=Side("tiny-llama", "cuda"))``), or
+    a target spec with the side's ``device`` (then required), ``dtype`` and ``prepare``
+    as keywords. ``golden`` is the reference: a Side of the same target (its device and
+    dtype; default: the CPU in float32). The deprecated keywords ``reference=`` (the
+    golden's device) and ``reference_dtype=`` (its dtype, default float32) build it;
+    either beside ``golden=`` is a usage error (:func:`~precguard.target_run.golden_side`).
 
-    The model is built once from the target's seed; one copy runs on
-    ``reference`` in ``reference_dtype``, the other on ``device`` in ``dtype``
-    (default: float32, or the storage dtype of a mixed-precision ``emu:``
-    profile). Batch ``step`` is the input. ``threshold`` defaults, for ``rel_l2``,
-    to a threshold per floating output derived from the floor probe
-    (:data:`CORRECT_RUN_GROWTH`: what a correct device run of this model explains),
-    and must be given for any other metric. ``prepare(model)`` may alter the
-    built model before it is copied (tests plant faults with it).
+    The model is built once from the target's seed; one copy runs on the golden's
+    device in its dtype, the other on the actual's (its dtype None: float32, or the
+    storage dtype of a mixed-precision ``emu:`` profile). Batch ``step`` is the input.
+    ``threshold`` defaults, for ``rel_l2``, to a threshold per floating output derived
+    from the floor probe (:data:`CORRECT_RUN_GROWTH`: what a correct device run of this
+    model explains), and must be given for any other metric. The actual Side's
+    ``prepare(model)`` alters the built model before it is copied, so both sides carry it
+    (tests plant faults with it).
     """
     if metric not in METRICS:
         from precguard.suggest import did_you_mean
@@ -618,10 +621,13 @@ def bisect(
     side = one_side(
         target, "bisect", device=device, dtype=dtype, prepare=prepare, default_device=None
     )
+    golden = golden_side(
+        golden, side, "bisect", reference=reference, reference_dtype=reference_dtype
+    )
     run = side.open()
     target_obj, backend, model_dtype = run.target, run.backend, run.dtype
-    ref_backend = resolve_backend(reference)
-    ref_dtype = parse_dtype(reference_dtype)
+    golden_run = golden.open_beside(run)  # the reference: one object, not (backend, dtype)
+    ref_backend, ref_dtype = golden_run.backend, golden_run.dtype
     compute = backend.compute_dtype() or model_dtype
     if threshold is None and metric != "rel_l2":
         raise UsageError(f"--metric {metric} needs --threshold (a default exists for rel_l2)")
@@ -650,7 +656,7 @@ def bisect(
     for name, tensor in expected.items():
         if not bool(torch.isfinite(tensor).all()):
             raise TargetError(
-                f"target {target_obj.name!r}: the reference output {name} on {reference} is "
+                f"target {target_obj.name!r}: the reference output {name} on {golden.device} is "
                 "not finite; there is nothing trustworthy to bisect against (a bug that "
                 "shows at reference precision too is not bisect's: see op-check)"
             )
@@ -739,7 +745,7 @@ def bisect(
         target=target_obj.name,
         device=side.device,
         dtype=_name(model_dtype),
-        reference=reference,
+        reference=golden.device,
         reference_dtype=_name(ref_dtype),
         metric=metric,
         threshold=thresholds[decisive],

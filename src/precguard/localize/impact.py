@@ -6,9 +6,9 @@ error with that one module computed at reference precision, against the
 output error as the actual side computes it. This module runs it.
 
 The target is built once from its seed (as ``bisect`` builds it): one copy
-on the reference (the golden's device and dtype, e.g. the CPU in float32)
-gives the output the errors are measured against, the other runs on the
-actual's device in its dtype. A module is put at reference precision the way
+on the golden :class:`~precguard.Side` (its device and dtype, e.g. the CPU in
+float32) gives the output the errors are measured against, the other runs on
+the actual Side's device in its dtype. A module is put at reference precision the way
 ``bisect`` does it (:class:`~precguard.localize.bisect.ReferencePrecision`:
 its call goes to the same module of the reference copy, its output cast back
 to the actual's dtype), so no second hook layer exists. The error is the
@@ -23,7 +23,7 @@ and the share no single module explains (``1 -`` the sum of the positive
 shares). Its *floor* is the output error of a correct run at the actual
 precision (:meth:`ActualSide.floor`, docs/impact.md).
 
->>> side = ActualSide.open("tiny-llama", device="emu:bf16-mixed")     # doctest: +SKIP
+>>> side = ActualSide.open(Side("tiny-llama", "emu:bf16-mixed"))      # doctest: +SKIP
 >>> budget = error_budget(side, ["model.rotary_emb"])                  # doctest: +SKIP
 >>> budget.impacts[0].describe()                                       # doctest: +SKIP
 'model.rotary_emb: output error 0.0240 -> 0.0238 with it at reference precision (1% ...)'
@@ -46,7 +46,7 @@ from precguard.compare.impact_report import ErrorBudget, Impact, RemedyCheck, Re
 from precguard.compare.metrics import tensor_metrics
 from precguard.compare.report import Comparison
 from precguard.compare.tolerance import get_profile
-from precguard.devices import parse_dtype, resolve_backend
+from precguard.devices import resolve_backend
 from precguard.errors import PrecguardError, TargetError, UsageError
 from precguard.localize.bisect import (
     ROOT,
@@ -58,7 +58,14 @@ from precguard.localize.bisect import (
 from precguard.numerics import FLOOR_SLACK, HELP_SHARE, REPRODUCED
 from precguard.opcheck.sweep import OpCheckResult
 from precguard.target import Target, call_model
-from precguard.target_run import Side, TargetRun, one_side
+from precguard.target_run import (
+    Side,
+    TargetRun,
+    TargetSpec,
+    golden_side,
+    one_side,
+    spec_name,
+)
 
 logger = get_logger(__name__)
 
@@ -74,8 +81,8 @@ class ActualSide:
     """The target built once: its actual side re-run with changes, its output error measured.
 
     :param run: the target set up on the actual's device and dtype.
-    :param reference: the reference backend (the golden's device).
-    :param reference_dtype: the reference model dtype (the golden's).
+    :param golden: the reference set up beside it (:meth:`~precguard.Side.open_beside`):
+        the golden's device, backend and dtype, one object.
     :param step: the batch the forwards run on.
     :param prepare: alters the built model before it is copied (tests plant faults with it).
     """
@@ -83,15 +90,13 @@ class ActualSide:
     def __init__(
         self,
         run: TargetRun,
-        reference: Backend,
-        reference_dtype: torch.dtype,
+        golden: TargetRun,
         *,
         step: int = 0,
         prepare: Callable[[nn.Module], Any] | None = None,
     ) -> None:
         self.run = run
-        self.reference = reference
-        self.reference_dtype = reference_dtype
+        self.golden = golden
         self.step = step
         if prepare is not None:
             run.prepare = prepare
@@ -100,14 +105,12 @@ class ActualSide:
         #: the built model in float32 on the CPU, before any cast: buffers as constructed
         self.constructed = copy.deepcopy(built)
         self.reference_model = copy.deepcopy(built).to(
-            device=reference.torch_device(), dtype=reference_dtype
+            device=golden.torch_device, dtype=golden.dtype
         )
         self.model = built.to(device=run.torch_device, dtype=run.dtype)
         batch = run.batch(step)
         self.batch = batch
-        self.reference_batch = _cast_batch(
-            run.move(batch, reference.torch_device()), reference_dtype
-        )
+        self.reference_batch = _cast_batch(run.move(batch, golden.torch_device), golden.dtype)
         self.device_batch = _cast_batch(run.move(batch), run.dtype)
         reference_out = run.call("the reference forward", self._reference_forward)
         self.expected = main_output(reference_out, "reference").detach().to("cpu")
@@ -123,24 +126,41 @@ class ActualSide:
         cls,
         target: str | Target | Side,
         *,
+        golden: Side | None = None,
         device: str | None = None,
         dtype: str | torch.dtype | None = None,
-        reference: str = "cpu",
-        reference_dtype: str | torch.dtype = "float32",
+        reference: str | None = None,
+        reference_dtype: str | torch.dtype | None = None,
         step: int = 0,
         prepare: Callable[[nn.Module], Any] | None = None,
     ) -> ActualSide:
-        """Build ``target`` for ``device`` (``dtype``: as ``record`` would) and ``reference``.
+        """Build the actual side ``target`` and its ``golden`` (the reference) from one build.
 
-        ``target`` may be a :class:`~precguard.Side` (then ``device``, ``dtype`` and
-        ``prepare`` are its own); else ``device`` is required.
+        ``target`` is a :class:`~precguard.Side` (the one way: ``ActualSide.open(Side(
+        "tiny-llama", "emu:bf16"), golden=Side("tiny-llama", "cuda"))``), or a target spec
+        with the side's ``device`` (then required), ``dtype`` (None: as ``record`` would)
+        and ``prepare`` as keywords. ``golden`` is a Side of the same target (default: the
+        CPU in float32); the deprecated ``reference=``/``reference_dtype=`` build it.
+        A keyword beside the Side it belongs to is a usage error.
         """
         side = one_side(
             target, "impact", device=device, dtype=dtype, prepare=prepare, default_device=None
         )
+        golden = golden_side(
+            golden, side, "impact", reference=reference, reference_dtype=reference_dtype
+        )
         run = side.open()
-        ref_dtype = parse_dtype(reference_dtype) or torch.float32
-        return cls(run, resolve_backend(reference), ref_dtype, step=step)
+        return cls(run, golden.open_beside(run), step=step)
+
+    @property
+    def reference(self) -> Backend:
+        """The golden's backend (where the reference copy runs)."""
+        return self.golden.backend
+
+    @property
+    def reference_dtype(self) -> torch.dtype:
+        """The golden's model dtype."""
+        return self.golden.dtype
 
     # -- forwards ------------------------------------------------------------------------------
 
@@ -375,8 +395,8 @@ def error_budget(
         target=run.name,
         device=run.device,
         dtype=_name(run.dtype),
-        reference=str(side.reference.device),
-        reference_dtype=_name(side.reference_dtype),
+        reference=side.golden.device,
+        reference_dtype=_name(side.golden.dtype),
         output_error=before,
         impacts=impacts,
         together=together,
@@ -451,41 +471,70 @@ def recordings_only(result: Comparison, *, reason: str) -> ErrorBudget:
     return ErrorBudget(measured="recordings", impacts=impacts, note=note)
 
 
+def comparison_sides(
+    result: Comparison,
+    target: TargetSpec | Side,
+    *,
+    golden: Side | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    prepare: Callable[[nn.Module], Any] | None = None,
+    what: str = "impact",
+) -> tuple[Side, Side]:
+    """The golden and actual :class:`~precguard.Side` s of ``result``, for a re-run of
+    ``target`` (the code the actual side ran; never taken from a recording).
+
+    The actual: ``target`` itself when it is a Side (it overrides what the recordings
+    say), else ``target`` on the actual recording's device and dtype (``device``/``dtype``:
+    re-run elsewhere). The golden: ``golden`` (a Side of the same target), else the
+    golden recording's device and dtype (float32 when not recorded; the CPU when that
+    device is not usable here). A keyword beside the Side it belongs to, or a golden of
+    another target, is a usage error naming ``what``.
+
+    >>> golden, actual = comparison_sides(result, "model.py", device="npu:1")  # doctest: +SKIP
+    """
+    if isinstance(target, Side):
+        actual = one_side(target, what, device=device, dtype=dtype, prepare=prepare)
+    else:
+        actual = Side(
+            target,
+            device or (result.devices[1] if len(result.devices) > 1 else "cpu"),
+            dtype or (result.dtypes[1] if len(result.dtypes) > 1 else None),
+            prepare,
+        )
+    if golden is None:
+        golden_device = result.devices[0] if result.devices else "cpu"
+        golden_dtype = (result.dtypes[0] if result.dtypes else None) or "float32"
+        try:
+            resolve_backend(golden_device)
+        except PrecguardError:
+            golden_device = "cpu"
+        golden = Side(actual.target, golden_device, golden_dtype)
+    return golden_side(golden, actual, what), actual
+
+
+def comparison_step(result: Comparison) -> int:
+    """The batch a re-run of ``result`` runs on: its first divergence's step (else 0)."""
+    return result.first_divergence.step if result.first_divergence is not None else 0
+
+
 def comparison_side(
     result: Comparison,
-    target: str | Target | Side,
+    target: TargetSpec | Side,
     *,
+    golden: Side | None = None,
     device: str | None = None,
     dtype: str | None = None,
     step: int | None = None,
     prepare: Callable[[nn.Module], Any] | None = None,
 ) -> ActualSide:
-    """The actual side of ``result`` re-built from ``target``: the actual's device and dtype
-    (or ``device``/``dtype``), the golden's device as the reference (the CPU when that
-    device is not usable here), the first divergence's step."""
-    actual_device = device or (result.devices[1] if len(result.devices) > 1 else "cpu")
-    actual_dtype = dtype or (result.dtypes[1] if len(result.dtypes) > 1 else None)
-    golden_device = result.devices[0] if result.devices else "cpu"
-    golden_dtype = (result.dtypes[0] if result.dtypes else None) or "float32"
-    try:
-        resolve_backend(golden_device)
-    except PrecguardError:
-        golden_device = "cpu"
-    if step is None:
-        step = result.first_divergence.step if result.first_divergence is not None else 0
-    if isinstance(target, Side):  # the user said the actual side: it overrides the result's
-        side = one_side(target, "impact", device=device, dtype=dtype, prepare=prepare)
-        return ActualSide.open(
-            side, reference=golden_device, reference_dtype=golden_dtype, step=step
-        )
+    """The actual side of ``result`` re-built from ``target`` beside its golden
+    (:func:`comparison_sides`), on the first divergence's step (or ``step``)."""
+    golden, actual = comparison_sides(
+        result, target, golden=golden, device=device, dtype=dtype, prepare=prepare
+    )
     return ActualSide.open(
-        target,
-        device=actual_device,
-        dtype=actual_dtype,
-        reference=golden_device,
-        reference_dtype=golden_dtype,
-        step=step,
-        prepare=prepare,
+        actual, golden=golden, step=comparison_step(result) if step is None else step
     )
 
 
@@ -493,6 +542,7 @@ def comparison_impact(
     result: Comparison,
     target: str | Target | Side | None,
     *,
+    golden: Side | None = None,
     device: str | None = None,
     dtype: str | None = None,
     prepare: Callable[[nn.Module], Any] | None = None,
@@ -501,7 +551,9 @@ def comparison_impact(
     """The error budget of ``result``'s local findings, measured by re-running ``target``.
 
     Without ``target`` (and ``side``): what the recordings allow, stated as such.
-    ``device``/``dtype`` re-run the actual side elsewhere than its manifest says.
+    ``target`` may be the actual :class:`~precguard.Side` and ``golden`` the reference
+    Side (:func:`comparison_sides`); else ``device``/``dtype`` re-run the actual side
+    elsewhere than its manifest says.
 
     >>> result = precguard.compare_runs("runs/cpu", "runs/bf16")              # doctest: +SKIP
     >>> budget = comparison_impact(result, "tiny-llama")                      # doctest: +SKIP
@@ -515,14 +567,14 @@ def comparison_impact(
     if not findings:
         return ErrorBudget(
             measured="target",
-            target=str(target.target if isinstance(target, Side) else target)
-            if target is not None
-            else None,
+            target=spec_name(target) if target is not None else None,
             note="no local forward finding to measure" + (f"; {note}" if note else ""),
         )
     if side is None:
         assert target is not None
-        side = comparison_side(result, target, device=device, dtype=dtype, prepare=prepare)
+        side = comparison_side(
+            result, target, golden=golden, device=device, dtype=dtype, prepare=prepare
+        )
     budget = error_budget(side, findings, note=note)
     recorded = recorded_output_error(result, side.step, side.expected.numel())
     if recorded is None or budget.output_error is None:
@@ -564,6 +616,8 @@ __all__ = [
     "comparison_findings",
     "comparison_impact",
     "comparison_side",
+    "comparison_sides",
+    "comparison_step",
     "error_budget",
     "opcheck_findings",
     "recorded_output_error",

@@ -52,7 +52,8 @@ from precguard.localize.impact import (
     ActualSide,
     comparison_findings,
     comparison_impact,
-    comparison_side,
+    comparison_sides,
+    comparison_step,
     error_budget,
     judge_remedy,
     opcheck_findings,
@@ -61,8 +62,8 @@ from precguard.localize.impact import (
 )
 from precguard.opcheck.sweep import OpCheckResult
 from precguard.oracle import map_tensors_keeping_types
-from precguard.target import Target, call_model
-from precguard.target_run import TargetRun
+from precguard.target import call_model
+from precguard.target_run import Side, TargetRun, TargetSpec, golden_side, one_side, spec_name
 
 if TYPE_CHECKING:
     from precguard.report.models import Finding
@@ -458,24 +459,35 @@ def loss_modules(side: ActualSide) -> list[str]:
 
 def verify_findings(
     findings: Sequence[Finding],
-    target: str | Target,
+    target: TargetSpec | Side,
     *,
-    device: str,
-    dtype: str | None = None,
-    reference: str = "cpu",
+    golden: Side | None = None,
     step: int = 0,
+    device: str | None = None,
+    dtype: str | None = None,
+    reference: str | None = None,
     prepare: Callable[[nn.Module], Any] | None = None,
 ) -> ErrorBudget:
     """The checklist's flagged ``findings`` (fail or warn) as an error budget with verified
     remedies: each module their evidence names, and the float32 loss for a loss finding.
 
-    >>> diagnosis = precguard.check("llama-inference", "model.py", device="npu")  # doctest: +SKIP
-    >>> verify_findings(diagnosis.root_causes, "model.py", device="npu").impacts   # doctest: +SKIP
+    ``target`` is the actual side, a :class:`~precguard.Side` (the one way), and
+    ``golden`` the reference, a Side of the same target (default: the CPU in float32).
+    The deprecated keywords build them: ``device`` (then required), ``dtype`` and
+    ``prepare`` the actual, ``reference`` the golden's device; a keyword beside the Side
+    it belongs to is a usage error. The actual's ``prepare`` alters the one built model
+    both sides are copied from.
+
+    >>> npu, cpu = Side("model.py", "npu"), Side("model.py")                     # doctest: +SKIP
+    >>> diagnosis = precguard.check("llama-inference", npu)                      # doctest: +SKIP
+    >>> verify_findings(diagnosis.root_causes, npu, golden=cpu).impacts          # doctest: +SKIP
     """
-    flagged = [f for f in findings if f.status in ("fail", "warn")]
-    side = ActualSide.open(
-        target, device=device, dtype=dtype, reference=reference, step=step, prepare=prepare
+    actual = one_side(
+        target, "verify_findings", device=device, dtype=dtype, prepare=prepare, default_device=None
     )
+    reference_side = golden_side(golden, actual, "verify_findings", reference=reference)
+    flagged = [f for f in findings if f.status in ("fail", "warn")]
+    side = ActualSide.open(actual, golden=reference_side, step=step)
     named = [(m, f.id) for f in flagged for m in finding_modules(side, f.evidence)]
     loss_findings = [f for f in flagged if f.family == "loss"]
     # a model that computes its loss itself (a loss module, HF's ``(loss, logits)``): the
@@ -516,59 +528,88 @@ __all__ = [
 
 def verify_opcheck(
     result: OpCheckResult,
-    target: str | Target,
+    target: TargetSpec | Side,
     *,
-    device: str,
-    dtype: str | None = None,
-    reference: str = "cpu",
+    golden: Side | None = None,
     verify: bool = True,
+    device: str | None = None,
+    dtype: str | None = None,
+    reference: str | None = None,
     prepare: Callable[[nn.Module], Any] | None = None,
 ) -> ErrorBudget:
     """The error budget of an ``op-check --target T --module M`` sweep's failed module: its
     share of the model's output error, and with ``verify`` its remedies re-run.
 
     The sweep judges the module on its own inputs; whether that error reaches the
-    model's output is what the re-run tells.
+    model's output is what the re-run tells. ``target`` is the actual side (a
+    :class:`~precguard.Side`, the one way; the sweep's own), ``golden`` the reference (a
+    Side of the same target; default: the CPU in float32); the deprecated keywords build
+    them as for :func:`verify_findings`.
 
-    >>> result = op_check(device="npu", target="model.py", module="model.norm")  # doctest: +SKIP
-    >>> verify_opcheck(result, "model.py", device="npu").impacts[0].remedies   # doctest: +SKIP
+    >>> npu = precguard.Side("model.py", "npu")                                  # doctest: +SKIP
+    >>> result = precguard.op_check(side=npu, module="model.norm")               # doctest: +SKIP
+    >>> verify_opcheck(result, npu).impacts[0].remedies                          # doctest: +SKIP
     """
+    actual = one_side(
+        target, "verify_opcheck", device=device, dtype=dtype, prepare=prepare, default_device=None
+    )
+    reference_side = golden_side(golden, actual, "verify_opcheck", reference=reference)
     findings = opcheck_findings(result)
     if not findings:
         return ErrorBudget(
             measured="target",
-            target=target if isinstance(target, str) else target.name,
-            device=device,
+            target=spec_name(actual),
+            device=actual.device,
             note="no module of the target failed the sweep: nothing to measure",
         )
-    side = ActualSide.open(target, device=device, dtype=dtype, reference=reference, prepare=prepare)
+    side = ActualSide.open(actual, golden=reference_side)
     budget = error_budget(side, findings)
     return verify_remedies(side, budget) if verify else budget
 
 
 def measure_comparison(
     result: Comparison,
-    target: str | Target,
+    target: TargetSpec | Side,
     *,
+    golden: Side | None = None,
+    verify: bool = False,
     device: str | None = None,
     dtype: str | None = None,
-    verify: bool = False,
     prepare: Callable[[nn.Module], Any] | None = None,
 ) -> Comparison:
     """``result`` with its error budget (``Comparison.impact``) measured by re-running
     ``target``, and with ``verify`` each finding's remedies and the device switches.
 
+    ``target`` is the actual side: a :class:`~precguard.Side` (it overrides what the
+    recordings say), or a target spec re-run on the actual recording's device and dtype
+    (``device``/``dtype``: elsewhere). ``golden`` is the reference Side (default: the
+    golden recording's device and dtype; :func:`~precguard.localize.impact.comparison_sides`
+    builds both from the recordings, as the CLI does). A keyword beside the Side it
+    belongs to is a usage error, raised; an error of the re-run leaves the comparison
+    standing with a note.
+
     >>> result = precguard.compare_runs("runs/cpu", "runs/bf16")              # doctest: +SKIP
-    >>> checked = measure_comparison(result, "model.py", verify=True)         # doctest: +SKIP
+    >>> golden, actual = comparison_sides(result, "model.py")                 # doctest: +SKIP
+    >>> checked = measure_comparison(result, actual, golden=golden, verify=True)  # doctest: +SKIP
     >>> checked.impact.impacts[0].remedies[0].describe()                      # doctest: +SKIP
     'model.rotary_emb at reference precision: verified: output error 0.0754 -> 0.0359, ...'
     """
+    # the sides are said before anything runs: saying one twice is the caller's error
+    golden, actual = comparison_sides(
+        result,
+        target,
+        golden=golden,
+        device=device,
+        dtype=dtype,
+        prepare=prepare,
+        what="measure_comparison",
+    )
     findings, _ = comparison_findings(result)
     if not findings:
-        return result.model_copy(update={"impact": comparison_impact(result, target)})
+        return result.model_copy(update={"impact": comparison_impact(result, actual)})
     try:
-        side = comparison_side(result, target, device=device, dtype=dtype, prepare=prepare)
-        budget = comparison_impact(result, target, side=side)
+        side = ActualSide.open(actual, golden=golden, step=comparison_step(result))
+        budget = comparison_impact(result, actual, side=side)
         if verify:
             loss = any(
                 "loss" in module.lower() and not side.has_module(module) for module, _ in findings
@@ -578,7 +619,7 @@ def measure_comparison(
         logger.warning("impact_not_measured", error=str(exc))
         budget = ErrorBudget(
             measured="target",
-            target=str(target) if isinstance(target, str) else target.name,
+            target=spec_name(actual),
             note=f"impact not measured: {exc}",
         )
     return result.model_copy(update={"impact": budget})
