@@ -113,4 +113,4 @@ DEVICE = "emu:bf16-mixed"
 def side(name: str, device: str = DEVICE) -> ActualSide:
     """The actual side of corpus target ``name``, built once per test session (re-runs
     restore the model: every change is a context)."""
-    return ActualSide.open(f"tests/localize/impact_corpus.py:{name}", device=device)
+    return ActualSide.open(precguard.Side(f"tests/localize/impact_corpus.py:{name}", device))

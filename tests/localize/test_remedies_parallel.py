@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from torch import nn
 
-from precguard import op_check
+from precguard import Side, op_check
 from precguard.localize.impact import FLOOR_SLACK, ActualSide, error_budget
 from precguard.localize.verify import verify_findings, verify_opcheck, verify_remedies
 from tests.localize.cli import precguard_cli
@@ -22,7 +22,7 @@ from tests.localize.cli import precguard_cli
 
 @functools.cache
 def _side(name: str) -> ActualSide:
-    return ActualSide.open(name, device="cpu", dtype="bfloat16")
+    return ActualSide.open(Side(name, "cpu", "bfloat16"))
 
 
 def _norms(side: ActualSide) -> list[str]:
@@ -77,17 +77,10 @@ def test_a_correct_loss_says_its_remedy_cannot_help() -> None:
 
 
 def test_an_op_check_finding_gets_its_impact_and_a_verified_remedy(clean_floor) -> None:
-    result = op_check(
-        device="cpu",
-        dtype="bfloat16",
-        target="parallel-decoder-norm-low-precision",
-        module="transformer.ln_f",
-        seq_lens=[32],
-    )
+    side = Side("parallel-decoder-norm-low-precision", "cpu", "bfloat16")
+    result = op_check(side=side, module="transformer.ln_f", seq_lens=[32])
     assert result.exit_code == 1  # the sweep fails it at a large mean
-    budget = verify_opcheck(
-        result, "parallel-decoder-norm-low-precision", device="cpu", dtype="bfloat16"
-    )
+    budget = verify_opcheck(result, side)
     (impact,) = budget.impacts
     assert impact.module == "transformer.ln_f" and impact.found_by == ["op-check"]
     assert impact.share > 0.3
@@ -96,15 +89,10 @@ def test_an_op_check_finding_gets_its_impact_and_a_verified_remedy(clean_floor) 
 
 
 def test_an_op_check_that_passes_has_nothing_to_measure() -> None:
-    result = op_check(
-        device="cpu",
-        dtype="bfloat16",
-        target="parallel-decoder",
-        module="transformer.ln_f",
-        seq_lens=[32],
-    )
+    side = Side("parallel-decoder", "cpu", "bfloat16")
+    result = op_check(side=side, module="transformer.ln_f", seq_lens=[32])
     assert result.exit_code == 0
-    budget = verify_opcheck(result, "parallel-decoder", device="cpu", dtype="bfloat16")
+    budget = verify_opcheck(result, side)
     assert budget.impacts == [] and "nothing to measure" in budget.note
 
 
@@ -129,7 +117,7 @@ def test_the_checklists_loss_finding_goes_to_the_loss_module_a_model_computes_it
         evidence={"rel_error": 1e-3},
     )
     budget = verify_findings(
-        [finding], "parallel-decoder-loss-low-precision", device="cpu", dtype="bfloat16"
+        [finding], Side("parallel-decoder-loss-low-precision", "cpu", "bfloat16")
     )
     (loss,) = budget.impacts
     assert loss.module == "loss_fn" and loss.found_by == ["loss.cross_entropy"]

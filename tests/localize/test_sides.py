@@ -108,6 +108,12 @@ def test_verify_findings_against_a_golden_on_the_same_device_sees_no_error() -> 
     assert same.reference == "emu:fp16"
 
 
+def test_verify_findings_deprecated_keywords_build_the_same_sides() -> None:
+    by_sides = verify_findings(FLAGGED, PLANTED, golden=Side(FINE, "cpu"))
+    by_keywords = verify_findings(FLAGGED, FINE, device="emu:fp16", prepare=plant, reference="cpu")
+    assert by_keywords.model_dump() == by_sides.model_dump()
+
+
 # -- verify_opcheck (op-check --verify) ---------------------------------------------------------
 
 

@@ -158,6 +158,6 @@ def test_check_verify_tells_which_of_the_checks_remedies_works(tmp_path: Path) -
 def test_a_switch_to_the_mixed_profile_runs_in_its_storage_dtype() -> None:
     """emu:bf16 keeps float32 tensors; its switch to emu:bf16-mixed must run in bf16 as
     ``record -d emu:bf16-mixed`` would (in float32 it rounded nothing: an error of 0)."""
-    actual = ActualSide.open("tiny-llama", device="emu:bf16")
+    actual = ActualSide.open(precguard.Side("tiny-llama", "emu:bf16"))
     (mixed,) = [c for c in switch_remedies(actual, floor=None) if "emu:bf16-mixed" in c.summary]
     assert mixed.after is not None and 0 < mixed.after < mixed.before
