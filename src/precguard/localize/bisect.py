@@ -626,8 +626,9 @@ def bisect(
     )
     run = side.open()
     target_obj, backend, model_dtype = run.target, run.backend, run.dtype
-    golden_run = golden.open_beside(run)  # the reference: one object, not (backend, dtype)
-    ref_backend, ref_dtype = golden_run.backend, golden_run.dtype
+    # the reference is one object (its device, backend and dtype), the same loaded target
+    reference_run = golden.open_beside(run)
+    ref_backend = reference_run.backend
     compute = backend.compute_dtype() or model_dtype
     if threshold is None and metric != "rel_l2":
         raise UsageError(f"--metric {metric} needs --threshold (a default exists for rel_l2)")
@@ -637,13 +638,15 @@ def bisect(
 
     built = run.prepared(run.construct())  # before the copy: both sides carry it
     built.eval()
-    reference_model = copy.deepcopy(built).to(device=ref_backend.torch_device(), dtype=ref_dtype)
+    reference_model = copy.deepcopy(built).to(
+        device=reference_run.torch_device, dtype=reference_run.dtype
+    )
     model = built.to(device=backend.torch_device(), dtype=model_dtype)
 
     user_code = run.call
     batch = run.batch(step)
 
-    ref_batch = _cast_batch(run.move(batch, ref_backend.torch_device()), ref_dtype)
+    ref_batch = _cast_batch(run.move(batch, reference_run.torch_device), reference_run.dtype)
     dev_batch = _cast_batch(run.move(batch), model_dtype)
 
     def reference_forward() -> Any:
@@ -666,10 +669,15 @@ def bisect(
     def probe(names: list[str], floor: bool = False) -> dict[str, float]:
         swap = (
             RoundedReference(
-                model, reference_model, names, ref_backend, ref_dtype, precision=storage
+                model,
+                reference_model,
+                names,
+                ref_backend,
+                reference_run.dtype,
+                precision=storage,
             )
             if floor
-            else ReferencePrecision(model, reference_model, names, ref_backend, ref_dtype)
+            else ReferencePrecision(model, reference_model, names, ref_backend, reference_run.dtype)
         )
 
         def forward() -> Any:
@@ -746,7 +754,7 @@ def bisect(
         device=side.device,
         dtype=_name(model_dtype),
         reference=golden.device,
-        reference_dtype=_name(ref_dtype),
+        reference_dtype=_name(reference_run.dtype),
         metric=metric,
         threshold=thresholds[decisive],
         thresholds=thresholds,
