@@ -11,7 +11,9 @@ the device, and name the target's own code when it raises or calls
 target, the device, the dtype, what alters the built model); ``Side.open()``
 sets it up as a :class:`TargetRun`. Every entry point that runs a target
 (``record_target``, ``bisect``, ``generate_diff``, ``replay_module``, ``op_check``,
-``check``) takes a ``Side`` and builds its model through it.
+``check``, the error budget's ``verify_findings``, ``verify_opcheck`` and
+``measure_comparison``) takes a ``Side`` and builds its model through it; those that
+run a reference too take it as ``golden=``, a second Side (:func:`golden_side`).
 
 >>> run = TargetRun.open("tiny-llama", "emu:bf16")          # doctest: +SKIP
 >>> model = run.build_model()                               # seeded, on the device
@@ -177,9 +179,11 @@ class Side:
 
     The one way to say what runs where: ``precguard.record_target``,
     ``precguard.bisect``, ``precguard.generate_diff`` and ``precguard.check`` take a
-    ``Side`` (their
-    older keyword arguments ``device=``, ``dtype=``, ``prepare=`` build one), and
-    the CLI builds one from ``--target``/``--device``/``--dtype``.
+    ``Side`` (their older keyword arguments ``device=``, ``dtype=``, ``prepare=``
+    build one; :func:`one_side`), and the reference as a second one (``golden=``, or
+    ``check``'s ``reference=``, its ``golden`` being a recording; the older
+    ``reference=``, ``reference_dtype=`` build it, :func:`golden_side`);
+    the CLI builds them from ``--target``/``--device``/``--dtype``/``--reference``.
 
     :param target: the model: a built-in target name, ``file.py:fn`` or a
         :class:`~precguard.target.Target`.
