@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from precguard import Side
 from precguard.backends.cpu import CpuBackend
 from precguard.localize.bisect import (
     Bisector,
@@ -33,7 +34,7 @@ MODELS = str(Path(models.__file__))
 
 
 def test_a_module_that_overflows_in_fp16_is_the_culprit():
-    result = bisect(f"{MODELS}:one_overflow", device="emu:fp16")
+    result = bisect(Side(f"{MODELS}:one_overflow", "emu:fp16"))
     assert result.culprits == ["blocks.2.norm"]
     assert result.exit_code == 1
     assert result.baseline_error > result.threshold >= result.fixed_error
@@ -44,7 +45,7 @@ def test_a_module_that_overflows_in_fp16_is_the_culprit():
 
 
 def test_two_independent_fragile_modules_are_both_found():
-    result = bisect(f"{MODELS}:two_overflows", device="emu:fp16")
+    result = bisect(Side(f"{MODELS}:two_overflows", "emu:fp16"))
     assert result.culprits == ["blocks.1.norm", "blocks.6.norm"]
     # neither alone is enough: that is why both are named
     alone = {tuple(p.at_reference): p.passed for p in result.probes}
@@ -53,7 +54,7 @@ def test_two_independent_fragile_modules_are_both_found():
 
 
 def test_a_model_that_is_already_fine_has_no_culprits():
-    result = bisect(f"{MODELS}:fine", device="emu:fp16")
+    result = bisect(Side(f"{MODELS}:fine", "emu:fp16"))
     assert result.culprits == []
     assert result.exit_code == 0
     assert result.probe_count == 1
@@ -62,7 +63,7 @@ def test_a_model_that_is_already_fine_has_no_culprits():
 
 def test_a_transformers_llama_layer_that_overflows_is_named_down_to_the_module():
     """tiny-llama (transformers, seeded init) with layer 1's down projection overflowing."""
-    result = bisect(f"{MODELS}:llama_overflow", device="emu:fp16")
+    result = bisect(Side(f"{MODELS}:llama_overflow", "emu:fp16"))
     assert result.baseline_error == math.inf
     assert result.culprits == ["model.layers.1.mlp.down_proj"]
     # the blocks were searched before their children
@@ -77,7 +78,7 @@ def test_a_transformers_llama_layer_that_overflows_is_named_down_to_the_module()
 
 
 def test_the_same_model_on_the_cpu_is_exact():
-    result = bisect(f"{MODELS}:one_overflow", device="cpu")
+    result = bisect(Side(f"{MODELS}:one_overflow", "cpu"))
     assert result.culprits == [] and result.baseline_error == 0.0
 
 
@@ -85,7 +86,7 @@ def test_probes_grow_with_the_log_of_the_depth_not_the_depth():
     """One culprit among 16 blocks costs a few probes more than among 4, far fewer than 16."""
     counts = {}
     for blocks in (4, 16):
-        result = bisect(decoder_target(blocks, (blocks // 2,)), device="emu:fp16")
+        result = bisect(Side(decoder_target(blocks, (blocks // 2,)), "emu:fp16"))
         assert result.culprits == [f"blocks.{blocks // 2}.norm"]
         counts[blocks] = result.probe_count
     assert counts[16] < 16
@@ -249,7 +250,7 @@ def test_cli_in_a_real_process(tmp_path):
 def test_nonfinite_output_names_the_module_that_leaves_fp16s_range(model):
     # stored in fp16 on emu:fp16: every module's output is cast back to fp16, so where the
     # values themselves exceed 65504 no set of modules at reference precision fixes them
-    result = bisect(f"{MODELS}:{model}", device="emu:fp16", dtype="float16")
+    result = bisect(Side(f"{MODELS}:{model}", "emu:fp16", "float16"))
     assert math.isinf(result.baseline_error)
     overflow = result.overflow
     assert overflow is not None and overflow.module == "gain" and overflow.module_type == "Gain"
@@ -263,7 +264,7 @@ def test_nonfinite_output_names_the_module_that_leaves_fp16s_range(model):
 
 
 def test_finite_output_has_no_overflow_finding():
-    result = bisect(f"{MODELS}:one_overflow", device="emu:fp16")
+    result = bisect(Side(f"{MODELS}:one_overflow", "emu:fp16"))
     assert result.overflow is None
 
 
@@ -273,7 +274,7 @@ def test_every_floating_output_is_judged_not_only_the_loss_that_comes_first():
     The layers live under a namespace module whose forward never runs: its called
     members are the units, so the search reaches the fragile block's norm.
     """
-    result = bisect(f"{MODELS}:loss_first_overflow", device="emu:fp16")
+    result = bisect(Side(f"{MODELS}:loss_first_overflow", "emu:fp16"))
     errors = result.output_errors
     assert set(errors) == {"output.0", "output.1"}
     limits = result.thresholds
@@ -290,7 +291,7 @@ def test_a_one_pass_layernorm_in_bf16_is_named_where_16_eps_passed_it():
     (0.125): judged against the model's own floor, bisect names the norm."""
     from tests.compare.parallel_small import small_target
 
-    result = bisect(small_target("norm_low_precision"), device="emu:bf16")
+    result = bisect(Side(small_target("norm_low_precision"), "emu:bf16"))
     assert result.culprits == ["transformer.ln_f"]
     assert result.exit_code == 1
     logits = result.output_errors["output.1"]
@@ -304,7 +305,7 @@ def test_a_one_pass_layernorm_in_bf16_is_named_where_16_eps_passed_it():
 def test_a_correct_bf16_run_stays_within_its_floor(target):
     from tests.compare.parallel_small import small_target
 
-    result = bisect(small_target() if target == "parallel-small" else target, device="emu:bf16")
+    result = bisect(Side(small_target() if target == "parallel-small" else target, "emu:bf16"))
     assert result.culprits == [] and result.exit_code == 0 and result.probe_count == 1
     for name, err in result.output_errors.items():
         assert result.floor_errors[name] <= err * 1.01 <= result.thresholds[name]
