@@ -11,7 +11,7 @@ from precguard import load_target
 from precguard.generation.cache_remedy import verify_cache_remedy
 from precguard.generation.decode import DecodeSide, decode
 from precguard.localize.impact import FLOOR_SLACK
-from precguard.models.parallel_decoder import lm_batch
+from precguard.targets import parallel_decoder_batch as lm_batch
 
 
 def _sides(actual: str) -> tuple[DecodeSide, DecodeSide, torch.Tensor, list[int]]:
