@@ -422,7 +422,7 @@ def test_graph_files_fuzzed(tmp_path: Path) -> None:
 def test_a_fifo_or_sparse_graph_file_or_layout_spec_is_refused_unread(tmp_path: Path) -> None:
     from precguard import PrecguardError
     from precguard.graph.build import load_graph
-    from precguard.layout.spec import load_layout
+    from precguard.layout import load_layout
 
     fifo = tmp_path / "graph.json"
     os.mkfifo(fifo)

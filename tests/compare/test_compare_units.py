@@ -279,11 +279,9 @@ def test_compare_runs_is_the_function_and_compare_the_subpackage(rmsnorm_fault) 
     assert precguard.compare is subpackage
     assert isinstance(subpackage, types.ModuleType) and not callable(subpackage)
     assert type(subpackage) is types.ModuleType  # no module-class swap
-    # the public function is the layout branch's (it lives above compare and calls
-    # compare's compare_recordings, the same function without layout=)
-    from precguard.layout.compare import compare_runs
-
-    assert precguard.compare_runs is compare_runs
+    # the public function is defined in compare (its layout= branch lives above and
+    # installs itself); compare_recordings is the same function without layout=
+    assert precguard.compare_runs is subpackage.compare_runs
     assert precguard.compare_runs(*rmsnorm_fault).verdict == "diverged"
     assert subpackage.compare_recordings(*rmsnorm_fault) == precguard.compare_runs(*rmsnorm_fault)
 
