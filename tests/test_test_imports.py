@@ -6,7 +6,8 @@ Public (not counted): ``precguard`` itself (its lazy exports, ``precguard.__all_
 ``precguard.cli`` (the ``precguard`` console script, ``precguard.cli:main``, and its typer
 ``app``); ``precguard.testing`` and ``precguard.pytest_plugin`` (docs/guard.md);
 ``precguard.targets`` (the built-in targets, docs/targets.md: ``tiny-llama`` is
-``precguard.targets:tiny_llama``, with the model and batch builders behind it);
+``precguard.targets:tiny_llama``, with the model and batch builders behind each built-in
+target: ``build_tiny_llama``, ``build_handwritten_llama``, ``build_parallel_decoder``...);
 ``precguard.training.hf`` (docs/watch.md), ``precguard.oracle`` (docs/checklist.md) and
 ``precguard.checks`` (the package: ``Check``, ``CheckContext``, ``Finding``, ``finding`` for
 plugins); ``precguard.layout`` (``LayoutSpec``, ``compare_layout``: docs/layouts.md);
@@ -14,7 +15,12 @@ plugins); ``precguard.layout`` (``LayoutSpec``, ``compare_layout``: docs/layouts
 (``open_recording``: docs/msprobe.md).
 
 Everything else (``precguard.compare.metrics``, ``precguard.dump.writer``...) is internal: a unit
-test of that algorithm may import it; a test of a user's story should not need to.
+test of that algorithm may import it; a test of a user's story should not need to. What
+remains is mostly such unit tests: the statistics kernels (capture.stats), the error
+measures and expected-error formulas (compare.metrics, expected, tolerance, sampled,
+numerics), alignment, the golden and margin files of the pytest plugin, the watch's
+detectors, the op-graph model; and fault injection into internals (a writer that fails
+mid-record, a hook that raises) that no public call can plant.
 """
 
 from __future__ import annotations
@@ -38,9 +44,10 @@ PUBLIC_MODULES = frozenset(
     }
 )
 
-#: the count reached when this test was written (309 before, 179 after moving tests of a
-#: user's story to the public API); lower it when you remove more, never raise it
-CEILING = 182
+#: the count reached when this test was written (309 before, 182 after moving tests of a
+#: user's story to the public API, 146 after the second pass: the figure issue 30 asked
+#: for, its 292 halved); lower it when you remove more, never raise it
+CEILING = 146
 
 _IMPORT = re.compile(
     r"^\s*(?:from (precguard\.[a-z_.]+) import|import (precguard\.[a-z_.]+))", re.M

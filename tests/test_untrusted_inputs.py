@@ -421,13 +421,14 @@ def test_graph_files_fuzzed(tmp_path: Path) -> None:
 
 def test_a_fifo_or_sparse_graph_file_or_layout_spec_is_refused_unread(tmp_path: Path) -> None:
     from precguard import PrecguardError
-    from precguard.graph.build import load_graph
-    from precguard.layout.spec import load_layout
+    from precguard.layout import load_layout
 
+    golden = _graph_file(tmp_path / "golden.json")
     fifo = tmp_path / "graph.json"
     os.mkfifo(fifo)
-    with pytest.raises(PrecguardError, match="a FIFO"):
-        load_graph(fifo)
+    code, out, err = cli(["graph", "diff", str(golden), str(fifo)])  # would block if read
+    check_clean(code, out, err, "a FIFO graph file")
+    assert code == 2 and "a FIFO" in err
     # a sparse layout spec is refused by its size, unread
     spec = tmp_path / "layout.yaml"
     spec.write_text("rules: []\n")
@@ -437,8 +438,9 @@ def test_a_fifo_or_sparse_graph_file_or_layout_spec_is_refused_unread(tmp_path: 
     # a sparse graph file too
     graph = _graph_file(tmp_path / "big.json")
     _grow(graph, 4 * GiB)
-    with pytest.raises(PrecguardError, match="larger than"):
-        load_graph(graph)
+    code, out, err = cli(["graph", "diff", str(golden), str(graph)])
+    check_clean(code, out, err, "a sparse graph file")
+    assert code == 2 and "larger than" in err
 
 
 # -- outputs written whole or not at all ---------------------------------------------------

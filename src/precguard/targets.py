@@ -125,13 +125,24 @@ def tiny_llama() -> Target:
     )
 
 
-def _handwritten(rope_bug: bool, name: str) -> Target:
+def build_handwritten_llama(**config: Any) -> nn.Module:
+    """Build ``handwritten-llama``'s decoder from the current RNG (no ``transformers``).
+
+    Keywords override its config (the built-in target's defaults): ``vocab_size`` (256),
+    ``hidden_size`` (128), ``intermediate_size`` (344), ``num_layers`` (4), ``num_heads``
+    (4), ``num_kv_heads`` (2), ``rope_theta``, ``rms_norm_eps`` and ``rope_bug`` (False:
+    ``True`` is ``handwritten-llama-rope-bug``). ``model(input_ids)`` returns the logits;
+    ``model.config`` is the config it was built with.
+    """
     from precguard.models.handwritten_llama import HandwrittenConfig, HandwrittenLlama
 
-    config = HandwrittenConfig(rope_bug=rope_bug)
+    return HandwrittenLlama(HandwrittenConfig(**config))
+
+
+def _handwritten(rope_bug: bool, name: str) -> Target:
     return Target(
-        model=lambda: HandwrittenLlama(config),
-        batch=lambda step: lm_batch(step, seq=128, vocab=config.vocab_size),
+        model=lambda: build_handwritten_llama(rope_bug=rope_bug),
+        batch=lambda step: lm_batch(step, seq=128, vocab=256),
         loss=causal_lm_loss,
         optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3),
         seed=0,
@@ -155,12 +166,34 @@ def handwritten_llama_rope_bug() -> Target:
     return _handwritten(True, "handwritten-llama-rope-bug")
 
 
-def _parallel(bug: str | None, name: str) -> Target:
+def build_parallel_decoder(bug: str | None = None, **sizes: Any) -> nn.Module:
+    """Build ``parallel-decoder``'s model from the current RNG, with one bug or none.
+
+    ``bug`` is one of ``"qk_fp16"``, ``"norm_low_precision"``, ``"loss_low_precision"``,
+    ``"cache_fp16"`` (the ``parallel-decoder-*`` targets' bugs; ``None``: the correct twin).
+    Keywords override its sizes and trained-like statistics (the built-in target's
+    defaults): ``num_layers`` (3), ``hidden_size`` (128), ``intermediate_size`` (512),
+    ``num_heads`` (4), ``max_positions`` (256), ``vocab_size`` (256), ``sink_value``
+    (1e5)... ``model(**parallel_decoder_batch(step))`` returns ``(loss, logits)``.
+    """
     from precguard.models import parallel_decoder as pd
 
+    return pd.build(bug, **sizes)
+
+
+def parallel_decoder_batch(
+    step: int, *, batch: int = 2, seq: int = 128, vocab: int = 256
+) -> dict[str, torch.Tensor]:
+    """``parallel-decoder``'s batch for ``step``: ``input_ids`` and ``labels``, rows from BOS."""
+    from precguard.models import parallel_decoder as pd
+
+    return pd.lm_batch(step, batch=batch, seq=seq, vocab=vocab)
+
+
+def _parallel(bug: str | None, name: str) -> Target:
     return Target(
-        model=lambda: pd.build(bug),
-        batch=pd.lm_batch,
+        model=lambda: build_parallel_decoder(bug),
+        batch=parallel_decoder_batch,
         # the model computes its loss itself and returns (loss, logits), HF's return_dict=False
         loss=lambda output, batch: output[0],
         optimizer=lambda params: torch.optim.AdamW(params, lr=1e-4),

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from precguard.checks import Finding
 
 PLANTED = str(Path(__file__).with_name("planted.py"))
 
@@ -62,3 +64,32 @@ def run_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Callable[..
 def planted(name: str) -> str:
     """Target spec of a planted-fault target."""
     return f"{PLANTED}:{name}"
+
+
+@pytest.fixture
+def plugin_checklist(tmp_path: Path) -> Iterator[Callable[[Finding], Path]]:
+    """``plugin_checklist(finding)`` -> a checklist whose one check, a plugin's, returns it.
+
+    The plugin is registered for the test and unregistered after it (the llm way).
+    """
+    from precguard import hookimpl, plugins
+    from precguard.checks import Check
+
+    registered: list[str] = []
+
+    def make(found: Finding) -> Path:
+        class OneCheckPlugin:
+            @hookimpl
+            def precguard_register_checks(self, register) -> None:
+                register(Check(found.id, "a plugin's check", lambda ctx: found, False))
+
+        name = f"one-check-{len(registered)}"
+        plugins.load_plugins().register(OneCheckPlugin(), name=name)
+        registered.append(name)
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"name: {name}\ndescription: d\nchecks: [{found.id}]\n")
+        return path
+
+    yield make
+    for name in registered:
+        plugins.load_plugins().unregister(name=name)

@@ -1,4 +1,4 @@
-"""Small builds of the corpus's second decoder (``models/parallel_decoder.py``) as targets.
+"""Small builds of the corpus's second decoder (``targets.build_parallel_decoder``) as targets.
 
 The model computes its loss inside ``forward`` and returns ``(loss, logits)``, HF's
 ``return_dict=False`` order; sizes are cut so a check runs in seconds.
@@ -9,15 +9,15 @@ from __future__ import annotations
 import torch
 
 import precguard
-from precguard.models import parallel_decoder as pd
+from precguard.targets import build_parallel_decoder, parallel_decoder_batch
 
 SIZES = {"num_layers": 1, "hidden_size": 64, "intermediate_size": 128, "max_positions": 64}
 
 
 def _target(bug: str | None, name: str) -> precguard.Target:
     return precguard.Target(
-        model=lambda: pd.build(bug, **SIZES),
-        batch=lambda step: pd.lm_batch(step, seq=32),
+        model=lambda: build_parallel_decoder(bug, **SIZES),
+        batch=lambda step: parallel_decoder_batch(step, seq=32),
         loss=lambda output, batch: output[0],
         optimizer=lambda params: torch.optim.AdamW(params, lr=1e-4),
         seed=0,

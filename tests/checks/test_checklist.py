@@ -230,29 +230,15 @@ def test_list_shows_builtin_and_vendor_checks(capsys):
     assert "checklists: llama-finetune, llama-inference, quick" in out
 
 
-def test_html_escapes_what_the_model_names():
-    from precguard.report.diagnosis import render_html
-
-    finding = Finding(id="ops.custom_modules", status="fail", summary="<script>x</script>")
-    d = Diagnosis(
-        checklist="c",
-        target="t",
-        device="cpu",
-        reference="cpu",
-        dtype="float32",
-        verdict="fail",
-        counts={"fail": 1},
-        root_causes=[finding],
-        findings=[finding],
-        durations={},
-        duration_s=0.0,
-        created="now",
-    )
-    page = render_html(d)
+def test_html_escapes_what_the_model_names(run_check, plugin_checklist, tmp_path):
+    finding = Finding(id="ops.vendor_kernel", status="fail", summary="<script>x</script>")
+    html = tmp_path / "report.html"
+    run = run_check("--checklist", str(plugin_checklist(finding)), "--html", str(html))
+    assert run.diagnosis["root_causes"] == [finding.model_dump(mode="json")] and run.code == 1
+    page = html.read_text(encoding="utf-8")
     # the page's one script is its own (table sorting); the finding's is text
     assert "<script>x</script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
     assert page.count("<script") == 1
-    assert d.root_cause is finding and d.exit_code == 1
 
 
 def test_a_target_that_cannot_be_built_is_unusable_input(run_check):

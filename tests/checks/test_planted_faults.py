@@ -122,15 +122,14 @@ def test_an_init_that_ignores_the_seed_names_the_weights(run_check):
     assert found["evidence"]["init_differs"] == ["model.layers.2.mlp.up_proj.weight"]
 
 
-def test_a_static_loss_scale_that_overflows_is_halved_like_a_dynamic_scaler():
-    from precguard.checklist import Checklist
-
-    spec = Checklist.model_validate(
-        {
-            "name": "static-scale",
-            "description": "a static loss scale 16x too large for fp16",
-            "checks": [{"id": "amp.loss_scaling", "params": {"loss_scale": 2.0**20}}],
-        }
+def test_a_static_loss_scale_that_overflows_is_halved_like_a_dynamic_scaler(tmp_path):
+    spec = tmp_path / "static-scale.yaml"  # a checklist of one's own, with a check's params
+    spec.write_text(
+        "name: static-scale\n"
+        "description: a static loss scale 16x too large for fp16\n"
+        "checks:\n"
+        "  - id: amp.loss_scaling\n"
+        "    params: {loss_scale: 1048576.0}  # 2**20\n"
     )
     d = precguard.check(spec, planted("fp16_no_loss_scaling"), device="emu:fp16")
     (found,) = d.findings

@@ -152,11 +152,11 @@ def _minilm():
 def _parallel(bug: str | None = None) -> precguard.Target:
     """The corpus's second decoder (``parallel-decoder``: heavy-tailed, trained-like
     statistics), 2 layers over 64 positions."""
-    from precguard.models import parallel_decoder as pd
+    from precguard.targets import build_parallel_decoder, parallel_decoder_batch
 
     return precguard.Target(
-        model=lambda: pd.build(bug, num_layers=2, max_positions=64),
-        batch=lambda step: pd.lm_batch(step, seq=64),
+        model=lambda: build_parallel_decoder(bug, num_layers=2, max_positions=64),
+        batch=lambda step: parallel_decoder_batch(step, seq=64),
         loss=lambda output, _batch: output[0],
         optimizer=lambda params: torch.optim.AdamW(params, lr=1e-4),
         seed=0,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 import precguard
-from precguard.models import parallel_decoder as pd
+from precguard.targets import build_parallel_decoder, parallel_decoder_batch
 
 
 def small_target(
@@ -20,17 +20,17 @@ def small_target(
     """``parallel-decoder`` with ``layers`` layers on batches of ``seq`` positions.
 
     ``config`` overrides the trained-like numbers of
-    :class:`~precguard.models.parallel_decoder.ParallelConfig` (``sink_value``).
+    :func:`precguard.targets.build_parallel_decoder` (``sink_value``).
     Pure low-precision training: ``record_target(..., dtype="float16")`` casts the
     whole model, so the optimizer state is float16 too.
     """
 
     def model() -> torch.nn.Module:
-        return pd.build(bug, num_layers=layers, max_positions=max(seq, 8), **config)
+        return build_parallel_decoder(bug, num_layers=layers, max_positions=max(seq, 8), **config)
 
     return precguard.Target(
         model=model,
-        batch=lambda step: pd.lm_batch(step, seq=seq),
+        batch=lambda step: parallel_decoder_batch(step, seq=seq),
         loss=lambda output, batch: output[0],
         optimizer=lambda params: torch.optim.AdamW(params, lr=1e-4, eps=1e-8),
         seed=0,

@@ -14,8 +14,7 @@ import torch
 from torch import nn
 
 import precguard
-from precguard.compare.hints import replay_hint
-from tests.compare.conftest import record
+from tests.compare.conftest import record, run_cli
 
 
 class _ScaledBackward(torch.autograd.Function):
@@ -57,7 +56,7 @@ def train_golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ],
 )
 def test_wrong_backward_is_named_local(
-    module: str, tensors: bool, train_golden: Path, tmp_path: Path
+    module: str, tensors: bool, train_golden: Path, tmp_path: Path, capsys
 ) -> None:
     golden = train_golden
     if not tensors:
@@ -91,8 +90,11 @@ def test_wrong_backward_is_named_local(
     ]
     assert any(r.metrics and r.metrics.error > 0 for r in passed_on)
     assert all(s.module != module for s in result.suspects)
-    hint = replay_hint(result)
-    assert hint is not None and hint.command is None and "backward" in hint.reason
+    # replay re-runs a forward: compare prints no command for a backward divergence, and why
+    code, out, _ = run_cli(["compare", str(golden), str(actual)], capsys)
+    assert code == 1 and "confirm it alone" not in out
+    [why] = [line for line in out.splitlines() if line.startswith("no replay command:")]
+    assert "backward" in why
 
 
 def fd_seq(result: precguard.compare.Comparison, key: str) -> int:

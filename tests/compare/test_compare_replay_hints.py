@@ -208,9 +208,8 @@ def test_no_hint_when_the_error_came_from_upstream(
     assert code == 0 and "confirm it alone" not in out and "no replay command" not in out
 
 
-def test_replay_runs_on_the_actuals_device(tiny_golden: Path, tmp_path: Path) -> None:
+def test_replay_runs_on_the_actuals_device(tiny_golden: Path, tmp_path: Path, capsys) -> None:
     from precguard import replay_suspects, resolve_backend
-    from precguard.compare.hints import replay_hint
 
     try:
         resolve_backend("emu:softmax-fp16")
@@ -219,9 +218,9 @@ def test_replay_runs_on_the_actuals_device(tiny_golden: Path, tmp_path: Path) ->
     actual = record(tmp_path / "softmax", device="emu:softmax-fp16")
     result = precguard.compare_runs(tiny_golden, actual)
 
-    hint = replay_hint(result)
-    assert hint is not None and hint.command is not None
-    assert "--device emu:softmax-fp16" in hint.command and "--target tiny-llama" in hint.command
+    _, out, _ = run_cli(["compare", str(tiny_golden), str(actual)], capsys)
+    [command] = [line for line in out.splitlines() if line.startswith("confirm it alone:")]
+    assert "--device emu:softmax-fp16" in command and "--target tiny-llama" in command
     checked = replay_suspects(result, target="tiny-llama", top=1)
     [check] = checked.replays
     assert check.module == "model.layers.0.self_attn" and check.device == "emu:softmax-fp16"

@@ -279,11 +279,9 @@ def test_compare_runs_is_the_function_and_compare_the_subpackage(rmsnorm_fault) 
     assert precguard.compare is subpackage
     assert isinstance(subpackage, types.ModuleType) and not callable(subpackage)
     assert type(subpackage) is types.ModuleType  # no module-class swap
-    # the public function is the layout branch's (it lives above compare and calls
-    # compare's compare_recordings, the same function without layout=)
-    from precguard.layout.compare import compare_runs
-
-    assert precguard.compare_runs is compare_runs
+    # the public function is defined in compare (its layout= branch lives above and
+    # installs itself); compare_recordings is the same function without layout=
+    assert precguard.compare_runs is subpackage.compare_runs
     assert precguard.compare_runs(*rmsnorm_fault).verdict == "diverged"
     assert subpackage.compare_recordings(*rmsnorm_fault) == precguard.compare_runs(*rmsnorm_fault)
 
@@ -343,14 +341,29 @@ def test_ranks_are_compared_separately_and_named(tiny_golden: Path, tmp_path: Pa
     assert rank0.verdict == "match"
 
 
-def test_activation_shape_mismatch_fails_the_record() -> None:
-    from precguard.compare.engine import pair_metrics
+@pytest.mark.parametrize("tensors", [True, False], ids=["full-tensors", "stats-only"])
+def test_activation_shape_mismatch_fails_the_record(tmp_path: Path, tensors: bool) -> None:
+    """A port whose layer keeps another width (same weights): the record fails, not compared
+    on a part."""
 
-    g = _rec("m.0.forward.output.0", 0, shape=(2, 3), stats=_stats(numel=6))
-    a = _rec("m.0.forward.output.0", 0, shape=(2, 4), stats=_stats(numel=8))
-    m = pair_metrics(g, a, None, None, get_profile("default"))  # type: ignore[arg-type]
-    assert m.level == "none" and "shapes differ" in (m.note or "")
-    assert judge(m, get_profile("default")) == "fail"
+    class Keep(torch.nn.Module):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.width = width
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x[:, : self.width]
+
+    for name, width in (("golden", 3), ("actual", 4)):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(5, 5), Keep(width))
+        with precguard.monitor(model, out=tmp_path / name, tensors=tensors), torch.no_grad():
+            model(torch.ones(2, 5))
+    result = precguard.compare_runs(tmp_path / "golden", tmp_path / "actual")
+    [record] = [r for r in result.records if r.key == "1.0.forward.output.0"]
+    assert record.status == "fail" and record.metrics is not None
+    assert record.metrics.level == "none" and "shapes differ" in (record.metrics.note or "")
+    assert result.verdict == "diverged"
 
 
 def test_different_input_data_is_reported_as_such(tiny_golden: Path, tmp_path: Path) -> None:

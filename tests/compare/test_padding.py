@@ -15,7 +15,7 @@ import torch
 
 import precguard
 from precguard import Record
-from precguard.compare.padding import mask_metrics, padding_note
+from precguard.compare.padding import mask_metrics
 from precguard.targets import build_tiny_llama
 
 pytest.importorskip("transformers")
@@ -29,6 +29,8 @@ def _mask(side: str) -> torch.Tensor:
     mask = torch.ones(2, 32, dtype=torch.long)
     if side == "all":
         mask[:] = 0
+    elif side == "none":
+        pass
     elif side == "left":
         mask[0, :5] = 0
     else:
@@ -146,10 +148,12 @@ def test_a_bool_mask_and_an_additive_mask_are_compared_as_masks():
                         attend, none) is None  # fmt: skip
 
 
-def test_no_padding_no_note():
-    from precguard.compare.padding import LeftOut
-
-    assert padding_note(LeftOut()) is None
+def test_no_padding_no_note(tmp_path):
+    golden = _record(tmp_path, "eager", True, padding="none", name="golden")
+    actual = _record(tmp_path, "sdpa", True, padding="none", name="actual")
+    result = precguard.compare_runs(golden, actual)
+    assert result.verdict == "match", result.first_divergence
+    assert not [w for w in result.warnings if "padded positions" in w], result.warnings
 
 
 def test_a_batch_with_no_real_position_is_compared_as_recorded_not_passed(tmp_path):

@@ -9,7 +9,35 @@ import torch
 from torch import nn
 
 import precguard
-from precguard.dump.tensors import _DTYPES
+
+#: every dtype the safetensors format defines (F64 ... F8_E8M0), by torch's name: the list
+#: is the format's, written here and not read from the writer, so a dtype the writer drops
+#: fails; the ones this torch lacks are left out
+SAFETENSORS_DTYPES = [
+    getattr(torch, name)
+    for name in (
+        "float64",
+        "float32",
+        "float16",
+        "bfloat16",
+        "int64",
+        "int32",
+        "int16",
+        "int8",
+        "uint8",
+        "bool",
+        "complex64",
+        "uint64",
+        "uint32",
+        "uint16",
+        "float8_e4m3fn",
+        "float8_e4m3fnuz",
+        "float8_e5m2",
+        "float8_e5m2fnuz",
+        "float8_e8m0fnu",
+    )
+    if hasattr(torch, name)
+]
 
 
 class CastTo(nn.Module):
@@ -36,9 +64,10 @@ def _record(model: nn.Module, out: Path) -> precguard.Run:
     return precguard.load_run(out)
 
 
-@pytest.mark.parametrize("code", sorted(_DTYPES), ids=str)
-def test_every_safetensors_dtype_round_trips_bit_for_bit(tmp_path: Path, code: str) -> None:
-    dtype = _DTYPES[code]
+@pytest.mark.parametrize("dtype", SAFETENSORS_DTYPES, ids=str)
+def test_every_safetensors_dtype_round_trips_bit_for_bit(
+    tmp_path: Path, dtype: torch.dtype
+) -> None:
     torch.manual_seed(0)
     model = CastTo(dtype)
     run = _record(model, tmp_path / "run")

@@ -14,12 +14,16 @@ import pytest
 
 import precguard
 from precguard import DumpFormatError
-from precguard.dump.schema import SCHEMA_VERSION, schemas
 
 
-def test_schema_describes_manifest_and_record():
-    found = schemas()
-    assert set(found) == {"manifest", "record", "status"}
+def test_schema_describes_manifest_and_record(capsys):
+    from precguard.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["schema"])  # `precguard schema`: every file format's JSON Schema
+    assert exc.value.code in (0, None)
+    found = json.loads(capsys.readouterr().out)
+    assert {"manifest", "record", "status"} <= set(found)
     assert {"rank", "complete", "steps", "error"} <= set(found["status"]["properties"])
     props = found["record"]["properties"]
     for field in (
@@ -132,7 +136,7 @@ def test_corrupt_middle_line_names_file_and_line(tmp_path):
 def test_newer_schema_and_missing_manifest(tmp_path):
     out = _write_run(tmp_path)
     manifest = json.loads((out / "manifest.json").read_text())
-    manifest["schema_version"] = SCHEMA_VERSION + 1
+    manifest["schema_version"] += 1  # one newer than this precguard writes
     (out / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DumpFormatError, match="newer"):
         precguard.load_run(out)

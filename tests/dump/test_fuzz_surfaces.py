@@ -64,7 +64,7 @@ def _check(code: int, out: str, err: str, what: str) -> None:
 
 def test_layout_specs_fuzzed(tmp_path: Path) -> None:
     from precguard import UsageError
-    from precguard.layout.spec import load_layout
+    from precguard.layout import load_layout
 
     base = (Path(precguard.__file__).parent / "layouts" / "megatron.yaml").read_text()
     rng = random.Random(19)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from precguard import Backend, plugins, resolve_backend
-from precguard.checks import CheckContext
+import precguard
+from precguard import Backend, plugins
 from tests.emu.models import dropout_target
 
 
@@ -54,14 +54,15 @@ def test_rng_state_round_trips() -> None:
 
 
 def test_the_checklist_tells_the_user_to_seed_through_the_backend() -> None:
-    from precguard.checks.rng import cross_device, same_seed
-
-    backends = {d: resolve_backend(d) for d in ("emu:fp32-rng", "cpu")}
-    ctx = CheckContext(
-        device="emu:fp32-rng", reference="cpu", target=dropout_target(), backends=backends
+    diagnosis = precguard.check(
+        "llama-finetune",
+        dropout_target(),
+        device="emu:fp32-rng",
+        only=["rng.same_seed", "rng.cross_device"],
     )
-    assert same_seed(ctx).status == "pass"  # seeded through the backend: runs repeat
-    finding = cross_device(ctx)
+    found = {f.id: f for f in diagnosis.findings}
+    assert found["rng.same_seed"].status == "pass"  # seeded through the backend: runs repeat
+    finding = found["rng.cross_device"]
     assert finding.status == "fail"
     assert "dropout masks" in finding.summary
     assert "manual_seed" in finding.remedy

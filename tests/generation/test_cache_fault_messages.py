@@ -8,30 +8,43 @@ not blame the layer that reads the cache, nor "different data".
 
 from __future__ import annotations
 
-import io
 import math
+from pathlib import Path
 
-from rich.console import Console
+import pytest
 
-from precguard import generate_diff
-from precguard.generation.render import render_terminal
+from precguard import GenerationDiff
+from precguard.cli import main
 from tests.generation import targets as T
 
+TARGETS = Path(T.__file__)
 
-def test_a_cache_fault_is_named_as_the_cause_and_its_kl_is_non_finite() -> None:
-    result = generate_diff(
-        T.step_llama_fp16_cache(),
-        reference_target=T.step_llama(),
-        device="cpu",
-        prompts=[T.PROMPTS[0]],
-        max_new_tokens=3,
-    )
+
+def test_a_cache_fault_is_named_as_the_cause_and_its_kl_is_non_finite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(T.PROMPTS[0] + "\n", encoding="utf-8")
+    report = tmp_path / "generation.json"
+    with pytest.raises(SystemExit) as exited:
+        main(
+            [
+                "generate-diff",
+                "--target", f"{TARGETS}:step_llama_fp16_cache",
+                "--reference-target", f"{TARGETS}:step_llama",
+                "--device", "cpu",
+                "--prompts", str(prompts),
+                "--max-new-tokens", "3",
+                "--json", str(report),
+            ]
+        )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert exited.value.code == 1, err
+    result = GenerationDiff.model_validate_json(report.read_text(encoding="utf-8"))
     assert result.prompts[0].kv_cache is not None
     assert result.prompts[0].kv_cache.verdict == "cache"
     assert result.summary.mean_kl is not None and math.isinf(result.summary.mean_kl)
-    buffer = io.StringIO()
-    render_terminal(result, Console(file=buffer, width=400, color_system=None))
-    text = buffer.getvalue()
+    text = out + err
     assert "mean KL non-finite" in text and "step(s) with NaN/Inf logits" in text
     assert "fed different data" not in text
     assert "the actual's KV cache is faulty" in text

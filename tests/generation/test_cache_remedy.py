@@ -3,15 +3,17 @@ again (issue 32): the fp16 cache of the corpus's second decoder in a bf16 model.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from precguard import load_target
 from precguard.generation.cache_remedy import verify_cache_remedy
 from precguard.generation.decode import DecodeSide, decode
 from precguard.localize.impact import FLOOR_SLACK
-from precguard.models.parallel_decoder import lm_batch
+from precguard.targets import parallel_decoder_batch as lm_batch
 
 
 def _sides(actual: str) -> tuple[DecodeSide, DecodeSide, torch.Tensor, list[int]]:
@@ -41,25 +43,31 @@ def test_a_cache_in_the_models_dtype_already_says_there_is_nothing_to_keep() -> 
 
 
 def test_generate_diff_verify_applies_the_caches_remedy_to_its_kv_cache_cause(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from precguard import generate_diff
-    from precguard.generation.page import write_html
+    from precguard import GenerationDiff
+    from precguard.cli import main
 
-    result = generate_diff(
-        "parallel-decoder-cache-fp16",
-        reference_target="parallel-decoder-step",
-        device="cpu",
-        dtype="bfloat16",
-        prompts=[lm_batch(0)["input_ids"][0, :16].tolist()],
-        max_new_tokens=4,
-        layerwise=False,
-        verify=True,
-    )
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"input_ids": lm_batch(0)["input_ids"][0, :16].tolist()}))
+    report, page = tmp_path / "g.json", tmp_path / "g.html"
+    with pytest.raises(SystemExit) as exited:
+        main(
+            [
+                "generate-diff",
+                "--target", "parallel-decoder-cache-fp16",
+                "--reference-target", "parallel-decoder-step",
+                "--device", "cpu", "--dtype", "bfloat16",
+                "--prompts", str(prompts), "--max-new-tokens", "4",
+                "--no-layerwise", "--verify",
+                "--json", str(report), "--html", str(page),
+            ]
+        )  # fmt: skip
+    err = capsys.readouterr().err
+    assert exited.value.code == 1, err  # the tokens part: a finding, not an error
+    assert '"remedies"' in report.read_text(encoding="utf-8")
+    result = GenerationDiff.model_validate_json(report.read_text(encoding="utf-8"))
     assert result.cause is not None and result.cause.kind == "kv-cache"
     (check,) = result.remedies
     assert check.remedy == "cache-model-dtype" and check.verdict == "verified"
-    assert '"remedies"' in result.model_dump_json()
-    page = tmp_path / "g.html"
-    write_html(result, page)
     assert "the KV cache kept in the model&#x27;s dtype" in page.read_text()

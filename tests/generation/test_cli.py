@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from precguard import GenerationDiff
 from precguard.cli import main
-from precguard.generation import GenerationDiff, generation_schema
 
 TARGETS = Path(__file__).with_name("targets.py")
 
@@ -95,8 +95,11 @@ def test_a_reference_on_another_machine_saved_runs_then_compared(
     assert code == 1 and "--reference" in out
 
 
-def test_the_json_schema_documents_the_report() -> None:
-    schema = generation_schema()
+def test_the_json_schema_documents_the_report(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["schema", "generation"])  # what a consumer of --json reads
+    assert exc.value.code in (0, None)
+    schema = json.loads(capsys.readouterr().out)
     assert {"prompts", "summary", "layerwise", "verdict"} <= set(schema["properties"])
     divergence = schema["$defs"]["TokenDivergence"]["properties"]
     assert divergence["kind"]["enum"] == ["near-tie", "divergence"]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from precguard.compare import get_profile
 from precguard.compare.sampled import sampled_bounds
-from precguard.compare.tolerance import get_profile
 from precguard.guard import session
 from precguard.guard.margin import worst_margin
 from precguard.testing import assert_matches_golden, default_loss

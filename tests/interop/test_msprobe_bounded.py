@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import json
+import shutil
 import zipfile
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
-from precguard import DumpFormatError
-from precguard.interop.msprobe.tensors import load_tensor
+import precguard
 from tests.compare.conftest import run_cli
-from tests.interop.test_msprobe_untrusted import MLP_OUT, _copy, _import_fails, _save
+from tests.interop.test_msprobe_untrusted import (
+    FIXTURES,
+    MLP_OUT,
+    RANK,
+    _copy,
+    _import_fails,
+    _save,
+)
 
 
 def test_a_401_digit_max_is_refused_not_overflowed(tmp_path, capsys) -> None:
@@ -26,26 +32,42 @@ def test_a_401_digit_max_is_refused_not_overflowed(tmp_path, capsys) -> None:
 
 
 def test_a_big_endian_npy_reads_as_the_same_numbers(tmp_path: Path) -> None:
-    values = np.arange(12, dtype=">f4").reshape(3, 4) / 7
-    path = tmp_path / "t.npy"
-    np.save(path, values)
-    got = load_tensor(path, shown_path="t.npy", dtype="float32", shape=[3, 4])
-    assert torch.equal(got, torch.from_numpy(values.astype("<f4")))
+    # msprobe's numpy mode writes .npy files; one written on a big-endian host
+    little = FIXTURES / "tensor"
+    big = shutil.copytree(little, tmp_path / "big-endian")
+    npys = sorted((big / RANK).glob("dump_tensor_data/*.npy"))
+    for npy in npys:
+        values = np.load(npy, allow_pickle=False)
+        np.save(npy, values.astype(values.dtype.newbyteorder(">")))
+    assert npys and np.load(npys[0]).dtype.byteorder == ">"
+    want = precguard.load_run(precguard.import_msprobe(little, tmp_path / "little-run"))
+    got = precguard.load_run(precguard.import_msprobe(big, tmp_path / "big-run"))
+    pairs = [
+        (want.tensor(w), got.tensor(g))
+        for w, g in zip(want.records(), got.records(), strict=True)
+        if w.tensor is not None
+    ]
+    assert pairs and all(torch.equal(w, g) for w, g in pairs)
 
 
-def test_a_deflated_pt_is_refused_before_it_is_inflated(tmp_path: Path) -> None:
+def test_a_deflated_pt_is_refused_before_it_is_inflated(tmp_path: Path, capsys) -> None:
+    dump_dir, rank_dir, dump = _copy("tensor", tmp_path)
+    output = dump["data"][MLP_OUT]["output"][0]  # a [1, 8, 16] float32 output, as a .pt
     plain = tmp_path / "plain.pt"
     torch.save(torch.zeros(1 << 20), plain)  # 4 MiB of zeros
-    bomb = tmp_path / "bomb.pt"
+    bomb = rank_dir / "dump_tensor_data" / output["data_name"]
     with zipfile.ZipFile(plain) as src, zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as dst:
         for info in src.infolist():
             dst.writestr(info.filename, src.read(info))
     assert bomb.stat().st_size < 100_000  # what it weighs on disk
-    with pytest.raises(DumpFormatError, match="refused before inflating"):
-        load_tensor(bomb, shown_path="bomb.pt", dtype="float32", shape=[4])
+    line = _import_fails(dump_dir, tmp_path, capsys)
+    assert "refused before inflating" in line and "tensor needs 512" in line  # 1*8*16 float32
     # the same archive is fine where its record says it holds that many numbers
-    got = load_tensor(bomb, shown_path="bomb.pt", dtype="float32", shape=[1 << 20])
-    assert got.shape == (1 << 20,)
+    output["shape"] = [1 << 20]
+    _save(rank_dir, dump)
+    run = precguard.load_run(precguard.import_msprobe(dump_dir, tmp_path / "out"))
+    [record] = [r for r in run.records() if r.key == "model.layers.1.mlp.0.forward.output.0"]
+    assert run.tensor(record).shape == (1 << 20,)
 
 
 def test_an_empty_dump_leaves_no_output_and_blames_the_input(tmp_path, capsys) -> None:

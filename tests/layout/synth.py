@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from precguard import Manifest, Record
-from precguard.layout.combine import tensor_stats
+from precguard.layout import tensor_stats
 
 #: (module, phase, role, index, name, tensor)
 Item = tuple[str, str, str, int, str, torch.Tensor]

@@ -10,7 +10,6 @@ import torch
 import precguard
 from precguard import UsageError
 from precguard.compare import Counts, IncomparableRunsError
-from precguard.compare.hints import replay_hint
 from precguard.layout import LayoutSpec, gather_run, load_layout
 from tests.compare.conftest import run_cli
 from tests.layout.synth import TP_SPEC, split, weights, whole, write_run
@@ -49,7 +48,7 @@ def test_without_the_layout_the_shards_are_refused_with_a_pointer_to_it(tmp_path
         precguard.compare_runs(golden, actual)
 
 
-def test_a_fault_in_rank_1s_row_shard_names_the_module_and_rank_1(tmp_path, spec_file):
+def test_a_fault_in_rank_1s_row_shard_names_the_module_and_rank_1(tmp_path, spec_file, capsys):
     def plant(ranks):
         module, phase, role, index, name, w = ranks[1][4]
         ranks[1][4] = (module, phase, role, index, name, w * 1.05)
@@ -60,9 +59,11 @@ def test_a_fault_in_rank_1s_row_shard_names_the_module_and_rank_1(tmp_path, spec
     assert result.verdict == "diverged"
     assert (first.module, first.rank) == ("row", 1)
     assert "rank 1's part of parameter weight" in first.reason and "ranks [0] match" in first.reason
-    hint = replay_hint(result)  # replay runs one rank's whole module: say so, not "no tensors"
-    assert hint is not None and hint.command is None
-    assert "no full tensors" not in hint.reason and "rank 1" in hint.reason, hint.reason
+    # replay runs one rank's whole module: compare says so, not "no tensors"
+    _, out, _ = run_cli(["compare", str(golden), str(actual), "--layout", str(spec_file)], capsys)
+    assert "confirm it alone" not in out
+    [why] = [line for line in out.splitlines() if line.startswith("no replay command:")]
+    assert "no full tensors" not in why and "rank 1" in why, why
 
 
 def test_statistics_only_partial_sums_are_not_combinable_and_not_a_pass(tmp_path, spec_file):

@@ -12,12 +12,14 @@ from typing import Any
 
 import torch
 
-from precguard import Run, hookimpl, plugins, record_target
-from precguard.backends.cpu import CpuBackend
+from precguard import Backend, Run, hookimpl, plugins, record_target
 
 
-class StatusChip(CpuBackend):
+class StatusChip(Backend):
     device_type = "statuschip"
+
+    def torch_device(self) -> torch.device:
+        return torch.device("cpu")  # the chip runs on the host: models and batches go there
 
     def fingerprint(self) -> dict[str, Any]:
         return {**super().fingerprint(), "statuschip.firmware": "1.2.3"}

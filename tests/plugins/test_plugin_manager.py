@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
+import json
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from precguard import Backend, hookimpl, plugins
-from precguard.backends.cpu import CpuBackend
 from precguard.checks import Check, Finding
-from precguard.cli.plugins_cmd import describe
 
 
 class ChipBackend(Backend):
@@ -29,6 +31,17 @@ class ChipPlugin:
     @hookimpl
     def precguard_register_backends(self, register) -> None:
         register(ChipBackend)
+
+
+def describe() -> dict:
+    """What ``precguard plugins --json`` prints, read back as a script reads it."""
+    from precguard.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exited:
+        main(["plugins", "--json"])
+    assert exited.value.code in (0, None), out.getvalue()
+    return json.loads(out.getvalue())
 
 
 def _check(check_id: str, description: str) -> Check:
@@ -85,8 +98,13 @@ def test_a_class_plugin_registers_a_backend_and_its_failing_fingerprint_is_repor
 
 
 def test_a_later_plugin_takes_over_a_device_type(caplog: pytest.LogCaptureFixture) -> None:
-    class FastCpu(CpuBackend):
-        pass
+    builtin = type(plugins.get_backend("cpu"))
+
+    class FastCpu(Backend):
+        device_type = "cpu"
+
+        def torch_device(self) -> torch.device:
+            return torch.device("cpu")
 
     class FastCpuPlugin:
         @hookimpl
@@ -99,7 +117,7 @@ def test_a_later_plugin_takes_over_a_device_type(caplog: pytest.LogCaptureFixtur
         assert "device_type_taken device_type='cpu' plugin='cpu' owner='fastcpu'" in caplog.text
     finally:
         plugins.load_plugins().unregister(name="fastcpu")
-    assert type(plugins.get_backend("cpu")) is CpuBackend
+    assert type(plugins.get_backend("cpu")) is builtin is not FastCpu  # the built-in again
 
 
 def test_hook_wrappers_run_around_the_registration(fresh_plugins: None) -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from precguard import load_target
-from precguard.models.handwritten_llama import HandwrittenConfig, HandwrittenLlama
+from precguard.targets import build_handwritten_llama
 
 
 def _logits(rope_bug: bool, dtype: torch.dtype) -> torch.Tensor:
     torch.manual_seed(0)
-    model = HandwrittenLlama(HandwrittenConfig(rope_bug=rope_bug)).to(dtype)
+    model = build_handwritten_llama(rope_bug=rope_bug).to(dtype)
     ids = torch.randint(0, 256, (1, 128), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         return model(ids).float()
@@ -21,9 +21,8 @@ def test_rope_bug_is_bitwise_harmless_in_fp32() -> None:
 
 
 def test_rope_bug_changes_bf16_rotary_late_positions_most() -> None:
-    config = HandwrittenConfig(rope_bug=True)
-    model = HandwrittenLlama(config).to(torch.bfloat16)
-    x = torch.zeros(1, 128, config.hidden_size, dtype=torch.bfloat16)
+    model = build_handwritten_llama(rope_bug=True).to(torch.bfloat16)
+    x = torch.zeros(1, 128, model.config.hidden_size, dtype=torch.bfloat16)
     pos = torch.arange(128)[None]
     cos_bug, _ = model.model.rotary_emb(x, pos)
     model.model.rotary_emb.rope_bug = False
