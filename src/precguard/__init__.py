@@ -76,6 +76,12 @@ _EXPORTS: dict[str, str] = {
     "TargetRun": "precguard.target_run",  # Side.open()
     # replay a comparison's first divergence and suspects alone (docs/compare.md)
     "replay_suspects": "precguard.localize.confirm",
+    # the error budget and its verified remedies (docs/impact.md): check/op-check/compare --verify
+    "verify_findings": "precguard.localize.verify",
+    "verify_opcheck": "precguard.localize.verify",
+    "measure_comparison": "precguard.localize.verify",
+    "comparison_sides": "precguard.localize.impact",
+    "ErrorBudget": "precguard.compare.impact_report",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -95,6 +101,7 @@ if TYPE_CHECKING:
     from precguard.checklist import Diagnosis, check
     from precguard.compare import Comparison
     from precguard.compare.bitwise import BitwiseComparison, BitwiseDifference, compare_bitwise
+    from precguard.compare.impact_report import ErrorBudget
     from precguard.compare.options import CompareOptions
     from precguard.devices import resolve_backend, seed_everything
     from precguard.dump.reader import Run, load_run
@@ -115,7 +122,9 @@ if TYPE_CHECKING:
     from precguard.layout.compare import compare_runs
     from precguard.localize.bisect import BisectResult, bisect
     from precguard.localize.confirm import replay_suspects
+    from precguard.localize.impact import comparison_sides
     from precguard.localize.replay import replay_module
+    from precguard.localize.verify import measure_comparison, verify_findings, verify_opcheck
     from precguard.opcheck.sweep import op_check
     from precguard.ranks import check_replicas
     from precguard.runner import record_target

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 import precguard
-from precguard import BisectResult
+from precguard import BisectResult, measure_comparison
 from precguard.localize.impact import bisect_findings, error_budget, recordings_only
-from precguard.localize.verify import measure_comparison
 from tests.localize.cli import precguard_cli
 from tests.localize.impact_corpus import DEVICE, side
 

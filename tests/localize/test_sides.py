@@ -20,10 +20,9 @@ import pytest
 from torch import nn
 
 import precguard
-from precguard import Side, UsageError
+from precguard import Side, UsageError, measure_comparison, verify_findings, verify_opcheck
+from precguard.checks import Finding
 from precguard.localize.impact import ActualSide, comparison_sides
-from precguard.localize.verify import measure_comparison, verify_findings, verify_opcheck
-from precguard.report.models import Finding
 from tests.localize.cli import precguard_cli
 
 FINE = "tests/localize/models.py:fine"
