@@ -15,7 +15,7 @@ import argparse
 import time
 import tracemalloc
 
-from precguard.compare.report import Metrics, RecordResult, RecordRows
+from precguard.compare.report import FullMetrics, RecordResult, RecordRows, StatsMetrics
 
 _STATS_NOTE = "statistics only: the tensors were not recorded (use --tensors to record them)"
 
@@ -40,8 +40,7 @@ def _result(i: int) -> RecordResult:
         return RecordResult(status="missing", **ident)
     x = 1.0 + i * 1e-7
     if kind == 0:
-        metrics = Metrics(
-            level="full",
+        metrics: FullMetrics | StatsMetrics = FullMetrics(
             dtype="bfloat16",
             error=x * 3e-3,
             max_abs_err=x * 0.02,
@@ -52,8 +51,7 @@ def _result(i: int) -> RecordResult:
             cosine=1 - x * 1e-6,
         )
     else:
-        metrics = Metrics(
-            level="stats",
+        metrics = StatsMetrics(
             dtype="bfloat16",
             error=x * 2e-3,
             stat_rel_diff={"min": x * 1e-3, "max": x * 2e-3, "mean": x * 1e-4, "norm": x * 1e-3},

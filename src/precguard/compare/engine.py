@@ -57,6 +57,7 @@ from precguard.compare.report import (
     RecordRows,
     Status,
     Unmatched,
+    UnmeasuredMetrics,
 )
 from precguard.compare.routing import Routing
 from precguard.compare.tolerance import Profile, judge, with_bias
@@ -738,8 +739,7 @@ def pair_metrics(
         )
     padding = padding if padding is not None else StepPadding([], [])
     if _squeezed(g.shape) != _squeezed(a.shape):
-        return Metrics(
-            level="none",
+        return UnmeasuredMetrics(
             dtype=dtype,
             error=math.inf,
             note=f"shapes differ: golden {g.shape}, actual {a.shape}",

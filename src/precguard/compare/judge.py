@@ -54,7 +54,7 @@ from precguard.compare.expected import (
 )
 from precguard.compare.metrics import less_precise
 from precguard.compare.optimizer import Explained, is_optimizer, update_verdict
-from precguard.compare.report import Metrics, RecordResult
+from precguard.compare.report import Metrics, RecordResult, concentrated
 from precguard.compare.sampled import sampled_bounds
 from precguard.compare.tolerance import Profile
 from precguard.numerics import (
@@ -108,7 +108,7 @@ def measured_errors(m: Metrics) -> tuple[float, float]:
         e = math.inf if m.mismatched and m.rerouted is None else 0.0
         return e, e
     e = m.error if math.isfinite(m.error) else math.inf
-    conc = max(x for x in (e, m.slice_error, m.peak_error) if x is not None)
+    conc = max(x for x in (e, *concentrated(m)) if x is not None)
     return e, conc if math.isfinite(conc) else math.inf
 
 

@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from precguard.capture.evidence import encode, sample_indices
 from precguard.compare.metrics import exact_metrics, is_float_dtype
-from precguard.compare.report import Metrics
+from precguard.compare.report import Metrics, StatsMetrics
 from precguard.dump.schema import PositionNorms, Record, Sample
 from precguard.dump.tensors import TensorStore
 
@@ -367,8 +367,7 @@ def mask_stats_metrics(g: Record, a: Record) -> Metrics | None:
         return None
     attended = (boolean.numel - boolean.zeros, additive.zeros)
     differ = abs(attended[0] - attended[1])
-    return Metrics(
-        level="stats",
+    return StatsMetrics(
         dtype="bool",
         error=differ / max(boolean.numel, 1),
         note=f"compared as attention masks from their statistics: {attended[0]} attended "

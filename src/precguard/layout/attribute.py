@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from precguard.compare.metrics import precision, stats_metrics, tensor_metrics
-from precguard.compare.report import FirstDivergence, Metrics, RecordResult, Suspect
+from precguard.compare.report import FirstDivergence, Metrics, RecordResult, StatsMetrics, Suspect
 from precguard.compare.tolerance import Profile, judge
 from precguard.dump.reader import Run
 from precguard.dump.schema import Record
@@ -305,8 +305,7 @@ def _nonfinite_only(whole: Record, a: Record, dtype: str) -> Metrics | None:
     """Without golden tensors a shard is judged only by NaN/Inf the whole golden lacks."""
     if whole.stats is None or a.stats is None or whole.stats.nonfinite:
         return None
-    return Metrics(
-        level="stats",
+    return StatsMetrics(
         dtype=dtype,
         error=0.0,
         nan_mismatch=a.stats.nan,

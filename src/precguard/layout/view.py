@@ -19,7 +19,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from precguard.compare.report import Comparison, Counts, Metrics, RecordResult
+from precguard.compare.report import Comparison, Counts, RecordResult, UnmeasuredMetrics
 from precguard.compare.tolerance import Profile
 from precguard.dump.reader import Run
 from precguard.layout.attribute import attribute
@@ -127,8 +127,7 @@ class LayoutViews:
         update: dict[str, object] = {"rank": src.ranks[0]}
         if not src.combinable and r.status == "pass":
             update["status"] = "missing"
-            update["metrics"] = Metrics(
-                level="none",
+            update["metrics"] = UnmeasuredMetrics(
                 dtype=r.metrics.dtype if r.metrics is not None else r.golden_dtype,
                 error=0.0,
                 note=NOT_COMBINABLE.format(ranks=list(src.ranks)),
