@@ -27,7 +27,7 @@ an error (``stats`` metrics with a ``cosine``), as is a ``model_copy`` that sets
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -148,27 +148,44 @@ class MetricsBase(BaseModel):
         description="The concentrated error (worst slice, max-abs) over every row, likewise.",
     )
 
+    #: this level's field names, and its share of :data:`METRICS_JSON_FIELDS` in that order
+    #: (set on each level's class: read on every validation and dump, a hot path)
+    _own: ClassVar[frozenset[str]] = frozenset()
+    _own_order: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        cls._own = frozenset(cls.model_fields)
+        cls._own_order = tuple(name for name in METRICS_JSON_FIELDS if name in cls._own)
+
     @model_validator(mode="before")
     @classmethod
     def _no_foreign_values(cls, data: Any) -> Any:
         """Accept the nulls the JSON writes for keys this level lacks (extra keys are
         ignored); refuse a value on a key another level has: it would be lost."""
-        if isinstance(data, dict) and not data.keys() <= cls.model_fields.keys():
+        if type(data) is dict and not data.keys() <= cls._own:
             _check_foreign(cls, data)
         return data
 
     @model_serializer(mode="wrap")
     def _every_key(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
         """Every key of :data:`METRICS_JSON_FIELDS` in its order, null where this level
-        lacks it. When defaults or Nones are left out (compare's rows keep only what a
-        record has), only what pydantic gives, still in that order, and always the level:
-        what reading it back is told apart by."""
+        lacks it. When Nones or unset fields are left out, what pydantic gives, in that
+        order; when defaults are (compare's rows and a worker's share, which name every
+        value's key), in pydantic's order. The level is always kept: reading it back is
+        told apart by it."""
         fields = handler(self)
-        own = type(self).model_fields
         if info.exclude_defaults or info.exclude_none or info.exclude_unset:
-            if "level" not in fields:
-                fields["level"] = self.level
-            return {name: fields[name] for name in METRICS_JSON_FIELDS if name in fields}
+            fields.setdefault("level", self.level)
+            if info.exclude_defaults:
+                return fields
+            return {name: fields[name] for name in self._own_order if name in fields}
+        if len(fields) == len(self._own):  # nothing left out (include/exclude): the fast way
+            out = dict.fromkeys(METRICS_JSON_FIELDS)
+            out.update(fields)
+            return out
+        own = self._own
         return {
             name: fields[name] if name in own else None
             for name in METRICS_JSON_FIELDS
@@ -184,9 +201,9 @@ class MetricsBase(BaseModel):
                     f"{self.level} metrics cannot become {update['level']} by model_copy; "
                     "metrics_with builds that level's metrics"
                 )
-            if not update.keys() <= type(self).model_fields.keys():
+            if not update.keys() <= self._own:
                 _check_foreign(type(self), update)
-                update = {k: v for k, v in update.items() if k in type(self).model_fields}
+                update = {k: v for k, v in update.items() if k in self._own}
         return super().model_copy(update=update, deep=deep)
 
 
