@@ -41,6 +41,7 @@ def _result(i: int) -> RecordResult:
     x = 1.0 + i * 1e-7
     if kind == 0:
         metrics: FullMetrics | StatsMetrics = FullMetrics(
+            level="full",
             dtype="bfloat16",
             error=x * 3e-3,
             max_abs_err=x * 0.02,
@@ -52,6 +53,7 @@ def _result(i: int) -> RecordResult:
         )
     else:
         metrics = StatsMetrics(
+            level="stats",
             dtype="bfloat16",
             error=x * 2e-3,
             stat_rel_diff={"min": x * 1e-3, "max": x * 2e-3, "mean": x * 1e-4, "norm": x * 1e-3},

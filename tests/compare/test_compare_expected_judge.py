@@ -26,6 +26,7 @@ def _rec(
 ) -> RecordResult:
     module, call, phase, role, index = key.rsplit(".", 4)
     metrics = FullMetrics(
+        level="full",
         dtype=dtype,
         error=error,
         rel_l2=error,

@@ -100,7 +100,7 @@ def test_pairs_whose_shapes_differ_count_apart_so_the_counts_add_up() -> None:
     shaped = _result(0, error=math.inf, note="shapes differ").model_copy(
         update={
             "actual_shape": [30, 128],
-            "metrics": UnmeasuredMetrics(dtype="float32", error=math.inf),
+            "metrics": UnmeasuredMetrics(level="none", dtype="float32", error=math.inf),
         }
     )
     rows = RecordRows([shaped, _result(1, error=0.0).model_copy(update={"status": "pass"})])

@@ -41,7 +41,7 @@ def _result(seq: int, *, note: str | None = _NOTE, **metrics: object) -> RecordR
         shape=[2, 16, 64],
         seq=seq,
         status="pass",
-        metrics=StatsMetrics(dtype="bfloat16", error=1e-3, note=note, **metrics),  # type: ignore[arg-type]
+        metrics=StatsMetrics(level="stats", dtype="bfloat16", error=1e-3, note=note, **metrics),  # type: ignore[arg-type]
     )
 
 

@@ -740,6 +740,7 @@ def pair_metrics(
     padding = padding if padding is not None else StepPadding([], [])
     if _squeezed(g.shape) != _squeezed(a.shape):
         return UnmeasuredMetrics(
+            level="none",
             dtype=dtype,
             error=math.inf,
             note=f"shapes differ: golden {g.shape}, actual {a.shape}",

@@ -602,6 +602,7 @@ def _finish(
             "on both sides"
         )
     return FullMetrics(
+        level="full",
         dtype=dtype,
         error=rel_l2,
         max_abs_err=acc.max_abs,
@@ -693,6 +694,7 @@ def exact_metrics(golden: torch.Tensor, actual: torch.Tensor, *, chunk: int = CH
         mismatched += int(np.count_nonzero(g != a))
     total = max(g_flat.numel(), 1)
     return ExactMetrics(
+        level="exact",
         dtype=str(golden.dtype).removeprefix("torch."),
         error=mismatched / total,
         mismatched=mismatched,
@@ -708,7 +710,9 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
     """
     gs, as_ = golden.stats, actual.stats
     if gs is None or as_ is None:
-        return UnmeasuredMetrics(dtype=dtype, error=0.0, note="no statistics recorded")
+        return UnmeasuredMetrics(
+            level="none", dtype=dtype, error=0.0, note="no statistics recorded"
+        )
     rms = golden_rms(gs) or 0.0
     # a causal mask: the golden holds another precision's stand-in for -inf (fp32's
     # finfo.min where the actual has bf16's); the statistics they dominate say nothing,
@@ -756,6 +760,7 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
             f"sampled elements finite on both sides. {level_note}"
         )
     return StatsMetrics(
+        level="stats",
         dtype=dtype,
         error=error,
         stat_rel_diff=diffs,

@@ -368,6 +368,7 @@ def mask_stats_metrics(g: Record, a: Record) -> Metrics | None:
     attended = (boolean.numel - boolean.zeros, additive.zeros)
     differ = abs(attended[0] - attended[1])
     return StatsMetrics(
+        level="stats",
         dtype="bool",
         error=differ / max(boolean.numel, 1),
         note=f"compared as attention masks from their statistics: {attended[0]} attended "

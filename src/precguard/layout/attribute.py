@@ -306,6 +306,7 @@ def _nonfinite_only(whole: Record, a: Record, dtype: str) -> Metrics | None:
     if whole.stats is None or a.stats is None or whole.stats.nonfinite:
         return None
     return StatsMetrics(
+        level="stats",
         dtype=dtype,
         error=0.0,
         nan_mismatch=a.stats.nan,

@@ -128,6 +128,7 @@ class LayoutViews:
         if not src.combinable and r.status == "pass":
             update["status"] = "missing"
             update["metrics"] = UnmeasuredMetrics(
+                level="none",
                 dtype=r.metrics.dtype if r.metrics is not None else r.golden_dtype,
                 error=0.0,
                 note=NOT_COMBINABLE.format(ranks=list(src.ranks)),
