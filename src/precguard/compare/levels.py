@@ -417,12 +417,12 @@ class MetricsBase(BaseModel):
         """A copy with ``update`` applied. A key this level lacks must be None (dropped: it
         is null already); the level cannot change (:func:`metrics_with` builds another
         level's metrics)."""
+        if update and update.get("level", self.level) != self.level:
+            raise ValueError(
+                f"{self.level} metrics cannot become {update['level']} by model_copy; "
+                "metrics_with builds that level's metrics"
+            )
         if update and not update.keys() <= self._own:
-            if update.get("level", self.level) != self.level:
-                raise ValueError(
-                    f"{self.level} metrics cannot become {update['level']} by model_copy; "
-                    "metrics_with builds that level's metrics"
-                )
             for name, value in update.items():
                 if value is not None and name not in self._own:
                     raise ValueError(
