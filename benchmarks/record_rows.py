@@ -15,7 +15,8 @@ import argparse
 import time
 import tracemalloc
 
-from precguard.compare.report import FullMetrics, RecordResult, RecordRows, StatsMetrics
+from precguard.compare.levels import FullMetrics, StatsMetrics
+from precguard.compare.report import RecordResult, RecordRows
 
 _STATS_NOTE = "statistics only: the tensors were not recorded (use --tensors to record them)"
 

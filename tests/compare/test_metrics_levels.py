@@ -25,8 +25,8 @@ from precguard.compare import (
     StatsMetrics,
     UnmeasuredMetrics,
     metrics_of,
+    metrics_with,
 )
-from precguard.compare.levels import metrics_with
 
 from .conftest import FAULTS, record
 

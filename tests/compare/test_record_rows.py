@@ -17,13 +17,12 @@ from pathlib import Path
 import pytest
 
 import precguard
+from precguard.compare import UnmeasuredMetrics, metrics_of
 from precguard.compare.report import (
     Comparison,
     Counts,
     RecordResult,
     RecordRows,
-    UnmeasuredMetrics,
-    metrics_of,
     write_comparison_json,
 )
 

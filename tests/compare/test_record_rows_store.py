@@ -14,12 +14,8 @@ import math
 from pathlib import Path
 
 import precguard
-from precguard.compare.report import (
-    RecordResult,
-    RecordRows,
-    StatsMetrics,
-    write_comparison_json,
-)
+from precguard.compare import StatsMetrics
+from precguard.compare.report import RecordResult, RecordRows, write_comparison_json
 
 from .conftest import FAULTS, record
 

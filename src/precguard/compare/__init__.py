@@ -15,22 +15,25 @@ from __future__ import annotations
 
 from precguard.compare.coverage import SameRecordingError
 from precguard.compare.engine import IncomparableRunsError, fingerprint_diff
+from precguard.compare.levels import (
+    ExactMetrics,
+    FullMetrics,
+    MeasuredMetrics,
+    MetricsBase,
+    StatsMetrics,
+    UnmeasuredMetrics,
+    metrics_of,
+    metrics_with,
+)
 from precguard.compare.options import CompareOptions
 from precguard.compare.report import (
     Comparison,
     Counts,
-    ExactMetrics,
     FirstDivergence,
-    FullMetrics,
-    MeasuredMetrics,
     Metrics,
-    MetricsBase,
     RecordIdentity,
     RecordResult,
-    StatsMetrics,
     Suspect,
-    UnmeasuredMetrics,
-    metrics_of,
 )
 from precguard.compare.runs import compare_recordings, compare_runs
 from precguard.compare.tolerance import PROFILES, Profile, get_profile
@@ -59,4 +62,5 @@ __all__ = [
     "fingerprint_diff",
     "get_profile",
     "metrics_of",
+    "metrics_with",
 ]

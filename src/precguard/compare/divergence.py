@@ -53,14 +53,9 @@ from precguard.compare.expected import (
     linear_factors,
     own_bias,
 )
+from precguard.compare.levels import FullMetrics, MeasuredMetrics
 from precguard.compare.optimizer import is_optimizer
-from precguard.compare.report import (
-    FirstDivergence,
-    FullMetrics,
-    MeasuredMetrics,
-    RecordResult,
-    Suspect,
-)
+from precguard.compare.report import FirstDivergence, RecordResult, Suspect
 from precguard.compare.routing import index_reason
 from precguard.compare.tolerance import Profile
 from precguard.numerics import MIN_LOCAL_GROWTH, expected_error, reduction_length, rounding_floor

@@ -32,6 +32,7 @@ from precguard.compare.divergence import (
     rank_suspects,
 )
 from precguard.compare.judge import judge_step, measured_errors
+from precguard.compare.levels import UnmeasuredMetrics
 from precguard.compare.loss import low_precision_losses
 from precguard.compare.metrics import (
     golden_rms,
@@ -57,7 +58,6 @@ from precguard.compare.report import (
     RecordRows,
     Status,
     Unmatched,
-    UnmeasuredMetrics,
 )
 from precguard.compare.routing import Routing
 from precguard.compare.tolerance import Profile, judge, with_bias

@@ -35,7 +35,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from precguard.compare.report import MeasuredMetrics, Metrics
+from precguard.compare.levels import MeasuredMetrics
+from precguard.compare.report import Metrics
 from precguard.compare.sampled import sampled_bounds
 from precguard.compare.tolerance import Profile
 from precguard.numerics import (

@@ -52,9 +52,10 @@ from precguard.compare.expected import (
     own_bias,
     significant_scale,
 )
+from precguard.compare.levels import concentrated
 from precguard.compare.metrics import less_precise
 from precguard.compare.optimizer import Explained, is_optimizer, update_verdict
-from precguard.compare.report import Metrics, RecordResult, concentrated
+from precguard.compare.report import Metrics, RecordResult
 from precguard.compare.sampled import sampled_bounds
 from precguard.compare.tolerance import Profile
 from precguard.numerics import (

@@ -45,8 +45,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from precguard.capture.evidence import encode, sample_indices
+from precguard.compare.levels import StatsMetrics
 from precguard.compare.metrics import exact_metrics, is_float_dtype
-from precguard.compare.report import Metrics, StatsMetrics
+from precguard.compare.report import Metrics
 from precguard.dump.schema import PositionNorms, Record, Sample
 from precguard.dump.tensors import TensorStore
 

@@ -10,14 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from precguard.compare.coverage import headline, print_gaps
-from precguard.compare.report import (
-    Comparison,
-    FullMetrics,
-    MeasuredMetrics,
-    Metrics,
-    RecordResult,
-    StatsMetrics,
-)
+from precguard.compare.levels import FullMetrics, MeasuredMetrics, StatsMetrics
+from precguard.compare.report import Comparison, Metrics, RecordResult
 from precguard.text import shown
 
 _STATUS_STYLE = {

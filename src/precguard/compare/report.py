@@ -16,35 +16,12 @@ from pydantic_core import CoreSchema, core_schema, from_json, to_json
 
 from precguard.compare.coverage import Coverage
 from precguard.compare.impact_report import ErrorBudget
-from precguard.compare.levels import (
-    ExactMetrics,
-    FullMetrics,
-    MeasuredMetrics,
-    Metrics,
-    MetricsBase,
-    StatsMetrics,
-    UnmeasuredMetrics,
-    concentrated,
-    metrics_of,
-    metrics_with,
-)
+from precguard.compare.levels import Metrics
 from precguard.dump.schema import Phase, Role
 from precguard.errors import ExitCode
 
 COMPARISON_SCHEMA_VERSION = 1
 
-#: the metrics models live in levels.py; compare's readers import them from here too
-METRICS_MODELS = (
-    ExactMetrics,
-    FullMetrics,
-    MeasuredMetrics,
-    MetricsBase,
-    StatsMetrics,
-    UnmeasuredMetrics,
-    concentrated,
-    metrics_of,
-    metrics_with,
-)
 
 _FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
 

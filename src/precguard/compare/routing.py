@@ -55,14 +55,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from precguard.compare.levels import MeasuredMetrics, concentrated, metrics_with
 from precguard.compare.metrics import is_float_dtype, precision, tensor_metrics
-from precguard.compare.report import (
-    MeasuredMetrics,
-    Metrics,
-    RecordResult,
-    concentrated,
-    metrics_with,
-)
+from precguard.compare.report import Metrics, RecordResult
 from precguard.compare.tolerance import Profile
 from precguard.dump.schema import Record
 from precguard.dump.tensors import TensorStore

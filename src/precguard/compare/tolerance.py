@@ -23,7 +23,8 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from precguard.compare.report import FullMetrics, MeasuredMetrics, Metrics, Status
+from precguard.compare.levels import FullMetrics, MeasuredMetrics
+from precguard.compare.report import Metrics, Status
 from precguard.errors import UsageError
 from precguard.numerics import AMPLIFICATION, SIGNIFICAND_BITS, ladder, unit_roundoff
 

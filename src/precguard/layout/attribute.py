@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from precguard.compare.levels import StatsMetrics
 from precguard.compare.metrics import precision, stats_metrics, tensor_metrics
-from precguard.compare.report import FirstDivergence, Metrics, RecordResult, StatsMetrics, Suspect
+from precguard.compare.report import FirstDivergence, Metrics, RecordResult, Suspect
 from precguard.compare.tolerance import Profile, judge
 from precguard.dump.reader import Run
 from precguard.dump.schema import Record

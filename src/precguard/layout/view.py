@@ -19,7 +19,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from precguard.compare.report import Comparison, Counts, RecordResult, UnmeasuredMetrics
+from precguard.compare.levels import UnmeasuredMetrics
+from precguard.compare.report import Comparison, Counts, RecordResult
 from precguard.compare.tolerance import Profile
 from precguard.dump.reader import Run
 from precguard.layout.attribute import attribute

@@ -43,8 +43,9 @@ from torch import nn
 from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.compare.impact_report import ErrorBudget, Impact, RemedyCheck, RemedyVerdict
+from precguard.compare.levels import FullMetrics
 from precguard.compare.metrics import tensor_metrics
-from precguard.compare.report import Comparison, FullMetrics
+from precguard.compare.report import Comparison
 from precguard.compare.tolerance import get_profile
 from precguard.devices import parse_dtype, resolve_backend
 from precguard.errors import PrecguardError, TargetError, UsageError

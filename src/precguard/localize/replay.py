@@ -27,9 +27,10 @@ from rich.text import Text
 
 from precguard._logging import get_logger
 from precguard.capture.flatten import named_tensors
+from precguard.compare.levels import FullMetrics
 from precguard.compare.metrics import golden_rms, less_precise, tensor_metrics
 from precguard.compare.render import format_cosine, format_number
-from precguard.compare.report import FullMetrics, Metrics, Status
+from precguard.compare.report import Metrics, Status
 from precguard.compare.tolerance import Profile, get_profile, judge
 from precguard.dump.reader import Run, load_run
 from precguard.dump.schema import Record

@@ -396,7 +396,7 @@ def _stats_multiples(stats: list[SuspectStats], note: str) -> str:
 
 
 def _records_table(result: Comparison) -> str:
-    from precguard.compare.report import FullMetrics, MeasuredMetrics
+    from precguard.compare.levels import FullMetrics, MeasuredMetrics
 
     records = list(enumerate(result.records))
     left_out = 0
