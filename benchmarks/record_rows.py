@@ -15,7 +15,8 @@ import argparse
 import time
 import tracemalloc
 
-from precguard.compare.report import Metrics, RecordResult, RecordRows
+from precguard.compare.levels import FullMetrics, StatsMetrics
+from precguard.compare.report import RecordResult, RecordRows
 
 _STATS_NOTE = "statistics only: the tensors were not recorded (use --tensors to record them)"
 
@@ -40,7 +41,7 @@ def _result(i: int) -> RecordResult:
         return RecordResult(status="missing", **ident)
     x = 1.0 + i * 1e-7
     if kind == 0:
-        metrics = Metrics(
+        metrics: FullMetrics | StatsMetrics = FullMetrics(
             level="full",
             dtype="bfloat16",
             error=x * 3e-3,
@@ -52,7 +53,7 @@ def _result(i: int) -> RecordResult:
             cosine=1 - x * 1e-6,
         )
     else:
-        metrics = Metrics(
+        metrics = StatsMetrics(
             level="stats",
             dtype="bfloat16",
             error=x * 2e-3,

@@ -150,15 +150,15 @@ def test_the_ladder_non_finite_then_exact_then_the_error(
 
 
 def test_the_compare_and_replay_judges_climb_the_same_ladder() -> None:
-    from precguard.compare import Metrics
+    from precguard.compare import ExactMetrics, FullMetrics
     from precguard.compare.tolerance import get_profile, judge
     from precguard.localize.replay import judge_by_expected
 
-    bad = Metrics(level="full", dtype="bfloat16", error=0.0, nan_mismatch=1, cosine=1.0,
+    bad = FullMetrics(level="full", dtype="bfloat16", error=0.0, nan_mismatch=1, cosine=1.0,
                   max_abs_err=0.0)  # fmt: skip
     assert judge(bad, get_profile("default")) == judge_by_expected(bad, 1.0) == "nonfinite"
     assert ladder(bad) == "nonfinite"
-    ids = Metrics(level="exact", dtype="int64", error=0.0, mismatched=1)
+    ids = ExactMetrics(level="exact", dtype="int64", error=0.0, mismatched=1)
     assert judge(ids, get_profile("fixed")) == judge_by_expected(ids, 1.0) == "fail"
 
 

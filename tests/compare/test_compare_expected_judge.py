@@ -7,7 +7,7 @@ outputs in capture order) with the errors a real run measured, judged by
 
 from __future__ import annotations
 
-from precguard.compare import Metrics, RecordResult, get_profile
+from precguard.compare import FullMetrics, RecordResult, get_profile
 from precguard.compare.judge import judge_step
 
 DEFAULT = get_profile("default")
@@ -25,7 +25,7 @@ def _rec(
     module_type: str = "Module",
 ) -> RecordResult:
     module, call, phase, role, index = key.rsplit(".", 4)
-    metrics = Metrics(
+    metrics = FullMetrics(
         level="full",
         dtype=dtype,
         error=error,

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import precguard
-from precguard.compare import Metrics, RecordResult, get_profile
+from precguard.compare import Metrics, RecordResult, StatsMetrics, get_profile
 from precguard.compare.expected import rounding_floor
 from precguard.compare.judge import judge_step
 from precguard.compare.metrics import stats_metrics
@@ -138,8 +138,8 @@ def _stats_record(key: str, seq: int, metrics: Metrics) -> RecordResult:
 def test_a_likely_finding_below_what_its_inputs_explain_is_never_a_finding():
     # the issue's panel: "rel_l2 ~0.0193 sampled max_abs 2.04 worst position 16 (norm off
     # by 0.676)" behind inputs whose error explains 0.0211
-    inp = Metrics(level="stats", dtype="bfloat16", error=0.0211, slice_error=0.02)
-    out = Metrics(level="stats", dtype="bfloat16", error=0.0193, slice_error=0.676)
+    inp = StatsMetrics(level="stats", dtype="bfloat16", error=0.0211, slice_error=0.02)
+    out = StatsMetrics(level="stats", dtype="bfloat16", error=0.0193, slice_error=0.676)
     records = [
         _stats_record("attn.0.forward.input.0", 0, inp),
         _stats_record("attn.0.forward.output.0", 1, out),

@@ -10,7 +10,7 @@ import torch
 
 import precguard
 from precguard import UsageError, load_run
-from precguard.compare import Metrics, RecordResult
+from precguard.compare import FullMetrics, Metrics, RecordResult
 from precguard.compare.divergence import Decision, classify_step, fallback
 from precguard.compare.expected import rounding_floor
 from precguard.compare.metrics import full_metrics, precision, tolerance_dtype
@@ -122,7 +122,7 @@ def test_the_rounding_floor_is_the_compute_dtypes_not_fp32s() -> None:
 
 def _rec(key: str, seq: int, error: float, *, scale: float = 1.0, bias: bool = False):
     module, call, phase, role, index = key.rsplit(".", 4)
-    m = Metrics(level="full", dtype="float32", error=error, cosine=1.0, max_abs_err=error)
+    m = FullMetrics(level="full", dtype="float32", error=error, cosine=1.0, max_abs_err=error)
     m = m.model_copy(update={"rel_l2": error, "scale": scale, "scale_se": 1e-9, "bias": bias})
     status = judge(m, get_profile("default"))
     return RecordResult(

@@ -22,7 +22,7 @@ from torch import nn
 
 import precguard
 from precguard.capture.evidence import sample_indices
-from precguard.compare import Metrics, get_profile
+from precguard.compare import ExactMetrics, FullMetrics, StatsMetrics, get_profile
 from precguard.compare.expected import carried_bias
 from precguard.compare.metrics import full_metrics
 from precguard.compare.render import render
@@ -117,7 +117,7 @@ def test_gaussian_errors_estimate_their_mean_square_within_sqrt_2_over_n():
 
 
 def test_a_sampled_error_is_bounded_below_and_above_and_the_norms_proof_holds():
-    m = Metrics(
+    m = StatsMetrics(
         level="stats", dtype="bfloat16", error=0.02, sample_rel_l2=0.02,
         sample_rse=0.125, pos_rel_l2=0.001, peak_error=0.05,
         sample_peaks=[0.05, 0.04, 0.03, 0.002],
@@ -129,16 +129,16 @@ def test_a_sampled_error_is_bounded_below_and_above_and_the_norms_proof_holds():
     (low, _), _ = sampled_bounds(loose, 4.0)
     assert low == 0.001  # what the per-position norms prove, no more
     # full tensors are their own bounds
-    full = Metrics(level="full", dtype="bfloat16", error=0.02, peak_error=0.05)
+    full = FullMetrics(level="full", dtype="bfloat16", error=0.02, peak_error=0.05)
     assert sampled_bounds(full, 4.0) == ((0.02, 0.05), (0.02, 0.05))
 
 
 def test_an_unmeasured_scale_carries_at_most_its_error():
     # |s - 1| = |<g, d>| / <g, g> <= ||d|| / ||g||: a record whose sample a few elements
     # dominate (no scale) no longer hides every scale fault downstream
-    m = Metrics(level="full", dtype="bfloat16", error=0.006)
+    m = FullMetrics(level="full", dtype="bfloat16", error=0.006)
     assert carried_bias([m], get_profile("default")) == 0.006
-    ids = Metrics(level="exact", dtype="int64", error=0.1, mismatched=3)
+    ids = ExactMetrics(level="exact", dtype="int64", error=0.1, mismatched=3)
     assert carried_bias([ids], get_profile("default")) == math.inf
 
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 import precguard
+from precguard.compare import UnmeasuredMetrics, metrics_of
 from precguard.compare.report import (
     Comparison,
     Counts,
-    Metrics,
     RecordResult,
     RecordRows,
     write_comparison_json,
@@ -29,7 +29,7 @@ from precguard.compare.report import (
 from .conftest import FAULTS, record
 
 
-def _result(seq: int, **metrics: object) -> RecordResult:
+def _result(seq: int, level: str = "full", **metrics: object) -> RecordResult:
     return RecordResult(
         key=f"model.fc{seq}.0.forward.output.0",
         module=f"model.fc{seq}",
@@ -44,7 +44,7 @@ def _result(seq: int, **metrics: object) -> RecordResult:
         shape=[4, 8],
         seq=seq,
         status="fail",
-        metrics=Metrics(level="full", dtype="float32", **metrics),  # type: ignore[arg-type]
+        metrics=metrics_of({"level": level, "dtype": "float32", **metrics}),
         local=True,
         amplification=12.5,
     )
@@ -54,7 +54,7 @@ def test_rows_give_back_every_value_exactly_even_nan_and_infinity() -> None:
     """A float written as JSON reads back as the same double (shortest repr), NaN and Inf too."""
     results = [
         _result(0, error=1 / 3, rel_l2=2.0**-149, max_abs_err=math.nan, cosine=-0.0),
-        _result(1, error=math.inf, stat_rel_diff={"min": -math.inf, "max": 1e300}),
+        _result(1, "stats", error=math.inf, stat_rel_diff={"min": -math.inf, "max": 1e300}),
         # a key not spelled from the fields (an imported dump), notes shared and not
         _result(2, error=0.5, note="statistics only").model_copy(update={"key": "Fn.linear.0"}),
         _result(3, error=0.5, note="statistics only"),
@@ -99,7 +99,7 @@ def test_pairs_whose_shapes_differ_count_apart_so_the_counts_add_up() -> None:
     shaped = _result(0, error=math.inf, note="shapes differ").model_copy(
         update={
             "actual_shape": [30, 128],
-            "metrics": Metrics(level="none", dtype="float32", error=math.inf),
+            "metrics": UnmeasuredMetrics(level="none", dtype="float32", error=math.inf),
         }
     )
     rows = RecordRows([shaped, _result(1, error=0.0).model_copy(update={"status": "pass"})])

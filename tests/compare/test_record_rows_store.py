@@ -14,7 +14,8 @@ import math
 from pathlib import Path
 
 import precguard
-from precguard.compare.report import Metrics, RecordResult, RecordRows, write_comparison_json
+from precguard.compare import StatsMetrics
+from precguard.compare.report import RecordResult, RecordRows, write_comparison_json
 
 from .conftest import FAULTS, record
 
@@ -36,7 +37,7 @@ def _result(seq: int, *, note: str | None = _NOTE, **metrics: object) -> RecordR
         shape=[2, 16, 64],
         seq=seq,
         status="pass",
-        metrics=Metrics(level="stats", dtype="bfloat16", error=1e-3, note=note, **metrics),  # type: ignore[arg-type]
+        metrics=StatsMetrics(level="stats", dtype="bfloat16", error=1e-3, note=note, **metrics),  # type: ignore[arg-type]
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
-from precguard.compare import Metrics
+from precguard.compare import metrics_of
 from precguard.guard.margin import allowed_error, record_margin
 
 TOLERANCES = {
@@ -16,8 +16,10 @@ TOLERANCES = {
 
 def _record(status: str = "pass", **metrics: object) -> SimpleNamespace:
     fields = {"level": "stats", "dtype": "float32", "error": 0.0, **metrics}
+    if fields["level"] == "exact":
+        fields.setdefault("mismatched", 0)
     return SimpleNamespace(
-        key="m.0.forward.output.0", module="m", status=status, metrics=Metrics(**fields)
+        key="m.0.forward.output.0", module="m", status=status, metrics=metrics_of(fields)
     )
 
 

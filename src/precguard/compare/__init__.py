@@ -15,6 +15,16 @@ from __future__ import annotations
 
 from precguard.compare.coverage import SameRecordingError
 from precguard.compare.engine import IncomparableRunsError, fingerprint_diff
+from precguard.compare.levels import (
+    ExactMetrics,
+    FullMetrics,
+    MeasuredMetrics,
+    MetricsBase,
+    StatsMetrics,
+    UnmeasuredMetrics,
+    metrics_of,
+    metrics_with,
+)
 from precguard.compare.options import CompareOptions
 from precguard.compare.report import (
     Comparison,
@@ -33,16 +43,24 @@ __all__ = [
     "CompareOptions",
     "Comparison",
     "Counts",
+    "ExactMetrics",
     "FirstDivergence",
+    "FullMetrics",
     "IncomparableRunsError",
+    "MeasuredMetrics",
     "Metrics",
+    "MetricsBase",
     "Profile",
     "RecordIdentity",
     "RecordResult",
     "SameRecordingError",
+    "StatsMetrics",
     "Suspect",
+    "UnmeasuredMetrics",
     "compare_recordings",
     "compare_runs",
     "fingerprint_diff",
     "get_profile",
+    "metrics_of",
+    "metrics_with",
 ]

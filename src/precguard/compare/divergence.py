@@ -53,6 +53,7 @@ from precguard.compare.expected import (
     linear_factors,
     own_bias,
 )
+from precguard.compare.levels import FullMetrics, MeasuredMetrics
 from precguard.compare.optimizer import is_optimizer
 from precguard.compare.report import FirstDivergence, RecordResult, Suspect
 from precguard.compare.routing import index_reason
@@ -124,7 +125,7 @@ class Candidate(BaseModel):
             amplification=self.amplification,
             error=r.metrics.error,
             expected_error=self.expected_error,
-            scale=r.metrics.scale,
+            scale=r.metrics.scale if isinstance(r.metrics, MeasuredMetrics) else None,
             confidence=self.confidence,
             reason=self.reason,
         )
@@ -291,7 +292,10 @@ def _param_candidate(call: _Call, p: RecordResult, names: dict[str, str]) -> Can
     m = p.metrics
     scaled = (
         f", scaled by {m.scale:.4g} ± {m.scale_se:.1g}"
-        if m is not None and m.bias and m.scale is not None and m.scale_se is not None
+        if isinstance(m, MeasuredMetrics)
+        and m.bias
+        and m.scale is not None
+        and m.scale_se is not None
         else ""
     )
     reason = (
@@ -397,7 +401,10 @@ def _local_reason(
         m = first.metrics
         scaled = (
             f", scaled by {m.scale:.4g} ± {m.scale_se:.1g}"
-            if m is not None and m.bias and m.scale is not None and m.scale_se is not None
+            if isinstance(m, MeasuredMetrics)
+            and m.bias
+            and m.scale is not None
+            and m.scale_se is not None
             else ""
         )
         return (
@@ -487,7 +494,11 @@ def _bias_reason(call: _Call, bad: list[RecordResult], profile: Profile) -> str 
         linear = linear_factors(
             call.module_type, o.phase, o.role, o.index, [*call.consumed, *call.params]
         )
-        scaled_in = [i for i in inputs if i.scale is not None and i.level in SCALED_LEVELS]
+        scaled_in = [
+            i
+            for i in inputs
+            if isinstance(i, MeasuredMetrics) and i.scale is not None and i.level in SCALED_LEVELS
+        ]
         if linear is None and call.module_type in LINEAR_TYPES and len(scaled_in) == 1:
             # a module linear in its one float input: its own scale is s_out / s_in
             linear = scaled_in if scaled_in[0].scale else None
@@ -499,9 +510,13 @@ def _bias_reason(call: _Call, bad: list[RecordResult], profile: Profile) -> str 
             factors=linear,
             module_type=call.module_type,
         )
-        if excess is None or m.scale is None:
+        if excess is None or not isinstance(m, MeasuredMetrics) or m.scale is None:
             continue
-        scaled = [i for i in inputs if i.scale is not None and math.isfinite(i.scale)]
+        scaled = [
+            i
+            for i in inputs
+            if isinstance(i, MeasuredMetrics) and i.scale is not None and math.isfinite(i.scale)
+        ]
         carried = max((abs(i.scale - 1.0) for i in scaled if i.scale is not None), default=0.0)
         what = "its output" if call.phase == "forward" else "a gradient it computed"
         if is_optimizer(o.phase, o.role):
@@ -518,10 +533,15 @@ def _bias_reason(call: _Call, bad: list[RecordResult], profile: Profile) -> str 
         return (
             f"{call.module} ({call.module_type}): {what} is scaled by {m.scale:.4g} "
             f"± {m.scale_se or 0.0:.1g} relative to golden (mean relative error "
-            f"{(m.mean_rel_err or 0.0):+.2g}) while its inputs' scale differs from 1 by at most "
+            f"{_mean_rel_err(m):+.2g}) while its inputs' scale differs from 1 by at most "
             f"{_fmt(carried)}: a systematic error of its own, not {m.dtype} rounding"
         )
     return None
+
+
+def _mean_rel_err(m: MeasuredMetrics) -> float:
+    """The mean signed relative error (full tensors; 0 where statistics cannot say)."""
+    return (m.mean_rel_err if isinstance(m, FullMetrics) else None) or 0.0
 
 
 def _glue_note(call: _Call, first: RecordResult, forward: list[RecordResult]) -> str:

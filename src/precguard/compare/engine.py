@@ -32,6 +32,7 @@ from precguard.compare.divergence import (
     rank_suspects,
 )
 from precguard.compare.judge import judge_step, measured_errors
+from precguard.compare.levels import UnmeasuredMetrics
 from precguard.compare.loss import low_precision_losses
 from precguard.compare.metrics import (
     golden_rms,
@@ -738,7 +739,7 @@ def pair_metrics(
         )
     padding = padding if padding is not None else StepPadding([], [])
     if _squeezed(g.shape) != _squeezed(a.shape):
-        return Metrics(
+        return UnmeasuredMetrics(
             level="none",
             dtype=dtype,
             error=math.inf,

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from precguard.compare.levels import MeasuredMetrics
 from precguard.compare.report import Metrics
 from precguard.compare.sampled import sampled_bounds
 from precguard.compare.tolerance import Profile
@@ -81,7 +82,7 @@ def carried_bias(inputs: list[Metrics], profile: Profile) -> float:
     """
     carried = 0.0
     for m in inputs:
-        if m.scale is None or not math.isfinite(m.scale):
+        if not isinstance(m, MeasuredMetrics) or m.scale is None or not math.isfinite(m.scale):
             if m.nan_mismatch or m.inf_mismatch:
                 return math.inf
             if m.level in SCALED_LEVELS and math.isfinite(m.error):
@@ -116,7 +117,7 @@ def scale_floor(dtype: str, k: int | None, profile: Profile, linear: bool = Fals
 
 def linear_factors(
     module_type: str, phase: str, role: str, index: int, consumed: list[Any]
-) -> list[Metrics] | None:
+) -> list[MeasuredMetrics] | None:
     """The consumed records a produced record is linear in, or None.
 
     Its own scale is then ``s / prod(s_f)``: a ``Linear``'s output ``W x`` is linear
@@ -140,13 +141,13 @@ def linear_factors(
     to the generic test instead.
     """
 
-    def scaled(records: list[Any]) -> list[Metrics] | None:
+    def scaled(records: list[Any]) -> list[MeasuredMetrics] | None:
         out = []
         for x in records:
             m = x.metrics
             if m is None:
                 return None
-            if m.level in SCALED_LEVELS and m.scale is not None and m.scale:
+            if isinstance(m, MeasuredMetrics) and m.scale is not None and m.scale:
                 if m.error > RATIO_MAX_ULPS * unit_roundoff(m.dtype):
                     return None  # an error beyond rounding may be structured (see above)
                 out.append(m)
@@ -154,7 +155,7 @@ def linear_factors(
                 return None  # it differs, by an unknown scale
         return out
 
-    def weights(records: list[Any]) -> list[Metrics] | None:
+    def weights(records: list[Any]) -> list[MeasuredMetrics] | None:
         # by their scale only: their rounding reaches the output as a pattern shared
         # along its channels, which the output's own standard error measures
         out = scaled(records)
@@ -168,7 +169,7 @@ def linear_factors(
         return weights(params) if len(params) <= 1 else None
     if module_type not in LINEAR_TYPES:
         return None
-    found: list[Metrics] | None = None
+    found: list[MeasuredMetrics] | None = None
     w = weights(weight)
     if phase == "forward" and role == "output" and len(fin) == 1:
         found = scaled(fin)
@@ -185,8 +186,8 @@ def linear_factors(
 
 
 def own_scale(
-    output: Metrics,
-    factors: list[Metrics],
+    output: MeasuredMetrics,
+    factors: list[MeasuredMetrics],
     profile: Profile,
     k: int | None = None,
     carried: float = 0.0,
@@ -221,7 +222,7 @@ def significant_scale(m: Metrics, profile: Profile) -> bool:
     what a module that broadcasts a rounded statistic may carry; a ``Linear`` is held
     to less (:func:`scale_floor`).
     """
-    if m.level not in SCALED_LEVELS or m.scale is None or m.scale_se is None:
+    if not isinstance(m, MeasuredMetrics) or m.scale is None or m.scale_se is None:
         return False
     return abs(m.scale - 1.0) > profile.bias_z * m.scale_se
 
@@ -233,7 +234,7 @@ def own_bias(
     input_error: float,
     carried: float,
     k: int | None = None,
-    factors: list[Metrics] | None = None,
+    factors: list[MeasuredMetrics] | None = None,
     module_type: str = "",
     param: bool = False,
 ) -> float | None:
@@ -252,7 +253,7 @@ def own_bias(
     its own only when nothing carried error into it (a cast rounds every weight once:
     one ulp, as any module).
     """
-    if not significant_scale(output, profile):
+    if not isinstance(output, MeasuredMetrics) or not significant_scale(output, profile):
         return None
     if input_error > BIAS_MAX_INPUT_ERROR:
         return None

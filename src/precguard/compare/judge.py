@@ -52,6 +52,7 @@ from precguard.compare.expected import (
     own_bias,
     significant_scale,
 )
+from precguard.compare.levels import concentrated
 from precguard.compare.metrics import less_precise
 from precguard.compare.optimizer import Explained, is_optimizer, update_verdict
 from precguard.compare.report import Metrics, RecordResult
@@ -108,7 +109,7 @@ def measured_errors(m: Metrics) -> tuple[float, float]:
         e = math.inf if m.mismatched and m.rerouted is None else 0.0
         return e, e
     e = m.error if math.isfinite(m.error) else math.inf
-    conc = max(x for x in (e, m.slice_error, m.peak_error) if x is not None)
+    conc = max(x for x in (e, *concentrated(m)) if x is not None)
     return e, conc if math.isfinite(conc) else math.inf
 
 

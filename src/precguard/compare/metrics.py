@@ -28,7 +28,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from precguard.compare.report import Metrics
+from precguard.compare.levels import (
+    ExactMetrics,
+    FullMetrics,
+    Metrics,
+    StatsMetrics,
+    UnmeasuredMetrics,
+)
 from precguard.compare.sampled import position_evidence, sample_evidence
 from precguard.compare.tolerance import Profile
 from precguard.dump.schema import STAT_FIELDS, Record, Stats
@@ -595,7 +601,7 @@ def _finish(
             f"metrics are measured over the {acc.n - acc.nonfinite} elements finite "
             "on both sides"
         )
-    return Metrics(
+    return FullMetrics(
         level="full",
         dtype=dtype,
         error=rel_l2,
@@ -687,7 +693,7 @@ def exact_metrics(golden: torch.Tensor, actual: torch.Tensor, *, chunk: int = CH
         a = _raw(a_flat[start : start + chunk])
         mismatched += int(np.count_nonzero(g != a))
     total = max(g_flat.numel(), 1)
-    return Metrics(
+    return ExactMetrics(
         level="exact",
         dtype=str(golden.dtype).removeprefix("torch."),
         error=mismatched / total,
@@ -704,7 +710,9 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
     """
     gs, as_ = golden.stats, actual.stats
     if gs is None or as_ is None:
-        return Metrics(level="none", dtype=dtype, error=0.0, note="no statistics recorded")
+        return UnmeasuredMetrics(
+            level="none", dtype=dtype, error=0.0, note="no statistics recorded"
+        )
     rms = golden_rms(gs) or 0.0
     # a causal mask: the golden holds another precision's stand-in for -inf (fp32's
     # finfo.min where the actual has bf16's); the statistics they dominate say nothing,
@@ -751,7 +759,7 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
             f"{nan} NaN and {inf} Inf on one side only; the sampled error is over the "
             f"sampled elements finite on both sides. {level_note}"
         )
-    return Metrics(
+    return StatsMetrics(
         level="stats",
         dtype=dtype,
         error=error,

@@ -45,6 +45,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from precguard.capture.evidence import encode, sample_indices
+from precguard.compare.levels import StatsMetrics
 from precguard.compare.metrics import exact_metrics, is_float_dtype
 from precguard.compare.report import Metrics
 from precguard.dump.schema import PositionNorms, Record, Sample
@@ -367,7 +368,7 @@ def mask_stats_metrics(g: Record, a: Record) -> Metrics | None:
         return None
     attended = (boolean.numel - boolean.zeros, additive.zeros)
     differ = abs(attended[0] - attended[1])
-    return Metrics(
+    return StatsMetrics(
         level="stats",
         dtype="bool",
         error=differ / max(boolean.numel, 1),

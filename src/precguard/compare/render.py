@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from precguard.compare.coverage import headline, print_gaps
+from precguard.compare.levels import FullMetrics, MeasuredMetrics, StatsMetrics
 from precguard.compare.report import Comparison, Metrics, RecordResult
 from precguard.text import shown
 
@@ -37,7 +38,7 @@ def format_cosine(x: float | None) -> str:
 
 def scale_text(m: Metrics) -> str:
     """'scale 1.0100 ± 2e-04' (the systematic part of the error), or '' without one."""
-    if m.scale is None:
+    if not isinstance(m, MeasuredMetrics) or m.scale is None:
         return ""
     se = f" ± {m.scale_se:.1g}" if m.scale_se is not None else ""
     return f"scale {m.scale:.4f}{se}" + (" (bias)" if m.bias else "")
@@ -229,12 +230,19 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
 def _measured(m: Metrics) -> str:
     """The measured error of a panel: 'non-finite (...)' where NaN/Inf differ."""
     if nonfinite_text(m):
-        finite = m.sample_rel_l2 if m.level == "stats" else m.error
+        finite = m.sample_rel_l2 if isinstance(m, StatsMetrics) else m.error
         return (
             f"non-finite ({m.nan_mismatch} NaN, {m.inf_mismatch} Inf on one side only; "
             f"{format_number(finite)} over the finite elements)"
         )
     return format_number(m.error)
+
+
+def _cosine_max_abs(m: Metrics) -> tuple[str, str]:
+    """A table's cosine and max-abs cells: measured on full tensors only ('-' elsewhere)."""
+    if isinstance(m, FullMetrics):
+        return format_cosine(m.cosine), format_number(m.max_abs_err)
+    return "-", "-"
 
 
 def _print_replay_hint(result: Comparison, console: Console) -> None:
@@ -300,7 +308,7 @@ def _top_table(records: list[RecordResult], console: Console, top: int) -> None:
             *(
                 ("non-finite", "-", "-")
                 if nonfinite_text(m) and r.actual_shape is None
-                else (error, format_cosine(m.cosine), format_number(m.max_abs_err))
+                else (error, *_cosine_max_abs(m))
             ),
         )
     console.print(table)

@@ -16,185 +16,18 @@ from pydantic_core import CoreSchema, core_schema, from_json, to_json
 
 from precguard.compare.coverage import Coverage
 from precguard.compare.impact_report import ErrorBudget
+from precguard.compare.levels import Metrics
 from precguard.dump.schema import Phase, Role
 from precguard.errors import ExitCode
 
 COMPARISON_SCHEMA_VERSION = 1
 
+
 _FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
 
 Status = Literal["pass", "fail", "missing", "nonfinite"]
 Verdict = Literal["match", "diverged"]
-Level = Literal["full", "stats", "exact", "none"]
 T = TypeVar("T")
-
-
-class Metrics(BaseModel):
-    """What was measured for one pair of records. Fields absent at a level are None."""
-
-    model_config = _FROZEN
-
-    level: Level = Field(
-        description="'full': both full tensors were compared; 'stats': only the recorded "
-        "statistics (a weaker test: equal statistics do not prove equal tensors); "
-        "'exact': integer/bool tensors compared for equality; 'none': nothing comparable."
-    )
-    dtype: str = Field(description="dtype the tolerance was taken from (the less precise side).")
-    error: float = Field(
-        description="The scalar error used for local-vs-propagated decisions: relative L2 "
-        "error (full); at the stats level the rel_l2 estimated from the sampled elements, "
-        "raised to the lower bounds the norms give (per position and overall), or the largest "
-        "statistic difference when no sample was kept; share of unequal elements (exact)."
-    )
-    max_abs_err: float | None = Field(default=None, description="max |actual - golden|.")
-    mean_abs_err: float | None = Field(default=None, description="mean |actual - golden|.")
-    max_rel_err: float | None = Field(
-        default=None,
-        description="max |actual - golden| / max(|golden|, 1e-3 * rms(golden)); the floor "
-        "keeps elements near zero from dominating.",
-    )
-    rmse: float | None = Field(default=None, description="Root mean square error.")
-    rel_l2: float | None = Field(
-        default=None, description="||actual - golden||_2 / ||golden||_2 (normalized RMSE)."
-    )
-    cosine: float | None = Field(default=None, description="Cosine similarity.")
-    max_ulp: float | None = Field(
-        default=None,
-        description="Largest distance in units in the last place of the actual dtype "
-        "(golden rounded to that dtype first).",
-    )
-    rel_err_share: dict[str, float] | None = Field(
-        default=None,
-        description="Share of elements whose guarded relative error exceeds each band "
-        "('1e-2' = 1%, '1e-3' = 0.1%, '1e-4' = 0.01%).",
-    )
-    close_share: float | None = Field(
-        default=None,
-        description="Share of elements outside |a-g| <= atol + rtol*|g| (assert_close's test) "
-        "with atol raised to rtol * rms(golden) for tensors of small scale.",
-    )
-    nan_mismatch: int = Field(default=0, description="Elements NaN on exactly one side.")
-    inf_mismatch: int = Field(default=0, description="Elements ±Inf on one side but not equal.")
-    stat_rel_diff: dict[str, float] | None = Field(
-        default=None,
-        description="Per statistic: |a - g| / max(|g|, rms(golden)) (stats level only).",
-    )
-    mismatched: int | None = Field(default=None, description="Unequal elements (exact level).")
-    scale: float | None = Field(
-        default=None,
-        description="Least-squares scale of actual on golden, <a,g>/<g,g> (full level): 1 "
-        "within ~u/sqrt(n) under random rounding; 1.01 for an output scaled by 1%.",
-    )
-    scale_se: float | None = Field(
-        default=None,
-        description="Standard error of scale, from 64 contiguous blocks of the tensor "
-        "(cluster-robust: errors correlated within a row widen it).",
-    )
-    mean_rel_err: float | None = Field(
-        default=None,
-        description="Mean signed relative error, mean((a-g)/g) with |g| floored at 1e-3 * "
-        "rms(golden) (full level): s-1 for a scale fault, ~0 for random rounding.",
-    )
-    bias: bool = Field(
-        default=False,
-        description="True when |scale - 1| is significant: beyond bias_z standard errors "
-        "plus bias_floor_ulps unit roundoffs of the tolerance dtype (a systematic error).",
-    )
-    peak_error: float | None = Field(
-        default=None,
-        description="max |actual - golden| / max |golden| (full level): the largest element "
-        "error against the element-wise bound one rounding gives (u * max|golden|).",
-    )
-    slice_error: float | None = Field(
-        default=None,
-        description="Relative L2 error of the worst slice along any dimension (one position, "
-        "one channel, one head), each slice's golden norm floored at the typical slice's, "
-        "rms(golden) per element (full level): an error confined to a few slices shows "
-        "here; a slice of small values is judged by its share of the tensor's error.",
-    )
-    slice_dim: int | None = Field(default=None, description="Dimension of the worst slice.")
-    slice_index: int | None = Field(
-        default=None, description="Index of the worst slice along slice_dim."
-    )
-    sample_size: int | None = Field(
-        default=None,
-        description="Sampled elements compared (stats level, both records keep the same "
-        "sample): the error is then estimated from them.",
-    )
-    sample_rel_l2: float | None = Field(
-        default=None,
-        description="rms(actual - golden) over the sampled elements / rms(golden) over the "
-        "whole tensor: an estimate of rel_l2 (stats level).",
-    )
-    sample_max_abs: float | None = Field(
-        default=None, description="max |actual - golden| over the sampled elements."
-    )
-    sample_rse: float | None = Field(
-        default=None,
-        description="Relative standard error of the sampled mean squared error, from the "
-        "sample's own spread of squared errors (finite-population corrected: 0 when every "
-        "element was sampled); the judge holds sample_rel_l2 to the bounds it gives "
-        "(docs/compare.md, 'Sampling uncertainty').",
-    )
-    sample_peaks: list[float] | None = Field(
-        default=None,
-        description="The largest sampled element errors over the sample's largest golden "
-        "value, in decreasing order (up to 16): how many sampled elements carry the peak "
-        "error.",
-    )
-    pos_dim: int | None = Field(
-        default=None, description="Sequence dimension of the per-position norms compared."
-    )
-    pos_bin: int | None = Field(
-        default=None, description="Consecutive positions per compared norm (1 up to 256)."
-    )
-    pos_worst: int | None = Field(
-        default=None,
-        description="First position of the bin whose norm differs most (relatively): where "
-        "an error concentrated along the sequence sits.",
-    )
-    pos_worst_err: float | None = Field(
-        default=None,
-        description="|norm(actual) - norm(golden)| / norm(golden) at pos_worst (its norm "
-        "floored at the positions' rms, SLICE_FLOOR).",
-    )
-    pos_rel_l2: float | None = Field(
-        default=None,
-        description="||norms(actual) - norms(golden)|| / ||norms(golden)|| over the positions: "
-        "a lower bound on the tensor's rel_l2 (triangle inequality per position).",
-    )
-    note: str | None = Field(default=None, description="Why the level is weaker, if it is.")
-    rerouted: int | None = Field(
-        default=None,
-        description="Mixture of experts (docs/compare.md): on a router's top-k indices and "
-        "the records that follow its routing, the tokens whose choice of experts differs "
-        "between the runs (None: no routing involved; -1: not known from statistics).",
-    )
-    reroute_margin: float | None = Field(
-        default=None,
-        description="On a router's indices: the largest golden score margin a re-routed token "
-        "crossed (the k-th against the (k+1)-th score, or the two it swapped).",
-    )
-    reroute_tolerance: float | None = Field(
-        default=None,
-        description="On a router's indices: the margin its scores' expected error lets rounding "
-        "cross, 2 * amplification * expected error * max|golden score|.",
-    )
-    routed_rows: int | None = Field(
-        default=None,
-        description="On records that follow a routing, compared on full tensors: the rows "
-        "(tokens, or token-expert pairs) both runs routed alike, on which the metrics were "
-        "measured.",
-    )
-    error_all_rows: float | None = Field(
-        default=None,
-        description="On records compared on the rows routed alike: the error over every row, "
-        "re-routed ones included; what the record passes on to what consumes it.",
-    )
-    conc_all_rows: float | None = Field(
-        default=None,
-        description="The concentrated error (worst slice, max-abs) over every row, likewise.",
-    )
 
 
 class RecordIdentity(BaseModel):

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from precguard.compare.levels import MeasuredMetrics, concentrated, metrics_with
 from precguard.compare.metrics import is_float_dtype, precision, tensor_metrics
 from precguard.compare.report import Metrics, RecordResult
 from precguard.compare.tolerance import Profile
@@ -313,7 +314,7 @@ class Routing:
             update["note"] = note
         if f.passes_on_all:
             whole = m.error if math.isfinite(m.error) else math.inf
-            conc = max(x for x in (whole, m.slice_error, m.peak_error) if x is not None)
+            conc = max(x for x in (whole, *concentrated(m)) if x is not None)
             update |= {"error_all_rows": whole, "conc_all_rows": conc}
         if r.actual_shape is not None:
             update["note"] = (
@@ -490,12 +491,13 @@ class Routing:
                 continue
             status, judged = verdicts[id(f.router)]
             if f.kind == "index" and judged is not None:
-                metrics = judged.model_copy(
-                    update={
+                metrics = metrics_with(
+                    judged,
+                    {
                         k: v
                         for k, v in r.metrics.model_dump().items()
                         if k in ("level", "dtype", "error", "mismatched", "stat_rel_diff")
-                    }
+                    },
                 )
                 r = r.model_copy(update={"status": status, "metrics": metrics})
             elif status == "fail":
@@ -609,7 +611,7 @@ class Routing:
 
 def _excess(m: Metrics, profile: Profile) -> float:
     """How far a scale lies beyond ``bias_z`` standard errors from 1 (-inf: not measured)."""
-    if m.scale is None or m.scale_se is None:
+    if not isinstance(m, MeasuredMetrics) or m.scale is None or m.scale_se is None:
         return -math.inf
     return abs(m.scale - 1.0) - profile.bias_z * m.scale_se
 

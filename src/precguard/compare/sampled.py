@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from precguard.compare.report import Metrics
+from precguard.compare.levels import Metrics, StatsMetrics, concentrated
 from precguard.compare.tolerance import Profile
 from precguard.dump.schema import Record
 from precguard.numerics import RARE_COUNT, SLICE_FLOOR
@@ -191,8 +191,8 @@ def sampled_bounds(m: Metrics, z: float) -> tuple[tuple[float, float], tuple[flo
     its upper bounds on to what consumes it. Any other record: its measured errors.
     """
     e = m.error if math.isfinite(m.error) else math.inf
-    conc = max(x for x in (e, m.slice_error, m.peak_error) if x is not None)
-    if m.level != "stats" or m.sample_rel_l2 is None or m.sample_rse is None:
+    conc = max(x for x in (e, *concentrated(m)) if x is not None)
+    if not isinstance(m, StatsMetrics) or m.sample_rel_l2 is None or m.sample_rse is None:
         return (e, conc), (e, conc)
     if not math.isfinite(z):  # the profile asks for no statistical test (bias_z inf)
         return (e, conc), (e, conc)

@@ -23,6 +23,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from precguard.compare.levels import FullMetrics, MeasuredMetrics
 from precguard.compare.report import Metrics, Status
 from precguard.errors import UsageError
 from precguard.numerics import AMPLIFICATION, SIGNIFICAND_BITS, ladder, unit_roundoff
@@ -232,6 +233,8 @@ def judge(metrics: Metrics, profile: Profile) -> Status:
     tol = profile.for_dtype(metrics.dtype)
     if metrics.level == "stats":
         return "fail" if metrics.error > tol.stats_rtol else "pass"
+    # the ladder settled exact and none: what is left is full
+    assert isinstance(metrics, FullMetrics)
     assert metrics.cosine is not None and metrics.max_abs_err is not None
     if profile.rule == "msprobe":
         bad = (
@@ -249,6 +252,8 @@ def judge(metrics: Metrics, profile: Profile) -> Status:
 
 def bias_threshold(metrics: Metrics, profile: Profile) -> float | None:
     """The |scale - 1| beyond which ``metrics`` show a systematic error (None: untestable)."""
+    if not isinstance(metrics, MeasuredMetrics):
+        return None
     if metrics.scale is None or metrics.scale_se is None or not math.isfinite(profile.bias_z):
         return None
     floor = profile.bias_floor
@@ -260,7 +265,7 @@ def bias_threshold(metrics: Metrics, profile: Profile) -> float | None:
 def with_bias(metrics: Metrics, profile: Profile) -> Metrics:
     """``metrics`` with ``bias`` set when its scale shows a significant systematic error."""
     threshold = bias_threshold(metrics, profile)
-    if threshold is None or metrics.scale is None:
+    if threshold is None or not isinstance(metrics, MeasuredMetrics) or metrics.scale is None:
         return metrics
     if abs(metrics.scale - 1.0) <= threshold:
         return metrics

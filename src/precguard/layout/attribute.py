@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from precguard.compare.levels import StatsMetrics
 from precguard.compare.metrics import precision, stats_metrics, tensor_metrics
 from precguard.compare.report import FirstDivergence, Metrics, RecordResult, Suspect
 from precguard.compare.tolerance import Profile, judge
@@ -305,7 +306,7 @@ def _nonfinite_only(whole: Record, a: Record, dtype: str) -> Metrics | None:
     """Without golden tensors a shard is judged only by NaN/Inf the whole golden lacks."""
     if whole.stats is None or a.stats is None or whole.stats.nonfinite:
         return None
-    return Metrics(
+    return StatsMetrics(
         level="stats",
         dtype=dtype,
         error=0.0,

@@ -19,7 +19,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from precguard.compare.report import Comparison, Counts, Metrics, RecordResult
+from precguard.compare.levels import UnmeasuredMetrics
+from precguard.compare.report import Comparison, Counts, RecordResult
 from precguard.compare.tolerance import Profile
 from precguard.dump.reader import Run
 from precguard.layout.attribute import attribute
@@ -127,7 +128,7 @@ class LayoutViews:
         update: dict[str, object] = {"rank": src.ranks[0]}
         if not src.combinable and r.status == "pass":
             update["status"] = "missing"
-            update["metrics"] = Metrics(
+            update["metrics"] = UnmeasuredMetrics(
                 level="none",
                 dtype=r.metrics.dtype if r.metrics is not None else r.golden_dtype,
                 error=0.0,

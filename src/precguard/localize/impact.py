@@ -43,6 +43,7 @@ from torch import nn
 from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.compare.impact_report import ErrorBudget, Impact, RemedyCheck, RemedyVerdict
+from precguard.compare.levels import FullMetrics
 from precguard.compare.metrics import tensor_metrics
 from precguard.compare.report import Comparison
 from precguard.compare.tolerance import get_profile
@@ -322,7 +323,9 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
         actual_dtype=_name(actual.dtype),
         profile=get_profile("default"),
     )
-    return float(metrics.rel_l2 if metrics.rel_l2 is not None else metrics.error)
+    if isinstance(metrics, FullMetrics) and metrics.rel_l2 is not None:
+        return float(metrics.rel_l2)
+    return float(metrics.error)  # integer outputs: the share of unequal elements
 
 
 def share_of(before: float, after: float) -> float | None:

@@ -27,6 +27,7 @@ from rich.text import Text
 
 from precguard._logging import get_logger
 from precguard.capture.flatten import named_tensors
+from precguard.compare.levels import FullMetrics
 from precguard.compare.metrics import golden_rms, less_precise, tensor_metrics
 from precguard.compare.render import format_cosine, format_number
 from precguard.compare.report import Metrics, Status
@@ -408,7 +409,7 @@ def render_replay(result: ReplayResult, console: Console) -> None:
     for col in ("output", "status", "rel_l2", "expected", "cosine", "max_abs"):
         table.add_column(col)
     for o in result.outputs:
-        m = o.metrics
+        m = o.metrics if isinstance(o.metrics, FullMetrics) else None  # exact: ids, no norms
         table.add_row(
             shown(o.name, markup=True),
             o.status,

@@ -396,6 +396,8 @@ def _stats_multiples(stats: list[SuspectStats], note: str) -> str:
 
 
 def _records_table(result: Comparison) -> str:
+    from precguard.compare.levels import FullMetrics, MeasuredMetrics
+
     records = list(enumerate(result.records))
     left_out = 0
     if len(records) > MAX_TABLE_ROWS:
@@ -407,6 +409,9 @@ def _records_table(result: Comparison) -> str:
     rows = []
     for i, r in records:
         m = r.metrics
+        # measured on full tensors only; the scale on statistics' samples too
+        full = m if isinstance(m, FullMetrics) else None
+        scale = m.scale if isinstance(m, MeasuredMetrics) else None
         dtypes = r.golden_dtype + (
             f" → {r.actual_dtype}" if r.actual_dtype and r.actual_dtype != r.golden_dtype else ""
         )
@@ -419,9 +424,9 @@ def _records_table(result: Comparison) -> str:
             f"<td class=n>{r.step}</td><td class=n>{r.rank}</td><td>{esc(dtypes)}</td>"
             f"<td>{esc(m.level if m else '-')}</td>"
             f"{num_cell(m.error if m else None)}{num_cell(r.expected_error)}"
-            f"{num_cell(r.amplification)}{num_cell(m.cosine if m else None, 7)}"
-            f"{num_cell(m.max_abs_err if m else None)}{num_cell(m.max_ulp if m else None)}"
-            f"{num_cell(m.scale if m else None, 5)}</tr>"
+            f"{num_cell(r.amplification)}{num_cell(full.cosine if full else None, 7)}"
+            f"{num_cell(full.max_abs_err if full else None)}"
+            f"{num_cell(full.max_ulp if full else None)}{num_cell(scale, 5)}</tr>"
         )
     head = (
         "#",

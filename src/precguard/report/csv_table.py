@@ -133,7 +133,8 @@ def row(index: int, r: RecordResult) -> dict[str, Any]:
         "bias": _number(m.bias) if m else "",
     }
     for col in METRIC_COLUMNS:
-        out[col] = _number(getattr(m, col)) if m else ""
+        # a column its level does not measure is empty, as a missing record's
+        out[col] = _number(getattr(m, col, None)) if m else ""
     return out
 
 

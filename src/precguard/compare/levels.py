@@ -1,0 +1,692 @@
+"""What was measured for one pair of records: one model per level, told apart by ``level``.
+
+A pair is compared at one of four levels, and each level measures different things:
+``full`` (both full tensors: error norms, cosine, ULPs, the scale and the worst slice),
+``stats`` (the recorded statistics, the sampled elements and the per-position norms),
+``exact`` (integer or boolean tensors compared for equality) and ``none`` (nothing
+comparable: a shape mismatch, no statistics). :data:`Metrics` is the union of
+:class:`FullMetrics`, :class:`StatsMetrics`, :class:`ExactMetrics` and
+:class:`UnmeasuredMetrics`, discriminated by ``level``: a field lives on the levels that
+compute it, so reading ``sample_rse`` off full metrics is an AttributeError (and a type
+error) rather than a silent None. What every level has (and what the rules after the
+measurement set on any level: ``bias`` from tolerance.py, the routing fields from
+routing.py) is typed on :class:`MetricsBase`; the scale and the concentrated error, which
+both float levels measure, on :class:`MeasuredMetrics` (``isinstance`` narrows to them).
+
+**The JSON is the one it was** when one model held every field: each level writes every
+key of :data:`METRICS_JSON_FIELDS`, in that order, null where the level lacks it, so a
+reader of older reports (or one that ignores the level) sees the same keys. A key a level
+lacks is a field of type None under another name (``absent_cosine`` on stats metrics,
+written and read as ``cosine``): pydantic writes and reads it with no Python in the way
+(compare writes millions of these), accepts the null, and refuses a value
+(``StatsMetrics(level="stats", cosine=0.99)`` is a validation error, never a value
+silently dropped). ``model_copy`` refuses one too.
+
+``level`` has no default, so it is written even where defaults are left out (compare's
+rows, a worker's share) and a row is read back as its level's model.
+
+>>> m = FullMetrics(level="full", dtype="bfloat16", error=3e-3, rel_l2=3e-3)
+>>> isinstance(m, MeasuredMetrics), m.rel_l2
+(True, 0.003)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+Level = Literal["full", "stats", "exact", "none"]
+
+#: every key a metrics object writes in JSON, in the order written (the order of the one
+#: model that held them all before the levels were told apart: byte-identical reports)
+METRICS_JSON_FIELDS: tuple[str, ...] = (
+    "level",
+    "dtype",
+    "error",
+    "max_abs_err",
+    "mean_abs_err",
+    "max_rel_err",
+    "rmse",
+    "rel_l2",
+    "cosine",
+    "max_ulp",
+    "rel_err_share",
+    "close_share",
+    "nan_mismatch",
+    "inf_mismatch",
+    "stat_rel_diff",
+    "mismatched",
+    "scale",
+    "scale_se",
+    "mean_rel_err",
+    "bias",
+    "peak_error",
+    "slice_error",
+    "slice_dim",
+    "slice_index",
+    "sample_size",
+    "sample_rel_l2",
+    "sample_max_abs",
+    "sample_rse",
+    "sample_peaks",
+    "pos_dim",
+    "pos_bin",
+    "pos_worst",
+    "pos_worst_err",
+    "pos_rel_l2",
+    "note",
+    "rerouted",
+    "reroute_margin",
+    "reroute_tolerance",
+    "routed_rows",
+    "error_all_rows",
+    "conc_all_rows",
+)
+
+#: the name of the field of type None that stands for a key a level lacks
+_ABSENT = "absent_"
+
+
+def _absent(name: str) -> Any:
+    """The field that stands for ``name`` on a level that does not measure it: written and
+    read as ``name``, always null."""
+    return Field(
+        default=None,
+        alias=name,
+        repr=False,
+        description=f"Not measured at this level ({name} is null).",
+    )
+
+
+# -- every field's type and description, once (each level's class lists its own) --------
+
+_MaxAbsErr = Annotated[
+    float | None,
+    Field(description="max |actual - golden|."),
+]
+
+_MeanAbsErr = Annotated[
+    float | None,
+    Field(description="mean |actual - golden|."),
+]
+
+_MaxRelErr = Annotated[
+    float | None,
+    Field(
+        description="max |actual - golden| / max(|golden|, 1e-3 * rms(golden)); the floor "
+        "keeps elements near zero from dominating."
+    ),
+]
+
+_Rmse = Annotated[
+    float | None,
+    Field(description="Root mean square error."),
+]
+
+_RelL2 = Annotated[
+    float | None,
+    Field(description="||actual - golden||_2 / ||golden||_2 (normalized RMSE)."),
+]
+
+_Cosine = Annotated[
+    float | None,
+    Field(description="Cosine similarity."),
+]
+
+_MaxUlp = Annotated[
+    float | None,
+    Field(
+        description="Largest distance in units in the last place of the actual dtype "
+        "(golden rounded to that dtype first)."
+    ),
+]
+
+_RelErrShare = Annotated[
+    dict[str, float] | None,
+    Field(
+        description="Share of elements whose guarded relative error exceeds each band "
+        "('1e-2' = 1%, '1e-3' = 0.1%, '1e-4' = 0.01%)."
+    ),
+]
+
+_CloseShare = Annotated[
+    float | None,
+    Field(
+        description="Share of elements outside |a-g| <= atol + rtol*|g| (assert_close's test) "
+        "with atol raised to rtol * rms(golden) for tensors of small scale."
+    ),
+]
+
+_NanMismatch = Annotated[
+    int,
+    Field(description="Elements NaN on exactly one side."),
+]
+
+_InfMismatch = Annotated[
+    int,
+    Field(description="Elements ±Inf on one side but not equal."),
+]
+
+_StatRelDiff = Annotated[
+    dict[str, float] | None,
+    Field(description="Per statistic: |a - g| / max(|g|, rms(golden)) (stats level only)."),
+]
+
+_Mismatched = Annotated[
+    int,
+    Field(description="Unequal elements."),
+]
+
+_Scale = Annotated[
+    float | None,
+    Field(
+        description="Least-squares scale of actual on golden, <a,g>/<g,g> (full level): 1 "
+        "within ~u/sqrt(n) under random rounding; 1.01 for an output scaled by 1%."
+    ),
+]
+
+_ScaleSe = Annotated[
+    float | None,
+    Field(
+        description="Standard error of scale, from 64 contiguous blocks of the tensor "
+        "(cluster-robust: errors correlated within a row widen it)."
+    ),
+]
+
+_MeanRelErr = Annotated[
+    float | None,
+    Field(
+        description="Mean signed relative error, mean((a-g)/g) with |g| floored at 1e-3 * "
+        "rms(golden) (full level): s-1 for a scale fault, ~0 for random rounding."
+    ),
+]
+
+_Bias = Annotated[
+    bool,
+    Field(
+        description="True when |scale - 1| is significant: beyond bias_z standard errors "
+        "plus bias_floor_ulps unit roundoffs of the tolerance dtype (a systematic error)."
+    ),
+]
+
+_PeakError = Annotated[
+    float | None,
+    Field(
+        description="max |actual - golden| / max |golden| (full level): the largest element "
+        "error against the element-wise bound one rounding gives (u * max|golden|)."
+    ),
+]
+
+_SliceError = Annotated[
+    float | None,
+    Field(
+        description="Relative L2 error of the worst slice along any dimension (one position, "
+        "one channel, one head), each slice's golden norm floored at the typical slice's, "
+        "rms(golden) per element (full level): an error confined to a few slices shows "
+        "here; a slice of small values is judged by its share of the tensor's error."
+    ),
+]
+
+_SliceDim = Annotated[
+    int | None,
+    Field(description="Dimension of the worst slice."),
+]
+
+_SliceIndex = Annotated[
+    int | None,
+    Field(description="Index of the worst slice along slice_dim."),
+]
+
+_SampleSize = Annotated[
+    int | None,
+    Field(
+        description="Sampled elements compared (stats level, both records keep the same "
+        "sample): the error is then estimated from them."
+    ),
+]
+
+_SampleRelL2 = Annotated[
+    float | None,
+    Field(
+        description="rms(actual - golden) over the sampled elements / rms(golden) over the "
+        "whole tensor: an estimate of rel_l2 (stats level)."
+    ),
+]
+
+_SampleMaxAbs = Annotated[
+    float | None,
+    Field(description="max |actual - golden| over the sampled elements."),
+]
+
+_SampleRse = Annotated[
+    float | None,
+    Field(
+        description="Relative standard error of the sampled mean squared error, from the "
+        "sample's own spread of squared errors (finite-population corrected: 0 when every "
+        "element was sampled); the judge holds sample_rel_l2 to the bounds it gives "
+        "(docs/compare.md, 'Sampling uncertainty')."
+    ),
+]
+
+_SamplePeaks = Annotated[
+    list[float] | None,
+    Field(
+        description="The largest sampled element errors over the sample's largest golden "
+        "value, in decreasing order (up to 16): how many sampled elements carry the peak "
+        "error."
+    ),
+]
+
+_PosDim = Annotated[
+    int | None,
+    Field(description="Sequence dimension of the per-position norms compared."),
+]
+
+_PosBin = Annotated[
+    int | None,
+    Field(description="Consecutive positions per compared norm (1 up to 256)."),
+]
+
+_PosWorst = Annotated[
+    int | None,
+    Field(
+        description="First position of the bin whose norm differs most (relatively): where "
+        "an error concentrated along the sequence sits."
+    ),
+]
+
+_PosWorstErr = Annotated[
+    float | None,
+    Field(
+        description="|norm(actual) - norm(golden)| / norm(golden) at pos_worst (its norm "
+        "floored at the positions' rms, SLICE_FLOOR)."
+    ),
+]
+
+_PosRelL2 = Annotated[
+    float | None,
+    Field(
+        description="||norms(actual) - norms(golden)|| / ||norms(golden)|| over the positions: "
+        "a lower bound on the tensor's rel_l2 (triangle inequality per position)."
+    ),
+]
+
+_Note = Annotated[
+    str | None,
+    Field(description="Why the level is weaker, if it is."),
+]
+
+_Rerouted = Annotated[
+    int | None,
+    Field(
+        description="Mixture of experts (docs/compare.md): on a router's top-k indices and "
+        "the records that follow its routing, the tokens whose choice of experts differs "
+        "between the runs (None: no routing involved; -1: not known from statistics)."
+    ),
+]
+
+_RerouteMargin = Annotated[
+    float | None,
+    Field(
+        description="On a router's indices: the largest golden score margin a re-routed token "
+        "crossed (the k-th against the (k+1)-th score, or the two it swapped)."
+    ),
+]
+
+_RerouteTolerance = Annotated[
+    float | None,
+    Field(
+        description="On a router's indices: the margin its scores' expected error lets rounding "
+        "cross, 2 * amplification * expected error * max|golden score|."
+    ),
+]
+
+_RoutedRows = Annotated[
+    int | None,
+    Field(
+        description="On records that follow a routing, compared on full tensors: the rows "
+        "(tokens, or token-expert pairs) both runs routed alike, on which the metrics were "
+        "measured."
+    ),
+]
+
+_ErrorAllRows = Annotated[
+    float | None,
+    Field(
+        description="On records compared on the rows routed alike: the error over every row, "
+        "re-routed ones included; what the record passes on to what consumes it."
+    ),
+]
+
+_ConcAllRows = Annotated[
+    float | None,
+    Field(description="The concentrated error (worst slice, max-abs) over every row, likewise."),
+]
+
+
+class MetricsBase(BaseModel):
+    """What every level of :data:`Metrics` has: the level, the tolerance dtype, the error the
+    judge reads, non-finite mismatches, the note, and what the rules after the measurement
+    set on any level (``bias``: tolerance.py; the routing fields: routing.py).
+
+    Only ``level``, ``dtype`` and ``error`` are declared here: the others are declared by
+    each level in the order of :data:`METRICS_JSON_FIELDS` (pydantic writes a base class's
+    fields first), and typed here for readers of any level.
+    """
+
+    model_config = ConfigDict(
+        frozen=True, ser_json_inf_nan="strings", serialize_by_alias=True, validate_by_alias=True
+    )
+
+    level: Level = Field(
+        description="'full': both full tensors were compared; 'stats': only the recorded "
+        "statistics (a weaker test: equal statistics do not prove equal tensors); "
+        "'exact': integer/bool tensors compared for equality; 'none': nothing comparable."
+    )
+    dtype: str = Field(description="dtype the tolerance was taken from (the less precise side).")
+    error: float = Field(
+        description="The scalar error used for local-vs-propagated decisions: relative L2 "
+        "error (full); at the stats level the rel_l2 estimated from the sampled elements, "
+        "raised to the lower bounds the norms give (per position and overall), or the largest "
+        "statistic difference when no sample was kept; share of unequal elements (exact)."
+    )
+
+    if TYPE_CHECKING:
+        nan_mismatch: int
+        inf_mismatch: int
+        bias: bool
+        note: str | None
+        rerouted: int | None
+        reroute_margin: float | None
+        reroute_tolerance: float | None
+        routed_rows: int | None
+        error_all_rows: float | None
+        conc_all_rows: float | None
+
+    #: this level's own fields (not the absent ones): set on each level's class
+    _own: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        cls._own = frozenset(n for n in cls.model_fields if not n.startswith(_ABSENT))
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with ``update`` applied. A key this level lacks must be None (dropped: it
+        is null already); the level cannot change (:func:`metrics_with` builds another
+        level's metrics)."""
+        if update and update.get("level", self.level) != self.level:
+            raise ValueError(
+                f"{self.level} metrics cannot become {update['level']} by model_copy; "
+                "metrics_with builds that level's metrics"
+            )
+        if update and not update.keys() <= self._own:
+            for name, value in update.items():
+                if value is not None and name not in self._own:
+                    raise ValueError(
+                        f"{self.level} metrics have no {name} (got {value!r}); it is measured "
+                        f"at level {' or '.join(_levels_of(name)) or 'none'}"
+                    )
+            update = {k: v for k, v in update.items() if k in self._own}
+        return super().model_copy(update=update, deep=deep)
+
+
+class MeasuredMetrics(MetricsBase):
+    """What both float levels (``full`` and ``stats``) measure: the least-squares scale and
+    the concentrated error (the worst slice, the largest element's)."""
+
+    if TYPE_CHECKING:
+        scale: float | None
+        scale_se: float | None
+        peak_error: float | None
+        slice_error: float | None
+        slice_dim: int | None
+        slice_index: int | None
+
+
+class FullMetrics(MeasuredMetrics):
+    """Both full tensors compared: error norms, cosine, ULPs, the scale, the worst slice."""
+
+    level: Literal["full"] = Field(description="'full': both full tensors were compared.")
+    max_abs_err: _MaxAbsErr = None
+    mean_abs_err: _MeanAbsErr = None
+    max_rel_err: _MaxRelErr = None
+    rmse: _Rmse = None
+    rel_l2: _RelL2 = None
+    cosine: _Cosine = None
+    max_ulp: _MaxUlp = None
+    rel_err_share: _RelErrShare = None
+    close_share: _CloseShare = None
+    nan_mismatch: _NanMismatch = 0
+    inf_mismatch: _InfMismatch = 0
+    absent_stat_rel_diff: None = _absent("stat_rel_diff")
+    absent_mismatched: None = _absent("mismatched")
+    scale: _Scale = None
+    scale_se: _ScaleSe = None
+    mean_rel_err: _MeanRelErr = None
+    bias: _Bias = False
+    peak_error: _PeakError = None
+    slice_error: _SliceError = None
+    slice_dim: _SliceDim = None
+    slice_index: _SliceIndex = None
+    absent_sample_size: None = _absent("sample_size")
+    absent_sample_rel_l2: None = _absent("sample_rel_l2")
+    absent_sample_max_abs: None = _absent("sample_max_abs")
+    absent_sample_rse: None = _absent("sample_rse")
+    absent_sample_peaks: None = _absent("sample_peaks")
+    absent_pos_dim: None = _absent("pos_dim")
+    absent_pos_bin: None = _absent("pos_bin")
+    absent_pos_worst: None = _absent("pos_worst")
+    absent_pos_worst_err: None = _absent("pos_worst_err")
+    absent_pos_rel_l2: None = _absent("pos_rel_l2")
+    note: _Note = None
+    rerouted: _Rerouted = None
+    reroute_margin: _RerouteMargin = None
+    reroute_tolerance: _RerouteTolerance = None
+    routed_rows: _RoutedRows = None
+    error_all_rows: _ErrorAllRows = None
+    conc_all_rows: _ConcAllRows = None
+
+
+class StatsMetrics(MeasuredMetrics):
+    """Only the recorded statistics (and the sampled elements and per-position norms they
+    keep) compared: a weaker test, equal statistics do not prove equal tensors."""
+
+    level: Literal["stats"] = Field(
+        description="'stats': only the recorded statistics (a weaker test: equal statistics "
+        "do not prove equal tensors)."
+    )
+    absent_max_abs_err: None = _absent("max_abs_err")
+    absent_mean_abs_err: None = _absent("mean_abs_err")
+    absent_max_rel_err: None = _absent("max_rel_err")
+    absent_rmse: None = _absent("rmse")
+    absent_rel_l2: None = _absent("rel_l2")
+    absent_cosine: None = _absent("cosine")
+    absent_max_ulp: None = _absent("max_ulp")
+    absent_rel_err_share: None = _absent("rel_err_share")
+    absent_close_share: None = _absent("close_share")
+    nan_mismatch: _NanMismatch = 0
+    inf_mismatch: _InfMismatch = 0
+    stat_rel_diff: _StatRelDiff = None
+    absent_mismatched: None = _absent("mismatched")
+    scale: _Scale = None
+    scale_se: _ScaleSe = None
+    absent_mean_rel_err: None = _absent("mean_rel_err")
+    bias: _Bias = False
+    peak_error: _PeakError = None
+    slice_error: _SliceError = None
+    slice_dim: _SliceDim = None
+    slice_index: _SliceIndex = None
+    sample_size: _SampleSize = None
+    sample_rel_l2: _SampleRelL2 = None
+    sample_max_abs: _SampleMaxAbs = None
+    sample_rse: _SampleRse = None
+    sample_peaks: _SamplePeaks = None
+    pos_dim: _PosDim = None
+    pos_bin: _PosBin = None
+    pos_worst: _PosWorst = None
+    pos_worst_err: _PosWorstErr = None
+    pos_rel_l2: _PosRelL2 = None
+    note: _Note = None
+    rerouted: _Rerouted = None
+    reroute_margin: _RerouteMargin = None
+    reroute_tolerance: _RerouteTolerance = None
+    routed_rows: _RoutedRows = None
+    error_all_rows: _ErrorAllRows = None
+    conc_all_rows: _ConcAllRows = None
+
+
+class ExactMetrics(MetricsBase):
+    """Integer or boolean tensors compared element by element for equality."""
+
+    level: Literal["exact"] = Field(
+        description="'exact': integer/bool tensors compared for equality."
+    )
+    absent_max_abs_err: None = _absent("max_abs_err")
+    absent_mean_abs_err: None = _absent("mean_abs_err")
+    absent_max_rel_err: None = _absent("max_rel_err")
+    absent_rmse: None = _absent("rmse")
+    absent_rel_l2: None = _absent("rel_l2")
+    absent_cosine: None = _absent("cosine")
+    absent_max_ulp: None = _absent("max_ulp")
+    absent_rel_err_share: None = _absent("rel_err_share")
+    absent_close_share: None = _absent("close_share")
+    nan_mismatch: _NanMismatch = 0
+    inf_mismatch: _InfMismatch = 0
+    absent_stat_rel_diff: None = _absent("stat_rel_diff")
+    mismatched: _Mismatched
+    absent_scale: None = _absent("scale")
+    absent_scale_se: None = _absent("scale_se")
+    absent_mean_rel_err: None = _absent("mean_rel_err")
+    bias: _Bias = False
+    absent_peak_error: None = _absent("peak_error")
+    absent_slice_error: None = _absent("slice_error")
+    absent_slice_dim: None = _absent("slice_dim")
+    absent_slice_index: None = _absent("slice_index")
+    absent_sample_size: None = _absent("sample_size")
+    absent_sample_rel_l2: None = _absent("sample_rel_l2")
+    absent_sample_max_abs: None = _absent("sample_max_abs")
+    absent_sample_rse: None = _absent("sample_rse")
+    absent_sample_peaks: None = _absent("sample_peaks")
+    absent_pos_dim: None = _absent("pos_dim")
+    absent_pos_bin: None = _absent("pos_bin")
+    absent_pos_worst: None = _absent("pos_worst")
+    absent_pos_worst_err: None = _absent("pos_worst_err")
+    absent_pos_rel_l2: None = _absent("pos_rel_l2")
+    note: _Note = None
+    rerouted: _Rerouted = None
+    reroute_margin: _RerouteMargin = None
+    reroute_tolerance: _RerouteTolerance = None
+    routed_rows: _RoutedRows = None
+    error_all_rows: _ErrorAllRows = None
+    conc_all_rows: _ConcAllRows = None
+
+
+class UnmeasuredMetrics(MetricsBase):
+    """Nothing comparable (shapes differ, no statistics recorded): the note says why."""
+
+    level: Literal["none"] = Field(description="'none': nothing comparable.")
+    absent_max_abs_err: None = _absent("max_abs_err")
+    absent_mean_abs_err: None = _absent("mean_abs_err")
+    absent_max_rel_err: None = _absent("max_rel_err")
+    absent_rmse: None = _absent("rmse")
+    absent_rel_l2: None = _absent("rel_l2")
+    absent_cosine: None = _absent("cosine")
+    absent_max_ulp: None = _absent("max_ulp")
+    absent_rel_err_share: None = _absent("rel_err_share")
+    absent_close_share: None = _absent("close_share")
+    nan_mismatch: _NanMismatch = 0
+    inf_mismatch: _InfMismatch = 0
+    absent_stat_rel_diff: None = _absent("stat_rel_diff")
+    absent_mismatched: None = _absent("mismatched")
+    absent_scale: None = _absent("scale")
+    absent_scale_se: None = _absent("scale_se")
+    absent_mean_rel_err: None = _absent("mean_rel_err")
+    bias: _Bias = False
+    absent_peak_error: None = _absent("peak_error")
+    absent_slice_error: None = _absent("slice_error")
+    absent_slice_dim: None = _absent("slice_dim")
+    absent_slice_index: None = _absent("slice_index")
+    absent_sample_size: None = _absent("sample_size")
+    absent_sample_rel_l2: None = _absent("sample_rel_l2")
+    absent_sample_max_abs: None = _absent("sample_max_abs")
+    absent_sample_rse: None = _absent("sample_rse")
+    absent_sample_peaks: None = _absent("sample_peaks")
+    absent_pos_dim: None = _absent("pos_dim")
+    absent_pos_bin: None = _absent("pos_bin")
+    absent_pos_worst: None = _absent("pos_worst")
+    absent_pos_worst_err: None = _absent("pos_worst_err")
+    absent_pos_rel_l2: None = _absent("pos_rel_l2")
+    note: _Note = None
+    rerouted: _Rerouted = None
+    reroute_margin: _RerouteMargin = None
+    reroute_tolerance: _RerouteTolerance = None
+    routed_rows: _RoutedRows = None
+    error_all_rows: _ErrorAllRows = None
+    conc_all_rows: _ConcAllRows = None
+
+
+#: what one pair's comparison measured: the model of its level (discriminated by ``level``)
+Metrics = Annotated[
+    FullMetrics | StatsMetrics | ExactMetrics | UnmeasuredMetrics, Field(discriminator="level")
+]
+METRICS_LEVELS: dict[str, type[MetricsBase]] = {
+    "full": FullMetrics,
+    "stats": StatsMetrics,
+    "exact": ExactMetrics,
+    "none": UnmeasuredMetrics,
+}
+_ADAPTER: TypeAdapter[Metrics] = TypeAdapter(Metrics)
+
+
+def _levels_of(name: str) -> list[str]:
+    """The levels that measure ``name``."""
+    return [level for level, cls in METRICS_LEVELS.items() if name in cls._own]
+
+
+def concentrated(m: MetricsBase) -> tuple[float | None, float | None]:
+    """``(slice_error, peak_error)``: the concentrated error a level measured (the worst
+    slice's, the largest element's), ``(None, None)`` where it measures none (exact, none)."""
+    if isinstance(m, MeasuredMetrics):
+        return m.slice_error, m.peak_error
+    return None, None
+
+
+def metrics_of(fields: Mapping[str, Any]) -> Metrics:
+    """The metrics model of ``fields["level"]``, as read from JSON (nulls on keys the
+    level lacks accepted, a value on one refused).
+
+    >>> metrics_of({"level": "exact", "dtype": "int64", "error": 0.0, "mismatched": 0}).level
+    'exact'
+    """
+    return _ADAPTER.validate_python(fields)
+
+
+def metrics_with(m: MetricsBase, update: Mapping[str, Any]) -> Metrics:
+    """``m`` with ``update`` applied, as the model of the level it ends at (``update``
+    may change ``level``): ``m``'s fields that level lacks are left behind; ``update``'s
+    must be None or absent."""
+    level = update.get("level", m.level)
+    own = METRICS_LEVELS[level]._own if level in METRICS_LEVELS else frozenset()
+    # what ``m`` measured at its own level and the new one lacks is left behind
+    kept = {name: getattr(m, name) for name in m.model_fields_set if name in own}
+    return metrics_of({**kept, "level": m.level, **update})
+
+
+__all__ = [
+    "METRICS_JSON_FIELDS",
+    "METRICS_LEVELS",
+    "ExactMetrics",
+    "FullMetrics",
+    "Level",
+    "MeasuredMetrics",
+    "Metrics",
+    "MetricsBase",
+    "StatsMetrics",
+    "UnmeasuredMetrics",
+    "concentrated",
+    "metrics_of",
+    "metrics_with",
+]

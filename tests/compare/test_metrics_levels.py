@@ -1,0 +1,167 @@
+"""Metrics by level: a compare result's metrics are the model of the level they were measured at.
+
+A user reads ``r.metrics`` off a comparison: full tensors give :class:`FullMetrics`
+(cosine, ULPs, ...), statistics :class:`StatsMetrics` (the sample, the positions), integer
+tensors :class:`ExactMetrics`. A field its level does not measure is not there to be read
+by mistake, and the JSON written is the one every reader knew: every key, in one order,
+null where the level lacks it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import precguard
+from precguard.compare import (
+    Comparison,
+    ExactMetrics,
+    FullMetrics,
+    MeasuredMetrics,
+    RecordResult,
+    StatsMetrics,
+    UnmeasuredMetrics,
+    metrics_of,
+    metrics_with,
+)
+
+from .conftest import FAULTS, record
+
+#: the keys of a metrics object in compare's JSON, in the order written since schema 1
+#: (spelled out: the models may be rearranged, this order may not)
+LEGACY_KEYS = [
+    "level", "dtype", "error", "max_abs_err", "mean_abs_err", "max_rel_err", "rmse", "rel_l2",
+    "cosine", "max_ulp", "rel_err_share", "close_share", "nan_mismatch", "inf_mismatch",
+    "stat_rel_diff", "mismatched", "scale", "scale_se", "mean_rel_err", "bias", "peak_error",
+    "slice_error", "slice_dim", "slice_index", "sample_size", "sample_rel_l2", "sample_max_abs",
+    "sample_rse", "sample_peaks", "pos_dim", "pos_bin", "pos_worst", "pos_worst_err",
+    "pos_rel_l2", "note", "rerouted", "reroute_margin", "reroute_tolerance", "routed_rows",
+    "error_all_rows", "conc_all_rows",
+]  # fmt: skip
+#: what a key holds when its level does not set it (the one model's defaults)
+LEGACY_DEFAULTS = {"nan_mismatch": 0, "inf_mismatch": 0, "bias": False}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Comparison]:
+    """tiny-llama with its MLP output drifted by 0.1%, compared on full tensors and on
+    statistics only."""
+    root = tmp_path_factory.mktemp("levels")
+    fault = next(f for f in FAULTS if f.name == "output-drift-0.1pct")
+    golden = record(root / "golden")
+    return {
+        "full": precguard.compare_runs(golden, record(root / "full", fault=fault)),
+        "stats": precguard.compare_runs(golden, record(root / "stats", fault=fault, tensors=False)),
+    }
+
+
+def _levels(result: Comparison) -> dict[str, list[RecordResult]]:
+    out: dict[str, list[RecordResult]] = {}
+    for r in result.records:
+        if r.metrics is not None:
+            out.setdefault(r.metrics.level, []).append(r)
+    return out
+
+
+def test_each_record_s_metrics_are_the_model_of_its_level(runs: dict[str, Comparison]) -> None:
+    """Full tensors give FullMetrics, statistics StatsMetrics, token ids ExactMetrics."""
+    full, stats = _levels(runs["full"]), _levels(runs["stats"])
+    assert full["full"] and stats["stats"] and full["exact"]
+    assert all(isinstance(r.metrics, FullMetrics) for r in full["full"])
+    assert all(isinstance(r.metrics, StatsMetrics) for r in stats["stats"])
+    assert all(isinstance(r.metrics, ExactMetrics) for r in full["exact"])
+    # both float levels measure a scale; exact metrics have none to read
+    assert any(isinstance(r.metrics, MeasuredMetrics) and r.metrics.scale for r in full["full"])
+    assert not isinstance(full["exact"][0].metrics, MeasuredMetrics)
+    first = runs["stats"].first_divergence
+    assert first is not None and isinstance(first.metrics, StatsMetrics)
+
+
+def test_a_field_its_level_does_not_measure_is_not_there(runs: dict[str, Comparison]) -> None:
+    """Reading a full-only field off statistics is an error, not a silent None."""
+    stats = next(r.metrics for r in _levels(runs["stats"])["stats"] if r.golden_dtype == "float32")
+    full = _levels(runs["full"])["full"][0].metrics
+    assert isinstance(stats, StatsMetrics) and isinstance(full, FullMetrics)
+    assert stats.sample_size and full.cosine is not None
+    with pytest.raises(AttributeError):
+        stats.cosine  # type: ignore[attr-defined]  # noqa: B018
+    with pytest.raises(AttributeError):
+        full.sample_rse  # type: ignore[attr-defined]  # noqa: B018
+    # nor can a value be put there: by construction, from JSON, or by model_copy
+    with pytest.raises(ValueError, match="cosine"):
+        StatsMetrics(level="stats", dtype="float32", error=0.0, cosine=0.99)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="cosine"):
+        metrics_of({"level": "stats", "dtype": "float32", "error": 0.0, "cosine": 0.99})
+    with pytest.raises(ValueError, match="stats metrics have no cosine"):
+        stats.model_copy(update={"cosine": 0.99})
+    with pytest.raises(ValueError, match="metrics_with"):
+        stats.model_copy(update={"level": "full"})
+    # what every level has can be set on any: the rules after the measurement do
+    assert stats.model_copy(update={"bias": True, "rerouted": -1}).bias
+
+
+def test_every_level_writes_every_key_in_the_order_readers_know(
+    runs: dict[str, Comparison],
+) -> None:
+    """The JSON of each level has the one model's keys, in its order, null (or the one
+    model's default) where the level lacks the key: old readers see what they saw."""
+    unmeasured = UnmeasuredMetrics(level="none", dtype="float32", error=math.inf, note="shapes")
+    examples = [r.metrics for rs in _levels(runs["full"]).values() for r in rs[:1]]
+    examples += [_levels(runs["stats"])["stats"][0].metrics, unmeasured]
+    assert {m.level for m in examples if m is not None} == {"full", "stats", "exact", "none"}
+    for m in examples:
+        assert m is not None
+        written = json.loads(m.model_dump_json())
+        assert list(written) == LEGACY_KEYS
+        for key, value in written.items():
+            if key not in type(m).model_fields:  # a key the level lacks
+                assert value == LEGACY_DEFAULTS.get(key), (m.level, key)
+    # and the whole report: each record's metrics in that order
+    report = json.loads(runs["stats"].model_dump_json())
+    assert all(list(r["metrics"]) == LEGACY_KEYS for r in report["records"] if r["metrics"])
+
+
+def test_a_report_read_back_is_the_same_bytes_and_the_same_models(
+    runs: dict[str, Comparison], tmp_path: Path
+) -> None:
+    """A JSON round trip: each record's metrics come back as its level's model."""
+    for result in runs.values():
+        text = result.model_dump_json(indent=2)
+        again = Comparison.model_validate_json(text)
+        assert again.model_dump_json(indent=2) == text
+        assert [type(r.metrics) for r in again.records] == [type(r.metrics) for r in result.records]
+
+
+def test_metrics_written_with_nulls_for_every_key_read_back_as_their_level() -> None:
+    """A report written before the levels were told apart (every key, null where unset)."""
+    for level, cls, own in [
+        ("full", FullMetrics, {"cosine": 0.999, "rel_l2": 1e-3, "max_ulp": 2.0}),
+        ("stats", StatsMetrics, {"sample_size": 128, "stat_rel_diff": {"l2": 1e-3}}),
+        ("exact", ExactMetrics, {"mismatched": 0}),
+        ("none", UnmeasuredMetrics, {"note": "no statistics recorded"}),
+    ]:
+        old = dict.fromkeys(LEGACY_KEYS) | LEGACY_DEFAULTS
+        old |= {"level": level, "dtype": "float32", "error": 1e-3, **own}
+        m = metrics_of(old)
+        assert type(m) is cls
+        assert json.loads(m.model_dump_json()) == old
+
+
+def test_metrics_with_builds_the_model_of_the_level_it_ends_at() -> None:
+    """A router's verdict copied onto a follower of another level (routing.py) keeps what
+    both levels have and leaves the old level's own fields behind."""
+    ids = ExactMetrics(level="exact", dtype="int64", error=0.25, mismatched=3, note="re-routed")
+    as_stats = metrics_with(
+        ids, {"level": "stats", "error": 0.01, "mismatched": None, "stat_rel_diff": {"l2": 0.01}}
+    )
+    assert isinstance(as_stats, StatsMetrics)
+    assert (as_stats.error, as_stats.note, as_stats.stat_rel_diff) == (
+        0.01,
+        "re-routed",
+        {"l2": 0.01},
+    )
+    with pytest.raises(ValueError, match="cosine"):
+        metrics_with(ids, {"level": "stats", "cosine": 0.5})
