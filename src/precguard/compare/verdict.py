@@ -5,8 +5,9 @@
 settles each at its place:
 
 1. **the expected-error judge** (judge.py, :class:`~precguard.compare.judge.StepJudge`):
-   the record against the error what it consumed explains (skipped under a fixed
-   profile, whose statuses the tolerance set already);
+   the record against the error what it consumed explains, an optimizer's update
+   through its update rule (optimizer.py) among them; skipped under a fixed profile,
+   whose statuses the tolerance set already;
 2. **a router's top-k** (routing.py): the router's verdict is taken as soon as its
    scores are judged, and every record that follows the router (its indices, its
    weights, the experts' rows) is settled with it, at its place or, when it came
@@ -79,7 +80,8 @@ class _Walk:
     ) -> None:
         self.calls = StepCalls()
         self.judge: StepJudge | None = None
-        if judging is not None:
+        if profile.rule == "expected":
+            judging = judging or JudgeInputs()
             self.judge = StepJudge(
                 results,
                 profile,
@@ -170,8 +172,9 @@ def judge_unit(
 ) -> StepVerdict:
     """Judge and decide one rank and step's measured records in one pass (the module doc).
 
-    ``judging``: what the expected-error judge needs (None under a fixed profile: the
-    statuses the tolerance set stand). ``routes``: the step's routers
+    Under the ``expected`` rule (the default profile) each record is judged by the
+    expected-error judge, with ``judging`` (nothing known of earlier steps when None);
+    under a fixed profile the statuses the tolerance set stand. ``routes``: the step's routers
     (:meth:`precguard.compare.routing.Routing.of_step`, its followers re-measured).
     ``buffer_names`` and ``cache_names``: the recorded names of the buffer and KV-cache
     records by key, which the why lines name.
