@@ -33,6 +33,13 @@ is explained by it and is not listed again. When nothing is local (the root's
 own inputs differ: the runs were fed different data) the first failing record
 is named with ``local=False``. A backward call of a recording without
 gradients w.r.t. module inputs cannot be classified (``local=None``).
+
+The calls are those compare's one pass grouped as it settled each record
+(compare/calls.py, compare/verdict.py), with the K the judge used; each is decided
+once, by :func:`decide_calls`, when every record of the step is settled (a backward
+call's parameter gradients may come after other modules' records, and a router's
+verdict may settle a record after it was met). This module also writes the why:
+the reasons, the buffers read, the glue note, the fallback, the ranking of suspects.
 """
 
 from __future__ import annotations

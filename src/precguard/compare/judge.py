@@ -36,6 +36,12 @@ expected error, or when it carries a systematic scale error that its consumed
 records cannot explain (:func:`precguard.compare.expected.own_bias`), or when
 NaN/Inf differ. Records compared on statistics only go through the same model
 (the statistic error is the measured error; their verdicts say "likely").
+
+:class:`StepJudge` is this judge as the first phase of compare's one pass over a
+step (compare/verdict.py): it takes the records one by one in capture order and
+reads what a call consumed, and its K, from the step's calls (compare/calls.py),
+which the pass fills with each record once settled. :func:`judge_step` runs it
+alone.
 """
 
 from __future__ import annotations

@@ -31,6 +31,10 @@ On ``emu:bf16`` (every op rounded to bfloat16, float32 tensors kept) the bug and
 twin are the same computation and the same dtype: there is nothing to find, and
 nothing is reported (docs/targets.md says where users meet the bug: a model cast to
 bfloat16, ``emu:bf16-mixed``).
+
+The rule is applied in compare's one pass at the loss record, after the judge
+(compare/verdict.py): its finding is the call's decision on that record, never
+explained by a submodule, and it explains the calls around it as any local call does.
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ the experts). The rules here (docs/compare.md, "Mixture of experts"):
   expected_error * max|golden score|`` element by element, so rounding can
   cross a margin of twice that (:func:`margin_tolerance`). A re-routing within it is
   explained (reported as a count and the largest margin crossed); one beyond
-  is a finding at the router.
+  is a finding at the router. compare's one pass (compare/verdict.py) takes this
+  verdict as soon as the scores record is judged, and settles every record that
+  follows the router with it (those met before the scores, as the verdict comes).
 - **Records that follow the routing** (the module that consumed the indices,
   the experts, and everything inside its call; the router's own outputs in
   top-k order) are compared, when both sides hold full tensors, on the rows
