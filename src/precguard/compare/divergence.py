@@ -172,7 +172,7 @@ class Decision:
 
 @dataclass
 class StepClassification:
-    """What :func:`classify_step` found in one rank and step."""
+    """What :func:`decide_calls` found in one rank and step."""
 
     #: module calls that introduced error, in execution order, explained ones dropped
     candidates: list[Candidate]

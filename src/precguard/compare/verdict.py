@@ -109,15 +109,13 @@ class _Walk:
             self.calls.add(r)
             return
         judged = self.judge.judge(r) if self.judge is not None else r
-        pos = -1
         follower = self.routes.follower(r.key) if self.routes is not None else None
         if follower is not None:
             verdict = self.verdicts.get(id(follower.router))
             if verdict is not None:
                 judged = self._follow(judged, verdict)
-            else:
-                pos = len(self.calls.records)
-                self.pending[id(follower.router)].append(pos)
+            else:  # settled again when the router's scores are judged
+                self.pending[id(follower.router)].append(len(self.calls.records))
         if r.phase == "forward":
             judged = self._loss(judged)
         self.calls.add(judged)
