@@ -2,13 +2,15 @@
 
 Each test is a small step of records as compare pairs them (inputs, parameters,
 outputs in capture order) with the errors a real run measured, judged by
-:func:`precguard.compare.judge.judge_step`.
+:func:`precguard.compare.verdict.judge_unit`, the one pass whose first phase is the judge.
 """
 
 from __future__ import annotations
 
+import pytest
+
 from precguard.compare import FullMetrics, RecordResult, get_profile
-from precguard.compare.judge import judge_step
+from precguard.compare.verdict import JudgeInputs, judge_unit
 
 DEFAULT = get_profile("default")
 
@@ -54,7 +56,7 @@ def _rec(
 
 
 def _statuses(records: list[RecordResult]) -> dict[str, str]:
-    judged, _ = judge_step(records, DEFAULT)
+    judged = judge_unit(records, DEFAULT).results
     return {r.key: r.status for r in judged}
 
 
@@ -108,10 +110,11 @@ def test_a_loss_is_judged_against_the_error_of_the_logits_it_was_computed_from()
 def test_a_parameter_after_an_optimizer_step_is_judged_with_that_step() -> None:
     records = [_rec("fc.0.forward.param.0", 0, 2e-5, shape=(64, 64))]
     # without the golden's step: 2e-5 is far beyond one fp32 rounding
-    judged, _ = judge_step(records, DEFAULT, previous={"fc.0": 1e-7})
+    judged = judge_unit(records, DEFAULT, JudgeInputs(previous={"fc.0": 1e-7})).results
     assert judged[0].status == "fail"
     # AdamW moved the weight by 1e-3 of its norm: a different step explains 2e-5
-    judged, _ = judge_step(records, DEFAULT, previous={"fc.0": 1e-7}, updates={"fc.0": 1e-3})
+    step = JudgeInputs(previous={"fc.0": 1e-7}, updates={"fc.0": 1e-3})
+    judged = judge_unit(records, DEFAULT, step).results
     assert judged[0].status == "pass"
 
 
@@ -123,7 +126,8 @@ def test_a_calibration_run_raises_the_expected_error_where_the_model_is_too_low(
     ]
     assert _statuses(records)["cos.0.forward.output.0"] == "fail"
     # ... but the golden's own code at the actual's precision shows 2e-3 there
-    judged, _ = judge_step(records, DEFAULT, calibrated={"cos.0.forward.output.0": (2e-3, 2e-3)})
+    cal = JudgeInputs(calibrated={"cos.0.forward.output.0": (2e-3, 2e-3)})
+    judged = judge_unit(records, DEFAULT, cal).results
     assert judged[1].status == "pass" and judged[1].expected_error == 2e-3
 
 
@@ -183,3 +187,83 @@ def test_a_call_that_records_no_output_does_not_stay_open_around_later_modules(
     statuses = _statuses(records)
     assert statuses["fc0.0.forward.input.0"] == "fail"
     assert adds <= 4 * len(records)
+
+
+# -- the one pass: local and the why line decided with the status ----------------------------
+
+
+def _settled(
+    key: str,
+    seq: int,
+    error: float,
+    *,
+    status: str = "pass",
+    golden_dtype: str = "float32",
+    actual_dtype: str = "float32",
+    shape: tuple[int, ...] = (4, 8),
+    module_type: str = "Block",
+) -> RecordResult:
+    module, call, phase, role, index = key.rsplit(".", 4)
+    return RecordResult(
+        key=key,
+        module=module,
+        module_type=module_type,
+        call=int(call),
+        index=int(index),
+        golden_dtype=golden_dtype,
+        actual_dtype=actual_dtype,
+        shape=list(shape),
+        phase=phase,
+        role=role,
+        step=0,
+        rank=0,
+        seq=seq,
+        status=status,
+        metrics=FullMetrics(level="full", dtype=actual_dtype, error=error),
+    )
+
+
+def test_a_loss_computed_in_bf16_explains_the_call_that_returns_it() -> None:
+    # a fixed profile: the statuses are the tolerance's; the pass decides local and why
+    results = [
+        _settled("root.0.forward.input.0", 0, 0.0, shape=(4, 8)),
+        _settled("head.0.forward.input.0", 1, 0.0),
+        _settled("head.0.forward.output.0", 2, 1e-3),
+        _settled("loss_fn.0.forward.input.0", 3, 1e-3),
+        _settled("loss_fn.0.forward.input.1", 4, 0.0, golden_dtype="int64", actual_dtype="int64"),
+        _settled("loss_fn.0.forward.output.0", 5, 1e-3, actual_dtype="bfloat16", shape=()),
+        _settled("root.0.forward.output.0", 6, 5e-2, status="fail", shape=()),
+    ]
+
+    verdict = judge_unit(results, get_profile("fixed"))
+
+    (found,) = verdict.candidates
+    assert found.result.key == "loss_fn.0.forward.output.0"
+    assert "computes the loss in bfloat16" in found.reason
+    loss = next(r for r in verdict.results if r.key == found.result.key)
+    assert loss.status == "fail" and loss.local is True and loss.expected_error is None
+    # the root's output carries the loss's error: decided, but explained by the loss
+    root = next(r for r in verdict.results if r.key == "root.0.forward.output.0")
+    assert root.local is True
+    assert verdict.carried is None  # the expected-error judge did not run
+
+
+@pytest.mark.parametrize("profile", ["default", "fixed"])
+def test_one_pass_names_the_module_that_amplified_and_not_the_one_that_passed_it_on(
+    profile: str,
+) -> None:
+    bad = "fail" if profile == "fixed" else "pass"  # the default profile judges it anew
+    results = [
+        _settled("a.0.forward.input.0", 0, 0.0),
+        _settled("a.0.forward.output.0", 1, 1e-2, status=bad),
+        _settled("b.0.forward.input.0", 2, 1e-2, status=bad),
+        _settled("b.0.forward.output.0", 3, 1.2e-2, status=bad),
+    ]
+
+    verdict = judge_unit(results, get_profile(profile))
+
+    assert [c.result.module for c in verdict.candidates] == ["a"]
+    by_key = {r.key: r for r in verdict.results}
+    assert by_key["a.0.forward.output.0"].local is True
+    # b grew the error it received 1.2x: it passes it on (or, judged anew, passes)
+    assert by_key["b.0.forward.output.0"].local is not True

@@ -22,6 +22,7 @@ import math
 import re
 from collections.abc import Iterable
 
+from precguard.compare.calls import StepCalls
 from precguard.compare.divergence import Candidate
 from precguard.compare.report import RecordResult
 from precguard.dump.schema import Record
@@ -81,25 +82,19 @@ def _remedy(entries: list[RecordResult]) -> str:
     )
 
 
-def name_cache_reads(
-    candidates: list[Candidate], results: Iterable[RecordResult], names: dict[str, str]
-) -> None:
+def name_cache_reads(candidates: list[Candidate], calls: StepCalls, names: dict[str, str]) -> None:
     """Add the KV cache each forward candidate read, where it differs, to its why line.
 
-    ``names`` are :func:`cache_names` of the golden's records; ``results`` the
-    step's record results. Reasons are changed in place.
+    ``names`` are :func:`cache_names` of the golden's records; ``calls`` the step's
+    calls as the one pass settled them (compare/verdict.py). Reasons are changed in place.
     """
     if not names:
         return
-    by_call: dict[tuple[int, int, str, int], list[RecordResult]] = {}
-    for r in results:
-        if r.key in names and r.phase == "forward" and r.metrics is not None:
-            by_call.setdefault((r.rank, r.step, r.module, r.call), []).append(r)
     for c in candidates:
         r = c.result
         if r.phase != "forward":
             continue
-        entries = by_call.get((r.rank, r.step, r.module, r.call), [])
+        entries = [e for e in calls.forward_call((r.module, r.call)) if e.key in names]
         if r.key in names:  # the failing record is the cache this call wrote
             layer, state = cache_entry(names[r.key]) or (-1, "?")
             c.reason += f"; that record is the KV cache it wrote (layer {layer} {state})"

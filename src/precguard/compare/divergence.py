@@ -33,6 +33,13 @@ is explained by it and is not listed again. When nothing is local (the root's
 own inputs differ: the runs were fed different data) the first failing record
 is named with ``local=False``. A backward call of a recording without
 gradients w.r.t. module inputs cannot be classified (``local=None``).
+
+The calls are those compare's one pass grouped as it settled each record
+(compare/calls.py, compare/verdict.py), with the K the judge used; each is decided
+once, by :func:`decide_calls`, when every record of the step is settled (a backward
+call's parameter gradients may come after other modules' records, and a router's
+verdict may settle a record after it was met). This module also writes the why:
+the reasons, the buffers read, the glue note, the fallback, the ranking of suspects.
 """
 
 from __future__ import annotations
@@ -40,12 +47,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from precguard.compare.align import parent_module
+from precguard.compare.calls import CallRecords, StepCalls
 from precguard.compare.expected import (
     LINEAR_TYPES,
     SCALED_LEVELS,
@@ -58,7 +66,7 @@ from precguard.compare.optimizer import is_optimizer
 from precguard.compare.report import FirstDivergence, RecordResult, Suspect
 from precguard.compare.routing import index_reason
 from precguard.compare.tolerance import Profile
-from precguard.numerics import MIN_LOCAL_GROWTH, expected_error, reduction_length, rounding_floor
+from precguard.numerics import MIN_LOCAL_GROWTH, expected_error, rounding_floor
 
 _BAD = ("fail", "nonfinite")
 
@@ -139,17 +147,6 @@ class UnitLike(Protocol):
     results: Iterable[RecordResult]
 
 
-@dataclass
-class _Call:
-    module: str
-    module_type: str
-    phase: str
-    consumed: list[RecordResult] = field(default_factory=list)
-    params: list[RecordResult] = field(default_factory=list)
-    produced: list[RecordResult] = field(default_factory=list)
-    has_output_grads: bool = False
-
-
 def _err(r: RecordResult) -> float:
     m = r.metrics
     if m is None:
@@ -176,7 +173,7 @@ class Decision:
 
 @dataclass
 class StepClassification:
-    """What :func:`classify_step` found in one rank and step."""
+    """What :func:`decide_calls` found in one rank and step."""
 
     #: module calls that introduced error, in execution order, explained ones dropped
     candidates: list[Candidate]
@@ -184,54 +181,41 @@ class StepClassification:
     decisions: dict[str, Decision]
 
 
-def _calls(results: list[RecordResult]) -> list[_Call]:
-    """Group a step's measured records into module calls, consumed versus produced."""
-    forward: dict[tuple[str, int], _Call] = {}
-    backward: dict[tuple[str, int], _Call] = {}
-    for r in results:
-        if r.metrics is None:
-            continue
-        key = (r.module, r.call)
-        if r.phase == "forward":
-            call = forward.setdefault(key, _Call(r.module, r.module_type, "forward"))
-            if r.role == "output":
-                call.produced.append(r)
-            elif r.role == "param":
-                call.params.append(r)
-            else:
-                call.consumed.append(r)
-        else:
-            call = backward.setdefault(key, _Call(r.module, r.module_type, "backward"))
-            if r.role == "output":  # gradient w.r.t. a forward output: what backward consumes
-                call.consumed.append(r)
-                call.has_output_grads = True
-            else:  # gradients w.r.t. forward inputs ('input') and parameters ('grad')
-                call.produced.append(r)
-    for key, call in backward.items():
-        fwd = forward.get(key)
-        if fwd is not None:  # a backward call also reads its forward inputs and weights
-            call.consumed.extend(fwd.consumed + fwd.params)
-    return [*forward.values(), *backward.values()]
-
-
 def classify_step(
     results: list[RecordResult], profile: Profile, names: dict[str, str] | None = None
 ) -> StepClassification:
-    """Classify one rank and step: its local candidates and a decision per failing record.
+    """Classify one rank and step whose records are judged already: :func:`decide_calls` of
+    its calls (``compare`` decides them inside its one pass, compare/verdict.py)."""
+    calls = StepCalls()
+    for r in results:
+        calls.add(r)
+    return decide_calls(calls, profile, names)
+
+
+def decide_calls(
+    calls: StepCalls,
+    profile: Profile,
+    names: dict[str, str] | None = None,
+    settled: dict[str, Candidate] | None = None,
+) -> StepClassification:
+    """Decide every call of a step: its local candidates and a decision per failing record.
 
     The candidates are in execution order (see the module doc); the decisions
     say, for every failing produced record and parameter, whether its module
     made the error itself, the amplification and the expected error. ``names``:
     the recorded name of a buffer record, by key (the why line names the buffer).
+    ``settled``: records a rule of the one pass decided already (a loss computed in low
+    precision, loss.py), by key: their candidate is the rule's (never dropped as explained
+    by a submodule), and they take no part in their call's decision.
     """
     names = names or {}
+    settled = settled or {}
     decisions: dict[str, Decision] = {}
-    forward = [r for r in results if r.phase == "forward" and r.metrics is not None]
+    forward = calls.forward_records()
     found: list[Candidate] = []
-    # gradients w.r.t. module inputs are recorded for the whole run or not at all; a module
-    # whose inputs need no gradient (an embedding's ids) produces parameter gradients only
-    input_grads = any(r.phase == "backward" and r.role == "input" for r in results)
-    for call in _calls(results):
+    for key in settled:
+        decisions[key] = Decision(True, None, None)
+    for call in calls.call_records():
         bad_params = [p for p in call.params if p.status in _BAD]
         bad_params += [b for b in call.consumed if b.role == "buffer" and b.status in _BAD]
         for p in bad_params:
@@ -239,10 +223,13 @@ def classify_step(
             decisions[p.key] = Decision(True, None, floor)
         for p in bad_params[:1]:
             found.append(_param_candidate(call, p, names))
-        bad = [o for o in call.produced if o.status in _BAD]
+        bad = [o for o in call.produced if o.status in _BAD and o.key not in settled]
         if not bad or bad_params:
             continue
-        if call.phase == "backward" and not (input_grads and call.has_output_grads):
+        # gradients w.r.t. module inputs are recorded for the whole run or not at all; a
+        # module whose inputs need no gradient (an embedding's ids) produces parameter
+        # gradients only
+        if call.phase == "backward" and not (calls.input_grads and call.has_output_grads):
             for o in bad:  # without input or output gradients the consumed side is incomplete
                 decisions[o.key] = Decision(None, None, None)
             continue
@@ -250,8 +237,11 @@ def classify_step(
         decisions.update(dict.fromkeys((o.key for o in bad), decision))
         if candidate is not None:
             found.append(candidate)
+    found.extend(settled.values())
     found.sort(key=lambda c: c.order)
-    return StepClassification(_drop_explained(found), decisions)
+    # a rule's finding is its own (the precision a loss was computed in): no submodule
+    # explains it, while it explains the calls around it as any local call does
+    return StepClassification(_drop_explained(found, keep=set(settled)), decisions)
 
 
 def nonfinite_param_reason(module: str, module_type: str, p: RecordResult) -> str:
@@ -275,7 +265,7 @@ def nonfinite_param_reason(module: str, module_type: str, p: RecordResult) -> st
     return text
 
 
-def _param_candidate(call: _Call, p: RecordResult, names: dict[str, str]) -> Candidate:
+def _param_candidate(call: CallRecords, p: RecordResult, names: dict[str, str]) -> Candidate:
     if p.role == "buffer":
         return Candidate(
             result=p,
@@ -322,7 +312,7 @@ def _param_candidate(call: _Call, p: RecordResult, names: dict[str, str]) -> Can
 
 
 def _classify(
-    call: _Call,
+    call: CallRecords,
     bad: list[RecordResult],
     profile: Profile,
     forward: list[RecordResult],
@@ -333,12 +323,8 @@ def _classify(
     tol_dtype = first.metrics.dtype if first.metrics else "float32"
     in_err = max((_err(r) for r in call.consumed), default=0.0)
     out_err = max(_err(o) for o in call.produced)
-    # the judge's K (judge.py): the forward call's inputs, parameters and buffers
-    k = reduction_length(
-        (r.shape for r in [*call.consumed, *call.params] if r.phase == "forward"),
-        backward=call.phase == "backward",
-    )
-    expected = expected_error(in_err, tol_dtype, k)
+    # the judge's K (calls.py): the forward call's inputs, parameters and buffers
+    expected = expected_error(in_err, tol_dtype, call.k)
     amp = out_err / expected
     # the expected-error gate (judge.py) judged each record against everything it
     # consumed, concentrated error included: its ratio, where larger, is the measure
@@ -371,7 +357,7 @@ def _classify(
 
 
 def _local_reason(
-    call: _Call,
+    call: CallRecords,
     first: RecordResult,
     in_err: float,
     out_err: float,
@@ -450,7 +436,7 @@ def _buffer_remedy(b: RecordResult, names: dict[str, str]) -> str:
     return f"compute `{name}` as golden does (its values, not the module's arithmetic, differ)"
 
 
-def _with_buffers(reason: str, call: _Call, names: dict[str, str]) -> str:
+def _with_buffers(reason: str, call: CallRecords, names: dict[str, str]) -> str:
     """Name the buffers ``call`` read that differ from golden: what it consumed besides
     its arguments and weights, the likely cause when its inputs match."""
     differ = [b for b in call.consumed if b.role == "buffer" and _differs(b)]
@@ -484,7 +470,7 @@ def _concentration(r: RecordResult) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def _bias_reason(call: _Call, bad: list[RecordResult], profile: Profile) -> str | None:
+def _bias_reason(call: CallRecords, bad: list[RecordResult], profile: Profile) -> str | None:
     """Why ``call``'s produced records carry a systematic error of its own, or None."""
     inputs = [r.metrics for r in call.consumed if r.metrics is not None]
     for o in bad:
@@ -544,7 +530,7 @@ def _mean_rel_err(m: MeasuredMetrics) -> float:
     return (m.mean_rel_err if isinstance(m, FullMetrics) else None) or 0.0
 
 
-def _glue_note(call: _Call, first: RecordResult, forward: list[RecordResult]) -> str:
+def _glue_note(call: CallRecords, first: RecordResult, forward: list[RecordResult]) -> str:
     """Say so when the error first shows in a submodule's input: code between submodules
     made it, in the innermost module that holds that submodule."""
     start = min((r.seq for r in call.consumed), default=-1)
@@ -575,12 +561,14 @@ def _contains(outer: str, inner: str) -> bool:
     return outer == "root" or inner.startswith(outer + ".")
 
 
-def _drop_explained(found: list[Candidate]) -> list[Candidate]:
+def _drop_explained(found: list[Candidate], keep: set[str] | None = None) -> list[Candidate]:
     """Drop calls that contain an earlier candidate of the same phase: the submodule
-    explains them (a forward fault in a child does not explain its parent's backward)."""
+    explains them (a forward fault in a child does not explain its parent's backward).
+    Candidates whose record key is in ``keep`` are never dropped."""
+    keep = keep or set()
     kept: list[Candidate] = []
     for c in found:
-        if any(
+        if c.result.key not in keep and any(
             k.result.step == c.result.step
             and k.result.rank == c.result.rank
             and k.result.phase == c.result.phase

@@ -16,7 +16,7 @@ from typing import Any
 from precguard._logging import get_logger
 from precguard.compare import hints
 from precguard.compare.align import WRAPPER_TYPES, Renamer, align, fsdp2_class
-from precguard.compare.caches import cache_names, name_cache_reads
+from precguard.compare.caches import cache_names
 from precguard.compare.coverage import (
     Coverage,
     CoverageTracker,
@@ -25,15 +25,11 @@ from precguard.compare.coverage import (
 )
 from precguard.compare.divergence import (
     Candidate,
-    Decision,
-    classify_step,
     decoding_divergence,
-    fallback,
     rank_suspects,
 )
-from precguard.compare.judge import judge_step, measured_errors
+from precguard.compare.judge import measured_errors
 from precguard.compare.levels import UnmeasuredMetrics
-from precguard.compare.loss import low_precision_losses
 from precguard.compare.metrics import (
     golden_rms,
     precision,
@@ -62,6 +58,7 @@ from precguard.compare.report import (
 from precguard.compare.routing import Routing
 from precguard.compare.tolerance import Profile, judge, with_bias
 from precguard.compare.units import OneSided, ShardResult, UnitResult
+from precguard.compare.verdict import JudgeInputs, judge_unit
 from precguard.dump.paths import RECORDS_FILE, rank_dir
 from precguard.dump.reader import Run, load_run
 from precguard.dump.schema import Record
@@ -222,37 +219,41 @@ def compare_unit(
         plan.computes,
     )
     step_results.results = routes.remeasure(step_results.results)
+    judging = None
     if plan.prof.rule == "expected":
         updates = _golden_updates(plan, g_store, r, g_recs)
         errors = {x.key: x.metrics.error for x in step_results.results if x.metrics is not None}
         explained = plan.trails.setdefault(r, StepTrail()).explain(
             g_recs, a_recs, errors, g_store.tensor, a_store.tensor
         )
-        judged, plan.carried[r] = judge_step(
-            step_results.results,
-            plan.prof,
-            plan.carried.get(r) if s > 0 else None,
-            updates,
-            _wider(_calibrated(plan, g_store, r, s, g_recs), routes.widened(step_results.results)),
-            explained,
+        judging = JudgeInputs(
+            previous=plan.carried.get(r) if s > 0 else None,
+            updates=updates,
+            calibrated=_wider(
+                _calibrated(plan, g_store, r, s, g_recs), routes.widened(step_results.results)
+            ),
+            explained=explained,
         )
-        step_results.results = judged
-    step_results.results = routes.judge(step_results.results, plan.prof)
-    names = {g.key: g.name for g in g_recs if g.role == "buffer"}
-    classified = classify_step(step_results.results, plan.prof, names)
-    # a loss computed in bf16/fp16 where golden computes it in fp32 (compare/loss.py)
-    step_results.results, classified = low_precision_losses(step_results.results, classified)
-    found = classified.candidates
-    name_cache_reads(found, step_results.results, cache_names(g_recs))
-    logger.debug("step_compared", rank=r, step=s, records=len(step_results.results))
+    # the one pass: status, local and the why line of every record (compare/verdict.py)
+    verdict = judge_unit(
+        step_results.results,
+        plan.prof,
+        judging,
+        routes,
+        buffer_names={g.key: g.name for g in g_recs if g.role == "buffer"},
+        cache_names=cache_names(g_recs),
+    )
+    if verdict.carried is not None:
+        plan.carried[r] = verdict.carried
+    logger.debug("step_compared", rank=r, step=s, records=len(verdict.results))
     return UnitResult(
         rank=r,
         step=s,
-        results=RecordRows(_annotate(step_results.results, classified.decisions)),
+        results=RecordRows(verdict.results),
         golden_only=step_results.golden_only,
         actual_only=step_results.actual_only,
-        candidates=found,
-        fallback=None if found else fallback(step_results.results),
+        candidates=verdict.candidates,
+        fallback=verdict.fallback,
         collectives_dropped=dropped,
         one_sided=step_results.one_sided,
         left_out=step_results.left_out,
@@ -671,21 +672,6 @@ def _compare_step(
         out.one_sided.append(OneSided.of(side, rec))
         out.results.append(_result(rec, None, "missing", None))
     out.results.sort(key=lambda x: (x.seq, x.status == "missing"))
-    return out
-
-
-def _annotate(results: list[RecordResult], decisions: dict[str, Decision]) -> list[RecordResult]:
-    """Copy the local/propagated decision onto the failing records it was made for."""
-    out = []
-    for r in results:
-        decision = decisions.get(r.key) if r.status in ("fail", "nonfinite") else None
-        if decision is not None:
-            update: dict[str, Any] = {"local": decision.local}
-            if r.expected_error is None:  # the expected-error gate's own figures stay
-                update["amplification"] = decision.amplification
-                update["expected_error"] = decision.expected_error
-            r = r.model_copy(update=update)
-        out.append(r)
     return out
 
 

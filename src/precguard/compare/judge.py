@@ -36,6 +36,12 @@ expected error, or when it carries a systematic scale error that its consumed
 records cannot explain (:func:`precguard.compare.expected.own_bias`), or when
 NaN/Inf differ. Records compared on statistics only go through the same model
 (the statistic error is the measured error; their verdicts say "likely").
+
+:class:`StepJudge` is this judge as the first phase of compare's one pass over a
+step (compare/verdict.py): it takes the records one by one in capture order and
+reads what a call consumed, and its K, from the step's calls (compare/calls.py),
+which the pass fills with each record once settled. :func:`judge_step` runs it
+alone.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
+from precguard.compare.calls import StepCalls
 from precguard.compare.expected import (
     BIAS_MAX_INPUT_ERROR,
     SCALED_LEVELS,
@@ -62,7 +69,6 @@ from precguard.numerics import (
     SIGNIFICAND_BITS,
     expected_error,
     ladder,
-    reduction_length,
     unit_roundoff,
 )
 
@@ -152,10 +158,214 @@ def _parent(module: str, called: set[str]) -> str | None:
     return None
 
 
-def _reduction(records: list[RecordResult], backward: bool) -> int | None:
-    """The reduction length of what consumed ``records`` (:func:`~precguard.numerics.
-    reduction_length` of their shapes)."""
-    return reduction_length((r.shape for r in records), backward=backward)
+class StepJudge:
+    """The expected-error judge of one rank and step: each record, in capture order, against
+    the error what it consumed explains (the module doc).
+
+    It keeps, as the records come, the running maxima of every module's subtree (forward
+    in the current call and in the whole step, backward so far) and reads what a call
+    consumed and its K from the step's calls (:class:`~precguard.compare.calls.StepCalls`),
+    where the one pass (verdict.py) puts each record once it is settled. See
+    :func:`judge_step` for ``previous``, ``updates``, ``calibrated`` and ``explained``.
+    """
+
+    def __init__(
+        self,
+        results: list[RecordResult],
+        profile: Profile,
+        calls: StepCalls,
+        previous: dict[str, float] | None = None,
+        updates: dict[str, float] | None = None,
+        calibrated: dict[str, tuple[float, float]] | None = None,
+        explained: dict[str, Explained] | None = None,
+    ) -> None:
+        self.profile = profile
+        self.calls = calls
+        self.previous = previous or {}
+        self.updates = updates or {}
+        self.calibrated = calibrated or {}
+        self.explained = explained or {}
+        self.fwd: dict[str, _Scope] = defaultdict(_Scope)  # subtree records of the current call
+        self.fwd_all: dict[str, _Scope] = defaultdict(_Scope)  # subtree records of the step
+        self.bwd: dict[str, _Scope] = defaultdict(_Scope)  # subtree backward records so far
+        # the inputs of the submodules a module called so far in the step: what the code
+        # between them consumed
+        self.sub_inputs: dict[str, list[RecordResult]] = defaultdict(list)
+        self.started: set[tuple[str, int]] = set()
+        self.called: set[str] = {r.module for r in results if r.metrics is not None}
+        self.carried: dict[str, float] = {}
+        self.stepped_errors: dict[str, float] = {}  # parameters' errors a step explains
+        self.glue_bad: set[str] = set()  # modules whose code between submodules made error
+        self.open_calls: list[str] = []  # forward calls whose outputs are not recorded yet
+        # only a call whose output is recorded can be seen to end: one that records inputs
+        # but no output (a module returning no tensor) would otherwise stay open for the
+        # rest of the step, taking in every later record (and quadratic time)
+        self.closing = {
+            (r.module, r.call)
+            for r in results
+            if r.phase == "forward" and r.role == "output" and r.metrics is not None
+        }
+        self.apart = _trained_apart(results, self.updates)
+        self.params = [r for r in results if r.role == "param" and r.phase == "forward"]
+
+    def judge(self, r: RecordResult) -> RecordResult:
+        """``r`` (measured, the next in capture order) with status, expected error and
+        amplification set; what it passes on is taken into its enclosing scopes."""
+        m = r.metrics
+        assert m is not None
+        # statistics only: judged by the lower bounds of its sampled errors, and passing
+        # their upper bounds on (sampled.py: a sample's estimate carries its uncertainty)
+        (low_e, low_c), (e, c) = _bounds(m, self.profile)
+        fparent: str | None = None
+        if r.phase == "forward":
+            fparent = self._enclosing(r)
+            scope, consumed, k = self._forward_scope(r, fparent)
+        else:
+            scope, consumed, k = self._backward_scope(r)
+        cal = self.calibrated.get(r.key)
+        if cal is not None:
+            scope = scope.merged(_Scope(cal[0], cal[1]))
+        stepped = self.explained.get(r.key)
+        judged = _judge(
+            r, m, low_e, low_c, scope, consumed, k, self.profile, stepped,
+            scale_test=not (self.apart and r.phase == "backward"),
+        )  # fmt: skip
+        if stepped is not None and r.role == "param" and m.level == "stats":
+            # statistics cannot see which elements an optimizer step flipped: what
+            # consumes this parameter consumes the error the step explains
+            e, c = max(e, stepped.flipped + stepped.rest), max(c, stepped.peak)
+            self.stepped_errors[_param_id(r)] = e
+        judged = self._glue(r, judged, fparent)
+        e, c = passed_on(m, e, c)
+        if r.phase == "forward":
+            self._take_forward(judged, fparent, e, c)
+        else:
+            self._take_backward(judged, e, c)
+        return judged
+
+    def _enclosing(self, r: RecordResult) -> str | None:
+        """The enclosing module of a forward record: the innermost call still open (a
+        collective's dist.<op> record sits inside the module that called it, whatever its
+        name), else by name; a record opening a call of its module starts it."""
+        fparent = next((n for n in reversed(self.open_calls) if n != r.module), None)
+        if fparent is None:
+            fparent = _parent(r.module, self.called)
+        call = (r.module, r.call)
+        if r.role in ("input", "param", "buffer") and call not in self.started:
+            self.started.add(call)
+            self.fwd[r.module] = _Scope()  # a new call of this module starts
+            self.glue_bad.discard(r.module)
+            if call in self.closing:
+                self.open_calls.append(r.module)
+        return fparent
+
+    def _forward_scope(
+        self, r: RecordResult, fparent: str | None
+    ) -> tuple[_Scope, list[RecordResult], int | None]:
+        """What a forward record consumed: (its scope, the records, K)."""
+        if r.role == "input":
+            scope = self.fwd[fparent] if fparent is not None else _Scope()
+            return scope, ([] if fparent is None else self.sub_inputs[fparent]), None
+        if r.role == "buffer":
+            # one rounding of a constant (rotary inv_freq); state a forward updates
+            # (a norm's running statistics) carries its inputs' error of the step before
+            scope = _Scope()
+            prior = self.previous.get(_buffer_id(r))
+            if prior is not None:
+                scope.err = scope.conc = prior
+            return scope, [], None
+        if r.role == "param":
+            scope = _Scope()
+            prior = self.previous.get(_param_id(r))
+            if prior is not None:
+                ex = self.explained.get(r.key)
+                step = ex.rest if ex is not None else 2.0 * self.updates.get(_param_id(r), 0.0)
+                scope.err = scope.conc = prior + step
+            return scope, [], None
+        call = (r.module, r.call)
+        return self.fwd[r.module], self.calls.reads(call), self.calls.reduction(call, False)
+
+    def _backward_scope(self, r: RecordResult) -> tuple[_Scope, list[RecordResult], int | None]:
+        """What a backward record consumed: (its scope, the records, K)."""
+        forward_scope = self.fwd_all[r.module]
+        if r.role == "output":
+            # the gradient of a module's outputs is recorded before the enclosing
+            # modules' (hooks on one tensor fire inner first): it came from the
+            # innermost enclosing module whose backward has recorded something
+            parent = _parent(r.module, self.called)
+            scope = self.fwd_all[parent if parent is not None else r.module]
+            for name in _ancestors(r.module)[1:]:
+                if name in self.bwd:
+                    scope = scope.merged(self.bwd[name])
+                    break
+            return scope, [], None
+        call = (r.module, r.call)
+        scope = self.bwd[r.module].merged(forward_scope)
+        ex = self.explained.get(r.key)
+        if is_optimizer(r.phase, r.role) and ex is not None:
+            # an update consumed its gradient, through the update rule: the share of
+            # elements it may flip may also shift its scale by 2f
+            return _Scope(ex.rest, ex.rest, scope.dtype, scope.bias + ex.share), [], None
+        consumed = [*self.calls.reads(call), *self.calls.output_grads(call)]
+        return scope, consumed, self.calls.reduction(call, True)
+
+    def _glue(self, r: RecordResult, judged: RecordResult, fparent: str | None) -> RecordResult:
+        """A module's own code between its submodules: a failing submodule input marks the
+        enclosing module, whose output then carries the error that code made."""
+        if r.phase != "forward":
+            return judged
+        if r.role == "input" and judged.status == "fail":
+            if fparent is not None:  # the enclosing module's own code made it
+                self.glue_bad.add(fparent)
+        elif r.role == "output" and r.module in self.glue_bad and judged.status == "pass":
+            return judged.model_copy(update={"status": "fail"})
+        return judged
+
+    def _take_forward(self, judged: RecordResult, fparent: str | None, e: float, c: float) -> None:
+        m = judged.metrics
+        assert m is not None
+        r = judged
+        if r.role == "input" and fparent is not None:
+            self.sub_inputs[fparent].append(judged)
+        if r.role == "buffer":
+            ins = [
+                _upper(x.metrics, self.profile)[0]
+                for x in self.calls.reads((r.module, r.call))
+                if x.metrics
+            ]
+            self.carried[_buffer_id(r)] = max([e, *ins])
+        # a module's outputs do not feed one another: they count for its ancestors
+        # (by name, and every call still open around it)
+        own = r.role != "output"
+        enclosing = {*_ancestors(r.module)[1:], *self.open_calls} - {r.module}
+        # a buffer's rounding is one rounding of a constant, often a short one (32
+        # frequencies): its scale's standard error says nothing of what reads it
+        scaled = r.role != "buffer"
+        for name in [r.module] * own + sorted(enclosing):
+            self.fwd[name].add(m, e, c, self.profile, scaled)
+        for name in {r.module, *enclosing}:
+            self.fwd_all[name].add(m, e, c, self.profile, scaled)
+        if r.role == "output" and r.module in self.open_calls:
+            while self.open_calls and self.open_calls.pop() != r.module:
+                pass
+
+    def _take_backward(self, judged: RecordResult, e: float, c: float) -> None:
+        m = judged.metrics
+        assert m is not None
+        for name in _ancestors(judged.module):
+            self.bwd[name].add(m, e, c, self.profile)
+        if judged.role == "grad":
+            pid = _param_id(judged)
+            self.carried[pid] = max(e, self.carried.get(pid, 0.0))
+
+    def carried_on(self) -> dict[str, float]:
+        """Per parameter and buffer: the error it carries into the next step (``previous``)."""
+        for r in self.params:
+            if r.metrics is not None:
+                pid = _param_id(r)
+                own = max(_upper(r.metrics, self.profile)[0], self.stepped_errors.get(pid, 0.0))
+                self.carried[pid] = max(self.carried.get(pid, 0.0), own)
+        return self.carried
 
 
 def judge_step(
@@ -167,6 +377,9 @@ def judge_step(
     explained: dict[str, Explained] | None = None,
 ) -> tuple[list[RecordResult], dict[str, float]]:
     """Judge one rank and step's records; return them with status and expected error set.
+
+    The judge alone (:class:`StepJudge`); ``compare`` runs it inside the one pass that
+    also decides local and the why (:func:`precguard.compare.verdict.judge_unit`).
 
     ``previous`` maps a parameter's module-and-index to the error its gradient (or,
     failing that, the parameter itself) carried at the step before; the returned map
@@ -185,163 +398,11 @@ def judge_step(
     is, the rest as propagated error; it replaces ``updates`` where both are known.
     Missing records are returned unchanged.
     """
-    previous = previous or {}
-    explained = explained or {}
-    updates = updates or {}
-    calibrated = calibrated or {}
-    fwd: dict[str, _Scope] = defaultdict(_Scope)  # subtree records of the current call
-    fwd_all: dict[str, _Scope] = defaultdict(_Scope)  # subtree records of the whole step
-    bwd: dict[str, _Scope] = defaultdict(_Scope)  # subtree backward records so far
-    inputs: dict[tuple[str, int], list[RecordResult]] = defaultdict(list)
-    out_grads: dict[tuple[str, int], list[RecordResult]] = defaultdict(list)
-    started: set[tuple[str, int]] = set()
-    called: set[str] = {r.module for r in results if r.metrics is not None}
-    carried: dict[str, float] = {}
-    stepped_errors: dict[str, float] = {}  # parameters' errors as an optimizer step explains
-    glue_bad: set[str] = set()  # modules whose code between submodules made error
-    open_calls: list[str] = []  # forward calls whose outputs are not recorded yet
-    # only a call whose output is recorded can be seen to end: one that records inputs
-    # but no output (a module returning no tensor) would otherwise stay open for the
-    # rest of the step, taking in every later record (and quadratic time)
-    closing = {
-        (r.module, r.call)
-        for r in results
-        if r.phase == "forward" and r.role == "output" and r.metrics is not None
-    }
-    out: list[RecordResult] = []
-    apart = _trained_apart(results, updates)
+    calls = StepCalls()
+    judge = StepJudge(results, profile, calls, previous, updates, calibrated, explained)
     for r in results:
-        m = r.metrics
-        if m is None:
-            out.append(r)
-            continue
-        # statistics only: judged by the lower bounds of its sampled errors, and passing
-        # their upper bounds on (sampled.py: a sample's estimate carries its uncertainty)
-        (low_e, low_c), (e, c) = _bounds(m, profile)
-        call = (r.module, r.call)
-        fparent: str | None = None
-        if r.phase == "forward":
-            # the enclosing module is the innermost call still open (a collective's
-            # dist.<op> record sits inside the module that called it, whatever its name)
-            fparent = next((n for n in reversed(open_calls) if n != r.module), None)
-            if fparent is None:
-                fparent = _parent(r.module, called)
-            if r.role in ("input", "param", "buffer") and call not in started:
-                started.add(call)
-                fwd[r.module] = _Scope()  # a new call of this module starts
-                glue_bad.discard(r.module)
-                if call in closing:
-                    open_calls.append(r.module)
-            if r.role == "input":
-                parent = fparent
-                scope = fwd[parent] if parent is not None else _Scope()
-                consumed = [] if parent is None else inputs[(parent, -1)]
-                k = None
-            elif r.role == "buffer":
-                # one rounding of a constant (rotary inv_freq); state a forward updates
-                # (a norm's running statistics) carries its inputs' error of the step before
-                scope = _Scope()
-                prior = previous.get(_buffer_id(r))
-                if prior is not None:
-                    scope.err = scope.conc = prior
-                consumed, k = [], None
-            elif r.role == "param":
-                scope = _Scope()
-                prior = previous.get(_param_id(r))
-                if prior is not None:
-                    ex = explained.get(r.key)
-                    step = ex.rest if ex is not None else 2.0 * updates.get(_param_id(r), 0.0)
-                    scope.err = scope.conc = prior + step
-                consumed, k = [], None
-            else:
-                scope = fwd[r.module]
-                consumed = inputs[call]
-                k = _reduction(consumed, backward=False)
-        else:
-            forward_scope = fwd_all[r.module]
-            if r.role == "output":
-                # the gradient of a module's outputs is recorded before the enclosing
-                # modules' (hooks on one tensor fire inner first): it came from the
-                # innermost enclosing module whose backward has recorded something
-                parent = _parent(r.module, called)
-                scope = fwd_all[parent if parent is not None else r.module]
-                for name in _ancestors(r.module)[1:]:
-                    if name in bwd:
-                        scope = scope.merged(bwd[name])
-                        break
-                consumed, k = [], None
-            else:
-                scope = bwd[r.module].merged(forward_scope)
-                consumed = [*inputs[call], *out_grads[call]]
-                k = _reduction(inputs[call], backward=True)
-                ex = explained.get(r.key)
-                if is_optimizer(r.phase, r.role) and ex is not None:
-                    # an update consumed its gradient, through the update rule: the
-                    # share of elements it may flip may also shift its scale by 2f
-                    scope = _Scope(ex.rest, ex.rest, scope.dtype, scope.bias + ex.share)
-                    consumed, k = [], None
-        cal = calibrated.get(r.key)
-        if cal is not None:
-            scope = scope.merged(_Scope(cal[0], cal[1]))
-        stepped = explained.get(r.key)
-        judged = _judge(
-            r, m, low_e, low_c, scope, consumed, k, profile, stepped,
-            scale_test=not (apart and r.phase == "backward"),
-        )  # fmt: skip
-        if stepped is not None and r.role == "param" and m.level == "stats":
-            # statistics cannot see which elements an optimizer step flipped: what
-            # consumes this parameter consumes the error the step explains
-            e, c = max(e, stepped.flipped + stepped.rest), max(c, stepped.peak)
-            stepped_errors[_param_id(r)] = e
-        if r.phase == "forward" and r.role == "input" and judged.status == "fail":
-            if fparent is not None:  # the enclosing module's own code made it
-                glue_bad.add(fparent)
-        elif (
-            r.phase == "forward"
-            and r.role == "output"
-            and r.module in glue_bad
-            and judged.status == "pass"
-        ):  # it carries the error its own code made
-            judged = judged.model_copy(update={"status": "fail"})
-        out.append(judged)
-        e, c = passed_on(m, e, c)
-        if r.phase == "forward":
-            if r.role == "input":
-                inputs[call].append(judged)
-                if fparent is not None:
-                    inputs[(fparent, -1)].append(judged)
-            if r.role in ("param", "buffer"):
-                inputs[call].append(judged)
-            if r.role == "buffer":
-                ins = [_upper(x.metrics, profile)[0] for x in inputs[call] if x.metrics]
-                carried[_buffer_id(r)] = max([e, *ins])
-            # a module's outputs do not feed one another: they count for its ancestors
-            # (by name, and every call still open around it)
-            own = r.role != "output"
-            enclosing = {*_ancestors(r.module)[1:], *open_calls} - {r.module}
-            # a buffer's rounding is one rounding of a constant, often a short one (32
-            # frequencies): its scale's standard error says nothing of what reads it
-            scaled = r.role != "buffer"
-            for name in [r.module] * own + sorted(enclosing):
-                fwd[name].add(m, e, c, profile, scaled)
-            for name in {r.module, *enclosing}:
-                fwd_all[name].add(m, e, c, profile, scaled)
-            if r.role == "output" and r.module in open_calls:
-                while open_calls and open_calls.pop() != r.module:
-                    pass
-        else:
-            for name in _ancestors(r.module):
-                bwd[name].add(m, e, c, profile)
-            if r.role == "output":
-                out_grads[call].append(judged)
-            if r.role == "grad":
-                carried[_param_id(r)] = max(e, carried.get(_param_id(r), 0.0))
-    for r in results:
-        if r.role == "param" and r.phase == "forward" and r.metrics is not None:
-            pid = _param_id(r)
-            own = max(_upper(r.metrics, profile)[0], stepped_errors.get(pid, 0.0))
-            carried[pid] = max(carried.get(pid, 0.0), own)
-    return out, carried
+        calls.add(judge.judge(r) if r.metrics is not None else r)
+    return calls.records, judge.carried_on()
 
 
 def _trained_apart(results: list[RecordResult], updates: dict[str, float]) -> bool:

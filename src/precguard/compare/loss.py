@@ -31,11 +31,15 @@ On ``emu:bf16`` (every op rounded to bfloat16, float32 tensors kept) the bug and
 twin are the same computation and the same dtype: there is nothing to find, and
 nothing is reported (docs/targets.md says where users meet the bug: a model cast to
 bfloat16, ``emu:bf16-mixed``).
+
+The rule is applied in compare's one pass at the loss record, after the judge
+(compare/verdict.py): its finding is the call's decision on that record, never
+explained by a submodule, and it explains the calls around it as any local call does.
 """
 
 from __future__ import annotations
 
-from precguard.compare.divergence import Candidate, Decision, StepClassification
+from precguard.compare.divergence import Candidate
 from precguard.compare.report import RecordResult
 from precguard.compare.tolerance import SIGNIFICAND_BITS, unit_roundoff
 
@@ -55,15 +59,6 @@ def _scalar(shape: list[int]) -> bool:
     for d in shape:
         n *= d
     return n == 1
-
-
-def _calls(results: list[RecordResult]) -> dict[tuple[int, int, str, int], list[RecordResult]]:
-    """The forward records of every module call, by (rank, step, module, call)."""
-    calls: dict[tuple[int, int, str, int], list[RecordResult]] = {}
-    for r in results:
-        if r.phase == "forward" and r.role in ("input", "output"):
-            calls.setdefault((r.rank, r.step, r.module, r.call), []).append(r)
-    return calls
 
 
 def is_loss(output: RecordResult, call: list[RecordResult]) -> bool:
@@ -107,49 +102,32 @@ def reason(r: RecordResult, logits: RecordResult | None) -> str:
     )
 
 
-def low_precision_losses(
-    results: list[RecordResult], classified: StepClassification
-) -> tuple[list[RecordResult], StepClassification]:
-    """Fail every loss record the actual computed in a less precise dtype than golden.
+def low_precision_loss(
+    r: RecordResult, call: list[RecordResult]
+) -> tuple[RecordResult, Candidate] | None:
+    """The rule at one judged record: a loss the actual computed in a less precise dtype
+    than golden fails, local, with the why line of :func:`reason`; None for any other.
 
-    Each becomes a local candidate (in execution order among the others) with the why
-    line of :func:`reason` and no expected error or amplification (the finding is the
-    precision, not a magnitude); it replaces a candidate the loss had already. Returns the
-    results and the classification, updated.
+    ``call`` holds the records of ``r``'s forward call recorded before it (its inputs).
+    No expected error or amplification is claimed: the finding is the precision, not a
+    magnitude (the value may well be within bf16's rounding). The one pass
+    (compare/verdict.py) asks this at every forward record, after the judge.
     """
-    calls = _calls(results)
-    found: dict[str, Candidate] = {}
-    out: list[RecordResult] = []
-    for r in results:
-        call = calls.get((r.rank, r.step, r.module, r.call), [])
-        if (
-            r.phase == "forward"
-            and r.metrics is not None
-            and r.status in ("pass", "fail")
-            and is_loss(r, call)
-            and computed_in_low_precision(r)
-        ):
-            logits = next(
-                (x for x in call if x.role == "input" and _floating(x.golden_dtype)), None
-            )
-            update = {"status": "fail", "local": True, "amplification": None}
-            r = r.model_copy(update={**update, "expected_error": None})
-            # the finding is the precision, not a magnitude: no expected error or
-            # amplification is claimed (the value may well be within bf16's rounding)
-            found[r.key] = Candidate(
-                result=r,
-                local=True,
-                input_error=None
-                if logits is None or logits.metrics is None
-                else logits.metrics.error,
-                reason=reason(r, logits),
-            )
-        out.append(r)
-    if not found:
-        return results, classified
-    kept = [c for c in classified.candidates if c.result.key not in found]
-    candidates = sorted([*kept, *found.values()], key=lambda c: c.order)
-    decisions = dict(classified.decisions)
-    for key in found:
-        decisions[key] = Decision(True, None, None)
-    return out, StepClassification(candidates, decisions)
+    if not (
+        r.phase == "forward"
+        and r.metrics is not None
+        and r.status in ("pass", "fail")
+        and is_loss(r, call)
+        and computed_in_low_precision(r)
+    ):
+        return None
+    logits = next((x for x in call if x.role == "input" and _floating(x.golden_dtype)), None)
+    update = {"status": "fail", "local": True, "amplification": None, "expected_error": None}
+    r = r.model_copy(update=update)
+    found = Candidate(
+        result=r,
+        local=True,
+        input_error=None if logits is None or logits.metrics is None else logits.metrics.error,
+        reason=reason(r, logits),
+    )
+    return r, found

@@ -20,7 +20,9 @@ the experts). The rules here (docs/compare.md, "Mixture of experts"):
   expected_error * max|golden score|`` element by element, so rounding can
   cross a margin of twice that (:func:`margin_tolerance`). A re-routing within it is
   explained (reported as a count and the largest margin crossed); one beyond
-  is a finding at the router.
+  is a finding at the router. compare's one pass (compare/verdict.py) takes this
+  verdict as soon as the scores record is judged, and settles every record that
+  follows the router with it (those met before the scores, as the verdict comes).
 - **Records that follow the routing** (the module that consumed the indices,
   the experts, and everything inside its call; the router's own outputs in
   top-k order) are compared, when both sides hold full tensors, on the rows
@@ -470,55 +472,69 @@ class Routing:
 
     # -- the routers' verdicts --------------------------------------------------
 
-    def judge(self, results: list[RecordResult], profile: Profile) -> list[RecordResult]:
-        """Results with every router's indices (and the records fed them) judged from its
-        scores, and followers whose shapes differ passed when the re-routing is explained."""
-        if not self.routers:
-            return results
+    def awaited(self, results: list[RecordResult]) -> list[tuple[_Router, Metrics, str | None]]:
+        """Every router whose indices were measured: (the router, its indices' metrics, the
+        key of the scores record its verdict waits for, None when nothing is judged there).
+
+        The one pass (compare/verdict.py) takes each router's verdict
+        (:meth:`verdict`) as soon as its scores are judged, and settles every record
+        that follows the router (:meth:`follow`) with it.
+        """
         by_key = {r.key: r for r in results}
-        verdicts: dict[int, tuple[str, Metrics | None]] = {}
+        out = []
         for router in self.routers:
             idx = by_key.get(router.index[0].key)
             if idx is None or idx.metrics is None:
                 continue
             scores = by_key.get(router.scores[0].key) if router.scores is not None else None
-            verdicts[id(router)] = self._verdict(router, idx.metrics, scores)
-        out = []
-        for r in results:
-            f = self.followers.get(r.key)
-            if f is None or r.metrics is None or id(f.router) not in verdicts:
-                out.append(r)
-                continue
-            status, judged = verdicts[id(f.router)]
-            if f.kind == "index" and judged is not None:
-                metrics = metrics_with(
-                    judged,
-                    {
-                        k: v
-                        for k, v in r.metrics.model_dump().items()
-                        if k in ("level", "dtype", "error", "mismatched", "stat_rel_diff")
-                    },
-                )
-                r = r.model_copy(update={"status": status, "metrics": metrics})
-            elif status == "fail":
-                # it follows a routing that is itself wrong: the router is the finding
-                update: dict[str, object] = {"amplification": None, "expected_error": None}
-                if r.metrics.level == "none":
-                    update["status"] = "fail"
-                r = r.model_copy(update=update)
-            elif r.actual_shape is not None and r.metrics.level == "none":
-                note = (
-                    f"shapes differ (golden {r.shape}, actual {r.actual_shape}): its rows follow "
-                    f"the routing of {f.router.module}, whose re-routing is explained; not compared"
-                )
-                metrics = r.metrics.model_copy(update={"note": note})
-                r = r.model_copy(update={"status": "pass", "metrics": metrics})
-            out.append(r)
+            judged = scores is not None and scores.metrics is not None
+            out.append((router, idx.metrics, scores.key if judged and scores else None))
         return out
 
-    def _verdict(
+    def follower(self, key: str) -> _Follower | None:
+        """The routing the record ``key`` follows, if any."""
+        return self.followers.get(key)
+
+    def follow(self, r: RecordResult, verdict: tuple[str, Metrics]) -> RecordResult:
+        """A record that follows a router (:meth:`follower`), settled with the router's
+        verdict: the indices judged from the scores, a follower of a wrong routing failing
+        at the router's finding, one whose shapes differ passed when the re-routing is
+        explained."""
+        f = self.followers[r.key]
+        assert r.metrics is not None
+        status, judged = verdict
+        if f.kind == "index":
+            # the index record's own level (exact, or statistics) with the router's verdict
+            metrics = metrics_with(
+                judged,
+                {
+                    k: v
+                    for k, v in r.metrics.model_dump().items()
+                    if k in ("level", "dtype", "error", "mismatched", "stat_rel_diff")
+                },
+            )
+            return r.model_copy(update={"status": status, "metrics": metrics})
+        if status == "fail":
+            # it follows a routing that is itself wrong: the router is the finding
+            update: dict[str, object] = {"amplification": None, "expected_error": None}
+            if r.metrics.level == "none":
+                update["status"] = "fail"
+            return r.model_copy(update=update)
+        if r.actual_shape is not None and r.metrics.level == "none":
+            note = (
+                f"shapes differ (golden {r.shape}, actual {r.actual_shape}): its rows follow "
+                f"the routing of {f.router.module}, whose re-routing is explained; not compared"
+            )
+            metrics = r.metrics.model_copy(update={"note": note})
+            return r.model_copy(update={"status": "pass", "metrics": metrics})
+        return r
+
+    def verdict(
         self, router: _Router, idx: Metrics, scores: RecordResult | None
     ) -> tuple[str, Metrics]:
+        """The router's verdict, (status, its indices' metrics with the note): from its
+        judged ``scores`` record, the margins the re-routed tokens crossed against what
+        the scores' expected error lets rounding cross."""
         scores_ok = scores is None or scores.status == "pass"
         if router.same is None or router.g_scores is None:
             # statistics only (or no ranking scores): the choice follows from the scores

@@ -1,0 +1,172 @@
+"""A step's module calls, grouped once as the one pass (verdict.py) reads the records.
+
+Within one rank and step a module call *consumes* some records and *produces*
+others. In forward it consumes its inputs, buffers and parameters (captured
+before it runs) and produces its outputs; in backward it consumes the gradients
+w.r.t. its outputs (``backward.output``) and its forward call's records, and
+produces the gradients w.r.t. its inputs (``backward.input``) and parameters
+(``backward.grad``).
+
+:class:`StepCalls` is that grouping, built as the records are settled one by
+one: the judge (judge.py) reads from it what a call consumed and its reduction
+length K, the local/propagated decision (divergence.py) what each call consumed
+and produced once every record is settled. It holds the settled records
+themselves, so a record settled again later (a follower of a router whose
+verdict comes after it, routing.py) is seen by both in its final form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from precguard.compare.report import RecordResult
+from precguard.numerics import reduction_length
+
+CallKey = tuple[str, int]
+
+
+@dataclass
+class _Call:
+    """One module call: positions of its records in :attr:`StepCalls.records`."""
+
+    module: str
+    module_type: str
+    phase: str
+    #: forward: its inputs, buffers and parameters in capture order; backward: the
+    #: gradients w.r.t. its outputs
+    reads: list[int] = field(default_factory=list)
+    produced: list[int] = field(default_factory=list)
+    #: (how many records ``reads`` held, K then): K is computed once per call
+    k: tuple[int, int | None] | None = None
+
+
+@dataclass
+class CallRecords:
+    """One module call's records, as the local/propagated decision reads them."""
+
+    module: str
+    module_type: str
+    phase: str
+    call: int
+    #: forward: inputs and buffers; backward: output gradients, then the forward
+    #: call's inputs, buffers and parameters (a backward also reads its forward records)
+    consumed: list[RecordResult]
+    #: forward: its parameters
+    params: list[RecordResult]
+    produced: list[RecordResult]
+    #: backward: whether the gradients w.r.t. its outputs were recorded
+    has_output_grads: bool
+    #: the reduction length of what its forward call consumed (the judge's K)
+    k: int | None
+
+
+class StepCalls:
+    """The records of one rank and step, settled in capture order, grouped into calls."""
+
+    def __init__(self) -> None:
+        self.records: list[RecordResult] = []
+        self._forward: dict[CallKey, _Call] = {}
+        self._backward: dict[CallKey, _Call] = {}
+        #: gradients w.r.t. module inputs are recorded for the whole run or not at all
+        self.input_grads = False
+
+    def add(self, r: RecordResult) -> int:
+        """Take in one settled record (in capture order); return its position."""
+        pos = len(self.records)
+        self.records.append(r)
+        if r.phase == "backward" and r.role == "input":
+            self.input_grads = True
+        if r.metrics is None:
+            return pos
+        key = (r.module, r.call)
+        if r.phase == "forward":
+            call = self._forward.setdefault(key, _Call(r.module, r.module_type, "forward"))
+            (call.produced if r.role == "output" else call.reads).append(pos)
+        else:
+            call = self._backward.setdefault(key, _Call(r.module, r.module_type, "backward"))
+            # the gradient w.r.t. a forward output is what backward consumes
+            (call.reads if r.role == "output" else call.produced).append(pos)
+        return pos
+
+    def replace(self, pos: int, r: RecordResult) -> None:
+        """Settle the record at ``pos`` again (same key, a later rule's verdict)."""
+        self.records[pos] = r
+
+    def reads(self, key: CallKey) -> list[RecordResult]:
+        """A forward call's inputs, buffers and parameters recorded so far, in capture order."""
+        call = self._forward.get(key)
+        return [] if call is None else [self.records[i] for i in call.reads]
+
+    def output_grads(self, key: CallKey) -> list[RecordResult]:
+        """The gradients w.r.t. a call's outputs recorded so far."""
+        call = self._backward.get(key)
+        return [] if call is None else [self.records[i] for i in call.reads]
+
+    def reduction(self, key: CallKey, backward: bool) -> int | None:
+        """K of the call ``key``: :func:`~precguard.numerics.reduction_length` of the shapes
+        its forward call consumed (inputs, buffers, parameters), once per call and phase."""
+        call = self._forward.get(key)
+        if call is None:
+            return reduction_length((), backward=backward)
+        owner = self._backward.get(key) if backward else call
+        if owner is None:  # no backward record of the call yet: nothing to keep it on
+            return reduction_length(self._shapes(call), backward=True)
+        if owner.k is None or owner.k[0] != len(call.reads):
+            owner.k = (len(call.reads), reduction_length(self._shapes(call), backward=backward))
+        return owner.k[1]
+
+    def _shapes(self, call: _Call) -> list[list[int]]:
+        return [self.records[i].shape for i in call.reads]
+
+    def forward_records(self) -> list[RecordResult]:
+        """Every measured forward record, in capture order."""
+        return [r for r in self.records if r.phase == "forward" and r.metrics is not None]
+
+    def call_records(self) -> list[CallRecords]:
+        """Every call's records as settled now: forward calls, then backward calls, each in
+        the order of their first record."""
+        out = []
+        for (module, n), call in self._forward.items():
+            reads = [self.records[i] for i in call.reads]
+            out.append(
+                CallRecords(
+                    module,
+                    call.module_type,
+                    "forward",
+                    n,
+                    consumed=[r for r in reads if r.role != "param"],
+                    params=[r for r in reads if r.role == "param"],
+                    produced=[self.records[i] for i in call.produced],
+                    has_output_grads=False,
+                    k=self.reduction((module, n), backward=False),
+                )
+            )
+        for (module, n), call in self._backward.items():
+            forward = self._forward.get((module, n))
+            reads = [] if forward is None else [self.records[i] for i in forward.reads]
+            grads = [self.records[i] for i in call.reads]
+            out.append(
+                CallRecords(
+                    module,
+                    call.module_type,
+                    "backward",
+                    n,
+                    consumed=[
+                        *grads,
+                        *(r for r in reads if r.role != "param"),
+                        *(r for r in reads if r.role == "param"),
+                    ],
+                    params=[],
+                    produced=[self.records[i] for i in call.produced],
+                    has_output_grads=bool(grads),
+                    k=self.reduction((module, n), backward=True),
+                )
+            )
+        return out
+
+    def forward_call(self, key: CallKey) -> list[RecordResult]:
+        """Every record of a forward call (consumed and produced), in capture order."""
+        call = self._forward.get(key)
+        if call is None:
+            return []
+        return [self.records[i] for i in sorted([*call.reads, *call.produced])]
