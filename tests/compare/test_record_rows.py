@@ -26,25 +26,18 @@ from precguard.compare.report import (
     write_comparison_json,
 )
 
-from .conftest import FAULTS, record
+from .conftest import FAULTS, record, record_result
 
 
 def _result(seq: int, level: str = "full", **metrics: object) -> RecordResult:
-    return RecordResult(
-        key=f"model.fc{seq}.0.forward.output.0",
+    return record_result(
+        seq,
+        metrics_of({"level": level, "dtype": "float32", **metrics}),
         module=f"model.fc{seq}",
         module_type="Linear",
-        call=0,
-        step=0,
-        rank=0,
-        phase="forward",
-        role="output",
-        index=0,
         golden_dtype="float32",
         shape=[4, 8],
-        seq=seq,
         status="fail",
-        metrics=metrics_of({"level": level, "dtype": "float32", **metrics}),
         local=True,
         amplification=12.5,
     )

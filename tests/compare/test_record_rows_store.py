@@ -17,27 +17,20 @@ import precguard
 from precguard.compare import StatsMetrics
 from precguard.compare.report import RecordResult, RecordRows, write_comparison_json
 
-from .conftest import FAULTS, record
+from .conftest import FAULTS, record, record_result
 
 _NOTE = "statistics only: " + "the tensors were not recorded; " * 16
 
 
 def _result(seq: int, *, note: str | None = _NOTE, **metrics: object) -> RecordResult:
-    return RecordResult(
-        key=f"model.layers.{seq}.mlp.0.forward.output.0",
+    return record_result(
+        seq,
+        StatsMetrics(level="stats", dtype="bfloat16", error=1e-3, note=note, **metrics),  # type: ignore[arg-type]
         module=f"model.layers.{seq}.mlp",
         module_type="LlamaMLP",
-        call=0,
-        step=0,
-        rank=0,
-        phase="forward",
-        role="output",
-        index=0,
         golden_dtype="bfloat16",
         shape=[2, 16, 64],
-        seq=seq,
         status="pass",
-        metrics=StatsMetrics(level="stats", dtype="bfloat16", error=1e-3, note=note, **metrics),  # type: ignore[arg-type]
     )
 
 
