@@ -165,3 +165,13 @@ def test_metrics_with_builds_the_model_of_the_level_it_ends_at() -> None:
     )
     with pytest.raises(ValueError, match="cosine"):
         metrics_with(ids, {"level": "stats", "cosine": 0.5})
+    # the router's full-tensor verdict on its exact indices: cosine and rel_l2, which exact
+    # metrics lack, are left behind without being named; the routing fields stay
+    router = FullMetrics(
+        level="full", dtype="float32", error=0.02, rel_l2=0.02, cosine=0.9, rerouted=2
+    )
+    as_ids = metrics_with(
+        router, {"level": "exact", "dtype": "int64", "error": 0.25, "mismatched": 3}
+    )
+    assert isinstance(as_ids, ExactMetrics)
+    assert (as_ids.error, as_ids.mismatched, as_ids.rerouted) == (0.25, 3, 2)
