@@ -302,9 +302,11 @@ def _kept_positions(g: Record, a: Record, keep: torch.Tensor) -> PositionNorms |
         return None
     gn, an = gp.array(), ap.array()
     padded = ~keep.reshape(keep.shape[0], -1).all(0).numpy()
-    bins = np.zeros(gn.size, dtype=bool)
-    for b in range(gn.size):
-        bins[b] = padded[b * gp.bin : (b + 1) * gp.bin].any()
+    # a bin holds a padded position: positions laid out as [bins, bin] (the last bin may
+    # be short, its tail not padded)
+    cover = np.zeros(gn.size * gp.bin, dtype=bool)
+    cover[: padded.size] = padded[: cover.size]
+    bins = cover.reshape(gn.size, gp.bin).any(axis=1)
     an = np.where(bins, gn, an).astype(np.float64 if ap.dtype == "float64" else np.float32)
     return ap.model_copy(update={"norms": encode(an)})
 
