@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from precguard.compare.levels import MeasuredMetrics
+from precguard.compare.levels import METRICS_LEVELS, MeasuredMetrics
 from precguard.compare.report import Metrics
 from precguard.compare.sampled import sampled_bounds
 from precguard.compare.tolerance import Profile
@@ -55,8 +55,12 @@ BIAS_GROWTH = PRODUCT_GROWTH
 #: (other input data) and a scale ratio says nothing about the module
 BIAS_MAX_INPUT_ERROR = 0.25
 #: levels whose metrics carry a scale with its standard error: full tensors, and a
-#: statistics-only pair's 128 sampled elements (:func:`precguard.compare.sampled.sample_scale`)
-SCALED_LEVELS = frozenset({"full", "stats"})
+#: statistics-only pair's 128 sampled elements (:func:`precguard.compare.sampled.sample_scale`);
+#: the levels of :class:`~precguard.compare.levels.MeasuredMetrics`, which an ``isinstance``
+#: also narrows to
+SCALED_LEVELS = frozenset(
+    level for level, cls in METRICS_LEVELS.items() if issubclass(cls, MeasuredMetrics)
+)
 #: module types linear in their one input (y = W x): an input scaled by s_in gives an
 #: output scaled by s_in times the weights' scale, so the module's own scale is s_out/s_in
 LINEAR_TYPES = frozenset({"Linear", "NonDynamicallyQuantizableLinear", "Conv1D", "LoRALinear"})
@@ -85,7 +89,7 @@ def carried_bias(inputs: list[Metrics], profile: Profile) -> float:
         if not isinstance(m, MeasuredMetrics) or m.scale is None or not math.isfinite(m.scale):
             if m.nan_mismatch or m.inf_mismatch:
                 return math.inf
-            if m.level in SCALED_LEVELS and math.isfinite(m.error):
+            if isinstance(m, MeasuredMetrics) and math.isfinite(m.error):
                 carried = max(carried, sampled_bounds(m, profile.bias_z)[1][0])
             elif m.error > 0:
                 return math.inf
