@@ -503,10 +503,16 @@ class Bisector:
                 self.on_probe(probe)
         return self._cache[key]
 
+    @property
+    def smallest_threshold(self) -> float:
+        """The threshold of one number, or the smallest of those per output."""
+        if isinstance(self.threshold, dict):
+            return min(self.threshold.values())
+        return self.threshold
+
     def passes_error(self, err: float) -> bool:
         """True when ``err`` is finite and within the (smallest) threshold."""
-        limit = min(self.threshold.values()) if isinstance(self.threshold, dict) else None
-        return self._within(err, self.threshold if limit is None else limit)
+        return self._within(err, self.smallest_threshold)
 
     @staticmethod
     def _within(err: float, threshold: float) -> bool:
@@ -543,16 +549,11 @@ class Bisector:
         found = self.minimal([], top)
         if found is None:  # the root's own code (outside every child) is needed
             if not self.passes([ROOT]):
-                limit = (
-                    min(self.threshold.values())
-                    if isinstance(self.threshold, dict)
-                    else self.threshold
-                )
                 raise TargetError(
                     f"even with the whole model at reference precision the output error is "
-                    f"{self.error([ROOT]):.3g} (threshold {limit:.3g}): the forward "
-                    "does not reproduce the reference (random ops or state it changes), so "
-                    "there is nothing to bisect"
+                    f"{self.error([ROOT]):.3g} (threshold {self.smallest_threshold:.3g}): the "
+                    "forward does not reproduce the reference (random ops or state it changes), "
+                    "so there is nothing to bisect"
                 )
             return [ROOT]
         final: list[str] = []
