@@ -468,8 +468,8 @@ class Bisector:
         self.threshold = threshold
         self.on_probe = on_probe
         self.probes: list[Probe] = []
-        self._cache: dict[frozenset[str], float] = {}
-        self._passed: dict[frozenset[str], bool] = {}
+        #: each probe by the set it tested (its error and whether it passed, run once)
+        self._cache: dict[frozenset[str], Probe] = {}
 
     def threshold_of(self, output: str) -> float:
         """The threshold of one output (the one number when there is one)."""
@@ -485,12 +485,10 @@ class Bisector:
             found = self._probe(ordered)
             per_output = found if isinstance(found, dict) else {}
             err = worst(per_output) if isinstance(found, dict) else found
-            self._cache[key] = err
             if per_output:
                 passed = all(self._within(e, self.threshold_of(k)) for k, e in per_output.items())
             else:
                 passed = self.passes_error(err)
-            self._passed[key] = passed
             probe = Probe(
                 index=len(self.probes),
                 at_reference=ordered,
@@ -499,9 +497,10 @@ class Bisector:
                 outputs=per_output,
             )
             self.probes.append(probe)
+            self._cache[key] = probe
             if self.on_probe is not None:
                 self.on_probe(probe)
-        return self._cache[key]
+        return self._cache[key].error
 
     @property
     def smallest_threshold(self) -> float:
@@ -521,7 +520,7 @@ class Bisector:
     def passes(self, names: Sequence[str]) -> bool:
         """True when every output with ``names`` at reference is within its threshold."""
         self.error(names)
-        return self._passed[frozenset(names)]
+        return self._cache[frozenset(names)].passed
 
     def _quickxplain(self, background: list[str], delta: bool, units: list[str]) -> list[str]:
         """A minimal subset X of ``units`` passing with ``background`` (Junker's QuickXplain)."""
