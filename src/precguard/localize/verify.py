@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from precguard import tree
 from precguard._logging import get_logger
 from precguard.backend import Switch
 from precguard.capture.hooks import replace_forward
@@ -262,7 +263,7 @@ def _loss_probe(
             want = oracle(
                 *map_tensors_keeping_types(args, exact), **map_tensors_keeping_types(kwargs, exact)
             )
-        got_t, want_t = next(_tensors(out), None), next(_tensors(want), None)
+        got_t, want_t = tree.first_tensor(out), tree.first_tensor(want)
         if got_t is not None and want_t is not None and not errors:
             errors.append(relative_error(got_t.detach().to("cpu").double(), want_t))
         return out
@@ -287,18 +288,6 @@ def _on_float32(module: nn.Module, device: torch.device, *, outside: bool) -> Ca
             )
 
     return call
-
-
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        if value.is_floating_point():
-            yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
 
 
 def loss_module_remedy(side: ActualSide, name: str, float32_twin: nn.Module) -> RemedyCheck:
