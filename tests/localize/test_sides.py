@@ -197,6 +197,11 @@ def _other(model: nn.Module) -> None:
         ),
         (lambda: ActualSide.open(PLANTED, golden=Side(FINE), reference="cpu"), "reference"),
         (lambda: ActualSide.open(PLANTED, prepare=plant), "prepare"),
+        (
+            lambda: precguard.generate_diff(actual=PLANTED, golden=Side(FINE), reference="cpu"),
+            "generate_diff: reference given beside golden=",
+        ),
+        (lambda: precguard.generate_diff(FINE, actual=PLANTED), "target given beside actual="),
     ],
 )
 def test_a_side_said_twice_is_a_usage_error(call: Any, named: str) -> None:
