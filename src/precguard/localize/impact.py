@@ -283,11 +283,13 @@ def remedy_check(
     after: float,
     floor: float | None,
     note: str = "",
+    within_floor: str = WITHIN_FLOOR_NOTE,
 ) -> RemedyCheck:
     """A remedy re-run and judged (:func:`judge_remedy`): ``before`` -> ``after`` against
-    ``floor``; an error within the floor already says so in the note instead of ``note``."""
+    ``floor``; an error within the floor already says so (``within_floor``) in the note
+    instead of ``note``."""
     if floor is not None and before <= FLOOR_SLACK * floor:
-        note = WITHIN_FLOOR_NOTE
+        note = within_floor
     return RemedyCheck(
         remedy=remedy,
         summary=summary,

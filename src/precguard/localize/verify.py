@@ -49,7 +49,6 @@ from precguard.localize.bisect import _outside_device as bisect_outside_device
 from precguard.localize.impact import (
     FLOOR_SLACK,
     HELP_SHARE,
-    WITHIN_FLOOR_NOTE,
     ActualSide,
     comparison_findings,
     comparison_impact,
@@ -322,12 +321,8 @@ def loss_module_remedy(side: ActualSide, name: str, float32_twin: nn.Module) -> 
     except PrecguardError as exc:
         return _not_run("float32-loss", summary, None, None, str(exc))
     note = "the loss's relative error on the device's own logits (the logits do not show it)"
-    check = remedy_check("float32-loss", summary, before, after, floor, note)
-    if check.note == WITHIN_FLOOR_NOTE:
-        check = check.model_copy(
-            update={"note": "the loss's error is within the floor of a correct run already"}
-        )
-    return check
+    within = "the loss's error is within the floor of a correct run already"
+    return remedy_check("float32-loss", summary, before, after, floor, note, within_floor=within)
 
 
 def loss_remedy(side: ActualSide) -> RemedyCheck:
