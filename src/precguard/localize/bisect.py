@@ -83,7 +83,7 @@ def least_threshold(compute: torch.dtype | str, length: int | None = None) -> fl
     """The smallest threshold of an output of ``length`` elements along its last dimension.
 
     One rounding in ``compute`` and one reduction of that length in another order
-    (:func:`precguard.compare.expected.rounding_floor`): the error two correct runs of any
+    (:func:`precguard.numerics.rounding_floor`): the error two correct runs of any
     depth differ by at least. It rules where the floor probe cannot see a device's
     difference, a float32 device with another reduction order (rounding float32 values
     to float32 changes nothing).
