@@ -229,6 +229,15 @@ class Side:
         )
 
 
+def refuse_beside(what: str, beside: str, on: str, **keywords: Any) -> None:
+    """A usage error naming ``what`` when any of the older per-side ``keywords`` is set
+    beside the Side that says it (``beside``: how the caller gave that Side; ``on``: where
+    the keywords belong): saying one side twice is ambiguous, not merged."""
+    given = [name for name, value in keywords.items() if value is not None]
+    if given:
+        raise UsageError(f"{what}: {', '.join(given)} given beside {beside}; set them on {on}")
+
+
 def one_side(
     target: TargetSpec | Side | None,
     what: str,
@@ -245,15 +254,7 @@ def one_side(
     and a missing one is a usage error naming ``what``).
     """
     if isinstance(target, Side):
-        given = [
-            name
-            for name, value in (("device", device), ("dtype", dtype), ("prepare", prepare))
-            if value is not None
-        ]
-        if given:
-            raise UsageError(
-                f"{what}: {', '.join(given)} given beside a Side; set them on the Side"
-            )
+        refuse_beside(what, "a Side", "the Side", device=device, dtype=dtype, prepare=prepare)
         return target
     if target is None:
         raise UsageError(f"{what}: no target given (pass a Side or a target)")
@@ -305,15 +306,13 @@ def golden_side(
             f"{what}: golden= takes a Side, got {type(golden).__name__} "
             "(precguard.Side(target, device, dtype))"
         )
-    given = [
-        name
-        for name, value in (("reference", reference), ("reference_dtype", reference_dtype))
-        if value is not None
-    ]
-    if given:
-        raise UsageError(
-            f"{what}: {', '.join(given)} given beside golden=; set them on the golden Side"
-        )
+    refuse_beside(
+        what,
+        "golden=",
+        "the golden Side",
+        reference=reference,
+        reference_dtype=reference_dtype,
+    )
     if golden.target is not actual.target and golden.target != actual.target:
         raise UsageError(
             f"{what}: the golden Side runs {_spec(golden.target)}, the actual "

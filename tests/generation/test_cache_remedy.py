@@ -71,3 +71,23 @@ def test_generate_diff_verify_applies_the_caches_remedy_to_its_kv_cache_cause(
     (check,) = result.remedies
     assert check.remedy == "cache-model-dtype" and check.verdict == "verified"
     assert "the KV cache kept in the model&#x27;s dtype" in page.read_text()
+
+
+def test_the_kept_cache_keeps_its_containers_types() -> None:
+    """A cache of namedtuples in a dict (a user's own step convention) comes back as one:
+    only the cast tensor is replaced, by its bf16 source."""
+    from collections import namedtuple
+
+    from precguard.generation.cache_remedy import cache_in_model_dtype
+
+    Entry = namedtuple("Entry", "keys values")
+
+    def step(ids: torch.Tensor, cache: object, keep: int = 1) -> tuple[torch.Tensor, object]:
+        k = torch.full((2,), 3.0, dtype=torch.bfloat16)
+        return ids.float(), {"layer0": Entry(k, k.half())}
+
+    kept: list[int] = []
+    _, cache = cache_in_model_dtype(step, torch.bfloat16, kept)(torch.ones(1), None)
+    entry = cache["layer0"]
+    assert isinstance(entry, Entry) and kept == [1]
+    assert (entry.keys.dtype, entry.values.dtype) == (torch.bfloat16, torch.bfloat16)

@@ -176,27 +176,50 @@ def _other(model: nn.Module) -> None:
 @pytest.mark.parametrize(
     ("call", "named"),
     [
-        (lambda: precguard.bisect(PLANTED, golden=Side(FINE), reference="cpu"), "reference"),
+        (
+            lambda: precguard.bisect(PLANTED, golden=Side(FINE), reference="cpu"),
+            "bisect: reference given beside golden=",
+        ),
         (
             lambda: precguard.bisect(PLANTED, golden=Side(FINE), reference_dtype="float64"),
-            "reference_dtype",
+            "bisect: reference_dtype given beside golden=",
         ),
         (lambda: precguard.bisect(PLANTED, golden=Side("tiny-llama")), "golden Side runs"),
-        (lambda: precguard.bisect(PLANTED, golden=Side(FINE, prepare=_other)), "prepare"),
+        (
+            lambda: precguard.bisect(PLANTED, golden=Side(FINE, prepare=_other)),
+            "golden Side has a prepare of its own",
+        ),
         (lambda: precguard.bisect(PLANTED, golden="cpu"), "takes a Side"),
-        (lambda: verify_findings(FLAGGED, PLANTED, device="cpu"), "device"),
+        (
+            lambda: verify_findings(FLAGGED, PLANTED, device="cpu"),
+            "verify_findings: device given beside a Side",
+        ),
         (
             lambda: verify_findings(FLAGGED, PLANTED, golden=Side(FINE), reference="cpu"),
             "verify_findings: reference given beside golden=",
         ),
         (lambda: verify_findings(FLAGGED, FINE), "no device"),
-        (lambda: verify_opcheck(None, PLANTED, dtype="float16"), "verify_opcheck: dtype"),
+        (
+            lambda: verify_opcheck(None, PLANTED, dtype="float16"),
+            "verify_opcheck: dtype given beside a Side",
+        ),
         (
             lambda: verify_opcheck(None, PLANTED, golden=Side(FINE), reference="cpu"),
-            "reference",
+            "verify_opcheck: reference given beside golden=",
         ),
-        (lambda: ActualSide.open(PLANTED, golden=Side(FINE), reference="cpu"), "reference"),
-        (lambda: ActualSide.open(PLANTED, prepare=plant), "prepare"),
+        (
+            lambda: ActualSide.open(PLANTED, golden=Side(FINE), reference="cpu"),
+            "impact: reference given beside golden=",
+        ),
+        (
+            lambda: ActualSide.open(PLANTED, prepare=plant),
+            "impact: prepare given beside a Side",
+        ),
+        (
+            lambda: precguard.generate_diff(actual=PLANTED, golden=Side(FINE), reference="cpu"),
+            "generate_diff: reference given beside golden=",
+        ),
+        (lambda: precguard.generate_diff(FINE, actual=PLANTED), "target given beside actual="),
     ],
 )
 def test_a_side_said_twice_is_a_usage_error(call: Any, named: str) -> None:

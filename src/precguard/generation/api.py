@@ -52,7 +52,7 @@ from precguard.generation.report import (
     TokenDivergence,
 )
 from precguard.target import Target, load_target
-from precguard.target_run import Side, one_side
+from precguard.target_run import Side, one_side, refuse_beside
 
 logger = get_logger(__name__)
 
@@ -353,20 +353,15 @@ def generate_diff(
             prepare_reference,
         )
     else:
-        given = [
-            name
-            for name, value in (
-                ("reference", reference),
-                ("reference_dtype", reference_dtype),
-                ("reference_target", reference_target),
-                ("prepare_reference", prepare_reference),
-            )
-            if value is not None
-        ]
-        if given:
-            raise UsageError(
-                f"generate_diff: {', '.join(given)} given beside golden=; set them on the Side"
-            )
+        refuse_beside(
+            "generate_diff",
+            "golden=",
+            "the Side",
+            reference=reference,
+            reference_dtype=reference_dtype,
+            reference_target=reference_target,
+            prepare_reference=prepare_reference,
+        )
     opts = DecodingOptions(max_new_tokens, sample, seed, temperature, top_k)
     golden_side = DecodeSide.open(golden)
     actual_side = DecodeSide.open(actual)

@@ -12,9 +12,10 @@ in a bf16 model, or in a float32 one) is noted with the tensor it was cast from;
 the cache the step returns has each such cast result replaced by its source, in
 the model's dtype. The step's own numbers are unchanged (it attends to what it
 computed); the next step reads the cache as the model's dtype holds it. Caches
-of tuples, lists and dicts (the plain ``step(ids, cache) -> (logits, cache)``
-convention) are rewritten; an HF ``Cache`` object concatenates inside its
-``update`` and is left as it is (the remedy then says it did not help).
+of tuples, lists, mappings and dataclasses (the plain ``step(ids, cache) -> (logits,
+cache)`` convention; the containers of :mod:`precguard.tree`) are rewritten; an HF
+``Cache`` object concatenates inside its ``update`` and is left as it is (the remedy
+then says it did not help).
 
 The error is the relative L2 error of the decoding's logits (every step, the
 golden's tokens fed to both sides) against the golden's. The floor is the
@@ -30,6 +31,7 @@ from typing import Any
 
 import torch
 
+from precguard import tree
 from precguard._logging import get_logger
 from precguard.capture.hooks import on_ops
 from precguard.compare.impact_report import RemedyCheck
@@ -68,21 +70,19 @@ class _CastSources:
 
 def _in_model_dtype(cache: Any, sources: _CastSources) -> tuple[Any, int]:
     """``cache`` with each noted cast result replaced by its source in the model's dtype,
-    and how many tensors were replaced."""
-    if isinstance(cache, torch.Tensor):
-        hit = sources.sources.get(id(cache))
-        if hit is not None and hit[0] is cache:
-            return hit[1].to(sources.dtype), 1
-        return cache, 0
-    if isinstance(cache, (list, tuple)):
-        parts = [_in_model_dtype(item, sources) for item in cache]
-        items = [p for p, _ in parts]
-        count = sum(n for _, n in parts)
-        return (tuple(items) if isinstance(cache, tuple) else items), count
-    if isinstance(cache, dict):
-        found = {k: _in_model_dtype(v, sources) for k, v in cache.items()}
-        return {k: v for k, (v, _) in found.items()}, sum(n for _, n in found.values())
-    return cache, 0
+    and how many tensors were replaced (walked by :func:`precguard.tree.map_tensors`, so
+    each container keeps its type and a cache object stays as it is)."""
+    restored = 0
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        nonlocal restored
+        hit = sources.sources.get(id(t))
+        if hit is None or hit[0] is not t:
+            return t
+        restored += 1
+        return hit[1].to(sources.dtype)
+
+    return tree.map_tensors(cache, keep), restored
 
 
 def cache_in_model_dtype(step: StepFn, dtype: torch.dtype, kept: list[int]) -> StepFn:

@@ -83,7 +83,7 @@ def least_threshold(compute: torch.dtype | str, length: int | None = None) -> fl
     """The smallest threshold of an output of ``length`` elements along its last dimension.
 
     One rounding in ``compute`` and one reduction of that length in another order
-    (:func:`precguard.compare.expected.rounding_floor`): the error two correct runs of any
+    (:func:`precguard.numerics.rounding_floor`): the error two correct runs of any
     depth differ by at least. It rules where the floor probe cannot see a device's
     difference, a float32 device with another reduction order (rounding float32 values
     to float32 changes nothing).
@@ -468,8 +468,8 @@ class Bisector:
         self.threshold = threshold
         self.on_probe = on_probe
         self.probes: list[Probe] = []
-        self._cache: dict[frozenset[str], float] = {}
-        self._passed: dict[frozenset[str], bool] = {}
+        #: each probe by the set it tested (its error and whether it passed, run once)
+        self._cache: dict[frozenset[str], Probe] = {}
 
     def threshold_of(self, output: str) -> float:
         """The threshold of one output (the one number when there is one)."""
@@ -485,12 +485,10 @@ class Bisector:
             found = self._probe(ordered)
             per_output = found if isinstance(found, dict) else {}
             err = worst(per_output) if isinstance(found, dict) else found
-            self._cache[key] = err
             if per_output:
                 passed = all(self._within(e, self.threshold_of(k)) for k, e in per_output.items())
             else:
                 passed = self.passes_error(err)
-            self._passed[key] = passed
             probe = Probe(
                 index=len(self.probes),
                 at_reference=ordered,
@@ -499,14 +497,21 @@ class Bisector:
                 outputs=per_output,
             )
             self.probes.append(probe)
+            self._cache[key] = probe
             if self.on_probe is not None:
                 self.on_probe(probe)
-        return self._cache[key]
+        return self._cache[key].error
+
+    @property
+    def smallest_threshold(self) -> float:
+        """The threshold of one number, or the smallest of those per output."""
+        if isinstance(self.threshold, dict):
+            return min(self.threshold.values())
+        return self.threshold
 
     def passes_error(self, err: float) -> bool:
         """True when ``err`` is finite and within the (smallest) threshold."""
-        limit = min(self.threshold.values()) if isinstance(self.threshold, dict) else None
-        return self._within(err, self.threshold if limit is None else limit)
+        return self._within(err, self.smallest_threshold)
 
     @staticmethod
     def _within(err: float, threshold: float) -> bool:
@@ -515,7 +520,7 @@ class Bisector:
     def passes(self, names: Sequence[str]) -> bool:
         """True when every output with ``names`` at reference is within its threshold."""
         self.error(names)
-        return self._passed[frozenset(names)]
+        return self._cache[frozenset(names)].passed
 
     def _quickxplain(self, background: list[str], delta: bool, units: list[str]) -> list[str]:
         """A minimal subset X of ``units`` passing with ``background`` (Junker's QuickXplain)."""
@@ -543,16 +548,11 @@ class Bisector:
         found = self.minimal([], top)
         if found is None:  # the root's own code (outside every child) is needed
             if not self.passes([ROOT]):
-                limit = (
-                    min(self.threshold.values())
-                    if isinstance(self.threshold, dict)
-                    else self.threshold
-                )
                 raise TargetError(
                     f"even with the whole model at reference precision the output error is "
-                    f"{self.error([ROOT]):.3g} (threshold {limit:.3g}): the forward "
-                    "does not reproduce the reference (random ops or state it changes), so "
-                    "there is nothing to bisect"
+                    f"{self.error([ROOT]):.3g} (threshold {self.smallest_threshold:.3g}): the "
+                    "forward does not reproduce the reference (random ops or state it changes), "
+                    "so there is nothing to bisect"
                 )
             return [ROOT]
         final: list[str] = []

@@ -85,22 +85,15 @@ class ActualSide:
     :param golden: the reference set up beside it (:meth:`~precguard.Side.open_beside`):
         the golden's device, backend and dtype, one object.
     :param step: the batch the forwards run on.
-    :param prepare: alters the built model before it is copied (tests plant faults with it).
+
+    ``run``'s ``prepare`` (its Side's) alters the built model before it is copied, so both
+    copies carry it (tests plant faults with it).
     """
 
-    def __init__(
-        self,
-        run: TargetRun,
-        golden: TargetRun,
-        *,
-        step: int = 0,
-        prepare: Callable[[nn.Module], Any] | None = None,
-    ) -> None:
+    def __init__(self, run: TargetRun, golden: TargetRun, *, step: int = 0) -> None:
         self.run = run
         self.golden = golden
         self.step = step
-        if prepare is not None:
-            run.prepare = prepare
         built = run.prepared(run.construct())  # before the copy: both models carry it
         built.eval()
         #: the built model in float32 on the CPU, before any cast: buffers as constructed
@@ -290,11 +283,13 @@ def remedy_check(
     after: float,
     floor: float | None,
     note: str = "",
+    within_floor: str = WITHIN_FLOOR_NOTE,
 ) -> RemedyCheck:
     """A remedy re-run and judged (:func:`judge_remedy`): ``before`` -> ``after`` against
-    ``floor``; an error within the floor already says so in the note instead of ``note``."""
+    ``floor``; an error within the floor already says so (``within_floor``) in the note
+    instead of ``note``."""
     if floor is not None and before <= FLOOR_SLACK * floor:
-        note = WITHIN_FLOOR_NOTE
+        note = within_floor
     return RemedyCheck(
         remedy=remedy,
         summary=summary,

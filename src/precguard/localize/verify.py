@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from precguard import tree
 from precguard._logging import get_logger
 from precguard.backend import Switch
 from precguard.capture.hooks import replace_forward
@@ -48,7 +49,6 @@ from precguard.localize.bisect import _outside_device as bisect_outside_device
 from precguard.localize.impact import (
     FLOOR_SLACK,
     HELP_SHARE,
-    WITHIN_FLOOR_NOTE,
     ActualSide,
     comparison_findings,
     comparison_impact,
@@ -262,7 +262,7 @@ def _loss_probe(
             want = oracle(
                 *map_tensors_keeping_types(args, exact), **map_tensors_keeping_types(kwargs, exact)
             )
-        got_t, want_t = next(_tensors(out), None), next(_tensors(want), None)
+        got_t, want_t = tree.first_tensor(out), tree.first_tensor(want)
         if got_t is not None and want_t is not None and not errors:
             errors.append(relative_error(got_t.detach().to("cpu").double(), want_t))
         return out
@@ -287,18 +287,6 @@ def _on_float32(module: nn.Module, device: torch.device, *, outside: bool) -> Ca
             )
 
     return call
-
-
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        if value.is_floating_point():
-            yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
 
 
 def loss_module_remedy(side: ActualSide, name: str, float32_twin: nn.Module) -> RemedyCheck:
@@ -333,12 +321,8 @@ def loss_module_remedy(side: ActualSide, name: str, float32_twin: nn.Module) -> 
     except PrecguardError as exc:
         return _not_run("float32-loss", summary, None, None, str(exc))
     note = "the loss's relative error on the device's own logits (the logits do not show it)"
-    check = remedy_check("float32-loss", summary, before, after, floor, note)
-    if check.note == WITHIN_FLOOR_NOTE:
-        check = check.model_copy(
-            update={"note": "the loss's error is within the floor of a correct run already"}
-        )
-    return check
+    within = "the loss's error is within the floor of a correct run already"
+    return remedy_check("float32-loss", summary, before, after, floor, note, within_floor=within)
 
 
 def loss_remedy(side: ActualSide) -> RemedyCheck:
