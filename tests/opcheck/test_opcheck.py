@@ -194,6 +194,7 @@ def test_cli_module_of_a_target_to_stdout(capsys):
         (["--target", f"{MODELS}:fp32_rope", "--module", "rotary"], "no module 'rotary'"),
         (["--device", "emu:nope"], "emu:nope"),
         (["--tolerance", "0"], "--tolerance"),
+        (["--ops", "softmax", "--verify"], "--verify needs --target and --module"),
     ],
 )
 def test_cli_unusable_input_exits_2_with_one_line(capsys, args, message):

@@ -74,6 +74,13 @@ def op_check(
     from precguard.opcheck.sweep import op_check as run_op_check
     from precguard.target_run import Side
 
+    if verify and (target is None or module is None):
+        from precguard.errors import UsageError
+
+        # refused before the sweep runs: --verify re-runs the model the module belongs to
+        raise UsageError(
+            "op-check --verify needs --target and --module (it re-runs that module's model)"
+        )
     to_stdout = json_out is not None and str(json_out) == "-"
     progress = Progress(
         SpinnerColumn(),
