@@ -181,17 +181,6 @@ class StepClassification:
     decisions: dict[str, Decision]
 
 
-def classify_step(
-    results: list[RecordResult], profile: Profile, names: dict[str, str] | None = None
-) -> StepClassification:
-    """Classify one rank and step whose records are judged already: :func:`decide_calls` of
-    its calls (``compare`` decides them inside its one pass, compare/verdict.py)."""
-    calls = StepCalls()
-    for r in results:
-        calls.add(r)
-    return decide_calls(calls, profile, names)
-
-
 def decide_calls(
     calls: StepCalls,
     profile: Profile,

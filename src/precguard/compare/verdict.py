@@ -45,7 +45,7 @@ from precguard.compare.tolerance import Profile
 @dataclass
 class JudgeInputs:
     """What the expected-error judge knows of a step besides its records
-    (:func:`precguard.compare.judge.judge_step` says what each means)."""
+    (:class:`precguard.compare.judge.StepJudge` says what each means)."""
 
     previous: dict[str, float] | None = None
     updates: dict[str, float] | None = None
