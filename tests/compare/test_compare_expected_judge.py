@@ -9,57 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from precguard.compare import FullMetrics, RecordResult, get_profile
+from precguard.compare import RecordResult, get_profile
 from precguard.compare.verdict import JudgeInputs, judge_unit
+from tests.compare.synthetic import full_record as _rec
 
 DEFAULT = get_profile("default")
-
-
-def _rec(
-    key: str,
-    seq: int,
-    error: float,
-    *,
-    dtype: str = "float32",
-    shape: tuple[int, ...] = (2, 16, 64),
-    slice_error: float | None = None,
-    peak: float | None = None,
-    module_type: str = "Module",
-    status: str = "pass",
-    golden_dtype: str = "float32",
-    actual_dtype: str | None = None,
-) -> RecordResult:
-    """A record as compare pairs it, with the errors measured in ``dtype``. ``status``: what a
-    fixed profile's tolerance said (the default profile judges it anew); ``golden_dtype`` and
-    ``actual_dtype``: the stored dtypes, where the rules read them (a loss kept in bfloat16)."""
-    module, call, phase, role, index = key.rsplit(".", 4)
-    metrics = FullMetrics(
-        level="full",
-        dtype=dtype,
-        error=error,
-        rel_l2=error,
-        cosine=1.0,
-        max_abs_err=error,
-        slice_error=error if slice_error is None else slice_error,
-        peak_error=error if peak is None else peak,
-    )
-    return RecordResult(
-        key=key,
-        module=module,
-        module_type=module_type,
-        call=int(call),
-        index=int(index),
-        step=0,
-        rank=0,
-        phase=phase,  # type: ignore[arg-type]
-        role=role,  # type: ignore[arg-type]
-        golden_dtype=golden_dtype,
-        actual_dtype=actual_dtype,
-        shape=list(shape),
-        seq=seq,
-        status=status,  # type: ignore[arg-type]
-        metrics=metrics,
-    )
 
 
 def _statuses(records: list[RecordResult]) -> dict[str, str]:

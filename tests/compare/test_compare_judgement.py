@@ -10,12 +10,13 @@ import torch
 
 import precguard
 from precguard import UsageError, load_run
-from precguard.compare import FullMetrics, Metrics, RecordResult
+from precguard.compare import Metrics, RecordResult
 from precguard.compare.expected import rounding_floor
 from precguard.compare.metrics import full_metrics, precision, tolerance_dtype
 from precguard.compare.tolerance import get_profile, judge, with_bias
 from precguard.compare.verdict import StepVerdict, judge_unit
 from tests.compare.conftest import FAULTS, record, run_cli
+from tests.compare.synthetic import full_record
 
 BF16 = get_profile("default").for_dtype("bfloat16")
 
@@ -121,27 +122,9 @@ def test_the_rounding_floor_is_the_compute_dtypes_not_fp32s() -> None:
 
 
 def _rec(key: str, seq: int, error: float, *, scale: float = 1.0, bias: bool = False):
-    module, call, phase, role, index = key.rsplit(".", 4)
-    m = FullMetrics(level="full", dtype="float32", error=error, cosine=1.0, max_abs_err=error)
-    m = m.model_copy(update={"rel_l2": error, "scale": scale, "scale_se": 1e-9, "bias": bias})
-    status = judge(m, get_profile("default"))
-    return RecordResult(
-        key=key,
-        module=module,
-        module_type="Block",
-        call=int(call),
-        index=int(index),
-        golden_dtype="float32",
-        actual_dtype="float32",
-        shape=[4, 64],
-        phase=phase,
-        role=role,
-        step=0,
-        rank=0,
-        seq=seq,
-        status=status,
-        metrics=m,
-    )
+    """A record of a ``Block`` judged by the default profile's tolerance."""
+    r = full_record(key, seq, error, shape=(4, 64), module_type="Block", scale=scale, bias=bias)
+    return r.model_copy(update={"status": judge(r.metrics, get_profile("default"))})
 
 
 def _decided(results: list[RecordResult]) -> StepVerdict:
