@@ -157,17 +157,12 @@ def _parent(module: str, called: set[str]) -> str | None:
     return None
 
 
-class StepJudge:
-    """The expected-error judge of one rank and step: each record, in capture order, against
-    the error what it consumed explains (the module doc).
-
-    It keeps, as the records come, the running maxima of every module's subtree (forward
-    in the current call and in the whole step, backward so far) and reads what a call
-    consumed and its K from the step's calls (:class:`~precguard.compare.calls.StepCalls`),
-    where the one pass (verdict.py) puts each record once it is settled.
+@dataclass
+class JudgeInputs:
+    """What the expected-error judge knows of a step besides its records (None: nothing).
 
     ``previous`` maps a parameter's module-and-index to the error its gradient (or,
-    failing that, the parameter itself) carried at the step before; :meth:`carried_on`
+    failing that, the parameter itself) carried at the step before; :meth:`StepJudge.carried_on`
     returns the one for the next step. ``updates`` maps a parameter to the relative size of
     the golden's optimizer step that produced it (see ``engine._golden_updates``): a
     correct optimizer fed a gradient that differs by rounding takes a step that differs
@@ -183,22 +178,37 @@ class StepJudge:
     is, the rest as propagated error; it replaces ``updates`` where both are known.
     """
 
+    previous: dict[str, float] | None = None
+    updates: dict[str, float] | None = None
+    calibrated: dict[str, tuple[float, float]] | None = None
+    explained: dict[str, Explained] | None = None
+
+
+class StepJudge:
+    """The expected-error judge of one rank and step: each record, in capture order, against
+    the error what it consumed explains (the module doc).
+
+    It keeps, as the records come, the running maxima of every module's subtree (forward
+    in the current call and in the whole step, backward so far) and reads what a call
+    consumed and its K from the step's calls (:class:`~precguard.compare.calls.StepCalls`),
+    where the one pass (verdict.py) puts each record once it is settled. ``inputs``: what
+    it knows of the step besides its records (:class:`JudgeInputs`).
+    """
+
     def __init__(
         self,
         results: list[RecordResult],
         profile: Profile,
         calls: StepCalls,
-        previous: dict[str, float] | None = None,
-        updates: dict[str, float] | None = None,
-        calibrated: dict[str, tuple[float, float]] | None = None,
-        explained: dict[str, Explained] | None = None,
+        inputs: JudgeInputs | None = None,
     ) -> None:
+        inputs = inputs or JudgeInputs()
         self.profile = profile
         self.calls = calls
-        self.previous = previous or {}
-        self.updates = updates or {}
-        self.calibrated = calibrated or {}
-        self.explained = explained or {}
+        self.previous = inputs.previous or {}
+        self.updates = inputs.updates or {}
+        self.calibrated = inputs.calibrated or {}
+        self.explained = inputs.explained or {}
         self.fwd: dict[str, _Scope] = defaultdict(_Scope)  # subtree records of the current call
         self.fwd_all: dict[str, _Scope] = defaultdict(_Scope)  # subtree records of the step
         self.bwd: dict[str, _Scope] = defaultdict(_Scope)  # subtree backward records so far

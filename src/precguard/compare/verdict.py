@@ -34,23 +34,11 @@ from typing import Any
 from precguard.compare.caches import name_cache_reads
 from precguard.compare.calls import StepCalls
 from precguard.compare.divergence import Candidate, Decision, decide_calls, fallback
-from precguard.compare.judge import StepJudge
+from precguard.compare.judge import JudgeInputs, StepJudge
 from precguard.compare.loss import low_precision_loss
-from precguard.compare.optimizer import Explained
 from precguard.compare.report import Metrics, RecordResult
 from precguard.compare.routing import Routing
 from precguard.compare.tolerance import Profile
-
-
-@dataclass
-class JudgeInputs:
-    """What the expected-error judge knows of a step besides its records
-    (:class:`precguard.compare.judge.StepJudge` says what each means)."""
-
-    previous: dict[str, float] | None = None
-    updates: dict[str, float] | None = None
-    calibrated: dict[str, tuple[float, float]] | None = None
-    explained: dict[str, Explained] | None = None
 
 
 @dataclass
@@ -81,16 +69,7 @@ class _Walk:
         self.calls = StepCalls()
         self.judge: StepJudge | None = None
         if profile.rule == "expected":
-            judging = judging or JudgeInputs()
-            self.judge = StepJudge(
-                results,
-                profile,
-                self.calls,
-                judging.previous,
-                judging.updates,
-                judging.calibrated,
-                judging.explained,
-            )
+            self.judge = StepJudge(results, profile, self.calls, judging)
         self.routes = routes
         self.verdicts: dict[int, tuple[str, Metrics]] = {}  # by id of the router
         self.awaiting: dict[str, list[tuple[Any, Metrics]]] = defaultdict(list)  # scores key
