@@ -66,6 +66,7 @@ class _Walk:
         judging: JudgeInputs | None,
         routes: Routing | None,
     ) -> None:
+        self.profile = profile
         self.calls = StepCalls()
         self.judge: StepJudge | None = None
         if profile.rule == "expected":
@@ -123,11 +124,9 @@ class _Walk:
         self.settled[r.key] = candidate
         return r
 
-    def finish(
-        self, profile: Profile, buffer_names: dict[str, str], cache_names: dict[str, str]
-    ) -> StepVerdict:
+    def finish(self, buffer_names: dict[str, str], cache_names: dict[str, str]) -> StepVerdict:
         """Decide every call and copy the decisions onto the failing records."""
-        classified = decide_calls(self.calls, profile, buffer_names, self.settled)
+        classified = decide_calls(self.calls, self.profile, buffer_names, self.settled)
         found = classified.candidates
         name_cache_reads(found, self.calls, cache_names)
         results = _annotate(self.calls.records, classified.decisions)
@@ -159,7 +158,7 @@ def judge_unit(
     walk = _Walk(results, profile, judging, routes)
     for r in results:
         walk.settle(r)
-    return walk.finish(profile, buffer_names or {}, cache_names or {})
+    return walk.finish(buffer_names or {}, cache_names or {})
 
 
 def _annotate(results: list[RecordResult], decisions: dict[str, Decision]) -> list[RecordResult]:
