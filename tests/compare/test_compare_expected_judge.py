@@ -9,50 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from precguard.compare import FullMetrics, RecordResult, get_profile
+from precguard.compare import RecordResult, get_profile
 from precguard.compare.verdict import JudgeInputs, judge_unit
+from tests.compare.synthetic import full_record as _rec
 
 DEFAULT = get_profile("default")
-
-
-def _rec(
-    key: str,
-    seq: int,
-    error: float,
-    *,
-    dtype: str = "float32",
-    shape: tuple[int, ...] = (2, 16, 64),
-    slice_error: float | None = None,
-    peak: float | None = None,
-    module_type: str = "Module",
-) -> RecordResult:
-    module, call, phase, role, index = key.rsplit(".", 4)
-    metrics = FullMetrics(
-        level="full",
-        dtype=dtype,
-        error=error,
-        rel_l2=error,
-        cosine=1.0,
-        max_abs_err=error,
-        slice_error=error if slice_error is None else slice_error,
-        peak_error=error if peak is None else peak,
-    )
-    return RecordResult(
-        key=key,
-        module=module,
-        module_type=module_type,
-        call=int(call),
-        index=int(index),
-        step=0,
-        rank=0,
-        phase=phase,  # type: ignore[arg-type]
-        role=role,  # type: ignore[arg-type]
-        golden_dtype="float32",
-        shape=list(shape),
-        seq=seq,
-        status="pass",
-        metrics=metrics,
-    )
 
 
 def _statuses(records: list[RecordResult]) -> dict[str, str]:
@@ -192,47 +153,30 @@ def test_a_call_that_records_no_output_does_not_stay_open_around_later_modules(
 # -- the one pass: local and the why line decided with the status ----------------------------
 
 
-def _settled(
-    key: str,
-    seq: int,
-    error: float,
-    *,
-    status: str = "pass",
-    golden_dtype: str = "float32",
-    actual_dtype: str = "float32",
-    shape: tuple[int, ...] = (4, 8),
-    module_type: str = "Block",
-) -> RecordResult:
-    module, call, phase, role, index = key.rsplit(".", 4)
-    return RecordResult(
-        key=key,
-        module=module,
-        module_type=module_type,
-        call=int(call),
-        index=int(index),
-        golden_dtype=golden_dtype,
-        actual_dtype=actual_dtype,
-        shape=list(shape),
-        phase=phase,
-        role=role,
-        step=0,
-        rank=0,
-        seq=seq,
-        status=status,
-        metrics=FullMetrics(level="full", dtype=actual_dtype, error=error),
-    )
-
-
 def test_a_loss_computed_in_bf16_explains_the_call_that_returns_it() -> None:
     # a fixed profile: the statuses are the tolerance's; the pass decides local and why
     results = [
-        _settled("root.0.forward.input.0", 0, 0.0, shape=(4, 8)),
-        _settled("head.0.forward.input.0", 1, 0.0),
-        _settled("head.0.forward.output.0", 2, 1e-3),
-        _settled("loss_fn.0.forward.input.0", 3, 1e-3),
-        _settled("loss_fn.0.forward.input.1", 4, 0.0, golden_dtype="int64", actual_dtype="int64"),
-        _settled("loss_fn.0.forward.output.0", 5, 1e-3, actual_dtype="bfloat16", shape=()),
-        _settled("root.0.forward.output.0", 6, 5e-2, status="fail", shape=()),
+        _rec("root.0.forward.input.0", 0, 0.0, shape=(4, 8)),
+        _rec("head.0.forward.input.0", 1, 0.0),
+        _rec("head.0.forward.output.0", 2, 1e-3),
+        _rec("loss_fn.0.forward.input.0", 3, 1e-3),
+        _rec(
+            "loss_fn.0.forward.input.1",
+            4,
+            0.0,
+            dtype="int64",
+            golden_dtype="int64",
+            actual_dtype="int64",
+        ),
+        _rec(
+            "loss_fn.0.forward.output.0",
+            5,
+            1e-3,
+            dtype="bfloat16",
+            actual_dtype="bfloat16",
+            shape=(),
+        ),
+        _rec("root.0.forward.output.0", 6, 5e-2, status="fail", shape=()),
     ]
 
     verdict = judge_unit(results, get_profile("fixed"))
@@ -254,10 +198,10 @@ def test_one_pass_names_the_module_that_amplified_and_not_the_one_that_passed_it
 ) -> None:
     bad = "fail" if profile == "fixed" else "pass"  # the default profile judges it anew
     results = [
-        _settled("a.0.forward.input.0", 0, 0.0),
-        _settled("a.0.forward.output.0", 1, 1e-2, status=bad),
-        _settled("b.0.forward.input.0", 2, 1e-2, status=bad),
-        _settled("b.0.forward.output.0", 3, 1.2e-2, status=bad),
+        _rec("a.0.forward.input.0", 0, 0.0),
+        _rec("a.0.forward.output.0", 1, 1e-2, status=bad),
+        _rec("b.0.forward.input.0", 2, 1e-2, status=bad),
+        _rec("b.0.forward.output.0", 3, 1.2e-2, status=bad),
     ]
 
     verdict = judge_unit(results, get_profile(profile))

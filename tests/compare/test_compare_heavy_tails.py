@@ -20,9 +20,9 @@ from torch import nn
 import precguard
 from precguard.compare import Metrics, RecordResult, StatsMetrics, get_profile
 from precguard.compare.expected import rounding_floor
-from precguard.compare.judge import judge_step
 from precguard.compare.metrics import stats_metrics
 from precguard.compare.sampled import MIN_EFFECTIVE, sample_scale
+from precguard.compare.verdict import judge_unit
 from tests.compare.calibration_corpus import _epilogue_scale
 from tests.compare.parallel_small import small_target
 
@@ -144,12 +144,12 @@ def test_a_likely_finding_below_what_its_inputs_explain_is_never_a_finding():
         _stats_record("attn.0.forward.input.0", 0, inp),
         _stats_record("attn.0.forward.output.0", 1, out),
     ]
-    judged, _ = judge_step(records, get_profile("default"))
+    judged = judge_unit(records, get_profile("default")).results
     assert judged[1].status == "pass"
     # the same concentrated evidence with an error beyond the inputs' still fails
     worse = out.model_copy(update={"error": 0.05})
-    judged, _ = judge_step([records[0], _stats_record("attn.0.forward.output.0", 1, worse)],
-                           get_profile("default"))  # fmt: skip
+    records[1] = _stats_record("attn.0.forward.output.0", 1, worse)
+    judged = judge_unit(records, get_profile("default")).results
     assert judged[1].status == "fail"
 
 

@@ -10,12 +10,13 @@ import torch
 
 import precguard
 from precguard import UsageError, load_run
-from precguard.compare import FullMetrics, Metrics, RecordResult
-from precguard.compare.divergence import Decision, classify_step, fallback
+from precguard.compare import Metrics, RecordResult
 from precguard.compare.expected import rounding_floor
 from precguard.compare.metrics import full_metrics, precision, tolerance_dtype
 from precguard.compare.tolerance import get_profile, judge, with_bias
+from precguard.compare.verdict import StepVerdict, judge_unit
 from tests.compare.conftest import FAULTS, record, run_cli
+from tests.compare.synthetic import full_record
 
 BF16 = get_profile("default").for_dtype("bfloat16")
 
@@ -121,27 +122,19 @@ def test_the_rounding_floor_is_the_compute_dtypes_not_fp32s() -> None:
 
 
 def _rec(key: str, seq: int, error: float, *, scale: float = 1.0, bias: bool = False):
-    module, call, phase, role, index = key.rsplit(".", 4)
-    m = FullMetrics(level="full", dtype="float32", error=error, cosine=1.0, max_abs_err=error)
-    m = m.model_copy(update={"rel_l2": error, "scale": scale, "scale_se": 1e-9, "bias": bias})
-    status = judge(m, get_profile("default"))
-    return RecordResult(
-        key=key,
-        module=module,
-        module_type="Block",
-        call=int(call),
-        index=int(index),
-        golden_dtype="float32",
-        actual_dtype="float32",
-        shape=[4, 64],
-        phase=phase,
-        role=role,
-        step=0,
-        rank=0,
-        seq=seq,
-        status=status,
-        metrics=m,
-    )
+    """A record of a ``Block`` judged by the default profile's tolerance."""
+    r = full_record(key, seq, error, shape=(4, 64), module_type="Block", scale=scale, bias=bias)
+    return r.model_copy(update={"status": judge(r.metrics, get_profile("default"))})
+
+
+def _decided(results: list[RecordResult]) -> StepVerdict:
+    """``compare``'s one pass over records ``_rec`` judged by the tolerance already: under a
+    fixed profile their statuses stand, and each call is decided (the default's amplification)."""
+    return judge_unit(results, get_profile("fixed"))
+
+
+def _record(verdict: StepVerdict, key: str) -> RecordResult:
+    return next(r for r in verdict.results if r.key == key)
 
 
 def test_a_backward_call_that_makes_its_input_gradient_wrong_is_local() -> None:
@@ -152,7 +145,7 @@ def test_a_backward_call_that_makes_its_input_gradient_wrong_is_local() -> None:
         _rec("blk.0.backward.input.0", 3, 1e-2),  # the gradient it computed: not
     ]
 
-    (cand,) = classify_step(results, get_profile("default")).candidates
+    (cand,) = _decided(results).candidates
 
     assert cand.result.module == "blk" and cand.result.phase == "backward"
     assert cand.local is True and cand.expected_error is not None
@@ -165,12 +158,13 @@ def test_a_backward_call_that_passes_gradient_error_on_is_not_local() -> None:
         _rec("blk.0.backward.output.0", 2, 1e-2),
         _rec("blk.0.backward.input.0", 3, 1.2e-2),
     ]
-    classified = classify_step(results, get_profile("default"))
+    verdict = _decided(results)
 
-    assert classified.candidates == []
-    decision = classified.decisions["blk.0.backward.input.0"]
-    assert decision.local is False and decision.expected_error == pytest.approx(1e-2)
-    assert decision.amplification is not None and decision.amplification < 2
+    assert verdict.candidates == []
+    decided = _record(verdict, "blk.0.backward.input.0")
+    assert decided.status == "fail"
+    assert decided.local is False and decided.expected_error == pytest.approx(1e-2)
+    assert decided.amplification is not None and decided.amplification < 2
 
 
 def test_a_1pct_scaled_gradient_is_local_by_its_bias() -> None:
@@ -178,7 +172,7 @@ def test_a_1pct_scaled_gradient_is_local_by_its_bias() -> None:
         _rec("blk.0.backward.output.0", 2, 1e-7),
         _rec("blk.0.backward.input.0", 3, 1e-2, scale=1.01, bias=True),
     ]
-    (cand,) = classify_step(results, get_profile("default")).candidates
+    (cand,) = _decided(results).candidates
     assert cand.local is True and cand.result.phase == "backward"
 
 
@@ -188,11 +182,13 @@ def test_backward_without_input_gradients_stays_undecided_and_says_why() -> None
         _rec("blk.0.backward.output.0", 2, 1e-7),
         _rec("blk.0.backward.grad.0", 3, 1e-2),
     ]
-    classified = classify_step(results, get_profile("default"))
+    verdict = _decided(results)
 
-    assert classified.candidates == []
-    assert classified.decisions["blk.0.backward.grad.0"] == Decision(None, None, None)
-    first = fallback(results)
+    assert verdict.candidates == []
+    undecided = _record(verdict, "blk.0.backward.grad.0")
+    assert undecided.status == "fail"
+    assert (undecided.local, undecided.amplification, undecided.expected_error) == (None,) * 3
+    first = verdict.fallback
     assert first is not None and first.local is None
     assert "no gradients w.r.t. module inputs" in first.reason
 
@@ -206,7 +202,7 @@ def test_suspects_name_every_module_with_its_own_error() -> None:
         _rec("c.0.forward.input.0", 4, 1.1e-2),
         _rec("c.0.forward.output.0", 5, 1.2e-2),  # only passes it on
     ]
-    cands = classify_step(results, get_profile("default")).candidates
+    cands = _decided(results).candidates
     assert [c.result.module for c in cands] == ["a", "b"]
 
 
@@ -243,7 +239,7 @@ def test_a_parent_is_explained_by_its_child_in_the_same_phase_only() -> None:
         _rec("blk.0.backward.output.0", 4, 1e-7),
         _rec("blk.0.backward.input.0", 5, 1e-2),
     ]
-    cands = classify_step(results, get_profile("default")).candidates
+    cands = _decided(results).candidates
     assert [(c.result.module, c.result.phase) for c in cands] == [
         ("blk.inner", "forward"),
         ("blk", "backward"),

@@ -52,12 +52,12 @@ def _error(r: RecordResult) -> float:
     return m.error if math.isfinite(m.error) else math.inf
 
 
-def _differs(r: RecordResult) -> bool:
-    return (r.actual_dtype is not None and r.actual_dtype != r.golden_dtype) or _error(r) > 0
-
-
 def _cast(r: RecordResult) -> bool:
     return r.actual_dtype is not None and r.actual_dtype != r.golden_dtype
+
+
+def _differs(r: RecordResult) -> bool:
+    return _cast(r) or _error(r) > 0
 
 
 def _what(entries: list[RecordResult], names: dict[str, str]) -> str:

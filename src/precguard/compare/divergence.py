@@ -61,7 +61,7 @@ from precguard.compare.expected import (
     linear_factors,
     own_bias,
 )
-from precguard.compare.levels import FullMetrics, MeasuredMetrics
+from precguard.compare.levels import FullMetrics, MeasuredMetrics, Metrics
 from precguard.compare.optimizer import is_optimizer
 from precguard.compare.report import FirstDivergence, RecordResult, Suspect
 from precguard.compare.routing import index_reason
@@ -181,17 +181,6 @@ class StepClassification:
     decisions: dict[str, Decision]
 
 
-def classify_step(
-    results: list[RecordResult], profile: Profile, names: dict[str, str] | None = None
-) -> StepClassification:
-    """Classify one rank and step whose records are judged already: :func:`decide_calls` of
-    its calls (``compare`` decides them inside its one pass, compare/verdict.py)."""
-    calls = StepCalls()
-    for r in results:
-        calls.add(r)
-    return decide_calls(calls, profile, names)
-
-
 def decide_calls(
     calls: StepCalls,
     profile: Profile,
@@ -265,6 +254,13 @@ def nonfinite_param_reason(module: str, module_type: str, p: RecordResult) -> st
     return text
 
 
+def _scaled_by(m: Metrics | None) -> str:
+    """The why line's ", scaled by s ± se" clause: only where the scale bias is significant."""
+    if isinstance(m, MeasuredMetrics) and m.bias and m.scale is not None and m.scale_se is not None:
+        return f", scaled by {m.scale:.4g} ± {m.scale_se:.1g}"
+    return ""
+
+
 def _param_candidate(call: CallRecords, p: RecordResult, names: dict[str, str]) -> Candidate:
     if p.role == "buffer":
         return Candidate(
@@ -280,17 +276,9 @@ def _param_candidate(call: CallRecords, p: RecordResult, names: dict[str, str]) 
         else ""
     )
     m = p.metrics
-    scaled = (
-        f", scaled by {m.scale:.4g} ± {m.scale_se:.1g}"
-        if isinstance(m, MeasuredMetrics)
-        and m.bias
-        and m.scale is not None
-        and m.scale_se is not None
-        else ""
-    )
     reason = (
         f"{call.module} ({call.module_type}) holds a parameter that differs from golden "
-        f"(error {_fmt(_err(p))}{scaled}{cast}): its weights, not its inputs, differ"
+        f"(error {_fmt(_err(p))}{_scaled_by(m)}{cast}): its weights, not its inputs, differ"
     )
     if m is not None and (m.nan_mismatch or m.inf_mismatch):
         # never a small error: the finite elements' norms say nothing next to NaN weights
@@ -384,15 +372,7 @@ def _local_reason(
     inputs_bad = any(r.status in _BAD for r in call.consumed)
     where = _concentration(first)
     if not inputs_bad and amp >= MIN_LOCAL_GROWTH:
-        m = first.metrics
-        scaled = (
-            f", scaled by {m.scale:.4g} ± {m.scale_se:.1g}"
-            if isinstance(m, MeasuredMetrics)
-            and m.bias
-            and m.scale is not None
-            and m.scale_se is not None
-            else ""
-        )
+        scaled = _scaled_by(first.metrics)
         return (
             f"{call.module} ({call.module_type}): its {ins} match (error {_fmt(in_err)}) but "
             f"{what} {differs}: error {_fmt(out_err)}{scaled}{where} where {dtype} precision and "

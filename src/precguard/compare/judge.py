@@ -40,8 +40,7 @@ NaN/Inf differ. Records compared on statistics only go through the same model
 :class:`StepJudge` is this judge as the first phase of compare's one pass over a
 step (compare/verdict.py): it takes the records one by one in capture order and
 reads what a call consumed, and its K, from the step's calls (compare/calls.py),
-which the pass fills with each record once settled. :func:`judge_step` runs it
-alone.
+which the pass fills with each record once settled.
 """
 
 from __future__ import annotations
@@ -158,6 +157,33 @@ def _parent(module: str, called: set[str]) -> str | None:
     return None
 
 
+@dataclass
+class JudgeInputs:
+    """What the expected-error judge knows of a step besides its records (None: nothing).
+
+    ``previous`` maps a parameter's module-and-index to the error its gradient (or,
+    failing that, the parameter itself) carried at the step before; :meth:`StepJudge.carried_on`
+    returns the one for the next step. ``updates`` maps a parameter to the relative size of
+    the golden's optimizer step that produced it (see ``engine._golden_updates``): a
+    correct optimizer fed a gradient that differs by rounding takes a step that differs
+    by at most about twice that, which the parameter's expected error then includes.
+    ``calibrated`` maps a record key to the (global, concentrated) error a calibration
+    run (the golden's code at its own precision, inputs perturbed by one unit roundoff:
+    :func:`precguard.compare.calibrate.perturb_inputs`) showed on it: measured, it
+    raises the expected error where the analytic model is too low.
+    ``explained`` maps a record key to what an optimizer step explains on it
+    (:mod:`precguard.compare.optimizer`): an update record (the watch's
+    ``optimizer.update.*``) and a parameter after a step are then judged through the
+    update rule, the elements whose gradient is within its error of zero counted as
+    is, the rest as propagated error; it replaces ``updates`` where both are known.
+    """
+
+    previous: dict[str, float] | None = None
+    updates: dict[str, float] | None = None
+    calibrated: dict[str, tuple[float, float]] | None = None
+    explained: dict[str, Explained] | None = None
+
+
 class StepJudge:
     """The expected-error judge of one rank and step: each record, in capture order, against
     the error what it consumed explains (the module doc).
@@ -165,8 +191,8 @@ class StepJudge:
     It keeps, as the records come, the running maxima of every module's subtree (forward
     in the current call and in the whole step, backward so far) and reads what a call
     consumed and its K from the step's calls (:class:`~precguard.compare.calls.StepCalls`),
-    where the one pass (verdict.py) puts each record once it is settled. See
-    :func:`judge_step` for ``previous``, ``updates``, ``calibrated`` and ``explained``.
+    where the one pass (verdict.py) puts each record once it is settled. ``inputs``: what
+    it knows of the step besides its records (:class:`JudgeInputs`).
     """
 
     def __init__(
@@ -174,17 +200,15 @@ class StepJudge:
         results: list[RecordResult],
         profile: Profile,
         calls: StepCalls,
-        previous: dict[str, float] | None = None,
-        updates: dict[str, float] | None = None,
-        calibrated: dict[str, tuple[float, float]] | None = None,
-        explained: dict[str, Explained] | None = None,
+        inputs: JudgeInputs | None = None,
     ) -> None:
+        inputs = inputs or JudgeInputs()
         self.profile = profile
         self.calls = calls
-        self.previous = previous or {}
-        self.updates = updates or {}
-        self.calibrated = calibrated or {}
-        self.explained = explained or {}
+        self.previous = inputs.previous or {}
+        self.updates = inputs.updates or {}
+        self.calibrated = inputs.calibrated or {}
+        self.explained = inputs.explained or {}
         self.fwd: dict[str, _Scope] = defaultdict(_Scope)  # subtree records of the current call
         self.fwd_all: dict[str, _Scope] = defaultdict(_Scope)  # subtree records of the step
         self.bwd: dict[str, _Scope] = defaultdict(_Scope)  # subtree backward records so far
@@ -366,43 +390,6 @@ class StepJudge:
                 own = max(_upper(r.metrics, self.profile)[0], self.stepped_errors.get(pid, 0.0))
                 self.carried[pid] = max(self.carried.get(pid, 0.0), own)
         return self.carried
-
-
-def judge_step(
-    results: list[RecordResult],
-    profile: Profile,
-    previous: dict[str, float] | None = None,
-    updates: dict[str, float] | None = None,
-    calibrated: dict[str, tuple[float, float]] | None = None,
-    explained: dict[str, Explained] | None = None,
-) -> tuple[list[RecordResult], dict[str, float]]:
-    """Judge one rank and step's records; return them with status and expected error set.
-
-    The judge alone (:class:`StepJudge`); ``compare`` runs it inside the one pass that
-    also decides local and the why (:func:`precguard.compare.verdict.judge_unit`).
-
-    ``previous`` maps a parameter's module-and-index to the error its gradient (or,
-    failing that, the parameter itself) carried at the step before; the returned map
-    is the one for the next step. ``updates`` maps a parameter to the relative size of
-    the golden's optimizer step that produced it (see ``engine._golden_updates``): a
-    correct optimizer fed a gradient that differs by rounding takes a step that differs
-    by at most about twice that, which the parameter's expected error then includes.
-    ``calibrated`` maps a record key to the (global, concentrated) error a calibration
-    run (the golden's code at its own precision, inputs perturbed by one unit roundoff:
-    :func:`precguard.compare.calibrate.perturb_inputs`) showed on it: measured, it
-    raises the expected error where the analytic model is too low.
-    ``explained`` maps a record key to what an optimizer step explains on it
-    (:mod:`precguard.compare.optimizer`): an update record (the watch's
-    ``optimizer.update.*``) and a parameter after a step are then judged through the
-    update rule, the elements whose gradient is within its error of zero counted as
-    is, the rest as propagated error; it replaces ``updates`` where both are known.
-    Missing records are returned unchanged.
-    """
-    calls = StepCalls()
-    judge = StepJudge(results, profile, calls, previous, updates, calibrated, explained)
-    for r in results:
-        calls.add(judge.judge(r) if r.metrics is not None else r)
-    return calls.records, judge.carried_on()
 
 
 def _trained_apart(results: list[RecordResult], updates: dict[str, float]) -> bool:

@@ -39,6 +39,8 @@ explained by a submodule, and it explains the calls around it as any local call 
 
 from __future__ import annotations
 
+import math
+
 from precguard.compare.divergence import Candidate
 from precguard.compare.report import RecordResult
 from precguard.compare.tolerance import SIGNIFICAND_BITS, unit_roundoff
@@ -55,10 +57,7 @@ def _floating(dtype: str | None) -> bool:
 
 
 def _scalar(shape: list[int]) -> bool:
-    n = 1
-    for d in shape:
-        n *= d
-    return n == 1
+    return math.prod(shape) == 1
 
 
 def is_loss(output: RecordResult, call: list[RecordResult]) -> bool:

@@ -487,8 +487,8 @@ class Routing:
             if idx is None or idx.metrics is None:
                 continue
             scores = by_key.get(router.scores[0].key) if router.scores is not None else None
-            judged = scores is not None and scores.metrics is not None
-            out.append((router, idx.metrics, scores.key if judged and scores else None))
+            judged = scores.key if scores is not None and scores.metrics is not None else None
+            out.append((router, idx.metrics, judged))
         return out
 
     def follower(self, key: str) -> _Follower | None:

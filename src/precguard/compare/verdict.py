@@ -34,23 +34,11 @@ from typing import Any
 from precguard.compare.caches import name_cache_reads
 from precguard.compare.calls import StepCalls
 from precguard.compare.divergence import Candidate, Decision, decide_calls, fallback
-from precguard.compare.judge import StepJudge
+from precguard.compare.judge import JudgeInputs, StepJudge
 from precguard.compare.loss import low_precision_loss
-from precguard.compare.optimizer import Explained
 from precguard.compare.report import Metrics, RecordResult
 from precguard.compare.routing import Routing
 from precguard.compare.tolerance import Profile
-
-
-@dataclass
-class JudgeInputs:
-    """What the expected-error judge knows of a step besides its records
-    (:func:`precguard.compare.judge.judge_step` says what each means)."""
-
-    previous: dict[str, float] | None = None
-    updates: dict[str, float] | None = None
-    calibrated: dict[str, tuple[float, float]] | None = None
-    explained: dict[str, Explained] | None = None
 
 
 @dataclass
@@ -78,19 +66,11 @@ class _Walk:
         judging: JudgeInputs | None,
         routes: Routing | None,
     ) -> None:
+        self.profile = profile
         self.calls = StepCalls()
         self.judge: StepJudge | None = None
         if profile.rule == "expected":
-            judging = judging or JudgeInputs()
-            self.judge = StepJudge(
-                results,
-                profile,
-                self.calls,
-                judging.previous,
-                judging.updates,
-                judging.calibrated,
-                judging.explained,
-            )
+            self.judge = StepJudge(results, profile, self.calls, judging)
         self.routes = routes
         self.verdicts: dict[int, tuple[str, Metrics]] = {}  # by id of the router
         self.awaiting: dict[str, list[tuple[Any, Metrics]]] = defaultdict(list)  # scores key
@@ -144,11 +124,9 @@ class _Walk:
         self.settled[r.key] = candidate
         return r
 
-    def finish(
-        self, profile: Profile, buffer_names: dict[str, str], cache_names: dict[str, str]
-    ) -> StepVerdict:
+    def finish(self, buffer_names: dict[str, str], cache_names: dict[str, str]) -> StepVerdict:
         """Decide every call and copy the decisions onto the failing records."""
-        classified = decide_calls(self.calls, profile, buffer_names, self.settled)
+        classified = decide_calls(self.calls, self.profile, buffer_names, self.settled)
         found = classified.candidates
         name_cache_reads(found, self.calls, cache_names)
         results = _annotate(self.calls.records, classified.decisions)
@@ -180,7 +158,7 @@ def judge_unit(
     walk = _Walk(results, profile, judging, routes)
     for r in results:
         walk.settle(r)
-    return walk.finish(profile, buffer_names or {}, cache_names or {})
+    return walk.finish(buffer_names or {}, cache_names or {})
 
 
 def _annotate(results: list[RecordResult], decisions: dict[str, Decision]) -> list[RecordResult]:
