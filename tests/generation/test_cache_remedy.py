@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from precguard import load_target
-from precguard.generation.cache_remedy import verify_cache_remedy
+from precguard.generation.cache_remedy import cache_in_model_dtype, verify_cache_remedy
 from precguard.generation.decode import DecodeSide, decode
 from precguard.localize.impact import FLOOR_SLACK
 from precguard.targets import parallel_decoder_batch as lm_batch
@@ -77,8 +77,6 @@ def test_the_kept_cache_keeps_its_containers_types() -> None:
     """A cache of namedtuples in a dict (a user's own step convention) comes back as one:
     only the cast tensor is replaced, by its bf16 source."""
     from collections import namedtuple
-
-    from precguard.generation.cache_remedy import cache_in_model_dtype
 
     Entry = namedtuple("Entry", "keys values")
 
