@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 import precguard
-from precguard.compare import Metrics, RecordResult
 
 Prepare = Callable[[nn.Module], None]
 
@@ -168,34 +167,3 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def record_result(
-    seq: int,
-    metrics: Metrics | None,
-    *,
-    module: str,
-    module_type: str,
-    golden_dtype: str,
-    shape: list[int],
-    status: str,
-    **fields: object,
-) -> RecordResult:
-    """The result compare keeps for ``module``'s first forward output (step 0, rank 0)."""
-    return RecordResult(
-        key=f"{module}.0.forward.output.0",
-        module=module,
-        module_type=module_type,
-        call=0,
-        step=0,
-        rank=0,
-        phase="forward",
-        role="output",
-        index=0,
-        golden_dtype=golden_dtype,
-        shape=shape,
-        seq=seq,
-        status=status,  # type: ignore[arg-type]
-        metrics=metrics,
-        **fields,  # type: ignore[arg-type]
-    )

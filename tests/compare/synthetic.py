@@ -6,7 +6,7 @@ ones a real run measured, given as both tensors compared (level ``full``).
 
 from __future__ import annotations
 
-from precguard.compare import FullMetrics, RecordResult
+from precguard.compare import FullMetrics, Metrics, RecordResult
 
 
 def full_record(
@@ -61,4 +61,35 @@ def full_record(
         seq=seq,
         status=status,  # type: ignore[arg-type]
         metrics=metrics,
+    )
+
+
+def record_result(
+    seq: int,
+    metrics: Metrics | None,
+    *,
+    module: str,
+    module_type: str,
+    golden_dtype: str,
+    shape: list[int],
+    status: str,
+    **fields: object,
+) -> RecordResult:
+    """The result compare keeps for ``module``'s first forward output (step 0, rank 0)."""
+    return RecordResult(
+        key=f"{module}.0.forward.output.0",
+        module=module,
+        module_type=module_type,
+        call=0,
+        step=0,
+        rank=0,
+        phase="forward",
+        role="output",
+        index=0,
+        golden_dtype=golden_dtype,
+        shape=shape,
+        seq=seq,
+        status=status,  # type: ignore[arg-type]
+        metrics=metrics,
+        **fields,  # type: ignore[arg-type]
     )

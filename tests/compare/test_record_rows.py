@@ -26,7 +26,8 @@ from precguard.compare.report import (
     write_comparison_json,
 )
 
-from .conftest import FAULTS, record, record_result
+from .conftest import FAULTS, record
+from .synthetic import record_result
 
 
 def _result(seq: int, level: str = "full", **metrics: object) -> RecordResult:

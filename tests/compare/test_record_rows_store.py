@@ -17,7 +17,8 @@ import precguard
 from precguard.compare import StatsMetrics
 from precguard.compare.report import RecordResult, RecordRows, write_comparison_json
 
-from .conftest import FAULTS, record, record_result
+from .conftest import FAULTS, record
+from .synthetic import record_result
 
 _NOTE = "statistics only: " + "the tensors were not recorded; " * 16
 
