@@ -22,8 +22,6 @@ import math
 import re
 from collections.abc import Iterable
 
-from precguard.compare.calls import StepCalls
-from precguard.compare.divergence import Candidate
 from precguard.compare.report import RecordResult
 from precguard.dump.schema import Record
 
@@ -82,39 +80,37 @@ def _remedy(entries: list[RecordResult]) -> str:
     )
 
 
-def name_cache_reads(candidates: list[Candidate], calls: StepCalls, names: dict[str, str]) -> None:
-    """Add the KV cache each forward candidate read, where it differs, to its why line.
+def cache_read(
+    records: list[RecordResult], first: RecordResult, names: dict[str, str]
+) -> tuple[str, str, str] | None:
+    """How a why line tells the KV cache a call read, where it differs from golden.
 
-    ``names`` are :func:`cache_names` of the golden's records; ``calls`` the step's
-    calls as the one pass settled them (compare/verdict.py). Reasons are changed in place.
+    ``records``: the call's records; ``first``: its failing record (a cache itself:
+    :func:`cache_written` tells it instead); ``names``: :func:`cache_names` of the golden's
+    records. Returns ``(inline, alone, remedy)``: the clause told inside "its inputs match
+    (error e) but ...", the clause where the line has no such phrase, and the remedy
+    (``"; keep the KV cache ..."``, or empty when no cache was stored in another dtype).
     """
-    if not names:
-        return
-    for c in candidates:
-        r = c.result
-        if r.phase != "forward":
-            continue
-        entries = [e for e in calls.forward_call((r.module, r.call)) if e.key in names]
-        if r.key in names:  # the failing record is the cache this call wrote
-            layer, state = cache_entry(names[r.key]) or (-1, "?")
-            c.reason += f"; that record is the KV cache it wrote (layer {layer} {state})"
-            c.reason += _remedy([r])
-            continue
-        differ = sorted(
-            (e for e in entries if _differs(e)), key=lambda e: (not _cast(e), -_error(e))
-        )
-        if not differ:
-            continue
-        what = _what(differ, names)
-        reason, n = re.subn(
-            r"its inputs match \(error ([^)]*)\) but",
-            lambda m, what=what: (
-                f"its inputs match (error {m.group(1)}) but the KV cache it reads does not: "
-                f"{what}; and"
-            ),
-            c.reason,
-            count=1,
-        )
-        if not n:
-            reason += f"; the KV cache it reads differs: {what}"
-        c.reason = reason + _remedy(differ)
+    if not names or first.key in names:
+        return None
+    differ = sorted(
+        (e for e in records if e.key in names and _differs(e)),
+        key=lambda e: (not _cast(e), -_error(e)),
+    )
+    if not differ:
+        return None
+    what = _what(differ, names)
+    return (
+        f"the KV cache it reads does not: {what}; and",
+        f"the KV cache it reads differs: {what}",
+        _remedy(differ),
+    )
+
+
+def cache_written(first: RecordResult, names: dict[str, str]) -> str:
+    """``"; that record is the KV cache it wrote (...)"`` and its remedy when the failing
+    record ``first`` is a cache state (the call wrote the cache wrong), else empty."""
+    if first.key not in names:
+        return ""
+    layer, state = cache_entry(names[first.key]) or (-1, "?")
+    return f"; that record is the KV cache it wrote (layer {layer} {state})" + _remedy([first])

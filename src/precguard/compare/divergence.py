@@ -45,14 +45,14 @@ the reasons, the buffers read, the glue note, the fallback, the ranking of suspe
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from precguard.compare.align import parent_module
+from precguard.compare.caches import cache_read, cache_written
 from precguard.compare.calls import CallRecords, StepCalls
 from precguard.compare.expected import (
     LINEAR_TYPES,
@@ -186,19 +186,23 @@ def decide_calls(
     profile: Profile,
     names: dict[str, str] | None = None,
     settled: dict[str, Candidate] | None = None,
+    cache_names: dict[str, str] | None = None,
 ) -> StepClassification:
     """Decide every call of a step: its local candidates and a decision per failing record.
 
     The candidates are in execution order (see the module doc); the decisions
     say, for every failing produced record and parameter, whether its module
     made the error itself, the amplification and the expected error. ``names``:
-    the recorded name of a buffer record, by key (the why line names the buffer).
-    ``settled``: records a rule of the one pass decided already (a loss computed in low
-    precision, loss.py), by key: their candidate is the rule's (never dropped as explained
-    by a submodule), and they take no part in their call's decision.
+    the recorded name of a buffer record, by key (the why line names the buffer);
+    ``cache_names``: the KV-cache records' (caches.py: the why line names the cache a
+    call read where it differs). ``settled``: records a rule of the one pass decided
+    already (a loss computed in low precision, loss.py), by key: their candidate is the
+    rule's (never dropped as explained by a submodule), and they take no part in their
+    call's decision.
     """
     names = names or {}
     settled = settled or {}
+    cache_names = cache_names or {}
     decisions: dict[str, Decision] = {}
     forward = calls.forward_records()
     found: list[Candidate] = []
@@ -211,7 +215,7 @@ def decide_calls(
             floor = rounding_floor(p.metrics.dtype) if p.metrics else None
             decisions[p.key] = Decision(True, None, floor)
         for p in bad_params[:1]:
-            found.append(_param_candidate(call, p, names))
+            found.append(_param_candidate(call, p, names, cache_names))
         bad = [o for o in call.produced if o.status in _BAD and o.key not in settled]
         if not bad or bad_params:
             continue
@@ -222,7 +226,7 @@ def decide_calls(
             for o in bad:  # without input or output gradients the consumed side is incomplete
                 decisions[o.key] = Decision(None, None, None)
             continue
-        candidate, decision = _classify(call, bad, profile, forward, names)
+        candidate, decision = _classify(call, bad, profile, forward, names, cache_names)
         decisions.update(dict.fromkeys((o.key for o in bad), decision))
         if candidate is not None:
             found.append(candidate)
@@ -261,13 +265,17 @@ def _scaled_by(m: Metrics | None) -> str:
     return ""
 
 
-def _param_candidate(call: CallRecords, p: RecordResult, names: dict[str, str]) -> Candidate:
+def _param_candidate(
+    call: CallRecords, p: RecordResult, names: dict[str, str], cache_names: dict[str, str]
+) -> Candidate:
+    cache = _Read.of(cache_read(_records(call), p, cache_names))
     if p.role == "buffer":
         return Candidate(
             result=p,
             local=True,
             reason=f"{call.module} ({call.module_type}) reads a buffer that differs from "
-            f"golden: {_buffer_what(p, names)}; {_buffer_remedy(p, names)}",
+            f"golden: {_buffer_what(p, names)}; {_buffer_remedy(p, names)}"
+            + _told(cache, inlined=False),
             expected_error=p.expected_error,
         )
     cast = (
@@ -286,7 +294,7 @@ def _param_candidate(call: CallRecords, p: RecordResult, names: dict[str, str]) 
     return Candidate(
         result=p,
         local=True,
-        reason=reason,
+        reason=reason + _told(cache, inlined=False),
         # what the judge allowed it: a weight equal to golden's rounded to the tolerance
         # dtype would have passed (nothing at all for two copies in one dtype)
         expected_error=(
@@ -304,7 +312,8 @@ def _classify(
     bad: list[RecordResult],
     profile: Profile,
     forward: list[RecordResult],
-    names: dict[str, str] | None = None,
+    names: dict[str, str],
+    cache_names: dict[str, str],
 ) -> tuple[Candidate | None, Decision]:
     """Whether ``call``, whose produced records ``bad`` fail, made the error itself."""
     first = bad[0]
@@ -323,7 +332,14 @@ def _classify(
             first, amp = worst, worst.amplification or 0.0
             expected = worst.expected_error or expected
             out_err = _err(worst)
-    reason = _local_reason(call, first, in_err, out_err, expected, amp, profile)
+    # what a forward call read besides its arguments and weights (a buffer, the KV cache),
+    # where it differs: told in the why line, inside "its inputs match" when that is it
+    buffer = cache = None
+    if call.phase == "forward":
+        buffer = _buffer_read(call, names)
+        cache = _Read.of(cache_read(_records(call), first, cache_names))
+    read = " ".join(x.inline for x in (cache, buffer) if x is not None)
+    reason, inlined = _local_reason(call, first, in_err, out_err, expected, amp, profile, read)
     if reason is None:
         reason = _bias_reason(call, bad, profile)
     elif first.metrics is not None and first.metrics.level == "exact":
@@ -332,7 +348,12 @@ def _classify(
     if reason is None:
         return None, decision
     if call.phase == "forward":
-        reason = _with_buffers(reason, call, names or {}) + _glue_note(call, first, forward)
+        reason += (
+            _told(buffer, inlined)
+            + _glue_note(call, first, forward)
+            + _told(cache, inlined)
+            + cache_written(first, cache_names)
+        )
     candidate = Candidate(
         result=first,
         local=True,
@@ -352,8 +373,11 @@ def _local_reason(
     expected: float,
     amp: float,
     profile: Profile,
-) -> str | None:
-    """Why ``call`` made error of its own, or None when it only passed error on."""
+    read: str = "",
+) -> tuple[str | None, bool]:
+    """Why ``call`` made error of its own, or None when it only passed error on; and
+    whether ``read`` (what it read besides its arguments that differs, :class:`_Read`)
+    is told in it, as the cause when its inputs match."""
     what, differs = "its output", "does not"
     if call.phase != "forward":
         what, differs = "the gradients it computed", "do not"
@@ -364,27 +388,28 @@ def _local_reason(
         return (
             f"{call.module} ({call.module_type}) produced NaN/Inf where golden has none "
             f"(or the reverse) from {ins} without such a mismatch"
-        )
+        ), False
     indices = index_reason(call.module, call.module_type, first, ins)
     if indices is not None and not any(r.status in _BAD for r in call.consumed):
-        return indices
+        return indices, False
     dtype = first.metrics.dtype if first.metrics else "float32"
     inputs_bad = any(r.status in _BAD for r in call.consumed)
     where = _concentration(first)
     if not inputs_bad and amp >= MIN_LOCAL_GROWTH:
         scaled = _scaled_by(first.metrics)
+        but = f"but {read} " if read else "but "
         return (
-            f"{call.module} ({call.module_type}): its {ins} match (error {_fmt(in_err)}) but "
+            f"{call.module} ({call.module_type}): its {ins} match (error {_fmt(in_err)}) {but}"
             f"{what} {differs}: error {_fmt(out_err)}{scaled}{where} where {dtype} precision and "
             f"the {ins}' error explain {_fmt(expected)} ({_fmt(amp)}x)"
-        )
+        ), bool(read)
     if amp >= profile.amplification:
         return (
             f"{call.module} ({call.module_type}) amplified the error of its {ins} "
             f"{_fmt(amp)}x ({_fmt(in_err)} -> {_fmt(out_err)}; {dtype} precision explains "
             f"{_fmt(expected)}), threshold {_fmt(profile.amplification)}x"
-        )
-    return None
+        ), False
+    return None, False
 
 
 def _differs(r: RecordResult) -> bool:
@@ -416,23 +441,41 @@ def _buffer_remedy(b: RecordResult, names: dict[str, str]) -> str:
     return f"compute `{name}` as golden does (its values, not the module's arithmetic, differ)"
 
 
-def _with_buffers(reason: str, call: CallRecords, names: dict[str, str]) -> str:
-    """Name the buffers ``call`` read that differ from golden: what it consumed besides
-    its arguments and weights, the likely cause when its inputs match."""
+class _Read(NamedTuple):
+    """What a call read besides its arguments and weights (a buffer, the KV cache) that
+    differs from golden, as its why line tells it."""
+
+    #: told inside "its inputs match (error e) but ...": the likely cause
+    inline: str
+    #: told as a clause of its own where the line has no such phrase
+    alone: str
+    #: its remedy, ``"; ..."`` (empty: none to give)
+    remedy: str
+
+    @classmethod
+    def of(cls, told: tuple[str, str, str] | None) -> _Read | None:
+        return None if told is None else cls(*told)
+
+
+def _buffer_read(call: CallRecords, names: dict[str, str]) -> _Read | None:
+    """The first buffer ``call`` read that differs from golden (``inv_freq``), if any."""
     differ = [b for b in call.consumed if b.role == "buffer" and _differs(b)]
     if not differ:
-        return reason
-    reason = re.sub(
-        r"its inputs match \(error ([^)]*)\) but",
-        lambda m: (
-            f"its inputs match (error {m.group(1)}) but {_buffer_what(differ[0], names)}, and"
-        ),
-        reason,
-        count=1,
-    )
-    if "its buffer" not in reason:
-        reason += f"; {_buffer_what(differ[0], names)}"
-    return f"{reason}; {_buffer_remedy(differ[0], names)}"
+        return None
+    what = _buffer_what(differ[0], names)
+    return _Read(f"{what}, and", what, f"; {_buffer_remedy(differ[0], names)}")
+
+
+def _told(read: _Read | None, inlined: bool) -> str:
+    """``read``'s clause (unless the line told it inline) and its remedy."""
+    if read is None:
+        return ""
+    return ("" if inlined else f"; {read.alone}") + read.remedy
+
+
+def _records(call: CallRecords) -> list[RecordResult]:
+    """Every record of a call, consumed and produced, in capture order."""
+    return sorted([*call.consumed, *call.params, *call.produced], key=lambda r: r.seq)
 
 
 def _concentration(r: RecordResult) -> str:

@@ -31,7 +31,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from precguard.compare.caches import name_cache_reads
 from precguard.compare.calls import StepCalls
 from precguard.compare.divergence import Candidate, Decision, decide_calls, fallback
 from precguard.compare.judge import JudgeInputs, StepJudge
@@ -126,9 +125,8 @@ class _Walk:
 
     def finish(self, buffer_names: dict[str, str], cache_names: dict[str, str]) -> StepVerdict:
         """Decide every call and copy the decisions onto the failing records."""
-        classified = decide_calls(self.calls, self.profile, buffer_names, self.settled)
+        classified = decide_calls(self.calls, self.profile, buffer_names, self.settled, cache_names)
         found = classified.candidates
-        name_cache_reads(found, self.calls, cache_names)
         results = _annotate(self.calls.records, classified.decisions)
         return StepVerdict(
             results=results,
