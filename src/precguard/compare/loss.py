@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 
+from precguard.compare.calls import StepCalls
 from precguard.compare.divergence import Candidate
 from precguard.compare.report import RecordResult
 from precguard.compare.tolerance import SIGNIFICAND_BITS, unit_roundoff
@@ -101,24 +102,26 @@ def reason(r: RecordResult, logits: RecordResult | None) -> str:
     )
 
 
-def low_precision_loss(
-    r: RecordResult, call: list[RecordResult]
-) -> tuple[RecordResult, Candidate] | None:
+def low_precision_loss(r: RecordResult, calls: StepCalls) -> tuple[RecordResult, Candidate] | None:
     """The rule at one judged record: a loss the actual computed in a less precise dtype
     than golden fails, local, with the why line of :func:`reason`; None for any other.
 
-    ``call`` holds the records of ``r``'s forward call recorded before it (its inputs).
+    ``calls``: the step's calls as settled so far, which hold what ``r``'s forward call
+    read before it (its inputs); they are looked at only for a low-precision output.
     No expected error or amplification is claimed: the finding is the precision, not a
     magnitude (the value may well be within bf16's rounding). The one pass
     (compare/verdict.py) asks this at every forward record, after the judge.
     """
     if not (
         r.phase == "forward"
+        and r.role == "output"
         and r.metrics is not None
         and r.status in ("pass", "fail")
-        and is_loss(r, call)
         and computed_in_low_precision(r)
     ):
+        return None
+    call = calls.reads((r.module, r.call))
+    if not is_loss(r, call):
         return None
     logits = next((x for x in call if x.role == "input" and _floating(x.golden_dtype)), None)
     update = {"status": "fail", "local": True, "amplification": None, "expected_error": None}

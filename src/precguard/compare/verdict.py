@@ -116,7 +116,7 @@ class _Walk:
     def _loss(self, r: RecordResult) -> RecordResult:
         """The loss rule (loss.py) at a forward record: the finding replaces the call's
         decision on it."""
-        found = low_precision_loss(r, self.calls.reads((r.module, r.call)))
+        found = low_precision_loss(r, self.calls)
         if found is None:
             return r
         r, candidate = found
