@@ -56,7 +56,6 @@ from precguard.compare.caches import cache_read, cache_written
 from precguard.compare.calls import CallRecords, StepCalls
 from precguard.compare.expected import (
     LINEAR_TYPES,
-    SCALED_LEVELS,
     carried_bias,
     linear_factors,
     own_bias,
@@ -503,11 +502,7 @@ def _bias_reason(call: CallRecords, bad: list[RecordResult], profile: Profile) -
         linear = linear_factors(
             call.module_type, o.phase, o.role, o.index, [*call.consumed, *call.params]
         )
-        scaled_in = [
-            i
-            for i in inputs
-            if isinstance(i, MeasuredMetrics) and i.scale is not None and i.level in SCALED_LEVELS
-        ]
+        scaled_in = [i for i in inputs if isinstance(i, MeasuredMetrics) and i.scale is not None]
         if linear is None and call.module_type in LINEAR_TYPES and len(scaled_in) == 1:
             # a module linear in its one float input: its own scale is s_out / s_in
             linear = scaled_in if scaled_in[0].scale else None
