@@ -30,7 +30,7 @@ from precguard._logging import get_logger
 
 if TYPE_CHECKING:
     from precguard.backend import Backend, Switch
-    from precguard.checks.base import Check
+    from precguard.checkspec import Check
 
 logger = get_logger(__name__)
 hookspec = pluggy.HookspecMarker("precguard")
@@ -61,7 +61,8 @@ def precguard_register_backends(register: Callable[[type[Backend]], None]) -> No
 def precguard_register_checks(register: Callable[[Check], None]) -> None:
     """Register checklist checks by calling ``register(check)`` for each.
 
-    :param register: call it with each :class:`~precguard.checks.base.Check`.
+    :param register: call it with each :class:`~precguard.checkspec.Check` (also
+        importable as ``precguard.checks.base.Check``).
     :return: nothing; the return value is ignored.
 
     Vendor checks use the ``env`` family (``env.npu_conv_hf32``) and should

@@ -10,7 +10,7 @@ correct computation explains?". They share here, defined once:
   ``K`` (Higham & Mary, SIAM J. Sci. Comput. 41(5), 2019; the worst case is
   ``gamma_K = K u / (1 - K u)``, Higham, *Accuracy and Stability of Numerical
   Algorithms*, 2nd ed., §3.1). Accelerators store bf16/fp16 and accumulate in
-  fp32 (DESIGN.md), so ``u_acc`` is fp32's unless the precision is finer;
+  fp32 (docs/emu.md), so ``u_acc`` is fp32's unless the precision is finer;
 - **the reduction length** ``K`` of a call (:func:`reduction_length`);
 - **one measure of two tensors** (:func:`measure`): relative L2, max-abs,
   max-relative, ULPs, the least-squares scale, and the NaN/Inf counts of each

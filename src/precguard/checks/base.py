@@ -1,73 +1,37 @@
-"""What a check is, what it returns, and what it gets to work with.
+"""What a check gets to work with, and the helpers that build what it returns.
 
 Checks are registered through the ``precguard_register_checks`` plugin hook;
 built-in ones the same way as a vendor plugin's. A check is a function
-``(ctx, **params) -> Finding | list[Finding]`` wrapped in :class:`Check`.
+``(ctx, **params) -> Finding | list[Finding]`` wrapped in :class:`Check`; those two
+types, the families and their order are the checks' contract with the plugin registry
+and live below it, in :mod:`precguard.checkspec` (re-exported here, where plugins import
+them from).
 """
 
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from precguard.report.models import Finding, Status
+from precguard.checkspec import (
+    FAMILIES,
+    Check,
+    CheckFunc,
+    Finding,
+    Status,
+    family_of,
+    family_rank,
+)
 
 if TYPE_CHECKING:
     from precguard.backend import Backend
     from precguard.target import Target
     from precguard.target_run import Side
-
-
-#: the built-in check families, in the order their failures are blamed (the Diagnosis ranks
-#: root causes by it): a cause upstream (environment, seeds, data, tokens) explains every
-#: numeric symptom downstream of it, and a layer the golden names explains the gradient,
-#: loss and reduction-order symptoms after it. The families are open: a plugin adds one by
-#: registering a check whose id names it (``npuops.fused_rmsnorm``); a family not listed
-#: here ranks after these, since precguard cannot know what it explains.
-FAMILIES: tuple[str, ...] = (
-    "env",
-    "rng",
-    "data",
-    "tokenizer",
-    "norm",
-    "rope",
-    "attention",
-    "ops",
-    "amp",
-    "layerwise",
-    "grads",
-    "loss",
-    "reduce",
-)
-_FAMILY = re.compile(r"[a-z][a-z0-9_]*")
-
-
-def family_of(check_id: str) -> str:
-    """The family of a check id ``family.name``; ValueError unless it has that shape.
-
-    The family is a lowercase identifier; it need not be one of :data:`FAMILIES`
-    (a plugin's check may bring its own).
-
-    >>> family_of("rope.position_sweep")
-    'rope'
-    """
-    family, dot, name = check_id.partition(".")
-    if not (dot and name and _FAMILY.fullmatch(family)):
-        raise ValueError(
-            f"expected 'family.name' with a lowercase family such as {', '.join(FAMILIES[:4])}"
-        )
-    return family
-
-
-def family_rank(family: str) -> int:
-    """Where a family's failures rank as a root cause: :data:`FAMILIES`' order, others last."""
-    return FAMILIES.index(family) if family in FAMILIES else len(FAMILIES)
 
 
 class NotApplicable(Exception):
@@ -169,25 +133,15 @@ class CheckContext:
         return backend
 
 
-CheckFunc = Callable[..., "Finding | list[Finding]"]
-
-
-@dataclass(frozen=True)
-class Check:
-    """A registered check: id ``family.name``, a one-line description, the function."""
-
-    id: str
-    description: str
-    func: CheckFunc
-    needs_target: bool = True
-
-    @property
-    def family(self) -> str:
-        """The part of the id before the first dot."""
-        return self.id.split(".", 1)[0]
-
-    def __post_init__(self) -> None:
-        try:
-            family_of(self.id)
-        except ValueError as exc:
-            raise ValueError(f"check id {self.id!r}: {exc}") from None
+__all__ = [
+    "FAMILIES",
+    "Check",
+    "CheckContext",
+    "CheckFunc",
+    "Finding",
+    "NotApplicable",
+    "Status",
+    "family_of",
+    "family_rank",
+    "finding",
+]

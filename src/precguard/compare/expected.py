@@ -13,7 +13,7 @@ sources (docs/compare.md cites them):
   the bound that holds with high probability for rounding errors of random
   sign is ``~sqrt(K) u_acc`` (Higham & Mary, SIAM J. Sci. Comput. 41(5), 2019),
   which is what two correct kernels differ by. Accelerators store bf16/fp16
-  and accumulate in fp32 (DESIGN.md), so ``u_acc`` is fp32's unless the
+  and accumulate in fp32 (docs/emu.md), so ``u_acc`` is fp32's unless the
   tolerance dtype is more precise. ``K`` is the last dimension of the call's
   inputs (the reduced dimension of a Linear).
 - **Propagated error.** A correct module passes its inputs' relative error on,

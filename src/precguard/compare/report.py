@@ -1,8 +1,8 @@
 """The comparison report: pydantic models written as JSON by ``compare --json``.
 
-The shape follows DESIGN.md's Comparison, plus ``rank`` on the first
-divergence, the ``suspects`` after it, the ``profile`` used, counts, and
-``fingerprint_diff`` (environment facts that differ between the two runs).
+docs/compare.md ('Reading the verdict') describes each field: the verdict, the first
+divergence (with its ``rank``), the ``suspects`` after it, the ``profile`` used, counts,
+and ``fingerprint_diff`` (environment facts that differ between the two runs).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -29,9 +29,6 @@ from precguard.compare.report import Comparison
 from precguard.dump.reader import Run
 from precguard.errors import PrecguardError, UsageError
 from precguard.interop.msprobe import is_api_key, open_recording
-
-if TYPE_CHECKING:
-    from precguard.layout.spec import LayoutSpec
 
 _Result = TypeVar("_Result", bound=BaseModel)
 
@@ -145,7 +142,7 @@ def compare_runs(
     actual: str | os.PathLike[str] | Run,
     options: CompareOptions | None = None,
     *,
-    layout: str | os.PathLike[str] | LayoutSpec | None = None,
+    layout: object = None,
     on_step: Callable[[int, int], None] | None = None,
     **settings: Any,
 ) -> Comparison:
@@ -156,7 +153,8 @@ def compare_runs(
     ``rank``, ``step``, ``suspects``, ``tolerance_dtype``, ``rename``, ``workers``,
     ``calibration``, see :class:`~precguard.compare.options.CompareOptions`), and with
     ``layout`` (a layout spec: YAML file, shipped name or ``LayoutSpec``) a tensor-/
-    pipeline-parallel side gathered first (docs/layouts.md).
+    pipeline-parallel side gathered first (docs/layouts.md). Compare does not read the
+    spec: it hands it to the layout branch above it, so it names no layout type.
 
     :param on_step: called as ``on_step(rank, step)`` after each step is compared.
     :raises IncomparableRunsError: the recordings are of different models.

@@ -66,7 +66,7 @@ from precguard.target import call_model
 from precguard.target_run import Side, TargetRun, TargetSpec, golden_side, one_side, spec_name
 
 if TYPE_CHECKING:
-    from precguard.report.models import Finding
+    from precguard.checkspec import Finding
 
 logger = get_logger(__name__)
 

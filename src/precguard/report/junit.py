@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from precguard.checklist import Diagnosis
     from precguard.compare.report import Comparison, RecordResult
+    from precguard.report.models import Diagnosis
 
 #: characters XML 1.0 cannot carry (a key from a hostile recording may hold them)
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")

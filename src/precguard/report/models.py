@@ -2,19 +2,19 @@
 
 They live below the runner, the checks and the checklist (which build them) so
 that reading and rendering a saved diagnosis (``precguard report``) needs none
-of those. ``precguard.checks.base`` and ``precguard.checklist`` re-export them.
+of those. A :class:`Finding` is the checks' contract with the
+plugin registry, defined below it in :mod:`precguard.checkspec` and re-exported here.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from precguard.checkspec import Finding
 from precguard.compare.impact_report import ErrorBudget
 from precguard.errors import ExitCode
-
-Status = Literal["pass", "warn", "fail", "skip", "error"]
 
 #: version of the Diagnosis file format
 SCHEMA_VERSION = 1
@@ -34,25 +34,6 @@ NORM_CASE_LABELS = {
     "massive_activations": "massive activations (two channels at 2e3 and 1e4)",
     "outlier_per_row": "one outlier per row (100x the rest)",
 }
-
-
-class Finding(BaseModel):
-    """One result of one check."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="strings")
-
-    id: str = Field(description="Check id, 'family.name'.")
-    status: Status = Field(description="pass, warn, fail, skip (not applicable) or error.")
-    summary: str = Field(description="One sentence: what was found.")
-    evidence: dict[str, Any] = Field(
-        default_factory=dict, description="Numbers, module names, file paths behind the finding."
-    )
-    remedy: str = Field(default="", description="What to change, concretely.")
-
-    @property
-    def family(self) -> str:
-        """The part of the id before the first dot."""
-        return self.id.split(".", 1)[0]
 
 
 class Diagnosis(BaseModel):
