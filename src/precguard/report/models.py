@@ -2,7 +2,7 @@
 
 They live below the runner, the checks and the checklist (which build them) so
 that reading and rendering a saved diagnosis (``precguard report``) needs none
-of those. A :class:`Finding` is the checks' contract with the
+of those. A :class:`Finding` and its ``Status`` are the checks' contract with the
 plugin registry, defined below it in :mod:`precguard.checkspec` and re-exported here.
 """
 
@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from precguard.checkspec import Finding
+from precguard.checkspec import Finding, Status
 from precguard.compare.impact_report import ErrorBudget
 from precguard.errors import ExitCode
 
@@ -83,3 +83,13 @@ class Diagnosis(BaseModel):
         return {"pass": ExitCode.PASS, "fail": ExitCode.FAIL}.get(
             self.verdict, ExitCode.INCONCLUSIVE
         )
+
+
+__all__ = [
+    "EXIT_INCONCLUSIVE",
+    "NORM_CASE_LABELS",
+    "SCHEMA_VERSION",
+    "Diagnosis",
+    "Finding",
+    "Status",
+]
