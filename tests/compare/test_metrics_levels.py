@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -176,3 +177,106 @@ def test_metrics_with_builds_the_model_of_the_level_it_ends_at() -> None:
     )
     assert isinstance(as_ids, ExactMetrics)
     assert (as_ids.error, as_ids.mismatched, as_ids.rerouted) == (0.25, 3, 2)
+
+
+# -- the bytes written: a fixed fixture, written by the one model every level replaced ------
+
+_ROUTING = {
+    "rerouted": 2,
+    "reroute_margin": 1.5e-3,
+    "reroute_tolerance": 2e-4,
+    "routed_rows": 96,
+    "error_all_rows": 0.25,
+    "conc_all_rows": math.inf,
+}
+_EVERY_LEVEL = {"nan_mismatch": 1, "inf_mismatch": 2, "bias": True, "note": 'a "note" é'}
+_CONCENTRATED = {
+    "scale": 1.01,
+    "scale_se": 1e-4,
+    "peak_error": 3e-2,
+    "slice_error": 0.125,
+    "slice_dim": 1,
+    "slice_index": 7,
+}
+#: per level, its fewest fields and every field it has set (NaN and Infinity among them)
+EXAMPLES: dict[str, dict[str, Any]] = {
+    "full": {"level": "full", "dtype": "float32", "error": 0.0},
+    "full, every field": {
+        "level": "full",
+        "dtype": "bfloat16",
+        "error": 3e-3,
+        "max_abs_err": 0.02,
+        "mean_abs_err": 1e-3,
+        "max_rel_err": math.nan,
+        "rmse": 1.3e-3,
+        "rel_l2": 3e-3,
+        "cosine": 0.999999,
+        "max_ulp": 4.0,
+        "rel_err_share": {"1e-2": 0.0, "1e-3": 0.5},
+        "close_share": 0.01,
+        "mean_rel_err": -1e-5,
+        **_CONCENTRATED,
+        **_EVERY_LEVEL,
+        **_ROUTING,
+    },
+    "stats": {"level": "stats", "dtype": "float16", "error": 1e-3},
+    "stats, every field": {
+        "level": "stats",
+        "dtype": "float16",
+        "error": 2e-3,
+        "stat_rel_diff": {"min": 1e-3, "max": -math.inf},
+        "sample_size": 4096,
+        "sample_rel_l2": 2e-3,
+        "sample_max_abs": 0.01,
+        "sample_rse": 0.02,
+        "sample_peaks": [0.5, 0.25],
+        "pos_dim": 1,
+        "pos_bin": 4,
+        "pos_worst": 12,
+        "pos_worst_err": 4e-3,
+        "pos_rel_l2": 1e-3,
+        **_CONCENTRATED,
+        **_EVERY_LEVEL,
+        **_ROUTING,
+    },
+    "exact": {"level": "exact", "dtype": "int64", "error": 0.0, "mismatched": 0},
+    "exact, every field": {
+        "level": "exact",
+        "dtype": "int64",
+        "error": 0.25,
+        "mismatched": 3,
+        **_EVERY_LEVEL,
+        **_ROUTING,
+    },
+    "none": {"level": "none", "dtype": "float32", "error": math.inf},
+    "none, every field": {"level": "none", "dtype": "float32", "error": math.inf, **_EVERY_LEVEL},
+}
+#: each example's JSON as the one model with every field wrote it (before issue 38's levels
+#: without placeholders), compact and indented: the bytes readers of reports have
+FIXTURE = Path(__file__).with_name("metrics_levels.json")
+
+
+def test_each_level_writes_the_bytes_it_always_wrote() -> None:
+    """Byte for byte, compact and indented, every key and value kind (NaN, Infinity, nested
+    shares, the note's quotes and accents); and the bytes read back are written again."""
+    written = json.loads(FIXTURE.read_text(encoding="utf-8"))
+    assert set(written) == {f"{name}{form}" for name in EXAMPLES for form in ("", " indented")}
+    for name, fields in EXAMPLES.items():
+        m = metrics_of(fields)
+        assert m.level == fields["level"]
+        assert m.model_dump_json() == written[name], name
+        assert m.model_dump_json(indent=2) == written[f"{name} indented"], name
+        again = metrics_of(json.loads(written[name]))  # NaN != NaN: compare what is written
+        assert type(again) is type(m) and again.model_dump_json() == written[name], name
+
+
+def test_include_and_exclude_take_whole_keys_of_a_metrics_object() -> None:
+    """What pydantic's include/exclude do on any model, they do here (a plain serializer gets
+    them, not the dict it returns); a filter inside one key is refused, never ignored."""
+    m = metrics_of(EXAMPLES["full, every field"])
+    assert list(m.model_dump(include={"cosine", "note"})) == ["cosine", "note"]
+    assert list(m.model_dump(exclude={"note"})) == [k for k in LEGACY_KEYS if k != "note"]
+    # a key the level lacks is a key of the JSON like any other
+    assert m.model_dump(include={"sample_rse"}) == {"sample_rse": None}
+    with pytest.raises(ValueError, match="included or excluded whole"):
+        m.model_dump(exclude={"rel_err_share": {"1e-2"}})

@@ -15,12 +15,13 @@ both float levels measure, on :class:`MeasuredMetrics` (``isinstance`` narrows t
 
 **The JSON is the one it was** when one model held every field: each level writes every
 key of :data:`METRICS_JSON_FIELDS`, in that order, null where the level lacks it, so a
-reader of older reports (or one that ignores the level) sees the same keys. A key a level
-lacks is a field of type None under another name (``absent_cosine`` on stats metrics,
-written and read as ``cosine``): pydantic writes and reads it with no Python in the way
-(compare writes millions of these), accepts the null, and refuses a value
-(``StatsMetrics(level="stats", cosine=0.99)`` is a validation error, never a value
-silently dropped). ``model_copy`` refuses one too.
+reader of older reports (or one that ignores the level) sees the same keys. A level has
+fields only for what it measures; its serializer (:func:`_written_as_every_key`) is
+pydantic's own for a dict of all the keys, fed the model's fields laid over a null for
+every key (one dict merge per dump; compare writes millions, docs/compare.md has the
+alternatives measured). Reading accepts a null on a key the level lacks and refuses a
+value (``StatsMetrics(level="stats", cosine=0.99)`` is a validation error, never a value
+silently dropped); ``model_copy`` refuses one too.
 
 ``level`` has no default, so it is written even where defaults are left out (compare's
 rows, a worker's share) and a row is read back as its level's model.
@@ -35,7 +36,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    TypeAdapter,
+    model_validator,
+)
+from pydantic_core import CoreSchema, core_schema
 
 Level = Literal["full", "stats", "exact", "none"]
 
@@ -85,19 +94,8 @@ METRICS_JSON_FIELDS: tuple[str, ...] = (
     "conc_all_rows",
 )
 
-#: the name of the field of type None that stands for a key a level lacks
-_ABSENT = "absent_"
-
-
-def _absent(name: str) -> Any:
-    """The field that stands for ``name`` on a level that does not measure it: written and
-    read as ``name``, always null."""
-    return Field(
-        default=None,
-        alias=name,
-        repr=False,
-        description=f"Not measured at this level ({name} is null).",
-    )
+#: every key null: a level's fields are laid over it to write every key in order
+_NULLS: dict[str, None] = dict.fromkeys(METRICS_JSON_FIELDS)
 
 
 # -- every field's type and description, once (each level's class lists its own) --------
@@ -366,6 +364,76 @@ _ConcAllRows = Annotated[
 ]
 
 
+def _written_as_every_key(
+    cls: type[BaseModel], schema: core_schema.ModelSchema, fields: Mapping[str, Any]
+) -> core_schema.SerSchema:
+    """How the level ``cls`` is written: every key of :data:`METRICS_JSON_FIELDS` in order,
+    a field's value where the level has it, null where it does not (``schema`` is its
+    model's core schema, ``fields`` its fields').
+
+    Pydantic writes a model's fields from its ``__dict__``, in its order, so a key with no
+    field would never be written. This is pydantic's serializer of a dict with every key
+    instead (each the field's own schema, its default included, so ``exclude_defaults``
+    and ``exclude_none`` leave out what they did; a null key is a default), fed
+    :func:`_every_key`: the model's values laid over a null for every key, in
+    :data:`METRICS_JSON_FIELDS`' order. The function is plain (a merge, a few hundred
+    nanoseconds): a wrap serializer, which would hand ``include``/``exclude`` on by
+    itself, costs microseconds per dump (docs/compare.md, 'One model per level').
+    """
+    every_key = core_schema.typed_dict_schema(
+        {
+            name: core_schema.typed_dict_field(
+                fields[name]["schema"]
+                if name in fields
+                else core_schema.with_default_schema(core_schema.none_schema(), default=None),
+                required=False,
+            )
+            for name in METRICS_JSON_FIELDS
+        },
+    )
+    merged = core_schema.plain_serializer_function_ser_schema(
+        _every_key, info_arg=True, return_schema=every_key
+    )
+    ser = core_schema.model_ser_schema(cls, core_schema.any_schema(serialization=merged))
+    # the model's config (NaN and Infinity written as strings): a model's serializer reads it
+    ser["config"] = schema.get("config")  # type: ignore[typeddict-unknown-key]
+    return ser
+
+
+def _every_key(fields: dict[str, Any], info: core_schema.SerializationInfo) -> dict[str, Any]:
+    """A level's fields (its model's ``__dict__``) laid over a null for every key.
+
+    ``include`` and ``exclude`` are applied here, key by key: pydantic hands them to a
+    plain serializer and not to its return schema. A metrics value is whole (a key is
+    written or not); a filter inside one (``exclude={"rel_err_share": {"1e-2"}}``) is
+    refused rather than ignored.
+    """
+    merged = _NULLS | fields
+    if info.include is None and info.exclude is None:
+        return merged
+    return {
+        k: v
+        for k, v in merged.items()
+        if _picked(info.include, k, default=True) and not _picked(info.exclude, k, default=False)
+    }
+
+
+def _picked(spec: Any, key: str, *, default: bool) -> bool:
+    """Whether an ``include``/``exclude`` spec (a set of keys, or a dict of key to True)
+    names ``key`` whole; ``default`` when there is no spec."""
+    if spec is None:
+        return default
+    if isinstance(spec, dict):
+        value = spec.get(key, spec.get("__all__", False))
+        if value not in (True, False, ...):
+            raise ValueError(
+                f"metrics {key!r}: a key of a metrics object is included or excluded whole "
+                f"(got {value!r})"
+            )
+        return value is not False
+    return key in spec
+
+
 class MetricsBase(BaseModel):
     """What every level of :data:`Metrics` has: the level, the tolerance dtype, the error the
     judge reads, non-finite mismatches, the note, and what the rules after the measurement
@@ -405,13 +473,47 @@ class MetricsBase(BaseModel):
         error_all_rows: float | None
         conc_all_rows: float | None
 
-    #: this level's own fields (not the absent ones): set on each level's class
+    #: this level's fields (the keys of :data:`METRICS_JSON_FIELDS` it measures): set on
+    #: each level's class
     _own: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
-        cls._own = frozenset(n for n in cls.model_fields if not n.startswith(_ABSENT))
+        cls._own = frozenset(cls.model_fields)
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: type[BaseModel], handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        """Pydantic's schema of the level, written as every key of the JSON (see the module
+        docstring): validation is the model's own."""
+        schema = handler(source)
+        if schema["type"] == "model":
+            fields = schema["schema"]
+            while fields["type"] != "model-fields":  # under the model validator
+                fields = fields["schema"]  # type: ignore[typeddict-item]
+            schema["serialization"] = _written_as_every_key(cls, schema, fields["fields"])
+        return schema
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nothing_on_keys_the_level_lacks(cls, data: Any) -> Any:
+        """A null on a key the level lacks is what the JSON has there (accepted, then left
+        out: the model has no such field); a value is an error, never silently dropped."""
+        if isinstance(data, dict) and not data.keys() <= cls._own:
+            for name in data.keys() - cls._own:
+                if data[name] is not None and name in _NULLS:
+                    raise ValueError(
+                        f"{cls._level()} metrics have no {name} (got {data[name]!r}); it is "
+                        f"measured at level {' or '.join(_levels_of(name)) or 'none'}"
+                    )
+        return data
+
+    @classmethod
+    def _level(cls) -> str:
+        """The level this class is the model of (its ``level`` literal)."""
+        return next((lv for lv, c in METRICS_LEVELS.items() if c is cls), cls.__name__)
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy with ``update`` applied. A key this level lacks must be None (dropped: it
@@ -461,8 +563,6 @@ class FullMetrics(MeasuredMetrics):
     close_share: _CloseShare = None
     nan_mismatch: _NanMismatch = 0
     inf_mismatch: _InfMismatch = 0
-    absent_stat_rel_diff: None = _absent("stat_rel_diff")
-    absent_mismatched: None = _absent("mismatched")
     scale: _Scale = None
     scale_se: _ScaleSe = None
     mean_rel_err: _MeanRelErr = None
@@ -471,16 +571,6 @@ class FullMetrics(MeasuredMetrics):
     slice_error: _SliceError = None
     slice_dim: _SliceDim = None
     slice_index: _SliceIndex = None
-    absent_sample_size: None = _absent("sample_size")
-    absent_sample_rel_l2: None = _absent("sample_rel_l2")
-    absent_sample_max_abs: None = _absent("sample_max_abs")
-    absent_sample_rse: None = _absent("sample_rse")
-    absent_sample_peaks: None = _absent("sample_peaks")
-    absent_pos_dim: None = _absent("pos_dim")
-    absent_pos_bin: None = _absent("pos_bin")
-    absent_pos_worst: None = _absent("pos_worst")
-    absent_pos_worst_err: None = _absent("pos_worst_err")
-    absent_pos_rel_l2: None = _absent("pos_rel_l2")
     note: _Note = None
     rerouted: _Rerouted = None
     reroute_margin: _RerouteMargin = None
@@ -498,22 +588,11 @@ class StatsMetrics(MeasuredMetrics):
         description="'stats': only the recorded statistics (a weaker test: equal statistics "
         "do not prove equal tensors)."
     )
-    absent_max_abs_err: None = _absent("max_abs_err")
-    absent_mean_abs_err: None = _absent("mean_abs_err")
-    absent_max_rel_err: None = _absent("max_rel_err")
-    absent_rmse: None = _absent("rmse")
-    absent_rel_l2: None = _absent("rel_l2")
-    absent_cosine: None = _absent("cosine")
-    absent_max_ulp: None = _absent("max_ulp")
-    absent_rel_err_share: None = _absent("rel_err_share")
-    absent_close_share: None = _absent("close_share")
     nan_mismatch: _NanMismatch = 0
     inf_mismatch: _InfMismatch = 0
     stat_rel_diff: _StatRelDiff = None
-    absent_mismatched: None = _absent("mismatched")
     scale: _Scale = None
     scale_se: _ScaleSe = None
-    absent_mean_rel_err: None = _absent("mean_rel_err")
     bias: _Bias = False
     peak_error: _PeakError = None
     slice_error: _SliceError = None
@@ -544,37 +623,10 @@ class ExactMetrics(MetricsBase):
     level: Literal["exact"] = Field(
         description="'exact': integer/bool tensors compared for equality."
     )
-    absent_max_abs_err: None = _absent("max_abs_err")
-    absent_mean_abs_err: None = _absent("mean_abs_err")
-    absent_max_rel_err: None = _absent("max_rel_err")
-    absent_rmse: None = _absent("rmse")
-    absent_rel_l2: None = _absent("rel_l2")
-    absent_cosine: None = _absent("cosine")
-    absent_max_ulp: None = _absent("max_ulp")
-    absent_rel_err_share: None = _absent("rel_err_share")
-    absent_close_share: None = _absent("close_share")
     nan_mismatch: _NanMismatch = 0
     inf_mismatch: _InfMismatch = 0
-    absent_stat_rel_diff: None = _absent("stat_rel_diff")
     mismatched: _Mismatched
-    absent_scale: None = _absent("scale")
-    absent_scale_se: None = _absent("scale_se")
-    absent_mean_rel_err: None = _absent("mean_rel_err")
     bias: _Bias = False
-    absent_peak_error: None = _absent("peak_error")
-    absent_slice_error: None = _absent("slice_error")
-    absent_slice_dim: None = _absent("slice_dim")
-    absent_slice_index: None = _absent("slice_index")
-    absent_sample_size: None = _absent("sample_size")
-    absent_sample_rel_l2: None = _absent("sample_rel_l2")
-    absent_sample_max_abs: None = _absent("sample_max_abs")
-    absent_sample_rse: None = _absent("sample_rse")
-    absent_sample_peaks: None = _absent("sample_peaks")
-    absent_pos_dim: None = _absent("pos_dim")
-    absent_pos_bin: None = _absent("pos_bin")
-    absent_pos_worst: None = _absent("pos_worst")
-    absent_pos_worst_err: None = _absent("pos_worst_err")
-    absent_pos_rel_l2: None = _absent("pos_rel_l2")
     note: _Note = None
     rerouted: _Rerouted = None
     reroute_margin: _RerouteMargin = None
@@ -588,37 +640,9 @@ class UnmeasuredMetrics(MetricsBase):
     """Nothing comparable (shapes differ, no statistics recorded): the note says why."""
 
     level: Literal["none"] = Field(description="'none': nothing comparable.")
-    absent_max_abs_err: None = _absent("max_abs_err")
-    absent_mean_abs_err: None = _absent("mean_abs_err")
-    absent_max_rel_err: None = _absent("max_rel_err")
-    absent_rmse: None = _absent("rmse")
-    absent_rel_l2: None = _absent("rel_l2")
-    absent_cosine: None = _absent("cosine")
-    absent_max_ulp: None = _absent("max_ulp")
-    absent_rel_err_share: None = _absent("rel_err_share")
-    absent_close_share: None = _absent("close_share")
     nan_mismatch: _NanMismatch = 0
     inf_mismatch: _InfMismatch = 0
-    absent_stat_rel_diff: None = _absent("stat_rel_diff")
-    absent_mismatched: None = _absent("mismatched")
-    absent_scale: None = _absent("scale")
-    absent_scale_se: None = _absent("scale_se")
-    absent_mean_rel_err: None = _absent("mean_rel_err")
     bias: _Bias = False
-    absent_peak_error: None = _absent("peak_error")
-    absent_slice_error: None = _absent("slice_error")
-    absent_slice_dim: None = _absent("slice_dim")
-    absent_slice_index: None = _absent("slice_index")
-    absent_sample_size: None = _absent("sample_size")
-    absent_sample_rel_l2: None = _absent("sample_rel_l2")
-    absent_sample_max_abs: None = _absent("sample_max_abs")
-    absent_sample_rse: None = _absent("sample_rse")
-    absent_sample_peaks: None = _absent("sample_peaks")
-    absent_pos_dim: None = _absent("pos_dim")
-    absent_pos_bin: None = _absent("pos_bin")
-    absent_pos_worst: None = _absent("pos_worst")
-    absent_pos_worst_err: None = _absent("pos_worst_err")
-    absent_pos_rel_l2: None = _absent("pos_rel_l2")
     note: _Note = None
     rerouted: _Rerouted = None
     reroute_margin: _RerouteMargin = None
