@@ -33,7 +33,7 @@ rows, a worker's share) and a row is read back as its level's model.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import (
@@ -408,7 +408,8 @@ def _every_key(fields: dict[str, Any], info: core_schema.SerializationInfo) -> d
     written or not); a filter inside one (``exclude={"rel_err_share": {"1e-2"}}``) is
     refused rather than ignored.
     """
-    merged = _NULLS | fields
+    # left out as defaults or as None, the nulls need not be laid down (a compact row)
+    merged = fields if info.exclude_defaults or info.exclude_none else _NULLS | fields
     if info.include is None and info.exclude is None:
         return merged
     return {
@@ -502,12 +503,7 @@ class MetricsBase(BaseModel):
         """A null on a key the level lacks is what the JSON has there (accepted, then left
         out: the model has no such field); a value is an error, never silently dropped."""
         if isinstance(data, dict) and not data.keys() <= cls._own:
-            for name in data.keys() - cls._own:
-                if data[name] is not None and name in _NULLS:
-                    raise ValueError(
-                        f"{cls._level()} metrics have no {name} (got {data[name]!r}); it is "
-                        f"measured at level {' or '.join(_levels_of(name)) or 'none'}"
-                    )
+            _refuse_values(cls._level(), data, (data.keys() - cls._own) & _NULLS.keys())
         return data
 
     @classmethod
@@ -525,12 +521,7 @@ class MetricsBase(BaseModel):
                 "metrics_with builds that level's metrics"
             )
         if update and not update.keys() <= self._own:
-            for name, value in update.items():
-                if value is not None and name not in self._own:
-                    raise ValueError(
-                        f"{self.level} metrics have no {name} (got {value!r}); it is measured "
-                        f"at level {' or '.join(_levels_of(name)) or 'none'}"
-                    )
+            _refuse_values(self.level, update, update.keys() - self._own)
             update = {k: v for k, v in update.items() if k in self._own}
         return super().model_copy(update=update, deep=deep)
 
@@ -663,6 +654,16 @@ METRICS_LEVELS: dict[str, type[MetricsBase]] = {
     "none": UnmeasuredMetrics,
 }
 _ADAPTER: TypeAdapter[Metrics] = TypeAdapter(Metrics)
+
+
+def _refuse_values(level: str, values: Mapping[str, Any], lacked: Iterable[str]) -> None:
+    """ValueError when ``values`` has a value (not None) on a key ``level`` lacks."""
+    for name in lacked:
+        if values[name] is not None:
+            raise ValueError(
+                f"{level} metrics have no {name} (got {values[name]!r}); it is measured at "
+                f"level {' or '.join(_levels_of(name)) or 'none'}"
+            )
 
 
 def _levels_of(name: str) -> list[str]:
