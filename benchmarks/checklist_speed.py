@@ -1,10 +1,13 @@
 """How long a checklist takes, per device, and each check's share of it.
 
-The wall time of ``precguard check`` (in this process, as the CLI runs it),
-for each device asked for, then the seconds of each check as the Diagnosis
-records them (``durations`` in ``check --json``), slowest first. It used to be
-asserted in a test (under 120 s on ``emu:fp16``); timings belong here, where
-they are read, not in a test that fails on a busy machine.
+For each device asked for, ``precguard.check`` runs the checklist in this
+process (what ``precguard check`` runs) and prints its wall and process CPU
+time, then per check, slowest first: the seconds the Diagnosis records
+(``durations``, also in ``check --json``) and the **forward passes of the
+target's model** the check ran (calls of the model's root class, counted with
+a global forward pre-hook: a count no machine load changes, so two revisions
+compare exactly on a busy machine). Timings belong here, where they are read,
+not in a test that fails on a busy machine.
 
 The default target is issue 41's: ``handwritten-llama``, a hand-written
 decoder of 4 layers at hidden 128 (2 x 128 tokens); its goal is the whole
@@ -12,21 +15,20 @@ decoder of 4 layers at hidden 128 (2 x 128 tokens); its goal is the whole
 
     python benchmarks/checklist_speed.py [--checklist llama-finetune]
         [--target handwritten-llama] [--device emu:fp16 --device cpu] [--only env]
-        [--top 12]
+        [--top 14]
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import json
 import os
-import tempfile
 import time
-from pathlib import Path
+from collections import Counter
 
-from precguard.cli import main
+import torch
+from torch.nn.modules.module import register_module_forward_pre_hook
+
+import precguard
 
 #: issue 41's goal for llama-finetune on handwritten-llama, seconds
 GOAL_S = 20.0
@@ -34,24 +36,33 @@ GOAL_S = 20.0
 
 def run_checklist(
     checklist: str, target: str, device: str, only: str | None
-) -> tuple[float, int, dict[str, float]]:
-    """Run one checklist on ``device``; return (seconds, exit code, seconds per check)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "diagnosis.json"
-        argv = ["check", "--checklist", checklist, "--target", target, "--device", device]
-        argv += ["--json", str(out)]
-        if only:
-            argv += ["--only", only]
-        start = time.perf_counter()
-        code = 0
-        with contextlib.redirect_stdout(io.StringIO()):
-            try:
-                main(argv)
-            except SystemExit as exc:
-                code = int(exc.code or 0)
-        seconds = time.perf_counter() - start
-        durations = json.loads(out.read_text())["durations"] if out.exists() else {}
-    return seconds, code, durations
+) -> tuple[float, float, int, dict[str, float], Counter[str]]:
+    """Run one checklist; return (wall s, CPU s, exit code, s per check, forwards per check)."""
+    root = type(precguard.load_target(target).model())
+    current = ["(before the first check)"]
+    forwards: Counter[str] = Counter()
+
+    def count(module: torch.nn.Module, _args: object) -> None:
+        if type(module) is root:
+            forwards[current[0]] += 1
+
+    def progress(check_id: str, _index: int, _total: int) -> None:
+        current[0] = check_id
+
+    handle = register_module_forward_pre_hook(count)
+    try:
+        start, cpu = time.perf_counter(), time.process_time()
+        diagnosis = precguard.check(
+            checklist,
+            target,
+            device=device,
+            only=[only] if only else (),
+            on_progress=progress,
+        )
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    finally:
+        handle.remove()
+    return wall, cpu, diagnosis.exit_code, diagnosis.durations, forwards
 
 
 def main_() -> None:
@@ -61,22 +72,28 @@ def main_() -> None:
     parser.add_argument("--target", default="handwritten-llama")
     parser.add_argument("--device", action="append", help="repeatable (default: emu:fp16, cpu)")
     parser.add_argument("--only", default=None, help="check families to run, as `check --only`")
-    parser.add_argument("--top", type=int, default=12, help="checks listed per device")
+    parser.add_argument("--top", type=int, default=14, help="checks listed per device")
     args = parser.parse_args()
     for device in args.device or ["emu:fp16", "cpu"]:
         load = os.getloadavg()[0]
-        seconds, code, durations = run_checklist(args.checklist, args.target, device, args.only)
+        wall, cpu, code, durations, forwards = run_checklist(
+            args.checklist, args.target, device, args.only
+        )
         print(
-            f"checklist {args.checklist} on {args.target}, {device}: {seconds:.1f} s "
-            f"(exit code {code}; goal <= {GOAL_S:.0f} s; load {load:.1f} -> "
-            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
+            f"checklist {args.checklist} on {args.target}, {device}: {wall:.1f} s wall, "
+            f"{cpu:.1f} s CPU, {sum(forwards.values())} forward passes (exit code {code}; "
+            f"goal <= {GOAL_S:.0f} s; load {load:.1f} -> {os.getloadavg()[0]:.1f} on "
+            f"{os.cpu_count()} CPUs)"
         )
         ranked = sorted(durations.items(), key=lambda kv: -kv[1])
         for check, took in ranked[: args.top]:
-            print(f"  {took:7.2f} s  {check}")
-        rest = sum(t for _, t in ranked[args.top :])
+            print(f"  {took:7.2f} s  {forwards.get(check, 0):4d} forwards  {check}")
+        rest = ranked[args.top :]
         if rest:
-            print(f"  {rest:7.2f} s  the other {len(ranked) - args.top} checks")
+            print(
+                f"  {sum(t for _, t in rest):7.2f} s  {sum(forwards.get(c, 0) for c, _ in rest):4d}"
+                f" forwards  the other {len(rest)} checks"
+            )
 
 
 if __name__ == "__main__":
