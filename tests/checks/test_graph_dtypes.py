@@ -60,3 +60,28 @@ def test_autocast_ops_lists_the_ops_autocast_ran_below_the_reference():
     assert ("self_attn", "matmul") in ran_low and ("q_proj", "linear") in ran_low
     # autocast keeps softmax in fp32: not listed as run lower
     assert not any(e["op"] == "softmax" and e["what"] == "ran in" for e in below)
+
+
+def test_the_checks_share_one_trace_of_the_reference(monkeypatch):
+    # amp.autocast_ops and ops.graph_dtypes both diff the device's op graph against the
+    # reference's: the reference forward is traced once for both (issue 41: checks share
+    # the runs they need), the device's once plain and once under autocast
+    from precguard.checks import _graphs
+
+    traced = []
+    real = _graphs.trace_graph
+
+    def counting(model, run):
+        traced.append(model)
+        return real(model, run)
+
+    monkeypatch.setattr(_graphs, "trace_graph", counting)
+    d = precguard.check(
+        "llama-finetune",
+        "tiny-llama",
+        dtype="bfloat16",
+        only=["amp.autocast_ops", "ops.graph_dtypes"],
+    )
+    assert sorted(f.id for f in d.findings) == ["amp.autocast_ops", "ops.graph_dtypes"]
+    assert all(f.status != "error" for f in d.findings), [f.summary for f in d.findings]
+    assert len(traced) == 3

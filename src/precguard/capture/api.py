@@ -26,6 +26,7 @@ from precguard.capture.active import push as _push
 from precguard.capture.compiled import compiled_modules, outside_dynamo, refusal
 from precguard.capture.flatten import named_tensors
 from precguard.capture.handle import Handle
+from precguard.capture.hooks import on_calls
 from precguard.capture.monitor import Monitor
 from precguard.capture.options import CaptureOptions, OnNonFinite
 from precguard.capture.recording import Recording
@@ -82,6 +83,8 @@ class MonitorHandle(Handle):
     """
 
     def __init__(self, monitor: Monitor, recording: Recording) -> None:
+        super().__init__()
+        self.hooks._add(monitor)  # the module and op hooks, removed before the close
         self.monitor = monitor
         self.recording = recording
         self._pushed = recording.writer is not None
@@ -105,7 +108,7 @@ class MonitorHandle(Handle):
         manager passes it for you).
         """
         try:
-            self.monitor.remove()
+            self.hooks.remove()
         finally:
             _close(self.recording, error)
 
@@ -258,6 +261,7 @@ class RecordingHandle(Handle):
     :class:`~precguard.capture.handle.Handle` (``remove()`` closes it)."""
 
     def __init__(self, recording: Recording) -> None:
+        super().__init__()  # no hooks of its own: decorated modules hook themselves
         self.recording = recording
         self._removed = False
         _open(recording)
@@ -562,7 +566,9 @@ def _decorate(obj: Any, *, opts: CaptureOptions, name: str | None) -> Any:
     if isinstance(obj, nn.Module):
         _attach(obj, opts, name or "root")
         if obj not in _FACT_HOOKS:
-            _FACT_HOOKS[obj] = obj.register_forward_pre_hook(outside_dynamo(_fill_facts_hook))
+            _FACT_HOOKS[obj] = on_calls(
+                obj, _fill_facts_hook, modules=lambda _n, m: m is obj, with_kwargs=False
+            )
         return obj
     if callable(obj):
         return _decorate_function(obj, opts, name)
@@ -576,7 +582,7 @@ def _decorate(obj: Any, *, opts: CaptureOptions, name: str | None) -> Any:
 _FACT_HOOKS: weakref.WeakKeyDictionary[nn.Module, Any] = weakref.WeakKeyDictionary()
 
 
-def _fill_facts_hook(module: nn.Module, args: Any) -> None:
+def _fill_facts_hook(_name: str, module: nn.Module, args: Any) -> None:
     rec = active_recording()
     if rec is not None and rec.missing_facts:
         try:

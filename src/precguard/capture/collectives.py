@@ -46,6 +46,7 @@ import torch
 
 from precguard._logging import get_logger
 from precguard.capture.active import active_recording
+from precguard.capture.hooks import HookHandle, replace_function
 
 logger = get_logger(__name__)
 
@@ -91,8 +92,8 @@ _COUNTERS: dict[str, object] = {}
 
 _LOCK = threading.Lock()
 _DEPTH = 0
-#: (module, attribute) -> (original, wrapper) while patched
-_PATCHED: dict[tuple[Any, str], tuple[Callable[..., Any], Callable[..., Any]]] = {}
+#: every replaced function while patched, removed together
+_PATCHED = HookHandle()
 
 
 _QUIET = threading.local()
@@ -338,11 +339,12 @@ def _targets() -> Iterator[tuple[Any, str, Callable[[str, Callable[..., Any]], A
 
 def install() -> None:
     """Patch the collectives (the first open recording does; nested ones count)."""
-    global _DEPTH
+    global _DEPTH, _PATCHED
     with _LOCK:
         _DEPTH += 1
         if _DEPTH > 1:
             return
+        _PATCHED = HookHandle()
         wrapped: dict[int, Callable[..., Any]] = {}  # one wrapper per original function
         for module, name, factory, op in _targets():
             original = getattr(module, name)
@@ -351,8 +353,10 @@ def install() -> None:
             wrapper = wrapped.get(id(original))
             if wrapper is None:
                 wrapper = wrapped[id(original)] = factory(op, original)
-            _PATCHED[(module, name)] = (original, wrapper)
-            setattr(module, name, wrapper)
+            # someone wrapped our wrapper by the time it is removed: it passes through
+            # then (_DEPTH is 0), and stays
+            shadowed = functools.partial(logger.warning, "collective_patch_shadowed", function=name)
+            _PATCHED._add(replace_function(module, name, wrapper, shadowed=shadowed))
 
 
 def uninstall() -> None:
@@ -364,12 +368,7 @@ def uninstall() -> None:
         _DEPTH -= 1
         if _DEPTH > 0:
             return
-        for (module, name), (original, wrapper) in list(_PATCHED.items()):
-            if getattr(module, name) is wrapper:
-                setattr(module, name, original)
-            else:  # someone wrapped our wrapper; it passes through now (_DEPTH is 0)
-                logger.warning("collective_patch_shadowed", function=name)
-        _PATCHED.clear()
+        _PATCHED.remove()
 
 
 @contextmanager

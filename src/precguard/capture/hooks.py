@@ -1,9 +1,10 @@
 """The one way precguard attaches to a model: module calls, ops, gradients, one handle.
 
 Every feature that needs to see (or, for an experiment, change) what a model
-computes attaches through this module; a test (``tests/test_hooks_layer.py``)
-holds that no module outside :mod:`precguard.capture` registers a torch hook,
-subclasses a torch mode or assigns ``.forward``. The verbs:
+computes attaches through this module, capture's own monitor, op capture and
+collectives included; a test (``tests/test_hook_layer.py``) holds that no other
+module registers a torch hook, subclasses a torch mode, assigns ``.forward`` or
+replaces a function by a computed name. The verbs:
 
 * :func:`on_calls` — a callback before and/or after each call of the chosen
   modules (torch's ``register_forward_pre_hook``/``register_forward_hook``);
@@ -11,10 +12,12 @@ subclasses a torch mode or assigns ``.forward``. The verbs:
   block (a ``TorchFunctionMode``, or ``TorchDispatchMode`` with
   ``level="aten"``), told which module ran it, or a function that runs the op
   in its stead;
-* :func:`on_param_grads`, :func:`on_tensor_grad` — gradients, once accumulated
-  into a parameter, or as they reach a tensor;
+* :func:`on_param_grads`, :func:`on_tensor_grad`, :func:`on_node_grad` —
+  gradients, once accumulated into a parameter, as they reach a tensor, or as
+  one autograd node hands them to its inputs;
 * :func:`replace_forward` — a module's calls answered by another function
-  (bisect's "this module at reference precision");
+  (bisect's "this module at reference precision"); :func:`replace_function`
+  the same for a module-level function (the collectives of ``torch.distributed``);
 * :class:`NonFiniteOrigin` and :func:`has_nonfinite` — the one rule for
   "where did the first NaN/Inf appear": the first call whose output holds one
   while its inputs held none.
@@ -280,12 +283,71 @@ def on_tensor_grad(
     ``name`` is what a failure report calls it.
     """
     handle = HookHandle()
-    guarded = _guard(lambda _name, g: hook(g), name, "tensor_grad", errors, _Failures(), _as_is)
+    if errors == "raise":  # a capture attaches one per output in training: no guard to build
 
-    def observe(grad: torch.Tensor) -> None:
-        guarded(grad)
+        def observe(grad: torch.Tensor) -> None:
+            hook(grad)
+
+    else:
+        guarded = _guard(lambda _name, g: hook(g), name, "tensor_grad", errors, _Failures(), _as_is)
+
+        def observe(grad: torch.Tensor) -> None:
+            guarded(grad)
 
     handle._add(t.register_hook(observe))
+    return handle
+
+
+def on_node_grad(
+    node: Any,
+    hook: Callable[[tuple[torch.Tensor | None, ...], tuple[torch.Tensor | None, ...]], None],
+    *,
+    name: str = "node",
+    errors: Errors = "report",
+) -> HookHandle:
+    """Call ``hook(grad_inputs, grad_outputs)`` when backward runs autograd node ``node``.
+
+    ``grad_inputs`` are the gradients the node hands to its inputs, one per
+    edge (:mod:`precguard.capture.grad_edges` finds the edges of a module's own
+    graph): a module's own contribution to an input's gradient, before it is
+    added to the contributions of other readers. ``hook`` only observes.
+    """
+    handle = HookHandle()
+    guarded = _guard(lambda _name, gi, go: hook(gi, go), name, "node_grad", errors, _Failures())
+
+    def observe(grad_inputs: Any, grad_outputs: Any) -> None:
+        guarded(grad_inputs, grad_outputs)
+
+    handle._add(node.register_hook(observe))
+    return handle
+
+
+def replace_function(
+    namespace: Any,
+    name: str,
+    wrapper: Callable[..., Any],
+    *,
+    shadowed: Callable[[], Any] | None = None,
+) -> HookHandle:
+    """Answer calls of ``namespace.name`` (a function of a module) with ``wrapper``.
+
+    What the collectives' capture does to ``torch.distributed.all_reduce`` and its
+    kin: they are functions, not modules, so no module hook sees them.
+    Removing puts the original back, unless someone replaced ``wrapper`` in turn
+    since; then it stays (it calls ours, which must pass through by then) and
+    ``shadowed()`` is called to say so.
+    """
+    original = getattr(namespace, name)
+    setattr(namespace, name, wrapper)
+    handle = HookHandle()
+
+    def restore() -> None:
+        if getattr(namespace, name) is wrapper:
+            setattr(namespace, name, original)
+        elif shadowed is not None:
+            shadowed()
+
+    handle._add(restore)
     return handle
 
 
@@ -323,30 +385,32 @@ def _plain(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 class _OpWatch:
-    """What both mode levels share: which ops, the callback, the enclosing module."""
+    """What ``on_ops(post=...)`` runs for each op: the op, then ``post`` if it is watched."""
 
     def __init__(
         self,
-        post: Callable[[str, tuple, dict, Any, str], None] | None,
+        post: Callable[[str, tuple, dict, Any, str], None],
         ops: frozenset[str] | None,
         run: Callable[[Any, tuple, dict], Any],
         stack: list[str],
         errors: Errors,
+        name_of: Callable[[Any], str],
     ) -> None:
         self.post = post
         self.ops = ops
         self.run = run
         self.stack = stack
         self.errors = errors
+        self.name_of = name_of
         self.failures = _Failures()
 
-    def call(self, func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         result = self.run(func, args, kwargs)
-        post = self.post
-        if post is not None and (self.ops is None or name in self.ops):
+        name = self.name_of(func)
+        if self.ops is None or name in self.ops:
             module = self.stack[-1] if self.stack else "root"
             try:
-                post(name, args, kwargs, result, module)
+                self.post(name, args, kwargs, result, module)
             except NonFiniteError:
                 raise
             except Exception as exc:
@@ -356,26 +420,38 @@ class _OpWatch:
         return result
 
 
+def _function_name(func: Any) -> str:
+    return getattr(func, "__name__", "")
+
+
+def _aten_name(func: Any) -> str:
+    return func.overloadpacket.__name__
+
+
+#: an op's interception: ``intercept(func, args, kwargs)`` returns the op's result
+Intercept = Callable[[Any, tuple, dict], Any]
+
+
 class _FunctionLevel(TorchFunctionMode):
-    def __init__(self, watch: _OpWatch) -> None:
+    def __init__(self, intercept: Intercept) -> None:
         super().__init__()
-        self.watch = watch
+        self.intercept = intercept
 
     def __torch_function__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
-        return self.watch.call(func, getattr(func, "__name__", ""), args, kwargs or {})
+        return self.intercept(func, args, kwargs or {})
 
 
 class _AtenLevel(TorchDispatchMode):
-    def __init__(self, watch: _OpWatch) -> None:
+    def __init__(self, intercept: Intercept) -> None:
         super().__init__()
-        self.watch = watch
+        self.intercept = intercept
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
-        return self.watch.call(func, func.overloadpacket.__name__, args, kwargs or {})
+        return self.intercept(func, args, kwargs or {})
 
 
 class OpsHandle(HookHandle):
@@ -424,13 +500,22 @@ def on_ops(
     running when ``model`` is given (its calls are hooked for that), else
     ``"root"``. ``run(func, args, kwargs)`` computes each op's result in place
     of ``func(*args, **kwargs)`` (an experiment: another reduction order); it is
-    the model's result, so its errors always propagate.
+    the model's result, so its errors always propagate. Without ``post``, ``run``
+    is the whole interception (op capture's: it names the op and records it).
     """
     stack: list[str] = []
-    watch = _OpWatch(
-        post, frozenset(ops) if ops is not None else None, run or _plain, stack, errors
-    )
-    mode = _AtenLevel(watch) if level == "aten" else _FunctionLevel(watch)
+    intercept: Intercept = run or _plain
+    if post is not None:  # without one, the op goes to ``run`` with no frame between
+        watch = _OpWatch(
+            post,
+            frozenset(ops) if ops is not None else None,
+            intercept,
+            stack,
+            errors,
+            _aten_name if level == "aten" else _function_name,
+        )
+        intercept = watch.call
+    mode = _AtenLevel(intercept) if level == "aten" else _FunctionLevel(intercept)
     handle = OpsHandle(mode)
     if model is not None:
 

@@ -1,10 +1,10 @@
 """Module hooks that feed a :class:`Recording`.
 
-Hooks are registered with torch's own ``register_forward_pre_hook`` /
-``register_forward_hook`` (with kwargs), tensor ``register_hook`` for the
-gradients of module outputs and inputs, and
-``register_post_accumulate_grad_hook`` for parameter gradients. No hook
-returns a value, so the model computes exactly what it computes without
+Hooks are attached through :mod:`precguard.capture.hooks`: ``on_calls`` (torch's
+forward pre- and post-hooks, with kwargs), ``on_tensor_grad`` and
+``on_node_grad`` for the gradients of module outputs and inputs, and
+``on_param_grads`` for parameter gradients; one :class:`HookHandle` holds them
+all. No hook returns a value, so the model computes exactly what it computes without
 precguard. A hook that fails logs one error per module and lets the forward
 pass go on.
 
@@ -39,12 +39,18 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 from precguard._logging import get_logger
 from precguard.capture.flatten import named_tensors
 from precguard.capture.grad_edges import consumer_edges
-from precguard.capture.hooks import module_names, on_calls
+from precguard.capture.hooks import (
+    HookHandle,
+    module_names,
+    on_calls,
+    on_node_grad,
+    on_param_grads,
+    on_tensor_grad,
+)
 from precguard.capture.kv_cache import CacheStates, caches_in, caches_out
 from precguard.capture.options import CaptureOptions
 from precguard.capture.recording import CallFrame, Recording
@@ -160,7 +166,8 @@ class Monitor:
             (lambda: sink) if isinstance(sink, Recording) else sink
         )
         self._fixed_sink = sink if isinstance(sink, Recording) else None
-        self._handles: list[RemovableHandle] = []
+        #: the hooks that outlive a step: parameter gradients, leaf inputs' gradients
+        self._grad_hooks = HookHandle()
         self._sites: list[_Site] = []
         self._failed: set[tuple[str, str]] = set()
         # id(tensor) -> the input-gradient hook on that tensor, one per tensor however
@@ -170,6 +177,8 @@ class Monitor:
         self._backward = options.backward
         self._watch_inputs = options.backward and options.input_grads
         self._on_nonfinite = options.on_nonfinite
+        self._params_on = options.params != "never"
+        self._params_every = options.params == "every_step"
         self._caches = CacheStates() if options.kv_cache else None
         self.removed = False
         names = module_names(root, root_name)
@@ -205,10 +214,9 @@ class Monitor:
         )
         self._sites.append(site)
         if options.backward:
-            for index, (pname, p) in enumerate(mod.named_parameters(recurse=False)):
-                if p.requires_grad:
-                    hook = functools.partial(self._param_grad, name, mtype, index, pname, site.save)
-                    self._handles.append(p.register_post_accumulate_grad_hook(hook))
+            for index, named in enumerate(mod.named_parameters(recurse=False)):
+                hook = functools.partial(self._param_grad, name, mtype, index, site.save)
+                self._grad_hooks._add(on_param_grads([named], hook, errors="raise"))
         return site
 
     # -- hooks -------------------------------------------------------------------------
@@ -233,7 +241,7 @@ class Monitor:
         if self.removed:
             return
         opened: _Open | None = None
-        recomputing = _in_backward()
+        recomputing = _GRAPH_TASK_ID() != -1  # _in_backward(), inlined: once per call
         frames = site.frames
         if not recomputing:
             # a recomputation that checkpointing stopped early (non-reentrant stops once
@@ -248,7 +256,11 @@ class Monitor:
             elif sink.closed:
                 sink = None
             if sink is not None:
-                items = named_tensors(args, "args")
+                # a module called with one tensor (most): its name without the walk
+                if len(args) == 1 and isinstance(args[0], torch.Tensor):
+                    items = [("args.0", args[0])]
+                else:
+                    items = named_tensors(args, "args")
                 if kwargs:
                     items += named_tensors(kwargs, "kwargs")
                 if self._caches is not None and not recomputing:
@@ -280,7 +292,13 @@ class Monitor:
                     else []
                 )
                 opened = (sink, frame, needs_grad)
-                if not frame.recomputed:
+                # parameters at a module's first call of a step (the policy's gate inlined)
+                if (
+                    frame.call == 0
+                    and not frame.recomputed
+                    and self._params_on
+                    and (self._params_every or sink.step_index == 0)
+                ):
                     self._record_params(sink, module, frame)
         except Exception as exc:
             self._report_failure(site.name, "forward_pre", exc)
@@ -322,7 +340,11 @@ class Monitor:
         sink, frame, needs_grad = opened
         name, mtype = site.name, site.type
         try:
-            items = named_tensors(output, "output")
+            items = (
+                [("output", output)]
+                if isinstance(output, torch.Tensor)
+                else named_tensors(output, "output")
+            )
             if not frame.recomputed:
                 if self._caches is not None:  # cache tensors this call wrote
                     found = caches_in(args, kwargs) + caches_out(output)
@@ -331,8 +353,9 @@ class Monitor:
                     sink.leave(frame, items)
             if self._backward and torch.is_grad_enabled():
                 for index, (tname, t) in enumerate(items):
-                    if t.requires_grad:
-                        t.register_hook(
+                    if t.requires_grad:  # lives with the graph: no handle kept
+                        on_tensor_grad(
+                            t,
                             functools.partial(
                                 self._output_grad,
                                 sink,
@@ -342,7 +365,8 @@ class Monitor:
                                 index,
                                 tname,
                                 frame.save,
-                            )
+                            ),
+                            errors="raise",
                         )
             if needs_grad:
                 self._watch_inputs_of(site, items, needs_grad, sink, frame)
@@ -428,9 +452,11 @@ class Monitor:
 
             watch = _InputGradWatch(weakref.ref(t, forget), leaf=t.grad_fn is None)
             self._input_grads[key] = watch
-            handle = t.register_hook(functools.partial(self._input_grad, key, watch))
+            handle = on_tensor_grad(
+                t, functools.partial(self._input_grad, key, watch), errors="raise"
+            )
             if watch.leaf:
-                self._handles.append(handle)
+                self._grad_hooks._add(handle)
         watch.readers.append(reader)
 
     def _watch_own_edges(
@@ -456,7 +482,7 @@ class Monitor:
             for node, i in node_edges:
                 by_node.setdefault(node, []).append((k, i))
         for node, pairs in by_node.items():
-            node.register_hook(functools.partial(self._edge_grad, own, pairs))
+            on_node_grad(node, functools.partial(self._edge_grad, own, pairs), errors="raise")
         out: list[_Reader | None] = []
         for reader, node_edges in zip(readers, edges, strict=True):
             reader.exact = bool(node_edges)
@@ -504,7 +530,7 @@ class Monitor:
                 self._report_failure(r.module, "input_grad", exc)
 
     def _param_grad(
-        self, name: str, mtype: str, index: int, pname: str, save: bool, p: torch.Tensor
+        self, name: str, mtype: str, index: int, save: bool, pname: str, p: torch.Tensor
     ) -> None:
         if self.removed or p.grad is None:
             return
@@ -538,10 +564,10 @@ class Monitor:
         if self.removed:
             return
         self.removed = True
-        self._hooks.remove()
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        try:
+            self._hooks.remove()
+        finally:
+            self._grad_hooks.remove()
         for site in self._sites:
             site.frames.clear()
         self._input_grads.clear()

@@ -50,12 +50,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from precguard._logging import get_logger
 from precguard.capture.flatten import named_tensors
-from precguard.capture.hooks import HookHandle, on_calls
+from precguard.capture.hooks import HookHandle, OpsHandle, on_calls, on_ops
 from precguard.capture.monitor import module_names
 from precguard.capture.options import CaptureOptions
 from precguard.capture.recording import CallFrame, Recording
@@ -133,38 +131,6 @@ def _is_layout_aten(func: Any, name: str) -> bool:
     return name in LAYOUT_OPS or bool(getattr(func, "is_view", False))
 
 
-class _FunctionLevel(TorchFunctionMode):
-    def __init__(self, capture: OpCapture) -> None:
-        super().__init__()
-        self.capture = capture
-
-    def __torch_function__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        capture = self.capture
-        if in_capture() or not capture.stack:
-            return func(*args, **kwargs)
-        name, qualified = function_op_name(func)
-        return capture.run(func, name, qualified, name in LAYOUT_OPS, args, kwargs)
-
-
-class _AtenLevel(TorchDispatchMode):
-    def __init__(self, capture: OpCapture) -> None:
-        super().__init__()
-        self.capture = capture
-
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        capture = self.capture
-        if in_capture() or not capture.stack:
-            return func(*args, **kwargs)
-        name, qualified = aten_op_name(func)
-        return capture.run(func, name, qualified, _is_layout_aten(func, name), args, kwargs)
-
-
 class OpCapture:
     """Records the ops run inside ``root``'s modules into ``sink`` (see the module doc).
 
@@ -189,7 +155,9 @@ class OpCapture:
         self.stack: list[str] = []
         self.removed = False
         self._depth = 0
-        self._mode: TorchFunctionMode | TorchDispatchMode | None = None
+        #: the op watch of the root forward running now (None between forwards)
+        self._ops: OpsHandle | None = None
+        self._aten = options.ops_at == "aten"
         #: (module, op) -> (the key call counts use, the op's record module, its tensors saved)
         self._sites: dict[tuple[str, str], tuple[object, str, bool]] = {}
         self._selected: dict[str, bool] = {}  # module name -> its ops are recorded
@@ -249,9 +217,9 @@ class OpCapture:
             if self.own_steps:
                 self.sink.begin_call(module, root=True)
             self.stack = [name]
-            mode = _AtenLevel(self) if self.options.ops_at == "aten" else _FunctionLevel(self)
-            mode.__enter__()
-            self._mode = mode
+            ops = on_ops(run=self._intercept, level=self.options.ops_at)
+            ops.__enter__()
+            self._ops = ops
         except Exception as exc:
             self.stack = []
             self._report("enter", exc)
@@ -265,16 +233,28 @@ class OpCapture:
                 self.stack.pop()
             return
         self.stack = []
-        mode, self._mode = self._mode, None
+        ops, self._ops = self._ops, None
         try:
-            if mode is not None:
-                mode.__exit__(None, None, None)
+            if ops is not None:
+                ops.remove()
             if self.own_steps and not self.sink.closed:
                 self.sink.flush()
         except Exception as exc:
             self._report("exit", exc)
 
     # -- ops -------------------------------------------------------------------------------
+
+    def _intercept(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Every op run while the root runs: precguard's own pass, the model's are recorded."""
+        if in_capture() or not self.stack:
+            return func(*args, **kwargs)
+        if self._aten:
+            name, qualified = aten_op_name(func)
+            layout = _is_layout_aten(func, name)
+        else:
+            name, qualified = function_op_name(func)
+            layout = name in LAYOUT_OPS
+        return self.run(func, name, qualified, layout, args, kwargs)
 
     def _records(self, module: str, name: str, layout: bool) -> bool:
         """Whether op ``name`` run directly in ``module`` is recorded under the filters."""
@@ -386,10 +366,10 @@ class OpCapture:
             return
         self.removed = True
         self._hooks.remove()
-        mode, self._mode = self._mode, None
-        if mode is not None:
+        ops, self._ops = self._ops, None
+        if ops is not None:
             try:
-                mode.__exit__(None, None, None)
+                ops.remove()
             except Exception as exc:  # not the innermost mode any more: torch refuses
                 self._report("remove", exc)
         self.stack = []

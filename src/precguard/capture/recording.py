@@ -185,6 +185,9 @@ class Recording:
         self._stats = StatsBuffer(evidence=self.options.evidence)
         self._hashes = HashBuffer() if self.options.hashes else None
         self._pending: list[tuple[dict[str, Any], int | None]] = []
+        #: a pending record may hold a NaN/Inf (seen, or not known before the flush's
+        #: transfer); while False the flush skips the origin scan of its records
+        self._maybe_nonfinite = False
         self._tensors: dict[str, torch.Tensor] = {}  # saved tensors not yet on disk
         self._tensor_bytes = 0
         self._tensor_files: dict[str, str] = {}  # key -> file, for records not yet written
@@ -366,7 +369,8 @@ class Recording:
         all_finite: bool | None = True
         if not items:
             return all_finite
-        autocast = _autocast_dtype(items[0][1])
+        # autocast off (the flag, a C call): no Python frame asks the device type
+        autocast = _autocast_dtype(items[0][1]) if _ANY_AUTOCAST() else None
         prefix = f"{module}.{call}.{phase}.{role}."
         stats_add = self._stats.add
         step, rank = self.step_index, self.rank
@@ -414,6 +418,8 @@ class Recording:
                 self._tensors[key] = host
                 self._tensor_bytes += host.numel() * host.element_size()
             self._pending.append((rec, slot))
+        if all_finite is not True:
+            self._maybe_nonfinite = True
         if self._tensor_bytes > self.TENSOR_CHUNK_BYTES:
             self._save_tensors()
         return all_finite
@@ -524,6 +530,7 @@ class Recording:
             self._flush()
         except Exception as exc:  # the user's loop must not pay for it
             self._pending = []
+            self._maybe_nonfinite = False
             self._stats.clear()
             if self._hashes is not None:
                 self._hashes.clear()
@@ -551,7 +558,9 @@ class Recording:
             for rec in records:
                 if "hash" in rec:
                     rec["hash"] = hashes[rec["hash"]]
-        self._scan_nonfinite(records)
+        if self._maybe_nonfinite:  # every record known finite: no origin among them
+            self._maybe_nonfinite = False
+            self._scan_nonfinite(records)
         if self.writer is None:
             return
         self._save_tensors()  # before the records that point at them

@@ -456,7 +456,8 @@ def _fused_stats(
         )
     if not (math.isfinite(total) and math.isfinite(sumsq)):
         return None  # a NaN or an Inf (the passes count them), or float64 sums overflowed
-    if not _sums_in_range(x, n, total, sumsq):
+    # _sums_in_range, inlined (once per tensor); total is finite here
+    if not n * _TINY[x.dtype] <= sumsq < math.inf:
         return _scaled_row(x, n, mn, mx, n - zeros), values
     mean = total / n
     spread = sumsq - total * mean
@@ -481,7 +482,10 @@ def _row(
     See :func:`_in_range` for a float32 tensor's ``l2`` and ``std`` beyond its range.
     """
     std = math.sqrt(max(spread, 0.0) / (n - 1)) if n > 1 else 0.0
-    return _in_range(x, (mn, mx, mean, std, math.sqrt(sumsq), nonzero, 0, 0))
+    l2 = math.sqrt(sumsq)
+    if std > _F32_MAX or l2 > _F32_MAX:  # only then can a float32's be beyond its range
+        return _in_range(x, (mn, mx, mean, std, l2, nonzero, 0, 0))
+    return (mn, mx, mean, std, l2, nonzero, 0, 0)
 
 
 def _in_range(x: torch.Tensor, row: tuple[float, ...]) -> tuple[float, ...]:

@@ -6,6 +6,10 @@ module by module. An op "ran below the reference" when the dtype it produced
 (or read) carries fewer mantissa bits on the device. Dtypes are what the
 graph shows: an ``emu:`` profile that rounds values while keeping fp32 tensors
 shows up in ``ops.op_precision`` (measured against fp64), not here.
+
+The reference's graph is the same for every check that asks (``amp.autocast_ops``
+under autocast, ``ops.graph_dtypes`` without): it is traced once per checklist
+run and kept in the lab's cache, as the device's plain graph is.
 """
 
 from __future__ import annotations
@@ -29,10 +33,8 @@ def ops_below_reference(
     dtype, calls, and whether the op is one of ``sensitive`` (the amp checks'
     reductions and exponentials, what autocast keeps in fp32) and *ran* lower.
     """
-    ref_model, dev_model = bench.copy("reference"), bench.copy("device")
-    inner = device_context or contextlib.nullcontext
-    golden = trace_graph(ref_model, lambda: bench.forward(ref_model, "reference"))
-    actual = trace_graph(dev_model, lambda: bench.forward(dev_model, "device", inner=inner()))
+    golden = _traced(bench, "reference", None)
+    actual = _traced(bench, "device", device_context)
     found = []
     for d in diff_graphs(golden, actual).differences:
         if d.kind not in ("dtype", "input_dtype") or d.golden is None or d.actual is None:
@@ -55,3 +57,16 @@ def ops_below_reference(
         )
     found.sort(key=lambda e: not e["sensitive"])  # stable: then by the diff's likely impact
     return found
+
+
+def _traced(bench: Lab, on: Any, context: Callable[[], Any] | None) -> Any:
+    """The op graph of one forward of batch 0 on ``on``; cached unless in a ``context``."""
+    key = f"op_graph:{on}"
+    if context is None and key in bench._cache:
+        return bench._cache[key]
+    model = bench.copy(on)
+    inner = context or contextlib.nullcontext
+    graph = trace_graph(model, lambda: bench.forward(model, on, inner=inner()))
+    if context is None:
+        bench._cache[key] = graph
+    return graph

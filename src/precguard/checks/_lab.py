@@ -235,12 +235,23 @@ class Lab:
         (self.device if on == "device" else self.reference).synchronize()
         return out
 
+    def output(self, on: On) -> Any:
+        """The model's output on batch 0 with the numerics of ``on``, no grad: one run per side.
+
+        Every check that needs the plain forward of one side (the logits' range,
+        the loss the model computes, the base of a reduction-order comparison)
+        reads this one, run once per checklist run and kept; the output is shared,
+        so a check copies what it changes.
+        """
+        key = f"output:{on}"
+        if key not in self._cache:
+            self._cache[key] = self.forward(self.copy(on), on)
+        return self._cache[key]
+
     def reference_logits(self) -> torch.Tensor:
         """Logits (main output) of the reference model on batch 0, fp32."""
         if "reference_logits" not in self._cache:
-            self._cache["reference_logits"] = (
-                logits_of(self.forward(self.copy("reference"), "reference")).detach().cpu()
-            )
+            self._cache["reference_logits"] = logits_of(self.output("reference")).detach().cpu()
         return self._cache["reference_logits"]
 
     def gradients(self, on: On, scale: float = 1.0) -> Gradients:

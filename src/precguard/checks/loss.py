@@ -30,7 +30,7 @@ def logits_range(ctx: CheckContext, headroom: float = 16.0) -> Finding:
     """Device logits finite and at least ``headroom``x below the compute dtype's max."""
     bench = lab(ctx)
     cid = "loss.logits_range"
-    logits = logits_of(bench.forward(bench.copy("device"), "device")).detach().float().cpu()
+    logits = logits_of(bench.output("device")).detach().float().cpu()
     limit = float(torch.finfo(bench.compute_dtype).max)
     nonfinite = int((~torch.isfinite(logits)).sum())
     absmax = float(torch.nan_to_num(logits, nan=0.0, posinf=0.0, neginf=0.0).abs().max())
@@ -169,7 +169,7 @@ def _target_loss_cases(bench: Lab) -> dict[str, dict[str, float] | str]:
     assert loss_fn is not None
     # the reference output rounded to the device's dtype: both sides get the same numbers
     output = map_tensors_keeping_types(
-        bench.forward(bench.copy("reference"), "reference"),
+        bench.output("reference"),
         lambda t: t.detach().cpu().to(bench.dtype) if t.is_floating_point() else t.detach().cpu(),
     )
     batch = bench.batch(0)
@@ -212,7 +212,7 @@ def _model_loss_case(bench: Lab) -> dict[str, Any] | None:
     found = _label_tensor(bench.batch(0))
     if found is None:
         return None
-    output = bench.forward(bench.copy("device"), "device")
+    output = bench.output("device")
     loss = loss_of(output)
     if loss is None:
         return None

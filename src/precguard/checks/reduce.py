@@ -60,7 +60,7 @@ def order_sensitivity(ctx: CheckContext, runs: int = 3, factor: float = 4.0) -> 
     bench = lab(ctx)
     cid = "reduce.order_sensitivity"
     model = bench.copy("device")
-    base = logits_of(bench.forward(model, "device")).detach()
+    base = logits_of(bench.output("device")).detach()  # the plain run every check shares
     spreads = []
     for seed in range(runs):
         shuffled = logits_of(

@@ -307,7 +307,8 @@ class RunWriter:
         self._layouts.update(new)  # only once they passed
         # the dicts just validated, encoded by pydantic-core as the model would encode
         # them (a model instance per record costs ~5 us more to serialize)
-        lines = b"\n".join(to_json(rec, inf_nan_mode="strings") for rec in records)
+        # (a list, not a generator: a generator is one Python frame resumed per record)
+        lines = b"\n".join([to_json(rec, inf_nan_mode="strings") for rec in records])
         self._append(lines + b"\n")
 
     def _append(self, data: bytes) -> None:

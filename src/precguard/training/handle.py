@@ -131,6 +131,7 @@ class WatchHandle(Handle):
         *,
         overwrite: bool = False,
     ) -> None:
+        super().__init__()
         self.model = model
         self.optimizer = optimizer
         self.options = options
