@@ -65,7 +65,7 @@ from precguard.compare.optimizer import is_optimizer
 from precguard.compare.report import FirstDivergence, RecordResult, Suspect
 from precguard.compare.routing import index_reason
 from precguard.compare.tolerance import Profile
-from precguard.numerics import MIN_LOCAL_GROWTH, expected_error, rounding_floor
+from precguard.numerics import CONCENTRATION, MIN_LOCAL_GROWTH, expected_error, rounding_floor
 
 _BAD = ("fail", "nonfinite")
 
@@ -483,11 +483,15 @@ def _concentration(r: RecordResult) -> str:
     if m is None or m.level != "full":
         return ""
     parts = []
-    if m.slice_error is not None and m.slice_dim is not None and m.slice_error > 2 * m.error:
+    if (
+        m.slice_error is not None
+        and m.slice_dim is not None
+        and m.slice_error > CONCENTRATION * m.error
+    ):
         parts.append(
             f"worst slice {_fmt(m.slice_error)} at index {m.slice_index} of dim {m.slice_dim}"
         )
-    if m.peak_error is not None and m.peak_error > 2 * m.error:
+    if m.peak_error is not None and m.peak_error > CONCENTRATION * m.error:
         parts.append(f"max-abs {_fmt(m.peak_error)} of max|golden|")
     return f" ({', '.join(parts)})" if parts else ""
 

@@ -59,15 +59,16 @@ from precguard.compare.expected import (
     significant_scale,
 )
 from precguard.compare.levels import concentrated
-from precguard.compare.metrics import less_precise
 from precguard.compare.optimizer import Explained, is_optimizer, update_verdict
 from precguard.compare.report import Metrics, RecordResult
 from precguard.compare.sampled import sampled_bounds
 from precguard.compare.tolerance import Profile
 from precguard.numerics import (
+    DIFFERENCE_GROWTH,
     SIGNIFICAND_BITS,
     expected_error,
     ladder,
+    less_precise,
     unit_roundoff,
 )
 
@@ -303,7 +304,11 @@ class StepJudge:
             prior = self.previous.get(_param_id(r))
             if prior is not None:
                 ex = self.explained.get(r.key)
-                step = ex.rest if ex is not None else 2.0 * self.updates.get(_param_id(r), 0.0)
+                step = (
+                    ex.rest
+                    if ex is not None
+                    else DIFFERENCE_GROWTH * self.updates.get(_param_id(r), 0.0)
+                )
                 scope.err = scope.conc = prior + step
             return scope, [], None
         call = (r.module, r.call)

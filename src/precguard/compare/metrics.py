@@ -38,7 +38,7 @@ from precguard.compare.levels import (
 from precguard.compare.sampled import position_evidence, sample_evidence
 from precguard.compare.tolerance import Profile
 from precguard.dump.schema import STAT_FIELDS, Record, Stats
-from precguard.numerics import SIGNIFICAND_BITS, SLICE_FLOOR, relative_l2
+from precguard.numerics import SIGNIFICAND_BITS, SLICE_FLOOR, less_precise, relative_l2
 
 #: elements per chunk: 256 KiB of float32 keeps the working set in cache
 CHUNK = 1 << 16
@@ -88,15 +88,6 @@ def tolerance_dtype(golden: str, actual: str, mode: str = "auto") -> str:
     if mode == "golden" and is_float_dtype(golden):
         return golden
     return less_precise(golden, actual)
-
-
-def less_precise(first: str, second: str) -> str:
-    """The less precise of two dtype names (a float one when only one of them is)."""
-    f, s = SIGNIFICAND_BITS.get(first), SIGNIFICAND_BITS.get(second)
-    if f is None or s is None:
-        return second if s is not None else first
-    # bf16 has fewer significand bits than fp16, so it is the less precise of the two
-    return first if f < s else second
 
 
 def precision(stored: str, compute: str | None) -> str:

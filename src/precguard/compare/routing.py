@@ -63,7 +63,7 @@ from precguard.compare.report import Metrics, RecordResult
 from precguard.compare.tolerance import Profile
 from precguard.dump.schema import Record
 from precguard.dump.tensors import TensorStore
-from precguard.numerics import REROUTED_ROW_ERROR, rounding_floor
+from precguard.numerics import REROUTED_ROW_ERROR, SCORE_PAIR, rounding_floor, scale_excess
 
 Pair = tuple[Record, Record]
 
@@ -76,7 +76,7 @@ def is_index_dtype(dtype: str) -> bool:
 def margin_tolerance(expected: float, amplification: float, absmax: float) -> float:
     """The golden score margin rounding can cross: both scores of the pair moving apart by
     the largest element error the judge accepts for the scores record."""
-    return 2.0 * amplification * expected * absmax
+    return SCORE_PAIR * amplification * expected * absmax
 
 
 @dataclass
@@ -627,9 +627,9 @@ class Routing:
 
 def _excess(m: Metrics, profile: Profile) -> float:
     """How far a scale lies beyond ``bias_z`` standard errors from 1 (-inf: not measured)."""
-    if not isinstance(m, MeasuredMetrics) or m.scale is None or m.scale_se is None:
+    if not isinstance(m, MeasuredMetrics):
         return -math.inf
-    return abs(m.scale - 1.0) - profile.bias_z * m.scale_se
+    return scale_excess(m.scale, m.scale_se, profile.bias_z)
 
 
 def _rows(shape: list[int]) -> int:

@@ -26,7 +26,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from precguard.compare.levels import FullMetrics, MeasuredMetrics
 from precguard.compare.report import Metrics, Status
 from precguard.errors import UsageError
-from precguard.numerics import AMPLIFICATION, SIGNIFICAND_BITS, ladder, unit_roundoff
+from precguard.numerics import (
+    AMPLIFICATION,
+    BIAS_Z,
+    SIGNIFICAND_BITS,
+    ladder,
+    scale_excess,
+    unit_roundoff,
+)
 
 
 class DtypeTolerance(BaseModel):
@@ -63,7 +70,7 @@ class Profile(BaseModel):
         description="Output/input error ratio from which a module is 'local'.",
     )
     bias_z: float = Field(
-        default=4.0,
+        default=BIAS_Z,
         description="Standard errors by which the scale of actual on golden must differ from "
         "1 to count as a systematic error (inf disables the bias test).",
     )
@@ -250,8 +257,9 @@ def judge(metrics: Metrics, profile: Profile) -> Status:
     return "pass"
 
 
-def bias_threshold(metrics: Metrics, profile: Profile) -> float | None:
-    """The |scale - 1| beyond which ``metrics`` show a systematic error (None: untestable)."""
+def bias_floor(metrics: Metrics, profile: Profile) -> float | None:
+    """The scale excess (:func:`precguard.numerics.scale_excess`, beyond ``bias_z`` standard
+    errors) above which ``metrics`` show a systematic error (None: untestable)."""
     if not isinstance(metrics, MeasuredMetrics):
         return None
     if metrics.scale is None or metrics.scale_se is None or not math.isfinite(profile.bias_z):
@@ -259,15 +267,15 @@ def bias_threshold(metrics: Metrics, profile: Profile) -> float | None:
     floor = profile.bias_floor
     if floor is None:
         floor = profile.bias_floor_ulps * unit_roundoff(metrics.dtype)
-    return profile.bias_z * metrics.scale_se + floor
+    return floor
 
 
 def with_bias(metrics: Metrics, profile: Profile) -> Metrics:
     """``metrics`` with ``bias`` set when its scale shows a significant systematic error."""
-    threshold = bias_threshold(metrics, profile)
-    if threshold is None or not isinstance(metrics, MeasuredMetrics) or metrics.scale is None:
+    floor = bias_floor(metrics, profile)
+    if floor is None or not isinstance(metrics, MeasuredMetrics):
         return metrics
-    if abs(metrics.scale - 1.0) <= threshold:
+    if not scale_excess(metrics.scale, metrics.scale_se, profile.bias_z) > floor:
         return metrics
     return metrics.model_copy(update={"bias": True})
 
@@ -277,7 +285,7 @@ __all__ = [
     "SIGNIFICAND_BITS",
     "DtypeTolerance",
     "Profile",
-    "bias_threshold",
+    "bias_floor",
     "get_profile",
     "judge",
     "unit_roundoff",
