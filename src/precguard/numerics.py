@@ -515,11 +515,30 @@ def ladder(m: Measured) -> Verdict | None:
     return None
 
 
-def status(m: Measured, allowed: float) -> Verdict:
-    """:func:`ladder`, then ``pass`` while the error is within ``allowed``."""
+def status(
+    m: Measured, allowed: float | None, *, ratio: float | None = None, found: bool = False
+) -> Verdict:
+    """The verdict on one measured pair: non-finite first (:func:`ladder`); then ``fail``
+    when a rule ``found`` the error unexplained by something besides its size (a scale
+    of its own, the precision a loss was computed in, a router's choice); then the rest of
+    the ladder; then the error against what is ``allowed`` (None: no threshold applies,
+    a rule judged the record otherwise).
+
+    ``ratio``: where a judge holds more than ``m.error`` to its limit (compare's
+    expected-error judge: the larger of the global and the concentrated error, each over
+    what explains it, over the amplification), that figure over its limit: above 1 fails.
+    """
     settled = ladder(m)
+    if settled == "nonfinite":
+        return settled
+    if found:
+        return "fail"
     if settled is not None:
         return settled
+    if ratio is not None:
+        return "fail" if ratio > 1.0 else "pass"
+    if allowed is None:
+        return "pass"
     return "fail" if m.error > allowed else "pass"
 
 
