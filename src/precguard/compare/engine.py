@@ -57,7 +57,7 @@ from precguard.compare.report import (
 from precguard.compare.rule import Explanations, StepContext
 from precguard.compare.tolerance import Profile, with_bias
 from precguard.compare.units import OneSided, ShardResult, UnitResult
-from precguard.compare.verdict import JudgeInputs, judge_step
+from precguard.compare.verdict import JudgeInputs, run_rules
 from precguard.dump.paths import RECORDS_FILE, rank_dir
 from precguard.dump.reader import Run, load_run
 from precguard.dump.schema import Record
@@ -224,7 +224,7 @@ def compare_unit(
     )
     buffers = Explanations(buffer_names={g.key: g.name for g in g_recs if g.role == "buffer"})
     # the rules in their phases; status, local and the why line of every record
-    verdict = judge_step(ctx, buffers)
+    verdict = run_rules(ctx, buffers)
     logger.debug("step_compared", rank=r, step=s, records=len(verdict.results))
     return UnitResult(
         rank=r,
@@ -335,16 +335,11 @@ def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
     depend on how many processes shared the work.
     """
     g_run, a_run = plan.g_run, plan.a_run
-    warnings = list(plan.warnings)
-    for r in plan.ranks:
-        for shard in shards:
-            warnings.extend(shard.warnings.get(r, []))
-    coverage = CoverageTracker(g_run, a_run, rank=plan.rank, step=plan.step)
-    for shard in shards:
-        coverage.compared |= shard.compared
-        coverage.phases |= shard.phases
-        coverage.only_golden |= shard.only_golden
-        coverage.only_actual |= shard.only_actual
+    warnings = [
+        *plan.warnings,
+        *(w for r in plan.ranks for sh in shards for w in sh.warnings.get(r, [])),
+    ]
+    coverage = _merged_coverage(plan, shards)
     units = sorted((u for shard in shards for u in shard.units), key=lambda u: (u.rank, u.step))
     results = RecordRows()  # compact: memory per record pair stays small (docs/compare.md)
     golden_only: list[str] = []
@@ -365,40 +360,11 @@ def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
         candidates.extend(unit.candidates)
         if unit.first is not None:
             firsts.append(unit.first)
-    steps_seen = len(units)
-    if plan.step is not None and steps_seen == 0:
-        raise UsageError(f"step {plan.step} is in neither recording (or in only one of them)")
-    if steps_seen == 0:
-        raise IncomparableRunsError(
-            f"{g_run.path} and {a_run.path} share no step of any rank: nothing to compare"
-            + incomplete_note(g_run, a_run)
-        )
     counts = Counts.of(results)
-    matched = len(results) - counts.missing
-    unmatched_modules = max(
-        _module_level(golden_only, plan.is_detail), _module_level(actual_only, plan.is_detail)
-    )
-    if matched < MIN_ALIGNED_SHARE * unmatched_modules:
-        truncated = hints.truncation_note(g_run, a_run, results, golden_only, actual_only)
-        if truncated is not None:
-            raise DumpFormatError(truncated)
-        raise IncomparableRunsError(
-            hints.not_the_same_model(
-                g_run, a_run, matched, golden_only, actual_only, plan.is_detail
-            )
-        )
+    _check_comparable(plan, len(units), results, counts, golden_only, actual_only)
     candidates, firsts = _across_ranks(results, candidates, firsts)
     first = min(firsts, key=lambda c: c.order) if firsts else None
-    for side, i in (("golden", 0), ("actual", 1)):
-        dropped = sum(u.collectives_dropped[i] for u in units)
-        if dropped:
-            warnings.append(hints.collectives_left_out(dropped, side))
-    warnings.extend(hints.one_sided_notes([o for u in units for o in u.one_sided]))
-    padded = padding_note(sum((u.left_out for u in units), LeftOut()))
-    if padded is not None:
-        warnings.append(padded)
-    if golden_only or actual_only:
-        warnings.append(hints.unmatched_warning(golden_only, actual_only))
+    warnings.extend(_unit_notes(units, golden_only, actual_only))
     prof = plan.prof
     return Comparison(
         golden=str(g_run.path),
@@ -421,6 +387,66 @@ def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
         warnings=warnings,
         coverage=_decoding_gap(coverage.result(), parted, units),
     )
+
+
+def _merged_coverage(plan: ComparePlan, shards: list[ShardResult]) -> CoverageTracker:
+    """What the shards compared, put together."""
+    coverage = CoverageTracker(plan.g_run, plan.a_run, rank=plan.rank, step=plan.step)
+    for shard in shards:
+        coverage.compared |= shard.compared
+        coverage.phases |= shard.phases
+        coverage.only_golden |= shard.only_golden
+        coverage.only_actual |= shard.only_actual
+    return coverage
+
+
+def _check_comparable(
+    plan: ComparePlan,
+    steps_seen: int,
+    results: RecordRows,
+    counts: Counts,
+    golden_only: list[str],
+    actual_only: list[str],
+) -> None:
+    """Raise when nothing was compared, or too few records aligned for one model."""
+    g_run, a_run = plan.g_run, plan.a_run
+    if plan.step is not None and steps_seen == 0:
+        raise UsageError(f"step {plan.step} is in neither recording (or in only one of them)")
+    if steps_seen == 0:
+        raise IncomparableRunsError(
+            f"{g_run.path} and {a_run.path} share no step of any rank: nothing to compare"
+            + incomplete_note(g_run, a_run)
+        )
+    matched = len(results) - counts.missing
+    unmatched_modules = max(
+        _module_level(golden_only, plan.is_detail), _module_level(actual_only, plan.is_detail)
+    )
+    if matched < MIN_ALIGNED_SHARE * unmatched_modules:
+        truncated = hints.truncation_note(g_run, a_run, results, golden_only, actual_only)
+        if truncated is not None:
+            raise DumpFormatError(truncated)
+        raise IncomparableRunsError(
+            hints.not_the_same_model(
+                g_run, a_run, matched, golden_only, actual_only, plan.is_detail
+            )
+        )
+
+
+def _unit_notes(units: list[Any], golden_only: list[str], actual_only: list[str]) -> list[str]:
+    """The warnings the units leave: collectives and inputs one side recorded, padding left
+    out, records left unmatched."""
+    notes = []
+    for side, i in (("golden", 0), ("actual", 1)):
+        dropped = sum(u.collectives_dropped[i] for u in units)
+        if dropped:
+            notes.append(hints.collectives_left_out(dropped, side))
+    notes.extend(hints.one_sided_notes([o for u in units for o in u.one_sided]))
+    padded = padding_note(sum((u.left_out for u in units), LeftOut()))
+    if padded is not None:
+        notes.append(padded)
+    if golden_only or actual_only:
+        notes.append(hints.unmatched_warning(golden_only, actual_only))
+    return notes
 
 
 def _decoding_gap(cov: Coverage, parted: Candidate | None, units: list[Any]) -> Coverage:

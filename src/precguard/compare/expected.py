@@ -140,49 +140,61 @@ def linear_factors(
     wrongly scaled residual branch read as a scale of its own), so the record goes
     to the generic test instead.
     """
-
-    def scaled(records: list[Any]) -> list[MeasuredMetrics] | None:
-        out = []
-        for x in records:
-            m = x.metrics
-            if m is None:
-                return None
-            if isinstance(m, MeasuredMetrics) and m.scale is not None and m.scale:
-                if m.error > RATIO_MAX_ULPS * unit_roundoff(m.dtype):
-                    return None  # an error beyond rounding may be structured (see above)
-                out.append(m)
-            elif m.error > 0 or m.nan_mismatch or m.inf_mismatch:
-                return None  # it differs, by an unknown scale
-        return out
-
-    def weights(records: list[Any]) -> list[MeasuredMetrics] | None:
-        # by their scale only: their rounding reaches the output as a pattern shared
-        # along its channels, which the output's own standard error measures
-        out = scaled(records)
-        return None if out is None else [m.model_copy(update={"scale_se": 0.0}) for m in out]
-
-    fin = [x for x in consumed if x.phase == "forward" and x.role == "input"]
-    params = [x for x in consumed if x.phase == "forward" and x.role == "param"]
+    fin, params, gout = _consumed(consumed)
     weight = [x for x in params if x.index == 0]
-    gout = [x for x in consumed if x.phase == "backward" and x.role == "output"]
     if module_type in SCALE_INVARIANT_TYPES and phase == "forward" and role == "output":
-        return weights(params) if len(params) <= 1 else None
+        return _weights(params) if len(params) <= 1 else None
     if module_type not in LINEAR_TYPES:
         return None
-    found: list[MeasuredMetrics] | None = None
-    w = weights(weight)
-    if phase == "forward" and role == "output" and len(fin) == 1:
-        found = scaled(fin)
-    elif phase == "backward" and len(gout) == 1:
-        if role == "input":
-            found = scaled(gout)
-        elif role == "grad" and index == 0 and len(fin) == 1:
-            found, w = scaled([*fin, *gout]), []
-        elif role == "grad":
-            found, w = scaled(gout), []
+    w = _weights(weight)
+    if phase == "forward":
+        found = _scaled(fin) if role == "output" and len(fin) == 1 else None
+    elif len(gout) != 1 or role not in ("input", "grad"):
+        found = None
+    elif role == "input":
+        found = _scaled(gout)
+    else:  # a weight's gradient g^T x is linear in both; a bias's in g alone
+        both = index == 0 and len(fin) == 1
+        found, w = _scaled([*fin, *gout] if both else gout), []
     if found is None or w is None:
         return None
     return [*found, *w]
+
+
+def _consumed(consumed: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+    """(forward inputs, forward parameters, gradients of the outputs) among ``consumed``."""
+    by: dict[tuple[str, str], list[Any]] = {}
+    for x in consumed:
+        by.setdefault((x.phase, x.role), []).append(x)
+    return (
+        by.get(("forward", "input"), []),
+        by.get(("forward", "param"), []),
+        by.get(("backward", "output"), []),
+    )
+
+
+def _scaled(records: list[Any]) -> list[MeasuredMetrics] | None:
+    """The metrics of ``records`` as scale factors, or None when one differs by more than
+    rounding (it may be structured: :func:`linear_factors`) or by an unknown scale."""
+    out = []
+    for x in records:
+        m = x.metrics
+        if m is None:
+            return None
+        if isinstance(m, MeasuredMetrics) and m.scale is not None and m.scale:
+            if m.error > RATIO_MAX_ULPS * unit_roundoff(m.dtype):
+                return None  # an error beyond rounding may be structured
+            out.append(m)
+        elif m.error > 0 or m.nan_mismatch or m.inf_mismatch:
+            return None  # it differs, by an unknown scale
+    return out
+
+
+def _weights(records: list[Any]) -> list[MeasuredMetrics] | None:
+    """Weights as factors by their scale only: their rounding reaches the output as a
+    pattern shared along its channels, which the output's own standard error measures."""
+    out = _scaled(records)
+    return None if out is None else [m.model_copy(update={"scale_se": 0.0}) for m in out]
 
 
 def own_scale(

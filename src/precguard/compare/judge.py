@@ -166,7 +166,7 @@ class JudgeInputs:
     ``previous`` maps a parameter's module-and-index to the error its gradient (or,
     failing that, the parameter itself) carried at the step before; :meth:`StepJudge.carried_on`
     returns the one for the next step. ``updates`` maps a parameter to the relative size of
-    the golden's optimizer step that produced it (see ``engine._golden_updates``): a
+    the golden's optimizer step that produced it (see ``optimizer.golden_updates``): a
     correct optimizer fed a gradient that differs by rounding takes a step that differs
     by at most about twice that, which the parameter's expected error then includes.
     ``calibrated`` maps a record key to the (global, concentrated) error a calibration

@@ -712,18 +712,7 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
     floor = _mask_floor(chosen) if isinstance(chosen, torch.dtype) else -math.inf
     masked = floor > -math.inf and gs.min is not None and gs.min <= floor
     compared = ("max",) if masked else ("min", "max", "mean", "std", "absmax", "l2")
-    diffs: dict[str, float] = {}
-    for name in compared:
-        gv, av = getattr(gs, name), getattr(as_, name)
-        if gv is None or av is None:  # one side did not record it (an imported msprobe dump)
-            continue
-        if not (math.isfinite(gv) and math.isfinite(av)):
-            diffs[name] = 0.0 if (gv == av or (math.isnan(gv) and math.isnan(av))) else math.inf
-            continue
-        den = max(abs(gv), rms, 1e-30)
-        diffs[name] = abs(av - gv) / den
-    if gs.numel and as_.numel and gs.zeros is not None and as_.zeros is not None:
-        diffs["zeros"] = abs(as_.zeros - gs.zeros) / max(gs.numel, 1)
+    diffs = _stat_diffs(gs, as_, compared, rms)
     error = max(diffs.values()) if diffs else 0.0
     if not is_float_dtype(golden.dtype) and not is_float_dtype(actual.dtype):
         level_note = "statistics only (integer tensor): equal statistics suggest equal values"
@@ -760,6 +749,25 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
         note=level_note,
         **evidence,
     )
+
+
+def _stat_diffs(gs: Stats, as_: Stats, compared: tuple[str, ...], rms: float) -> dict[str, float]:
+    """Each statistic's difference over ``max(|golden value|, rms(golden))``, and the zero
+    counts' over the element count (a statistic one side did not record is left out: an
+    imported msprobe dump)."""
+    diffs: dict[str, float] = {}
+    for name in compared:
+        gv, av = getattr(gs, name), getattr(as_, name)
+        if gv is None or av is None:
+            continue
+        if not (math.isfinite(gv) and math.isfinite(av)):
+            diffs[name] = 0.0 if (gv == av or (math.isnan(gv) and math.isnan(av))) else math.inf
+            continue
+        den = max(abs(gv), rms, 1e-30)
+        diffs[name] = abs(av - gv) / den
+    if gs.numel and as_.numel and gs.zeros is not None and as_.zeros is not None:
+        diffs["zeros"] = abs(as_.zeros - gs.zeros) / max(gs.numel, 1)
+    return diffs
 
 
 SAMPLE_NOTE = (

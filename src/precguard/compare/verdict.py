@@ -1,7 +1,7 @@
 """The one pass: every rule of compare's verdict, in its phases, and one writer of status.
 
 ``compare`` hands each rank and step, measured (compare/engine.py), to
-:func:`judge_step`. The rules (compare/rules.py: :data:`~precguard.compare.rules.RULES`,
+:func:`run_rules`. The rules (compare/rules.py: :data:`~precguard.compare.rules.RULES`,
 in the order they run) each take part in four phases (compare/rule.py):
 
 1. **re-measure**: a router's followers on the rows both runs routed alike (routing);
@@ -93,7 +93,7 @@ class _Walk:
         self.calls.replace(pos, self.write(r, self.settlement(pos)))
 
 
-def judge_step(ctx: StepContext, why: Explanations | None = None) -> StepVerdict:
+def run_rules(ctx: StepContext, why: Explanations | None = None) -> StepVerdict:
     """Run every rule of :data:`~precguard.compare.rules.RULES` over one measured step, in
     its phases (the module doc), and decide each module call."""
     rules: list[Rule] = [rule for make in RULES if (rule := make(ctx)) is not None]
@@ -130,7 +130,7 @@ def judge_unit(
     buffer_names: dict[str, str] | None = None,
     cache_names: dict[str, str] | None = None,
 ) -> StepVerdict:
-    """Judge and decide one rank and step's measured records (:func:`judge_step`) without
+    """Judge and decide one rank and step's measured records (:func:`run_rules`) without
     a comparison around them: ``judging``, what the expected-error judge knows besides
     the records (nothing of earlier steps when None); ``routes``, the step's routers
     (:meth:`precguard.compare.routing.Routing.of_step`, its followers re-measured);
@@ -138,7 +138,7 @@ def judge_unit(
     records by key, which the why lines name."""
     ctx = StepContext(results=list(results), profile=profile, inputs=judging, routes=routes)
     why = Explanations(buffer_names=buffer_names or {}, cache_names=cache_names or {})
-    return judge_step(ctx, why)
+    return run_rules(ctx, why)
 
 
 def _annotate(results: list[RecordResult], decisions: dict[str, Decision]) -> list[RecordResult]:
