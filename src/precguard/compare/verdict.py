@@ -27,13 +27,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from precguard.compare import rules as listed
 from precguard.compare.calls import StepCalls
 from precguard.compare.divergence import Candidate, Decision, decide_calls, fallback
 from precguard.compare.judge import JudgeInputs
 from precguard.compare.report import RecordResult
 from precguard.compare.routing import Routing
 from precguard.compare.rule import Explanations, Rule, Settlement, StepContext
-from precguard.compare.rules import RULES
 from precguard.compare.tolerance import Profile
 
 
@@ -96,7 +96,8 @@ class _Walk:
 def run_rules(ctx: StepContext, why: Explanations | None = None) -> StepVerdict:
     """Run every rule of :data:`~precguard.compare.rules.RULES` over one measured step, in
     its phases (the module doc), and decide each module call."""
-    rules: list[Rule] = [rule for make in RULES if (rule := make(ctx)) is not None]
+    # read at each step, so the list is the one place a rule is added (or a test adds one)
+    rules: list[Rule] = [rule for make in listed.RULES if (rule := make(ctx)) is not None]
     for rule in rules:
         rule.remeasure(ctx)
     if ctx.inputs is None:
