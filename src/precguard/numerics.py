@@ -176,6 +176,84 @@ RARE_COUNT = 3
 CORRECT_RUN_GROWTH = math.sqrt(2.0)
 
 
+# -- thresholds of the scale (bias) test, the judges' factors of two, and the tools' -------
+# (issue 38: each was defined beside the code that used it; the arithmetic is here)
+
+#: standard errors by which a least-squares scale must differ from 1 to count as a systematic
+#: error (``Profile.bias_z``'s default; compare/tolerance.py, expected.py, routing.py,
+#: sampled.py). Unlike :data:`Z_SCORE`, which judges one decision (one token, one gradient
+#: element), the scale test runs on every measured record of a step, a family of ``N`` ~ 1000
+#: (a 16-layer model's forward and backward records). A Gaussian estimate exceeds ``z``
+#: standard errors with probability ``p(z) = erfc(z / sqrt 2)`` (two-sided); the chance that
+#: any of ``N`` does is at most ``N p(z)`` (Bonferroni). At ``z = 3``, ``N p = 2.7``: several
+#: false systematic errors per step; a family-wise rate of at most 10 % at ``N = 1000`` needs
+#: ``p <= 1e-4``, ``z >= 3.9``; 4 is that, rounded up to a whole standard error (``N p = 0.06``).
+BIAS_Z = 4.0
+
+#: a scale is read as a perturbation of golden only while every input is this close to
+#: golden (relative L2 error; compare/expected.py). The scale test reads a module's output
+#: scale to first order: inputs scaled by ``1 + d`` give a product ``(1 + d)^2 = 1 + 2 d +
+#: d^2`` (:data:`PRODUCT_GROWTH`), and the neglected ``d^2`` is ``d / 2`` of the term kept.
+#: At ``d = 1/4`` that is an eighth, the most a first-order reading may be off before its
+#: scale says more of the inputs' difference than of the module (beyond it the runs compute
+#: different things altogether: other input data).
+BIAS_MAX_INPUT_ERROR = 0.25
+
+#: a factor of a linear module's scale ratio (compare/expected.py ``linear_factors``) must
+#: be within this many unit roundoffs of golden: :data:`AMPLIFICATION`, the judge's own gate
+#: on one rounding. An error within it is rounding, random, and its projection on the output
+#: is what the standard errors measure; one beyond is the judge's finding upstream, and may
+#: be structured
+RATIO_MAX_ULPS = AMPLIFICATION
+
+#: a router's top-k flips when the two scores of a pair move apart, each by the largest
+#: element error the judge accepts for the scores record: the margin rounding can cross is
+#: the two bounds added (triangle inequality; compare/routing.py ``margin_tolerance``)
+SCORE_PAIR = 2.0
+
+#: the error of a difference of two values each carrying ``e``: at most ``2 e`` (triangle
+#: inequality; the optimizer's update and the parameter after it, compare/judge.py: two
+#: correct optimizers fed gradients that differ by rounding take steps that differ by at
+#: most twice the golden step's size)
+DIFFERENCE_GROWTH = 2.0
+
+#: a near-tie of generate-diff also needs the whole logits vector within this many times
+#: its explained error (generation/judge.py, generation/kvcache.py): the logits' relative
+#: error of a correct run is a draw of the explained error (:func:`stacked_floor`), and
+#: :data:`Z_SCORE` of it is what a correct draw stays within
+LOGITS_SLACK = Z_SCORE
+
+#: op-check's growth verdict (opcheck/measure.py): an error that grows by more than this
+#: factor over the swept lengths "grows". A correct op's mean error is its output rounding,
+#: flat in the length (the fp32 accumulation, ``sqrt(n) u_32``, adds under 4e-6 at 4096
+#: terms, 1 % of bf16's or fp16's rounding); an op accumulating in its compute dtype grows as
+#: ``n u`` (32x over the default 128 -> 4096), a probabilistic one as ``sqrt(n)`` (5.7x). The
+#: error doubled twice (``PRODUCT_GROWTH ** 2``) is beyond the scatter of a flat fit (a
+#: fraction of one rounding) and below both kinds of growth.
+GROWTH_FACTOR = PRODUCT_GROWTH**2
+
+#: a check warns on an error above its tolerance and fails on one this many times beyond
+#: it (checks/attention.py, checks/norm.py): ``2^3``, the three significand bits that
+#: separate fp16 (11) from bf16 (8). A kernel within it rounds more than the tolerance's
+#: precision assumes (another order, an extra rounding: a warning); one beyond it has lost
+#: a whole precision class (it computes in a lower format than it claims)
+PRECISION_STEP = 2.0 ** (SIGNIFICAND_BITS["float16"] - SIGNIFICAND_BITS["bfloat16"])
+
+#: a slice's or the peak element's error is told as concentrated in a why line
+#: (compare/divergence.py) when at least this many times the global error: an error confined
+#: to a share ``p`` of the slices reads ``1 / sqrt(p)`` times the global error in them (the
+#: same squared error over fewer elements), so twice is a share of at most a quarter, where
+#: an even error (rounding) reads about once
+CONCENTRATION = 2.0
+
+#: an error below this share of the compute dtype's epsilon counts as that share when
+#: op-check fits the growth (opcheck/sweep.py). One correct rounding errs by ``u / 2 = eps /
+#: 4`` on average (uniform on ``[-u, u]``); a quarter of that, ``eps / 16``, is below what an
+#: op that rounds its output even once shows, so an error under it is noise, not a length
+#: dependence
+GROWTH_FLOOR_EPS = 1.0 / 16.0
+
+
 # -- the rounding floor and the reduction length --------------------------------------------
 
 
@@ -215,6 +293,23 @@ def rounding_floor(dtype: str, k: int | None = None) -> float:
 def expected_error(input_error: float, dtype: str, k: int | None = None) -> float:
     """The output error a correct module explains: its inputs' error or its rounding floor."""
     return max(input_error, rounding_floor(dtype, k))
+
+
+def stacked_floor(dtype: str, k: int | None, blocks: int) -> float:
+    """The rounding floor of a stack of ``blocks`` residual blocks, each ending in a
+    reduction of length ``k``: each block adds its own rounding to the residual stream,
+    and roundings of random sign add in quadrature (Higham & Mary 2019): ``sqrt(blocks)``
+    times :func:`rounding_floor` (generate-diff's explained logit error)."""
+    return rounding_floor(dtype, k) * math.sqrt(max(blocks, 1))
+
+
+def less_precise(first: str, second: str) -> str:
+    """The less precise of two dtype names: fewer significand bits (bf16 before fp16), a
+    float one when only one of them is (``int64`` indices beside ``float32``)."""
+    f, s = SIGNIFICAND_BITS.get(first), SIGNIFICAND_BITS.get(second)
+    if f is None or s is None:
+        return second if s is not None else first
+    return first if f < s else second
 
 
 def opcheck_tolerance(dtype: str, n: int) -> float:
@@ -371,6 +466,20 @@ def measure(
     )
 
 
+def scale_excess(scale: float | None, scale_se: float | None, z: float = BIAS_Z) -> float:
+    """How far a least-squares scale lies beyond ``z`` standard errors from 1:
+    ``|scale - 1| - z * scale_se`` (-inf when it was not measured). The one scale-bias
+    test: a systematic error is an excess above a floor (compare's tolerance, expected
+    error, routing and divergence each ask with their own floor).
+
+    >>> scale_excess(1.01, 0.001) > 0
+    True
+    """
+    if scale is None or scale_se is None:
+        return -math.inf
+    return abs(scale - 1.0) - z * scale_se
+
+
 # -- one status ladder ----------------------------------------------------------------------
 
 Verdict = Literal["pass", "fail", "nonfinite"]
@@ -406,24 +515,53 @@ def ladder(m: Measured) -> Verdict | None:
     return None
 
 
-def status(m: Measured, allowed: float) -> Verdict:
-    """:func:`ladder`, then ``pass`` while the error is within ``allowed``."""
+def status(
+    m: Measured, allowed: float | None, *, ratio: float | None = None, found: bool = False
+) -> Verdict:
+    """The verdict on one measured pair: non-finite first (:func:`ladder`); then ``fail``
+    when a rule ``found`` the error unexplained by something besides its size (a scale
+    of its own, the precision a loss was computed in, a router's choice); then the rest of
+    the ladder; then the error against what is ``allowed`` (None: no threshold applies,
+    a rule judged the record otherwise).
+
+    ``ratio``: where a judge holds more than ``m.error`` to its limit (compare's
+    expected-error judge: the larger of the global and the concentrated error, each over
+    what explains it, over the amplification), that figure over its limit: above 1 fails.
+    """
     settled = ladder(m)
+    if settled == "nonfinite":
+        return settled
+    if found:
+        return "fail"
     if settled is not None:
         return settled
+    if ratio is not None:
+        return "fail" if ratio > 1.0 else "pass"
+    if allowed is None:
+        return "pass"
     return "fail" if m.error > allowed else "pass"
 
 
 __all__ = [
     "AMPLIFICATION",
+    "BIAS_MAX_INPUT_ERROR",
+    "BIAS_Z",
+    "CONCENTRATION",
+    "DIFFERENCE_GROWTH",
     "FLOOR_SLACK",
+    "GROWTH_FACTOR",
+    "GROWTH_FLOOR_EPS",
     "HELP_SHARE",
+    "LOGITS_SLACK",
     "MEAN_TO_SPREAD",
     "MIN_LOCAL_GROWTH",
     "OPCHECK_ROUNDINGS",
+    "PRECISION_STEP",
     "PRODUCT_GROWTH",
+    "RATIO_MAX_ULPS",
     "REPLAY_MARGIN",
     "REROUTED_ROW_ERROR",
+    "SCORE_PAIR",
     "SIGNIFICAND_BITS",
     "TOLERANCE_EPS",
     "ZERO_DENSITY",
@@ -434,11 +572,14 @@ __all__ = [
     "accumulation_error",
     "expected_error",
     "ladder",
+    "less_precise",
     "measure",
     "opcheck_tolerance",
     "reduction_length",
     "relative_l2",
     "rounding_floor",
+    "scale_excess",
+    "stacked_floor",
     "status",
     "ulp",
     "unit_roundoff",

@@ -154,12 +154,13 @@ def test_a_call_that_records_no_output_does_not_stay_open_around_later_modules(
 
 
 def test_a_loss_computed_in_bf16_explains_the_call_that_returns_it() -> None:
-    # a fixed profile: the statuses are the tolerance's; the pass decides local and why
+    # a fixed profile: each record against its dtype's tolerance (bf16: 3 x 1.6e-2), and
+    # the loss rule at the loss; the pass decides local and why
     results = [
         _rec("root.0.forward.input.0", 0, 0.0, shape=(4, 8)),
         _rec("head.0.forward.input.0", 1, 0.0),
-        _rec("head.0.forward.output.0", 2, 1e-3),
-        _rec("loss_fn.0.forward.input.0", 3, 1e-3),
+        _rec("head.0.forward.output.0", 2, 1e-3, dtype="bfloat16"),
+        _rec("loss_fn.0.forward.input.0", 3, 1e-3, dtype="bfloat16"),
         _rec(
             "loss_fn.0.forward.input.1",
             4,
@@ -176,7 +177,7 @@ def test_a_loss_computed_in_bf16_explains_the_call_that_returns_it() -> None:
             actual_dtype="bfloat16",
             shape=(),
         ),
-        _rec("root.0.forward.output.0", 6, 5e-2, status="fail", shape=()),
+        _rec("root.0.forward.output.0", 6, 5e-2, dtype="bfloat16", shape=()),
     ]
 
     verdict = judge_unit(results, get_profile("fixed"))
@@ -211,3 +212,27 @@ def test_one_pass_names_the_module_that_amplified_and_not_the_one_that_passed_it
     assert by_key["a.0.forward.output.0"].local is True
     # b grew the error it received 1.2x: it passes it on (or, judged anew, passes)
     assert by_key["b.0.forward.output.0"].local is not True
+
+
+def test_the_verdict_stores_the_error_each_record_was_allowed() -> None:
+    """One writer: the status and the allowed error come from the same settlement, which
+    guard's margin reads back (the judge's amplification times its expected error; a fixed
+    profile's tolerance for the dtype)."""
+    from precguard.guard.margin import record_margin
+
+    records = [
+        _rec("fc.0.forward.input.0", 0, 1e-3),
+        _rec("fc.0.forward.output.0", 1, 5e-3, module_type="Linear"),
+        _rec("fc.0.forward.output.1", 2, 2e-2, module_type="Linear"),
+    ]
+    judged = {r.key: r for r in judge_unit(records, DEFAULT).results}
+    ok, bad = judged["fc.0.forward.output.0"], judged["fc.0.forward.output.1"]
+    for r in (ok, bad):
+        assert r.allowed_error == DEFAULT.amplification * r.expected_error
+        margin = record_margin(r, {}, DEFAULT.amplification)
+        assert margin is not None and margin.allowed == r.allowed_error
+    assert ok.status == "pass" and bad.status == "fail"
+
+    fixed = get_profile("fixed")
+    judged = {r.key: r for r in judge_unit(records, fixed).results}
+    assert judged["fc.0.forward.input.0"].allowed_error == fixed.for_dtype("float32").rel_l2

@@ -190,7 +190,7 @@ def _record(key: str, t: torch.Tensor, name: str, phase: str, role: str) -> Reco
 
 
 def test_the_update_rule_explains_sign_flips_near_zero_but_not_elsewhere() -> None:
-    from precguard.compare.optimizer import explain_update, update_verdict
+    from precguard.compare.optimizer import explain_update, update_allowance
 
     gen = torch.Generator().manual_seed(0)
     g = torch.randn(4096, generator=gen)
@@ -215,7 +215,7 @@ def test_the_update_rule_explains_sign_flips_near_zero_but_not_elsewhere() -> No
     # every flipped element explained, and not much more (elements near zero that did
     # not flip may have moved, to first order, by their gradient's relative error)
     assert measured <= ex.flipped < 3 * measured
-    assert not update_verdict(measured, ex, 2.0**-24, 10.0)[0]
+    assert measured <= update_allowance(ex, 2.0**-24, 10.0)[0]
     assert 0 < ex.share < 0.02
 
     # the same gradient error, but the update moved elements far from zero: not explained
@@ -223,4 +223,4 @@ def test_the_update_rule_explains_sign_flips_near_zero_but_not_elsewhere() -> No
     wrong[g.abs() > 1.0] *= -1
     tensors["ua"] = wrong
     ex = explain_update(upd["ug"], upd["ua"], recs["g"], recs["a"], grad_err, lookup, lookup)
-    assert update_verdict(float((wrong - ug).norm() / ug.norm()), ex, ex.rest, 10.0)[0]
+    assert float((wrong - ug).norm() / ug.norm()) > update_allowance(ex, ex.rest, 10.0)[0]

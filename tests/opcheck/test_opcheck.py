@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from precguard.opcheck.measure import fit_growth, measure, ulp
+from precguard.opcheck.measure import fit_growth, op_errors, ulp
 from precguard.opcheck.sweep import batch_of_length, op_check
 from tests.opcheck import rotary_models
 
@@ -120,13 +120,13 @@ def test_on_the_cpu_every_builtin_op_passes():
 def test_measure_and_growth_units():
     want = torch.tensor([1.0, -2.0, 4.0], dtype=torch.float64)
     got = torch.tensor([1.0, -2.0, 4.0 + 2**-8])
-    m = measure(got, want, torch.bfloat16)
+    m = op_errors(got, want, torch.bfloat16)
     assert m["max_abs_err"] == 2**-8
     assert m["max_rel_err"] == pytest.approx(2**-10)
     # bf16 spacing at 4 is 2**-5: the error is 1/8 ULP
     assert m["ulp_err"] == pytest.approx(1 / 8)
     assert ulp(torch.tensor([1.0], dtype=torch.float64), torch.float16).item() == 2**-10
-    assert measure(torch.tensor([math.nan, 0.0, 0.0]), want, torch.float32)["max_abs_err"] == (
+    assert op_errors(torch.tensor([math.nan, 0.0, 0.0]), want, torch.float32)["max_abs_err"] == (
         math.inf
     )
     grows = fit_growth([128, 1024, 4096], [1e-3, 8e-3, 3.2e-2], floor=1e-9)

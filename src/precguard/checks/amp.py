@@ -22,6 +22,7 @@ from precguard.checks._lab import Lab, declared_loss_scale, lab
 from precguard.checks._trace import watch_ops
 from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
 from precguard.devices import dtype_name
+from precguard.numerics import AMPLIFICATION
 
 #: ops that lose accuracy when run below fp32 (what autocast keeps in fp32 on CUDA)
 SENSITIVE_OPS = {
@@ -156,7 +157,7 @@ def loss_scaling(
             "Start the scaler lower (init_scale) so fewer first steps are skipped.",
         )
     if mode == "none":
-        warn = share_plain > threshold / 10
+        warn = share_plain > threshold / AMPLIFICATION  # an order of magnitude below
         return finding(
             cid,
             "warn" if warn else "pass",

@@ -18,6 +18,7 @@ from precguard._logging import get_logger
 from precguard.checks._lab import Lab, lab, logits_of, rel_error
 from precguard.checks._trace import watch_ops
 from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
+from precguard.numerics import DIFFERENCE_GROWTH, PRECISION_STEP, TOLERANCE_EPS
 from precguard.oracle import run_in_fp64
 from precguard.target import call_model
 
@@ -284,7 +285,7 @@ def sdpa_backend(ctx: CheckContext) -> Finding:
         model.config._attn_implementation = impl
         outputs[impl] = logits_of(bench.forward(model, "device")).detach()
     err = rel_error(outputs["sdpa"], outputs["eager"])
-    tol = 16 * bench.eps
+    tol = DIFFERENCE_GROWTH * TOLERANCE_EPS * bench.eps  # two kernels within op-check's tol
     evidence = {
         "configured": getattr(config, "_attn_implementation", None),
         "rel_error_sdpa_vs_eager": err,
@@ -299,7 +300,7 @@ def sdpa_backend(ctx: CheckContext) -> Finding:
     if err > tol:
         return finding(
             cid,
-            "fail" if err > 8 * tol else "warn",
+            "fail" if err > PRECISION_STEP * tol else "warn",
             f"SDPA and eager attention differ by {err:.3g} (relative) on {ctx.device}, above "
             f"{tol:.2g}",
             evidence,
@@ -351,7 +352,7 @@ def kv_cache(ctx: CheckContext, new_tokens: int = 4) -> Finding:
     incremental = torch.stack(steps, dim=1)
     err = rel_error(incremental, full[:, -new_tokens:])
     cache_dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in _cache_tensors(past)})
-    tol = 16 * bench.eps
+    tol = DIFFERENCE_GROWTH * TOLERANCE_EPS * bench.eps  # two kernels within op-check's tol
     evidence = {
         "new_tokens": new_tokens,
         "rel_error_incremental_vs_full": err,
@@ -368,7 +369,7 @@ def kv_cache(ctx: CheckContext, new_tokens: int = 4) -> Finding:
     if err > tol:
         return finding(
             cid,
-            "fail" if err > 8 * tol else "warn",
+            "fail" if err > PRECISION_STEP * tol else "warn",
             f"decoding with the KV cache differs from a full forward by {err:.3g} (relative)",
             evidence,
             remedy,

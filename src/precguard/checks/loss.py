@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from precguard.checks._lab import Lab, flatten, lab, logits_of, loss_of
 from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
 from precguard.devices import dtype_name
+from precguard.numerics import opcheck_tolerance
 from precguard.opcheck.measure import probe_compute_dtype
-from precguard.opcheck.sweep import default_tolerance
 from precguard.oracle import map_tensors_keeping_types, run_in_fp64
 
 IGNORE_INDEX = -100
@@ -203,7 +203,7 @@ def _model_loss_case(bench: Lab) -> dict[str, Any] | None:
     *device's* logits, so only the loss computation is judged; labels are read
     shifted by one (a causal LM, HF's convention) or as they are, whichever
     explains the model's loss (the other is named in the evidence). The tolerance
-    is op-check's (:func:`~precguard.opcheck.sweep.default_tolerance`) at the
+    is op-check's (:func:`~precguard.numerics.opcheck_tolerance`) at the
     precision the device computes **float32** arithmetic in, ``N`` the number of
     tokens: a loss upcast to fp32 as it should be is held to fp32's error, one
     left in bf16 is not; on a device that computes fp32 ops in bf16 anyway
@@ -241,7 +241,7 @@ def _model_loss_case(bench: Lab) -> dict[str, Any] | None:
     want = wants[convention]
     tokens = int((conventions[convention][1] != IGNORE_INDEX).sum())
     fp32_ops = probe_compute_dtype(bench.device)
-    tol = default_tolerance(float(torch.finfo(fp32_ops).eps), tokens)
+    tol = opcheck_tolerance(dtype_name(fp32_ops), tokens)
     err = abs(got - want) / max(abs(want), 1e-12) if math.isfinite(got) else math.inf
     return {
         "device": got,

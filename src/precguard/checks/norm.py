@@ -19,6 +19,7 @@ from torch import nn
 
 from precguard.checks._lab import NORM_TYPES, Lab, first_tensor, lab, rel_error, run_module
 from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
+from precguard.numerics import PRECISION_STEP
 from precguard.oracle import run_in_fp64
 from precguard.report.models import NORM_CASE_LABELS as CASE_LABELS
 
@@ -253,7 +254,7 @@ def extreme_inputs_check(ctx: CheckContext, tolerance: float | None = None) -> F
             allowed = tol * conditioning(x, eps, centred)
             result[case] = err
             margins.append((err / allowed, err, allowed, f"{name} on {label}"))
-            if err > 8 * allowed:
+            if err > PRECISION_STEP * allowed:
                 failures.append((err / allowed, f"{name}: error {err:.2g} vs fp64 on {label}"))
             elif err > allowed:
                 warnings.append((err / allowed, f"{name}: error {err:.2g} vs fp64 on {label}"))

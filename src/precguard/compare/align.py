@@ -230,58 +230,73 @@ def _pair_by_name(
     Returns the records still unpaired, one-sided ones left out (they go to
     ``result.one_sided``).
     """
-    by_name = {(_call_of(a), a.name): a for a in actual if a.role in _CALL_IO and a.name}
     used: set[int] = set()
-    left_golden: list[Record] = []
+    left_golden = _pair_named(golden, actual, result, used)
+    left_actual = [a for a in actual if id(a) not in used]
+    still = _pair_keyed(left_golden, left_actual, result, used)
+    left_actual = [a for a in left_actual if id(a) not in used]
+    out_golden = _not_one_sided(still, actual, left_actual, "golden", result)
+    out_actual = _not_one_sided(left_actual, golden, out_golden, "actual", result)
+    return out_golden, out_actual
+
+
+def _pair_named(
+    golden: list[Record], actual: list[Record], result: Alignment, used: set[int]
+) -> list[Record]:
+    """Pair call inputs/outputs by (call, name); return the golden records left."""
+    by_name = {(_call_of(a), a.name): a for a in actual if a.role in _CALL_IO and a.name}
+    left: list[Record] = []
     for g in golden:
         a = by_name.get((_call_of(g), g.name)) if g.role in _CALL_IO and g.name else None
         if a is not None and id(a) not in used:
             used.add(id(a))
             result.pairs.append((g, a))
         else:
-            left_golden.append(g)
-    left_actual = [a for a in actual if id(a) not in used]
-    # by key: parameters, gradients, and an input passed by position on one side and by
-    # keyword on the other; never two different keywords (two different inputs)
-    by_key = {a.key: a for a in left_actual}
+            left.append(g)
+    return left
+
+
+def _pair_keyed(
+    golden: list[Record], actual: list[Record], result: Alignment, used: set[int]
+) -> list[Record]:
+    """Pair by key: parameters, gradients, and an input passed by position on one side and
+    by keyword on the other; never two different keywords (two different inputs). Return
+    the golden records left."""
+    by_key = {a.key: a for a in actual}
     still: list[Record] = []
-    for g in left_golden:
+    for g in golden:
         a = by_key.get(g.key)
         if a is None or id(a) in used or _contradict(g, a):
             still.append(g)
             continue
         used.add(id(a))
         result.pairs.append((g, a))
-    left_actual = [a for a in left_actual if id(a) not in used]
-    g_calls = {_call_of(g) for g in golden}
-    a_calls = {_call_of(a) for a in actual}
-    g_names = {(_call_of(g), g.name) for g in golden}
-    a_names = {(_call_of(a), a.name) for a in actual}
+    return still
 
-    def one_sided(rec: Record, other_calls: set, other_names: set) -> bool:
-        # the other side recorded this call but nothing under this name
-        return (
+
+def _not_one_sided(
+    left: list[Record], other: list[Record], partners: list[Record], side: str, result: Alignment
+) -> list[Record]:
+    """``left`` less the records only this side holds (into ``result.one_sided``): the
+    other side recorded the call but nothing under this name, and no positional input of
+    ``partners`` can be it."""
+    calls = {_call_of(o) for o in other}
+    names = {(_call_of(o), o.name) for o in other}
+    positional = _positional_calls(partners)
+    out = []
+    for rec in left:
+        alone = (
             rec.role in _CALL_IO
             and bool(rec.name)
-            and _call_of(rec) in other_calls
-            and (_call_of(rec), rec.name) not in other_names
+            and _call_of(rec) in calls
+            and (_call_of(rec), rec.name) not in names
             and (_kwarg(rec.name) is not None or rec.name.startswith("output"))
         )
-
-    out_golden, out_actual = [], []
-    positional = _positional_calls(left_actual)
-    for g in still:
-        if one_sided(g, a_calls, a_names) and not _positional_partner(g, positional):
-            result.one_sided.append(("golden", g))
+        if alone and not _positional_partner(rec, positional):
+            result.one_sided.append((side, rec))
         else:
-            out_golden.append(g)
-    positional = _positional_calls(out_golden)
-    for a in left_actual:
-        if one_sided(a, g_calls, g_names) and not _positional_partner(a, positional):
-            result.one_sided.append(("actual", a))
-        else:
-            out_actual.append(a)
-    return out_golden, out_actual
+            out.append(rec)
+    return out
 
 
 def _contradict(g: Record, a: Record) -> bool:

@@ -23,6 +23,7 @@ import re
 from collections.abc import Iterable
 
 from precguard.compare.report import RecordResult
+from precguard.compare.rule import BaseRule, Explanations, StepContext
 from precguard.dump.schema import Record
 
 #: the name capture gives a cache tensor: ``{where the call held it}.layers.{i}.{state}``,
@@ -41,6 +42,24 @@ def cache_entry(name: str) -> tuple[int, str] | None:
 def cache_names(records: Iterable[Record]) -> dict[str, str]:
     """The recorded names of the cache tensors among ``records``, by key."""
     return {r.key: r.name for r in records if r.phase == "forward" and cache_entry(r.name)}
+
+
+class CacheRule(BaseRule):
+    """The KV cache as a rule of compare's one pass (compare/rules.py): in the explain
+    phase, the recorded names of the step's cache tensors, which the why line of an
+    attention that read one names."""
+
+    def __init__(self, records: list[Record]) -> None:
+        self.records = records
+
+    @classmethod
+    def for_step(cls, ctx: StepContext) -> CacheRule:
+        """The rule, over the golden's records of the step."""
+        return cls(ctx.g_recs)
+
+    def explain(self, why: Explanations) -> None:
+        """Name the cache records (the ones a caller named stay)."""
+        why.cache_names = {**cache_names(self.records), **why.cache_names}
 
 
 def _error(r: RecordResult) -> float:

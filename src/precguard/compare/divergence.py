@@ -65,7 +65,7 @@ from precguard.compare.optimizer import is_optimizer
 from precguard.compare.report import FirstDivergence, RecordResult, Suspect
 from precguard.compare.routing import index_reason
 from precguard.compare.tolerance import Profile
-from precguard.numerics import MIN_LOCAL_GROWTH, expected_error, rounding_floor
+from precguard.numerics import CONCENTRATION, MIN_LOCAL_GROWTH, expected_error, rounding_floor
 
 _BAD = ("fail", "nonfinite")
 
@@ -306,6 +306,20 @@ def _param_candidate(
     )
 
 
+def _gated(
+    bad: list[RecordResult], first: RecordResult, amp: float, expected: float, out_err: float
+) -> tuple[RecordResult, float, float, float]:
+    """(record, amplification, expected error, error) the call is told by: the expected-error
+    gate (judge.py) judged each record against everything it consumed, concentrated error
+    included, and its ratio, where larger than the call's, is the measure."""
+    gated = [o for o in bad if o.amplification is not None and o.expected_error is not None]
+    if gated:
+        worst = max(gated, key=lambda o: o.amplification or 0.0)
+        if (worst.amplification or 0.0) > amp:
+            return worst, worst.amplification or 0.0, worst.expected_error or expected, _err(worst)
+    return first, amp, expected, out_err
+
+
 def _classify(
     call: CallRecords,
     bad: list[RecordResult],
@@ -321,16 +335,7 @@ def _classify(
     out_err = max(_err(o) for o in call.produced)
     # the judge's K (calls.py): the forward call's inputs, parameters and buffers
     expected = expected_error(in_err, tol_dtype, call.k)
-    amp = out_err / expected
-    # the expected-error gate (judge.py) judged each record against everything it
-    # consumed, concentrated error included: its ratio, where larger, is the measure
-    gated = [o for o in bad if o.amplification is not None and o.expected_error is not None]
-    if gated:
-        worst = max(gated, key=lambda o: o.amplification or 0.0)
-        if (worst.amplification or 0.0) > amp:
-            first, amp = worst, worst.amplification or 0.0
-            expected = worst.expected_error or expected
-            out_err = _err(worst)
+    first, amp, expected, out_err = _gated(bad, first, out_err / expected, expected, out_err)
     # what a forward call read besides its arguments and weights (a buffer, the KV cache),
     # where it differs: told in the why line, inside "its inputs match" when that is it
     buffer = cache = None
@@ -483,11 +488,15 @@ def _concentration(r: RecordResult) -> str:
     if m is None or m.level != "full":
         return ""
     parts = []
-    if m.slice_error is not None and m.slice_dim is not None and m.slice_error > 2 * m.error:
+    if (
+        m.slice_error is not None
+        and m.slice_dim is not None
+        and m.slice_error > CONCENTRATION * m.error
+    ):
         parts.append(
             f"worst slice {_fmt(m.slice_error)} at index {m.slice_index} of dim {m.slice_dim}"
         )
-    if m.peak_error is not None and m.peak_error > 2 * m.error:
+    if m.peak_error is not None and m.peak_error > CONCENTRATION * m.error:
         parts.append(f"max-abs {_fmt(m.peak_error)} of max|golden|")
     return f" ({', '.join(parts)})" if parts else ""
 
@@ -497,50 +506,65 @@ def _bias_reason(call: CallRecords, bad: list[RecordResult], profile: Profile) -
     inputs = [r.metrics for r in call.consumed if r.metrics is not None]
     for o in bad:
         m = o.metrics
-        if m is None:
+        if m is None or _own_excess(call, o, inputs, profile) is None:
             continue
-        linear = linear_factors(
-            call.module_type, o.phase, o.role, o.index, [*call.consumed, *call.params]
-        )
-        scaled_in = [i for i in inputs if isinstance(i, MeasuredMetrics) and i.scale is not None]
-        if linear is None and call.module_type in LINEAR_TYPES and len(scaled_in) == 1:
-            # a module linear in its one float input: its own scale is s_out / s_in
-            linear = scaled_in if scaled_in[0].scale else None
-        excess = own_bias(
-            m,
-            profile,
-            input_error=max((i.error for i in inputs), default=0.0),
-            carried=carried_bias(inputs, profile),
-            factors=linear,
-            module_type=call.module_type,
-        )
-        if excess is None or not isinstance(m, MeasuredMetrics) or m.scale is None:
+        if not isinstance(m, MeasuredMetrics) or m.scale is None:
             continue
-        scaled = [
-            i
-            for i in inputs
-            if isinstance(i, MeasuredMetrics) and i.scale is not None and math.isfinite(i.scale)
-        ]
-        carried = max((abs(i.scale - 1.0) for i in scaled if i.scale is not None), default=0.0)
-        what = "its output" if call.phase == "forward" else "a gradient it computed"
-        if is_optimizer(o.phase, o.role):
-            what = "the optimizer's update of its parameters"
-        if call.module_type in LINEAR_TYPES and len(scaled) == 1 and scaled[0].scale:
-            own = m.scale / scaled[0].scale
-            return (
-                f"{call.module} ({call.module_type}) scales what it computes by {own:.4g}: "
-                f"{what} is scaled by {m.scale:.4g} ± {m.scale_se or 0.0:.1g} relative to "
-                f"golden, its input by {scaled[0].scale:.4g}; a linear module passes its "
-                f"input's scale on unchanged, so this is a systematic error of its own, not "
-                f"{m.dtype} rounding"
-            )
-        return (
-            f"{call.module} ({call.module_type}): {what} is scaled by {m.scale:.4g} "
-            f"± {m.scale_se or 0.0:.1g} relative to golden (mean relative error "
-            f"{_mean_rel_err(m):+.2g}) while its inputs' scale differs from 1 by at most "
-            f"{_fmt(carried)}: a systematic error of its own, not {m.dtype} rounding"
-        )
+        return _bias_line(call, o, m, inputs)
     return None
+
+
+def _own_excess(
+    call: CallRecords, o: RecordResult, inputs: list[Metrics], profile: Profile
+) -> float | None:
+    """The scale error ``o`` shows of its own (expected.own_bias), with what the call read."""
+    assert o.metrics is not None
+    linear = linear_factors(
+        call.module_type, o.phase, o.role, o.index, [*call.consumed, *call.params]
+    )
+    scaled_in = [i for i in inputs if isinstance(i, MeasuredMetrics) and i.scale is not None]
+    if linear is None and call.module_type in LINEAR_TYPES and len(scaled_in) == 1:
+        # a module linear in its one float input: its own scale is s_out / s_in
+        linear = scaled_in if scaled_in[0].scale else None
+    return own_bias(
+        o.metrics,
+        profile,
+        input_error=max((i.error for i in inputs), default=0.0),
+        carried=carried_bias(inputs, profile),
+        factors=linear,
+        module_type=call.module_type,
+    )
+
+
+def _bias_line(
+    call: CallRecords, o: RecordResult, m: MeasuredMetrics, inputs: list[Metrics]
+) -> str:
+    """The why line of a systematic error of ``call``'s own, shown on ``o``."""
+    assert m.scale is not None
+    scaled = [
+        i
+        for i in inputs
+        if isinstance(i, MeasuredMetrics) and i.scale is not None and math.isfinite(i.scale)
+    ]
+    carried = max((abs(i.scale - 1.0) for i in scaled if i.scale is not None), default=0.0)
+    what = "its output" if call.phase == "forward" else "a gradient it computed"
+    if is_optimizer(o.phase, o.role):
+        what = "the optimizer's update of its parameters"
+    if call.module_type in LINEAR_TYPES and len(scaled) == 1 and scaled[0].scale:
+        own = m.scale / scaled[0].scale
+        return (
+            f"{call.module} ({call.module_type}) scales what it computes by {own:.4g}: "
+            f"{what} is scaled by {m.scale:.4g} ± {m.scale_se or 0.0:.1g} relative to "
+            f"golden, its input by {scaled[0].scale:.4g}; a linear module passes its "
+            f"input's scale on unchanged, so this is a systematic error of its own, not "
+            f"{m.dtype} rounding"
+        )
+    return (
+        f"{call.module} ({call.module_type}): {what} is scaled by {m.scale:.4g} "
+        f"± {m.scale_se or 0.0:.1g} relative to golden (mean relative error "
+        f"{_mean_rel_err(m):+.2g}) while its inputs' scale differs from 1 by at most "
+        f"{_fmt(carried)}: a systematic error of its own, not {m.dtype} rounding"
+    )
 
 
 def _mean_rel_err(m: MeasuredMetrics) -> float:

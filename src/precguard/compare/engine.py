@@ -16,7 +16,6 @@ from typing import Any
 from precguard._logging import get_logger
 from precguard.compare import hints
 from precguard.compare.align import WRAPPER_TYPES, Renamer, align, fsdp2_class
-from precguard.compare.caches import cache_names
 from precguard.compare.coverage import (
     Coverage,
     CoverageTracker,
@@ -55,10 +54,10 @@ from precguard.compare.report import (
     Status,
     Unmatched,
 )
-from precguard.compare.routing import Routing
-from precguard.compare.tolerance import Profile, judge, with_bias
+from precguard.compare.rule import Explanations, StepContext
+from precguard.compare.tolerance import Profile, with_bias
 from precguard.compare.units import OneSided, ShardResult, UnitResult
-from precguard.compare.verdict import JudgeInputs, judge_unit
+from precguard.compare.verdict import JudgeInputs, run_rules
 from precguard.dump.paths import RECORDS_FILE, rank_dir
 from precguard.dump.reader import Run, load_run
 from precguard.dump.schema import Record
@@ -211,40 +210,21 @@ def compare_unit(
         plan.computes,
         plan.renamer,
     )
-    routes = Routing.of_step(
-        step_results.pairs,
-        (g_store, a_store),
-        plan.prof,
-        plan.tolerance_dtype,
-        plan.computes,
+    ctx = StepContext(
+        results=step_results.results,
+        profile=plan.prof,
+        plan=plan,
+        rank=r,
+        step=s,
+        pairs=step_results.pairs,
+        stores=(g_store, a_store),
+        g_recs=g_recs,
+        a_recs=a_recs,
+        inputs=JudgeInputs(calibrated=_calibrated(plan, g_store, r, s, g_recs)),
     )
-    step_results.results = routes.remeasure(step_results.results)
-    judging = None
-    if plan.prof.rule == "expected":
-        updates = _golden_updates(plan, g_store, r, g_recs)
-        errors = {x.key: x.metrics.error for x in step_results.results if x.metrics is not None}
-        explained = plan.trails.setdefault(r, StepTrail()).explain(
-            g_recs, a_recs, errors, g_store.tensor, a_store.tensor
-        )
-        judging = JudgeInputs(
-            previous=plan.carried.get(r) if s > 0 else None,
-            updates=updates,
-            calibrated=_wider(
-                _calibrated(plan, g_store, r, s, g_recs), routes.widened(step_results.results)
-            ),
-            explained=explained,
-        )
-    # the one pass: status, local and the why line of every record (compare/verdict.py)
-    verdict = judge_unit(
-        step_results.results,
-        plan.prof,
-        judging,
-        routes,
-        buffer_names={g.key: g.name for g in g_recs if g.role == "buffer"},
-        cache_names=cache_names(g_recs),
-    )
-    if verdict.carried is not None:
-        plan.carried[r] = verdict.carried
+    buffers = Explanations(buffer_names={g.key: g.name for g in g_recs if g.role == "buffer"})
+    # the rules in their phases; status, local and the why line of every record
+    verdict = run_rules(ctx, buffers)
     logger.debug("step_compared", rank=r, step=s, records=len(verdict.results))
     return UnitResult(
         rank=r,
@@ -260,22 +240,12 @@ def compare_unit(
     )
 
 
-def _wider(
-    first: dict[str, tuple[float, float]], second: dict[str, tuple[float, float]]
-) -> dict[str, tuple[float, float]]:
-    """Per key, the larger of two measured widenings of the expected error."""
-    out = dict(first)
-    for key, (e, c) in second.items():
-        old = out.get(key, (0.0, 0.0))
-        out[key] = (max(old[0], e), max(old[1], c))
-    return out
-
-
 def _calibrated(
     plan: ComparePlan, g_store: TensorStore, rank: int, step: int, g_recs: list[Record]
 ) -> dict[str, tuple[float, float]]:
-    """Per golden record key: (error, concentrated error) of the calibration run on it."""
-    if plan.calibration is None:
+    """Per golden record key: (error, concentrated error) of the calibration run on it
+    (measured for the expected-error judge only)."""
+    if plan.calibration is None or plan.prof.rule != "expected":
         return {}
     cal = plan.calibration_records(rank)
     out: dict[str, tuple[float, float]] = {}
@@ -299,35 +269,6 @@ def _calibrated(
             out[g.key] = measured_errors(m)
     finally:
         c_store.close()
-    return out
-
-
-def _golden_updates(
-    plan: ComparePlan, g_store: TensorStore, rank: int, g_recs: list[Record]
-) -> dict[str, float]:
-    """Per parameter: the golden optimizer step's relative size since the last step compared.
-
-    ``max(||w_s - w_{s-1}|| / ||w_s||, max|w_s - w_{s-1}| / max|w_s|)``, from the
-    golden's full tensors of both steps (held as memory-mapped records between
-    units). Two correct runs fed gradients that differ by rounding take updates
-    that differ by at most about twice that (AdamW's first step is a sign).
-    """
-    out: dict[str, float] = {}
-    held = plan.golden_params.setdefault(rank, {})
-    for rec in g_recs:
-        if rec.role != "param" or rec.phase != "forward" or rec.tensor is None:
-            continue
-        prev = held.get(rec.key)
-        held[rec.key] = rec
-        if prev is None or prev.step >= rec.step or prev.shape != rec.shape:
-            continue
-        now = g_store.tensor(rec).double()
-        before = g_store.tensor(prev).double()
-        delta = now - before
-        norm, peak = float(now.norm()), float(now.abs().max()) if now.numel() else 0.0
-        rel = float(delta.norm()) / norm if norm > 0 else 0.0
-        rel_peak = float(delta.abs().max()) / peak if peak > 0 else 0.0
-        out[f"{rec.module}.{rec.index}"] = max(rel, rel_peak)
     return out
 
 
@@ -394,16 +335,11 @@ def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
     depend on how many processes shared the work.
     """
     g_run, a_run = plan.g_run, plan.a_run
-    warnings = list(plan.warnings)
-    for r in plan.ranks:
-        for shard in shards:
-            warnings.extend(shard.warnings.get(r, []))
-    coverage = CoverageTracker(g_run, a_run, rank=plan.rank, step=plan.step)
-    for shard in shards:
-        coverage.compared |= shard.compared
-        coverage.phases |= shard.phases
-        coverage.only_golden |= shard.only_golden
-        coverage.only_actual |= shard.only_actual
+    warnings = [
+        *plan.warnings,
+        *(w for r in plan.ranks for sh in shards for w in sh.warnings.get(r, [])),
+    ]
+    coverage = _merged_coverage(plan, shards)
     units = sorted((u for shard in shards for u in shard.units), key=lambda u: (u.rank, u.step))
     results = RecordRows()  # compact: memory per record pair stays small (docs/compare.md)
     golden_only: list[str] = []
@@ -424,40 +360,11 @@ def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
         candidates.extend(unit.candidates)
         if unit.first is not None:
             firsts.append(unit.first)
-    steps_seen = len(units)
-    if plan.step is not None and steps_seen == 0:
-        raise UsageError(f"step {plan.step} is in neither recording (or in only one of them)")
-    if steps_seen == 0:
-        raise IncomparableRunsError(
-            f"{g_run.path} and {a_run.path} share no step of any rank: nothing to compare"
-            + incomplete_note(g_run, a_run)
-        )
     counts = Counts.of(results)
-    matched = len(results) - counts.missing
-    unmatched_modules = max(
-        _module_level(golden_only, plan.is_detail), _module_level(actual_only, plan.is_detail)
-    )
-    if matched < MIN_ALIGNED_SHARE * unmatched_modules:
-        truncated = hints.truncation_note(g_run, a_run, results, golden_only, actual_only)
-        if truncated is not None:
-            raise DumpFormatError(truncated)
-        raise IncomparableRunsError(
-            hints.not_the_same_model(
-                g_run, a_run, matched, golden_only, actual_only, plan.is_detail
-            )
-        )
+    _check_comparable(plan, len(units), results, counts, golden_only, actual_only)
     candidates, firsts = _across_ranks(results, candidates, firsts)
     first = min(firsts, key=lambda c: c.order) if firsts else None
-    for side, i in (("golden", 0), ("actual", 1)):
-        dropped = sum(u.collectives_dropped[i] for u in units)
-        if dropped:
-            warnings.append(hints.collectives_left_out(dropped, side))
-    warnings.extend(hints.one_sided_notes([o for u in units for o in u.one_sided]))
-    padded = padding_note(sum((u.left_out for u in units), LeftOut()))
-    if padded is not None:
-        warnings.append(padded)
-    if golden_only or actual_only:
-        warnings.append(hints.unmatched_warning(golden_only, actual_only))
+    warnings.extend(_unit_notes(units, golden_only, actual_only))
     prof = plan.prof
     return Comparison(
         golden=str(g_run.path),
@@ -480,6 +387,66 @@ def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
         warnings=warnings,
         coverage=_decoding_gap(coverage.result(), parted, units),
     )
+
+
+def _merged_coverage(plan: ComparePlan, shards: list[ShardResult]) -> CoverageTracker:
+    """What the shards compared, put together."""
+    coverage = CoverageTracker(plan.g_run, plan.a_run, rank=plan.rank, step=plan.step)
+    for shard in shards:
+        coverage.compared |= shard.compared
+        coverage.phases |= shard.phases
+        coverage.only_golden |= shard.only_golden
+        coverage.only_actual |= shard.only_actual
+    return coverage
+
+
+def _check_comparable(
+    plan: ComparePlan,
+    steps_seen: int,
+    results: RecordRows,
+    counts: Counts,
+    golden_only: list[str],
+    actual_only: list[str],
+) -> None:
+    """Raise when nothing was compared, or too few records aligned for one model."""
+    g_run, a_run = plan.g_run, plan.a_run
+    if plan.step is not None and steps_seen == 0:
+        raise UsageError(f"step {plan.step} is in neither recording (or in only one of them)")
+    if steps_seen == 0:
+        raise IncomparableRunsError(
+            f"{g_run.path} and {a_run.path} share no step of any rank: nothing to compare"
+            + incomplete_note(g_run, a_run)
+        )
+    matched = len(results) - counts.missing
+    unmatched_modules = max(
+        _module_level(golden_only, plan.is_detail), _module_level(actual_only, plan.is_detail)
+    )
+    if matched < MIN_ALIGNED_SHARE * unmatched_modules:
+        truncated = hints.truncation_note(g_run, a_run, results, golden_only, actual_only)
+        if truncated is not None:
+            raise DumpFormatError(truncated)
+        raise IncomparableRunsError(
+            hints.not_the_same_model(
+                g_run, a_run, matched, golden_only, actual_only, plan.is_detail
+            )
+        )
+
+
+def _unit_notes(units: list[Any], golden_only: list[str], actual_only: list[str]) -> list[str]:
+    """The warnings the units leave: collectives and inputs one side recorded, padding left
+    out, records left unmatched."""
+    notes = []
+    for side, i in (("golden", 0), ("actual", 1)):
+        dropped = sum(u.collectives_dropped[i] for u in units)
+        if dropped:
+            notes.append(hints.collectives_left_out(dropped, side))
+    notes.extend(hints.one_sided_notes([o for u in units for o in u.one_sided]))
+    padded = padding_note(sum((u.left_out for u in units), LeftOut()))
+    if padded is not None:
+        notes.append(padded)
+    if golden_only or actual_only:
+        notes.append(hints.unmatched_warning(golden_only, actual_only))
+    return notes
 
 
 def _decoding_gap(cov: Coverage, parted: Candidate | None, units: list[Any]) -> Coverage:
@@ -660,7 +627,9 @@ def _compare_step(
     padding = StepPadding.of_step(g_recs, a_recs, g_store, a_store)
     for g, a in alignment.pairs:
         metrics = pair_metrics(g, a, g_store, a_store, profile, tol_mode, computes, padding)
-        out.results.append(_result(g, a, judge(metrics, profile), metrics))
+        # "pass" until the one pass settles it (compare/verdict.py writes every measured
+        # record's status, once): engine only measures
+        out.results.append(_result(g, a, "pass", metrics))
     out.left_out = padding.left_out()
     for g in alignment.golden_only:
         out.golden_only.append(g.key)

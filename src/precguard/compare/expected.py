@@ -40,20 +40,19 @@ from precguard.compare.report import Metrics
 from precguard.compare.sampled import sampled_bounds
 from precguard.compare.tolerance import Profile
 from precguard.numerics import (
+    BIAS_MAX_INPUT_ERROR,
     PRODUCT_GROWTH,
+    RATIO_MAX_ULPS,
     accumulation_error,
     expected_error,
     rounding_floor,
+    scale_excess,
     unit_roundoff,
 )
 
 #: the factor by which a correct module may grow the relative scale error of its inputs:
 #: a product of two inputs that each carry a scale 1+d (q.k, gate*up) carries ~1+2d
 BIAS_GROWTH = PRODUCT_GROWTH
-#: a scale is read as a perturbation of golden only while every input is this close to
-#: golden (relative L2 error); beyond it the runs compute different things altogether
-#: (other input data) and a scale ratio says nothing about the module
-BIAS_MAX_INPUT_ERROR = 0.25
 #: levels whose metrics carry a scale with its standard error: full tensors, and a
 #: statistics-only pair's 128 sampled elements (:func:`precguard.compare.sampled.sample_scale`);
 #: the levels of :class:`~precguard.compare.levels.MeasuredMetrics`, which an ``isinstance``
@@ -64,9 +63,6 @@ SCALED_LEVELS = frozenset(
 #: module types linear in their one input (y = W x): an input scaled by s_in gives an
 #: output scaled by s_in times the weights' scale, so the module's own scale is s_out/s_in
 LINEAR_TYPES = frozenset({"Linear", "NonDynamicallyQuantizableLinear", "Conv1D", "LoRALinear"})
-#: a factor of the scale ratio (:func:`linear_factors`) must be within this many unit
-#: roundoffs of golden: ten, the gate's amplification of one rounding
-RATIO_MAX_ULPS = 10.0
 #: normalizations whose output ``w * x / rms(x)`` does not depend on the scale of their
 #: input (with one parameter, the weight, they are linear in it)
 SCALE_INVARIANT_TYPES = frozenset(
@@ -144,49 +140,61 @@ def linear_factors(
     wrongly scaled residual branch read as a scale of its own), so the record goes
     to the generic test instead.
     """
-
-    def scaled(records: list[Any]) -> list[MeasuredMetrics] | None:
-        out = []
-        for x in records:
-            m = x.metrics
-            if m is None:
-                return None
-            if isinstance(m, MeasuredMetrics) and m.scale is not None and m.scale:
-                if m.error > RATIO_MAX_ULPS * unit_roundoff(m.dtype):
-                    return None  # an error beyond rounding may be structured (see above)
-                out.append(m)
-            elif m.error > 0 or m.nan_mismatch or m.inf_mismatch:
-                return None  # it differs, by an unknown scale
-        return out
-
-    def weights(records: list[Any]) -> list[MeasuredMetrics] | None:
-        # by their scale only: their rounding reaches the output as a pattern shared
-        # along its channels, which the output's own standard error measures
-        out = scaled(records)
-        return None if out is None else [m.model_copy(update={"scale_se": 0.0}) for m in out]
-
-    fin = [x for x in consumed if x.phase == "forward" and x.role == "input"]
-    params = [x for x in consumed if x.phase == "forward" and x.role == "param"]
+    fin, params, gout = _consumed(consumed)
     weight = [x for x in params if x.index == 0]
-    gout = [x for x in consumed if x.phase == "backward" and x.role == "output"]
     if module_type in SCALE_INVARIANT_TYPES and phase == "forward" and role == "output":
-        return weights(params) if len(params) <= 1 else None
+        return _weights(params) if len(params) <= 1 else None
     if module_type not in LINEAR_TYPES:
         return None
-    found: list[MeasuredMetrics] | None = None
-    w = weights(weight)
-    if phase == "forward" and role == "output" and len(fin) == 1:
-        found = scaled(fin)
-    elif phase == "backward" and len(gout) == 1:
-        if role == "input":
-            found = scaled(gout)
-        elif role == "grad" and index == 0 and len(fin) == 1:
-            found, w = scaled([*fin, *gout]), []
-        elif role == "grad":
-            found, w = scaled(gout), []
+    w = _weights(weight)
+    if phase == "forward":
+        found = _scaled(fin) if role == "output" and len(fin) == 1 else None
+    elif len(gout) != 1 or role not in ("input", "grad"):
+        found = None
+    elif role == "input":
+        found = _scaled(gout)
+    else:  # a weight's gradient g^T x is linear in both; a bias's in g alone
+        both = index == 0 and len(fin) == 1
+        found, w = _scaled([*fin, *gout] if both else gout), []
     if found is None or w is None:
         return None
     return [*found, *w]
+
+
+def _consumed(consumed: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+    """(forward inputs, forward parameters, gradients of the outputs) among ``consumed``."""
+    by: dict[tuple[str, str], list[Any]] = {}
+    for x in consumed:
+        by.setdefault((x.phase, x.role), []).append(x)
+    return (
+        by.get(("forward", "input"), []),
+        by.get(("forward", "param"), []),
+        by.get(("backward", "output"), []),
+    )
+
+
+def _scaled(records: list[Any]) -> list[MeasuredMetrics] | None:
+    """The metrics of ``records`` as scale factors, or None when one differs by more than
+    rounding (it may be structured: :func:`linear_factors`) or by an unknown scale."""
+    out = []
+    for x in records:
+        m = x.metrics
+        if m is None:
+            return None
+        if isinstance(m, MeasuredMetrics) and m.scale is not None and m.scale:
+            if m.error > RATIO_MAX_ULPS * unit_roundoff(m.dtype):
+                return None  # an error beyond rounding may be structured
+            out.append(m)
+        elif m.error > 0 or m.nan_mismatch or m.inf_mismatch:
+            return None  # it differs, by an unknown scale
+    return out
+
+
+def _weights(records: list[Any]) -> list[MeasuredMetrics] | None:
+    """Weights as factors by their scale only: their rounding reaches the output as a
+    pattern shared along its channels, which the output's own standard error measures."""
+    out = _scaled(records)
+    return None if out is None else [m.model_copy(update={"scale_se": 0.0}) for m in out]
 
 
 def own_scale(
@@ -214,7 +222,7 @@ def own_scale(
         assert f.scale is not None
         ratio /= f.scale
         var += (f.scale_se or 0.0) ** 2
-    excess = abs(ratio - 1.0) - profile.bias_z * math.sqrt(var)
+    excess = scale_excess(ratio, math.sqrt(var), profile.bias_z)
     floor = scale_floor(output.dtype, k, profile, linear=linear)
     return excess if excess > floor + carried else None
 
@@ -226,9 +234,9 @@ def significant_scale(m: Metrics, profile: Profile) -> bool:
     what a module that broadcasts a rounded statistic may carry; a ``Linear`` is held
     to less (:func:`scale_floor`).
     """
-    if not isinstance(m, MeasuredMetrics) or m.scale is None or m.scale_se is None:
+    if not isinstance(m, MeasuredMetrics):
         return False
-    return abs(m.scale - 1.0) > profile.bias_z * m.scale_se
+    return scale_excess(m.scale, m.scale_se, profile.bias_z) > 0.0
 
 
 def own_bias(
@@ -264,7 +272,7 @@ def own_bias(
     if factors is not None:
         return own_scale(output, factors, profile, k, linear=module_type in LINEAR_TYPES)
     assert output.scale is not None
-    excess = abs(output.scale - 1.0) - profile.bias_z * (output.scale_se or 0.0)
+    excess = scale_excess(output.scale, output.scale_se or 0.0, profile.bias_z)
     floor = scale_floor(output.dtype, k, profile)
     if param:
         return excess if input_error == 0.0 and excess > floor else None

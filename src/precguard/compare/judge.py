@@ -59,15 +59,17 @@ from precguard.compare.expected import (
     significant_scale,
 )
 from precguard.compare.levels import concentrated
-from precguard.compare.metrics import less_precise
-from precguard.compare.optimizer import Explained, is_optimizer, update_verdict
+from precguard.compare.optimizer import Explained, is_optimizer, update_allowance
 from precguard.compare.report import Metrics, RecordResult
+from precguard.compare.rule import BaseRule, Explanations, Pass, Settlement, StepContext
 from precguard.compare.sampled import sampled_bounds
 from precguard.compare.tolerance import Profile
 from precguard.numerics import (
+    DIFFERENCE_GROWTH,
     SIGNIFICAND_BITS,
     expected_error,
     ladder,
+    less_precise,
     unit_roundoff,
 )
 
@@ -164,7 +166,7 @@ class JudgeInputs:
     ``previous`` maps a parameter's module-and-index to the error its gradient (or,
     failing that, the parameter itself) carried at the step before; :meth:`StepJudge.carried_on`
     returns the one for the next step. ``updates`` maps a parameter to the relative size of
-    the golden's optimizer step that produced it (see ``engine._golden_updates``): a
+    the golden's optimizer step that produced it (see ``optimizer.golden_updates``): a
     correct optimizer fed a gradient that differs by rounding takes a step that differs
     by at most about twice that, which the parameter's expected error then includes.
     ``calibrated`` maps a record key to the (global, concentrated) error a calibration
@@ -230,11 +232,15 @@ class StepJudge:
             if r.phase == "forward" and r.role == "output" and r.metrics is not None
         }
         self.apart = _trained_apart(results, self.updates)
+        #: what :meth:`judge` leaves for :meth:`take`: the enclosing module, whether the
+        #: judge failed the record, and the errors it passes on
+        self._taking: tuple[str | None, bool, float, float] = (None, False, 0.0, 0.0)
         self.params = [r for r in results if r.role == "param" and r.phase == "forward"]
 
-    def judge(self, r: RecordResult) -> RecordResult:
-        """``r`` (measured, the next in capture order) with status, expected error and
-        amplification set; what it passes on is taken into its enclosing scopes."""
+    def judge(self, r: RecordResult, s: Settlement) -> RecordResult:
+        """``r`` (measured, the next in capture order) with its expected error and
+        amplification set, and what it is allowed in ``s``; once its status is written,
+        :meth:`take` takes what it passes on into its enclosing scopes."""
         m = r.metrics
         assert m is not None
         # statistics only: judged by the lower bounds of its sampled errors, and passing
@@ -251,7 +257,7 @@ class StepJudge:
             scope = scope.merged(_Scope(cal[0], cal[1]))
         stepped = self.explained.get(r.key)
         judged = _judge(
-            r, m, low_e, low_c, scope, consumed, k, self.profile, stepped,
+            r, m, low_e, low_c, scope, consumed, k, self.profile, s, stepped,
             scale_test=not (self.apart and r.phase == "backward"),
         )  # fmt: skip
         if stepped is not None and r.role == "param" and m.level == "stats":
@@ -259,13 +265,25 @@ class StepJudge:
             # consumes this parameter consumes the error the step explains
             e, c = max(e, stepped.flipped + stepped.rest), max(c, stepped.peak)
             self.stepped_errors[_param_id(r)] = e
-        judged = self._glue(r, judged, fparent)
-        e, c = passed_on(m, e, c)
-        if r.phase == "forward":
-            self._take_forward(judged, fparent, e, c)
-        else:
-            self._take_backward(judged, e, c)
+        if r.phase == "forward" and r.role == "output" and r.module in self.glue_bad:
+            s.found = True  # the module's own code between its submodules made error
+        # the judge's own verdict marks the enclosing module (a rule after it may settle
+        # the record otherwise: a router's follower, by the router's verdict)
+        failed = s.verdict(m) == "fail"
+        self._taking = (fparent, failed, *passed_on(m, e, c))
         return judged
+
+    def take(self, written: RecordResult) -> None:
+        """The record :meth:`judge` judged, its status written: a failing submodule input
+        marks the enclosing module (whose own code between its submodules made it), and
+        what the record passes on joins its enclosing scopes."""
+        fparent, failed, e, c = self._taking
+        if written.phase == "forward":
+            if written.role == "input" and failed and fparent is not None:
+                self.glue_bad.add(fparent)
+            self._take_forward(written, fparent, e, c)
+        else:
+            self._take_backward(written, e, c)
 
     def _enclosing(self, r: RecordResult) -> str | None:
         """The enclosing module of a forward record: the innermost call still open (a
@@ -303,7 +321,11 @@ class StepJudge:
             prior = self.previous.get(_param_id(r))
             if prior is not None:
                 ex = self.explained.get(r.key)
-                step = ex.rest if ex is not None else 2.0 * self.updates.get(_param_id(r), 0.0)
+                step = (
+                    ex.rest
+                    if ex is not None
+                    else DIFFERENCE_GROWTH * self.updates.get(_param_id(r), 0.0)
+                )
                 scope.err = scope.conc = prior + step
             return scope, [], None
         call = (r.module, r.call)
@@ -332,18 +354,6 @@ class StepJudge:
             return _Scope(ex.rest, ex.rest, scope.dtype, scope.bias + ex.share), [], None
         consumed = [*self.calls.reads(call), *self.calls.output_grads(call)]
         return scope, consumed, self.calls.reduction(call, True)
-
-    def _glue(self, r: RecordResult, judged: RecordResult, fparent: str | None) -> RecordResult:
-        """A module's own code between its submodules: a failing submodule input marks the
-        enclosing module, whose output then carries the error that code made."""
-        if r.phase != "forward":
-            return judged
-        if r.role == "input" and judged.status == "fail":
-            if fparent is not None:  # the enclosing module's own code made it
-                self.glue_bad.add(fparent)
-        elif r.role == "output" and r.module in self.glue_bad and judged.status == "pass":
-            return judged.model_copy(update={"status": "fail"})
-        return judged
 
     def _take_forward(self, judged: RecordResult, fparent: str | None, e: float, c: float) -> None:
         m = judged.metrics
@@ -390,6 +400,45 @@ class StepJudge:
                 own = max(_upper(r.metrics, self.profile)[0], self.stepped_errors.get(pid, 0.0))
                 self.carried[pid] = max(self.carried.get(pid, 0.0), own)
         return self.carried
+
+
+class ExpectedRule(BaseRule):
+    """The expected-error judge as a rule of compare's one pass (compare/rules.py): it
+    adjusts what the judge knows with the error each parameter carried out of the step
+    before, settles each record by :class:`StepJudge`, and leaves for the next step what
+    this one carries (under the ``expected`` profile rule only)."""
+
+    def __init__(self, ctx: StepContext) -> None:
+        self.ctx = ctx
+        self.judge: StepJudge | None = None
+
+    @classmethod
+    def for_step(cls, ctx: StepContext) -> ExpectedRule | None:
+        """The rule, under the default profile (``rule == "expected"``)."""
+        return cls(ctx) if ctx.profile.rule == "expected" else None
+
+    def adjust(self, ctx: StepContext) -> None:
+        """The error each parameter's gradient carried at the step before (the plan's)."""
+        if ctx.plan is not None and ctx.step > 0:
+            ctx.inputs.previous = ctx.plan.carried.get(ctx.rank)
+
+    def settle(self, r: RecordResult, s: Settlement, step: Pass) -> RecordResult:
+        """The record against the error what it consumed explains."""
+        if self.judge is None:  # the step's records as re-measured, the calls of the pass
+            self.judge = StepJudge(self.ctx.results, self.ctx.profile, step.calls, self.ctx.inputs)
+        return self.judge.judge(r, s)
+
+    def written(self, r: RecordResult, step: Pass) -> None:
+        """What the record passes on joins its scopes."""
+        if self.judge is not None and r.metrics is not None:
+            self.judge.take(r)
+
+    def explain(self, why: Explanations) -> None:
+        """What this step carries into the next (kept by the plan, per rank)."""
+        judge = self.judge or StepJudge(self.ctx.results, self.ctx.profile, StepCalls())
+        why.carried = judge.carried_on()
+        if self.ctx.plan is not None:
+            self.ctx.plan.carried[self.ctx.rank] = why.carried
 
 
 def _trained_apart(results: list[RecordResult], updates: dict[str, float]) -> bool:
@@ -484,18 +533,18 @@ def _judge(
     consumed: list[RecordResult],
     k: int | None,
     profile: Profile,
+    s: Settlement,
     stepped: Explained | None = None,
     *,
     scale_test: bool = True,
 ) -> RecordResult:
     """One record against what its scope explains (and, for an optimizer update or a
     parameter after a step, what the step explains: ``stepped``; ``scale_test``: and its
-    own scale)."""
+    own scale): its figures on the record, what it is allowed in ``s``."""
     # non-finite, exact (a router's indices: routing.py judges them from the router's
     # scores afterwards), nothing measurable (a follower of a routing whose shapes differ)
-    settled = ladder(m)
-    if settled is not None:
-        return r.model_copy(update={"status": settled})
+    if ladder(m) is not None:
+        return r
     dtype = m.dtype if scope.dtype is None else less_precise(m.dtype, scope.dtype)
     if _same_initial_weights(r, m, stepped):
         # two copies of the initial weights stored in one dtype: nothing computed them (an
@@ -505,23 +554,33 @@ def _judge(
     expected = expected_error(scope.err, dtype, k)
     expected_conc = expected_error(scope.conc, dtype, k)
     amp = max(e / expected, c / expected_conc) if expected > 0 else math.inf
-    bad = amp > profile.amplification
+    s.allowed = profile.amplification * expected
+    s.ratio = amp / profile.amplification  # above 1 exactly when amp is above the gate
     if stepped is not None and (r.role == "param" or r.phase == "backward"):
-        bad, expected, amp = update_verdict(e, stepped, expected, profile.amplification)
+        allowed, expected, amp = update_allowance(stepped, expected, profile.amplification, e)
         # an element whose gradient is within its error of zero may step from +U to -U:
         # the largest element and the worst slice may then differ by 2 (of max|golden|)
-        bad = bad or c > stepped.peak + profile.amplification * expected_conc
-    if not bad and scale_test and significant_scale(m, profile):
-        bad = _own_bias(r, m, scope, consumed, profile, k)
-    if bad and m.level == "stats" and m.error <= expected:
+        allowed_conc = stepped.peak + profile.amplification * expected_conc
+        s.allowed, s.ratio = allowed, max(_over(e, allowed), _over(c, allowed_conc))
+    over = s.ratio is not None and s.ratio > 1.0
+    if not over and scale_test and significant_scale(m, profile):
+        s.found = _own_bias(r, m, scope, consumed, profile, k)
+    if m.level == "stats" and m.error <= expected:
         # statistics only: the sample's and the norms' concentrated evidence is an
         # estimate, and an error no larger than what the inputs explain is never a finding
         # (the sample's estimate: ``e`` is its lower bound, sampled.py)
-        bad = False
+        s.ratio, s.found = min(s.ratio, 1.0), False
     return r.model_copy(
         update={
-            "status": "fail" if bad else "pass",
             "expected_error": expected,
             "amplification": amp if math.isfinite(amp) else None,
         }
     )
+
+
+def _over(error: float, allowed: float) -> float:
+    """``error / allowed``: above 1 exactly when ``error`` is above ``allowed`` (inf when
+    nothing is allowed and there is error, 0 when neither)."""
+    if allowed > 0:
+        return error / allowed
+    return math.inf if error > 0 else 0.0

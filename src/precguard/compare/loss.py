@@ -32,8 +32,8 @@ twin are the same computation and the same dtype: there is nothing to find, and
 nothing is reported (docs/targets.md says where users meet the bug: a model cast to
 bfloat16, ``emu:bf16-mixed``).
 
-The rule is applied in compare's one pass at the loss record, after the judge
-(compare/verdict.py): its finding is the call's decision on that record, never
+The rule (:class:`LossRule`) is applied in compare's one pass at the loss record, after
+the judge (compare/verdict.py): its finding is the call's decision on that record, never
 explained by a submodule, and it explains the calls around it as any local call does.
 """
 
@@ -44,6 +44,7 @@ import math
 from precguard.compare.calls import StepCalls
 from precguard.compare.divergence import Candidate
 from precguard.compare.report import RecordResult
+from precguard.compare.rule import BaseRule, Explanations, Pass, Settlement, StepContext
 from precguard.compare.tolerance import SIGNIFICAND_BITS, unit_roundoff
 
 #: what the finding tells the user to do
@@ -102,21 +103,24 @@ def reason(r: RecordResult, logits: RecordResult | None) -> str:
     )
 
 
-def low_precision_loss(r: RecordResult, calls: StepCalls) -> tuple[RecordResult, Candidate] | None:
+def low_precision_loss(
+    r: RecordResult, calls: StepCalls
+) -> tuple[RecordResult, str, float | None] | None:
     """The rule at one judged record: a loss the actual computed in a less precise dtype
     than golden fails, local, with the why line of :func:`reason`; None for any other.
 
     ``calls``: the step's calls as settled so far, which hold what ``r``'s forward call
     read before it (its inputs); they are looked at only for a low-precision output.
     No expected error or amplification is claimed: the finding is the precision, not a
-    magnitude (the value may well be within bf16's rounding). The one pass
-    (compare/verdict.py) asks this at every forward record, after the judge.
+    magnitude (the value may well be within bf16's rounding). Returns the record with
+    those figures, the why line and the error of the logits it read.
     """
+    m = r.metrics
     if not (
         r.phase == "forward"
         and r.role == "output"
-        and r.metrics is not None
-        and r.status in ("pass", "fail")
+        and m is not None
+        and not (m.nan_mismatch or m.inf_mismatch)  # a non-finite loss is told as such
         and computed_in_low_precision(r)
     ):
         return None
@@ -124,12 +128,48 @@ def low_precision_loss(r: RecordResult, calls: StepCalls) -> tuple[RecordResult,
     if not is_loss(r, call):
         return None
     logits = next((x for x in call if x.role == "input" and _floating(x.golden_dtype)), None)
-    update = {"status": "fail", "local": True, "amplification": None, "expected_error": None}
+    update = {"local": True, "amplification": None, "expected_error": None}
     r = r.model_copy(update=update)
-    found = Candidate(
-        result=r,
-        local=True,
-        input_error=None if logits is None or logits.metrics is None else logits.metrics.error,
-        reason=reason(r, logits),
-    )
-    return r, found
+    logits_error = None if logits is None or logits.metrics is None else logits.metrics.error
+    return r, reason(r, logits), logits_error
+
+
+class LossRule(BaseRule):
+    """The rule as a phase of compare's one pass (compare/rules.py): at a forward record,
+    after the judge, a loss computed in low precision fails with the rule's finding, which
+    replaces the call's decision on it (never explained by a submodule; it explains the
+    calls around it as any local call does)."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, str] = {}  # why lines, by key
+        self.logits_error: dict[str, float | None] = {}
+        self.candidates: dict[str, Candidate] = {}
+
+    @classmethod
+    def for_step(cls, ctx: StepContext) -> LossRule:
+        """The rule, at every step."""
+        return cls()
+
+    def settle(self, r: RecordResult, s: Settlement, step: Pass) -> RecordResult:
+        """A loss computed in low precision: found, whatever its error."""
+        found = low_precision_loss(r, step.calls)
+        if found is None:
+            return r
+        r, why, logits_error = found
+        s.explain_all()
+        s.found = True
+        self.found[r.key] = why
+        self.logits_error[r.key] = logits_error
+        return r
+
+    def written(self, r: RecordResult, step: Pass) -> None:
+        """The finding, with the record as written (failing)."""
+        why = self.found.pop(r.key, None)
+        if why is not None:
+            self.candidates[r.key] = Candidate(
+                result=r, local=True, input_error=self.logits_error.pop(r.key), reason=why
+            )
+
+    def explain(self, why: Explanations) -> None:
+        """The findings decide their calls (divergence.decide_calls)."""
+        why.settled.update(self.candidates)

@@ -38,7 +38,7 @@ from precguard.compare.levels import (
 from precguard.compare.sampled import position_evidence, sample_evidence
 from precguard.compare.tolerance import Profile
 from precguard.dump.schema import STAT_FIELDS, Record, Stats
-from precguard.numerics import SIGNIFICAND_BITS, SLICE_FLOOR, relative_l2
+from precguard.numerics import SIGNIFICAND_BITS, SLICE_FLOOR, less_precise, relative_l2
 
 #: elements per chunk: 256 KiB of float32 keeps the working set in cache
 CHUNK = 1 << 16
@@ -88,15 +88,6 @@ def tolerance_dtype(golden: str, actual: str, mode: str = "auto") -> str:
     if mode == "golden" and is_float_dtype(golden):
         return golden
     return less_precise(golden, actual)
-
-
-def less_precise(first: str, second: str) -> str:
-    """The less precise of two dtype names (a float one when only one of them is)."""
-    f, s = SIGNIFICAND_BITS.get(first), SIGNIFICAND_BITS.get(second)
-    if f is None or s is None:
-        return second if s is not None else first
-    # bf16 has fewer significand bits than fp16, so it is the less precise of the two
-    return first if f < s else second
 
 
 def precision(stored: str, compute: str | None) -> str:
@@ -721,18 +712,7 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
     floor = _mask_floor(chosen) if isinstance(chosen, torch.dtype) else -math.inf
     masked = floor > -math.inf and gs.min is not None and gs.min <= floor
     compared = ("max",) if masked else ("min", "max", "mean", "std", "absmax", "l2")
-    diffs: dict[str, float] = {}
-    for name in compared:
-        gv, av = getattr(gs, name), getattr(as_, name)
-        if gv is None or av is None:  # one side did not record it (an imported msprobe dump)
-            continue
-        if not (math.isfinite(gv) and math.isfinite(av)):
-            diffs[name] = 0.0 if (gv == av or (math.isnan(gv) and math.isnan(av))) else math.inf
-            continue
-        den = max(abs(gv), rms, 1e-30)
-        diffs[name] = abs(av - gv) / den
-    if gs.numel and as_.numel and gs.zeros is not None and as_.zeros is not None:
-        diffs["zeros"] = abs(as_.zeros - gs.zeros) / max(gs.numel, 1)
+    diffs = _stat_diffs(gs, as_, compared, rms)
     error = max(diffs.values()) if diffs else 0.0
     if not is_float_dtype(golden.dtype) and not is_float_dtype(actual.dtype):
         level_note = "statistics only (integer tensor): equal statistics suggest equal values"
@@ -769,6 +749,25 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
         note=level_note,
         **evidence,
     )
+
+
+def _stat_diffs(gs: Stats, as_: Stats, compared: tuple[str, ...], rms: float) -> dict[str, float]:
+    """Each statistic's difference over ``max(|golden value|, rms(golden))``, and the zero
+    counts' over the element count (a statistic one side did not record is left out: an
+    imported msprobe dump)."""
+    diffs: dict[str, float] = {}
+    for name in compared:
+        gv, av = getattr(gs, name), getattr(as_, name)
+        if gv is None or av is None:
+            continue
+        if not (math.isfinite(gv) and math.isfinite(av)):
+            diffs[name] = 0.0 if (gv == av or (math.isnan(gv) and math.isnan(av))) else math.inf
+            continue
+        den = max(abs(gv), rms, 1e-30)
+        diffs[name] = abs(av - gv) / den
+    if gs.numel and as_.numel and gs.zeros is not None and as_.zeros is not None:
+        diffs["zeros"] = abs(as_.zeros - gs.zeros) / max(gs.numel, 1)
+    return diffs
 
 
 SAMPLE_NOTE = (

@@ -49,10 +49,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
+from precguard.compare.rule import BaseRule, StepContext
 from precguard.dump.schema import Record
 from precguard.numerics import Z_SCORE, ZERO_DENSITY
 
@@ -272,18 +274,19 @@ def _delta(
     return None, d, float(np.abs(d).max()), float(np.sqrt(np.mean(d * d) * n))
 
 
-def update_verdict(
-    error: float, explained: Explained, expected_rest: float, amplification: float
-) -> tuple[bool, float, float]:
-    """(fails, expected error, amplification) of a record an optimizer step explains.
+def update_allowance(
+    explained: Explained, expected_rest: float, amplification: float, error: float = 0.0
+) -> tuple[float, float, float]:
+    """(allowed error, expected error, amplification of ``error``) of a record an
+    optimizer step explains.
 
-    It fails when its error exceeds the explained elements' error plus
-    ``amplification`` times ``expected_rest`` (the propagated part, already floored
-    at rounding by the caller). The expected error reported is the sum of the two.
+    It is allowed the explained elements' error plus ``amplification`` times
+    ``expected_rest`` (the propagated part, already floored at rounding by the caller).
+    The expected error reported is the sum of the two.
     """
     expected = explained.flipped + expected_rest
-    bad = error > explained.flipped + amplification * expected_rest
-    return bad, expected, (error / expected if expected > 0 else math.inf)
+    allowed = explained.flipped + amplification * expected_rest
+    return allowed, expected, (error / expected if expected > 0 else math.inf)
 
 
 class StepTrail:
@@ -347,3 +350,55 @@ class StepTrail:
 
 def _pid(rec: Record) -> str:
     return f"{rec.module}.{rec.index}"
+
+
+def golden_updates(plan: Any, g_store: Any, rank: int, g_recs: list[Record]) -> dict[str, float]:
+    """Per parameter: the golden optimizer step's relative size since the last step compared.
+
+    ``max(||w_s - w_{s-1}|| / ||w_s||, max|w_s - w_{s-1}| / max|w_s|)``, from the
+    golden's full tensors of both steps (held as memory-mapped records between
+    units, by ``plan.golden_params``). Two correct runs fed gradients that differ by
+    rounding take updates that differ by at most about twice that (AdamW's first step
+    is a sign).
+    """
+    out: dict[str, float] = {}
+    held = plan.golden_params.setdefault(rank, {})
+    for rec in g_recs:
+        if rec.role != "param" or rec.phase != "forward" or rec.tensor is None:
+            continue
+        prev = held.get(rec.key)
+        held[rec.key] = rec
+        if prev is None or prev.step >= rec.step or prev.shape != rec.shape:
+            continue
+        now = g_store.tensor(rec).double()
+        before = g_store.tensor(prev).double()
+        delta = now - before
+        norm, peak = float(now.norm()), float(now.abs().max()) if now.numel() else 0.0
+        rel = float(delta.norm()) / norm if norm > 0 else 0.0
+        rel_peak = float(delta.abs().max()) / peak if peak > 0 else 0.0
+        out[f"{rec.module}.{rec.index}"] = max(rel, rel_peak)
+    return out
+
+
+class OptimizerRule(BaseRule):
+    """An optimizer's step as a rule of compare's one pass (compare/rules.py): it adjusts
+    what the expected-error judge knows with the golden's step sizes and what each
+    step explains of an update and of the parameters after it (:class:`StepTrail`)."""
+
+    @classmethod
+    def for_step(cls, ctx: StepContext) -> OptimizerRule | None:
+        """The rule, in a comparison (it keeps the plan's trail) under the default profile."""
+        if ctx.plan is None or ctx.stores is None or ctx.profile.rule != "expected":
+            return None
+        return cls()
+
+    def adjust(self, ctx: StepContext) -> None:
+        """The golden's step sizes and what the step explains (measured on the records as
+        re-measured)."""
+        g_store, a_store = ctx.stores  # type: ignore[misc]
+        ctx.inputs.updates = golden_updates(ctx.plan, g_store, ctx.rank, ctx.g_recs)
+        errors = {x.key: x.metrics.error for x in ctx.results if x.metrics is not None}
+        trail = ctx.plan.trails.setdefault(ctx.rank, StepTrail())
+        ctx.inputs.explained = trail.explain(
+            ctx.g_recs, ctx.a_recs, errors, g_store.tensor, a_store.tensor
+        )

@@ -105,7 +105,7 @@ def _metric_line(m: Metrics, *, finite_only: bool = False) -> str:
 
 def judged_precision(result: Comparison) -> str | None:
     """The least precise dtype whose tolerances judged a float record (None if none did)."""
-    from precguard.compare.metrics import less_precise
+    from precguard.numerics import less_precise
 
     found: str | None = None
     for r in result.records:

@@ -94,6 +94,13 @@ class RecordResult(RecordIdentity):
         description="On failing produced records and parameters: the error the module's "
         "precision explains given its inputs' error (compare with metrics.error).",
     )
+    allowed_error: float | None = Field(
+        default=None,
+        description="The error the verdict held this record to (the expected error times "
+        "the amplification, an optimizer step's allowance, or the profile's tolerance); "
+        "None where no threshold applied (missing, exact, or a rule that judged it "
+        "otherwise: a router's indices, a loss's precision).",
+    )
 
 
 def _level_code(r: RecordResult) -> int:

@@ -60,10 +60,11 @@ import torch
 from precguard.compare.levels import MeasuredMetrics, concentrated, metrics_with
 from precguard.compare.metrics import is_float_dtype, precision, tensor_metrics
 from precguard.compare.report import Metrics, RecordResult
+from precguard.compare.rule import Settlement
 from precguard.compare.tolerance import Profile
 from precguard.dump.schema import Record
 from precguard.dump.tensors import TensorStore
-from precguard.numerics import REROUTED_ROW_ERROR, rounding_floor
+from precguard.numerics import REROUTED_ROW_ERROR, SCORE_PAIR, rounding_floor, scale_excess
 
 Pair = tuple[Record, Record]
 
@@ -76,7 +77,7 @@ def is_index_dtype(dtype: str) -> bool:
 def margin_tolerance(expected: float, amplification: float, absmax: float) -> float:
     """The golden score margin rounding can cross: both scores of the pair moving apart by
     the largest element error the judge accepts for the scores record."""
-    return 2.0 * amplification * expected * absmax
+    return SCORE_PAIR * amplification * expected * absmax
 
 
 @dataclass
@@ -495,11 +496,11 @@ class Routing:
         """The routing the record ``key`` follows, if any."""
         return self.followers.get(key)
 
-    def follow(self, r: RecordResult, verdict: tuple[str, Metrics]) -> RecordResult:
+    def follow(self, r: RecordResult, verdict: tuple[str, Metrics], s: Settlement) -> RecordResult:
         """A record that follows a router (:meth:`follower`), settled with the router's
-        verdict: the indices judged from the scores, a follower of a wrong routing failing
-        at the router's finding, one whose shapes differ passed when the re-routing is
-        explained."""
+        verdict (in ``s``; compare/rule.py): the indices judged from the scores, a follower
+        of a wrong routing failing at the router's finding, one whose shapes differ
+        explained when the re-routing is."""
         f = self.followers[r.key]
         assert r.metrics is not None
         status, judged = verdict
@@ -513,20 +514,25 @@ class Routing:
                     if k in ("level", "dtype", "error", "mismatched", "stat_rel_diff")
                 },
             )
-            return r.model_copy(update={"status": status, "metrics": metrics})
+            s.explain_all()  # judged by the router's verdict, not by an error
+            s.found = status == "fail"
+            return r.model_copy(update={"metrics": metrics})
         if status == "fail":
             # it follows a routing that is itself wrong: the router is the finding
-            update: dict[str, object] = {"amplification": None, "expected_error": None}
             if r.metrics.level == "none":
-                update["status"] = "fail"
-            return r.model_copy(update=update)
+                s.found = True
+            return r.model_copy(update={"amplification": None, "expected_error": None})
         if r.actual_shape is not None and r.metrics.level == "none":
             note = (
                 f"shapes differ (golden {r.shape}, actual {r.actual_shape}): its rows follow "
                 f"the routing of {f.router.module}, whose re-routing is explained; not compared"
             )
-            metrics = r.metrics.model_copy(update={"note": note})
-            return r.model_copy(update={"status": "pass", "metrics": metrics})
+            rerouted = r.metrics.rerouted
+            if rerouted is None:  # the ladder's re-routed rung (numerics.ladder)
+                rerouted = f.router.rerouted()
+            update = {"note": note, "rerouted": -1 if rerouted is None else rerouted}
+            s.explain_all()
+            return r.model_copy(update={"metrics": r.metrics.model_copy(update=update)})
         return r
 
     def verdict(
@@ -627,9 +633,9 @@ class Routing:
 
 def _excess(m: Metrics, profile: Profile) -> float:
     """How far a scale lies beyond ``bias_z`` standard errors from 1 (-inf: not measured)."""
-    if not isinstance(m, MeasuredMetrics) or m.scale is None or m.scale_se is None:
+    if not isinstance(m, MeasuredMetrics):
         return -math.inf
-    return abs(m.scale - 1.0) - profile.bias_z * m.scale_se
+    return scale_excess(m.scale, m.scale_se, profile.bias_z)
 
 
 def _rows(shape: list[int]) -> int:

@@ -35,12 +35,9 @@ from typing import Any
 import numpy as np
 
 from precguard.compare.levels import Metrics, StatsMetrics, concentrated
-from precguard.compare.tolerance import Profile
 from precguard.dump.schema import Record
-from precguard.numerics import RARE_COUNT, SLICE_FLOOR
+from precguard.numerics import BIAS_Z, RARE_COUNT, SLICE_FLOOR
 
-#: the standard errors the judge asks of a significant scale (the default profile's)
-_BIAS_Z: float = Profile.model_fields["bias_z"].default
 #: a sample's scale is estimated only when more than this many of its elements carry
 #: its norm (effective count ``n_eff = (sum g^2)^2 / sum g^4``). The scale is a ratio
 #: ``<g, d> / <g, g>`` whose denominator, the sampled ``<g, g>``, estimates the
@@ -50,7 +47,7 @@ _BIAS_Z: float = Profile.model_fields["bias_z"].default
 #: the default ``bias_z`` of 4. A sample that one sampled outlier dominates says nothing
 #: about the rest of the tensor; what consumes such a record takes its scale error as
 #: at most its error (:func:`precguard.compare.expected.carried_bias`)
-MIN_EFFECTIVE = _BIAS_Z * _BIAS_Z
+MIN_EFFECTIVE = BIAS_Z * BIAS_Z
 #: sampled element errors kept in decreasing order (``sample_peaks``): enough to tell
 #: how many of them carry the peak (:data:`RARE_COUNT`)
 PEAKS_KEPT = 16

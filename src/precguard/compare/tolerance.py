@@ -24,9 +24,17 @@ import math
 from pydantic import BaseModel, ConfigDict, Field
 
 from precguard.compare.levels import FullMetrics, MeasuredMetrics
-from precguard.compare.report import Metrics, Status
+from precguard.compare.report import Metrics, RecordResult, Status
+from precguard.compare.rule import BaseRule, Pass, Settlement, StepContext
 from precguard.errors import UsageError
-from precguard.numerics import AMPLIFICATION, SIGNIFICAND_BITS, ladder, unit_roundoff
+from precguard.numerics import (
+    AMPLIFICATION,
+    BIAS_Z,
+    SIGNIFICAND_BITS,
+    ladder,
+    scale_excess,
+    unit_roundoff,
+)
 
 
 class DtypeTolerance(BaseModel):
@@ -63,7 +71,7 @@ class Profile(BaseModel):
         description="Output/input error ratio from which a module is 'local'.",
     )
     bias_z: float = Field(
-        default=4.0,
+        default=BIAS_Z,
         description="Standard errors by which the scale of actual on golden must differ from "
         "1 to count as a systematic error (inf disables the bias test).",
     )
@@ -221,37 +229,64 @@ def get_profile(name: str) -> Profile:
     return profile
 
 
-def judge(metrics: Metrics, profile: Profile) -> Status:
-    """Return ``pass``, ``fail`` or ``nonfinite`` for one compared pair.
-
-    The ladder of :func:`precguard.numerics.ladder` first (non-finite, exact, nothing
-    measurable), then the profile's rule.
-    """
-    settled = ladder(metrics)
-    if settled is not None:
-        return settled
+def settle(metrics: Metrics, profile: Profile, s: Settlement) -> None:
+    """What one compared pair is allowed under the profile's rule, in ``s``: the error
+    bound of its level and dtype, and its other tests (cosine, a systematic scale, the
+    strict rule's elements, msprobe's rule) as a finding."""
+    if ladder(metrics) is not None:  # non-finite, exact, nothing measurable
+        return
     tol = profile.for_dtype(metrics.dtype)
     if metrics.level == "stats":
-        return "fail" if metrics.error > tol.stats_rtol else "pass"
+        s.allowed = tol.stats_rtol
+        return
     # the ladder settled exact and none: what is left is full
     assert isinstance(metrics, FullMetrics)
     assert metrics.cosine is not None and metrics.max_abs_err is not None
-    if profile.rule == "msprobe":
-        bad = (
+    if profile.rule == "msprobe":  # its own published rule, not an error bound
+        s.found = (
             (metrics.cosine < tol.min_cosine and metrics.max_abs_err > (tol.max_abs or 0.0))
             or metrics.cosine < 0.9
             or metrics.max_abs_err > 1.0
         )
-        return "fail" if bad else "pass"
-    if metrics.error > tol.rel_l2 or metrics.cosine < tol.min_cosine or metrics.bias:
-        return "fail"
-    if profile.rule == "strict" and (metrics.close_share or 0.0) > 0:
-        return "fail"
-    return "pass"
+        return
+    s.allowed = tol.rel_l2
+    s.found = metrics.cosine < tol.min_cosine or bool(metrics.bias)
+    s.found = s.found or (profile.rule == "strict" and (metrics.close_share or 0.0) > 0)
 
 
-def bias_threshold(metrics: Metrics, profile: Profile) -> float | None:
-    """The |scale - 1| beyond which ``metrics`` show a systematic error (None: untestable)."""
+def judge(metrics: Metrics, profile: Profile) -> Status:
+    """Return ``pass``, ``fail`` or ``nonfinite`` for one compared pair (:func:`settle`).
+
+    The ladder of :func:`precguard.numerics.ladder` first (non-finite, exact, nothing
+    measurable), then the profile's rule.
+    """
+    s = Settlement()
+    settle(metrics, profile, s)
+    return s.verdict(metrics)
+
+
+class ProfileRule(BaseRule):
+    """A fixed profile (``fixed``, ``strict``, ``msprobe``) as a rule of compare's one pass
+    (compare/rules.py): each record against its dtype's tolerance (:func:`settle`)."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+
+    @classmethod
+    def for_step(cls, ctx: StepContext) -> ProfileRule | None:
+        """The rule, under a profile whose rule is not the expected-error judge."""
+        return None if ctx.profile.rule == "expected" else cls(ctx.profile)
+
+    def settle(self, r: RecordResult, s: Settlement, step: Pass) -> RecordResult:
+        """The record against its dtype's tolerance."""
+        assert r.metrics is not None
+        settle(r.metrics, self.profile, s)
+        return r
+
+
+def bias_floor(metrics: Metrics, profile: Profile) -> float | None:
+    """The scale excess (:func:`precguard.numerics.scale_excess`, beyond ``bias_z`` standard
+    errors) above which ``metrics`` show a systematic error (None: untestable)."""
     if not isinstance(metrics, MeasuredMetrics):
         return None
     if metrics.scale is None or metrics.scale_se is None or not math.isfinite(profile.bias_z):
@@ -259,15 +294,15 @@ def bias_threshold(metrics: Metrics, profile: Profile) -> float | None:
     floor = profile.bias_floor
     if floor is None:
         floor = profile.bias_floor_ulps * unit_roundoff(metrics.dtype)
-    return profile.bias_z * metrics.scale_se + floor
+    return floor
 
 
 def with_bias(metrics: Metrics, profile: Profile) -> Metrics:
     """``metrics`` with ``bias`` set when its scale shows a significant systematic error."""
-    threshold = bias_threshold(metrics, profile)
-    if threshold is None or not isinstance(metrics, MeasuredMetrics) or metrics.scale is None:
+    floor = bias_floor(metrics, profile)
+    if floor is None or not isinstance(metrics, MeasuredMetrics):
         return metrics
-    if abs(metrics.scale - 1.0) <= threshold:
+    if not scale_excess(metrics.scale, metrics.scale_se, profile.bias_z) > floor:
         return metrics
     return metrics.model_copy(update={"bias": True})
 
@@ -277,9 +312,11 @@ __all__ = [
     "SIGNIFICAND_BITS",
     "DtypeTolerance",
     "Profile",
-    "bias_threshold",
+    "ProfileRule",
+    "bias_floor",
     "get_profile",
     "judge",
+    "settle",
     "unit_roundoff",
     "with_bias",
 ]

@@ -1,42 +1,39 @@
-"""The one judge: one pass over a step's records that sets status, local and reason together.
+"""The one pass: every rule of compare's verdict, in its phases, and one writer of status.
 
-``compare`` judges each rank and step (compare/engine.py's ``compare_unit``) with
-:func:`judge_unit`. It walks the step's records once, in capture order, and
-settles each at its place:
+``compare`` hands each rank and step, measured (compare/engine.py), to
+:func:`run_rules`. The rules (compare/rules.py: :data:`~precguard.compare.rules.RULES`,
+in the order they run) each take part in four phases (compare/rule.py):
 
-1. **the expected-error judge** (judge.py, :class:`~precguard.compare.judge.StepJudge`):
-   the record against the error what it consumed explains, an optimizer's update
-   through its update rule (optimizer.py) among them; skipped under a fixed profile,
-   whose statuses the tolerance set already;
-2. **a router's top-k** (routing.py): the router's verdict is taken as soon as its
-   scores are judged, and every record that follows the router (its indices, its
-   weights, the experts' rows) is settled with it, at its place or, when it came
-   before the scores, as soon as the verdict is known;
-3. **a loss computed in low precision** (loss.py), at the loss record: it fails,
-   local, with the rule's own why line;
-4. the record joins its module call (calls.py), where the judge reads what later
-   records consumed and their K.
+1. **re-measure**: a router's followers on the rows both runs routed alike (routing);
+2. **adjust expected**: what the judge knows besides the records: the error carried from
+   the step before and a calibration (the expected-error judge), an optimizer's update
+   rule (optimizer), a re-routing's widening (routing);
+3. **settle**, one record at a time in capture order: the expected-error judge (or a
+   fixed profile's tolerance), a router's top-k and the records that follow it, a loss
+   computed in low precision; each sets what the record is allowed (a
+   :class:`~precguard.compare.rule.Settlement`) and its figures, and then this pass
+   writes the record's status and ``allowed_error`` once (:meth:`_Walk.write`); the
+   record joins its module call (calls.py), where later records read what it consumed;
+4. **explain**: what the why lines name (a KV cache read, a finding a rule decided).
 
-When every record is settled, each module call is decided once (divergence.py,
-:func:`~precguard.compare.divergence.decide_calls`): local or propagated from the
-records it consumed and produced as the walk grouped them, with its why line; the
-KV cache a forward candidate read is named there (caches.py). The decisions are
-copied onto the failing records (``local``, and the figures where the judge set
-none). Where a new rule goes: docs/architecture.md, "Where to add a rule".
+Then each module call is decided once (divergence.py,
+:func:`~precguard.compare.divergence.decide_calls`): local or propagated, with its why
+line, and the decisions are copied onto the failing records. Where a new rule goes:
+docs/architecture.md, "Where to add a rule".
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from precguard.compare import rules as listed
 from precguard.compare.calls import StepCalls
 from precguard.compare.divergence import Candidate, Decision, decide_calls, fallback
-from precguard.compare.judge import JudgeInputs, StepJudge
-from precguard.compare.loss import low_precision_loss
-from precguard.compare.report import Metrics, RecordResult
+from precguard.compare.judge import JudgeInputs
+from precguard.compare.report import RecordResult
 from precguard.compare.routing import Routing
+from precguard.compare.rule import Explanations, Rule, Settlement, StepContext
 from precguard.compare.tolerance import Profile
 
 
@@ -44,7 +41,8 @@ from precguard.compare.tolerance import Profile
 class StepVerdict:
     """One rank and step, judged and decided."""
 
-    #: every record with its status, expected error, amplification and (failing) local
+    #: every record with its status, allowed error, expected error, amplification and
+    #: (failing) local
     results: list[RecordResult]
     #: module calls that introduced error, in execution order, explained ones dropped
     candidates: list[Candidate]
@@ -56,84 +54,73 @@ class StepVerdict:
 
 
 class _Walk:
-    """The pass over one step: each record settled in capture order (the module doc)."""
+    """The settle phase over one step: each record in capture order (the module doc)."""
 
-    def __init__(
-        self,
-        results: list[RecordResult],
-        profile: Profile,
-        judging: JudgeInputs | None,
-        routes: Routing | None,
-    ) -> None:
-        self.profile = profile
+    def __init__(self, rules: list[Rule]) -> None:
+        self.rules = rules
         self.calls = StepCalls()
-        self.judge: StepJudge | None = None
-        if profile.rule == "expected":
-            self.judge = StepJudge(results, profile, self.calls, judging)
-        self.routes = routes
-        self.verdicts: dict[int, tuple[str, Metrics]] = {}  # by id of the router
-        self.awaiting: dict[str, list[tuple[Any, Metrics]]] = defaultdict(list)  # scores key
-        self.pending: dict[int, list[int]] = defaultdict(list)  # followers before the verdict
-        self.settled: dict[str, Candidate] = {}  # records a rule decided (loss.py)
-        if routes is not None:
-            for router, idx, scores in routes.awaited(results):
-                if scores is None:  # nothing to wait for
-                    self.verdicts[id(router)] = routes.verdict(router, idx, None)
-                else:
-                    self.awaiting[scores].append((router, idx))
+        self.settlements: list[Settlement | None] = []  # by position in ``calls``
 
     def settle(self, r: RecordResult) -> None:
-        """Judge one record, apply the rules at its place, and group it into its call."""
-        if r.metrics is None:
+        """Every rule at one record, then its status written, then what the rules learn."""
+        if r.metrics is None:  # missing: nothing to settle
             self.calls.add(r)
+            self.settlements.append(None)
             return
-        judged = self.judge.judge(r) if self.judge is not None else r
-        follower = self.routes.follower(r.key) if self.routes is not None else None
-        if follower is not None:
-            verdict = self.verdicts.get(id(follower.router))
-            if verdict is not None:
-                judged = self._follow(judged, verdict)
-            else:  # settled again when the router's scores are judged
-                self.pending[id(follower.router)].append(len(self.calls.records))
-        if r.phase == "forward":
-            judged = self._loss(judged)
-        self.calls.add(judged)
-        for router, idx in self.awaiting.pop(r.key, []):
-            self._router_verdict(router, idx, judged)
+        s = Settlement()
+        for rule in self.rules:
+            r = rule.settle(r, s, self)
+        self.calls.add(self.write(r, s))
+        self.settlements.append(s)
+        written = self.calls.records[-1]
+        for rule in self.rules:
+            rule.written(written, self)
 
-    def _follow(self, r: RecordResult, verdict: tuple[str, Metrics]) -> RecordResult:
-        assert self.routes is not None
-        return self.routes.follow(r, verdict)
+    @staticmethod
+    def write(r: RecordResult, s: Settlement) -> RecordResult:
+        """The one writer of a measured record's status and allowed error."""
+        assert r.metrics is not None
+        return r.model_copy(update={"status": s.verdict(r.metrics), "allowed_error": s.allowed})
 
-    def _router_verdict(self, router: Any, idx: Metrics, scores: RecordResult) -> None:
-        """A router's scores are judged: its verdict, and the followers that came first."""
-        assert self.routes is not None
-        verdict = self.routes.verdict(router, idx, scores)
-        self.verdicts[id(router)] = verdict
-        for pos in self.pending.pop(id(router), []):
-            self.calls.replace(pos, self._follow(self.calls.records[pos], verdict))
+    def settlement(self, pos: int) -> Settlement:
+        """The settlement of the record at ``pos`` (a measured one)."""
+        s = self.settlements[pos]
+        assert s is not None
+        return s
 
-    def _loss(self, r: RecordResult) -> RecordResult:
-        """The loss rule (loss.py) at a forward record: the finding replaces the call's
-        decision on it."""
-        found = low_precision_loss(r, self.calls)
-        if found is None:
-            return r
-        r, candidate = found
-        self.settled[r.key] = candidate
-        return r
+    def rewrite(self, pos: int, r: RecordResult) -> None:
+        """Write the record at ``pos`` again from its settlement (a later rule's verdict)."""
+        self.calls.replace(pos, self.write(r, self.settlement(pos)))
 
-    def finish(self, buffer_names: dict[str, str], cache_names: dict[str, str]) -> StepVerdict:
-        """Decide every call and copy the decisions onto the failing records."""
-        classified = decide_calls(self.calls, self.profile, buffer_names, self.settled, cache_names)
-        found = classified.candidates
-        results = _annotate(self.calls.records, classified.decisions)
-        return StepVerdict(
-            results=results,
-            candidates=found,
-            fallback=None if found else fallback(results),
-            carried=self.judge.carried_on() if self.judge is not None else None,
-        )
+
+def run_rules(ctx: StepContext, why: Explanations | None = None) -> StepVerdict:
+    """Run every rule of :data:`~precguard.compare.rules.RULES` over one measured step, in
+    its phases (the module doc), and decide each module call."""
+    # read at each step, so the list is the one place a rule is added (or a test adds one)
+    rules: list[Rule] = [rule for make in listed.RULES if (rule := make(ctx)) is not None]
+    for rule in rules:
+        rule.remeasure(ctx)
+    if ctx.inputs is None:
+        ctx.inputs = JudgeInputs()
+    for rule in rules:
+        rule.adjust(ctx)
+    walk = _Walk(rules)
+    for r in ctx.results:
+        walk.settle(r)
+    why = why if why is not None else Explanations()
+    for rule in rules:
+        rule.explain(why)
+    classified = decide_calls(
+        walk.calls, ctx.profile, why.buffer_names, why.settled, why.cache_names
+    )
+    found = classified.candidates
+    results = _annotate(walk.calls.records, classified.decisions)
+    return StepVerdict(
+        results=results,
+        candidates=found,
+        fallback=None if found else fallback(results),
+        carried=why.carried,
+    )
 
 
 def judge_unit(
@@ -144,19 +131,15 @@ def judge_unit(
     buffer_names: dict[str, str] | None = None,
     cache_names: dict[str, str] | None = None,
 ) -> StepVerdict:
-    """Judge and decide one rank and step's measured records in one pass (the module doc).
-
-    Under the ``expected`` rule (the default profile) each record is judged by the
-    expected-error judge, with ``judging`` (nothing known of earlier steps when None);
-    under a fixed profile the statuses the tolerance set stand. ``routes``: the step's routers
-    (:meth:`precguard.compare.routing.Routing.of_step`, its followers re-measured).
+    """Judge and decide one rank and step's measured records (:func:`run_rules`) without
+    a comparison around them: ``judging``, what the expected-error judge knows besides
+    the records (nothing of earlier steps when None); ``routes``, the step's routers
+    (:meth:`precguard.compare.routing.Routing.of_step`, its followers re-measured);
     ``buffer_names`` and ``cache_names``: the recorded names of the buffer and KV-cache
-    records by key, which the why lines name.
-    """
-    walk = _Walk(results, profile, judging, routes)
-    for r in results:
-        walk.settle(r)
-    return walk.finish(buffer_names or {}, cache_names or {})
+    records by key, which the why lines name."""
+    ctx = StepContext(results=list(results), profile=profile, inputs=judging, routes=routes)
+    why = Explanations(buffer_names=buffer_names or {}, cache_names=cache_names or {})
+    return run_rules(ctx, why)
 
 
 def _annotate(results: list[RecordResult], decisions: dict[str, Decision]) -> list[RecordResult]:

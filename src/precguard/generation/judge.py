@@ -18,22 +18,22 @@ import math
 
 import torch
 
-from precguard.numerics import Z_SCORE, measure, rounding_floor, unit_roundoff
+from precguard.numerics import (
+    LOGITS_SLACK,
+    Z_SCORE,
+    less_precise,
+    measure,
+    stacked_floor,
+)
 
 #: standard deviations of the explained error a margin may be within and still be a near-tie
 Z = Z_SCORE
-#: a near-tie also needs the whole logits vector within this multiple of the explained error
-LOGITS_SLACK = 3.0
-
-
-def less_precise(a: str, b: str) -> str:
-    """The dtype name of the two with the larger unit roundoff."""
-    return a if unit_roundoff(a) >= unit_roundoff(b) else b
 
 
 def explained_error(dtype: str, hidden: int | None, layers: int) -> float:
-    """Relative logit error a correct model computed in ``dtype`` explains."""
-    return rounding_floor(dtype, hidden) * math.sqrt(max(layers, 1))
+    """Relative logit error a correct model computed in ``dtype`` explains
+    (:func:`precguard.numerics.stacked_floor`: ``layers`` blocks of width ``hidden``)."""
+    return stacked_floor(dtype, hidden, layers)
 
 
 def rms(x: torch.Tensor) -> float:
@@ -103,7 +103,7 @@ def judge_flip(
         return logits if golden_noise is None else logits / temperature + golden_noise
 
     scale = rms(golden) / (temperature if golden_noise is not None else 1.0)
-    tolerance = Z * math.sqrt(2.0) * explained * scale
+    tolerance = Z * math.sqrt(2.0) * explained * scale  # a difference of two: sqrt(2) x
     g_margin = gap(scores(golden), golden_token, actual_token)
     a_margin = gap(scores(actual), actual_token, golden_token)
     error = rel_l2(actual, golden)

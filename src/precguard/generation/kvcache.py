@@ -23,13 +23,14 @@ import torch
 
 from precguard.devices import dtype_name
 from precguard.generation.decode import Decoding
-from precguard.generation.judge import LOGITS_SLACK, rel_l2
+from precguard.generation.judge import rel_l2
 from precguard.generation.report import (
     CacheConsistency,
     CacheEntry,
     CacheSnapshot,
     KVCache,
 )
+from precguard.numerics import LOGITS_SLACK, MIN_LOCAL_GROWTH
 
 
 def compare_entry(name: str, golden: torch.Tensor | None, actual: torch.Tensor | None) -> dict:
@@ -89,7 +90,7 @@ def compare_snapshot(
         fields = compare_entry(name, golden.get(name), actual.get(name))
         err = fields["rel_l2"]
         if fields["status"] == "pass" and err is not None:
-            if err > LOGITS_SLACK * explained and err > 2.0 * worst:
+            if err > LOGITS_SLACK * explained and err > MIN_LOCAL_GROWTH * worst:
                 fields["status"] = "fail"
             worst = max(worst, err)
         entry = CacheEntry(**fields)

@@ -5,16 +5,16 @@ from failing; one at 0.001 is not. The margin shows that drift before it
 fails: 0 for identical numbers, 1 at the edge of what the verdict accepts,
 above 1 for a record that fails on its error.
 
-The allowed error is the threshold the record's error was held to. Under the
-expected-error judge (the default profile) that is the record's own expected
-error (what its precision and everything it consumed explain) times the
-profile's amplification threshold, and the margin is the record's
-amplification over that threshold (its global or its concentrated error,
-whichever is nearer failing). Under a fixed profile it is the
-tolerance of the record's judging dtype (the less precise side's precision,
-``Metrics.dtype``) in the comparison's profile, ``rel_l2`` for full tensors
-and ``stats_rtol`` for statistics. A record judged by another rule as well
-(cosine, a systematic bias) can fail with a margin under 1: its status says so.
+The allowed error is the threshold the record's error was held to, as the verdict
+stored it (``RecordResult.allowed_error``, written once by compare's one pass,
+compare/verdict.py, whichever rule settled the record: the expected error times the
+amplification, an optimizer step's allowance, the profile's tolerance). Under the
+expected-error judge the margin is the record's amplification over the threshold (its
+global or its concentrated error, whichever is nearer failing). A report written before
+the field existed falls back to the tolerance of the record's judging dtype in the
+comparison's profile (``rel_l2`` for full tensors, ``stats_rtol`` for statistics). A
+record judged by another rule as well (cosine, a systematic bias) can fail with a
+margin under 1: its status says so.
 """
 
 from __future__ import annotations
@@ -59,11 +59,9 @@ def allowed_error(record: RecordResult, tolerances: dict[str, Any]) -> float | N
     metrics = record.metrics
     if metrics is None or metrics.level not in _BOUND:
         return None
-    # a judgment that records the bound it held each record to (per record, from its
-    # precision and inputs) is the allowed error itself; the profile's is the fallback
-    own = getattr(record, "allowed_error", None)
-    if isinstance(own, int | float):
-        return float(own)
+    # the bound the verdict held the record to; the profile's for a report without it
+    if record.allowed_error is not None:
+        return record.allowed_error
     tol = tolerances.get(metrics.dtype) or tolerances.get("float32")
     if not isinstance(tol, dict):
         return None
@@ -84,9 +82,6 @@ def record_margin(
         return None
     allowed = allowed_error(record, tolerances)
     judged = threshold is not None and record.expected_error is not None
-    if judged:
-        assert threshold is not None and record.expected_error is not None
-        allowed = record.expected_error * threshold
     if record.status == "nonfinite":
         margin = math.inf
     elif metrics.level == "exact":

@@ -28,7 +28,7 @@ from rich.text import Text
 from precguard._logging import get_logger
 from precguard.capture.flatten import named_tensors
 from precguard.compare.levels import FullMetrics
-from precguard.compare.metrics import golden_rms, less_precise, tensor_metrics
+from precguard.compare.metrics import golden_rms, tensor_metrics
 from precguard.compare.render import format_cosine, format_number
 from precguard.compare.report import Metrics, Status
 from precguard.compare.tolerance import Profile, get_profile, judge
@@ -36,7 +36,14 @@ from precguard.dump.reader import Run, load_run
 from precguard.dump.schema import Record
 from precguard.dump.tensors import TensorStore
 from precguard.errors import DumpFormatError, PrecguardError, UsageError
-from precguard.numerics import REPLAY_MARGIN, expected_error, measure, reduction_length, status
+from precguard.numerics import (
+    REPLAY_MARGIN,
+    expected_error,
+    less_precise,
+    measure,
+    reduction_length,
+    status,
+)
 from precguard.text import shown
 
 if TYPE_CHECKING:

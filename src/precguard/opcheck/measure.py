@@ -2,7 +2,7 @@
 
 One implementation for ``precguard op-check`` and the checklist's ``rope`` and
 ``ops`` checks: :func:`run_on_device` runs a function or module the way the
-device runs it, :func:`measure` turns a result and its fp64 truth into the
+device runs it, :func:`op_errors` turns a result and its fp64 truth into the
 numbers every report shows, :func:`fit_growth` fits how they grow.
 """
 
@@ -19,16 +19,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from precguard.backend import Backend
-from precguard.numerics import TOLERANCE_EPS, ulp, unit_roundoff
+from precguard.numerics import GROWTH_FACTOR, TOLERANCE_EPS, ulp, unit_roundoff
 from precguard.numerics import measure as measure_tensors
 from precguard.oracle import map_tensors_keeping_types
 
 _FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
 
 Numerics = Callable[[], contextlib.AbstractContextManager[Any]]
-
-#: an error that grows by more than this factor over the swept range "grows"
-GROWTH_FACTOR = 4.0
 
 #: fp32 unit roundoff: what an angle rounded to fp32 costs per radian
 FP32_UNIT = unit_roundoff("float32")
@@ -114,7 +111,7 @@ def probe_compute_dtype(backend: Backend) -> torch.dtype:
 Status = Literal["pass", "fail", "nonfinite"]
 
 
-def measure(got: Any, want: Any, dtype: torch.dtype) -> dict[str, float]:
+def op_errors(got: Any, want: Any, dtype: torch.dtype) -> dict[str, float]:
     """Errors of ``got`` against the fp64 truth ``want`` (both nested; floating leaves compared).
 
     ``max_abs_err`` max|e|, ``mean_abs_err`` mean|e|, ``max_rel_err`` max|e| / max|truth|
@@ -194,7 +191,7 @@ __all__ = [
     "fit_growth",
     "flat64",
     "float_leaves",
-    "measure",
+    "op_errors",
     "probe_compute_dtype",
     "rope_allowed",
     "round_floats",

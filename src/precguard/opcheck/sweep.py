@@ -23,13 +23,13 @@ from precguard._logging import get_logger
 from precguard.capture.hooks import on_calls
 from precguard.devices import resolve_backend
 from precguard.errors import ExitCode, PrecguardError, TargetError, UsageError
-from precguard.numerics import TOLERANCE_EPS, accumulation_error
+from precguard.numerics import GROWTH_FLOOR_EPS, opcheck_tolerance
 from precguard.opcheck import norm, rotary
 from precguard.opcheck.builtin import BUILTIN_OPS, OpSpec, max_angle
 from precguard.opcheck.measure import (
     Growth,
     fit_growth,
-    measure,
+    op_errors,
     probe_compute_dtype,
     rope_allowed,
     round_floats,
@@ -45,16 +45,6 @@ _FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
 
 #: sequence lengths of the built-in sweeps when none are given
 DEFAULT_SEQ_LENS: tuple[int, ...] = (128, 1024, 4096)
-
-
-def default_tolerance(eps: float, n: int) -> float:
-    """``8 eps`` of the compute dtype plus ``sqrt(n)`` fp32 unit roundoffs.
-
-    The second term is what accumulating ``n`` terms in fp32 costs (Higham and
-    Mary's probabilistic bound): it lets a softmax or matmul over 4096 terms on
-    an fp32 device pass, and is negligible next to fp16/bf16 output rounding.
-    """
-    return TOLERANCE_EPS * eps + accumulation_error(n)
 
 
 class OpPoint(BaseModel):
@@ -132,12 +122,16 @@ class _Bench:
 
     def allowed(self, n: int) -> float:
         """The max_rel_err a (non-rotary) op of length ``n`` may have."""
-        return self.tolerance if self.tolerance is not None else default_tolerance(self.eps, n)
+        return (
+            self.tolerance
+            if self.tolerance is not None
+            else opcheck_tolerance(_name(self.compute), n)
+        )
 
     def point(
         self, got: Any, want: Any, seq_len: int, allowed: float, **name: str | None
     ) -> OpPoint:
-        errors = measure(got, want, self.compute)
+        errors = op_errors(got, want, self.compute)
         if not math.isfinite(errors["max_abs_err"]):
             status: Literal["pass", "fail", "nonfinite"] = "nonfinite"
         else:
@@ -154,7 +148,9 @@ class _Bench:
         for key in dict.fromkeys(p.label for p in points):
             mine = [p for p in points if p.label == key]
             growth[key] = fit_growth(
-                [p.seq_len for p in mine], [p.mean_rel_err for p in mine], floor=self.eps / 16
+                [p.seq_len for p in mine],
+                [p.mean_rel_err for p in mine],
+                floor=GROWTH_FLOOR_EPS * self.eps,
             )
         return OpCheckResult(
             device=self.device,
@@ -212,7 +208,7 @@ def op_check(
     :data:`BUILTIN_OPS`) at each of ``seq_lens`` (default
     :data:`DEFAULT_SEQ_LENS`). With ``target`` and ``module``: that module,
     see :func:`module_points`. ``tolerance`` bounds ``max_rel_err``
-    (default :func:`default_tolerance`; rotary ones get the angle allowance).
+    (default :func:`precguard.numerics.opcheck_tolerance`; rotary ones get the angle allowance).
 
     A module's sweep may say its side as a :class:`~precguard.Side` (the one way:
     ``op_check(side=Side("tiny-llama", "emu:bf16"), module="model.norm")``; its

@@ -1,0 +1,109 @@
+"""Mixture-of-experts routing as a rule of compare's one pass (compare/rules.py).
+
+The rule's knowledge is in routing.py (:class:`~precguard.compare.routing.Routing`:
+which records are routers and which follow them, what the rows routed alike measure,
+what a router's verdict is); this module puts it in the phases of compare/rule.py:
+
+- **re-measure**: the routers of the step found among the aligned pairs, and their
+  followers measured on the rows both runs routed alike;
+- **adjust expected**: a follower compared on statistics only has its expected error
+  widened by what a re-routing may explain (merged with a calibration's, the larger);
+- **settle**: a follower met after its router's verdict is settled with it; one met
+  before waits, and the router's verdict is taken as soon as its scores record is
+  written, settling (and writing again) the followers that came first.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from precguard.compare.report import Metrics, RecordResult
+from precguard.compare.routing import Routing
+from precguard.compare.rule import BaseRule, Pass, Settlement, StepContext
+
+
+class RoutingRule(BaseRule):
+    """The routers of one step and the records that follow them (the module doc)."""
+
+    def __init__(self, ctx: StepContext) -> None:
+        self.ctx = ctx
+        self.routes: Routing | None = ctx.routes
+        self.verdicts: dict[int, tuple[str, Metrics]] = {}  # by id of the router
+        self.awaiting: dict[str, list[tuple[Any, Metrics]]] = defaultdict(list)  # scores key
+        self.pending: dict[int, list[int]] = defaultdict(list)  # followers before the verdict
+        self.started = False
+
+    @classmethod
+    def for_step(cls, ctx: StepContext) -> RoutingRule:
+        """The rule, with the routers given (``judge_unit``) or found at re-measuring."""
+        return cls(ctx)
+
+    def remeasure(self, ctx: StepContext) -> None:
+        """Find the routers and measure their followers on the rows routed alike."""
+        if self.routes is not None or ctx.stores is None or ctx.plan is None:
+            return
+        plan = ctx.plan
+        self.routes = Routing.of_step(
+            ctx.pairs, ctx.stores, plan.prof, plan.tolerance_dtype, plan.computes
+        )
+        ctx.results = self.routes.remeasure(ctx.results)
+
+    def adjust(self, ctx: StepContext) -> None:
+        """Widen a statistics-only follower's expected error by what re-routing explains."""
+        if self.routes is None or ctx.plan is None or ctx.profile.rule != "expected":
+            return
+        ctx.inputs.calibrated = _wider(
+            ctx.inputs.calibrated or {}, self.routes.widened(ctx.results)
+        )
+
+    def _start(self) -> None:
+        """Every router's verdict that waits for nothing, and the scores the others wait for
+        (the step's records as re-measured)."""
+        assert self.routes is not None
+        self.started = True
+        for router, idx, scores in self.routes.awaited(self.ctx.results):
+            if scores is None:  # nothing to wait for
+                self.verdicts[id(router)] = self.routes.verdict(router, idx, None)
+            else:
+                self.awaiting[scores].append((router, idx))
+
+    def settle(self, r: RecordResult, s: Settlement, step: Pass) -> RecordResult:
+        """A follower with its router's verdict, or waiting for it."""
+        if self.routes is None:
+            return r
+        if not self.started:
+            self._start()
+        follower = self.routes.follower(r.key)
+        if follower is None:
+            return r
+        verdict = self.verdicts.get(id(follower.router))
+        if verdict is not None:
+            return self.routes.follow(r, verdict, s)
+        self.pending[id(follower.router)].append(len(step.calls.records))
+        return r
+
+    def written(self, r: RecordResult, step: Pass) -> None:
+        """A router's scores written: its verdict, and the followers that came first."""
+        if self.routes is None:
+            return
+        for router, idx in self.awaiting.pop(r.key, []):
+            verdict = self.routes.verdict(router, idx, r)
+            self.verdicts[id(router)] = verdict
+            for pos in self.pending.pop(id(router), []):
+                record = step.calls.records[pos]
+                step.rewrite(pos, self.routes.follow(record, verdict, step.settlement(pos)))
+
+
+def _wider(
+    first: dict[str, tuple[float, float]], second: dict[str, tuple[float, float]]
+) -> dict[str, tuple[float, float]]:
+    """Per key, the larger of two measured widenings of the expected error."""
+    out = dict(first)
+    for key, (e, c) in second.items():
+        old = out.get(key, (0.0, 0.0))
+        out[key] = (max(old[0], e), max(old[1], c))
+    return out
+
+
+__all__ = ["RoutingRule"]
