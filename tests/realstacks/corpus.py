@@ -345,6 +345,50 @@ def training_step(kind: str, fault: Callable[[nn.Module], None] | None = None) -
     return run
 
 
+def qwen2_vl() -> nn.Module:
+    """A tiny seeded Qwen2-VL: a 2-block vision tower (4-pixel patches merged 2 x 2) and a
+    2-layer text model with multimodal rotary positions (M-RoPE)."""
+    import transformers as tf
+
+    _seed()
+    vision = {
+        "depth": 2, "embed_dim": 32, "hidden_size": HIDDEN, "num_heads": 4, "mlp_ratio": 2,
+        "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3,
+    }  # fmt: skip
+    text = {
+        "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": 176,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 1024, "bos_token_id": 0, "eos_token_id": 0,
+        "rope_parameters": {"rope_type": "default", "mrope_section": [2, 2, 4], "rope_theta": 1e4},
+    }  # fmt: skip
+    config = tf.Qwen2VLConfig(
+        vision_config=vision, text_config=text, image_token_id=250, video_token_id=251,
+        vision_start_token_id=252, vision_end_token_id=253, attn_implementation="eager",
+        bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    return tf.Qwen2VLForConditionalGeneration(config)
+
+
+def vision_language(fault: float | None = None) -> Workload:
+    """One forward of the tiny Qwen2-VL on a 16 x 16 image (4 merged patches) in a
+    32-token prompt; ``fault`` scales the text model's layer 1 ``down_proj`` output."""
+
+    def run(side: Side) -> None:
+        model = qwen2_vl().eval()
+        if side.fault and fault is not None:
+            scale_output(model.model.language_model.layers[1].mlp.down_proj, fault)
+        gen = torch.Generator().manual_seed(1234)
+        ids = torch.randint(0, 240, (1, SEQ), generator=gen)
+        ids[0, 2], ids[0, 3:7], ids[0, 7] = 252, 250, 253
+        kinds = (ids == 250).long()
+        pixels = torch.randn(16, 3 * 2 * 4 * 4, generator=gen)
+        grid = torch.tensor([[1, 4, 4]])
+        with side.numerics(), side.monitor(model), torch.no_grad():
+            model(input_ids=ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=kinds)
+
+    return run
+
+
 def expert_fault(model: nn.Module) -> None:
     """Scale expert 1's output projection in layer 1 by 1.03."""
     experts = model.model.layers[1].mlp.experts
@@ -605,26 +649,39 @@ def _routers(full: bool, lvl: str) -> list[Case]:
     forward and one training step), and stacks without a router as controls."""
     cases: list[Case] = []
     experts = "layers.1.mlp.experts"
+    # with full tensors the experts compute 3 % too much (their weights equal); with
+    # statistics only one expert's weights are 3 % off: a few-percent scale of what the
+    # experts compute is below what statistics can tell on re-routed rows (docs/realworld.md)
+    fault, what = (experts_fault, "experts") if full else (expert_fault, "expert 1 weights")
     for kind in ("gpt-oss", "deepseek-v3", "qwen3-moe", "mixtral-batched", "mixtral"):
         cases += [
-            Case(f"{kind} training step bf16 [{lvl}]", training_step(kind), full),
             Case(
-                f"{kind} training step, fault 3% experts [{lvl}]",
-                training_step(kind, experts_fault),
+                f"{kind} training step bf16 [{lvl}]",
+                training_step(kind),
+                full,
+                fast=full and kind == "mixtral",
+            ),
+            Case(
+                f"{kind} training step, fault 3% {what} [{lvl}]",
+                training_step(kind, fault),
                 full,
                 expect=experts,
             ),
         ]
         if kind != "mixtral":  # its forward cases are above
             cases += [
-                Case(f"{kind} bf16 [{lvl}]", forward(kind), full),
                 Case(
-                    f"{kind} fault 3% experts [{lvl}]",
-                    forward(kind, experts_fault),
+                    f"{kind} bf16 [{lvl}]", forward(kind), full, fast=full and kind == "deepseek-v3"
+                ),
+                Case(
+                    f"{kind} fault 3% {what} [{lvl}]",
+                    forward(kind, fault),
                     full,
                     expect=experts,
                 ),
             ]
+    if not full:  # 3 % on the shared expert is below what statistics tell (docs/realworld.md)
+        return cases + _controls(full, lvl, faults=False)
     cases.append(
         Case(
             f"deepseek-v3 fault 3% shared expert [{lvl}]",
@@ -633,17 +690,36 @@ def _routers(full: bool, lvl: str) -> list[Case]:
             expect="layers.1.mlp.shared_experts",
         )
     )
+    return cases + _controls(full, lvl, faults=True)
+
+
+def _controls(full: bool, lvl: str, faults: bool) -> list[Case]:
+    """Stacks without a router (issue 37): Qwen2-VL, Gemma2's soft-capping, Qwen3's q/k
+    norm, llama3 rope scaling; clean, and with a planted 3 % fault (Gemma2's only with
+    ``faults``: behind its post-feedforward norm, statistics do not tell 3 %)."""
+    cases = [
+        Case(f"qwen2-vl image+text bf16 [{lvl}]", vision_language(), full),
+        Case(
+            f"qwen2-vl fault 3% down_proj [{lvl}]",
+            vision_language(1.03),
+            full,
+            expect="layers.1.mlp.down_proj",
+        ),
+    ]
     for kind in ("gemma2", "qwen3", "llama3-rope"):
         cases += [
             Case(f"{kind} bf16 [{lvl}]", forward(kind), full),
             Case(f"{kind} training step bf16 [{lvl}]", training_step(kind), full),
-            Case(
-                f"{kind} fault 3% down_proj [{lvl}]",
-                forward(kind, lambda m: scale_output(m.model.layers[1].mlp.down_proj, 1.03)),
-                full,
-                expect="layers.1.mlp.down_proj",
-            ),
         ]
+        if faults or kind != "gemma2":
+            cases.append(
+                Case(
+                    f"{kind} fault 3% down_proj [{lvl}]",
+                    forward(kind, lambda m: scale_output(m.model.layers[1].mlp.down_proj, 1.03)),
+                    full,
+                    expect="layers.1.mlp.down_proj",
+                )
+            )
     return cases
 
 

@@ -329,6 +329,44 @@ class Routing:
                     self.followers[g.key] = _Follower(router, p, "weights", passes_on_all=True)
                 elif _rows(g.shape) == router.tokens:
                     self.followers[g.key] = _Follower(router, p, "rows", passes_on_all=True)
+        self._follow_block_gradient(pairs)
+
+    def _follow_block_gradient(self, pairs: list[Pair]) -> None:
+        """The gradient a mixture-of-experts block hands back (its input's, the sum of what
+        its router and its experts hand back) differs on re-routed tokens too, and so does
+        the same tensor where the module before the block reads it (the norm's incoming
+        gradient): both follow the routing as token rows."""
+        blocks: dict[tuple[str, int], _Router] = {}
+        for router in self.routers:
+            parent = router.module.rpartition(".")[0]
+            calls = [c for c in router.consumers if c[0].rpartition(".")[0] == parent]
+            if parent and calls:
+                blocks.setdefault((parent, router.call), router)
+        handed: list[tuple[Pair, _Router]] = []
+        for p in pairs:
+            g = p[0]
+            router = blocks.get((g.module, g.call))
+            if (
+                router is not None
+                and g.phase == "backward"
+                and g.role == "input"
+                and is_float_dtype(g.dtype)
+                and g.shape
+                and _rows(g.shape) == router.tokens
+                and g.key not in self.followers
+            ):
+                self.followers[g.key] = _Follower(router, p, "rows", passes_on_all=True)
+                handed.append((p, router))
+        if not handed:
+            return
+        for p in pairs:
+            g = p[0]
+            if g.phase != "backward" or g.role != "output" or g.key in self.followers:
+                continue
+            for block, router in handed:
+                if g.shape == block[0].shape and self._same_tensor(p, block):
+                    self.followers[g.key] = _Follower(router, p, "rows", passes_on_all=True)
+                    break
 
     # -- measuring on the rows routed alike ----------------------------------------
 
@@ -336,22 +374,31 @@ class Routing:
         """Results with the followers' metrics measured on the rows both runs routed alike
         (full tensors), and the routers' indices marked as judged here."""
         out = []
+        by_key = {r.key: r for r in results if r.metrics is not None}
         for r in results:
             f = self.followers.get(r.key)
             if f is None or r.metrics is None or r.status == "missing":
                 out.append(r)
                 continue
-            out.append(self._remeasured(r, r.metrics, f))
+            out.append(self._remeasured(r, r.metrics, f, by_key))
         return out
 
-    def _remeasured(self, r: RecordResult, m: Metrics, f: _Follower) -> RecordResult:
+    def _remeasured(
+        self, r: RecordResult, m: Metrics, f: _Follower, by_key: dict[str, RecordResult]
+    ) -> RecordResult:
         router = f.router
         count = router.rerouted()
         if f.kind == "index":
             known = -1 if count is None else count
             return r.model_copy(update={"metrics": m.model_copy(update={"rerouted": known})})
         if router.same is None:
-            return r.model_copy(update={"metrics": m.model_copy(update={"rerouted": -1})})
+            update: dict[str, object] = {"rerouted": -1}
+            if f.passes_on_all and m.level == "stats" and math.isfinite(m.error):
+                # what it hands on may differ on the re-routed rows its sample missed: by
+                # at most the widening the judge allows it (the triangle bound)
+                whole = max(m.error, self._widening(f, by_key))
+                update |= {"error_all_rows": whole, "conc_all_rows": whole}
+            return r.model_copy(update={"metrics": m.model_copy(update=update)})
         rows = self._rows_for(f)
         if rows is None:
             return r
@@ -369,7 +416,7 @@ class Routing:
                     f"measured on the {compared} tokens both runs sent to expert {expert}, "
                     "the expert whose scale differs most"
                 )
-        update: dict[str, object] = {"rerouted": count, "routed_rows": compared}
+        update = {"rerouted": count, "routed_rows": compared}
         if note is not None:
             update["note"] = note
         if f.passes_on_all:
