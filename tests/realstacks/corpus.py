@@ -168,6 +168,70 @@ def hf_model(kind: str) -> nn.Module:
             moe_intermediate_size=88, shared_expert_intermediate_size=88,
         )  # fmt: skip
         return tf.Qwen2MoeForCausalLM(config)
+    return _more_models(kind, common, llama_like)
+
+
+def _more_models(kind: str, common: dict[str, Any], llama_like: dict[str, Any]) -> nn.Module:
+    """The stacks of issue 37: more routers (gpt-oss, DeepSeek-V3, Qwen3-MoE, Mixtral's
+    batched experts kernel) and controls without one (Gemma2, Qwen3, llama3 rope scaling)."""
+    import transformers as tf
+
+    if kind == "gpt-oss":
+        # top-k on the logits, softmax over the k chosen (weights in top-k order), an
+        # eager loop over experts held as 3-d parameters, no child modules
+        config = tf.GptOssConfig(
+            **common, **llama_like, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+            layer_types=["full_attention", "full_attention"],
+            rope_parameters={
+                "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 32,
+            },
+        )  # fmt: skip
+        return tf.GptOssForCausalLM(config)
+    if kind == "deepseek-v3":
+        # sigmoid scores, a learned bias added before a group-limited top-k (unsorted),
+        # weights gathered from the unbiased scores, a shared expert beside the routed ones
+        config = tf.DeepseekV3Config(
+            **common, hidden_size=HIDDEN, intermediate_size=176, moe_intermediate_size=32,
+            num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+            num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=0,
+            n_shared_experts=1, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8,
+            qk_nope_head_dim=8, v_head_dim=16, max_position_embeddings=1024,
+        )  # fmt: skip
+        model = tf.DeepseekV3ForCausalLM(config)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                gate = layer.mlp.gate
+                gate.e_score_correction_bias.copy_(0.05 * torch.randn(gate.num_experts))
+        return model
+    if kind == "qwen3-moe":
+        config = tf.Qwen3MoeConfig(
+            **common, **llama_like, num_experts=8, num_experts_per_tok=2,
+            moe_intermediate_size=32, norm_topk_prob=True,
+        )  # fmt: skip
+        return tf.Qwen3MoeForCausalLM(config)
+    if kind == "mixtral-batched":
+        # the fused experts kernel: every token-expert pair in one batched matmul
+        config = tf.MixtralConfig(
+            **common, **llama_like, num_local_experts=4, num_experts_per_tok=2
+        )
+        config._experts_implementation = "batched_mm"
+        return tf.MixtralForCausalLM(config)
+    if kind == "gemma2":
+        config = tf.Gemma2Config(
+            **common, **llama_like, head_dim=16, attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0, sliding_window=16,
+        )  # fmt: skip
+        return tf.Gemma2ForCausalLM(config)
+    if kind == "qwen3":
+        return tf.Qwen3ForCausalLM(tf.Qwen3Config(**common, **llama_like, head_dim=16))
+    if kind == "llama3-rope":
+        rope = {
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        }  # fmt: skip
+        return tf.LlamaForCausalLM(tf.LlamaConfig(**common, **llama_like, rope_parameters=rope))
     raise ValueError(kind)
 
 
@@ -262,6 +326,66 @@ def forward(kind: str, fault: Callable[[nn.Module], None] | None = None) -> Work
             model(input_ids=batch()["input_ids"])
 
     run.__doc__ = f"one forward of a tiny {kind}"
+    return run
+
+
+def training_step(kind: str, fault: Callable[[nn.Module], None] | None = None) -> Workload:
+    """One training step (forward and backward, no optimizer) of a tiny HF model of ``kind``
+    (:func:`hf_model`'s kinds), in train mode, every record's tensors when the side is full."""
+
+    def run(side: Side) -> None:
+        model = hf_model(kind)
+        model.train()
+        if side.fault and fault is not None:
+            fault(model)
+        with side.numerics(), side.monitor(model, backward=True):
+            model(**batch()).loss.backward()
+
+    run.__doc__ = f"one training step of a tiny {kind}"
+    return run
+
+
+def qwen2_vl() -> nn.Module:
+    """A tiny seeded Qwen2-VL: a 2-block vision tower (4-pixel patches merged 2 x 2) and a
+    2-layer text model with multimodal rotary positions (M-RoPE)."""
+    import transformers as tf
+
+    _seed()
+    vision = {
+        "depth": 2, "embed_dim": 32, "hidden_size": HIDDEN, "num_heads": 4, "mlp_ratio": 2,
+        "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3,
+    }  # fmt: skip
+    text = {
+        "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": 176,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 1024, "bos_token_id": 0, "eos_token_id": 0,
+        "rope_parameters": {"rope_type": "default", "mrope_section": [2, 2, 4], "rope_theta": 1e4},
+    }  # fmt: skip
+    config = tf.Qwen2VLConfig(
+        vision_config=vision, text_config=text, image_token_id=250, video_token_id=251,
+        vision_start_token_id=252, vision_end_token_id=253, attn_implementation="eager",
+        bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    return tf.Qwen2VLForConditionalGeneration(config)
+
+
+def vision_language(fault: float | None = None) -> Workload:
+    """One forward of the tiny Qwen2-VL on a 16 x 16 image (4 merged patches) in a
+    32-token prompt; ``fault`` scales the text model's layer 1 ``down_proj`` output."""
+
+    def run(side: Side) -> None:
+        model = qwen2_vl().eval()
+        if side.fault and fault is not None:
+            scale_output(model.model.language_model.layers[1].mlp.down_proj, fault)
+        gen = torch.Generator().manual_seed(1234)
+        ids = torch.randint(0, 240, (1, SEQ), generator=gen)
+        ids[0, 2], ids[0, 3:7], ids[0, 7] = 252, 250, 253
+        kinds = (ids == 250).long()
+        pixels = torch.randn(16, 3 * 2 * 4 * 4, generator=gen)
+        grid = torch.tensor([[1, 4, 4]])
+        with side.numerics(), side.monitor(model), torch.no_grad():
+            model(input_ids=ids, pixel_values=pixels, image_grid_thw=grid, mm_token_type_ids=kinds)
+
     return run
 
 
@@ -437,6 +561,7 @@ def _cases() -> list[Case]:
             Case(f"qwen2 bf16 [{lvl}]", forward("qwen2"), full),
             Case(f"mistral bf16 [{lvl}]", forward("mistral"), full),
         ]
+        cases += _routers(full, lvl)
     cases += [
         Case("hf trainer bf16=True [stats]", hf_trainer, False, device="cpu", fast=True),
         Case("sdpa vs eager [full]", attention(False), True, device="cpu", fast=True),
@@ -505,6 +630,96 @@ def _cases() -> list[Case]:
             expect_text=_INV_FREQ,
         ),
     ]
+    return cases
+
+
+def experts_fault(model: nn.Module) -> None:
+    """Scale layer 1's experts' output by 1.03 (a forward hook: the parameters stay equal,
+    so the fault is found from the numbers the experts compute, not from their weights)."""
+    scale_output(model.model.layers[1].mlp.experts, 1.03)
+
+
+def shared_expert_fault(model: nn.Module) -> None:
+    """Scale layer 1's shared expert's output projection by 1.03 (DeepSeek-V3)."""
+    scale_output(model.model.layers[1].mlp.shared_experts.down_proj, 1.03)
+
+
+def _routers(full: bool, lvl: str) -> list[Case]:
+    """Issue 37: routers judged by expert identity (each clean, each with a planted fault,
+    forward and one training step), and stacks without a router as controls."""
+    cases: list[Case] = []
+    experts = "layers.1.mlp.experts"
+    # with full tensors the experts compute 3 % too much (their weights equal); with
+    # statistics only one expert's weights are 3 % off: a few-percent scale of what the
+    # experts compute is below what statistics can tell on re-routed rows (docs/realworld.md)
+    fault, what = (experts_fault, "experts") if full else (expert_fault, "expert 1 weights")
+    for kind in ("gpt-oss", "deepseek-v3", "qwen3-moe", "mixtral-batched", "mixtral"):
+        cases += [
+            Case(
+                f"{kind} training step bf16 [{lvl}]",
+                training_step(kind),
+                full,
+                fast=full and kind == "mixtral",
+            ),
+            Case(
+                f"{kind} training step, fault 3% {what} [{lvl}]",
+                training_step(kind, fault),
+                full,
+                expect=experts,
+            ),
+        ]
+        if kind != "mixtral":  # its forward cases are above
+            cases += [
+                Case(
+                    f"{kind} bf16 [{lvl}]", forward(kind), full, fast=full and kind == "deepseek-v3"
+                ),
+                Case(
+                    f"{kind} fault 3% {what} [{lvl}]",
+                    forward(kind, fault),
+                    full,
+                    expect=experts,
+                ),
+            ]
+    if not full:  # 3 % on the shared expert is below what statistics tell (docs/realworld.md)
+        return cases + _controls(full, lvl, faults=False)
+    cases.append(
+        Case(
+            f"deepseek-v3 fault 3% shared expert [{lvl}]",
+            forward("deepseek-v3", shared_expert_fault),
+            full,
+            expect="layers.1.mlp.shared_experts",
+        )
+    )
+    return cases + _controls(full, lvl, faults=True)
+
+
+def _controls(full: bool, lvl: str, faults: bool) -> list[Case]:
+    """Stacks without a router (issue 37): Qwen2-VL, Gemma2's soft-capping, Qwen3's q/k
+    norm, llama3 rope scaling; clean, and with a planted 3 % fault (Gemma2's only with
+    ``faults``: behind its post-feedforward norm, statistics do not tell 3 %)."""
+    cases = [
+        Case(f"qwen2-vl image+text bf16 [{lvl}]", vision_language(), full),
+        Case(
+            f"qwen2-vl fault 3% down_proj [{lvl}]",
+            vision_language(1.03),
+            full,
+            expect="layers.1.mlp.down_proj",
+        ),
+    ]
+    for kind in ("gemma2", "qwen3", "llama3-rope"):
+        cases += [
+            Case(f"{kind} bf16 [{lvl}]", forward(kind), full),
+            Case(f"{kind} training step bf16 [{lvl}]", training_step(kind), full),
+        ]
+        if faults or kind != "gemma2":
+            cases.append(
+                Case(
+                    f"{kind} fault 3% down_proj [{lvl}]",
+                    forward(kind, lambda m: scale_output(m.model.layers[1].mlp.down_proj, 1.03)),
+                    full,
+                    expect="layers.1.mlp.down_proj",
+                )
+            )
     return cases
 
 

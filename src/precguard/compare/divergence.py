@@ -63,7 +63,7 @@ from precguard.compare.expected import (
 from precguard.compare.levels import FullMetrics, MeasuredMetrics, Metrics
 from precguard.compare.optimizer import is_optimizer
 from precguard.compare.report import FirstDivergence, RecordResult, Suspect
-from precguard.compare.routing import index_reason
+from precguard.compare.routing import index_reason, is_routing_finding
 from precguard.compare.tolerance import Profile
 from precguard.numerics import CONCENTRATION, MIN_LOCAL_GROWTH, expected_error, rounding_floor
 
@@ -329,7 +329,8 @@ def _classify(
     cache_names: dict[str, str],
 ) -> tuple[Candidate | None, Decision]:
     """Whether ``call``, whose produced records ``bad`` fail, made the error itself."""
-    first = bad[0]
+    # a router's failing top-k speaks for its call: its weights follow its choice (routing.py)
+    first = next((r for r in bad if is_routing_finding(r)), bad[0])
     tol_dtype = first.metrics.dtype if first.metrics else "float32"
     in_err = max((_err(r) for r in call.consumed), default=0.0)
     out_err = max(_err(o) for o in call.produced)

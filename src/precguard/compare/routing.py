@@ -93,8 +93,10 @@ class _Router:
     a_idx: torch.Tensor | None = None
     g_scores: torch.Tensor | None = None
     a_scores: torch.Tensor | None = None
-    #: per token: index rows equal (full tensors on both sides)
+    #: per token: the same experts chosen, in any order (full tensors on both sides)
     same: torch.Tensor | None = None
+    #: whether an output of the router ranks its indices (False: judged from its scores only)
+    ranked: bool = True
     consumers: list[tuple[str, int]] = field(default_factory=list)
 
     @property
@@ -157,6 +159,7 @@ class Routing:
             if router is not None:
                 out.routers.append(router)
                 out._follow(router, calls, pairs)
+        out.follow_backward(pairs)
         return out
 
     # -- finding routers and their followers ----------------------------------------
@@ -194,13 +197,15 @@ class Routing:
                 if scores is not None and _ranks(scores.reshape(g_idx.shape[0], -1), g_idx):
                     router.scores, router.g_scores = p, scores.reshape(g_idx.shape[0], -1).double()
                     break
+            else:  # no output ranks the indices (a learned bias, group-limited top-k)
+                router.scores, router.ranked = candidates[0], False
         else:
             router.scores = candidates[0]  # statistics only: the scores are judged as floats
         router.g_idx = g_idx
         a_idx = self._full(index)[1]
         if a_idx is not None and g_idx is not None:
             router.a_idx = a_idx.reshape(-1, k).long()
-            router.same = (router.g_idx == router.a_idx).all(dim=1)
+            router.same = routed_alike(router.g_idx, router.a_idx)
         if router.scores is not None and router.g_scores is not None:
             a_scores = self._full(router.scores)[1]
             if a_scores is not None:
@@ -213,6 +218,7 @@ class Routing:
         self.followers[router.index[0].key] = _Follower(router, router.index, "index")
         for p in router.weights:
             self.followers[p[0].key] = _Follower(router, p, "weights", passes_on_all=True)
+        self._follow_weights(router, pairs)
         for (module, call), members in calls.items():
             if (module, call) == (router.module, router.call):
                 continue
@@ -250,6 +256,9 @@ class Routing:
                 continue
             if is_index_dtype(g.dtype) and g.shape == router.index[0].shape:
                 self.followers[g.key] = _Follower(router, p, "index")
+            elif is_float_dtype(g.dtype) and g.shape == router.index[0].shape:
+                # one value per chosen expert, in the router's top-k order
+                self.followers[g.key] = _Follower(router, p, "weights")
             elif is_float_dtype(g.dtype) and g.shape and _rows(g.shape) == tokens:
                 self.followers[g.key] = _Follower(
                     router, p, "rows", passes_on_all=g.role == "output"
@@ -274,35 +283,131 @@ class Routing:
                 _Follower(router, p, "pairs", call_index=calls.index(p[0].call)),
             )
 
+    def _follow_weights(self, router: _Router, pairs: list[Pair]) -> None:
+        """Records elsewhere that hold the router's weights on both sides (gpt-oss's block
+        returns them beside its hidden states): values per chosen expert, in top-k order."""
+        if not router.weights:
+            return
+        for p in pairs:
+            g = p[0]
+            if (
+                g.phase != "forward"
+                or g.role != "output"
+                or g.key in self.followers
+                or not is_float_dtype(g.dtype)
+                or g.shape != router.index[0].shape
+            ):
+                continue
+            if any(self._same_tensor(p, w) for w in router.weights):
+                self.followers[g.key] = _Follower(router, p, "weights", passes_on_all=True)
+
+    def follow_backward(self, pairs: list[Pair]) -> None:
+        """Gradients follow the routing as the values they are gradients of: a backward
+        record of a follower's call and role pairs its rows as its forward twin does; the
+        router's own gradients (of its scores, of its input) differ on re-routed tokens by
+        the gradient of what those tokens' experts computed."""
+        twins = {
+            (f.pair[0].module, f.pair[0].call, f.pair[0].role, f.pair[0].index): f
+            for f in self.followers.values()
+        }
+        for p in pairs:
+            g = p[0]
+            if g.phase != "backward" or g.role not in ("input", "output"):
+                continue
+            if g.key in self.followers or not is_float_dtype(g.dtype):
+                continue
+            f = twins.get((g.module, g.call, g.role, g.index))
+            if f is not None and f.kind != "index":
+                self.followers[g.key] = _Follower(
+                    f.router, p, f.kind, passes_on_all=f.kind != "pairs",
+                    call_index=f.call_index,
+                )  # fmt: skip
+                continue
+            for router in self.routers:
+                if (g.module, g.call) != (router.module, router.call) or not g.shape:
+                    continue
+                if g.shape == router.index[0].shape:
+                    self.followers[g.key] = _Follower(router, p, "weights", passes_on_all=True)
+                elif _rows(g.shape) == router.tokens:
+                    self.followers[g.key] = _Follower(router, p, "rows", passes_on_all=True)
+        self._follow_block_gradient(pairs)
+
+    def _follow_block_gradient(self, pairs: list[Pair]) -> None:
+        """The gradient a mixture-of-experts block hands back (its input's, the sum of what
+        its router and its experts hand back) differs on re-routed tokens too, and so does
+        the same tensor where the module before the block reads it (the norm's incoming
+        gradient): both follow the routing as token rows."""
+        blocks: dict[tuple[str, int], _Router] = {}
+        for router in self.routers:
+            parent = router.module.rpartition(".")[0]
+            calls = [c for c in router.consumers if c[0].rpartition(".")[0] == parent]
+            if parent and calls:
+                blocks.setdefault((parent, router.call), router)
+        handed: list[tuple[Pair, _Router]] = []
+        for p in pairs:
+            g = p[0]
+            router = blocks.get((g.module, g.call))
+            if (
+                router is not None
+                and g.phase == "backward"
+                and g.role == "input"
+                and is_float_dtype(g.dtype)
+                and g.shape
+                and _rows(g.shape) == router.tokens
+                and g.key not in self.followers
+            ):
+                self.followers[g.key] = _Follower(router, p, "rows", passes_on_all=True)
+                handed.append((p, router))
+        if not handed:
+            return
+        for p in pairs:
+            g = p[0]
+            if g.phase != "backward" or g.role != "output" or g.key in self.followers:
+                continue
+            for block, router in handed:
+                if g.shape == block[0].shape and self._same_tensor(p, block):
+                    self.followers[g.key] = _Follower(router, p, "rows", passes_on_all=True)
+                    break
+
     # -- measuring on the rows routed alike ----------------------------------------
 
     def remeasure(self, results: list[RecordResult]) -> list[RecordResult]:
         """Results with the followers' metrics measured on the rows both runs routed alike
         (full tensors), and the routers' indices marked as judged here."""
         out = []
+        by_key = {r.key: r for r in results if r.metrics is not None}
         for r in results:
             f = self.followers.get(r.key)
             if f is None or r.metrics is None or r.status == "missing":
                 out.append(r)
                 continue
-            out.append(self._remeasured(r, r.metrics, f))
+            out.append(self._remeasured(r, r.metrics, f, by_key))
         return out
 
-    def _remeasured(self, r: RecordResult, m: Metrics, f: _Follower) -> RecordResult:
+    def _remeasured(
+        self, r: RecordResult, m: Metrics, f: _Follower, by_key: dict[str, RecordResult]
+    ) -> RecordResult:
         router = f.router
         count = router.rerouted()
         if f.kind == "index":
             known = -1 if count is None else count
             return r.model_copy(update={"metrics": m.model_copy(update={"rerouted": known})})
         if router.same is None:
-            return r.model_copy(update={"metrics": m.model_copy(update={"rerouted": -1})})
+            update: dict[str, object] = {"rerouted": -1}
+            if f.passes_on_all and m.level == "stats" and math.isfinite(m.error):
+                # what it hands on may differ on the re-routed rows its sample missed: by
+                # at most the widening the judge allows it (the triangle bound)
+                whole = max(m.error, self._widening(f, by_key))
+                update |= {"error_all_rows": whole, "conc_all_rows": whole}
+            return r.model_copy(update={"metrics": m.model_copy(update=update)})
         rows = self._rows_for(f)
         if rows is None:
             return r
         g_rows, a_rows = rows
         if g_rows.numel() == 0:
             return r
-        masked = self._metrics(f.pair, g_rows, a_rows)
+        cols = self._expert_columns(f, a_rows) if f.kind == "weights" else None
+        masked = self._metrics(f.pair, g_rows, a_rows, cols)
         note, compared = None, int(g_rows.numel())
         if f.passes_on_all and f.kind == "rows":
             expert, worst = self._worst_expert(f, masked)
@@ -312,7 +417,7 @@ class Routing:
                     f"measured on the {compared} tokens both runs sent to expert {expert}, "
                     "the expert whose scale differs most"
                 )
-        update: dict[str, object] = {"rerouted": count, "routed_rows": compared}
+        update = {"rerouted": count, "routed_rows": compared}
         if note is not None:
             update["note"] = note
         if f.passes_on_all:
@@ -410,7 +515,22 @@ class Routing:
         order = torch.stack(g_rows).argsort()
         return torch.stack(g_rows)[order], torch.stack(a_rows)[order]
 
-    def _metrics(self, pair: Pair, g_rows: torch.Tensor, a_rows: torch.Tensor) -> Metrics:
+    def _expert_columns(self, f: _Follower, rows: torch.Tensor) -> torch.Tensor:
+        """Per token routed alike: the actual's column of each golden column's expert (a
+        value per chosen expert is paired by the expert, not by its place in the top-k)."""
+        router = f.router
+        assert router.g_idx is not None and router.a_idx is not None
+        g_idx, a_idx = router.g_idx.index_select(0, rows), router.a_idx.index_select(0, rows)
+        cols = torch.empty_like(g_idx)
+        return cols.scatter_(1, g_idx.argsort(dim=1), a_idx.argsort(dim=1))
+
+    def _metrics(
+        self,
+        pair: Pair,
+        g_rows: torch.Tensor,
+        a_rows: torch.Tensor,
+        a_cols: torch.Tensor | None = None,
+    ) -> Metrics:
         g, a = pair
         gt, at = self._full(pair)
         assert gt is not None and at is not None
@@ -419,6 +539,8 @@ class Routing:
         width = gt.shape[-1] if gt.dim() > 1 else 1
         gm = gt.reshape(-1, width).index_select(0, g_rows)
         am = at.reshape(-1, width).index_select(0, a_rows)
+        if a_cols is not None:
+            am = am.gather(1, a_cols)
         return tensor_metrics(
             gm,
             am,
@@ -542,6 +664,23 @@ class Routing:
         judged ``scores`` record, the margins the re-routed tokens crossed against what
         the scores' expected error lets rounding cross."""
         scores_ok = scores is None or scores.status == "pass"
+        n = router.tokens
+        if router.same is not None and bool(router.same.all()):
+            # the same experts for every token: identical routing is never a finding (its
+            # scores are judged as floats at their own record)
+            note = f"every one of {n} tokens routed alike (the same experts)"
+            return "pass", idx.model_copy(update={"note": note, "rerouted": 0})
+        if router.same is not None and not router.ranked:
+            moved_n = int((~router.same).sum())
+            note = (
+                f"{moved_n} of {n} tokens re-routed; no output of {router.module} ranks its "
+                "indices (a learned bias or a group-limited top-k), so the margins they crossed "
+                "are not measured: judged from its scores "
+                + ("(they pass)" if scores_ok else "(they fail)")
+            )
+            return ("pass" if scores_ok else "fail"), idx.model_copy(
+                update={"note": note, "rerouted": moved_n}
+            )
         if router.same is None or router.g_scores is None:
             # statistics only (or no ranking scores): the choice follows from the scores
             note = (
@@ -566,7 +705,6 @@ class Routing:
             # to bf16 (Qwen2-MoE's probabilities) ties where its logits did not
             if m > tol:
                 beyond += 1
-        n = router.tokens
         if beyond:
             note = (
                 f"{moved.numel()} of {n} tokens re-routed, {beyond} of them across a score margin "
@@ -629,6 +767,18 @@ class Routing:
     def keys(self) -> Iterable[str]:
         """Keys of every record that follows a routing (the routers' indices included)."""
         return self.followers.keys()
+
+
+def routed_alike(golden: torch.Tensor, actual: torch.Tensor) -> torch.Tensor:
+    """Per token (row of top-k indices): whether both runs chose the same experts, in any
+    order. A token's routing is the set of experts it reaches; their order in the top-k is
+    how a kernel lists them (DeepSeek-V3's unsorted top-k, a near-tie between two chosen
+    experts), and every value per chosen expert is paired by the expert.
+
+    >>> routed_alike(torch.tensor([[2, 0], [1, 3]]), torch.tensor([[0, 2], [1, 2]])).tolist()
+    [True, False]
+    """
+    return (golden.sort(dim=1).values == actual.sort(dim=1).values).all(dim=1)
 
 
 def _excess(m: Metrics, profile: Profile) -> float:
@@ -714,6 +864,20 @@ def _common(
             g_rows.append(i)
             a_rows.append(j)
     return torch.tensor(g_rows, dtype=torch.long), torch.tensor(a_rows, dtype=torch.long)
+
+
+def is_routing_finding(r: RecordResult) -> bool:
+    """Whether ``r`` is a router's top-k indices that fail: the router's choice itself is the
+    finding, and the records of its call that follow the choice (the weights) follow it."""
+    m = r.metrics
+    return (
+        r.status == "fail"
+        and m is not None
+        and m.level in ("exact", "stats")
+        and m.rerouted is not None
+        and bool(m.note)
+        and is_index_dtype(r.golden_dtype)
+    )
 
 
 def index_reason(module: str, module_type: str, r: RecordResult, ins: str) -> str | None:
