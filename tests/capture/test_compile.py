@@ -106,6 +106,23 @@ def test_the_inner_module_of_a_warm_compiled_wrapper_is_recorded_whole(tmp_path,
     assert precguard.compare_runs(tmp_path / "eager", tmp_path / "compiled").verdict == "match"
 
 
+@pytest.mark.slow  # dynamo traces a 2-layer LLaMA twice
+def test_an_instance_decorated_after_its_wrapper_ran_is_recorded_in_a_recording(tmp_path, ids):
+    # issue 37, the same for recording(): precision_monitor(model) after the warm-up
+    model = _tiny_llama()
+    compiled = torch.compile(model, backend="eager")
+    with torch.no_grad():
+        compiled(ids)
+    precguard.precision_monitor(model)
+    try:
+        with precguard.recording(tmp_path / "run"), torch.no_grad():
+            compiled(ids)
+    finally:
+        precguard.unmonitor(model)
+    modules = {r.module for r in precguard.load_run(tmp_path / "run").records(0)}
+    assert {"model.layers.0.mlp.down_proj", "model.layers.1.self_attn", "lm_head"} <= modules
+
+
 def test_a_submodule_compiled_in_place_is_named_in_the_refusal(tmp_path):
     model = _tiny_llama()
     model.model.layers[1].compile(backend="eager")

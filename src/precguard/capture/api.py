@@ -594,6 +594,7 @@ def _decorate(obj: Any, *, opts: CaptureOptions, name: str | None) -> Any:
     if isinstance(obj, type) and issubclass(obj, nn.Module):
         return _decorate_class(obj, opts, name)
     if isinstance(obj, nn.Module):
+        retrace_compiled(obj)  # an instance a warm compiled wrapper runs (issue 37)
         _attach(obj, opts, name or "root")
         if obj not in _FACT_HOOKS:
             _FACT_HOOKS[obj] = obj.register_forward_pre_hook(outside_dynamo(_fill_facts_hook))

@@ -129,12 +129,19 @@ def refusal(compiled: list[str], entry: str = "monitor") -> str:
 _RESUME_PREFIX = "torch_dynamo_resume_in_"
 
 
-def _forward_codes(model: nn.Module) -> set[Any]:
+def _forward_codes(model: nn.Module | type[nn.Module]) -> set[Any]:
     """The code objects a call of ``model`` runs as frames dynamo may have compiled: every
-    module's ``forward`` (through decorators' ``__wrapped__``, and an instance's own)."""
+    module's ``forward`` (through decorators' ``__wrapped__``, and an instance's own); for
+    a module class, its ``forward``."""
     codes = {nn.Module._wrapped_call_impl.__code__, nn.Module._call_impl.__code__}
-    for mod in model.modules():
-        for fn in (type(mod).forward, mod.__dict__.get("forward")):
+    if isinstance(model, type):
+        forwards: list[Any] = [model.forward]
+    else:
+        forwards = [
+            f for m in model.modules() for f in (type(m).forward, m.__dict__.get("forward"))
+        ]
+    for fn in forwards:
+        if fn is not None:
             seen = 0
             while fn is not None and seen < 8:  # a decorator chain, bounded
                 fn = getattr(fn, "_torchdynamo_orig_callable", fn)
@@ -145,13 +152,16 @@ def _forward_codes(model: nn.Module) -> set[Any]:
     return codes
 
 
-def drop_compiled_code(model: nn.Module) -> list[str]:
-    """Drop the code dynamo compiled for ``model``'s forwards; the names of those dropped.
+def drop_compiled_code(model: nn.Module | type[nn.Module]) -> list[str]:
+    """Drop the code dynamo compiled for ``model``'s forwards (a module, or a module class:
+    its ``forward``); the names of those dropped.
 
     Nothing to do (and ``torch._dynamo`` not imported) when nothing was compiled in this
-    process. The continuations dynamo made at graph breaks are dropped too: they may
-    belong to ``model`` and cannot be told apart. Code shared with other models (a
-    decorator's wrapper, ``nn.Module.__call__``) is recompiled for them on their next call:
+    process. When ``model``'s own forward was compiled (a ``torch.compile`` wrapper of it),
+    that code and the continuations dynamo made at graph breaks go (they may belong to
+    ``model`` and cannot be told apart); otherwise ``model`` may run inlined in a compiled
+    parent or function, and every compiled code goes. Code shared with other models (a
+    decorator's wrapper, a compiled function) is recompiled for them on their next call:
     a cost, never a change of what is computed.
 
     :raises UsageError: compiled code was found but this torch offers no way to drop it.
@@ -163,17 +173,18 @@ def drop_compiled_code(model: nn.Module) -> list[str]:
         from torch._dynamo import convert_frame
         from torch._dynamo.eval_frame import _debug_get_cache_entry_list, reset_code
 
-        codes = _forward_codes(model)
-        for weak in convert_frame.input_codes.seen:
-            code = weak()
-            if code is not None and code.co_name.startswith(_RESUME_PREFIX):
-                codes.add(code)
+        own = _forward_codes(model)
+        seen = [c for c in (w() for w in convert_frame.input_codes.seen) if c is not None]
+        compiled = [c for c in {*own, *seen} if _debug_get_cache_entry_list(c)]
+        if any(c in own for c in compiled):  # a wrapper of model: its code, continuations
+            compiled = [c for c in compiled if c in own or c.co_name.startswith(_RESUME_PREFIX)]
+        # else model may run inlined in a compiled parent or function that cannot be told
+        # from the others: every compiled code goes (what torch._dynamo.reset_code_caches does)
         dropped = []
         with convert_frame.compile_lock:
-            for code in codes:
-                if _debug_get_cache_entry_list(code):
-                    reset_code(code)
-                    dropped.append(getattr(code, "co_qualname", code.co_name))
+            for code in compiled:
+                reset_code(code)
+                dropped.append(getattr(code, "co_qualname", code.co_name))
     except (ImportError, AttributeError, TypeError) as exc:
         raise UsageError(
             "monitor(): torch.compile has run in this process and precguard cannot drop its "
