@@ -23,7 +23,12 @@ from precguard.capture.active import ACTIVE as _ACTIVE
 from precguard.capture.active import active_recording
 from precguard.capture.active import pop as _pop
 from precguard.capture.active import push as _push
-from precguard.capture.compiled import compiled_modules, outside_dynamo, refusal
+from precguard.capture.compiled import (
+    compiled_modules,
+    drop_compiled_code,
+    outside_dynamo,
+    refusal,
+)
 from precguard.capture.flatten import named_tensors
 from precguard.capture.handle import Handle
 from precguard.capture.hooks import on_calls
@@ -87,6 +92,7 @@ class MonitorHandle(Handle):
         self.hooks._add(monitor)  # the module and op hooks, removed before the close
         self.monitor = monitor
         self.recording = recording
+        self._retraced: weakref.ref[nn.Module] | None = None  # set by monitor()
         self._pushed = recording.writer is not None
         if self._pushed:
             _open(recording)
@@ -111,6 +117,9 @@ class MonitorHandle(Handle):
             self.hooks.remove()
         finally:
             _close(self.recording, error)
+            retraced, self._retraced = self._retraced, None
+            if retraced is not None and (model := retraced()) is not None:
+                drop_compiled_code(model)  # recompiled without the hooks' graph breaks
 
 
 def _open(recording: Recording) -> None:
@@ -211,9 +220,34 @@ def monitor(
         to_host=plugins.to_host,
         fingerprint_of=environment_fingerprint,
     )
+    retrace = retrace_compiled(model)
     mon = _module_and_op_hooks(model, recording, options)
     _warn_unmatched_patterns(options, mon.names.values())
-    return MonitorHandle(mon, recording)
+    handle = MonitorHandle(mon, recording)
+    handle._retraced = retrace
+    return handle
+
+
+def retrace_compiled(model: nn.Module) -> weakref.ref[nn.Module] | None:
+    """Drop the code ``torch.compile`` made for ``model`` before its hooks (issue 37).
+
+    A compiled wrapper warmed up before ``monitor(model)`` would run that code again
+    without the hooks and record the root alone; dropped, its next call is retraced with
+    them and every module is recorded (capture/compiled.py). Returns a reference to
+    ``model`` when code was dropped (remove() drops the hooked code again, so the model
+    recompiles without the graph breaks at its module boundaries), else None.
+    """
+    dropped = drop_compiled_code(model)
+    if not dropped:
+        return None
+    logger.warning(
+        "compiled_code_dropped",
+        model=type(model).__name__,
+        code=dropped,
+        why="torch.compile ran this model before monitor(): its next compiled call is "
+        "retraced with the hooks (docs/capture.md 'torch.compile')",
+    )
+    return weakref.ref(model)
 
 
 def _module_and_op_hooks(model: nn.Module, recording: Recording, options: CaptureOptions) -> Any:
@@ -564,6 +598,7 @@ def _decorate(obj: Any, *, opts: CaptureOptions, name: str | None) -> Any:
     if isinstance(obj, type) and issubclass(obj, nn.Module):
         return _decorate_class(obj, opts, name)
     if isinstance(obj, nn.Module):
+        retrace_compiled(obj)  # an instance a warm compiled wrapper runs (issue 37)
         _attach(obj, opts, name or "root")
         if obj not in _FACT_HOOKS:
             _FACT_HOOKS[obj] = on_calls(

@@ -29,10 +29,13 @@ are added later, so only the outermost call would be recorded.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from torch import nn
+
+from precguard.errors import UsageError
 
 try:  # the C half of dynamo: present in every torch build that has torch.compile
     from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy
@@ -101,14 +104,91 @@ def compiled_modules(model: nn.Module) -> list[str]:
     return found
 
 
-def refusal(compiled: list[str]) -> str:
-    """The one line that says why a model compiled before ``monitor()`` is refused, and how."""
+def refusal(compiled: list[str], entry: str = "monitor") -> str:
+    """The one line that says why a model compiled before ``monitor()`` (or ``entry()``,
+    e.g. ``watch``) is refused, and how."""
     where = "the model" if compiled[0] == "root" else "module " + compiled[0]
     more = f" (and {len(compiled) - 1} more)" if len(compiled) > 1 else ""
     return (
-        f"monitor(): {where}{more} is already compiled with torch.compile, and its compiled "
+        f"{entry}(): {where}{more} is already compiled with torch.compile, and its compiled "
         "code runs without module hooks: only its outermost call would be recorded. Call "
-        "precguard.monitor(model) before torch.compile(model) (each module's boundary is "
-        "then recorded, docs/capture.md 'torch.compile'), or monitor and call the "
-        "uncompiled module (model._orig_mod) instead"
+        f"precguard.{entry}(model) before torch.compile(model) (each module's boundary is "
+        "then recorded, docs/capture.md 'torch.compile'), or pass the uncompiled module "
+        "(model._orig_mod) instead"
     )
+
+
+# --------------------------------------------------------------------------- compiled before
+# monitor() on an inner module that a torch.compile wrapper has already run (issue 37):
+# dynamo keeps the code it compiled without hooks and, not guarding on hooks, runs it again;
+# the hooks would see the root's call alone. Its compiled code is dropped instead, so the
+# next compiled call retraces it with the hooks (graph breaks at the module boundaries, as
+# when monitor() comes before torch.compile) and every module is recorded.
+
+#: dynamo's names for the continuation of a frame after a graph break
+_RESUME_PREFIX = "torch_dynamo_resume_in_"
+
+
+def _forward_codes(model: nn.Module | type[nn.Module]) -> set[Any]:
+    """The code objects a call of ``model`` runs as frames dynamo may have compiled: every
+    module's ``forward`` (through decorators' ``__wrapped__``, and an instance's own); for
+    a module class, its ``forward``."""
+    codes = {nn.Module._wrapped_call_impl.__code__, nn.Module._call_impl.__code__}
+    if isinstance(model, type):
+        forwards: list[Any] = [model.forward]
+    else:
+        forwards = [
+            f for m in model.modules() for f in (type(m).forward, m.__dict__.get("forward"))
+        ]
+    for fn in forwards:
+        if fn is not None:
+            seen = 0
+            while fn is not None and seen < 8:  # a decorator chain, bounded
+                fn = getattr(fn, "_torchdynamo_orig_callable", fn)
+                code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+                if code is not None:
+                    codes.add(code)
+                fn, seen = getattr(fn, "__wrapped__", None), seen + 1
+    return codes
+
+
+def drop_compiled_code(model: nn.Module | type[nn.Module]) -> list[str]:
+    """Drop the code dynamo compiled for ``model``'s forwards (a module, or a module class:
+    its ``forward``); the names of those dropped.
+
+    Nothing to do (and ``torch._dynamo`` not imported) when nothing was compiled in this
+    process. When ``model``'s own forward was compiled (a ``torch.compile`` wrapper of it),
+    that code and the continuations dynamo made at graph breaks go (they may belong to
+    ``model`` and cannot be told apart); otherwise ``model`` may run inlined in a compiled
+    parent or function, and every compiled code goes. Code shared with other models (a
+    decorator's wrapper, a compiled function) is recompiled for them on their next call:
+    a cost, never a change of what is computed.
+
+    :raises UsageError: compiled code was found but this torch offers no way to drop it.
+    """
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is None:
+        return []
+    try:
+        from torch._dynamo import convert_frame
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list, reset_code
+
+        own = _forward_codes(model)
+        seen = [c for c in (w() for w in convert_frame.input_codes.seen) if c is not None]
+        compiled = [c for c in {*own, *seen} if _debug_get_cache_entry_list(c)]
+        if any(c in own for c in compiled):  # a wrapper of model: its code, continuations
+            compiled = [c for c in compiled if c in own or c.co_name.startswith(_RESUME_PREFIX)]
+        # else model may run inlined in a compiled parent or function that cannot be told
+        # from the others: every compiled code goes (what torch._dynamo.reset_code_caches does)
+        dropped = []
+        with convert_frame.compile_lock:
+            for code in compiled:
+                reset_code(code)
+                dropped.append(getattr(code, "co_qualname", code.co_name))
+    except (ImportError, AttributeError, TypeError) as exc:
+        raise UsageError(
+            "monitor(): torch.compile has run in this process and precguard cannot drop its "
+            f"compiled code with this torch ({type(exc).__name__}: {exc}): call "
+            "torch._dynamo.reset() before monitor(), or monitor the model before compiling it"
+        ) from None
+    return sorted(dropped)

@@ -678,6 +678,20 @@ def rank_suspects(
     return [c.suspect() for c in rest[:top]]
 
 
+def further_findings(cands: list[Candidate], first: Candidate | None) -> list[Suspect]:
+    """Every call after a local ``first`` that made error of its own, in execution order.
+
+    Each was decided as the first was (:func:`decide_calls`: its error against what its
+    precision and its inputs' error explain, its own scale, its weights); none is dropped
+    for a count (``--suspects`` caps the ranked list only). Empty when the first
+    divergence is not local: nothing made error of its own (issue 37).
+    """
+    if first is None or first.local is not True:
+        return []
+    later = [c for c in cands if c is not first and c.local is not False]
+    return [c.suspect() for c in sorted(later, key=lambda c: c.order)]
+
+
 def decoding_divergence(units: list[UnitLike]) -> Candidate | None:
     """The first step whose root integer inputs (token ids) differ after steps that agreed.
 

@@ -25,6 +25,7 @@ from precguard.compare.coverage import (
 from precguard.compare.divergence import (
     Candidate,
     decoding_divergence,
+    further_findings,
     rank_suspects,
 )
 from precguard.compare.judge import measured_errors
@@ -380,6 +381,7 @@ def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
         verdict="diverged" if counts.failed or counts.nonfinite else "match",
         first_divergence=first.divergence() if first is not None else None,
         suspects=rank_suspects(candidates, first, plan.options.suspects),
+        further_findings=further_findings(candidates, first),
         counts=counts,
         records=results,
         unmatched=Unmatched(golden_only=golden_only, actual_only=actual_only),

@@ -175,6 +175,7 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
                 soft_wrap=True,  # a command to copy: never broken over lines
             )
         _print_replay_hint(result, console)
+    _print_further_findings(result, console)
     if result.suspects:
         table = Table(title="other suspects (made error of their own)", title_justify="left")
         for col in (
@@ -225,6 +226,33 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
         _fingerprint_table(result, console)
     for w in result.warnings:
         console.print(f"[yellow]warning:[/] {shown(w, 400, markup=True)}")
+
+
+#: further findings the terminal shows in full; the JSON holds every one
+SHOWN_FINDINGS = 10
+
+
+def _print_further_findings(result: Comparison, console: Console) -> None:
+    """Each module after the first divergence that made error of its own, named in full
+    with its why line, in execution order (issue 37: a second fault must be read, not
+    guessed from a narrow table's truncated name)."""
+    findings = result.further_findings
+    if not findings:
+        return
+    console.print(
+        f"[bold red]further findings[/] ({len(findings)}, each made error of its own, "
+        "judged as the first divergence; in execution order):"
+    )
+    for f in findings[:SHOWN_FINDINGS]:
+        stats = " \\[stats]" if f.confidence == "statistics" else ""
+        console.print(
+            f"  [bold]{shown(f.module, markup=True)}[/] ({shown(f.module_type, markup=True)}), "
+            f"{f.phase}, step {f.step}{stats}",
+            highlight=False,
+        )
+        console.print(f"    why {shown(f.reason, 400, markup=True)}", highlight=False)
+    if len(findings) > SHOWN_FINDINGS:
+        console.print(f"  ... and {len(findings) - SHOWN_FINDINGS} more (--json FILE lists all)")
 
 
 def _measured(m: Metrics) -> str:

@@ -511,6 +511,12 @@ class Comparison(BaseModel):
         default_factory=list,
         description="Other modules that introduced error, most amplifying first.",
     )
+    further_findings: list[Suspect] = Field(
+        default_factory=list,
+        description="Every module call after a local first divergence that made error of "
+        "its own, judged as the first was, in execution order and never capped (the calls "
+        "suspects ranks); empty when the first divergence is not local.",
+    )
     counts: Counts = Field(description="Records per status.")
     records: RecordRows = Field(
         description="Every record, in golden execution order (each read back as a RecordResult)."

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from precguard._logging import get_logger
-from precguard.backend import Backend
+from precguard.backend import Backend, capture_scope
 from precguard.devices import dtype_name
 from precguard.errors import TargetError
 from precguard.target import Target, raised
@@ -251,10 +251,18 @@ class Decoding:
 
 
 def choose(scores: torch.Tensor, noise: torch.Tensor | None, temperature: float) -> int:
-    """Greedy: argmax of the logits; sampling: argmax of logits / T + Gumbel noise."""
-    if noise is None:
-        return int(torch.argmax(scores))
-    return int(torch.argmax(scores / temperature + noise))
+    """Greedy: argmax of the logits; sampling: argmax of logits / T + Gumbel noise.
+
+    The choice is the host's work on the float32 logits the device handed over, as
+    on a real device (its logits reach the CPU, where the token is chosen), so it runs
+    outside the device's arithmetic: under ``emu:bf16`` ``logits / T + noise`` would
+    otherwise be rounded to bf16 (8 bits) and argmax would pick a token neither side's
+    logits prefer (issue 37: a correct bf16 model read as a divergence when sampling).
+    """
+    with capture_scope():
+        if noise is None:
+            return int(torch.argmax(scores))
+        return int(torch.argmax(scores / temperature + noise))
 
 
 def decode(

@@ -41,6 +41,7 @@ from torch import nn
 from precguard import __version__, plugins
 from precguard._logging import get_logger
 from precguard.capture.api import environment_fingerprint
+from precguard.capture.compiled import compiled_modules, drop_compiled_code, refusal
 from precguard.capture.handle import Handle
 from precguard.capture.monitor import Monitor, module_names
 from precguard.capture.options import CaptureOptions
@@ -109,6 +110,7 @@ class _RecordedStep:
         self.step = step
         self.monitor = monitor
         self.before = before
+        self.retraced = False  # its compiled code was dropped for the hooks
 
 
 class WatchHandle(Handle):
@@ -293,13 +295,19 @@ class WatchHandle(Handle):
         options = CaptureOptions(params="every_step", tensors=tensors, hashes=self.options.hashes)
         with torch.no_grad(), capture_scope():
             before = [p.detach().clone() for _n, p in self.pulse.params]
+        # a model torch.compile already ran would rerun its hook-less code and record the
+        # root alone: its code is dropped so this step is retraced with the hooks (issue 37)
+        retraced = bool(drop_compiled_code(self.model))
         self._current = _RecordedStep(step, Monitor(self.model, rec, options), before)
+        self._current.retraced = retraced
 
     def _end_recorded_step(self) -> None:
         current, rec = self._current, self._recording
         assert current is not None and rec is not None
         self._current = None
         current.monitor.remove()
+        if current.retraced:  # recompiled without the hooks' graph breaks
+            drop_compiled_code(self.model)
         try:
             self._record_optimizer(rec, current)
         except Exception as exc:  # the run goes on without them
@@ -449,5 +457,8 @@ def watch(
 
     >>> w = precguard.watch(model, opt, every=500, out="w", on_alert="record")  # doctest: +SKIP
     """
+    compiled = compiled_modules(model)
+    if compiled:
+        raise UsageError(refusal(compiled, entry="watch"))
     opts = WatchOptions(every=every, **options)
     return WatchHandle(model, optimizer, out, opts, overwrite=overwrite)
