@@ -21,8 +21,10 @@ float32 tensors whose *values* are what the chip computed.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -130,6 +132,30 @@ def site_of(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
+def operand_scales(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    recipe: Fp8Recipe,
+    history: AmaxHistory | None = None,
+    *,
+    site: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scales of both operands of ``a @ b`` (a: ``(M, K)``, b: ``(K, N)``), each
+    broadcastable against its operand.
+
+    ``a`` is the activation (1 x block tiles along K under block scaling), ``b`` the
+    weight (block x block tiles). Delayed scaling keys the history by ``site`` (default:
+    ``b``'s storage), so each Linear keeps its own amax history for both operands.
+    """
+    if recipe.scaling == "block":
+        return activation_scales(a, recipe), weight_scales(b, recipe)
+    site = site_of(b) if site is None else site
+    return (
+        tensor_scale(a, recipe, history, (site, 0)),
+        tensor_scale(b, recipe, history, (site, 1)),
+    )
+
+
 def quantize_operands(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -138,21 +164,35 @@ def quantize_operands(
     *,
     site: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both operands of ``a @ b`` (a: ``(..., M, K)``, b: ``(..., K, N)``) as fp8 values.
-
-    ``a`` is the activation (1 x block tiles along K under block scaling), ``b`` the
-    weight (block x block tiles). Delayed scaling keys the history by ``site`` (default:
-    ``b``'s storage), so each Linear keeps its own amax history for both operands.
-    """
-    if recipe.scaling == "block":
-        return (
-            quantize(a, activation_scales(a, recipe), recipe.dtype),
-            quantize(b, weight_scales(b, recipe), recipe.dtype),
-        )
-    site = site_of(b) if site is None else site
-    sa = tensor_scale(a, recipe, history, (site, 0))
-    sb = tensor_scale(b, recipe, history, (site, 1))
+    """Both operands of ``a @ b`` as the fp8 values the GEMM multiplies
+    (:func:`operand_scales` says how they are scaled)."""
+    sa, sb = operand_scales(a, b, recipe, history, site=site)
     return quantize(a, sa, recipe.dtype), quantize(b, sb, recipe.dtype)
+
+
+class Fp8Log:
+    """Per-GEMM operand statistics, collected while :func:`collect` is active."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict] | None = None
+
+
+#: the collector the emulator appends to (None: not collecting, nothing computed)
+LOG = Fp8Log()
+
+
+@contextlib.contextmanager
+def collect() -> Iterator[list[dict]]:
+    """Collect each fp8 GEMM's operand statistics (:func:`operand_statistics`) run inside.
+
+    Each entry: ``{"site": int, "operands": [activation stats, weight stats]}``; the
+    ``fp8`` checks name a GEMM by its weight's storage (``site``).
+    """
+    before, LOG.entries = LOG.entries, []
+    try:
+        yield LOG.entries
+    finally:
+        LOG.entries = before
 
 
 def operand_statistics(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> dict:
@@ -165,20 +205,27 @@ def operand_statistics(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype)
     n = max(x.numel(), 1)
     nonzero = x != 0
     flushed = nonzero & (y.to(dtype).to(torch.float32) == 0)
+    amax = float(x.abs().amax()) if x.numel() else 0.0
     return {
+        "numel": x.numel(),
         "saturated": float((y.abs() > fmax(dtype)).sum()) / n,
         "underflow": float(flushed.sum()) / n,
-        "amax": float(x.abs().amax()) if x.numel() else 0.0,
+        "amax": amax,
         "scale": float(scale.max()),
+        # the amax the scale stands for over the operand's own (below 1: a stale scale)
+        "scale_amax_ratio": float(scale.max()) * fmax(dtype) / amax if amax > 0 else 1.0,
     }
 
 
 __all__ = [
     "FORMATS",
+    "LOG",
     "AmaxHistory",
     "Fp8Recipe",
     "activation_scales",
+    "collect",
     "fmax",
+    "operand_scales",
     "operand_statistics",
     "quantize",
     "quantize_operands",

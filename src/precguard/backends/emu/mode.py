@@ -232,7 +232,19 @@ class EmuMode(TorchDispatchMode):
         def stored(x: torch.Tensor) -> torch.Tensor:
             return numerics.to_storage(x.float(), rules)
 
-        qa, qb = fp8.quantize_operands(stored(a), stored(b), recipe, self.amax_history, site=site)
+        a32, b32 = stored(a), stored(b)
+        sa, sb = fp8.operand_scales(a32, b32, recipe, self.amax_history, site=site)
+        if fp8.LOG.entries is not None:  # an fp8 check asked: read while the operands are here
+            fp8.LOG.entries.append(
+                {
+                    "site": site,
+                    "operands": [
+                        fp8.operand_statistics(a32, sa, recipe.dtype),
+                        fp8.operand_statistics(b32, sb, recipe.dtype),
+                    ],
+                }
+            )
+        qa, qb = fp8.quantize(a32, sa, recipe.dtype), fp8.quantize(b32, sb, recipe.dtype)
         out = numerics.matmul(qa, qb, rules)
         if bias is not None:
             alpha, beta = bound.get("alpha", 1), bound.get("beta", 1)
@@ -256,10 +268,15 @@ class EmuMode(TorchDispatchMode):
         name = op.name
         seen = dtypes & _EMULATED
         round_inputs = name not in _MOVE_ONLY
+        # batch-invariant kernels: an elementwise op's result must not depend on where its
+        # element sits (CPU kernels compute a vector's tail with scalar code, whose exp or
+        # sigmoid may differ in the last bit), so it is computed in float64 and rounded
+        wide = rules.fixed_order and round_inputs and name not in _REDUCTIONS | _SOFTMAX
 
         def prepare(x: Any) -> Any:
             if isinstance(x, torch.Tensor) and x.dtype in _EMULATED:
-                return numerics.to_storage(x.float(), rules) if round_inputs else x.float()
+                y = numerics.to_storage(x.float(), rules) if round_inputs else x.float()
+                return y.double() if wide else y
             return x
 
         args, kwargs = tree_unflatten([prepare(x) for x in flat], spec)
@@ -282,6 +299,8 @@ class EmuMode(TorchDispatchMode):
             out = func(*args, **kwargs)
 
         def finish(y: Any) -> Any:
+            if wide and isinstance(y, torch.Tensor) and y.dtype == torch.float64:
+                y = y.float()
             if isinstance(y, torch.Tensor) and y.dtype in _EMULATED:
                 y = numerics.to_storage(y.float(), rules)
                 return y.to(target) if target is not None else y
