@@ -31,7 +31,7 @@ def _gemm_statistics(ctx: CheckContext, calls: int) -> tuple[list[dict], str]:
     """Forward ``calls`` batches in one numerics context; per-GEMM operand statistics,
     each entry with the Linear it belongs to (``module``), and the fp8 dtype."""
     bench = lab(ctx)
-    cached = bench._cache.get(f"fp8_stats{calls}")
+    cached = ctx.cache.get(f"fp8_stats{calls}")  # the three fp8 checks share one run
     if cached is not None:
         return cached
     backend = bench.device
@@ -57,7 +57,7 @@ def _gemm_statistics(ctx: CheckContext, calls: int) -> tuple[list[dict], str]:
         entry["call"] = counts.get(name, 0)
         counts[name] = entry["call"] + 1
     result = (log, str(fp8.FORMATS[fmt]).removeprefix("torch."))
-    bench._cache[f"fp8_stats{calls}"] = result
+    ctx.cache[f"fp8_stats{calls}"] = result
     return result
 
 
