@@ -159,6 +159,21 @@ def capture_scope() -> Iterator[None]:
         CAPTURE_DEPTH.depth -= 1
 
 
+class GemmPrecision(threading.local):
+    """The dtype Linear layers' GEMMs compute in on this thread, when below the run's.
+
+    An fp8 ``emu:`` profile sets it while its mode is active (``float8_e4m3fn``);
+    capture writes it as the ``compute_dtype`` of the records a Linear computes, so
+    compare judges them by the fp8 GEMM's expected error. None: the run's own.
+    """
+
+    dtype: str | None = None
+
+
+#: the thread's low-precision GEMM dtype (capture reads it without a call)
+GEMM_PRECISION = GemmPrecision()
+
+
 class Backend:
     """What precguard needs from a device. Subclass it in a device plugin.
 

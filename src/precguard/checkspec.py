@@ -55,10 +55,12 @@ FAMILIES: tuple[str, ...] = (
     "attention",
     "ops",
     "amp",
+    "fp8",
     "layerwise",
     "grads",
     "loss",
     "reduce",
+    "batch",
 )
 _FAMILY = re.compile(r"[a-z][a-z0-9_]*")
 

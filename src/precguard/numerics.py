@@ -287,6 +287,8 @@ def rounding_floor(dtype: str, k: int | None = None) -> float:
     >>> rounding_floor("bfloat16") == 2.0**-8
     True
     """
+    if dtype in FP8_FORMATS:
+        return fp8_gemm_error(dtype, k)
     return unit_roundoff(dtype) + accumulation_error(k, dtype)
 
 
@@ -542,6 +544,127 @@ def status(
     return "fail" if m.error > allowed else "pass"
 
 
+# -- fp8 GEMMs (issue 40) ---------------------------------------------------------------------
+#
+# An fp8 GEMM (Transformer Engine, DeepSeek-V3) divides each operand by a scale, rounds it to
+# an 8-bit format with saturation, sums the products in fp32 and multiplies the sum back by
+# the scales; its output is stored in bf16. Its error relative to the exact product, derived
+# term by term (:func:`fp8_gemm_error`):
+#
+# 1. **the operands' rounding.** Round-to-nearest gives each operand element a relative error
+#    ``delta`` with ``|delta| <= u`` (``u = 2^-p`` for ``p`` significand bits: 2^-4 for e4m3,
+#    2^-3 for e5m2); its mean square is at most ``u^2 / 3`` (the absolute error is uniform
+#    over half a spacing either side, and the spacing is at most ``2u`` times the value).
+#    A product ``a_i b_i`` carries ``delta_a + delta_b``, independent terms, so a dot product
+#    ``sum a_i b_i (1 + delta_a,i + delta_b,i)`` is off by a sum of independent errors whose
+#    root mean square, relative to the root of ``sum (a_i b_i)^2`` (the dot product's size
+#    for terms of random sign), is ``sqrt(2/3) u``: :data:`FP8_OPERAND_ROUNDINGS`.
+#    The scale does not change this: dividing by it and multiplying back are exact when it is
+#    a power of two and one fp32 rounding (negligible) otherwise.
+# 2. **underflow.** An element below the format's smallest normal number ``tiny`` (after
+#    scaling) keeps an absolute error up to half the smallest subnormal spacing,
+#    ``tiny * u``, times its scale ``amax / fmax``. Relative to the rms of its scaling block
+#    that is at most ``u * tiny / fmax * (amax / rms)``, and a block of ``n`` elements has
+#    ``amax / rms <= sqrt(n)`` (one element holding the whole norm). Rounding the scale up to a
+#    power of two (E8M0 scales) gives up at most one binade of range: twice the term.
+#    Per-tensor scaling's block is the whole tensor: :data:`FP8_TENSOR_ELEMENTS` bounds its
+#    crest factor at 2^10 (one element a thousand times the rms). A tensor beyond it has
+#    most of its elements squeezed toward the underflow range by one outlier, which the
+#    ``fp8.underflow`` check reports from the recorded underflow share, not the judge.
+# 3. **the output's rounding** to bf16 and the fp32 accumulation of the ``K`` terms: the
+#    ordinary :func:`rounding_floor` of the output dtype.
+#
+# e4m3 per tensor: 0.816 u + 2^-6 / 448 * 2^10 u (0.0022) + 2^-8 + sqrt(K) 2^-24 = 0.0572 at
+# K = 4096, under one unit roundoff of e4m3 (0.0625); block scaling (1 x 128 / 128 x 128)
+# lowers only the underflow term (to 0.0002). A saturated share, a stale scale or a scale
+# shared with the wrong block are none of these terms: the values they clip carry an error
+# of their whole excess over the range (at most 100 %), which the judge names when it
+# exceeds its amplification (10x) of what the inputs carried or shows as a scale error;
+# the ``fp8`` checks read the saturated share itself.
+
+#: the fp8 formats by dtype name: (largest finite value, smallest normal value)
+FP8_FORMATS: dict[str, tuple[float, float]] = {
+    "float8_e4m3fn": (448.0, 2.0**-6),
+    "float8_e4m3fnuz": (240.0, 2.0**-7),
+    "float8_e5m2": (57344.0, 2.0**-14),
+    "float8_e5m2fnuz": (57344.0, 2.0**-15),
+}
+#: root mean square of the relative error of a product of two operands each rounded to
+#: nearest, in unit roundoffs: ``sqrt(2 * 1/3)`` (term 1 above)
+FP8_OPERAND_ROUNDINGS = math.sqrt(2.0 / 3.0)
+#: elements of the largest scaling block per-tensor scaling meets (term 2 above)
+FP8_TENSOR_ELEMENTS = 2**20
+#: the output dtype of an fp8 GEMM (Transformer Engine and DeepSeek-V3 write bf16)
+FP8_OUTPUT_DTYPE = "bfloat16"
+
+
+def fp8_underflow_error(dtype: str, block_elements: int | None = None, pow2: bool = False) -> float:
+    """Relative error of a block's underflowed elements (term 2 of the fp8 section).
+
+    >>> fp8_underflow_error("float8_e4m3fn", 128) < 1e-4
+    True
+    """
+    top, tiny = FP8_FORMATS[dtype]
+    n = block_elements or FP8_TENSOR_ELEMENTS
+    return (2.0 if pow2 else 1.0) * unit_roundoff(dtype) * tiny / top * math.sqrt(n)
+
+
+def fp8_gemm_error(
+    dtype: str,
+    k: int | None = None,
+    block_elements: int | None = None,
+    pow2: bool = False,
+) -> float:
+    """The relative error a correct fp8 GEMM's bf16 output carries (the fp8 section above).
+
+    ``block_elements``: the elements one scale covers (None: per tensor, up to
+    :data:`FP8_TENSOR_ELEMENTS`); ``pow2``: scales rounded to powers of two.
+
+    >>> round(fp8_gemm_error("float8_e4m3fn", 4096), 4)
+    0.0572
+    """
+    return (
+        FP8_OPERAND_ROUNDINGS * unit_roundoff(dtype)
+        + fp8_underflow_error(dtype, block_elements, pow2)
+        + unit_roundoff(FP8_OUTPUT_DTYPE)
+        + accumulation_error(k, "float32")
+    )
+
+
+def fp8_saturation_share(dtype: str, numel: int) -> float:
+    """The largest saturated share a correctly scaled fp8 tensor shows: one element.
+
+    A scale made from the tensor's own amax (current or block scaling) maps the
+    largest element exactly to the format's max, so nothing saturates; a delayed scale
+    from an amax history may let the one element that set a new record saturate (it
+    clips by less than the growth since the history's maximum). More than one element
+    beyond the range is a scale that does not fit the tensor.
+    """
+    return 1.0 / max(numel, 1)
+
+
+def fp8_underflow_share(dtype: str) -> float:
+    """The underflowed share above which a tensor's scale is too coarse for its values.
+
+    A nonzero element rounds to zero when it is below half the smallest subnormal,
+    ``tiny * u``, times its scale, i.e. ``amax * tiny * u / fmax`` (2^-17.8 of the amax in
+    e4m3). For values of a bell-shaped distribution (Gaussian, Laplace) whose amax is
+    a few standard deviations (the crest factor of a block of up to 2^26 elements, at
+    most ~6 sigma for a Gaussian), that interval holds a share about its width over the
+    density's scale: below ``2 * (tiny * u / fmax) * crest``. Any share above one unit
+    roundoff of the format (6 % for e4m3, what one rounding is allowed to lose) means
+    the scale is set by an outlier far above the bulk of the tensor.
+    """
+    return unit_roundoff(dtype)
+
+
+#: two correct kernels that add the same terms in another order (a split count chosen by
+#: the batch size) differ by at most the sum of their two reduction errors: twice the
+#: rounding floor of one (triangle inequality); the batch check calls a difference within
+#: it "within rounding" (checks/batch.py)
+REORDER_DIFFERENCE = 2.0
+
+
 __all__ = [
     "AMPLIFICATION",
     "BIAS_MAX_INPUT_ERROR",
@@ -549,6 +672,10 @@ __all__ = [
     "CONCENTRATION",
     "DIFFERENCE_GROWTH",
     "FLOOR_SLACK",
+    "FP8_FORMATS",
+    "FP8_OPERAND_ROUNDINGS",
+    "FP8_OUTPUT_DTYPE",
+    "FP8_TENSOR_ELEMENTS",
     "GROWTH_FACTOR",
     "GROWTH_FLOOR_EPS",
     "HELP_SHARE",
@@ -559,6 +686,7 @@ __all__ = [
     "PRECISION_STEP",
     "PRODUCT_GROWTH",
     "RATIO_MAX_ULPS",
+    "REORDER_DIFFERENCE",
     "REPLAY_MARGIN",
     "REROUTED_ROW_ERROR",
     "SCORE_PAIR",
@@ -571,6 +699,10 @@ __all__ = [
     "Verdict",
     "accumulation_error",
     "expected_error",
+    "fp8_gemm_error",
+    "fp8_saturation_share",
+    "fp8_underflow_error",
+    "fp8_underflow_share",
     "ladder",
     "less_precise",
     "measure",

@@ -226,3 +226,93 @@ def left_padded() -> precguard.Target:
     t = tiny_llama()
     t.batch = lambda step: _padded(step, "left")
     return t
+
+
+# -- batch: a split-K kernel chosen by the batch size --------------------------------------
+#: rows (batch x positions) below which the planted GEMM splits its reduced dimension
+SPLIT_K_ROWS = 32
+
+
+def _split_k_model() -> nn.Module:
+    """tiny-llama whose layer-2 down_proj splits K in two for small batches (split-K)."""
+    model = build_tiny_llama()
+    mod = model.get_submodule("model.layers.2.mlp.down_proj")
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[:-1].numel()
+        if rows >= SPLIT_K_ROWS:
+            return nn.functional.linear(x, mod.weight)
+        half = x.shape[-1] // 2  # two partial sums added after: another rounding order
+        low = nn.functional.linear(x[..., :half], mod.weight[:, :half])
+        return low + nn.functional.linear(x[..., half:], mod.weight[:, half:])
+
+    mod.forward = forward  # type: ignore[method-assign]
+    return model
+
+
+def batch_split_k() -> precguard.Target:
+    """tiny-llama with one batch-dependent GEMM (run it on emu:fp32-batch-invariant)."""
+    t = _tiny_llama()
+    t.model = _split_k_model
+    t.name = ""
+    return t
+
+
+# -- fp8: an activation spike under delayed scaling; master weights in fp8 ---------------------
+#: how much the layer-1 MLP input grows on the second call (a loss spike)
+SPIKE = 8.0
+
+
+class _Spike(nn.Module):
+    """Multiplies its input by ``SPIKE`` from its second call on (activations that grew)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.inner(x * (SPIKE if self.calls > 1 else 1.0))
+
+
+def _spike_model() -> nn.Module:
+    model = build_tiny_llama()
+    layer = model.get_submodule("model.layers.1.mlp")
+    layer.up_proj = _Spike(layer.up_proj)
+    return model
+
+
+def fp8_activation_spike() -> precguard.Target:
+    """tiny-llama whose layer-1 up_proj input grows 8x after its first call (run it on
+    emu:fp8-e4m3-delayed: the amax history predates the growth)."""
+    t = _tiny_llama()
+    t.model = _spike_model
+    t.name = ""
+    return t
+
+
+class _Fp8Linear(nn.Module):
+    """A Linear whose weight is stored in float8_e4m3fn and upcast per call."""
+
+    def __init__(self, inner: nn.Linear) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(inner.weight.detach().to(torch.float8_e4m3fn), False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight.to(x.dtype))
+
+
+def _fp8_weights_model() -> nn.Module:
+    model = build_tiny_llama()
+    mlp = model.get_submodule("model.layers.0.mlp")
+    mlp.down_proj = _Fp8Linear(mlp.down_proj)
+    return model
+
+
+def fp8_master_weights() -> precguard.Target:
+    """tiny-llama with one Linear's weight stored in fp8."""
+    t = _tiny_llama()
+    t.model = _fp8_weights_model
+    t.name = ""
+    return t

@@ -227,7 +227,7 @@ def test_list_shows_builtin_and_vendor_checks(capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "rope.position_sweep" in out and "env.ascend_precision_mode" in out
-    assert "checklists: llama-finetune, llama-inference, quick" in out
+    assert "checklists: fp8, llama-finetune, llama-inference, quick, serving" in out
 
 
 def test_html_escapes_what_the_model_names(run_check, plugin_checklist, tmp_path):

@@ -112,7 +112,7 @@ def test_a_mask_the_attention_drops_is_found_with_a_tensor_batch(run_check):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("checklist", ["llama-inference", "quick"])
+@pytest.mark.parametrize("checklist", ["llama-inference", "quick", "fp8", "serving"])
 def test_correct_handwritten_decoder_has_no_failure_in_other_shipped_checklists(
     run_check, checklist
 ):
@@ -129,7 +129,10 @@ def test_every_shipped_checklist_is_covered_by_a_clean_run_on_cpu(capsys):
         main(["check", "--list"])
     assert exited.value.code == 0
     [shipped] = [line for line in capsys.readouterr().out.splitlines() if "checklists:" in line]
-    assert shipped.split("checklists:")[1].strip() == "llama-finetune, llama-inference, quick"
+    assert (
+        shipped.split("checklists:")[1].strip()
+        == "fp8, llama-finetune, llama-inference, quick, serving"
+    )
 
 
 def test_a_module_rotating_channel_pairs_from_a_table_is_found_and_judged(run_check):

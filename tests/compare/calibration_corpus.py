@@ -511,7 +511,14 @@ def _faults() -> list[Pair]:
     return pairs
 
 
-CORPUS: list[Pair] = [*_clean(), *_faults()]
+def _fp8() -> list[Pair]:
+    """The fp8 pairs (issue 40), in their own module beside this one."""
+    package = __name__.rpartition(".")[0]
+    module = importlib.import_module(f"{package}.calibration_fp8" if package else "calibration_fp8")
+    return module.fp8_pairs()
+
+
+CORPUS: list[Pair] = [*_clean(), *_faults(), *_fp8()]
 
 
 # ---------------------------------------------------------------- running it

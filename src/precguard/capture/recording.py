@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from precguard._logging import get_logger
+from precguard.backend import GEMM_PRECISION
 from precguard.capture.hashing import HashBuffer
 from precguard.capture.hooks import NonFiniteOrigin
 from precguard.capture.options import CaptureOptions, OnNonFinite
@@ -71,6 +72,19 @@ def _autocast_dtype(t: torch.Tensor) -> str | None:
         return str(torch.get_autocast_dtype(kind)).removeprefix("torch.")
     except RuntimeError:  # a device type autocast does not know
         return None
+
+
+#: module types whose GEMM an fp8 profile runs in fp8, and the records of theirs it computes
+_GEMM_MODULES = frozenset({"Linear", "NonDynamicallyQuantizableLinear"})
+_GEMM_RECORDS = frozenset({("forward", "output"), ("backward", "input"), ("backward", "grad")})
+
+
+def _gemm_dtype(module_type: str, phase: str, role: str) -> str | None:
+    """The fp8 dtype a Linear's GEMM computed this record in (an fp8 ``emu:`` profile), or
+    None: compare then judges it by the fp8 GEMM's expected error, not the run's dtype."""
+    if module_type in _GEMM_MODULES and (phase, role) in _GEMM_RECORDS:
+        return GEMM_PRECISION.dtype
+    return None
 
 
 class CallFrame:
@@ -371,6 +385,8 @@ class Recording:
             return all_finite
         # autocast off (the flag, a C call): no Python frame asks the device type
         autocast = _autocast_dtype(items[0][1]) if _ANY_AUTOCAST() else None
+        if GEMM_PRECISION.dtype is not None:
+            autocast = _gemm_dtype(module_type, phase, role) or autocast
         prefix = f"{module}.{call}.{phase}.{role}."
         stats_add = self._stats.add
         step, rank = self.step_index, self.rank

@@ -142,6 +142,8 @@ class StatsBuffer:
         self._cache: OrderedDict[
             tuple[int, int], tuple[weakref.ref[torch.Tensor], int, bool | None]
         ] = OrderedDict()
+        #: per float8 slot: its saturated share, scale and amax (fp8_statistics)
+        self._fp8: dict[int, dict[str, Any]] = {}
 
     def __len__(self) -> int:
         return len(self._numel)
@@ -172,7 +174,9 @@ class StatsBuffer:
             # plain tensor that does not require grad builds none: detach() costs 1 us;
             # a Parameter is detached to a plain tensor, which takes the fast path)
             x = t if type(t) is torch.Tensor and not t.requires_grad else t.detach()
+            fp8_max = None
             if x.dtype not in _FLOAT_TYPES:
+                fp8_max = _FP8_MAX.get(x.dtype)  # fp8's own statistics (fp8_statistics)
                 # low-precision floats in fp32; integers and bools exactly in fp64
                 x = x.float() if x.is_floating_point() else x.double()
             n = x.numel()
@@ -196,6 +200,9 @@ class StatsBuffer:
                     ev = (plan, values)
                 self._host.append(row)
                 finite = row[6] == 0 and row[7] == 0
+            if fp8_max is not None:
+                extremes = None if deferred else self._host[-1][:2]  # type: ignore[index]
+                self._fp8[slot] = fp8_statistics(t, x, fp8_max, extremes)
         finally:
             state.depth -= 1
         # appended last: a reduction that raised leaves the slots consistent
@@ -268,6 +275,7 @@ class StatsBuffer:
                     l2 = math.inf if l2 > limit else l2
                     rows[slot] = (mn, mx, mean * scale, std, l2, *counts[i])
         out = []
+        fp8 = self._fp8
         for row, numel in zip(rows, self._numel, strict=True):
             assert row is not None
             mn, mx, mean, std, l2, nonzero, nan, inf = row
@@ -285,6 +293,10 @@ class StatsBuffer:
                     "numel": numel,
                 }
             )
+        for slot, extra in fp8.items():
+            # what fp8 flushed reads as zero: the stored tensor's zero share
+            stats = out[slot]
+            stats["fp8"] = {**extra, "underflow": stats["zeros"] / max(stats["numel"], 1)}
         self.clear()
         return out, evidence
 
@@ -323,6 +335,44 @@ class StatsBuffer:
         self._numel.clear()
         self._evidence.clear()
         self._cache.clear()
+        self._fp8.clear()
+
+
+# -- float8 tensors (issue 40) ------------------------------------------------------------
+#: the float8 dtypes this torch has, by their largest finite value
+_FP8_MAX: dict[torch.dtype, float] = {
+    getattr(torch, name): float(torch.finfo(getattr(torch, name)).max)
+    for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+    if hasattr(torch, name)
+}
+
+
+def fp8_statistics(
+    t: torch.Tensor, x: torch.Tensor, fmax: float, extremes: tuple[float, ...] | None = None
+) -> dict[str, Any]:
+    """A float8 tensor's saturated share, scale and amax (its underflow share, the share
+    of zeros, comes from the ordinary statistics at materialize).
+
+    Called only for float8 tensors, with ``x`` the float32 copy :meth:`StatsBuffer.add`
+    already made. The saturated share (elements at the format's ±max) is counted only
+    when the tensor's largest magnitude reaches the max, which its ordinary statistics'
+    ``extremes`` (min, max) already tell on the host (on a device, ``aminmax``);
+    otherwise it is 0 with no pass of its own. ``scale`` is the tensor's own when it
+    carries one (a scaled float8 tensor subclass's ``_scale``), else None; ``amax`` is
+    then the largest magnitude it stands for.
+    """
+    n = max(x.numel(), 1)
+    if extremes is None:
+        extremes = tuple(float(v) for v in torch.aminmax(x)) if x.numel() else (0.0, 0.0)
+    absmax = max(abs(extremes[0]), abs(extremes[1]))
+    saturated = float((x.abs() >= fmax).sum()) / n if absmax >= fmax else 0.0
+    scale = getattr(t, "_scale", None)
+    scale_value = float(scale.float().max()) if isinstance(scale, torch.Tensor) else None
+    return {
+        "saturated": saturated,
+        "scale": scale_value,
+        "amax": absmax * scale_value if scale_value is not None else absmax,
+    }
 
 
 #: the longest run of elements one ``vector_norm`` sums on the CPU: longer rows are

@@ -16,7 +16,7 @@ ops, loss scaling, gradients, the loss, reduction-order noise, and (with --golde
 first divergent layer against a golden recording. Failures are ranked most likely root
 cause first (environment, randomness, data and tokens before numerics).
 
-Checklists: llama-finetune, llama-inference, quick, or a path to your own YAML.
+Checklists: fp8, llama-finetune, llama-inference, quick, serving, or a path to your own YAML.
 
 Exit codes: 0 nothing failed, 1 a check failed (or could not run), 2 unusable input,
 3 inconclusive: no check produced a result (all skipped, or none selected).

@@ -28,6 +28,21 @@ Role = Literal["input", "output", "param", "grad", "buffer"]
 _FROZEN = ConfigDict(frozen=True, extra="ignore", ser_json_inf_nan="strings")
 
 
+class Fp8Stats(BaseModel):
+    """What a float8 tensor's scale did to it (recorded for float8 dtypes only)."""
+
+    model_config = _FROZEN
+
+    saturated: float = Field(description="Share of elements at the format's ±max (saturated).")
+    underflow: float = Field(
+        description="Share of elements that are zero (what an underflow flushes to)."
+    )
+    scale: float | None = Field(
+        default=None, description="The tensor's scale when it carries one (None: unscaled)."
+    )
+    amax: float = Field(description="Largest magnitude the tensor stands for (times its scale).")
+
+
 class Stats(BaseModel):
     """Summary statistics of one tensor, computed in float32 or wider over all elements.
 
@@ -60,6 +75,9 @@ class Stats(BaseModel):
         default=None, description="Number of elements equal to zero (None: unknown)."
     )
     numel: int = Field(description="Number of elements.")
+    fp8: Fp8Stats | None = Field(
+        default=None, description="A float8 tensor's saturated and underflow shares, scale, amax."
+    )
 
     @property
     def has_nan(self) -> bool:

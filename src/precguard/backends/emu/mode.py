@@ -30,8 +30,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
 
-from precguard.backend import in_capture
-from precguard.backends.emu import numerics
+from precguard.backend import GEMM_PRECISION, in_capture
+from precguard.backends.emu import fp8, numerics
 from precguard.backends.emu.numerics import OpNumerics
 from precguard.backends.emu.profile import EmuProfile
 
@@ -62,6 +62,10 @@ _SAME_DTYPE = frozenset(
      "_scaled_dot_product_flash_attention_for_cpu"}
 )  # fmt: skip
 _REDUCTIONS = _MATMUL | _SUM
+#: the GEMMs an fp8 profile runs with fp8 operands: every Linear (forward and backward)
+#: lowers to these; batched matmuls (attention's scores and values) stay at the storage dtype
+_FP8_GEMMS = frozenset({"mm", "addmm"})
+_SOFTMAX = frozenset({"_softmax", "_log_softmax"})
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,19 @@ def rules_for(profile: EmuProfile) -> tuple[OpNumerics, dict[str, OpNumerics]]:
             accumulate=numerics.DTYPES[profile.accumulate_dtype],
             block=profile.accumulate_block,
             shuffle_seed=profile.shuffle_seed if profile.shuffle_reductions else None,
+            fixed_order=profile.batch_invariant or profile.split_k_rows > 0,
+            split_k_rows=profile.split_k_rows,
+            fp8=recipe,
+        )
+
+    recipe = None
+    if profile.fp8_format != "none":
+        recipe = fp8.Fp8Recipe(
+            format=profile.fp8_format,
+            scaling=profile.fp8_scaling,
+            history=profile.fp8_amax_history,
+            block=profile.fp8_block,
+            scale_rounding=profile.fp8_scale_rounding,
         )
 
     default = make(profile.compute_dtype)
@@ -131,6 +148,23 @@ class EmuMode(TorchDispatchMode):
         self.profile = profile
         self.generator = generator
         self.default_rules, self.op_rules = rules_for(profile)
+        recipe = self.default_rules.fp8
+        #: delayed scaling's amax history, by GEMM site, for as long as this mode lives
+        self.amax_history = fp8.AmaxHistory(recipe.history) if recipe is not None else None
+        self._gemm_before: str | None = None
+
+    def __enter__(self) -> EmuMode:
+        # tell capture that Linear layers compute in fp8 (records carry it: compare judges
+        # them by the fp8 GEMM's expected error)
+        recipe = self.default_rules.fp8
+        self._gemm_before = GEMM_PRECISION.dtype
+        if recipe is not None:
+            GEMM_PRECISION.dtype = recipe.dtype_name
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        GEMM_PRECISION.dtype = self._gemm_before
+        super().__exit__(*exc)
 
     @property
     def changes_anything(self) -> bool:
@@ -174,7 +208,50 @@ class EmuMode(TorchDispatchMode):
             return func(*args, **kwargs)  # an fp32 island of a mixed-precision model
         if op.mutable:
             return self._mutating(func, op, args, kwargs, rules)
+        if rules.fp8 is not None and op.name in _FP8_GEMMS:
+            return self._fp8_gemm(op, args, kwargs, rules, rules.fp8)
         return self._computing(func, op, flat, spec, dtypes, rules)
+
+    def _fp8_gemm(
+        self,
+        op: _OpFacts,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        rules: OpNumerics,
+        recipe: fp8.Fp8Recipe,
+    ) -> torch.Tensor:
+        """``mm``/``addmm`` with both operands scaled and rounded to fp8, summed in fp32."""
+        bound = _bind(op.arg_names, args, kwargs)
+        if op.name == "mm":
+            a, b, bias = bound["self"], bound["mat2"], None
+        else:
+            a, b, bias = bound["mat1"], bound["mat2"], bound["self"]
+        out_dtype = a.dtype
+        site = fp8.site_of(b)  # the weight's own storage, before the float32 copy below
+
+        def stored(x: torch.Tensor) -> torch.Tensor:
+            return numerics.to_storage(x.float(), rules)
+
+        a32, b32 = stored(a), stored(b)
+        sa, sb = fp8.operand_scales(a32, b32, recipe, self.amax_history, site=site)
+        if fp8.LOG.entries is not None:  # an fp8 check asked: read while the operands are here
+            fp8.LOG.entries.append(
+                {
+                    "site": site,
+                    "operands": [
+                        fp8.operand_statistics(a32, sa, recipe.dtype),
+                        fp8.operand_statistics(b32, sb, recipe.dtype),
+                    ],
+                }
+            )
+        qa, qb = fp8.quantize(a32, sa, recipe.dtype), fp8.quantize(b32, sb, recipe.dtype)
+        out = numerics.matmul(qa, qb, rules)
+        if bias is not None:
+            alpha, beta = bound.get("alpha", 1), bound.get("beta", 1)
+            out = out * alpha if alpha != 1 else out
+            if beta != 0:
+                out = out + (stored(bias) if beta == 1 else stored(bias) * beta)
+        return numerics.to_storage(out, rules).to(out_dtype)
 
     # -- out-of-place ops ----------------------------------------------------------------
 
@@ -191,10 +268,15 @@ class EmuMode(TorchDispatchMode):
         name = op.name
         seen = dtypes & _EMULATED
         round_inputs = name not in _MOVE_ONLY
+        # batch-invariant kernels: an elementwise op's result must not depend on where its
+        # element sits (CPU kernels compute a vector's tail with scalar code, whose exp or
+        # sigmoid may differ in the last bit), so it is computed in float64 and rounded
+        wide = rules.fixed_order and round_inputs and name not in _REDUCTIONS | _SOFTMAX
 
         def prepare(x: Any) -> Any:
             if isinstance(x, torch.Tensor) and x.dtype in _EMULATED:
-                return numerics.to_storage(x.float(), rules) if round_inputs else x.float()
+                y = numerics.to_storage(x.float(), rules) if round_inputs else x.float()
+                return y.double() if wide else y
             return x
 
         args, kwargs = tree_unflatten([prepare(x) for x in flat], spec)
@@ -211,10 +293,14 @@ class EmuMode(TorchDispatchMode):
             target = next(iter(seen))  # fp16 in, fp16 out
         if rules.changes_reductions and name in _REDUCTIONS:
             out = self._reduction(func, op, args, kwargs, rules)
+        elif rules.fixed_order and name in _SOFTMAX:
+            out = numerics.fixed_order_softmax(args[0], args[1], log=name == "_log_softmax")
         else:
             out = func(*args, **kwargs)
 
         def finish(y: Any) -> Any:
+            if wide and isinstance(y, torch.Tensor) and y.dtype == torch.float64:
+                y = y.float()
             if isinstance(y, torch.Tensor) and y.dtype in _EMULATED:
                 y = numerics.to_storage(y.float(), rules)
                 return y.to(target) if target is not None else y

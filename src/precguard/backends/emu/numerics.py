@@ -16,6 +16,8 @@ from functools import lru_cache
 
 import torch
 
+from precguard.backends.emu.fp8 import Fp8Recipe
+
 _FLT_MAX = torch.finfo(torch.float32).max
 
 DTYPES: dict[str, torch.dtype] = {
@@ -36,11 +38,22 @@ class OpNumerics:
     accumulate: torch.dtype = torch.float32
     block: int = 32
     shuffle_seed: int | None = None
+    #: terms added one after another in index order (batch-invariant kernels)
+    fixed_order: bool = False
+    #: matmul splits its reduced dimension in two below this many rows (0: never)
+    split_k_rows: int = 0
+    #: 2-D GEMMs run with fp8 operands (None: at the storage dtype)
+    fp8: Fp8Recipe | None = None
 
     @property
     def changes_reductions(self) -> bool:
         """True when matmul and sum/mean need the emulator's own implementation."""
-        return self.accumulate != torch.float32 or self.shuffle_seed is not None
+        return (
+            self.accumulate != torch.float32
+            or self.shuffle_seed is not None
+            or self.fixed_order
+            or self.split_k_rows > 0
+        )
 
     @property
     def changes_values(self) -> bool:
@@ -51,6 +64,7 @@ class OpNumerics:
             or self.nan_to_zero
             or self.flush_to_zero
             or self.changes_reductions
+            or self.fp8 is not None
         )
 
 
@@ -122,6 +136,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, rules: OpNumerics) -> torch.Tensor:
     if perm is not None:
         a = a.index_select(-1, perm)
         b = b.index_select(-2, perm)
+    if rules.fixed_order or rules.split_k_rows:
+        rows = a.shape[:-1].numel()
+        return fixed_order_matmul(a, b, 2 if rows < rules.split_k_rows and k > 1 else 1)
     if rules.accumulate == torch.float32:
         return torch.matmul(a, b)
     return _accumulate(_block_products(a, b, rules.block), rules)
@@ -150,6 +167,47 @@ def _block_products(a: torch.Tensor, b: torch.Tensor, block: int) -> list[torch.
     for c0 in range(0, blocks, group):
         parts.extend(torch.matmul(a_blocks[c0 : c0 + group], b_blocks[c0 : c0 + group]).unbind(0))
     return parts
+
+
+def sequential_sum(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Sum over ``dim`` adding one term after another in index order (fp32).
+
+    Every element's result depends only on its own terms, never on the other
+    rows, and leading zeros (left padding) add nothing: ``0 + 0 + a == a``.
+    """
+    x = x.movedim(dim, -1)
+    acc = torch.zeros(x.shape[:-1], dtype=x.dtype)
+    for i in range(x.shape[-1]):
+        acc = acc + x[..., i]
+    return acc
+
+
+def fixed_order_matmul(a: torch.Tensor, b: torch.Tensor, splits: int = 1) -> torch.Tensor:
+    """``a @ b`` whose every output adds its products in index order, in ``splits`` parts.
+
+    With one split, a batch-invariant kernel: a row's result is the same whatever
+    the other rows. With more, a split-K kernel: each part is summed in order and the
+    partial sums are added after, which rounds differently than one pass.
+    """
+    k = a.shape[-1]
+    size = -(-k // splits) if k else 1
+    total: torch.Tensor | None = None
+    for start in range(0, max(k, 1), size):
+        stop = min(start + size, k)
+        acc = torch.zeros((*a.shape[:-1], b.shape[-1]), dtype=torch.float32)
+        for i in range(start, stop):
+            acc = acc + a[..., i : i + 1] * b[..., i : i + 1, :]
+        total = acc if total is None else total + acc
+    assert total is not None
+    return total
+
+
+def fixed_order_softmax(x: torch.Tensor, dim: int, log: bool = False) -> torch.Tensor:
+    """Softmax (or log-softmax) over ``dim`` whose normalizer is a :func:`sequential_sum`."""
+    shifted = x - x.amax(dim, keepdim=True)
+    e = shifted.exp()
+    total = sequential_sum(e, dim).unsqueeze(dim)
+    return shifted - total.log() if log else e / total
 
 
 def addmm(
@@ -190,7 +248,9 @@ def reduce_sum(
     perm = reduction_order(n, rules)
     if perm is not None:
         flat = flat.index_select(-1, perm)
-    if rules.accumulate == torch.float32:
+    if rules.fixed_order:
+        out = sequential_sum(flat, -1)
+    elif rules.accumulate == torch.float32:
         out = flat.sum(-1)
     else:
         parts = [flat[..., i : i + rules.block].sum(-1) for i in range(0, n, rules.block)]

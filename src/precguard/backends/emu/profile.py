@@ -101,6 +101,43 @@ class EmuProfile(BaseModel):
         "Ascend chip in must_keep_origin_dtype mode. The model is cast to compute_dtype "
         "unless --dtype says otherwise.",
     )
+    fp8_format: Literal["none", "e4m3", "e5m2"] = Field(
+        "none",
+        description="Run 2-D GEMMs (mm, addmm: every Linear, forward and backward) with both "
+        "operands scaled and rounded to this fp8 format (OCP e4m3fn or e5m2, saturating), "
+        "accumulating in fp32; the result is rounded to compute_dtype as any op's.",
+    )
+    fp8_scaling: Literal["current", "delayed", "block"] = Field(
+        "current",
+        description="Where an fp8 operand's scale comes from: 'current' its own amax (per "
+        "tensor), 'delayed' the largest amax of the last fp8_amax_history calls of the same "
+        "GEMM (Transformer Engine), 'block' one scale per 1 x fp8_block activation tile and "
+        "fp8_block x fp8_block weight tile (DeepSeek-V3).",
+    )
+    fp8_amax_history: int = Field(
+        16, ge=1, description="Calls of one GEMM whose amax a delayed scale remembers."
+    )
+    fp8_block: int = Field(128, ge=1, description="Tile edge of block scaling.")
+    fp8_scale_rounding: Literal["exact", "pow2"] = Field(
+        "exact",
+        description="'exact': scale = amax / fmax in fp32; 'pow2': rounded up to a power of "
+        "two (E8M0 scales of the OCP MX formats).",
+    )
+    batch_invariant: bool = Field(
+        False,
+        description="Fixed-order reductions: matmul (mm, addmm, bmm, baddbmm), sum/mean and "
+        "softmax add their terms one after another in index order, so a row's result does "
+        "not depend on how many other rows (a batch) or leading zeros (left padding) share "
+        "the op.",
+    )
+    split_k_rows: int = Field(
+        0,
+        ge=0,
+        description="0: off. Otherwise a matmul of fewer rows (batch x positions) than "
+        "this splits its reduced dimension in two partial sums (a split-K kernel chosen "
+        "for small batches), so a row's result depends on the batch size. Implies "
+        "batch_invariant's fixed order within each split.",
+    )
     op_dtypes: dict[str, DType] = Field(
         default_factory=dict,
         description="Per-op storage dtype overrides: {'softmax': 'float16'}. Keys are aliases "
