@@ -644,16 +644,16 @@ def fp8_saturation_share(dtype: str, numel: int) -> float:
 
 
 def fp8_underflow_share(dtype: str) -> float:
-    """The underflowed share above which a tensor's scale is too coarse for its values.
+    """The flushed share above which a GEMM operand's scale is too coarse for its values.
 
-    A nonzero element rounds to zero when it is below half the smallest subnormal,
-    ``tiny * u``, times its scale, i.e. ``amax * tiny * u / fmax`` (2^-17.8 of the amax in
-    e4m3). For values of a bell-shaped distribution (Gaussian, Laplace) whose amax is
-    a few standard deviations (the crest factor of a block of up to 2^26 elements, at
-    most ~6 sigma for a Gaussian), that interval holds a share about its width over the
-    density's scale: below ``2 * (tiny * u / fmax) * crest``. Any share above one unit
-    roundoff of the format (6 % for e4m3, what one rounding is allowed to lose) means
-    the scale is set by an outlier far above the bulk of the tensor.
+    A nonzero element flushes to zero below half the smallest subnormal times its
+    scale: ``amax * tiny * u / fmax`` (2^-17.8 of the amax in e4m3, 2^-32 in e5m2).
+    A scale made from the operand's own amax flushes only what lies that far below the
+    largest element, a share that term 2 of the section above counts as error. When
+    more than one unit roundoff of the format (6.25 % in e4m3) of the elements is lost
+    to zero, a single rounding to the format (what the operand is allowed) no longer
+    bounds the loss: an outlier sets the scale far above the bulk, and the GEMM's
+    error is no longer the one :func:`fp8_gemm_error` derives.
     """
     return unit_roundoff(dtype)
 

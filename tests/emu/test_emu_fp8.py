@@ -7,7 +7,6 @@ import torch
 from torch import nn
 
 from precguard import numerics, plugins
-from precguard.backends.emu import fp8
 
 
 @torch.no_grad()
@@ -39,44 +38,42 @@ def test_an_fp8_linear_is_off_by_about_its_derived_error_and_no_more(device, dty
     assert numerics.unit_roundoff("bfloat16") < err <= floor
 
 
-def test_current_scaling_never_saturates_and_a_stale_amax_does():
+def test_block_scales_keep_an_outlier_from_flushing_the_other_rows(tmp_path):
+    """One element 2^20 times the rest: per tensor, the other rows fall below e4m3's
+    subnormals and flush to zero; with 1 x 128 tiles only the outlier's tile is coarse."""
     torch.manual_seed(0)
-    x = torch.randn(32, 256)
-    recipe = fp8.Fp8Recipe()
-    scale = fp8.scale_of(x.abs().amax(), recipe.dtype)
-    assert fp8.operand_statistics(x, scale, recipe.dtype)["saturated"] == 0.0
-    stale = fp8.operand_statistics(x, scale / 4, recipe.dtype)
-    assert stale["saturated"] > 0.01 and stale["scale_amax_ratio"] == pytest.approx(0.25)
+    layer, x = nn.Linear(256, 64, bias=False), torch.randn(8, 256)
+    x[0, 200] = 2.0**20
+    rest = slice(1, None)
+
+    @torch.no_grad()
+    def rows_error(device: str) -> float:
+        layer16, x16 = layer.to(torch.bfloat16), x.to(torch.bfloat16)
+        exact = (x16.float() @ layer16.weight.float().T)[rest]
+        with plugins.get_backend(device).numerics():
+            got = layer16(x16).float()[rest]
+        return float((got - exact).norm() / exact.norm())
+
+    assert rows_error("emu:fp8-e4m3") > 0.5  # flushed
+    assert rows_error("emu:fp8-e4m3-block") <= numerics.fp8_gemm_error("float8_e4m3fn", 256)
 
 
-def test_delayed_scaling_uses_the_history_of_the_same_gemm():
-    history = fp8.AmaxHistory(2)
-    assert history.scale_amax((1, 0), 1.0) == 1.0  # no history: its own
-    assert history.scale_amax((1, 0), 8.0) == 1.0  # the history's: stale
-    assert history.scale_amax((2, 0), 8.0) == 8.0  # another GEMM has its own
-    assert history.scale_amax((1, 0), 2.0) == 8.0
-    assert history.scale_amax((1, 0), 2.0) == 8.0  # 1.0 fell out; 8.0 is still in
-    assert history.scale_amax((1, 0), 2.0) == 2.0  # length 2: 8.0 is gone
-
-
-def test_block_scales_follow_tiles_of_128():
-    x = torch.ones(2, 256)
-    x[0, 200] = 448.0 * 4
-    scales = fp8.activation_scales(x, fp8.Fp8Recipe(scaling="block"))
-    assert scales[0, 0] == 1.0 / 448 and scales[0, 200] == 4.0 and scales[1, 200] == 1.0 / 448
-
-
-def test_pow2_scales_are_powers_of_two_at_or_above_the_exact_scale():
-    s = fp8.scale_of(torch.tensor([3.0, 448.0]), torch.float8_e4m3fn, "pow2")
-    assert torch.equal(s, torch.tensor([2.0**-7, 1.0]))
+def test_power_of_two_scales_keep_the_derived_error(tmp_path):
+    path = tmp_path / "mx.toml"
+    path.write_text(
+        'compute_dtype = "bfloat16"\nkeep_float32 = true\nfp8_format = "e4m3"\n'
+        'fp8_scaling = "block"\nfp8_scale_rounding = "pow2"\n'
+    )
+    torch.manual_seed(0)
+    err = _linear_error(f"emu:{path}", torch.randn(64, 256), nn.Linear(256, 128, bias=False))
+    assert err <= numerics.fp8_gemm_error("float8_e4m3fn", 256, 128, pow2=True)
 
 
 def test_linear_records_carry_the_fp8_dtype(tmp_path):
     import precguard
-    from precguard.dump.reader import load_run
 
     out = precguard.record_target("tiny-llama", out=tmp_path / "run", device="emu:fp8-e4m3")
-    records = {r.key: r for r in load_run(out).records()}
+    records = {r.key: r for r in precguard.load_run(out).records()}
     assert records["model.layers.0.mlp.up_proj.0.forward.output.0"].compute_dtype == (
         "float8_e4m3fn"
     )
