@@ -380,14 +380,18 @@ def _written_as_every_key(
     nanoseconds): a wrap serializer, which would hand ``include``/``exclude`` on by
     itself, costs microseconds per dump (docs/compare.md, 'One model per level').
     """
+    lacked = core_schema.typed_dict_field(
+        core_schema.with_default_schema(core_schema.none_schema(), default=None),
+        required=False,
+        metadata={"pydantic_js_updates": {"description": "Not measured at this level."}},
+    )
     every_key = core_schema.typed_dict_schema(
         {
             name: core_schema.typed_dict_field(
-                fields[name]["schema"]
-                if name in fields
-                else core_schema.with_default_schema(core_schema.none_schema(), default=None),
-                required=False,
+                fields[name]["schema"], required=False, metadata=fields[name].get("metadata")
             )
+            if name in fields
+            else lacked
             for name in METRICS_JSON_FIELDS
         },
     )
