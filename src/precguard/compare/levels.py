@@ -507,13 +507,10 @@ class MetricsBase(BaseModel):
         """A null on a key the level lacks is what the JSON has there (accepted, then left
         out: the model has no such field); a value is an error, never silently dropped."""
         if isinstance(data, dict) and not data.keys() <= cls._own:
-            _refuse_values(cls._level(), data, (data.keys() - cls._own) & _NULLS.keys())
+            _refuse_values(
+                str(data.get("level", cls.__name__)), data, (data.keys() - cls._own) & _NULLS.keys()
+            )
         return data
-
-    @classmethod
-    def _level(cls) -> str:
-        """The level this class is the model of (its ``level`` literal)."""
-        return next((lv for lv, c in METRICS_LEVELS.items() if c is cls), cls.__name__)
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy with ``update`` applied. A key this level lacks must be None (dropped: it
