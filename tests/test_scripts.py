@@ -98,3 +98,12 @@ def test_compare_memory_benchmark(tmp_path):
     assert row.split()[:2] == ["400", "2"]  # 400 records, 2 steps of 200
     assert "match (400 records" in row  # float32-sized noise is within tolerance
     assert not any(tmp_path.iterdir()), "the benchmark must clean up its recordings"
+
+
+def test_metrics_dump_benchmark():
+    """Each level's costs printed, and its fields: 29 or 30, not the 41 keys it writes."""
+    out = run_script("benchmarks/metrics_dump.py", "--n", "10")
+    lines = {line.split()[0]: line for line in out.splitlines()}
+    assert lines.keys() == {"full", "stats"}
+    assert all("json" in line and "row" in line and "validate" in line for line in lines.values())
+    assert all(int(line.split()[-1]) < 41 for line in lines.values())

@@ -280,3 +280,13 @@ def test_include_and_exclude_take_whole_keys_of_a_metrics_object() -> None:
     assert m.model_dump(include={"sample_rse"}) == {"sample_rse": None}
     with pytest.raises(ValueError, match="included or excluded whole"):
         m.model_dump(exclude={"rel_err_share": {"1e-2"}})
+
+
+def test_the_json_schema_of_what_is_written_has_every_key_described() -> None:
+    """The schema of the written JSON (what a reader validates against) is the bytes'."""
+    for cls in (FullMetrics, StatsMetrics, ExactMetrics, UnmeasuredMetrics):
+        written = cls.model_json_schema(mode="serialization")["properties"]
+        assert list(written) == LEGACY_KEYS, cls
+        assert all(p.get("description") for p in written.values()), cls
+        # what it reads is what it has
+        assert list(cls.model_json_schema()["properties"]) == list(cls.model_fields), cls

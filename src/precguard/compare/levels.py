@@ -380,14 +380,18 @@ def _written_as_every_key(
     nanoseconds): a wrap serializer, which would hand ``include``/``exclude`` on by
     itself, costs microseconds per dump (docs/compare.md, 'One model per level').
     """
+    lacked = core_schema.typed_dict_field(
+        core_schema.with_default_schema(core_schema.none_schema(), default=None),
+        required=False,
+        metadata={"pydantic_js_updates": {"description": "Not measured at this level."}},
+    )
     every_key = core_schema.typed_dict_schema(
         {
             name: core_schema.typed_dict_field(
-                fields[name]["schema"]
-                if name in fields
-                else core_schema.with_default_schema(core_schema.none_schema(), default=None),
-                required=False,
+                fields[name]["schema"], required=False, metadata=fields[name].get("metadata")
             )
+            if name in fields
+            else lacked
             for name in METRICS_JSON_FIELDS
         },
     )
@@ -503,13 +507,10 @@ class MetricsBase(BaseModel):
         """A null on a key the level lacks is what the JSON has there (accepted, then left
         out: the model has no such field); a value is an error, never silently dropped."""
         if isinstance(data, dict) and not data.keys() <= cls._own:
-            _refuse_values(cls._level(), data, (data.keys() - cls._own) & _NULLS.keys())
+            _refuse_values(
+                str(data.get("level", cls.__name__)), data, (data.keys() - cls._own) & _NULLS.keys()
+            )
         return data
-
-    @classmethod
-    def _level(cls) -> str:
-        """The level this class is the model of (its ``level`` literal)."""
-        return next((lv for lv, c in METRICS_LEVELS.items() if c is cls), cls.__name__)
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy with ``update`` applied. A key this level lacks must be None (dropped: it
