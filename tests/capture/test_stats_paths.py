@@ -215,6 +215,9 @@ EDGE_CASES = {
     "subnormal": lambda: torch.tensor([1e-45, 1e-44, 1e-42, 1e-40, 1e-39, 0.0, -1e-40] * 3),
     "subnormal_strided": lambda: torch.tensor([1e-45, 3e-42, -1e-40, 1e-39] * 8).view(4, 8).t(),
     "float64_subnormal": lambda: torch.tensor([5e-324, 1e-310, -2e-315, 0.0], dtype=torch.float64),
+    # issue 41's: thousands of float64 subnormals over more than one of the kernel's
+    # blocks, std ~4.6e-311 and l2 ~7e-309 (both once reported as 0.0)
+    "float64_subnormal_many": lambda: torch.rand(5000, dtype=torch.float64) * 1.6e-310 + 0.2e-310,
     # float64 near overflow: sums overflow (mean was inf, std NaN with no NaN counted)
     "float64_near_overflow": lambda: torch.tensor([1e308, -1e308, 1e308, 5.0], dtype=torch.float64),
     "float64_sum_overflows": lambda: torch.tensor([1e308, 1e308, 1.0], dtype=torch.float64),
