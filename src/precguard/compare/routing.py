@@ -23,10 +23,17 @@ the experts). The rules here (docs/compare.md, "Mixture of experts"):
   is a finding at the router. compare's one pass (compare/verdict.py) takes this
   verdict as soon as the scores record is judged, and settles every record that
   follows the router with it (those met before the scores, as the verdict comes).
+- **A token's routing is the set of experts it reaches** (:func:`routed_alike`):
+  the order of a top-k row is the kernel's (an unsorted top-k, two chosen experts
+  swapped by a near-tie), so values per chosen expert (the routing weights wherever
+  recorded, and their gradients) are paired by (token, expert), never by column.
+  Identical routing is never a finding.
 - **Records that follow the routing** (the module that consumed the indices,
   the experts, and everything inside its call; the router's own outputs in
-  top-k order) are compared, when both sides hold full tensors, on the rows
-  both runs routed alike: tokens whose index row is equal, and for the rows of
+  top-k order; in backward, each of these records' gradients as its forward twin,
+  the router's own gradients and the gradient the block hands back) are compared,
+  when both sides hold full tensors, on the rows
+  both runs routed alike: tokens that reach the same experts, and for the rows of
   token-expert pairs inside the experts (``grouped_mm``'s expert-sorted rows,
   ``batched_mm``'s token-major rows, the eager loop's one call per expert) the
   pairs both runs formed. What such a record passes on to its consumers (the
@@ -44,8 +51,9 @@ the experts). The rules here (docs/compare.md, "Mixture of experts"):
 
 Only routers whose scores rank their indices are judged by margins (the golden's
 indices must be the top-k of one of its float outputs); another router (a
-learned bias added before the top-k, group-limited routing) has its indices
-compared as indices only.
+learned bias added before the top-k, group-limited routing: DeepSeek-V3) is
+judged by expert identity the same way, and its re-routed tokens from its scores
+record (the margins they crossed are not recorded).
 """
 
 from __future__ import annotations
@@ -57,6 +65,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from precguard.compare.expert_rows import (
+    common_rows,
+    crossed,
+    gaps,
+    pair_layouts,
+    ranks,
+    routed_alike,
+    rows_of,
+)
 from precguard.compare.levels import MeasuredMetrics, concentrated, metrics_with
 from precguard.compare.metrics import is_float_dtype, precision, tensor_metrics
 from precguard.compare.report import Metrics, RecordResult
@@ -194,7 +211,7 @@ class Routing:
             g_idx = g_idx.reshape(-1, k).long()
             for p in candidates:
                 scores = self._golden(p[0])
-                if scores is not None and _ranks(scores.reshape(g_idx.shape[0], -1), g_idx):
+                if scores is not None and ranks(scores.reshape(g_idx.shape[0], -1), g_idx):
                     router.scores, router.g_scores = p, scores.reshape(g_idx.shape[0], -1).double()
                     break
             else:  # no output ranks the indices (a learned bias, group-limited top-k)
@@ -259,7 +276,7 @@ class Routing:
             elif is_float_dtype(g.dtype) and g.shape == router.index[0].shape:
                 # one value per chosen expert, in the router's top-k order
                 self.followers[g.key] = _Follower(router, p, "weights")
-            elif is_float_dtype(g.dtype) and g.shape and _rows(g.shape) == tokens:
+            elif is_float_dtype(g.dtype) and g.shape and rows_of(g.shape) == tokens:
                 self.followers[g.key] = _Follower(
                     router, p, "rows", passes_on_all=g.role == "output"
                 )
@@ -328,7 +345,7 @@ class Routing:
                     continue
                 if g.shape == router.index[0].shape:
                     self.followers[g.key] = _Follower(router, p, "weights", passes_on_all=True)
-                elif _rows(g.shape) == router.tokens:
+                elif rows_of(g.shape) == router.tokens:
                     self.followers[g.key] = _Follower(router, p, "rows", passes_on_all=True)
         self._follow_block_gradient(pairs)
 
@@ -353,7 +370,7 @@ class Routing:
                 and g.role == "input"
                 and is_float_dtype(g.dtype)
                 and g.shape
-                and _rows(g.shape) == router.tokens
+                and rows_of(g.shape) == router.tokens
                 and g.key not in self.followers
             ):
                 self.followers[g.key] = _Follower(router, p, "rows", passes_on_all=True)
@@ -456,8 +473,8 @@ class Routing:
             keep = router.same.nonzero().flatten()
             return keep, keep
         g, a = f.pair
-        layouts = _pair_layouts(router.g_idx, f.call_index, _rows(g.shape))
-        a_layouts = _pair_layouts(router.a_idx, f.call_index, _rows(a.shape))
+        layouts = pair_layouts(router.g_idx, f.call_index, rows_of(g.shape))
+        a_layouts = pair_layouts(router.a_idx, f.call_index, rows_of(a.shape))
         best: tuple[float, tuple[torch.Tensor, torch.Tensor]] | None = None
         grouped = self._grouped_rows(f)
         if grouped is not None and grouped[0].numel():
@@ -466,7 +483,7 @@ class Routing:
             a_keys = a_layouts.get(name)
             if a_keys is None:
                 continue
-            rows = _common(g_keys, a_keys)
+            rows = common_rows(g_keys, a_keys)
             if rows[0].numel() == 0:
                 continue
             err = self._metrics(f.pair, *rows).error
@@ -483,7 +500,7 @@ class Routing:
         assert router.g_idx is not None and router.a_idx is not None
         g, a = f.pair
         n = router.g_idx.numel()
-        if _rows(g.shape) != n or _rows(a.shape) != n:
+        if rows_of(g.shape) != n or rows_of(a.shape) != n:
             return None
         gt, at = self._full(f.pair)
         assert gt is not None and at is not None
@@ -574,7 +591,7 @@ class Routing:
             return REROUTED_ROW_ERROR  # rows shift with the routing / nothing says which moved
         scores = by_key.get(router.scores[0].key) if router.scores is not None else None
         tol = self._tolerance(router, scores)
-        near = _gaps(router.g_scores, router.k) <= tol
+        near = gaps(router.g_scores, router.k) <= tol
         rows = g_t.reshape(router.tokens, -1).double()
         total = float(rows.norm())
         if total == 0.0:
@@ -699,7 +716,7 @@ class Routing:
         worst, beyond = 0.0, 0
         assert router.g_idx is not None and router.a_idx is not None
         for t in moved.tolist():
-            m = _crossed(router.g_scores[t], router.g_idx[t], router.a_idx[t])
+            m = crossed(router.g_scores[t], router.g_idx[t], router.a_idx[t])
             worst = max(worst, m)
             # the actual's own scores are not a bound: a router that ranks scores rounded
             # to bf16 (Qwen2-MoE's probabilities) ties where its logits did not
@@ -754,7 +771,7 @@ class Routing:
             bounds.append(abs(as_.l2**2 - gs.l2**2) / e_max**2)
         differ = math.ceil(max(bounds, default=0.0) - 1e-6)
         tol = self._tolerance(router, scores)
-        near = int((_gaps(router.g_scores, router.k) <= tol).sum())
+        near = int((gaps(router.g_scores, router.k) <= tol).sum())
         if differ <= near * router.k:
             return None
         return (
@@ -769,101 +786,11 @@ class Routing:
         return self.followers.keys()
 
 
-def routed_alike(golden: torch.Tensor, actual: torch.Tensor) -> torch.Tensor:
-    """Per token (row of top-k indices): whether both runs chose the same experts, in any
-    order. A token's routing is the set of experts it reaches; their order in the top-k is
-    how a kernel lists them (DeepSeek-V3's unsorted top-k, a near-tie between two chosen
-    experts), and every value per chosen expert is paired by the expert.
-
-    >>> routed_alike(torch.tensor([[2, 0], [1, 3]]), torch.tensor([[0, 2], [1, 2]])).tolist()
-    [True, False]
-    """
-    return (golden.sort(dim=1).values == actual.sort(dim=1).values).all(dim=1)
-
-
 def _excess(m: Metrics, profile: Profile) -> float:
     """How far a scale lies beyond ``bias_z`` standard errors from 1 (-inf: not measured)."""
     if not isinstance(m, MeasuredMetrics):
         return -math.inf
     return scale_excess(m.scale, m.scale_se, profile.bias_z)
-
-
-def _rows(shape: list[int]) -> int:
-    """Rows of a record: every dimension but the last."""
-    return math.prod(shape[:-1]) if len(shape) > 1 else (shape[0] if shape else 1)
-
-
-def _ranks(scores: torch.Tensor, idx: torch.Tensor) -> bool:
-    """Whether ``idx`` is the top-k of ``scores`` in order, for every token (exact ties aside)."""
-    if idx.numel() == 0 or int(idx.max()) >= scores.shape[1] or int(idx.min()) < 0:
-        return False
-    chosen = scores.gather(1, idx)
-    if (chosen[:, :-1] < chosen[:, 1:]).any():
-        return False
-    rest = scores.clone()
-    rest.scatter_(1, idx, -math.inf)
-    return bool((chosen[:, -1] >= rest.max(dim=1).values).all())
-
-
-def _gaps(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Per token: the smallest gap between neighbouring scores among the top k + 1 (the
-    margin rounding must cross to swap two chosen experts or exchange the k-th)."""
-    top = scores.topk(min(k + 1, scores.shape[1]), dim=1).values
-    return (top[:, :-1] - top[:, 1:]).min(dim=1).values
-
-
-def _crossed(scores: torch.Tensor, golden: torch.Tensor, actual: torch.Tensor) -> float:
-    """The largest golden margin the actual's ranking crossed for one token.
-
-    An expert ranks at its place in the index row, unchosen ones after every chosen one;
-    for each pair the actual ranks in the opposite order from the golden, the golden's
-    score difference is a margin rounding had to cross.
-    """
-    k = golden.numel()
-    rank_g = {int(e): i for i, e in enumerate(golden.tolist())}
-    rank_a = {int(e): i for i, e in enumerate(actual.tolist())}
-    experts = set(rank_g) | set(rank_a)
-    worst = 0.0
-    for x in experts:
-        for y in experts:
-            if rank_a.get(x, k) < rank_a.get(y, k) and rank_g.get(y, k) < rank_g.get(x, k):
-                worst = max(worst, float(scores[y] - scores[x]))
-    return worst
-
-
-def _pair_layouts(
-    idx: torch.Tensor, call_index: int, rows: int
-) -> dict[str, list[tuple[int, int]]]:
-    """The (token, expert) key of each row in the layouts experts implementations use, for
-    those whose row count fits: ``token-major`` (batched: each token's k rows in turn),
-    ``per-expert`` (the eager loop: one call per expert hit, in expert order, rows by
-    top-k slot then token). Rows sorted by expert are :meth:`Routing._grouped_rows`'."""
-    t, k = idx.shape
-    flat = idx.reshape(-1)
-    out: dict[str, list[tuple[int, int]]] = {}
-    if rows == t * k:
-        out["token-major"] = [(p // k, int(flat[p])) for p in range(t * k)]
-    hit = sorted(set(flat.tolist()))
-    if call_index < len(hit):
-        e = hit[call_index]
-        slot, token = torch.where(idx.T.eq(e))
-        if slot.numel() == rows:
-            out["per-expert"] = [(int(tok), e) for tok in token.tolist()]
-    return out
-
-
-def _common(
-    g_keys: list[tuple[int, int]], a_keys: list[tuple[int, int]]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row numbers of the keys both sides hold, in the golden's order."""
-    where = {key: i for i, key in enumerate(a_keys)}
-    g_rows, a_rows = [], []
-    for i, key in enumerate(g_keys):
-        j = where.get(key)
-        if j is not None:
-            g_rows.append(i)
-            a_rows.append(j)
-    return torch.tensor(g_rows, dtype=torch.long), torch.tensor(a_rows, dtype=torch.long)
 
 
 def is_routing_finding(r: RecordResult) -> bool:
