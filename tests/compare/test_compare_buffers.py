@@ -58,7 +58,12 @@ def test_a_rounded_inv_freq_is_named_with_its_remedy(runs: dict[str, Path]) -> N
     assert first is not None and first.module == "model.rotary_emb"
     assert "its buffer inv_freq differs" in first.reason
     assert "stored as bfloat16 where golden has float32" in first.reason
-    assert "keep `inv_freq` in float32" in first.reason
+    # the remedies are the candidates, in the order --verify tries them: the buffer first,
+    # never alone (the angles may be computed in bfloat16 too: compare/advice.py)
+    remedies = [a.remedy for a in first.remedies]
+    assert remedies == ["float32-buffers", "float32-compute", "reference-precision"]
+    assert first.remedies[0].text.startswith("keep `inv_freq`")
+    assert "in float32 (model.to(bfloat16) casts float buffers too" in first.remedies[0].text
 
 
 def test_keeping_inv_freq_in_float32_matches(runs: dict[str, Path]) -> None:

@@ -95,7 +95,7 @@ def test_verify_findings_measures_the_planted_fault_only_when_the_side_carries_i
     clean = verify_findings(FLAGGED, CLEAN, golden=Side(FINE))
     assert clean.output_error < planted.output_error / 50
     assert {r.remedy: r for r in clean.impacts[0].remedies}["reference-precision"].verdict == (
-        "did not help"
+        "not needed"  # the clean side's output is within the floor: nothing to fix
     )
 
 

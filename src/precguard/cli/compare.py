@@ -151,7 +151,7 @@ def compare(
         "--verify",
         help="With --target: apply each finding's mechanical remedy to the actual side "
         "(module at reference precision, float32 statistics, float32 buffers, a plugin's "
-        "device switch) and re-run: verified, helped partly or did not help, against the "
+        "device switch) and re-run: verified, not needed, partial or did not help, against the "
         "floor of a correct run (docs/impact.md).",
     ),
     workers: int = typer.Option(

@@ -13,8 +13,10 @@ compare is one :class:`CompareOptions`.
 
 from __future__ import annotations
 
+from precguard.compare.advice import Advice, candidates, chosen
 from precguard.compare.coverage import SameRecordingError
 from precguard.compare.engine import IncomparableRunsError, fingerprint_diff
+from precguard.compare.impact_report import ErrorBudget, RemedyCheck
 from precguard.compare.levels import (
     ExactMetrics,
     FullMetrics,
@@ -40,9 +42,11 @@ from precguard.compare.tolerance import PROFILES, Profile, get_profile
 
 __all__ = [
     "PROFILES",
+    "Advice",
     "CompareOptions",
     "Comparison",
     "Counts",
+    "ErrorBudget",
     "ExactMetrics",
     "FirstDivergence",
     "FullMetrics",
@@ -53,10 +57,13 @@ __all__ = [
     "Profile",
     "RecordIdentity",
     "RecordResult",
+    "RemedyCheck",
     "SameRecordingError",
     "StatsMetrics",
     "Suspect",
     "UnmeasuredMetrics",
+    "candidates",
+    "chosen",
     "compare_recordings",
     "compare_runs",
     "fingerprint_diff",

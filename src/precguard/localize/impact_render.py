@@ -57,14 +57,17 @@ def render_budget(budget: ErrorBudget, console: Console) -> None:
             verdict = judge_remedy(budget.output_error, budget.together, budget.floor)
             together += f" ({verdict})"
         parts.append(f"{together}: {budget.together:.3g}")
-    if budget.unexplained is not None:
-        parts.append(f"no single module explains {budget.unexplained:.0%}")
-    parts.append(
-        f"floor of a correct run: {budget.floor:.3g}"
-        if budget.floor is not None
-        else "floor unknown"
-    )
-    console.print("  " + "; ".join(parts))
+    if parts:
+        console.print("  " + "; ".join(parts))
+    # the floor is a correct run's error, its own line: never counted as unexplained
+    if budget.floor is None:
+        console.print("  floor of a correct run: unknown")
+    else:
+        share = f" ({budget.floor_share:.0%} of the output error)" if budget.floor_share else ""
+        within = "; the output is within it" if budget.within_floor else ""
+        console.print(f"  floor of a correct run: {budget.floor:.3g}{share}{within}")
+    if budget.unexplained is not None and budget.unexplained > 0:
+        console.print(f"  no single module nor the floor explains {budget.unexplained:.0%}")
     for impact in budget.impacts:
         for check in impact.remedies:
             _print_remedy(check, console)
@@ -76,7 +79,8 @@ def render_budget(budget: ErrorBudget, console: Console) -> None:
 
 _VERDICT_STYLE = {
     "verified": "bold green",
-    "helped partly": "yellow",
+    "not needed": "green",
+    "partial": "yellow",
     "did not help": "red",
     "not run": "dim",
 }
@@ -84,7 +88,7 @@ _VERDICT_STYLE = {
 
 def _print_remedy(check: RemedyCheck, console: Console) -> None:
     console.print(
-        Text("  " + shown(check.describe(), 400), style=_VERDICT_STYLE[check.verdict]),
+        Text("  " + shown(check.describe(), 4000), style=_VERDICT_STYLE[check.verdict]),
         soft_wrap=True,
     )
 

@@ -22,8 +22,11 @@ its output error measured again:
 
 Each result is judged against the floor of a correct run at the actual
 precision (:meth:`~precguard.localize.impact.ActualSide.floor`): *verified*
-when the error falls to within :data:`FLOOR_SLACK` of it, *did not help* when
-it removes under :data:`HELP_SHARE` of the excess over it, else *helped partly*.
+when the error falls to within :data:`FLOOR_SLACK` of it, *not needed* when it
+was within it already, *did not help* when it removes under :data:`HELP_SHARE` of
+the excess over it, else *partial*. The remedies are those of
+:func:`precguard.compare.advice.candidates`, in its order (the smallest change
+first), and :func:`~precguard.compare.advice.chosen` names the one compare prints.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from precguard import tree
 from precguard._logging import get_logger
 from precguard.backend import Switch
 from precguard.capture.hooks import replace_forward
+from precguard.compare import advice
 from precguard.compare.impact_report import ErrorBudget, Impact, RemedyCheck
 from precguard.compare.report import Comparison
 from precguard.errors import PrecguardError
@@ -72,14 +76,7 @@ logger = get_logger(__name__)
 
 
 def _kind(module: nn.Module) -> str:
-    name = type(module).__name__.lower()
-    if "loss" in name:
-        return "loss"
-    if "norm" in name:
-        return "norm"
-    if "rotary" in name or "rope" in name:
-        return "rotary"
-    return "module"
+    return advice.kind(type(module).__name__)
 
 
 @contextlib.contextmanager
@@ -135,14 +132,17 @@ def module_remedies(
         assert before is not None
         return remedy_check(remedy, summary, before, after, floor, note)
 
-    if impact.after is not None:
-        checks.append(result("reference-precision", f"{name} at reference precision", impact.after))
+    # the candidates compare prints, in their order (compare/advice.py): one source of advice
+    buffers = _rounded_buffers(side, name)
+    if buffers:
+        built = _dtype_name(next(iter(buffers.values())).dtype)
+        text = advice.buffers_text(buffers, built, _dtype_name(side.run.dtype))
+        after = side.output_error(
+            changes=[lambda model: _buffers_kept(model.get_submodule(module_path(name)), buffers)]
+        )
+        checks.append(result("float32-buffers", f"{name}: {text}", after))
     backend = side.run.backend
-    label = {
-        "norm": f"{name}: the norm's statistics in float32",
-        "rotary": f"{name}: the rotary frequencies and angles in float32",
-        "module": f"{name} computed in float32 on {side.run.device}",
-    }[kind]
+    label = f"{name}: {advice.compute_text(name, type(module).__name__)}"
     try:
         after = side.output_error(
             changes=[
@@ -154,14 +154,14 @@ def module_remedies(
         checks.append(result("float32-compute", label, after))
     except PrecguardError as exc:
         checks.append(_not_run("float32-compute", label, before, floor, str(exc)))
-    buffers = _rounded_buffers(side, name)
-    if buffers:
-        summary = f"{name}: buffers kept in float32 after the cast ({', '.join(buffers)})"
-        after = side.output_error(
-            changes=[lambda model: _buffers_kept(model.get_submodule(module_path(name)), buffers)]
-        )
-        checks.append(result("float32-buffers", summary, after))
+    if impact.after is not None:
+        text = f"run {name} at reference precision ({_dtype_name(side.golden.dtype)})"
+        checks.append(result("reference-precision", text, impact.after))
     return checks
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def module_path(name: str) -> str:
@@ -321,8 +321,7 @@ def loss_module_remedy(side: ActualSide, name: str, float32_twin: nn.Module) -> 
     except PrecguardError as exc:
         return _not_run("float32-loss", summary, None, None, str(exc))
     note = "the loss's relative error on the device's own logits (the logits do not show it)"
-    within = "the loss's error is within the floor of a correct run already"
-    return remedy_check("float32-loss", summary, before, after, floor, note, within_floor=within)
+    return remedy_check("float32-loss", summary, before, after, floor, note)
 
 
 def loss_remedy(side: ActualSide) -> RemedyCheck:
@@ -606,4 +605,17 @@ def measure_comparison(
             target=spec_name(actual),
             note=f"impact not measured: {exc}",
         )
-    return result.model_copy(update={"impact": budget})
+    return with_chosen_remedy(result.model_copy(update={"impact": budget}))
+
+
+def with_chosen_remedy(result: Comparison) -> Comparison:
+    """``result`` with its first divergence's remedy set to the one verification chose
+    (:func:`precguard.compare.advice.chosen`), when its remedies were re-run."""
+    first, budget = result.first_divergence, result.impact
+    if first is None or budget is None:
+        return result
+    checks = [c for i in budget.impacts if i.module == first.module for c in i.remedies]
+    pick = advice.chosen(checks)
+    if pick is None:
+        return result
+    return result.model_copy(update={"first_divergence": first.model_copy(update={"remedy": pick})})
