@@ -129,7 +129,7 @@ def check(
             on_progress=on_progress,
         )
     if verify and diagnosis.verdict == "fail":
-        from precguard.localize.verify import verify_findings
+        from precguard.localize.verify import verify as verify_findings
 
         budget = verify_findings(diagnosis.root_causes, actual, golden=reference_side)
         diagnosis = diagnosis.model_copy(update={"impact": budget})

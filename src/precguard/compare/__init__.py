@@ -2,7 +2,7 @@
 
 The function is :func:`compare_runs` (``precguard.compare_runs``); :func:`compare_recordings`
 is the same without ``layout=`` (the layout branch lives above, in
-:mod:`precguard.layout.compare`, installs itself here and calls it).
+:mod:`precguard.layout.compare`, passes its gathering to :func:`job` as a strategy).
 ``precguard.compare`` is this subpackage, not a callable. How to
 compare is one :class:`CompareOptions`.
 
@@ -17,6 +17,7 @@ from precguard.compare.advice import Advice, candidates, chosen
 from precguard.compare.coverage import SameRecordingError
 from precguard.compare.engine import IncomparableRunsError, fingerprint_diff
 from precguard.compare.impact_report import ErrorBudget, RemedyCheck
+from precguard.compare.jobs import job
 from precguard.compare.levels import (
     ExactMetrics,
     FullMetrics,
@@ -68,6 +69,7 @@ __all__ = [
     "compare_runs",
     "fingerprint_diff",
     "get_profile",
+    "job",
     "metrics_of",
     "metrics_with",
 ]
