@@ -66,6 +66,15 @@ def test_a_rounded_inv_freq_is_named_with_its_remedy(runs: dict[str, Path]) -> N
     assert "in float32 (model.to(bfloat16) casts float buffers too" in first.remedies[0].text
 
 
+def test_swapped_sides_are_warned_about_first(runs: dict[str, Path]) -> None:
+    """Given in swapped order the advice would read "keep inv_freq in bfloat16": one line
+    says the sides look swapped, first among the warnings (issue 39)."""
+    result = compare_recordings(runs["bf16"], runs["golden"])
+    assert result.warnings[0].startswith("the sides look swapped: the golden is in bfloat16")
+    right = compare_recordings(runs["golden"], runs["bf16"])
+    assert not any("swapped" in w for w in right.warnings)
+
+
 def test_keeping_inv_freq_in_float32_matches(runs: dict[str, Path]) -> None:
     result = compare_recordings(runs["golden"], runs["kept"])
     assert result.verdict == "match", result.first_divergence

@@ -140,4 +140,44 @@ def listed(advice: Sequence[Advice]) -> str:
     return "try in order: " + "; ".join(f"{i}) {a.text}" for i, a in enumerate(advice, 1))
 
 
-__all__ = ["ORDER", "Advice", "buffers_text", "candidates", "chosen", "kind", "listed", "ordered"]
+__all__ = [
+    "ORDER",
+    "Advice",
+    "buffers_text",
+    "candidates",
+    "chosen",
+    "kind",
+    "listed",
+    "ordered",
+    "swapped_sides",
+]
+
+
+#: devices a comparison's golden is usually recorded on: the trusted reference
+_REFERENCE_DEVICES = ("cpu", "cuda")
+
+
+def swapped_sides(devices: Sequence[str], dtypes: Sequence[str | None]) -> str | None:
+    """One line when the golden looks like the run under test: its dtype less precise
+    than the actual's, or its device the non-reference one (``emu:``, a vendor chip)
+    where the actual's is the CPU or CUDA. The advice would come out inverted ("keep
+    inv_freq in bfloat16"); compare says so before it. None when the order looks right.
+    """
+    from precguard.numerics import unit_roundoff
+
+    g_dev, a_dev = [*devices, "", ""][:2]
+    g_dt, a_dt = [*dtypes, None, None][:2]
+    why = ""
+    try:
+        if g_dt and a_dt and unit_roundoff(g_dt) > unit_roundoff(a_dt):
+            why = f"the golden is in {g_dt}, less precise than the actual's {a_dt}"
+    except (KeyError, ValueError):
+        pass
+    if not why and g_dev and a_dev:
+        g_ref = g_dev.split(":")[0] in _REFERENCE_DEVICES
+        a_ref = a_dev.split(":")[0] in _REFERENCE_DEVICES
+        if a_ref and not g_ref:
+            why = f"the golden ran on {g_dev}, the actual on the reference device {a_dev}"
+    if not why:
+        return None
+    return f"the sides look swapped: {why}; compare takes GOLDEN first, then ACTUAL"

@@ -134,6 +134,11 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
         style="default",
     )
     console.print(head)
+    from precguard.compare.advice import swapped_sides
+
+    swapped = swapped_sides(result.devices, result.dtypes)
+    if swapped is not None:  # one line, before any advice (which would come out inverted)
+        console.print(Text(f"warning: {shown(swapped, 400)}", style="bold yellow"))
     budget = result.impact
     if budget is not None and budget.within_floor:
         console.print(
@@ -240,6 +245,8 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
     if result.fingerprint_diff:
         _fingerprint_table(result, console)
     for w in result.warnings:
+        if w == swapped:
+            continue
         console.print(f"[yellow]warning:[/] {shown(w, 400, markup=True)}")
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel
 
 from precguard.compare import parallel
+from precguard.compare.advice import swapped_sides
 from precguard.compare.engine import ComparePlan, merge_shards, plan_comparison
 from precguard.compare.options import CompareOptions, compare_options
 from precguard.compare.report import Comparison
@@ -135,6 +136,9 @@ def compare_opened(
         if message == str(exc):
             raise
         raise type(exc)(message) from exc
+    swapped = swapped_sides(result.devices, result.dtypes)
+    if swapped is not None:  # first: the advice would come out inverted
+        result = result.model_copy(update={"warnings": [swapped, *result.warnings]})
     return with_names(result, g, a)
 
 
