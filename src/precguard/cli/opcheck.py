@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from precguard.cli._app import app, show_progress
+from precguard.cli._out import wrote
 
 _HELP = (
     "Sweep the ops that cause most cross-chip trouble on DEVICE against an fp64 oracle.\n\n"
@@ -138,5 +139,6 @@ def op_check(
             _write(json_out, payload)
     if plot_out is not None:
         plot(result, plot_out)
+        wrote(plot_out)
     if result.exit_code:
         raise typer.Exit(result.exit_code)

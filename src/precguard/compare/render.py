@@ -316,9 +316,7 @@ def _print_replay_hint(result: Comparison, console: Console) -> None:
             soft_wrap=True,  # a command to copy: never broken over lines
         )
     else:
-        console.print(
-            Text(f"no replay command: {shown(hint.reason, 400)}", style="dim"), soft_wrap=True
-        )
+        console.print(Text(f"no replay command: {shown(hint.reason, 4000)}", style="dim"))
 
 
 def _fingerprint_table(result: Comparison, console: Console, limit: int = 8) -> None:

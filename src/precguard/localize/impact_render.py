@@ -19,7 +19,7 @@ from precguard.text import shown
 def render_budget(budget: ErrorBudget, console: Console) -> None:
     """Print the error budget: findings ranked by impact, their remedies, the device switches."""
     if budget.measured == "recordings":
-        console.print(Text(f"impact: {budget.note}", style="dim"), soft_wrap=True)
+        console.print(Text(f"impact: {shown(budget.note, 4000)}", style="dim"))
         return
     if budget.output_error is None:
         console.print(Text(f"impact: {budget.note or 'nothing measured'}", style="dim"))
@@ -36,8 +36,7 @@ def render_budget(budget: ErrorBudget, console: Console) -> None:
                 else ""
             ),
         ),
-        soft_wrap=True,
-    )
+    )  # wrapped at the terminal's width by rich, never cut (issue 39)
     table = Table(title_justify="left")
     for col in ("#", "module", "found by", "with it at reference", "share"):
         table.add_column(col, overflow="fold")
@@ -74,7 +73,7 @@ def render_budget(budget: ErrorBudget, console: Console) -> None:
     for check in budget.switches:
         _print_remedy(check, console)
     if budget.note:
-        console.print(Text(f"  note: {budget.note}", style="dim"), soft_wrap=True)
+        console.print(Text(f"  note: {shown(budget.note, 4000)}", style="dim"))
 
 
 _VERDICT_STYLE = {
@@ -89,7 +88,6 @@ _VERDICT_STYLE = {
 def _print_remedy(check: RemedyCheck, console: Console) -> None:
     console.print(
         Text("  " + shown(check.describe(), 4000), style=_VERDICT_STYLE[check.verdict]),
-        soft_wrap=True,
     )
 
 
