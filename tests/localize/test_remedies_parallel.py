@@ -133,7 +133,9 @@ def test_op_check_verify_prints_and_writes_the_modules_impact(tmp_path: Path) ->
         *("--seq-lens", "32", "--verify", "--json", str(tmp_path / "o.json")),
     )
     assert out.returncode == 1, out.stderr
-    assert "transformer.ln_f: the norm's statistics in float32: verified" in out.stdout
+    said = " ".join(out.stdout.split())  # wrapped at the terminal's width, never cut
+    assert "transformer.ln_f: compute the norm's statistics in float32: verified" in said
+    assert f"wrote {tmp_path / 'o.json'}" in out.stderr
     impact = json.loads((tmp_path / "o.json").read_text())["impact"]
     assert impact["impacts"][0]["found_by"] == ["op-check"]
 

@@ -53,7 +53,11 @@ class RemedyCheck(BaseModel):
         )
         if self.verdict == "not needed":
             line = f"{self.summary}: not needed: output error {self.before:.3g} is within "
-            line += f"the floor of a correct run ({self.floor:.3g})" if self.floor else "the floor"
+            line += (
+                f"the floor of a correct run ({self.floor:.3g})"
+                if self.floor is not None
+                else "the floor"
+            )
             line += f"; with it {self.after:.3g}" if self.after != self.before else ""
             return line + (f" ({self.note})" if self.note else "")
         line = f"{self.summary}: {self.verdict}: output error {self.before:.3g} -> {self.after:.3g}"
