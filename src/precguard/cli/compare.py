@@ -81,11 +81,11 @@ def compare(
     if bitwise:
         run_bitwise_spelling(golden, actual, given, rank=rank, step=step, json_out=json_out)
         return
-    from rich.console import Console
     from rich.progress import Progress
 
     from precguard.compare.jobs import job
     from precguard.compare.options import CompareOptions
+    from precguard.text import safe_console, shown
 
     options = CompareOptions(
         profile=profile, rtol=rtol, atol=atol, rank=rank, step=step,
@@ -102,8 +102,9 @@ def compare(
 
         gather = gathered(layout)
     steps = then_steps(target=target, device=device, verify=verify, replay=replay, top=replay_top)
-    with Progress(console=Console(stderr=True), transient=True, disable=not show_progress()) as bar:
-        task = bar.add_task(f"comparing {actual} with {golden}", total=None)
+    err = safe_console(stderr=True)  # the paths may hold control characters: escaped
+    with Progress(console=err, transient=True, disable=not show_progress()) as bar:
+        task = bar.add_task(f"comparing {shown(actual)} with {shown(golden)}", total=None)
         result = job(
             options, golden, actual, gather=gather, then=steps,
             on_total=lambda n: bar.update(task, total=n),

@@ -208,7 +208,7 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
             "scale",
             "step",
         ):
-            table.add_column(col)
+            table.add_column(col, overflow="fold")  # a name wrapped, never cut
         for s in result.suspects:
             amp = (
                 ("weights differ" if s.role == "param" else "indices differ")
@@ -341,7 +341,7 @@ def _top_table(records: list[RecordResult], console: Console, top: int) -> None:
         return
     table = Table(title=f"top {len(rows)} records by error", title_justify="left")
     for col in ("status", "module", "record", "step", "error", "cosine", "max_abs"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold")  # at 80 columns a long name wraps, never cut
     for r in rows:
         m = r.metrics
         assert m is not None
