@@ -14,6 +14,9 @@ Exit 1 on a false alarm or a missed fault.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import os
 import sys
 import tempfile
 import time
@@ -21,6 +24,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+# the table is the output: transformers' advice and tqdm's bars are not (set before import)
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")
 
 from tests.realstacks.corpus import CORPUS, run_case  # noqa: E402
 
@@ -37,10 +45,15 @@ def main() -> int:
         cases = [c for c in cases if any(s in c.name for s in args.only)]
     start = time.perf_counter()
     outcomes = []
+    if not cases:
+        print(f"no case matches {args.only}", file=sys.stderr)
+        return 2
     width = max(len(c.name) for c in cases) + 1
     with tempfile.TemporaryDirectory(prefix="precguard-realworld-") as tmp:
         for case in cases:
-            o = run_case(case, Path(tmp))
+            # a stack's own prints (HF Trainer's metrics dict) are not the table's lines
+            with contextlib.redirect_stdout(io.StringIO()):
+                o = run_case(case, Path(tmp))
             outcomes.append(o)
             kind = "fault" if case.expect else "clean"
             mark = "ok  " if o.ok else ("MISS" if case.expect else "WRONG")

@@ -12,6 +12,7 @@ records step 31 in full for compare/replay.
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -36,6 +37,8 @@ def main(out: Path) -> None:
     rest = [p for p in model.parameters() if all(p is not a for a in attention)]
     opt = torch.optim.AdamW([{"params": rest}, {"params": attention}], lr=1e-3)
     gen = torch.Generator().manual_seed(1)
+    # this script prints each alert itself: the watch's own log line of it would be a duplicate
+    logging.getLogger("precguard").addHandler(logging.NullHandler())
     with precguard.watch(model, opt, every=20, out=out, overwrite=True, on_alert="record") as w:
         for step in range(40):
             ids = torch.randint(0, 256, (2, 32), generator=gen)

@@ -78,12 +78,10 @@ def test_the_targets_own_exception_is_the_targets_error(tmp_path: Path, capsys) 
 
 
 def test_internal_error_under_debug_does_not_ask_for_debug(monkeypatch, capsys) -> None:
-    import precguard.layout.compare as compare_module  # what precguard compare calls
-
     def broken(*_a, **_k):
         raise ZeroDivisionError("a bug in precguard")
 
-    monkeypatch.setattr(compare_module, "compare_runs", broken)
+    monkeypatch.setattr("precguard.compare.jobs.job", broken)  # what precguard compare runs
     code, _, err = run_cli(["compare", "a", "b"], capsys)
     assert code == 2 and "internal error" in err and "rerun with --debug" in err
     code, _, err = run_cli(["--debug", "compare", "a", "b"], capsys)

@@ -77,9 +77,7 @@ _EXPORTS: dict[str, str] = {
     # replay a comparison's first divergence and suspects alone (docs/compare.md)
     "replay_suspects": "precguard.localize.confirm",
     # the error budget and its verified remedies (docs/impact.md): check/op-check/compare --verify
-    "verify_findings": "precguard.localize.verify",
-    "verify_opcheck": "precguard.localize.verify",
-    "measure_comparison": "precguard.localize.verify",
+    "verify": "precguard.localize.verify",
     "comparison_sides": "precguard.localize.impact",
     "ErrorBudget": "precguard.compare.impact_report",
 }
@@ -124,7 +122,7 @@ if TYPE_CHECKING:
     from precguard.localize.confirm import replay_suspects
     from precguard.localize.impact import comparison_sides
     from precguard.localize.replay import replay_module
-    from precguard.localize.verify import measure_comparison, verify_findings, verify_opcheck
+    from precguard.localize.verify import verify
     from precguard.opcheck.sweep import op_check
     from precguard.ranks import check_replicas
     from precguard.runner import record_target

@@ -11,9 +11,9 @@ the device, and name the target's own code when it raises or calls
 target, the device, the dtype, what alters the built model); ``Side.open()``
 sets it up as a :class:`TargetRun`. Every entry point that runs a target
 (``record_target``, ``bisect``, ``generate_diff``, ``replay_module``, ``op_check``,
-``check``, the error budget's ``verify_findings``, ``verify_opcheck`` and
-``measure_comparison``) takes a ``Side`` and builds its model through it; those that
-run a reference too take it as ``golden=``, a second Side (:func:`golden_side`).
+``check``, the error budget's ``verify``) takes a ``Side`` and builds its model
+through it; those that run a reference too take it as ``golden=``, a second Side
+(:func:`golden_side`).
 
 >>> run = TargetRun.open("tiny-llama", "emu:bf16")          # doctest: +SKIP
 >>> model = run.build_model()                               # seeded, on the device
@@ -278,8 +278,7 @@ def golden_side(
     reference_dtype: str | torch.dtype | None = None,
 ) -> Side:
     """The golden (reference) :class:`Side` of an entry point that runs ``actual``'s target
-    on two sides from one build: ``bisect``, the error budget, ``verify_findings``,
-    ``verify_opcheck``, ``measure_comparison``.
+    on two sides from one build: ``bisect``, the error budget, ``verify``.
 
     ``golden`` given: it is the side, and the deprecated keywords ``reference=`` and
     ``reference_dtype=`` must be left unset (both forms is a usage error naming ``what``).

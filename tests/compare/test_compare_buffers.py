@@ -58,7 +58,21 @@ def test_a_rounded_inv_freq_is_named_with_its_remedy(runs: dict[str, Path]) -> N
     assert first is not None and first.module == "model.rotary_emb"
     assert "its buffer inv_freq differs" in first.reason
     assert "stored as bfloat16 where golden has float32" in first.reason
-    assert "keep `inv_freq` in float32" in first.reason
+    # the remedies are the candidates, in the order --verify tries them: the buffer first,
+    # never alone (the angles may be computed in bfloat16 too: compare/advice.py)
+    remedies = [a.remedy for a in first.remedies]
+    assert remedies == ["float32-buffers", "float32-compute", "reference-precision"]
+    assert first.remedies[0].text.startswith("keep `inv_freq`")
+    assert "in float32 (model.to(bfloat16) casts float buffers too" in first.remedies[0].text
+
+
+def test_swapped_sides_are_warned_about_first(runs: dict[str, Path]) -> None:
+    """Given in swapped order the advice would read "keep inv_freq in bfloat16": one line
+    says the sides look swapped, first among the warnings (issue 39)."""
+    result = compare_recordings(runs["bf16"], runs["golden"])
+    assert result.warnings[0].startswith("the sides look swapped: the golden is in bfloat16")
+    right = compare_recordings(runs["golden"], runs["bf16"])
+    assert not any("swapped" in w for w in right.warnings)
 
 
 def test_keeping_inv_freq_in_float32_matches(runs: dict[str, Path]) -> None:

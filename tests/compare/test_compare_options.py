@@ -58,18 +58,24 @@ def test_a_worker_rebuilds_the_same_options_from_their_json(tmp_path):
     assert again.prof == plan.prof and plan.prof.dtypes["float32"].rtol == 1e-3
 
 
-def test_compare_runs_is_defined_in_compare_and_takes_layout_there(tmp_path):
-    # compare_runs lives in the compare package; its layout branch lives above
-    # (precguard.layout.compare, which installs itself): the old import paths still work,
-    # and compare_recordings says where layout= goes rather than ignoring it
-    from precguard.compare import compare_recordings, compare_runs
+def test_the_layout_is_a_strategy_passed_to_the_compare_job_not_a_global(tmp_path):
+    # precguard.compare_runs is the compare job (precguard.compare.job) with the layout's
+    # gathering passed in as a strategy (issue 38): compare, below the layout package,
+    # holds no installed branch, and says where layout= goes rather than ignoring it
+    from precguard.compare import compare_recordings, compare_runs, job
+    from precguard.layout.compare import gathered
 
     golden, actual = write_pair(tmp_path)
-    # precguard.compare_runs is looked up in precguard.layout.compare (the old path): the
-    # same object as compare's, so both paths reach one function
-    assert precguard.compare_runs is compare_runs
-    assert compare_runs.__module__ == "precguard.compare.runs"
+    assert precguard.compare_runs.__module__ == "precguard.layout.compare"
     with pytest.raises(UsageError, match=r"layout= is taken by precguard\.compare_runs"):
         compare_recordings(golden, actual, layout="megatron")
+    with pytest.raises(UsageError, match=r"layout= gathers through precguard\.layout"):
+        compare_runs(golden, actual, layout="megatron")
     with pytest.raises(UsageError, match=r"unknown layout|megatron-nope|no such"):
-        compare_runs(golden, actual, layout="megatron-nope")  # reaches the layout branch
+        precguard.compare_runs(golden, actual, layout="megatron-nope")  # the strategy's error
+    with pytest.raises(UsageError, match=r"unknown layout|megatron-nope|no such"):
+        job(CompareOptions(), golden, actual, gather=gathered("megatron-nope"))
+    # the job reads the golden once and says how many units it holds before comparing
+    totals: list[int | None] = []
+    result = job(CompareOptions(), golden, actual, on_total=totals.append)
+    assert totals == [3 * 4] and result.verdict == "diverged"  # 3 ranks x the golden's 4 steps

@@ -62,6 +62,27 @@ def test_planted_scale_error_is_a_divergence_traced_to_its_layer() -> None:
     assert result.cause.where == "model.layers.2.mlp.down_proj"
 
 
+def test_verify_on_a_layer_cause_re_runs_its_remedies_or_says_why_not() -> None:
+    """Issue 39: generate-diff --verify printed nothing when the cause was a layer."""
+    result = generate_diff(
+        T.peaked(),
+        device="cpu",
+        prompts=FIRST,
+        max_new_tokens=6,
+        prepare=T.scale_projection(layer=2, factor=1.25),
+        verify=True,
+    )
+    assert result.cause is not None and result.cause.kind == "layer"
+    assert result.remedies, "--verify must say something"
+    for check in result.remedies:
+        line = check.describe()
+        assert "\n" not in line and check.verdict in (
+            "verified", "not needed", "partial", "did not help", "not run"
+        )  # fmt: skip
+        if check.verdict == "not run":
+            assert check.note  # why, in one line
+
+
 def test_rope_angles_in_bf16_deep_in_the_context_are_traced_to_the_rotary_module() -> None:
     # positions start at 3000: bf16 holds integers there only to a multiple of 16
     result = generate_diff(

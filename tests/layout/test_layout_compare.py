@@ -62,7 +62,8 @@ def test_a_fault_in_rank_1s_row_shard_names_the_module_and_rank_1(tmp_path, spec
     # replay runs one rank's whole module: compare says so, not "no tensors"
     _, out, _ = run_cli(["compare", str(golden), str(actual), "--layout", str(spec_file)], capsys)
     assert "confirm it alone" not in out
-    [why] = [line for line in out.splitlines() if line.startswith("no replay command:")]
+    said = " ".join(out.split())  # wrapped at the terminal's width, never cut
+    why = said[said.index("no replay command:") :].split(" top ")[0]
     assert "no full tensors" not in why and "rank 1" in why, why
 
 

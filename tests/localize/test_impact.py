@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import precguard
-from precguard import BisectResult, measure_comparison
+from precguard import BisectResult, comparison_sides, verify
 from precguard.localize.impact import bisect_findings, error_budget, recordings_only
 from tests.localize.cli import precguard_cli
 from tests.localize.impact_corpus import DEVICE, side
@@ -36,7 +36,8 @@ def test_two_faults_are_ranked_by_their_share_of_the_output_error(two_bugs_runs)
     golden, actual = two_bugs_runs
     result = precguard.compare_runs(golden, actual)
     assert result.verdict == "diverged"
-    measured = measure_comparison(result, CORPUS + "two_bugs")
+    golden, actual = comparison_sides(result, CORPUS + "two_bugs")
+    measured = verify(result, actual, golden=golden, remedies=False)
     budget = measured.impact
     assert budget is not None and budget.measured == "target"
     ranked = [i.module for i in budget.impacts]
@@ -115,6 +116,7 @@ def test_bisects_culprits_get_their_impact() -> None:
 
 def test_a_target_that_cannot_be_rerun_leaves_the_comparison_standing(two_bugs_runs) -> None:
     result = precguard.compare_runs(*two_bugs_runs)
-    measured = measure_comparison(result, "tests/localize/impact_corpus.py:no_such_target")
+    golden, actual = comparison_sides(result, "tests/localize/impact_corpus.py:no_such_target")
+    measured = verify(result, actual, golden=golden, remedies=False)
     assert measured.verdict == "diverged" and measured.first_divergence == result.first_divergence
     assert measured.impact is not None and "impact not measured" in measured.impact.note

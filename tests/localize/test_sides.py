@@ -20,7 +20,7 @@ import pytest
 from torch import nn
 
 import precguard
-from precguard import Side, UsageError, measure_comparison, verify_findings, verify_opcheck
+from precguard import Side, UsageError, verify
 from precguard.checks import Finding
 from precguard.localize.impact import ActualSide, comparison_sides
 from tests.localize.cli import precguard_cli
@@ -82,7 +82,7 @@ def test_bisects_deprecated_reference_keywords_build_the_same_golden() -> None:
 
 
 def test_verify_findings_measures_the_planted_fault_only_when_the_side_carries_it() -> None:
-    planted = verify_findings(FLAGGED, PLANTED, golden=Side(FINE))
+    planted = verify(FLAGGED, PLANTED, golden=Side(FINE))
     (norm,) = planted.impacts
     assert norm.module == NORM and norm.share > 0.9
     fix = {r.remedy: r for r in norm.remedies}["reference-precision"]
@@ -92,28 +92,28 @@ def test_verify_findings_measures_the_planted_fault_only_when_the_side_carries_i
         "cpu",
         "float32",
     )
-    clean = verify_findings(FLAGGED, CLEAN, golden=Side(FINE))
+    clean = verify(FLAGGED, CLEAN, golden=Side(FINE))
     assert clean.output_error < planted.output_error / 50
     assert {r.remedy: r for r in clean.impacts[0].remedies}["reference-precision"].verdict == (
-        "did not help"
+        "not needed"  # the clean side's output is within the floor: nothing to fix
     )
 
 
 def test_verify_findings_against_a_golden_on_the_same_device_sees_no_error() -> None:
     """The golden Side's device reaches the reference run: the planted model on emu:fp16
     against itself on emu:fp16 has no output error at all."""
-    same = verify_findings(FLAGGED, PLANTED, golden=Side(FINE, "emu:fp16"))
+    same = verify(FLAGGED, PLANTED, golden=Side(FINE, "emu:fp16"))
     assert same.output_error == 0.0
     assert same.reference == "emu:fp16"
 
 
-def test_verify_findings_deprecated_keywords_build_the_same_sides() -> None:
-    by_sides = verify_findings(FLAGGED, PLANTED, golden=Side(FINE, "cpu"))
-    by_keywords = verify_findings(FLAGGED, FINE, device="emu:fp16", prepare=plant, reference="cpu")
-    assert by_keywords.model_dump() == by_sides.model_dump()
+def test_verify_takes_the_actual_as_a_side_only() -> None:
+    """One entry point, one way to say a side (issue 38): a target spec is refused."""
+    with pytest.raises(UsageError, match=r"verify takes the actual side as a precguard\.Side"):
+        verify(FLAGGED, FINE)
 
 
-# -- verify_opcheck (op-check --verify) ---------------------------------------------------------
+# -- verify an op-check sweep (op-check --verify) -----------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -125,19 +125,19 @@ def failed_sweep() -> Any:
 
 
 def test_verify_opcheck_re_runs_the_sides_it_is_given(failed_sweep: Any) -> None:
-    planted = verify_opcheck(failed_sweep, PLANTED, golden=Side(FINE))
+    planted = verify(failed_sweep, PLANTED, golden=Side(FINE))
     assert planted.impacts[0].module == NORM and planted.impacts[0].share > 0.9
     assert planted.impacts[0].remedies  # verify=True: the remedies were re-run
     # the same sweep's finding on the clean model: the norm is no share of its error
-    clean = verify_opcheck(failed_sweep, CLEAN, golden=Side(FINE), verify=False)
+    clean = verify(failed_sweep, CLEAN, golden=Side(FINE), remedies=False)
     assert clean.output_error < planted.output_error / 50
     assert clean.impacts[0].share < 0.5 and not clean.impacts[0].remedies
     # the golden's dtype is the reference's
-    wide = verify_opcheck(failed_sweep, PLANTED, golden=Side(FINE, "cpu", "float64"), verify=False)
+    wide = verify(failed_sweep, PLANTED, golden=Side(FINE, "cpu", "float64"), remedies=False)
     assert wide.reference_dtype == "float64"
 
 
-# -- measure_comparison (compare --target) ------------------------------------------------------
+# -- verify a comparison (compare --target) -----------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -156,12 +156,12 @@ def test_the_recorded_sides_re_run_reproduce_the_comparison_when_they_carry_the_
 ) -> None:
     golden, actual = comparison_sides(planted_comparison, PLANTED)
     assert (golden.device, actual.device) == ("cpu", "emu:fp16")
-    measured = measure_comparison(planted_comparison, actual, golden=golden).impact
+    measured = verify(planted_comparison, actual, golden=golden, remedies=False).impact
     assert measured is not None and measured.impacts[0].share > 0.9
     # the re-run reproduces the recorded actual side bit for bit
     assert measured.recorded_output_error == measured.output_error
     # the target alone, without the Side's set-up, is not what the actual side ran
-    bare = measure_comparison(planted_comparison, FINE).impact
+    bare = verify(planted_comparison, Side(FINE, "emu:fp16"), remedies=False).impact
     assert bare is not None and bare.output_error < measured.output_error / 50
     assert "not the recordings'" in bare.note
 
@@ -190,23 +190,7 @@ def _other(model: nn.Module) -> None:
             "golden Side has a prepare of its own",
         ),
         (lambda: precguard.bisect(PLANTED, golden="cpu"), "takes a Side"),
-        (
-            lambda: verify_findings(FLAGGED, PLANTED, device="cpu"),
-            "verify_findings: device given beside a Side",
-        ),
-        (
-            lambda: verify_findings(FLAGGED, PLANTED, golden=Side(FINE), reference="cpu"),
-            "verify_findings: reference given beside golden=",
-        ),
-        (lambda: verify_findings(FLAGGED, FINE), "no device"),
-        (
-            lambda: verify_opcheck(None, PLANTED, dtype="float16"),
-            "verify_opcheck: dtype given beside a Side",
-        ),
-        (
-            lambda: verify_opcheck(None, PLANTED, golden=Side(FINE), reference="cpu"),
-            "verify_opcheck: reference given beside golden=",
-        ),
+        (lambda: verify(FLAGGED, PLANTED, golden=Side("tiny-llama")), "golden Side runs"),
         (
             lambda: ActualSide.open(PLANTED, golden=Side(FINE), reference="cpu"),
             "impact: reference given beside golden=",
@@ -227,14 +211,12 @@ def test_a_side_said_twice_is_a_usage_error(call: Any, named: str) -> None:
         call()
 
 
-def test_measure_comparison_refuses_a_side_said_twice_before_re_running(
+def test_verify_refuses_a_golden_of_another_target_before_re_running(
     planted_comparison: Any,
 ) -> None:
     """Not swallowed into the budget's note as a failed re-run would be: the caller's error."""
-    with pytest.raises(UsageError, match="measure_comparison: device"):
-        measure_comparison(planted_comparison, PLANTED, device="cpu")
     with pytest.raises(UsageError, match="golden Side runs"):
-        measure_comparison(planted_comparison, PLANTED, golden=Side("tiny-llama"))
+        verify(planted_comparison, PLANTED, golden=Side("tiny-llama"))
 
 
 # -- the CLI builds the Sides ------------------------------------------------------------------

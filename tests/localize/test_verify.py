@@ -15,7 +15,8 @@ import pytest
 
 import precguard
 from precguard import Switch, hookimpl, plugins
-from precguard.localize.impact import FLOOR_SLACK, ActualSide, error_budget
+from precguard.compare import RemedyCheck, chosen
+from precguard.localize.impact import FLOOR_SLACK, ActualSide, error_budget, judge_remedy
 from precguard.localize.verify import loss_remedy, switch_remedies, verify_remedies
 from tests.localize.cli import precguard_cli
 from tests.localize.impact_corpus import DEVICE, side
@@ -56,9 +57,9 @@ def test_two_faults_each_remedy_helps_partly() -> None:
     budget, remedies = _remedies(
         "two_bugs", ["model.rotary_emb", "model.layers.1.self_attn.v_proj"]
     )
-    assert remedies[("model.rotary_emb", "reference-precision")].verdict == "helped partly"
+    assert remedies[("model.rotary_emb", "reference-precision")].verdict == "partial"
     assert remedies[("model.layers.1.self_attn.v_proj", "reference-precision")].verdict == (
-        "helped partly"
+        "partial"
     )
     assert budget.together <= FLOOR_SLACK * budget.floor
 
@@ -74,8 +75,37 @@ def test_a_norm_in_bf16_that_costs_nothing_says_its_remedy_cannot_help(clean_flo
     budget, remedies = _remedies("norm_bug", ["model.layers.2.post_attention_layernorm"])
     stats = remedies[("model.layers.2.post_attention_layernorm", "float32-compute")]
     assert "statistics in float32" in stats.summary
-    assert stats.verdict == "did not help" and "within the floor" in stats.note
+    # the output is within the floor already: the remedy is not needed, never "did not help"
+    assert stats.verdict == "not needed" and "within the floor" in stats.describe()
     assert budget.output_error <= FLOOR_SLACK * clean_floor
+
+
+def test_a_remedy_that_reaches_the_floor_is_never_said_not_to_help() -> None:
+    """Issue 39: "did not help: 0.0158 -> 0.0134, the floor is 0.0134" read as a failed fix."""
+    assert judge_remedy(0.0158, 0.0134, 0.0134) == "not needed"  # within the floor already
+    assert judge_remedy(0.0603, 0.0134, 0.0134) == "verified"
+    assert judge_remedy(0.0603, 0.0603, 0.0134) == "did not help"
+    assert judge_remedy(0.0603, 0.03, 0.0134) == "partial"
+    for before in (0.0134, 0.016, 0.0603, 1.0):
+        assert judge_remedy(before, 0.0134, 0.0134) != "did not help"
+
+
+def _check(remedy: str, verdict: str, after: float) -> RemedyCheck:
+    return RemedyCheck(
+        remedy=remedy, summary=remedy, before=0.06, after=after, floor=0.0134, verdict=verdict
+    )
+
+
+def test_compare_names_the_remedy_verification_chose() -> None:
+    """The first verified remedy in the candidates' order (the smallest change) is the one
+    compare prints; a refuted one is never chosen."""
+    buffers = _check("float32-buffers", "did not help", 0.06)
+    angles = _check("float32-compute", "verified", 0.0134)
+    whole = _check("reference-precision", "verified", 0.0130)
+    assert chosen([whole, buffers, angles]) == angles
+    assert chosen([buffers]) is None
+    partly = _check("reference-precision", "partial", 0.03)
+    assert chosen([buffers, partly]) == partly
 
 
 def test_the_loss_on_float32_logits_is_verified() -> None:
@@ -110,8 +140,9 @@ def test_a_plugins_switch_is_run_and_judged() -> None:
         plugins.pm.unregister(plugin, name="test-switch-plugin")
     assert plugin.entered == ["on"]
     mine = checks["switch:test-hp-mode"]
-    # the flag changes nothing on the emulator: the error is the same, and said to be
-    assert mine.after == mine.before and mine.verdict == "did not help"
+    # the flag changes nothing on the emulator: the error is the same, and (the floor given
+    # is the error itself) said to need no remedy, never "did not help"
+    assert mine.after == mine.before and mine.verdict == "not needed"
 
 
 def test_emu_declares_its_profiles_as_switches() -> None:
@@ -130,8 +161,15 @@ def test_compare_verify_prints_the_verified_remedy(tmp_path: Path) -> None:
         *("--html", str(tmp_path / "c.html")),
     )
     assert out.returncode == 1, out.stderr
-    assert "model.rotary_emb: the rotary frequencies and angles in float32: verified" in out.stdout
-    impact = json.loads((tmp_path / "c.json").read_text())["impact"]
+    said = " ".join(out.stdout.split())  # wrapped at the terminal's width, never cut
+    assert (
+        "model.rotary_emb: compute the rotary frequencies and angles in float32: verified" in said
+    )
+    report = json.loads((tmp_path / "c.json").read_text())
+    impact = report["impact"]
+    # one source of advice: the first divergence's remedy is the one the re-run verified
+    chosen = report["first_divergence"]["remedy"]
+    assert chosen["remedy"] == "float32-compute" and chosen["verdict"] == "verified"
     assert impact["impacts"][0]["module"] == "model.rotary_emb"
     assert any(r["verdict"] == "verified" for r in impact["impacts"][0]["remedies"])
     assert "Impact on the output error" in (tmp_path / "c.html").read_text()

@@ -54,6 +54,31 @@ class StackedRotary(Fp32Rotary):
         return torch.stack(super().forward(x, position_ids))
 
 
+class OuterRotary(nn.Module):
+    """A hand-written rotary taking 1-D positions (``torch.outer``), as many ports do; its
+    angles in the activation dtype. Called with HF's ``[1, n]`` position_ids it raises."""
+
+    one_dim = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", _inv_freq(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor):
+        freqs = torch.outer(positions.to(x.dtype), self.inv_freq.to(x.dtype))
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+
+class LengthRotary(OuterRotary):
+    """Takes the sequence length, not positions: neither convention op-check can drive."""
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor):
+        if positions.dim() != 1 or positions.numel() != 24:
+            raise RuntimeError("The size of tensor a (128) must match the size of tensor b (16)")
+        return super().forward(x, positions)
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     a, b = x.chunk(2, dim=-1)
     return torch.cat((-b, a), dim=-1)
@@ -72,7 +97,9 @@ class Decoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         h = self.embed(input_ids)
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        if not getattr(self.rotary_emb, "one_dim", False):
+            positions = positions[None]
         cos, sin = self.rotary_emb(h, positions)
         q = self.proj(h)
         return self.head(q * cos + _rotate_half(q) * sin)
@@ -102,3 +129,13 @@ def fp32_rope() -> precguard.Target:
 def stacked_rope() -> precguard.Target:
     """A rotary-named module off the HF convention (swept on captured inputs instead)."""
     return _target(StackedRotary)
+
+
+def one_dim_rope() -> precguard.Target:
+    """A rotary module on 1-D positions, its angles in the activation dtype."""
+    return _target(OuterRotary)
+
+
+def length_rope() -> precguard.Target:
+    """A rotary module that runs only at the batch's own 24 positions."""
+    return _target(LengthRotary)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import precguard
 from precguard.opcheck.measure import fit_growth, op_errors, ulp
 from precguard.opcheck.sweep import batch_of_length, op_check
 from tests.opcheck import rotary_models
@@ -89,6 +90,32 @@ def test_a_rotary_named_module_off_the_convention_is_swept_on_captured_inputs():
     )  # fmt: skip
     assert [p.seq_len for p in result.results] == [24, 96]
     assert result.exit_code == 0
+
+
+def test_a_rotary_on_1d_positions_is_driven_on_1d_positions():
+    """Issue 39: a hand-written rotary taking 1-D positions raised a raw RuntimeError."""
+    result = op_check(
+        device="emu:bf16", target=f"{MODELS}:one_dim_rope", module="rotary_emb",
+        seq_lens="128,2048",
+    )  # fmt: skip
+    assert [p.seq_len for p in result.results] == [128, 2048]
+    assert result.exit_code == 1  # its angles are in bf16: the long positions fail
+
+
+def test_a_rotary_that_takes_neither_convention_falls_back_or_says_what_it_must_take():
+    with pytest.raises(precguard.TargetError) as caught:
+        op_check(
+            device="emu:bf16", target=f"{MODELS}:length_rope", module="rotary_emb",
+            seq_lens="128",
+        )  # fmt: skip
+    message = str(caught.value)
+    assert "looks rotary but takes neither forward(x, position_ids) -> (cos, sin)" in message
+    assert "\n" not in message
+    # at its own 24 positions the captured inputs run: the documented fallback
+    result = op_check(
+        device="emu:bf16", target=f"{MODELS}:length_rope", module="rotary_emb", seq_lens="24"
+    )
+    assert [p.seq_len for p in result.results] == [24]
 
 
 def test_builtin_ops_at_their_own_precision_pass_and_rope_on_bf16_fails():

@@ -45,9 +45,13 @@ class _StructlogFormatter(logging.Formatter):
         )
 
     def format(self, record: logging.LogRecord) -> str:
+        from precguard.text import printable
+
         event = getattr(record, "precguard_event", None) or record.getMessage()
         data = dict(getattr(record, "precguard_data", {}) or {})
-        event_dict = {"event": event, "level": record.levelname.lower(), **data}
+        # values may quote a recording: escaped before the renderer adds its own styling
+        data = {k: printable(v) if isinstance(v, str) else v for k, v in data.items()}
+        event_dict = {"event": printable(str(event)), "level": record.levelname.lower(), **data}
         if record.exc_info and state.debug:
             event_dict["exception"] = self.formatException(record.exc_info)
         return str(self._renderer(None, record.levelname.lower(), event_dict))
@@ -68,9 +72,12 @@ def show_progress() -> bool:
 
 
 def configure_logging(level: str) -> None:
-    """Send precguard's events to stderr: console renderer on a TTY, JSON lines otherwise."""
+    """Send precguard's events to stderr as rendered lines (``warning  event key=value``),
+    never raw JSON unless asked: ``PRECGUARD_LOG_JSON=1`` writes JSON lines for a log
+    collector (docs/report.md). Colour only on a TTY."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_StructlogFormatter(json_output=not sys.stderr.isatty()))
+    json_output = os.environ.get("PRECGUARD_LOG_JSON", "") not in ("", "0")
+    handler.setFormatter(_StructlogFormatter(json_output=json_output))
     root = logging.getLogger("precguard")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

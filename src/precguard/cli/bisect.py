@@ -139,7 +139,7 @@ def bisect(
         if to_stdout:
             typer.echo(payload)
         else:
-            from precguard.cli.compare import _write
+            from precguard.cli._out import write_json as _write
 
             _write(json_out, payload)
     if result.exit_code:

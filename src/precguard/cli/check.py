@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from precguard.cli._app import app, show_progress
+from precguard.cli._out import wrote
 
 _HELP = """Run a checklist of known precision failure patterns on a target and diagnose.
 
@@ -129,7 +130,7 @@ def check(
             on_progress=on_progress,
         )
     if verify and diagnosis.verdict == "fail":
-        from precguard.localize.verify import verify_findings
+        from precguard.localize.verify import verify as verify_findings
 
         budget = verify_findings(diagnosis.root_causes, actual, golden=reference_side)
         diagnosis = diagnosis.model_copy(update={"impact": budget})
@@ -140,12 +141,15 @@ def check(
             from precguard.dump.atomic import write_atomic
 
             write_atomic(json_out, as_json(diagnosis) + "\n", what="--json")
+            wrote(json_out)
     if html_out is not None:
         write_html(diagnosis, html_out)
+        wrote(html_out)
     if junit_out is not None:
         from precguard.report.junit import diagnosis_junit, write_junit
 
         write_junit(junit_out, diagnosis_junit(diagnosis))
+        wrote(junit_out)
     if json_out is None or str(json_out) != "-":
         render_terminal(diagnosis, out)
         if diagnosis.impact is not None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from precguard.cli._app import app
+from precguard.cli._out import wrote
 
 _HELP = (
     "Decode the same prompts on a reference and on DEVICE and find where they part.\n\n"
@@ -185,8 +186,8 @@ def generate_diff_cmd(
     # the summary quotes saved runs' text (device names, paths, reasons): one escaping console
     out = safe_console(stderr=to_stdout, highlight=False, soft_wrap=True)
     render_terminal(result, out)
-    for check in result.remedies:
-        out.print(f"remedy: {shown(check.describe(), 400)}")
+    for check in result.remedies:  # wrapped at the terminal's width, never cut
+        out.print(f"remedy: {shown(check.describe(), 4000, markup=True)}", soft_wrap=False)
     text = result.model_dump_json(indent=2)
     if to_stdout:
         typer.echo(text)
@@ -194,8 +195,10 @@ def generate_diff_cmd(
         from precguard.report.page import write_page
 
         write_page(json_out, text + "\n", "--json")
+        wrote(json_out)
     if html_out is not None:
         from precguard.generation.page import write_html
 
         write_html(result, html_out)
+        wrote(html_out)
     raise typer.Exit(result.exit_code)

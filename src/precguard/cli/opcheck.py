@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from precguard.cli._app import app, show_progress
+from precguard.cli._out import wrote
 
 _HELP = (
     "Sweep the ops that cause most cross-chip trouble on DEVICE against an fp64 oracle.\n\n"
@@ -117,7 +118,7 @@ def op_check(
     budget = None
     if verify and target is not None and module is not None and result.exit_code:
         from precguard.localize.impact_render import render_budget
-        from precguard.localize.verify import verify_opcheck
+        from precguard.localize.verify import verify as verify_opcheck
 
         assert side is not None  # --target given: the sweep's Side, re-run against the CPU
         budget = verify_opcheck(result, side, golden=Side(target, "cpu", "float32"))
@@ -133,10 +134,11 @@ def op_check(
         if to_stdout:
             typer.echo(payload)
         else:
-            from precguard.cli.compare import _write
+            from precguard.cli._out import write_json as _write
 
             _write(json_out, payload)
     if plot_out is not None:
         plot(result, plot_out)
+        wrote(plot_out)
     if result.exit_code:
         raise typer.Exit(result.exit_code)

@@ -2,7 +2,7 @@
 
 The function is :func:`compare_runs` (``precguard.compare_runs``); :func:`compare_recordings`
 is the same without ``layout=`` (the layout branch lives above, in
-:mod:`precguard.layout.compare`, installs itself here and calls it).
+:mod:`precguard.layout.compare`, passes its gathering to :func:`job` as a strategy).
 ``precguard.compare`` is this subpackage, not a callable. How to
 compare is one :class:`CompareOptions`.
 
@@ -13,8 +13,11 @@ compare is one :class:`CompareOptions`.
 
 from __future__ import annotations
 
+from precguard.compare.advice import Advice, candidates, chosen
 from precguard.compare.coverage import SameRecordingError
 from precguard.compare.engine import IncomparableRunsError, fingerprint_diff
+from precguard.compare.impact_report import ErrorBudget, RemedyCheck
+from precguard.compare.jobs import job
 from precguard.compare.levels import (
     ExactMetrics,
     FullMetrics,
@@ -40,9 +43,11 @@ from precguard.compare.tolerance import PROFILES, Profile, get_profile
 
 __all__ = [
     "PROFILES",
+    "Advice",
     "CompareOptions",
     "Comparison",
     "Counts",
+    "ErrorBudget",
     "ExactMetrics",
     "FirstDivergence",
     "FullMetrics",
@@ -53,14 +58,18 @@ __all__ = [
     "Profile",
     "RecordIdentity",
     "RecordResult",
+    "RemedyCheck",
     "SameRecordingError",
     "StatsMetrics",
     "Suspect",
     "UnmeasuredMetrics",
+    "candidates",
+    "chosen",
     "compare_recordings",
     "compare_runs",
     "fingerprint_diff",
     "get_profile",
+    "job",
     "metrics_of",
     "metrics_with",
 ]

@@ -51,6 +51,7 @@ from typing import NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from precguard.compare.advice import Advice, candidates
 from precguard.compare.align import parent_module
 from precguard.compare.caches import cache_read, cache_written
 from precguard.compare.calls import CallRecords, StepCalls
@@ -86,6 +87,8 @@ class Candidate(BaseModel):
     input_error: float | None = None
     reason: str
     expected_error: float | None = None
+    #: its candidate remedies, in the order --verify tries them (compare/advice.py)
+    remedies: list[Advice] = []
 
     @property
     def order(self) -> tuple[int, bool, int, int]:
@@ -121,6 +124,7 @@ class Candidate(BaseModel):
             confidence=self.confidence,
             settle_with=self.settle_with,
             reason=self.reason,
+            remedies=self.remedies,
         )
 
     def suspect(self) -> Suspect:
@@ -135,6 +139,7 @@ class Candidate(BaseModel):
             scale=r.metrics.scale if isinstance(r.metrics, MeasuredMetrics) else None,
             confidence=self.confidence,
             reason=self.reason,
+            remedies=self.remedies,
         )
 
 
@@ -366,6 +371,7 @@ def _classify(
         input_error=in_err,
         reason=reason,
         expected_error=expected,
+        remedies=_advice(call, names) if call.phase == "forward" else [],
     )
     return candidate, decision
 
@@ -436,6 +442,17 @@ def _buffer_what(b: RecordResult, names: dict[str, str]) -> str:
     return f"its buffer {_buffer_name(b, names)} differs (error {_fmt(_err(b))}{cast})"
 
 
+def _advice(call: CallRecords, names: dict[str, str]) -> list[Advice]:
+    """A local forward call's candidate remedies (compare/advice.py), the buffers a cast
+    rounded first."""
+    cast = {
+        _buffer_name(b, names): (b.golden_dtype, b.actual_dtype)
+        for b in call.consumed
+        if b.role == "buffer" and b.actual_dtype and b.actual_dtype != b.golden_dtype
+    }
+    return candidates(call.module, call.module_type, cast)
+
+
 def _buffer_remedy(b: RecordResult, names: dict[str, str]) -> str:
     name = _buffer_name(b, names)
     if b.actual_dtype and b.actual_dtype != b.golden_dtype:
@@ -468,7 +485,11 @@ def _buffer_read(call: CallRecords, names: dict[str, str]) -> _Read | None:
     if not differ:
         return None
     what = _buffer_what(differ[0], names)
-    return _Read(f"{what}, and", what, f"; {_buffer_remedy(differ[0], names)}")
+    b = differ[0]
+    # a cast buffer's remedy is one of the call's candidates (compare/advice.py), not the
+    # line's only one: the angles may be computed in low precision too
+    cast = b.actual_dtype is not None and b.actual_dtype != b.golden_dtype
+    return _Read(f"{what}, and", what, "" if cast else f"; {_buffer_remedy(b, names)}")
 
 
 def _told(read: _Read | None, inlined: bool) -> str:

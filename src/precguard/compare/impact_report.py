@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 _FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
 
-RemedyVerdict = Literal["verified", "helped partly", "did not help", "not run"]
+RemedyVerdict = Literal["verified", "not needed", "partial", "did not help", "not run"]
 
 
 class RemedyCheck(BaseModel):
@@ -35,9 +35,10 @@ class RemedyCheck(BaseModel):
         "see docs/impact.md for how it is obtained.",
     )
     verdict: RemedyVerdict = Field(
-        description="verified: the error is within the floor; helped partly: it fell but "
-        "stays above it; did not help: it removed under a tenth of the excess over the "
-        "floor (or made it worse); not run: see note."
+        description="verified: the error fell to within the floor of a correct run; not "
+        "needed: the output error was within the floor already; partial: it fell but "
+        "stays above the floor; did not help: it removed under a tenth of the excess over "
+        "the floor (or made it worse); not run: see note."
     )
     note: str = Field(default="", description="Why it was not run, or what the result means.")
 
@@ -50,6 +51,15 @@ class RemedyCheck(BaseModel):
             if self.floor is not None
             else ", the floor of a correct run is unknown"
         )
+        if self.verdict == "not needed":
+            line = f"{self.summary}: not needed: output error {self.before:.3g} is within "
+            line += (
+                f"the floor of a correct run ({self.floor:.3g})"
+                if self.floor is not None
+                else "the floor"
+            )
+            line += f"; with it {self.after:.3g}" if self.after != self.before else ""
+            return line + (f" ({self.note})" if self.note else "")
         line = f"{self.summary}: {self.verdict}: output error {self.before:.3g} -> {self.after:.3g}"
         return line + floor + (f" ({self.note})" if self.note else "")
 
@@ -122,12 +132,25 @@ class ErrorBudget(BaseModel):
     )
     unexplained: float | None = Field(
         default=None,
-        description="The share no single module explains: 1 - the sum of the positive "
-        "shares, at least 0 (interactions, and error spread over the other modules).",
+        description="The share of the output error neither the floor nor a single module "
+        "explains: 1 - floor_share - the sum of the positive shares, at least 0 "
+        "(interactions, and error spread over the other modules). 0 when the output error "
+        "is within the floor: a correct run's error is explained, by the floor.",
     )
     floor: float | None = Field(
         default=None,
         description="Output error of a correct run at the actual precision (None: unknown).",
+    )
+    floor_share: float | None = Field(
+        default=None,
+        description="floor / output_error, at most 1: the share of the output error a "
+        "correct run at this precision carries too (None: floor unknown).",
+    )
+    within_floor: bool | None = Field(
+        default=None,
+        description="True: the output error is within the floor of a correct run (within "
+        "numerics.FLOOR_SLACK of it): the findings are real but the output is not affected; "
+        "None: unknown (no floor, or nothing re-run).",
     )
     floor_how: str = Field(default="", description="How the floor was obtained.")
     switches: list[RemedyCheck] = Field(

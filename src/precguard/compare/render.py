@@ -123,6 +123,9 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
         within = judged_precision(result)
         if within is not None:
             head.append(f" (matches within {within} precision)", style=head.style)
+    if result.verdict != "match":
+        affected, style = output_impact(result)
+        head.append(f" ({affected})", style=style)
     g_dev, a_dev = [*result.devices, "?", "?"][:2]
     g_dt, a_dt = [*result.dtypes, None, None][:2]
     head.append(
@@ -131,6 +134,21 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
         style="default",
     )
     console.print(head)
+    from precguard.compare.advice import swapped_sides
+
+    swapped = swapped_sides(result.devices, result.dtypes)
+    if swapped is not None:  # one line, before any advice (which would come out inverted)
+        console.print(Text(f"warning: {shown(swapped, 400)}", style="bold yellow"))
+    budget = result.impact
+    if budget is not None and budget.within_floor:
+        console.print(
+            Text(
+                f"real, but the output is within a correct run's floor: output error "
+                f"{format_number(budget.output_error)}, floor {format_number(budget.floor)} "
+                "(the records diverged: exit 1; docs/impact.md)",
+                style="yellow",
+            )
+        )
     fd = result.first_divergence
     if fd is not None:
         stats_only = fd.confidence == "statistics"
@@ -163,7 +181,10 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
                     f"precision and the input error, measured {_measured(fd.metrics)}"
                 )
             )
-        lines.append(Text(f"why     {shown(fd.reason, 400)}"))
+        lines.append(Text(f"why     {shown(fd.reason, 4000)}"))
+        remedy = remedy_line(result)
+        if remedy:
+            lines.append(Text(f"remedy  {remedy}"))
         console.print(
             Panel(Group(*lines), title="first divergence", border_style="red", expand=False)
         )
@@ -188,7 +209,7 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
             "scale",
             "step",
         ):
-            table.add_column(col)
+            table.add_column(col, overflow="fold")  # a name wrapped, never cut
         for s in result.suspects:
             amp = (
                 ("weights differ" if s.role == "param" else "indices differ")
@@ -225,6 +246,8 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
     if result.fingerprint_diff:
         _fingerprint_table(result, console)
     for w in result.warnings:
+        if w == swapped:
+            continue
         console.print(f"[yellow]warning:[/] {shown(w, 400, markup=True)}")
 
 
@@ -253,6 +276,42 @@ def _print_further_findings(result: Comparison, console: Console) -> None:
         console.print(f"    why {shown(f.reason, 400, markup=True)}", highlight=False)
     if len(findings) > SHOWN_FINDINGS:
         console.print(f"  ... and {len(findings) - SHOWN_FINDINGS} more (--json FILE lists all)")
+
+
+def output_impact(result: Comparison) -> tuple[str, str]:
+    """Whether a divergence reaches the model's output, for the first line, and its style."""
+    budget = result.impact
+    if budget is None or budget.measured != "target" or budget.output_error is None:
+        return "output impact not measured: --target re-runs it", "default"
+    error = format_number(budget.output_error)
+    if budget.within_floor:
+        return f"output not affected: error {error} within a correct run's floor", "yellow"
+    if budget.floor is None:
+        return f"output error {error}, floor of a correct run unknown", "default"
+    return f"output affected: error {error}, a correct run's {format_number(budget.floor)}", (
+        "bold red"
+    )
+
+
+def remedy_line(result: Comparison) -> str:
+    """The first divergence's remedy: the one verification chose, else its candidates in
+    the order --verify tries them (compare/advice.py: one source of advice)."""
+    from precguard.compare.advice import listed
+
+    fd = result.first_divergence
+    if fd is None:
+        return ""
+    if fd.remedy is not None:
+        return shown(fd.remedy.describe(), 4000)
+    budget = result.impact
+    checks = [
+        c for i in (budget.impacts if budget else []) if i.module == fd.module for c in i.remedies
+    ]
+    if budget is not None and budget.within_floor:
+        return "none needed: the output is within the floor of a correct run"
+    if any(c.verdict != "not run" for c in checks):
+        return "no mechanical remedy reached the floor (each one's result is listed below)"
+    return shown(listed(fd.remedies), 4000) if fd.remedies else ""
 
 
 def _measured(m: Metrics) -> str:
@@ -285,9 +344,7 @@ def _print_replay_hint(result: Comparison, console: Console) -> None:
             soft_wrap=True,  # a command to copy: never broken over lines
         )
     else:
-        console.print(
-            Text(f"no replay command: {shown(hint.reason, 400)}", style="dim"), soft_wrap=True
-        )
+        console.print(Text(f"no replay command: {shown(hint.reason, 4000)}", style="dim"))
 
 
 def _fingerprint_table(result: Comparison, console: Console, limit: int = 8) -> None:
@@ -312,7 +369,7 @@ def _top_table(records: list[RecordResult], console: Console, top: int) -> None:
         return
     table = Table(title=f"top {len(rows)} records by error", title_justify="left")
     for col in ("status", "module", "record", "step", "error", "cosine", "max_abs"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold")  # at 80 columns a long name wraps, never cut
     for r in rows:
         m = r.metrics
         assert m is not None

@@ -14,8 +14,9 @@ from typing import Any, Generic, Literal, TextIO, TypeVar, overload
 from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler
 from pydantic_core import CoreSchema, core_schema, from_json, to_json
 
+from precguard.compare.advice import Advice
 from precguard.compare.coverage import Coverage
-from precguard.compare.impact_report import ErrorBudget
+from precguard.compare.impact_report import ErrorBudget, RemedyCheck
 from precguard.compare.levels import Metrics
 from precguard.dump.schema import Phase, Role
 from precguard.errors import ExitCode
@@ -353,6 +354,16 @@ class FirstDivergence(RecordIdentity):
         "module's full tensors (and its submodules') and settles it.",
     )
     reason: str = Field(description="One sentence saying why this module was named.")
+    remedies: list[Advice] = Field(
+        default_factory=list,
+        description="Its candidate remedies, in the order --verify tries them, the smallest "
+        "change first (compare/advice.py; empty: none to apply mechanically).",
+    )
+    remedy: RemedyCheck | None = Field(
+        default=None,
+        description="With --target --verify: the remedy verification chose (the first "
+        "verified, else the partial one that left the least error; None: none helped).",
+    )
 
 
 class Suspect(RecordIdentity):
@@ -371,6 +382,10 @@ class Suspect(RecordIdentity):
         default="full", description="'statistics' when judged on statistics only."
     )
     reason: str = Field(description="Why it is a suspect.")
+    remedies: list[Advice] = Field(
+        default_factory=list,
+        description="Its candidate remedies, in the order --verify tries them.",
+    )
 
 
 class Unmatched(BaseModel):

@@ -8,8 +8,8 @@ units compared here, by worker processes or by the processes of a torchrun job
 
 :func:`compare_runs` is the public ``precguard.compare_runs``: the same, and with
 ``layout=`` a tensor-/pipeline-parallel side gathered into whole tensors first by
-the layer above, :mod:`precguard.layout.compare`, which then calls
-:func:`compare_recordings` (it installs itself with :func:`set_layout_branch`).
+the layer above, :mod:`precguard.layout.compare`, which passes the gathering to
+:func:`precguard.compare.job` as a strategy (nothing is installed here).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from precguard.compare import parallel
+from precguard.compare.advice import swapped_sides
 from precguard.compare.engine import ComparePlan, merge_shards, plan_comparison
 from precguard.compare.options import CompareOptions, compare_options
 from precguard.compare.report import Comparison
@@ -114,7 +115,17 @@ def compare_recordings(
             "precguard.compare.compare_recordings compares the recordings as they are"
         )
     options = compare_options(options, **settings)
-    g, a = open_side(golden), open_side(actual)
+    return compare_opened(open_side(golden), open_side(actual), options, on_step=on_step)
+
+
+def compare_opened(
+    g: OpenedRecording,
+    a: OpenedRecording,
+    options: CompareOptions,
+    *,
+    on_step: Callable[[int, int], None] | None = None,
+) -> Comparison:
+    """Compare two opened recordings (:func:`open_side`), naming them as the user did."""
     try:
         result = _compare(g.run, a.run, options, on_step)
     except PrecguardError as exc:
@@ -122,19 +133,10 @@ def compare_recordings(
         if message == str(exc):
             raise
         raise type(exc)(message) from exc
+    swapped = swapped_sides(result.devices, result.dtypes)
+    if swapped is not None:  # first: the advice would come out inverted
+        result = result.model_copy(update={"warnings": [swapped, *result.warnings]})
     return with_names(result, g, a)
-
-
-#: the layout branch of :func:`compare_runs` (``layout=``): :mod:`precguard.layout` gathers
-#: a sharded side and calls compare, so compare cannot import it; it sets this on import
-#: (``precguard.compare_runs`` is reached through it, so the branch is always there)
-_layout_branch: Callable[..., Comparison] | None = None
-
-
-def set_layout_branch(branch: Callable[..., Comparison]) -> None:
-    """Install the function :func:`compare_runs` calls with ``layout=`` (``compare_layout``)."""
-    global _layout_branch
-    _layout_branch = branch
 
 
 def compare_runs(
@@ -146,32 +148,23 @@ def compare_runs(
     on_step: Callable[[int, int], None] | None = None,
     **settings: Any,
 ) -> Comparison:
-    """Compare an ``actual`` recording with a ``golden`` one and name where they diverge.
+    """:func:`compare_recordings`; ``layout=`` is :func:`precguard.compare_runs`'s.
 
-    ``precguard.compare_runs``: :func:`compare_recordings` (recordings or msprobe
-    dumps; ``options`` or its keyword ``settings``: ``profile``, ``rtol``, ``atol``,
-    ``rank``, ``step``, ``suspects``, ``tolerance_dtype``, ``rename``, ``workers``,
-    ``calibration``, see :class:`~precguard.compare.options.CompareOptions`), and with
-    ``layout`` (a layout spec: YAML file, shipped name or ``LayoutSpec``) a tensor-/
-    pipeline-parallel side gathered first (docs/layouts.md). Compare does not read the
-    spec: it hands it to the layout branch above it, so it names no layout type.
-
-    :param on_step: called as ``on_step(rank, step)`` after each step is compared.
-    :raises IncomparableRunsError: the recordings are of different models.
-    :raises DumpFormatError: a recording is missing, corrupt or of a newer schema.
+    ``precguard.compare_runs`` (:mod:`precguard.layout.compare`) takes ``layout`` (a
+    tensor-/pipeline-parallel side gathered first, docs/layouts.md) and passes the
+    gathering to :func:`precguard.compare.job` as a strategy; compare, below the
+    layout package, cannot gather, and says so.
 
     >>> result = precguard.compare_runs("runs/cpu", "runs/npu")      # doctest: +SKIP
     >>> result.verdict, result.first_divergence.module          # doctest: +SKIP
     ('diverged', 'model.layers.3.mlp')
     """
-    if layout is None:
-        return compare_recordings(golden, actual, options, on_step=on_step, **settings)
-    if _layout_branch is None:
+    if layout is not None:
         raise UsageError(
-            "compare_runs(layout=...) gathers through precguard.layout: import it first "
-            "(precguard.compare_runs does)"
+            "layout= gathers through precguard.layout: call precguard.compare_runs "
+            "(precguard.layout.compare.compare_runs)"
         )
-    return _layout_branch(golden, actual, layout, options, on_step=on_step, **settings)
+    return compare_recordings(golden, actual, options, on_step=on_step, **settings)
 
 
 def _compare(

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from precguard._logging import get_logger
+from precguard.compare.impact_report import RemedyCheck
 from precguard.errors import UsageError
 from precguard.generation.decode import (
     DecodeSide,
@@ -319,7 +320,9 @@ def generate_diff(
         ``prepare_reference`` the golden's.
     :param reference_target: another target for the golden side (default: ``target``).
     :param verify: a KV-cache cause's remedy (the cache kept in the model's dtype) applied to
-        the first divergent prompt's decoding and verified (``GenerationDiff.remedies``).
+        the first divergent prompt's decoding and verified; a layer cause's remedies re-run
+        as ``compare --verify`` does (generation/layer_remedy.py); else one ``not run``
+        check saying why (``GenerationDiff.remedies``).
     :returns: a :class:`GenerationDiff`; its ``exit_code`` is 1 for a real divergence.
 
     >>> result = precguard.generate_diff("tiny-llama", device="emu:bf16")   # doctest: +SKIP
@@ -402,6 +405,19 @@ def generate_diff(
             prompt_list[first.index].ids,
             golden_run.fed[first.index],
             where=cause.where,
+        )
+        result = result.model_copy(update={"remedies": [check]})
+    elif verify and first is not None and cause is not None and cause.kind == "layer":
+        from precguard.generation.layer_remedy import layer_remedies
+
+        checks = layer_remedies(actual, golden, cause.where)
+        result = result.model_copy(update={"remedies": checks})
+    elif verify and first is not None:  # say why, in one line, rather than nothing
+        why = "no cause was named" if cause is None else f"the cause is {cause.kind}"
+        if replay is None:
+            why = "the layerwise replay was not run (--no-layerwise), so no layer is named"
+        check = RemedyCheck(
+            remedy="none", summary="--verify", before=None, verdict="not run", note=why
         )
         result = result.model_copy(update={"remedies": [check]})
     return result

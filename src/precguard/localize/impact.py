@@ -257,23 +257,34 @@ class ActualSide:
 
 
 def judge_remedy(before: float, after: float, floor: float | None) -> RemedyVerdict:
-    """verified, helped partly or did not help, for an output error ``before`` -> ``after``."""
+    """verified, not needed, partial or did not help, for an output error ``before`` ->
+    ``after`` against the ``floor`` of a correct run.
+
+    *not needed* when ``before`` is within the floor already (there is nothing to fix:
+    "did not help" would read as a failed fix); *verified* when ``after`` is; *did not
+    help* only when the remedy removed under :data:`HELP_SHARE` of the excess over the
+    floor (or made it worse), so never for a remedy that reached the floor.
+    """
     if not math.isfinite(after):
         return "did not help"
     if floor is not None and before <= FLOOR_SLACK * floor:
-        return "did not help"  # nothing to fix: the error was within the floor already
+        return "not needed"
     if floor is not None and after <= FLOOR_SLACK * floor:
         return "verified"
     target = floor if floor is not None else 0.0
     excess = before - target
     if not math.isfinite(before):
-        return "helped partly"
+        return "partial"
     if excess <= 0 or before - after < HELP_SHARE * excess:
         return "did not help"
-    return "helped partly"
+    return "partial"
 
 
-WITHIN_FLOOR_NOTE = "the output error is within the floor of a correct run already"
+def within_floor(error: float | None, floor: float | None) -> bool | None:
+    """Whether an output ``error`` is within the ``floor`` of a correct run (None: unknown)."""
+    if error is None or floor is None or not math.isfinite(error):
+        return None if error is None or floor is None else False
+    return error <= FLOOR_SLACK * floor
 
 
 def remedy_check(
@@ -283,20 +294,21 @@ def remedy_check(
     after: float,
     floor: float | None,
     note: str = "",
-    within_floor: str = WITHIN_FLOOR_NOTE,
+    within_note: str = "",
 ) -> RemedyCheck:
     """A remedy re-run and judged (:func:`judge_remedy`): ``before`` -> ``after`` against
-    ``floor``; an error within the floor already says so (``within_floor``) in the note
-    instead of ``note``."""
-    if floor is not None and before <= FLOOR_SLACK * floor:
-        note = within_floor
+    ``floor``; an error within the floor already is *not needed*, ``within_note``
+    (when given) its note instead of ``note``."""
+    verdict = judge_remedy(before, after, floor)
+    if verdict == "not needed":
+        note = within_note or note
     return RemedyCheck(
         remedy=remedy,
         summary=summary,
         before=before,
         after=after,
         floor=floor,
-        verdict=judge_remedy(before, after, floor),
+        verdict=verdict,
         note=note,
     )
 
@@ -374,8 +386,19 @@ def error_budget(
         )
     together = side.output_error(measured) if measured else None
     shares = [i.share for i in impacts if i.share is not None]
-    unexplained = max(0.0, 1.0 - sum(max(s, 0.0) for s in shares)) if shares else None
     floor = side.floor(measured) if measured else None
+    floor_share = (
+        min(1.0, floor / before)
+        if floor is not None and before > 0 and math.isfinite(before)
+        else None
+    )
+    # the floor is a correct run's error, explained: never counted as unexplained
+    unexplained = (
+        max(0.0, 1.0 - (floor_share or 0.0) - sum(max(s, 0.0) for s in shares)) if shares else None
+    )
+    within = within_floor(before, floor)
+    if within:
+        unexplained = 0.0 if unexplained is not None else None
     together_share = share_of(before, together) if together is not None else None
     if together_share is not None and together_share < HELP_SHARE and before > 0:
         # the floor corrects only the findings' modules: with innocent findings it is the
@@ -400,6 +423,8 @@ def error_budget(
         together=together,
         unexplained=unexplained,
         floor=floor,
+        floor_share=floor_share,
+        within_floor=within,
         floor_how=(
             "the findings' modules computed correctly at the actual precision (weights "
             "rounded to it, float32 inside, outputs rounded), the rest as the device computes it"

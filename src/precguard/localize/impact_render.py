@@ -19,7 +19,7 @@ from precguard.text import shown
 def render_budget(budget: ErrorBudget, console: Console) -> None:
     """Print the error budget: findings ranked by impact, their remedies, the device switches."""
     if budget.measured == "recordings":
-        console.print(Text(f"impact: {budget.note}", style="dim"), soft_wrap=True)
+        console.print(Text(f"impact: {shown(budget.note, 4000)}", style="dim"))
         return
     if budget.output_error is None:
         console.print(Text(f"impact: {budget.note or 'nothing measured'}", style="dim"))
@@ -36,8 +36,7 @@ def render_budget(budget: ErrorBudget, console: Console) -> None:
                 else ""
             ),
         ),
-        soft_wrap=True,
-    )
+    )  # wrapped at the terminal's width by rich, never cut (issue 39)
     table = Table(title_justify="left")
     for col in ("#", "module", "found by", "with it at reference", "share"):
         table.add_column(col, overflow="fold")
@@ -57,26 +56,30 @@ def render_budget(budget: ErrorBudget, console: Console) -> None:
             verdict = judge_remedy(budget.output_error, budget.together, budget.floor)
             together += f" ({verdict})"
         parts.append(f"{together}: {budget.together:.3g}")
-    if budget.unexplained is not None:
-        parts.append(f"no single module explains {budget.unexplained:.0%}")
-    parts.append(
-        f"floor of a correct run: {budget.floor:.3g}"
-        if budget.floor is not None
-        else "floor unknown"
-    )
-    console.print("  " + "; ".join(parts))
+    if parts:
+        console.print("  " + "; ".join(parts))
+    # the floor is a correct run's error, its own line: never counted as unexplained
+    if budget.floor is None:
+        console.print("  floor of a correct run: unknown")
+    else:
+        share = f" ({budget.floor_share:.0%} of the output error)" if budget.floor_share else ""
+        within = "; the output is within it" if budget.within_floor else ""
+        console.print(f"  floor of a correct run: {budget.floor:.3g}{share}{within}")
+    if budget.unexplained is not None and budget.unexplained > 0:
+        console.print(f"  no single module nor the floor explains {budget.unexplained:.0%}")
     for impact in budget.impacts:
         for check in impact.remedies:
             _print_remedy(check, console)
     for check in budget.switches:
         _print_remedy(check, console)
     if budget.note:
-        console.print(Text(f"  note: {budget.note}", style="dim"), soft_wrap=True)
+        console.print(Text(f"  note: {shown(budget.note, 4000)}", style="dim"))
 
 
 _VERDICT_STYLE = {
     "verified": "bold green",
-    "helped partly": "yellow",
+    "not needed": "green",
+    "partial": "yellow",
     "did not help": "red",
     "not run": "dim",
 }
@@ -84,8 +87,7 @@ _VERDICT_STYLE = {
 
 def _print_remedy(check: RemedyCheck, console: Console) -> None:
     console.print(
-        Text("  " + shown(check.describe(), 400), style=_VERDICT_STYLE[check.verdict]),
-        soft_wrap=True,
+        Text("  " + shown(check.describe(), 4000), style=_VERDICT_STYLE[check.verdict]),
     )
 
 

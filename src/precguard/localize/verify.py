@@ -22,8 +22,11 @@ its output error measured again:
 
 Each result is judged against the floor of a correct run at the actual
 precision (:meth:`~precguard.localize.impact.ActualSide.floor`): *verified*
-when the error falls to within :data:`FLOOR_SLACK` of it, *did not help* when
-it removes under :data:`HELP_SHARE` of the excess over it, else *helped partly*.
+when the error falls to within :data:`FLOOR_SLACK` of it, *not needed* when it
+was within it already, *did not help* when it removes under :data:`HELP_SHARE` of
+the excess over it, else *partial*. The remedies are those of
+:func:`precguard.compare.advice.candidates`, in its order (the smallest change
+first), and :func:`~precguard.compare.advice.chosen` names the one compare prints.
 """
 
 from __future__ import annotations
@@ -41,9 +44,10 @@ from precguard import tree
 from precguard._logging import get_logger
 from precguard.backend import Switch
 from precguard.capture.hooks import replace_forward
+from precguard.compare import advice
 from precguard.compare.impact_report import ErrorBudget, Impact, RemedyCheck
 from precguard.compare.report import Comparison
-from precguard.errors import PrecguardError
+from precguard.errors import PrecguardError, UsageError
 from precguard.localize.bisect import ROOT, ReferencePrecision, _cast_batch, main_output
 from precguard.localize.bisect import _outside_device as bisect_outside_device
 from precguard.localize.impact import (
@@ -63,7 +67,7 @@ from precguard.localize.impact import (
 from precguard.opcheck.sweep import OpCheckResult
 from precguard.oracle import map_tensors_keeping_types
 from precguard.target import call_model
-from precguard.target_run import Side, TargetRun, TargetSpec, golden_side, one_side, spec_name
+from precguard.target_run import Side, TargetRun, golden_side, spec_name
 
 if TYPE_CHECKING:
     from precguard.checkspec import Finding
@@ -72,14 +76,7 @@ logger = get_logger(__name__)
 
 
 def _kind(module: nn.Module) -> str:
-    name = type(module).__name__.lower()
-    if "loss" in name:
-        return "loss"
-    if "norm" in name:
-        return "norm"
-    if "rotary" in name or "rope" in name:
-        return "rotary"
-    return "module"
+    return advice.kind(type(module).__name__)
 
 
 @contextlib.contextmanager
@@ -135,14 +132,17 @@ def module_remedies(
         assert before is not None
         return remedy_check(remedy, summary, before, after, floor, note)
 
-    if impact.after is not None:
-        checks.append(result("reference-precision", f"{name} at reference precision", impact.after))
+    # the candidates compare prints, in their order (compare/advice.py): one source of advice
+    buffers = _rounded_buffers(side, name)
+    if buffers:
+        built = _dtype_name(next(iter(buffers.values())).dtype)
+        text = advice.buffers_text(buffers, built, _dtype_name(side.run.dtype))
+        after = side.output_error(
+            changes=[lambda model: _buffers_kept(model.get_submodule(module_path(name)), buffers)]
+        )
+        checks.append(result("float32-buffers", f"{name}: {text}", after))
     backend = side.run.backend
-    label = {
-        "norm": f"{name}: the norm's statistics in float32",
-        "rotary": f"{name}: the rotary frequencies and angles in float32",
-        "module": f"{name} computed in float32 on {side.run.device}",
-    }[kind]
+    label = f"{name}: {advice.compute_text(name, type(module).__name__)}"
     try:
         after = side.output_error(
             changes=[
@@ -154,14 +154,14 @@ def module_remedies(
         checks.append(result("float32-compute", label, after))
     except PrecguardError as exc:
         checks.append(_not_run("float32-compute", label, before, floor, str(exc)))
-    buffers = _rounded_buffers(side, name)
-    if buffers:
-        summary = f"{name}: buffers kept in float32 after the cast ({', '.join(buffers)})"
-        after = side.output_error(
-            changes=[lambda model: _buffers_kept(model.get_submodule(module_path(name)), buffers)]
-        )
-        checks.append(result("float32-buffers", summary, after))
+    if impact.after is not None:
+        text = f"run {name} at reference precision ({_dtype_name(side.golden.dtype)})"
+        checks.append(result("reference-precision", text, impact.after))
     return checks
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def module_path(name: str) -> str:
@@ -321,8 +321,7 @@ def loss_module_remedy(side: ActualSide, name: str, float32_twin: nn.Module) -> 
     except PrecguardError as exc:
         return _not_run("float32-loss", summary, None, None, str(exc))
     note = "the loss's relative error on the device's own logits (the logits do not show it)"
-    within = "the loss's error is within the floor of a correct run already"
-    return remedy_check("float32-loss", summary, before, after, floor, note, within_floor=within)
+    return remedy_check("float32-loss", summary, before, after, floor, note)
 
 
 def loss_remedy(side: ActualSide) -> RemedyCheck:
@@ -441,37 +440,55 @@ def loss_modules(side: ActualSide) -> list[str]:
     return [name for name, module in side.model.named_modules() if name and _kind(module) == "loss"]
 
 
-def verify_findings(
-    findings: Sequence[Finding],
-    target: TargetSpec | Side,
+def verify(
+    source: Comparison | OpCheckResult | Sequence[Finding],
+    side: Side,
     *,
     golden: Side | None = None,
+    remedies: bool = True,
     step: int = 0,
-    device: str | None = None,
-    dtype: str | None = None,
-    reference: str | None = None,
-    prepare: Callable[[nn.Module], Any] | None = None,
-) -> ErrorBudget:
-    """The checklist's flagged ``findings`` (fail or warn) as an error budget with verified
-    remedies: each module their evidence names, and the float32 loss for a loss finding.
+) -> Any:
+    """Re-run ``side`` (the actual :class:`~precguard.Side`) to measure each finding's share
+    of the output error and, with ``remedies``, re-run its remedies (compare/advice.py's
+    candidates, in their order) and the device switches: the one entry point of
+    ``compare --target/--verify``, ``check --verify`` and ``op-check --verify``.
 
-    ``target`` is the actual side, a :class:`~precguard.Side` (the one way), and
-    ``golden`` the reference, a Side of the same target (default: the CPU in float32).
-    The deprecated keywords build them: ``device`` (then required), ``dtype`` and
-    ``prepare`` the actual, ``reference`` the golden's device; a keyword beside the Side
-    it belongs to is a usage error. The actual's ``prepare`` alters the one built model
-    both sides are copied from.
+    ``source`` says what the findings are:
 
-    >>> npu, cpu = Side("model.py", "npu"), Side("model.py")                     # doctest: +SKIP
-    >>> diagnosis = precguard.check("llama-inference", npu)                      # doctest: +SKIP
-    >>> verify_findings(diagnosis.root_causes, npu, golden=cpu).impacts          # doctest: +SKIP
+    * a :class:`~precguard.Comparison`: its local forward findings; returns the comparison
+      with ``impact`` set and its first divergence's chosen ``remedy``. ``golden`` defaults
+      to the golden recording's device and dtype (:func:`comparison_sides`);
+    * an ``op-check --module`` result: the modules the sweep failed; returns an ErrorBudget;
+    * a checklist's findings (a Diagnosis' ``root_causes``): the modules their evidence
+      names (and the loss); returns an ErrorBudget, on batch ``step``.
+
+    ``golden`` is the reference Side (default: the CPU in float32, or the recording's).
+
+    >>> result = precguard.compare_runs("runs/cpu", "runs/bf16")              # doctest: +SKIP
+    >>> golden, actual = comparison_sides(result, "model.py")                 # doctest: +SKIP
+    >>> checked = verify(result, actual, golden=golden)                       # doctest: +SKIP
+    >>> checked.first_divergence.remedy.describe()                            # doctest: +SKIP
+    'model.rotary_emb: compute the rotary frequencies and angles in float32: verified: ...'
     """
-    actual = one_side(
-        target, "verify_findings", device=device, dtype=dtype, prepare=prepare, default_device=None
-    )
-    reference_side = golden_side(golden, actual, "verify_findings", reference=reference)
+    if not isinstance(side, Side):
+        raise UsageError(
+            f"verify takes the actual side as a precguard.Side, got {type(side).__name__} "
+            "(Side(target, device, dtype); comparison_sides builds both from a comparison)"
+        )
+    if isinstance(source, Comparison):
+        g, a = comparison_sides(source, side, golden=golden, what="verify")
+        return _comparison(source, a, g, remedies)
+    reference = golden_side(golden, side, "verify")
+    if isinstance(source, OpCheckResult):
+        return _opcheck(source, side, reference, remedies)
+    return _findings(list(source), side, reference, step)
+
+
+def _findings(findings: Sequence[Finding], actual: Side, golden: Side, step: int) -> ErrorBudget:
+    """The checklist's flagged ``findings`` (fail or warn) as an error budget with verified
+    remedies: each module their evidence names, and the float32 loss for a loss finding."""
     flagged = [f for f in findings if f.status in ("fail", "warn")]
-    side = ActualSide.open(actual, golden=reference_side, step=step)
+    side = ActualSide.open(actual, golden=golden, step=step)
     named = [(m, f.id) for f in flagged for m in finding_modules(side, f.evidence)]
     loss_findings = [f for f in flagged if f.family == "loss"]
     # a model that computes its loss itself (a loss module, HF's ``(loss, logits)``): the
@@ -493,51 +510,10 @@ def verify_findings(
     return verify_remedies(side, budget, loss=loss)
 
 
-__all__ = [
-    "FLOOR_SLACK",
-    "HELP_SHARE",
-    "finding_modules",
-    "judge_remedy",
-    "loss_module_remedy",
-    "loss_modules",
-    "loss_remedy",
-    "measure_comparison",
-    "module_remedies",
-    "switch_remedies",
-    "verify_findings",
-    "verify_opcheck",
-    "verify_remedies",
-]
-
-
-def verify_opcheck(
-    result: OpCheckResult,
-    target: TargetSpec | Side,
-    *,
-    golden: Side | None = None,
-    verify: bool = True,
-    device: str | None = None,
-    dtype: str | None = None,
-    reference: str | None = None,
-    prepare: Callable[[nn.Module], Any] | None = None,
-) -> ErrorBudget:
+def _opcheck(result: OpCheckResult, actual: Side, golden: Side, remedies: bool) -> ErrorBudget:
     """The error budget of an ``op-check --target T --module M`` sweep's failed module: its
-    share of the model's output error, and with ``verify`` its remedies re-run.
-
-    The sweep judges the module on its own inputs; whether that error reaches the
-    model's output is what the re-run tells. ``target`` is the actual side (a
-    :class:`~precguard.Side`, the one way; the sweep's own), ``golden`` the reference (a
-    Side of the same target; default: the CPU in float32); the deprecated keywords build
-    them as for :func:`verify_findings`.
-
-    >>> npu = precguard.Side("model.py", "npu")                                  # doctest: +SKIP
-    >>> result = precguard.op_check(side=npu, module="model.norm")               # doctest: +SKIP
-    >>> verify_opcheck(result, npu).impacts[0].remedies                          # doctest: +SKIP
-    """
-    actual = one_side(
-        target, "verify_opcheck", device=device, dtype=dtype, prepare=prepare, default_device=None
-    )
-    reference_side = golden_side(golden, actual, "verify_opcheck", reference=reference)
+    share of the model's output error, and with ``remedies`` its remedies re-run. The sweep
+    judges the module on its own inputs; whether that reaches the output is the re-run's."""
     findings = opcheck_findings(result)
     if not findings:
         return ErrorBudget(
@@ -546,55 +522,22 @@ def verify_opcheck(
             device=actual.device,
             note="no module of the target failed the sweep: nothing to measure",
         )
-    side = ActualSide.open(actual, golden=reference_side)
+    side = ActualSide.open(actual, golden=golden)
     budget = error_budget(side, findings)
-    return verify_remedies(side, budget) if verify else budget
+    return verify_remedies(side, budget) if remedies else budget
 
 
-def measure_comparison(
-    result: Comparison,
-    target: TargetSpec | Side,
-    *,
-    golden: Side | None = None,
-    verify: bool = False,
-    device: str | None = None,
-    dtype: str | None = None,
-    prepare: Callable[[nn.Module], Any] | None = None,
-) -> Comparison:
-    """``result`` with its error budget (``Comparison.impact``) measured by re-running
-    ``target``, and with ``verify`` each finding's remedies and the device switches.
-
-    ``target`` is the actual side: a :class:`~precguard.Side` (it overrides what the
-    recordings say), or a target spec re-run on the actual recording's device and dtype
-    (``device``/``dtype``: elsewhere). ``golden`` is the reference Side (default: the
-    golden recording's device and dtype; :func:`~precguard.localize.impact.comparison_sides`
-    builds both from the recordings, as the CLI does). A keyword beside the Side it
-    belongs to is a usage error, raised; an error of the re-run leaves the comparison
-    standing with a note.
-
-    >>> result = precguard.compare_runs("runs/cpu", "runs/bf16")              # doctest: +SKIP
-    >>> golden, actual = comparison_sides(result, "model.py")                 # doctest: +SKIP
-    >>> checked = measure_comparison(result, actual, golden=golden, verify=True)  # doctest: +SKIP
-    >>> checked.impact.impacts[0].remedies[0].describe()                      # doctest: +SKIP
-    'model.rotary_emb at reference precision: verified: output error 0.0754 -> 0.0359, ...'
-    """
-    # the sides are said before anything runs: saying one twice is the caller's error
-    golden, actual = comparison_sides(
-        result,
-        target,
-        golden=golden,
-        device=device,
-        dtype=dtype,
-        prepare=prepare,
-        what="measure_comparison",
-    )
+def _comparison(result: Comparison, actual: Side, golden: Side, remedies: bool) -> Comparison:
+    """``result`` with its error budget measured by re-running ``actual`` beside ``golden``,
+    and with ``remedies`` each finding's remedies and the device switches; an error of the
+    re-run leaves the comparison standing with a note."""
     findings, _ = comparison_findings(result)
     if not findings:
         return result.model_copy(update={"impact": comparison_impact(result, actual)})
     try:
         side = ActualSide.open(actual, golden=golden, step=comparison_step(result))
         budget = comparison_impact(result, actual, side=side)
-        if verify:
+        if remedies:
             loss = any(
                 "loss" in module.lower() and not side.has_module(module) for module, _ in findings
             )
@@ -606,4 +549,33 @@ def measure_comparison(
             target=spec_name(actual),
             note=f"impact not measured: {exc}",
         )
-    return result.model_copy(update={"impact": budget})
+    return with_chosen_remedy(result.model_copy(update={"impact": budget}))
+
+
+def with_chosen_remedy(result: Comparison) -> Comparison:
+    """``result`` with its first divergence's remedy set to the one verification chose
+    (:func:`precguard.compare.advice.chosen`), when its remedies were re-run."""
+    first, budget = result.first_divergence, result.impact
+    if first is None or budget is None:
+        return result
+    checks = [c for i in budget.impacts if i.module == first.module for c in i.remedies]
+    pick = advice.chosen(checks)
+    if pick is None:
+        return result
+    return result.model_copy(update={"first_divergence": first.model_copy(update={"remedy": pick})})
+
+
+__all__ = [
+    "FLOOR_SLACK",
+    "HELP_SHARE",
+    "finding_modules",
+    "judge_remedy",
+    "loss_module_remedy",
+    "loss_modules",
+    "loss_remedy",
+    "module_remedies",
+    "switch_remedies",
+    "verify",
+    "verify_remedies",
+    "with_chosen_remedy",
+]

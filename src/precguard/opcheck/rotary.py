@@ -34,6 +34,15 @@ def call_rotary(mod: nn.Module, x: torch.Tensor, positions: torch.Tensor, kwargs
     return mod(x, positions)
 
 
+def positions_like(args: tuple, kwargs: dict, n: int) -> torch.Tensor:
+    """Positions 0..n-1 shaped as the captured call's were: ``[n]`` for a module called with
+    1-D positions, ``[1, n]`` (HF's ``position_ids``) otherwise."""
+    captured = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+    if isinstance(captured, torch.Tensor) and captured.dim() == 1:
+        return torch.arange(n)
+    return torch.arange(n)[None, :]
+
+
 def cos_sin(out: Any, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``(cos, sin)`` pair a rotary module returned, or :class:`NotRotary`."""
     if (

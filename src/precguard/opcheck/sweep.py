@@ -387,15 +387,49 @@ def module_points(
     batch = run.batch(0)
     args, kwargs = _capture(model, mod, batch, who)
     limit = max_length(model)
+    not_rotary = ""
     if rotary.looks_rotary(mod):
         try:
             return _rotary_points(bench, name, mod, args, kwargs, seq_lens, limit, add)
         except rotary.NotRotary as exc:  # named like one, called otherwise: sweep it as captured
             logger.info("rotary_convention_not_followed", module=name, reason=str(exc))
+            not_rotary = str(exc)
         except PrecguardError:
             raise
-        except (Exception, SystemExit) as exc:
-            raise TargetError(f"{who} on positions 0..n-1 {raised(exc)}") from exc
+        except (Exception, SystemExit) as exc:  # its own call convention: the captured inputs
+            logger.info("rotary_convention_not_followed", module=name, reason=raised(exc))
+            not_rotary = f"{name} on positions 0..n-1 {raised(exc)}"
+    if not_rotary:
+        try:
+            return _captured_points(
+                bench, name, mod, model, batch, args, kwargs, seq_lens, limit, add, notes, who
+            )
+        except TargetError as exc:
+            raise TargetError(
+                f"{who} looks rotary but takes neither forward(x, position_ids) -> (cos, sin) "
+                f"({not_rotary}) nor its captured inputs tiled to n tokens ({exc}): op-check "
+                "--module takes a module of either kind"
+            ) from exc
+    return _captured_points(
+        bench, name, mod, model, batch, args, kwargs, seq_lens, limit, add, notes, who
+    )
+
+
+def _captured_points(
+    bench: _Bench,
+    name: str,
+    mod: nn.Module,
+    model: nn.Module,
+    batch: Any,
+    args: tuple,
+    kwargs: dict,
+    seq_lens: list[int] | None,
+    limit: int | None,
+    add: Callable[[OpPoint], None],
+    notes: list[str] | None,
+    who: str,
+) -> list[int]:
+    """``mod`` on its inputs captured from a forward of the batch tiled to each length."""
     own = next((t.shape[1] for t in _tensor_leaves(batch) if t.dim() >= 2), None)
     default = sorted({*DEFAULT_SEQ_LENS, *([own] if own else [])})
     lens = seq_lens or default
@@ -409,9 +443,7 @@ def module_points(
                 f"{', '.join(map(str, past))} (its config says it takes {limit})"
             )
         if not lens:
-            raise UsageError(
-                f"--seq-lens: every length is past the {limit} positions of {target_obj.name!r}"
-            )
+            raise UsageError(f"--seq-lens: every length is past the {limit} positions of {who}")
     swept: list[int] = []
     for n in lens:
         try:
@@ -480,7 +512,7 @@ def _rotary_points(
     fmax = float(inv.detach().abs().max()) if isinstance(inv, torch.Tensor) else 1.0
     points = []
     for n in lens:
-        positions = torch.arange(n)[None, :]
+        positions = rotary.positions_like(args, kwargs, n)
         want = rotary.rotary_oracle(name, mod, x, positions, kwargs)
         _, got = rotary.rotary_on(
             name, mod, x, positions, kwargs, dtype=bench.dtype, device=bench.dev,
