@@ -338,7 +338,9 @@ def mask_metrics(
     kernels' needs) are left out like every padded position.
     """
     both_float = golden.dtype != torch.bool and actual.dtype != torch.bool
-    if (golden.dtype == torch.bool) == (actual.dtype == torch.bool) and not both_float:
+    if (golden.dtype == torch.bool) == (actual.dtype == torch.bool) and not (
+        both_float and _two_fills(g.stats, a.stats)  # the statistics say so before a pass
+    ):
         return None
     g_attend, a_attend = _as_attend(golden), _as_attend(actual.reshape(golden.shape))
     if g_attend is None or a_attend is None:
@@ -406,20 +408,28 @@ def _is_additive(stats: Stats) -> bool:
     return stats.max == 0 and stats.min < 0 and stats.absmax == -stats.min
 
 
+def _two_fills(gs: Stats | None, as_: Stats | None) -> bool:
+    """The statistics of two additive masks of one size whose fills differ, each masking
+    a key outright (:func:`_fills_differ`)."""
+    return (
+        gs is not None
+        and as_ is not None
+        and gs.zeros is not None
+        and as_.zeros is not None
+        and gs.numel == as_.numel
+        and _is_additive(gs)
+        and _is_additive(as_)
+        and _fills_differ(gs.min, as_.min)
+    )
+
+
 def _additive_stats_metrics(g: Record, a: Record) -> Metrics | None:
     """Two additive float masks whose fills differ, from their statistics (else None):
     equal counts of attended positions (zeros) are the evidence statistics give."""
     gs, as_ = g.stats, a.stats
-    if (
-        gs is None
-        or as_ is None
-        or gs.zeros is None
-        or as_.zeros is None
-        or gs.numel != as_.numel
-        or not (_is_additive(gs) and _is_additive(as_))
-        or not _fills_differ(gs.min, as_.min)
-    ):
+    if gs is None or as_ is None or not _two_fills(gs, as_):
         return None
+    assert gs.zeros is not None and as_.zeros is not None  # _two_fills checked them
     differ = abs(gs.zeros - as_.zeros)
     return StatsMetrics(
         level="stats",
