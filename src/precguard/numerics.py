@@ -239,6 +239,14 @@ GROWTH_FACTOR = PRODUCT_GROWTH**2
 #: a whole precision class (it computes in a lower format than it claims)
 PRECISION_STEP = 2.0 ** (SIGNIFICAND_BITS["float16"] - SIGNIFICAND_BITS["bfloat16"])
 
+#: an additive attention mask's fill masks a key when ``exp`` of it rounds to zero in
+#: float32, where softmax's exponentials are taken (upcast, or accumulated in fp32): below
+#: half fp32's smallest subnormal, ``2^-150``, so ``fill < -150 ln 2 = -104`` (attention
+#: scores are O(1)-O(10), far inside that). Two masks whose fills both lie there (fp32's
+#: ``finfo.min`` -3.4e38, bf16's -3.39e38, fp16's -65504 or -inf) mask the same keys: one
+#: mask in two formats, compared as masks (compare/padding.py)
+MASK_FILL_MAX = -150.0 * math.log(2.0)
+
 #: a slice's or the peak element's error is told as concentrated in a why line
 #: (compare/divergence.py) when at least this many times the global error: an error confined
 #: to a share ``p`` of the slices reads ``1 / sqrt(p)`` times the global error in them (the

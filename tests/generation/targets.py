@@ -40,6 +40,22 @@ def peaked_model(**overrides: Any) -> nn.Module:
     return model
 
 
+#: LLaMA's vocabulary: among 32000 random-init logits the best two are often within rounding
+BIG_VOCAB = 32000
+
+
+def big_vocab() -> Target:
+    """tiny-llama's architecture (random init) with LLaMA's 32k vocabulary; its prompts are
+    the two rows of its batch, 32 random ids each."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, BIG_VOCAB, (2, 32), generator=gen)
+    return Target(
+        model=lambda: build_tiny_llama(vocab_size=BIG_VOCAB),
+        batch=lambda step: {"input_ids": ids},
+        name="big-vocab-llama",
+    )
+
+
 def peaked() -> Target:
     """The peaked tiny LLaMA with the character tokenizer and three short prompts."""
     return Target(

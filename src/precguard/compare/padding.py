@@ -48,8 +48,9 @@ from precguard.capture.evidence import encode, sample_indices
 from precguard.compare.levels import StatsMetrics
 from precguard.compare.metrics import exact_metrics, is_float_dtype
 from precguard.compare.report import Metrics
-from precguard.dump.schema import PositionNorms, Record, Sample
+from precguard.dump.schema import PositionNorms, Record, Sample, Stats
 from precguard.dump.tensors import TensorStore
+from precguard.numerics import MASK_FILL_MAX
 
 #: the keyword input whose zeros mark padded positions (HF's name, which every
 #: transformers model and most hand-written ones take)
@@ -327,28 +328,39 @@ def _as_attend(t: torch.Tensor) -> torch.Tensor | None:
 def mask_metrics(
     g: Record, a: Record, golden: torch.Tensor, actual: torch.Tensor, padding: StepPadding
 ) -> Metrics | None:
-    """Compare a boolean attention mask with an additive float one as masks (else None).
+    """Compare a boolean attention mask with an additive float one as masks (else None),
+    or two additive masks whose fills differ (:func:`_fills_differ`: fp16's -65504 against
+    fp32's ``finfo.min``, one mask in two formats).
 
     Eager attention gets 0 / ``finfo.min``, SDPA True / False for the same mask; they
     are equal when every position is attended on both sides or on neither. Query rows
     at padded positions (fully masked on one side, unmasked on the other by SDPA's
     kernels' needs) are left out like every padded position.
     """
-    if (golden.dtype == torch.bool) == (actual.dtype == torch.bool):
+    both_float = golden.dtype != torch.bool and actual.dtype != torch.bool
+    if (golden.dtype == torch.bool) == (actual.dtype == torch.bool) and not (
+        both_float and _two_fills(g.stats, a.stats)  # the statistics say so before a pass
+    ):
         return None
     g_attend, a_attend = _as_attend(golden), _as_attend(actual.reshape(golden.shape))
     if g_attend is None or a_attend is None:
         return None
+    if both_float and not _fills_differ(float(golden.min()), float(actual.min())):
+        return None  # one additive mask in one format: compared as values
     kept = padding.full(g, a, g_attend, a_attend)
     if kept is not None:
         g_attend, a_attend = kept
     metrics = exact_metrics(g_attend, a_attend)
-    return metrics.model_copy(
-        update={
-            "note": "compared as attention masks: True where a query attends (bool) against "
-            "0 where it attends (additive float)"
-        }
+    note = (
+        "compared as attention masks: True where a query attends (bool) against "
+        "0 where it attends (additive float)"
     )
+    if both_float:
+        note = (
+            f"compared as attention masks: 0 where a query attends, fill {float(golden.min()):.3g}"
+            f" (golden) against {float(actual.min()):.3g} (actual), each masking a key outright"
+        )
+    return metrics.model_copy(update={"note": note})
 
 
 def mask_stats_metrics(g: Record, a: Record) -> Metrics | None:
@@ -358,7 +370,11 @@ def mask_stats_metrics(g: Record, a: Record) -> Metrics | None:
     masked. Equal counts are the evidence statistics can give; the padded query
     rows cannot be told apart here.
     """
-    if (g.dtype == "bool") == (a.dtype == "bool") or g.stats is None or a.stats is None:
+    if g.stats is None or a.stats is None:
+        return None
+    if g.dtype != "bool" and a.dtype != "bool":
+        return _additive_stats_metrics(g, a)
+    if g.dtype == "bool" and a.dtype == "bool":
         return None
     boolean, additive = (g.stats, a.stats) if g.dtype == "bool" else (a.stats, g.stats)
     if (
@@ -377,4 +393,49 @@ def mask_stats_metrics(g: Record, a: Record) -> Metrics | None:
         note=f"compared as attention masks from their statistics: {attended[0]} attended "
         f"positions (bool) against {attended[1]} (additive float); equal counts suggest "
         "equal masks",
+    )
+
+
+def _fills_differ(golden_fill: float, actual_fill: float) -> bool:
+    """Two additive masks' fills are one mask in two formats: they differ, and each masks a
+    key outright (:data:`precguard.numerics.MASK_FILL_MAX`; fp16's -65504 against fp32's
+    ``finfo.min``: compared as floats they differ by 100 %)."""
+    return golden_fill != actual_fill and max(golden_fill, actual_fill) < MASK_FILL_MAX
+
+
+def _is_additive(stats: Stats) -> bool:
+    """Statistics of 0 and one negative fill: max 0, the min the only other extreme."""
+    return stats.max == 0 and stats.min < 0 and stats.absmax == -stats.min
+
+
+def _two_fills(gs: Stats | None, as_: Stats | None) -> bool:
+    """The statistics of two additive masks of one size whose fills differ, each masking
+    a key outright (:func:`_fills_differ`)."""
+    return (
+        gs is not None
+        and as_ is not None
+        and gs.zeros is not None
+        and as_.zeros is not None
+        and gs.numel == as_.numel
+        and _is_additive(gs)
+        and _is_additive(as_)
+        and _fills_differ(gs.min, as_.min)
+    )
+
+
+def _additive_stats_metrics(g: Record, a: Record) -> Metrics | None:
+    """Two additive float masks whose fills differ, from their statistics (else None):
+    equal counts of attended positions (zeros) are the evidence statistics give."""
+    gs, as_ = g.stats, a.stats
+    if gs is None or as_ is None or not _two_fills(gs, as_):
+        return None
+    assert gs.zeros is not None and as_.zeros is not None  # _two_fills checked them
+    differ = abs(gs.zeros - as_.zeros)
+    return StatsMetrics(
+        level="stats",
+        dtype=g.dtype,
+        error=differ / max(gs.numel, 1),
+        note=f"compared as attention masks from their statistics: {gs.zeros} attended "
+        f"positions (fill {gs.min:.3g}) against {as_.zeros} (fill {as_.min:.3g}); equal "
+        "counts suggest equal masks",
     )
