@@ -57,7 +57,13 @@ def main() -> int:
                 continue
             outcomes.append(o)
             mark = "ok  " if o.ok else "MISS" if pair.expect else "FALSE ALARM"
-            print(f"{mark:5} {pair.name:58} {o.verdict:8} {o.named or '-':34} {o.seconds:5.1f}s")
+            named = o.named or "-"
+            if o.tool != "compare":
+                named += f" (by {o.tool})"
+            print(f"{mark:5} {pair.name:58} {o.verdict:8} {named:34} {o.seconds:5.1f}s")
+            if pair.checklist and pair.expect is None:
+                said = "FAIL" if o.checklist_failed else "pass"
+                print(f"      checklist {pair.checklist}: {said}")
             if args.verbose and o.reason:
                 print(f"      {o.reason}")
         tp_alarms, tp_missed = 0, 0
