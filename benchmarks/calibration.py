@@ -4,7 +4,10 @@ Records every pair of ``tests/compare/calibration_corpus.py`` (goldens shared),
 compares it and prints one line per pair (verdict, the module named, seconds
 for recording the actual and comparing), then the false alarms on the clean
 pairs, the faults localized by kind and magnitude, and the smallest magnitude
-localized per kind.
+localized per kind. A pair that names a checklist (``Pair.checklist``) also
+runs it on its actual: a clean pair must pass it, and a fault compare does not
+name counts as named when the checklist names it (the line says ``by check <id>``;
+docs/fp8.md: the shared block scale, named by ``fp8.saturation``).
 
     .venv/bin/python benchmarks/calibration.py [--fast] [--only SUBSTRING] [--verbose]
 """
@@ -57,7 +60,13 @@ def main() -> int:
                 continue
             outcomes.append(o)
             mark = "ok  " if o.ok else "MISS" if pair.expect else "FALSE ALARM"
-            print(f"{mark:5} {pair.name:58} {o.verdict:8} {o.named or '-':34} {o.seconds:5.1f}s")
+            named = o.named or "-"
+            if o.tool != "compare":
+                named += f" (by {o.tool})"
+            print(f"{mark:5} {pair.name:58} {o.verdict:8} {named:34} {o.seconds:5.1f}s")
+            if pair.checklist and pair.expect is None:
+                said = "FAIL" if o.checklist_failed else "pass"
+                print(f"      checklist {pair.checklist}: {said}")
             if args.verbose and o.reason:
                 print(f"      {o.reason}")
         tp_alarms, tp_missed = 0, 0

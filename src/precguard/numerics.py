@@ -643,12 +643,33 @@ def fp8_saturation_share(dtype: str, numel: int) -> float:
     """The largest saturated share a correctly scaled fp8 tensor shows: one element.
 
     A scale made from the tensor's own amax (current or block scaling) maps the
-    largest element exactly to the format's max, so nothing saturates; a delayed scale
+    largest element to the format's max (within the division's rounding, which
+    :func:`fp8_saturation_bound` does not count), so nothing saturates; a delayed scale
     from an amax history may let the one element that set a new record saturate (it
     clips by less than the growth since the history's maximum). More than one element
     beyond the range is a scale that does not fit the tensor.
     """
     return 1.0 / max(numel, 1)
+
+
+def fp8_saturation_bound(dtype: torch.dtype) -> float:
+    """The smallest ``|x / scale|`` that an fp8 GEMM operand loses to saturation.
+
+    A scale made from the operand's own amax is ``amax / fmax`` in float32, so
+    ``amax / scale`` lands on ``fmax`` only up to the division's rounding (one float32
+    ulp either side): counting ``|x / scale| > fmax`` as saturated counts every block's
+    largest element about half the time (a block-scaled operand then "saturates" one
+    element per 1 x 128 tile). What rounding to the format would carry to ``fmax``
+    anyway is no loss: the format's spacing at its max is ``2^floor(log2 fmax) eps``
+    (32 in e4m3fn, 8192 in e5m2), and round to nearest maps everything below
+    ``fmax`` plus half that spacing to ``fmax`` (464 in e4m3fn, 61440 in e5m2; the tie
+    goes to ``fmax``, its significand even). Beyond
+    it the clamp, not the rounding, decides the value: a saturation.
+    """
+    info = torch.finfo(dtype)
+    top = float(info.max)
+    spacing = 2.0 ** math.floor(math.log2(top)) * float(info.eps)
+    return top + spacing / 2
 
 
 def fp8_underflow_share(dtype: str) -> float:
@@ -708,6 +729,7 @@ __all__ = [
     "accumulation_error",
     "expected_error",
     "fp8_gemm_error",
+    "fp8_saturation_bound",
     "fp8_saturation_share",
     "fp8_underflow_error",
     "fp8_underflow_share",

@@ -68,6 +68,10 @@ class Pair:
     fast: bool = False  # in the test suite's subset
     #: the golden's model when it is not ``model``: a classic bug's correct twin
     golden_model: str | None = None
+    #: a checklist that also judges the actual (its model, device and plant): a clean pair
+    #: must not fail it; a fault compare does not name counts as named when the
+    #: checklist's first failing check names the planted module (the tool is reported)
+    checklist: str | None = None
 
 
 @dataclass
@@ -80,12 +84,17 @@ class Outcome:
     local: bool | None
     seconds: float
     reason: str
+    #: what named the module: ``compare``, or ``check <id>`` (the pair's checklist)
+    tool: str = "compare"
+    #: the pair's checklist failed (a clean pair's false alarm)
+    checklist_failed: bool = False
 
     @property
     def ok(self) -> bool:
-        """Clean: matched. Fault: the planted module (or an accepted one) named first."""
+        """Clean: matched (and the pair's checklist passed). Fault: the planted module
+        (or an accepted one) named first, by compare or by the pair's checklist."""
         if self.pair.expect is None:
-            return self.verdict == "match"
+            return self.verdict == "match" and not self.checklist_failed
         return self.named in self.pair.expect and self.local is not False
 
 
@@ -571,7 +580,7 @@ class Runner:
         result = precguard.compare_runs(golden, actual)
         seconds = time.perf_counter() - start
         fd = result.first_divergence
-        return Outcome(
+        outcome = Outcome(
             pair,
             result.verdict,
             fd.module if fd else None,
@@ -579,6 +588,32 @@ class Runner:
             seconds,
             fd.reason if fd else "",
         )
+        if pair.checklist is not None:
+            self._check(outcome)
+        return outcome
+
+    def _check(self, outcome: Outcome) -> None:
+        """Run the pair's checklist on its actual; note a failure, and the module its first
+        failing check names where compare named none of the accepted ones."""
+        pair = outcome.pair
+        start = time.perf_counter()
+        diagnosis = precguard.check(
+            pair.checklist,
+            MODELS[pair.model](),
+            device=pair.actual.device,
+            dtype=pair.actual.dtype,
+            prepare=pair.plant,
+        )
+        outcome.seconds += time.perf_counter() - start
+        failed = [f for f in diagnosis.root_causes if f.status == "fail"]
+        outcome.checklist_failed = bool(failed)
+        if not failed or pair.expect is None or outcome.named in pair.expect:
+            return
+        first = failed[0]
+        # an fp8 check's evidence names the GEMM: "model.layers.1.mlp.down_proj (call 0, ...)"
+        worst = str(first.evidence.get("worst", first.evidence.get("module", "")))
+        outcome.named, outcome.local = worst.split(" (")[0] or None, None
+        outcome.tool, outcome.reason = f"check {first.id}", first.summary
 
 
 def label(pair: Pair) -> str:

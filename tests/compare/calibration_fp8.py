@@ -9,16 +9,20 @@ failure in one Linear and must name it:
   from an amax history recorded before its activations grew ``factor``-fold (a loss
   spike): every value above ``amax / factor`` saturates at the format's max;
 - **shared block scale**: under block scaling, the first 1 x 128 activation tile
-  of ``model.layers.1.mlp.down_proj`` is quantized with the scale of the tile
-  with the smallest amax (a scale read at the wrong index), so it saturates;
+  of ``model.layers.1.mlp.down_proj`` (the attention-sink token's, 32x the others)
+  is quantized with the scale of the next token's tile (a scale read at the wrong
+  index), so it saturates;
 - **saturated outlier channel**: a model with an outlier feature (one channel of
   the layer-1 MLP input ``factor`` times the others, as trained LLMs have) whose
   ``up_proj`` scale was taken without that channel: the channel saturates.
 
-Each fault is planted as the clip the wrong scale causes, before the emulator's
-own quantization: the emulator then derives exactly the wrong scale from the
-clipped tensor (its amax is the clip bound), so the GEMM computes what the
-faulty kernel computes.
+The stale amax and the outlier channel are planted as the clip the wrong scale
+causes, before the emulator's own quantization: the emulator then derives exactly
+the wrong scale from the clipped tensor (its amax is the clip bound), so the GEMM
+computes what the faulty kernel computes. The shared block scale is planted inside
+the emulator's GEMM (its block scales, for that one Linear), because compare does
+not name it (see docs/fp8.md) and the ``fp8`` checklist, which reads the GEMM's
+operand statistics, is the tool that must.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 from torch import nn
 
 import precguard
+from precguard.backends.emu import fp8
 from precguard.targets import build_tiny_llama, causal_lm_loss, lm_batch
 
 # the corpus module beside this one, imported as the tests (tests.compare.*) or the
@@ -48,6 +53,8 @@ E4M3_DELAYED = Recipe("emu:fp8-e4m3-delayed")
 E5M2 = Recipe("emu:fp8-e5m2")
 #: the outlier channel of the outlier model, and how much larger than the others it is
 OUTLIER_CHANNEL, OUTLIER_FACTOR = 7, 32.0
+#: the emulator's own block scales (the shared-block-scale fault swaps them for one GEMM)
+_activation_scales = fp8.activation_scales
 
 
 def _outlier_model() -> nn.Module:
@@ -128,16 +135,33 @@ def stale_amax(factor: float, path: str = "model.layers.1.mlp.up_proj") -> Prepa
 
 
 def shared_block_scale(path: str = "model.layers.1.mlp.down_proj", block: int = 128) -> Prepare:
-    """The first 1 x ``block`` activation tile of ``path`` (the first token's) quantized
-    with the scale of the next token's tile: it saturates at that tile's amax."""
+    """While ``path`` runs, the block-scaled emulator quantizes its activation's first
+    1 x ``block`` tile (the first token's) with the scale of the next token's tile: the
+    scale read for the wrong block, inside the GEMM, so the tile saturates there and the
+    GEMM's operand statistics (what the ``fp8`` checks read) see it."""
 
-    def bound(x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        limit = torch.full_like(rows, torch.finfo(torch.float32).max)
-        limit[0, :block] = rows[1, :block].abs().amax()
-        return limit.reshape(x.shape)
+    def wrong(x: torch.Tensor, recipe: fp8.Fp8Recipe) -> torch.Tensor:
+        scales = _activation_scales(x, recipe).clone()
+        rows = scales.reshape(-1, scales.shape[-1])  # a view: (M, K) of a 2-D GEMM operand
+        if rows.shape[0] > 1:
+            rows[0, :block] = rows[1, :block]
+        return scales
 
-    return _clip_input(path, bound)
+    def misread(_m: nn.Module, _args: tuple) -> None:
+        fp8.activation_scales = wrong  # only this Linear's GEMM reads the wrong scale
+
+    def restore(_m: nn.Module, _args: tuple, _out: torch.Tensor) -> None:
+        fp8.activation_scales = _activation_scales
+
+    def plant(model: nn.Module) -> None:
+        # hooks, not a replaced forward: a copy of the model (the checks copy it per
+        # side) keeps them, each acting on its own module
+        mod = model.get_submodule(path)
+        assert isinstance(mod, nn.Linear)
+        mod.register_forward_pre_hook(misread)
+        mod.register_forward_hook(restore, always_call=True)
+
+    return plant
 
 
 def saturated_outlier(path: str = "model.layers.1.mlp.up_proj") -> Prepare:
@@ -165,7 +189,12 @@ def fp8_pairs() -> list[Pair]:
         Pair("tiny-llama fp8-e4m3-delayed vs bf16-mixed", "tiny-llama", E4M3_DELAYED, BF16),
         Pair("tiny-llama fp8-e5m2 vs bf16-mixed", "tiny-llama", E5M2, BF16),
         Pair("tiny-llama-outlier fp8-e4m3 vs fp32", "tiny-llama-outlier", E4M3),
-        Pair("tiny-llama-sink fp8-e4m3-block vs fp32", "tiny-llama-sink", E4M3_BLOCK),
+        Pair(
+            "tiny-llama-sink fp8-e4m3-block vs fp32",
+            "tiny-llama-sink",
+            E4M3_BLOCK,
+            checklist="fp8",
+        ),
         Pair("hw4 fp8-e4m3 vs fp32", "hw4", E4M3),
         Pair("hw4 fp8-e4m3-block vs fp32", "hw4", E4M3_BLOCK),
         Pair(
@@ -197,6 +226,7 @@ def fp8_pairs() -> list[Pair]:
             expect=("model.layers.1.mlp.down_proj",),
             kind="fp8 shared block scale",
             plant=shared_block_scale(),
+            checklist="fp8",  # compare does not name it (docs/fp8.md); fp8.saturation does
         )
     )
     faults.append(

@@ -79,3 +79,24 @@ def test_linear_records_carry_the_fp8_dtype(tmp_path):
     )
     assert records["model.layers.0.mlp.up_proj.0.forward.input.0"].compute_dtype is None
     assert records["model.layers.0.mlp.0.forward.output.0"].compute_dtype is None
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_a_block_scaled_operand_saturates_nothing_of_its_own(fmt):
+    # each 1 x 128 tile's scale comes from its own amax: its largest element lands on
+    # the format's max up to the float32 division's rounding, which is no saturation
+    from precguard.backends.emu import fp8
+
+    recipe = fp8.Fp8Recipe(fmt, scaling="block")
+    x = torch.randn(64, 512, generator=torch.Generator().manual_seed(0)) * 3
+    stats = fp8.operand_statistics(x, fp8.activation_scales(x, recipe), recipe.dtype)
+    assert stats["saturated"] == 0.0
+    # and a tile scaled for another tile's smaller amax does saturate
+    scales = fp8.activation_scales(x, recipe).clone()
+    scales[0, :128] = scales[0, :128] / 4
+    assert fp8.operand_statistics(x, scales, recipe.dtype)["saturated"] > 1 / x.numel()
+
+
+def test_the_saturation_bound_is_half_a_spacing_above_the_format_max():
+    assert numerics.fp8_saturation_bound(torch.float8_e4m3fn) == 448 + 16
+    assert numerics.fp8_saturation_bound(torch.float8_e5m2) == 57344 + 4096

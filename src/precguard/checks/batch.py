@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from precguard import numerics
+from precguard.capture.hooks import on_calls
 from precguard.checks._lab import Lab, flatten, lab, logits_of
 from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
 
@@ -77,22 +78,21 @@ def decode(
     out = Decoded()
     state = {"call": 0, "seq": width, "keep": mine}
 
-    def hook(name: str):
-        def record(_m: nn.Module, _args: Any, output: Any) -> None:
-            for _, t in flatten(output):
-                if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-                    continue
-                if t.dim() < 2 or t.shape[0] != len(batch):
-                    continue
-                part = t[row]
-                if part.shape[0] == state["seq"]:  # positions: the prompt's own (not padding)
-                    part = part[state["seq"] - state["keep"] :]
-                out.outputs.append((state["call"], name, part.detach().float().cpu().clone()))
-                return
+    def record(name: str, _m: nn.Module, _args: Any, _kwargs: Any, output: Any) -> None:
+        for _, t in flatten(output):
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                continue
+            if t.dim() < 2 or t.shape[0] != len(batch):
+                continue
+            part = t[row]
+            if part.shape[0] == state["seq"]:  # positions: the prompt's own (not padding)
+                part = part[state["seq"] - state["keep"] :]
+            out.outputs.append((state["call"], name, part.detach().float().cpu().clone()))
+            return
 
-        return record
-
-    handles = [m.register_forward_hook(hook(n or "root")) for n, m in model.named_modules()]
+    # every module, containers included (a container's output is compared too);
+    # a failing record stops the decode rather than leaving a silent gap
+    handle = on_calls(model, post=record, modules=lambda _n, _m: True, errors="raise")
     dev = bench.dev
     try:
         with torch.no_grad(), bench.device.numerics():
@@ -124,8 +124,7 @@ def decode(
                 )
                 past = getattr(result, cache_arg, None)
     finally:
-        for h in handles:
-            h.remove()
+        handle.remove()
     return out
 
 

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from precguard import numerics
+
 #: the emulated fp8 formats by profile name: torch dtype
 FORMATS: dict[str, torch.dtype] = {
     "e4m3": torch.float8_e4m3fn,
@@ -198,8 +200,10 @@ def collect() -> Iterator[list[dict]]:
 def operand_statistics(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> dict:
     """Saturated and underflowed shares, amax and scale of ``x`` quantized with ``scale``.
 
-    Saturated: ``|x| / scale`` beyond the format's max; underflowed: a nonzero ``x``
-    that rounds to zero. The ``fp8`` checks read these.
+    Saturated: ``|x| / scale`` beyond what rounding carries to the format's max
+    (:func:`~precguard.numerics.fp8_saturation_bound`: the clamp, not the rounding,
+    sets its value); underflowed: a nonzero ``x`` that rounds to zero. The ``fp8``
+    checks read these.
     """
     y = x / scale
     n = max(x.numel(), 1)
@@ -208,7 +212,7 @@ def operand_statistics(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype)
     amax = float(x.abs().amax()) if x.numel() else 0.0
     return {
         "numel": x.numel(),
-        "saturated": float((y.abs() > fmax(dtype)).sum()) / n,
+        "saturated": float((y.abs() > numerics.fp8_saturation_bound(dtype)).sum()) / n,
         "underflow": float(flushed.sum()) / n,
         "amax": amax,
         "scale": float(scale.max()),
