@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from precguard.numerics import TOLERANCE_EPS
 from precguard.opcheck.norm import MEAN_TO_SPREAD, looks_like_norm, with_large_mean
-from precguard.opcheck.sweep import TOLERANCE_EPS, op_check
+from precguard.opcheck.sweep import op_check
 from tests.opcheck.norm_models import PARALLEL, undeclared_positions
 
 
