@@ -199,10 +199,6 @@ NOT_A_JUDGEMENT = frozenset(
         ("checks/norm.py", "row_error(y1, y0) < 1e-06"),
         # Ascend msprobe's own published rule, reproduced as its profile (compare/tolerance.py)
         ("compare/tolerance.py", "metrics.max_abs_err > 1.0"),
-        # known debt, not yet derived: the bands that name the precision an op behaves like
-        ("checks/ops.py", "err < 2e-06"),
-        ("checks/ops.py", "err < 0.002"),
-        ("checks/ops.py", "err < 0.02"),
     }
 )
 
@@ -388,3 +384,26 @@ def test_the_scan_finds_a_planted_relative_error() -> None:
         assert _norm_of_a_difference_divided(fn), text
     ok = ast.parse("def f(a):\n    return a.norm() / 2\n").body[0]
     assert isinstance(ok, ast.FunctionDef) and not _norm_of_a_difference_divided(ok)
+
+
+@pytest.mark.parametrize("fmt", ["float32", "float16", "bfloat16"])
+def test_an_op_rounding_once_in_a_format_is_named_after_it(fmt: str) -> None:
+    # the probes of checks/ops.py measure 0.2-1 unit roundoff for a correct op (bf16's from
+    # 0.4); from 0.4 to 2.8 roundings an error is that format, not the next finer or coarser
+    u = numerics.unit_roundoff(fmt)
+    for err in (0.4 * u, u, 2.8 * u):
+        assert numerics.precision_class(err) == fmt
+    coarser = {"float32": "float16", "float16": "bfloat16", "bfloat16": "float8_e4m3fn"}[fmt]
+    assert numerics.precision_class(numerics.unit_roundoff(coarser)) != fmt
+
+
+def test_an_op_as_coarse_as_fp8_is_below_bfloat16() -> None:
+    assert numerics.precision_class(numerics.unit_roundoff("float8_e4m3fn")) == "below bfloat16"
+
+
+def test_rope_allows_eight_roundings_of_its_compute_dtype_or_its_fp32_angles() -> None:
+    eps = float(torch.finfo(torch.bfloat16).eps)
+    assert numerics.rope_floor(eps) == numerics.PRECISION_STEP * numerics.unit_roundoff("bfloat16")
+    # far along the sequence, the fp32 angle's roundings dominate
+    far = numerics.rope_allowed(float(torch.finfo(torch.float32).eps), 1e5)
+    assert far == numerics.ROPE_ANGLE_ROUNDINGS * numerics.unit_roundoff("float32") * (1 + 1e5)

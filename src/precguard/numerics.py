@@ -305,6 +305,67 @@ def expected_error(input_error: float, dtype: str, k: int | None = None) -> floa
     return max(input_error, rounding_floor(dtype, k))
 
 
+# -- the checks' precision classes and a rotary embedding's cos/sin ------------------------
+
+#: the formats an op's relative error vs fp64 is named after (checks/ops.py
+#: ``effective_precision``), finest first; past the last, an op "behaves like" the next
+#: coarser format, fp8 e4m3 (4 bits), told as "below bfloat16"
+PRECISION_CLASSES: tuple[str, ...] = ("float32", "float16", "bfloat16")
+
+
+def precision_class(err: float) -> str:
+    """The format a relative error vs fp64 points to: the one whose unit roundoff is nearest
+    in bits (``log2``), or "below bfloat16".
+
+    A correct op in format ``F`` errs by about one rounding, ``u_F`` (the probes of
+    checks/ops.py measure 0.2-1 ``u_F`` on CPU, bf16's 0.4-1; an fp32 reduction over 4096
+    terms adds ``sqrt(k) u_32``, up to 6 ``u_32``, still far from fp16). The boundary
+    between ``F`` and the next coarser ``G`` is their geometric mean ``sqrt(u_F u_G)``: an
+    error below it is nearer ``F``'s rounding than ``G``'s in bits. fp32 | fp16 at
+    ``2^-17.5`` (5.4e-6), fp16 | bf16 at ``2^-9.5`` (1.4e-3, 0.35 ``u_bf16``: a bf16 op
+    under it is told as fp16, never as lowered), bf16 | fp8 e4m3 at ``2^-6`` (1.6e-2): each
+    at least 2.8x above the largest error a correct op of the finer format shows, and
+    2.8x below one rounding of the coarser.
+
+    >>> precision_class(unit_roundoff("float16")), precision_class(unit_roundoff("bfloat16"))
+    ('float16', 'bfloat16')
+    """
+    coarser = (*PRECISION_CLASSES[1:], "float8_e4m3fn")
+    for fmt, nxt in zip(PRECISION_CLASSES, coarser, strict=True):
+        if err < math.sqrt(unit_roundoff(fmt) * unit_roundoff(nxt)):
+            return fmt
+    return "below bfloat16"
+
+
+#: the fp32 roundings an angle ``theta = p * f`` of a rotary embedding carries before its
+#: cos/sin: the inverse frequency's power ``base^(-2i/d)``, its exponent's division, the
+#: product with the position, and cos/sin's argument reduction, each at most ``u_32`` of
+#: ``|theta|`` (relative). cos and sin have slope at most 1, so their outputs are off by at
+#: most that, absolutely (:func:`rope_allowed`)
+ROPE_ANGLE_ROUNDINGS = 4
+
+
+def rope_floor(eps: float) -> float:
+    """The error a rotary embedding's cos/sin are allowed in a compute dtype of machine
+    epsilon ``eps``, whatever the angle: :data:`PRECISION_STEP` roundings.
+
+    cos/sin lie in [-1, 1], where the spacing of a format is at most ``eps = 2u``, so one
+    correct rounding to the compute dtype errs by at most ``u = eps / 2``, absolutely.
+    Within ``PRECISION_STEP`` of them, an implementation rounds more often than one cast
+    (an extra cast, the attention scaling); beyond, it computes cos/sin in a format three
+    bits coarser than the compute dtype (checks/rope.py, ``4 eps``).
+    """
+    return PRECISION_STEP * (eps / 2)
+
+
+def rope_allowed(eps: float, max_angle: float) -> float:
+    """Error allowed a rotary embedding's cos/sin at angles up to ``max_angle``: the
+    larger of :func:`rope_floor` and what fp32 angles cost there
+    (:data:`ROPE_ANGLE_ROUNDINGS` ``u_32 (1 + |theta|)``; the 1 keeps one rounding at
+    small angles)."""
+    return max(rope_floor(eps), ROPE_ANGLE_ROUNDINGS * unit_roundoff("float32") * (1 + max_angle))
+
+
 def stacked_floor(dtype: str, k: int | None, blocks: int) -> float:
     """The rounding floor of a stack of ``blocks`` residual blocks, each ending in a
     reduction of length ``k``: each block adds its own rounding to the residual stream,
@@ -712,12 +773,14 @@ __all__ = [
     "MEAN_TO_SPREAD",
     "MIN_LOCAL_GROWTH",
     "OPCHECK_ROUNDINGS",
+    "PRECISION_CLASSES",
     "PRECISION_STEP",
     "PRODUCT_GROWTH",
     "RATIO_MAX_ULPS",
     "REORDER_DIFFERENCE",
     "REPLAY_MARGIN",
     "REROUTED_ROW_ERROR",
+    "ROPE_ANGLE_ROUNDINGS",
     "SCORE_PAIR",
     "SIGNIFICAND_BITS",
     "TOLERANCE_EPS",
@@ -737,8 +800,11 @@ __all__ = [
     "less_precise",
     "measure",
     "opcheck_tolerance",
+    "precision_class",
     "reduction_length",
     "relative_l2",
+    "rope_allowed",
+    "rope_floor",
     "rounding_floor",
     "scale_excess",
     "stacked_floor",

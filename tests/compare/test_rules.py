@@ -14,6 +14,7 @@ from precguard.compare.verdict import judge_unit
 from tests.compare.synthetic import full_record as _rec
 
 COMPARE = Path(precguard.__file__).resolve().parent / "compare"
+GENERATION = COMPARE.parent / "generation"
 
 
 class _CopiesItsWeight(BaseRule):
@@ -98,3 +99,14 @@ def test_only_the_one_pass_writes_a_records_status() -> None:
     # the scan can fail: the shapes the old writers used
     for text in ('r.model_copy(update={"status": "fail"})', 'update["status"] = "fail"'):
         assert _status_writes(ast.parse(text)), text
+
+
+def test_generate_diff_settles_a_cache_entry_through_the_same_status_call() -> None:
+    # a KV-cache entry's status goes through numerics.status (kvcache.entry_status), as a
+    # compared record's does: no module of generation/ writes one in a dict or an update
+    found = {
+        path.name: lines
+        for path in sorted(GENERATION.glob("*.py"))
+        if (lines := _status_writes(ast.parse(path.read_text())))
+    }
+    assert not found, f"generation/ settles a status through kvcache.entry_status: {found}"

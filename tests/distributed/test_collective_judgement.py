@@ -48,6 +48,8 @@ def test_the_module_and_rank_that_fed_the_collective_a_wrong_input_are_named(
     fd = result.first_divergence
     assert result.verdict == "diverged" and fd is not None
     assert (fd.module, fd.rank, fd.local) == ("row", 1, True), fd.reason
+    # the why says so, written once when rank 1's step was decided
+    assert "on rank 1 it fed a collective a wrong input" in fd.reason, fd.reason
     assert not any(s.module.startswith("dist.") for s in result.suspects)
 
 

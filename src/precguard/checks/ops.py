@@ -17,6 +17,7 @@ import torch
 
 from precguard.checks._lab import flatten, is_custom, lab, rel_error, run_module
 from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
+from precguard.numerics import precision_class
 from precguard.opcheck.measure import run_on_device
 from precguard.oracle import run_in_fp64
 
@@ -119,14 +120,9 @@ _UNIT = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8, "below b
 
 
 def effective_precision(err: float) -> str:
-    """Name the precision a relative error vs fp64 points to (fp32, fp16, bf16 or worse)."""
-    if err < 2e-6:
-        return "float32"
-    if err < 2e-3:
-        return "float16"
-    if err < 2e-2:
-        return "bfloat16"
-    return "below bfloat16"
+    """Name the precision a relative error vs fp64 points to (fp32, fp16, bf16 or worse):
+    :func:`precguard.numerics.precision_class`, the format nearest in bits."""
+    return precision_class(err)
 
 
 def op_precision(ctx: CheckContext) -> Finding:

@@ -30,8 +30,8 @@ from torch import nn
 from precguard.checks._lab import Lab, lab
 from precguard.checks._rope_find import rope_by_behaviour, rotation_modules
 from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
+from precguard.numerics import rope_allowed, rope_floor
 from precguard.opcheck import rotary
-from precguard.opcheck.measure import rope_allowed
 
 _BINS = 8
 
@@ -89,8 +89,9 @@ def _judge(
 ) -> tuple[dict[str, Any], str | None]:
     """Bin per-position errors vs fp64; a failure message when the device's error grows or is large.
 
-    Allowed: ``4·eps`` of the compute dtype, or what angles rounded to fp32 cost at
-    that position (``4·2**-24·(1 + |angle|)``), whichever is larger. The
+    Allowed (``numerics.rope_allowed``): ``4·eps`` of the compute dtype, or what angles
+    rounded to fp32 cost at that position (``4·2**-24·(1 + |angle|)``), whichever is
+    larger. The
     reference is judged by the same rule: when it fails too, the code computes
     the angles in low precision everywhere, not only on the device.
     """
@@ -142,7 +143,7 @@ def sweep(
     limit = max_position or bench.max_positions() or 4096
     count = min(points, limit)
     positions = torch.linspace(0, limit - 1, count).round().long().unique()[None, :]
-    tol = 4 * bench.eps
+    tol = rope_floor(bench.eps)
     per_module: dict[str, Any] = {}
     failures: list[str] = []
     for name, (mod, args, kwargs) in found.items():

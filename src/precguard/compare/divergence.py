@@ -75,11 +75,12 @@ class Candidate(BaseModel):
     """A module call that introduced error (or, failing that, the first failing record).
 
     One model, in this process and in a worker's JSON share alike
-    (:class:`precguard.compare.units.UnitResult`). Not frozen: merging ranks may add
-    to its ``reason`` (engine's ``_across_ranks``).
+    (:class:`precguard.compare.units.UnitResult`). Frozen: its why is written once, by
+    :func:`decide_calls` (the rank clause included); merging ranks only selects among
+    the candidates (:func:`decide_ranks`).
     """
 
-    model_config = ConfigDict(ser_json_inf_nan="strings")
+    model_config = ConfigDict(ser_json_inf_nan="strings", frozen=True)
 
     result: RecordResult
     local: bool | None
@@ -238,7 +239,74 @@ def decide_calls(
     found.sort(key=lambda c: c.order)
     # a rule's finding is its own (the precision a loss was computed in): no submodule
     # explains it, while it explains the calls around it as any local call does
-    return StepClassification(_drop_explained(found, keep=set(settled)), decisions)
+    kept = _drop_explained(found, keep=set(settled))
+    if fed_collective(calls.records):
+        kept = [_fed_collective(c) for c in kept]
+    return StepClassification(kept, decisions)
+
+
+def _collective_call(r: RecordResult) -> tuple[int, str] | None:
+    """(step, call) of a collective's failing input record, else None."""
+    if r.module.startswith("dist.") and r.role == "input" and r.status in _BAD:
+        return r.step, r.key.rsplit(".", 2)[0]
+    return None
+
+
+def fed_collective(records: Iterable[RecordResult]) -> bool:
+    """Whether a step's records (one rank's) hold a collective's failing input: what this
+    rank fed the collective differs, and every rank then received it."""
+    return any(_collective_call(r) is not None for r in records)
+
+
+def _fed_collective(c: Candidate) -> Candidate:
+    """The candidate of a step that fed a collective a wrong input, its why saying so
+    (built here, before the decision is returned: nothing adds to it later)."""
+    if "rank" in c.reason:
+        return c
+    r = c.result
+    note = f"; on rank {r.rank} it fed a collective a wrong input, which every rank then received"
+    return c.model_copy(update={"reason": c.reason + note})
+
+
+def decide_ranks(
+    bad: Iterable[RecordResult], candidates: list[Candidate], firsts: list[Candidate]
+) -> tuple[list[Candidate], list[Candidate]]:
+    """The comparison's candidates and each rank's first, across ranks: a collective named
+    on one rank is dropped when another rank's input to it was wrong.
+
+    Each rank is judged on its own records (:func:`decide_calls`), so an all-reduce whose
+    output differs while this rank's input matches looks local to the collective; it
+    only summed what it was given. When the same collective call (step, key) received a
+    failing input on another rank, the module that produced that input on that rank (its
+    own candidate, whose why says it fed the collective) is the one to name, and the
+    collective is dropped; a rank whose first it was is represented by its next
+    candidate. ``bad``: the comparison's failing records (others are ignored). Only a
+    selection: no candidate is changed.
+    """
+    wrong_inputs: dict[tuple[int, str], set[int]] = {}
+    for r in bad:
+        call = _collective_call(r)
+        if call is not None:
+            wrong_inputs.setdefault(call, set()).add(r.rank)
+    if not wrong_inputs:
+        return candidates, firsts
+
+    def explained(c: Candidate) -> bool:
+        r = c.result
+        if not r.module.startswith("dist."):
+            return False
+        ranks = wrong_inputs.get((r.step, r.key.rsplit(".", 2)[0]), set())
+        return bool(ranks - {r.rank})
+
+    kept = [c for c in candidates if not explained(c)]
+    firsts_kept = [c for c in firsts if not explained(c)]
+    if len(firsts_kept) < len(firsts):  # a rank's first was the collective: its next one
+        by_rank = {c.result.rank for c in firsts_kept}
+        for c in sorted(kept, key=lambda c: c.order):
+            if c.result.rank not in by_rank:
+                firsts_kept.append(c)
+                by_rank.add(c.result.rank)
+    return kept, firsts_kept
 
 
 def nonfinite_param_reason(module: str, module_type: str, p: RecordResult) -> str:

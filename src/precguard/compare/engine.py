@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from itertools import groupby
 from typing import Any
 
@@ -24,6 +24,7 @@ from precguard.compare.coverage import (
 )
 from precguard.compare.divergence import (
     Candidate,
+    decide_ranks,
     decoding_divergence,
     further_findings,
     rank_suspects,
@@ -363,7 +364,8 @@ def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
             firsts.append(unit.first)
     counts = Counts.of(results)
     _check_comparable(plan, len(units), results, counts, golden_only, actual_only)
-    candidates, firsts = _across_ranks(results, candidates, firsts)
+    # across ranks: a collective explained by another rank's wrong input is dropped
+    candidates, firsts = decide_ranks(results.having(("fail", "nonfinite")), candidates, firsts)
     first = min(firsts, key=lambda c: c.order) if firsts else None
     warnings.extend(_unit_notes(units, golden_only, actual_only))
     prof = plan.prof
@@ -459,56 +461,6 @@ def _decoding_gap(cov: Coverage, parted: Candidate | None, units: list[Any]) -> 
     span = f"step {later[0]}" if len(later) == 1 else f"steps {later[0]}-{later[-1]}"
     gap = f"{span} not judged: {parted.reason}"
     return cov.model_copy(update={"complete": False, "gaps": [gap, *cov.gaps]})
-
-
-def _across_ranks(
-    results: Sequence[RecordResult], candidates: list[Candidate], firsts: list[Candidate]
-) -> tuple[list[Candidate], list[Candidate]]:
-    """Drop a collective named on one rank when another rank's input to it was wrong.
-
-    Each rank is judged on its own records, so an all-reduce whose output differs
-    while this rank's input matches looks local to the collective; it only summed
-    what it was given. When the same collective call (step, key) received a failing
-    input on another rank, the module that produced that input on that rank (its
-    own candidate) is the one to name, and the collective is dropped.
-    """
-    wrong_inputs: dict[tuple[int, str], set[int]] = {}
-    bad: Iterable[RecordResult] = (
-        results.having(("fail", "nonfinite")) if isinstance(results, RecordRows) else results
-    )
-    for r in bad:
-        if r.module.startswith("dist.") and r.role == "input" and r.status in ("fail", "nonfinite"):
-            call = r.key.rsplit(".", 2)[0]
-            wrong_inputs.setdefault((r.step, call), set()).add(r.rank)
-
-    def explained(c: Candidate) -> bool:
-        r = c.result
-        if not r.module.startswith("dist."):
-            return False
-        ranks = wrong_inputs.get((r.step, r.key.rsplit(".", 2)[0]), set())
-        return bool(ranks - {r.rank})
-
-    if not wrong_inputs:
-        return candidates, firsts
-    kept = [c for c in candidates if not explained(c)]
-    for c in kept:
-        r = c.result
-        fed_wrong = any(
-            r.rank in ranks for (step, _), ranks in wrong_inputs.items() if step == r.step
-        )
-        if fed_wrong and "rank" not in c.reason:
-            c.reason += (
-                f"; on rank {r.rank} it fed a collective a wrong input, which every rank "
-                "then received"
-            )
-    firsts_kept = [c for c in firsts if not explained(c)]
-    if len(firsts_kept) < len(firsts):  # a rank's first was the collective: its next one
-        by_rank = {c.result.rank for c in firsts_kept}
-        for c in sorted(kept, key=lambda c: c.order):
-            if c.result.rank not in by_rank:
-                firsts_kept.append(c)
-                by_rank.add(c.result.rank)
-    return kept, firsts_kept
 
 
 def _module_level(keys: list[str], is_detail: Callable[[str], bool]) -> int:

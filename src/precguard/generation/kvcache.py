@@ -18,6 +18,8 @@ Two pieces of evidence, each able to name the cache as the cause:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -28,13 +30,37 @@ from precguard.generation.report import (
     CacheConsistency,
     CacheEntry,
     CacheSnapshot,
+    CacheStatus,
     KVCache,
 )
-from precguard.numerics import LOGITS_SLACK, MIN_LOCAL_GROWTH
+from precguard.numerics import LOGITS_SLACK, MIN_LOCAL_GROWTH, status
 
 
-def compare_entry(name: str, golden: torch.Tensor | None, actual: torch.Tensor | None) -> dict:
-    """Measure one cache tensor across the sides (status is settled by the caller)."""
+@dataclass(frozen=True)
+class EntryMeasure:
+    """One cache tensor's pair as the status ladder reads it (:class:`numerics.Measured`):
+    the elements the golden holds finite and the actual does not, NaN and Inf apart, and
+    the relative L2 error (0 where none is defined: the verdict is then the ladder's)."""
+
+    nan_mismatch: int
+    inf_mismatch: int
+    error: float
+    level: str = "full"
+
+
+def entry_status(m: EntryMeasure | None, allowed: float | None) -> CacheStatus:
+    """A cache entry's status, the one place kvcache settles one: 'missing' when nothing
+    was measured, else the one :func:`precguard.numerics.status` call against the error
+    ``allowed`` (None: no threshold applies)."""
+    return "missing" if m is None else status(m, allowed)
+
+
+def compare_entry(
+    name: str, golden: torch.Tensor | None, actual: torch.Tensor | None
+) -> tuple[dict[str, Any], EntryMeasure | None]:
+    """Measure one cache tensor across the sides: its report fields (all but the status,
+    which the caller settles by :func:`entry_status`) and what the ladder reads (None:
+    one side lacks it or the shapes differ)."""
     if golden is None or actual is None or golden.shape != actual.shape:
         ref = golden if golden is not None else actual
         assert ref is not None
@@ -48,20 +74,20 @@ def compare_entry(name: str, golden: torch.Tensor | None, actual: torch.Tensor |
             "golden_absmax": 0.0,
             "nonfinite": 0,
             "first_nonfinite_position": None,
-            "status": "missing",
-        }
+        }, None
     g = golden.double()
     a = actual.double()
     g_fin = torch.isfinite(g)
     only_actual = g_fin & ~torch.isfinite(a)
     count = int(only_actual.sum())
+    nan = int((only_actual & torch.isnan(a)).sum()) if count else 0
     position = None
     if count and a.dim() >= 2:
         position = int(only_actual.nonzero()[0][-2])
     both = g_fin & torch.isfinite(a)
     err = rel_l2(a.where(both, 0), g.where(both, 0)) if count else rel_l2(a, g)
     diff = (a - g).abs()[both]
-    return {
+    fields = {
         "name": name,
         "golden_dtype": dtype_name(golden.dtype),
         "actual_dtype": dtype_name(actual.dtype),
@@ -71,8 +97,10 @@ def compare_entry(name: str, golden: torch.Tensor | None, actual: torch.Tensor |
         "golden_absmax": float(g.abs()[g_fin].max()) if bool(g_fin.any()) else 0.0,
         "nonfinite": count,
         "first_nonfinite_position": position,
-        "status": "nonfinite" if count else "pass",
     }
+    # no error defined (both sides non-finite alike): no threshold, the ladder decides
+    measured = EntryMeasure(nan, count - nan, err if err is not None else 0.0)
+    return fields, measured
 
 
 def compare_snapshot(
@@ -87,13 +115,15 @@ def compare_snapshot(
     worst = 0.0
     first = None
     for name in names:
-        fields = compare_entry(name, golden.get(name), actual.get(name))
+        fields, m = compare_entry(name, golden.get(name), actual.get(name))
         err = fields["rel_l2"]
-        if fields["status"] == "pass" and err is not None:
-            if err > LOGITS_SLACK * explained and err > MIN_LOCAL_GROWTH * worst:
-                fields["status"] = "fail"
+        # where the caches start to differ: past the explained error, and at least
+        # MIN_LOCAL_GROWTH times the largest error of the entries before it
+        scored = m is not None and not (m.nan_mismatch or m.inf_mismatch) and err is not None
+        allowed = max(LOGITS_SLACK * explained, MIN_LOCAL_GROWTH * worst) if scored else None
+        entry = CacheEntry(**fields, status=entry_status(m, allowed))
+        if scored and err is not None:
             worst = max(worst, err)
-        entry = CacheEntry(**fields)
         if first is None and entry.status != "pass":
             first = name
         entries.append(entry)

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from precguard.backend import Backend
-from precguard.numerics import GROWTH_FACTOR, TOLERANCE_EPS, ulp, unit_roundoff
+from precguard.numerics import GROWTH_FACTOR, TOLERANCE_EPS, rope_allowed, ulp, unit_roundoff
 from precguard.numerics import measure as measure_tensors
 from precguard.oracle import map_tensors_keeping_types
 
@@ -133,11 +133,6 @@ def op_errors(got: Any, want: Any, dtype: torch.dtype) -> dict[str, float]:
         "mean_rel_err": m.mean_rel,
         "ulp_err": m.ulps if m.ulps is not None else math.inf,
     }
-
-
-def rope_allowed(eps: float, max_angle: float) -> float:
-    """Error allowed a rotary embedding: 4 eps, or what fp32 angles cost at ``max_angle``."""
-    return max(4 * eps, 4 * FP32_UNIT * (1 + max_angle))
 
 
 class Growth(BaseModel):
