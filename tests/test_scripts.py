@@ -31,15 +31,16 @@ def run_script(relpath: str, *args: str) -> str:
 def test_overhead_benchmark():
     out = run_script(
         "benchmarks/overhead.py",
-        *("--hidden", "64", "128", "--layers", "1", "--seq", "8", "--repeats", "2"),
-        *("--threads", "1", "--backward", "--profile"),
+        *("--hidden", "64", "128", "--vocab", "1000", "--layers", "1", "--seq", "8"),
+        *("--repeats", "15", "--threads", "1", "--backward", "--profile"),
     )
-    table = out.split("ratio: median monitored")[0].splitlines()
+    table = out.split("ratio: median of")[0].splitlines()
     rows = {line.split()[0]: line for line in table if line.split()[0].isdigit()}
     assert rows.keys() == {"64", "128"}  # both sizes, one run
     assert all(rows[h].count("x") >= 3 for h in rows)  # ratio, quartiles, cpu ratio
     assert "-- profile: hidden=64" in out and "tottime" in out
     assert "monitored, input grads median:" in out and "input-gradient recording costs:" in out
+    assert "Monitor, statistics" in out and "Python calls/call" in out  # the per-call table
 
 
 def test_compare_benchmark_cleans_up(tmp_path):
@@ -77,7 +78,7 @@ def test_checklist_speed_benchmark():
     out = run_script(
         "benchmarks/checklist_speed.py", "--checklist", "quick", "--only", "env", "--device", "cpu"
     )
-    assert "checklist quick on cpu:" in out and "(exit code 0)" in out
+    assert "checklist quick on handwritten-llama, cpu:" in out and "(exit code 0" in out
 
 
 def test_bisect_probes_benchmark():

@@ -63,7 +63,7 @@ def test_the_layout_is_a_strategy_passed_to_the_compare_job_not_a_global(tmp_pat
     # gathering passed in as a strategy (issue 38): compare, below the layout package,
     # holds no installed branch, and says where layout= goes rather than ignoring it
     from precguard.compare import compare_recordings, compare_runs, job
-    from precguard.layout.compare import gathered
+    from precguard.layout import gathered
 
     golden, actual = write_pair(tmp_path)
     assert precguard.compare_runs.__module__ == "precguard.layout.compare"

@@ -279,9 +279,11 @@ def test_compare_runs_is_the_function_and_compare_the_subpackage(rmsnorm_fault) 
     assert precguard.compare is subpackage
     assert isinstance(subpackage, types.ModuleType) and not callable(subpackage)
     assert type(subpackage) is types.ModuleType  # no module-class swap
-    # the public function is defined in compare (its layout= branch lives above and
-    # installs itself); compare_recordings is the same function without layout=
-    assert precguard.compare_runs is subpackage.compare_runs
+    # the public function is layout's (it gathers a parallel side, then runs compare's one
+    # job); the subpackage's compare_runs is the same comparison without layout= and says
+    # so when given one (issue 38: the layout is a strategy, not installed into compare)
+    assert precguard.compare_runs.__module__ == "precguard.layout.compare"
+    assert subpackage.compare_runs(*rmsnorm_fault).verdict == "diverged"
     assert precguard.compare_runs(*rmsnorm_fault).verdict == "diverged"
     assert subpackage.compare_recordings(*rmsnorm_fault) == precguard.compare_runs(*rmsnorm_fault)
 

@@ -8,9 +8,16 @@ from pathlib import Path
 import pytest
 
 import precguard
-from precguard.compare import RecordResult, get_profile, rules
-from precguard.compare.rule import BaseRule, Pass, Settlement, StepContext
-from precguard.compare.verdict import judge_unit
+from precguard.compare import (
+    BaseRule,
+    Pass,
+    RecordResult,
+    Settlement,
+    StepContext,
+    get_profile,
+    judge_unit,
+    rules,
+)
 from tests.compare.synthetic import full_record as _rec
 
 COMPARE = Path(precguard.__file__).resolve().parent / "compare"

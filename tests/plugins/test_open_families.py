@@ -55,7 +55,7 @@ def test_a_family_no_plugin_registers_is_named_when_the_checklist_is_planned(
     for entry in ("npuops.fused_rmsnorm", "rop.*"):  # a plugin not installed; a typo
         checklist.write_text(f"name: vendor\ndescription: d\nchecks: ['{entry}']\n")
         # any lowercase family loads (plugins bring their own): planning names the gap
-        with pytest.raises(UsageError, match=r"no plugin registers its family.*env, grads"):
+        with pytest.raises(UsageError, match=r"no plugin registers its family.*env, fp8, grads"):
             precguard.check(checklist, None, device="cpu")
 
 

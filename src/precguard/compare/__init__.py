@@ -1,5 +1,9 @@
 """Compare two recordings: align records, measure error, name the layer that introduced it.
 
+A new judging rule (compare/rules.py) is written against :class:`Rule` (or :class:`BaseRule`),
+settles a record with a :class:`Settlement` and is exercised with :func:`judge_unit`
+(docs/architecture.md, "Where to add a rule").
+
 The function is :func:`compare_runs` (``precguard.compare_runs``); :func:`compare_recordings`
 is the same without ``layout=`` (the layout branch lives above, in
 :mod:`precguard.layout.compare`, passes its gathering to :func:`job` as a strategy).
@@ -38,12 +42,15 @@ from precguard.compare.report import (
     RecordResult,
     Suspect,
 )
+from precguard.compare.rule import BaseRule, Pass, Rule, Settlement, StepContext
 from precguard.compare.runs import compare_recordings, compare_runs
 from precguard.compare.tolerance import PROFILES, Profile, get_profile
+from precguard.compare.verdict import judge_unit
 
 __all__ = [
     "PROFILES",
     "Advice",
+    "BaseRule",
     "CompareOptions",
     "Comparison",
     "Counts",
@@ -55,12 +62,16 @@ __all__ = [
     "MeasuredMetrics",
     "Metrics",
     "MetricsBase",
+    "Pass",
     "Profile",
     "RecordIdentity",
     "RecordResult",
     "RemedyCheck",
+    "Rule",
     "SameRecordingError",
+    "Settlement",
     "StatsMetrics",
+    "StepContext",
     "Suspect",
     "UnmeasuredMetrics",
     "candidates",
@@ -70,6 +81,7 @@ __all__ = [
     "fingerprint_diff",
     "get_profile",
     "job",
+    "judge_unit",
     "metrics_of",
     "metrics_with",
 ]

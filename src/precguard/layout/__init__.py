@@ -10,7 +10,7 @@ module's tensors are split; :func:`gather_run` writes the one-rank view;
 from __future__ import annotations
 
 from precguard.layout.combine import concat_stats, sum_partials, tensor_stats
-from precguard.layout.compare import compare_layout
+from precguard.layout.compare import compare_layout, gathered
 from precguard.layout.gather import Gathered, gather_run
 from precguard.layout.spec import LayoutSpec, ModuleRule, Shard, builtin_layouts, load_layout
 from precguard.layout.view import LayoutViews
@@ -25,6 +25,7 @@ __all__ = [
     "compare_layout",
     "concat_stats",
     "gather_run",
+    "gathered",
     "load_layout",
     "sum_partials",
     "tensor_stats",
