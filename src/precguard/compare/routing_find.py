@@ -116,28 +116,39 @@ class RouterFinder:
             return None
         router = Router(module, call, index)
         router.weights = [p for p in floats if p[0].shape[-1] == k and p[0].shape == p[1].shape]
-        g_idx = self._golden(index[0])
-        if g_idx is not None:
-            g_idx = g_idx.reshape(-1, k).long()
-            for p in candidates:
-                scores = self._golden(p[0])
-                if scores is not None and ranks(scores.reshape(g_idx.shape[0], -1), g_idx):
-                    router.scores, router.g_scores = p, scores.reshape(g_idx.shape[0], -1).double()
-                    break
-            else:  # no output ranks the indices (a learned bias, group-limited top-k)
-                router.scores, router.ranked = candidates[0], False
-        else:
+        self._rank_scores(router, candidates)
+        self._actual_choice(router)
+        return router
+
+    def _rank_scores(self, router: Router, candidates: list[Pair]) -> None:
+        """The router's scores: the float output its golden indices are the top-k of, or
+        (none ranks them, or the golden's indices are statistics) the first candidate."""
+        g_idx = self._golden(router.index[0])
+        if g_idx is None:
             router.scores = candidates[0]  # statistics only: the scores are judged as floats
+            return
+        g_idx = g_idx.reshape(-1, router.k).long()
         router.g_idx = g_idx
-        a_idx = self._full(index)[1]
-        if a_idx is not None and g_idx is not None:
-            router.a_idx = a_idx.reshape(-1, k).long()
+        for p in candidates:
+            scores = self._golden(p[0])
+            if scores is not None and ranks(scores.reshape(g_idx.shape[0], -1), g_idx):
+                router.scores, router.g_scores = p, scores.reshape(g_idx.shape[0], -1).double()
+                return
+        # no output ranks the indices (a learned bias, group-limited top-k)
+        router.scores, router.ranked = candidates[0], False
+
+    def _actual_choice(self, router: Router) -> None:
+        """The actual's indices and scores in full, and which tokens both runs routed alike."""
+        if router.g_idx is None:
+            return
+        a_idx = self._full(router.index)[1]
+        if a_idx is not None:
+            router.a_idx = a_idx.reshape(-1, router.k).long()
             router.same = routed_alike(router.g_idx, router.a_idx)
         if router.scores is not None and router.g_scores is not None:
             a_scores = self._full(router.scores)[1]
             if a_scores is not None:
-                router.a_scores = a_scores.reshape(g_idx.shape[0], -1).double()  # type: ignore[union-attr]
-        return router
+                router.a_scores = a_scores.reshape(router.g_idx.shape[0], -1).double()
 
     def _follow(
         self, router: Router, calls: dict[tuple[str, int], list[Pair]], pairs: list[Pair]
@@ -174,22 +185,20 @@ class RouterFinder:
     def _follow_consumer(
         self, router: Router, module: str, members: list[Pair], pairs: list[Pair]
     ) -> None:
-        tokens = router.tokens
-        seqs = [p[0].seq for p in members]
-        first, last = min(seqs), max(seqs)
         for p in members:
-            g = p[0]
-            if g.role == "param" or g.key in self.followers:
-                continue
-            if is_index_dtype(g.dtype) and g.shape == router.index[0].shape:
-                self.followers[g.key] = Follower(router, p, "index")
-            elif is_float_dtype(g.dtype) and g.shape == router.index[0].shape:
-                # one value per chosen expert, in the router's top-k order
-                self.followers[g.key] = Follower(router, p, "weights")
-            elif is_float_dtype(g.dtype) and g.shape and rows_of(g.shape) == tokens:
-                self.followers[g.key] = Follower(
-                    router, p, "rows", passes_on_all=g.role == "output"
-                )
+            if p[0].key not in self.followers:
+                follower = _consumer_record(router, p)
+                if follower is not None:
+                    self.followers[p[0].key] = follower
+        seqs = [p[0].seq for p in members]
+        self._follow_inner(router, module, (min(seqs), max(seqs)), pairs)
+
+    def _follow_inner(
+        self, router: Router, module: str, span: tuple[int, int], pairs: list[Pair]
+    ) -> None:
+        """The float records inside the consumer's call (captured between its first and
+        last record): rows of token-expert pairs, numbered by their module's call."""
+        first, last = span
         inner_calls: dict[str, list[int]] = defaultdict(list)
         inner = [
             p
@@ -264,27 +273,28 @@ class RouterFinder:
         its router and its experts hand back) differs on re-routed tokens too, and so does
         the same tensor where the module before the block reads it (the norm's incoming
         gradient): both follow the routing as token rows."""
+        blocks = self._blocks()
+        handed: list[tuple[Pair, Router]] = []
+        for p in pairs:
+            g = p[0]
+            router = blocks.get((g.module, g.call))
+            if router is not None and g.key not in self.followers and _hands_back(g, router):
+                self.followers[g.key] = Follower(router, p, "rows", passes_on_all=True)
+                handed.append((p, router))
+        self._follow_read_gradient(handed, pairs)
+
+    def _blocks(self) -> dict[tuple[str, int], Router]:
+        """Per (block, call): the router whose consumer is its sibling in that block."""
         blocks: dict[tuple[str, int], Router] = {}
         for router in self.routers:
             parent = router.module.rpartition(".")[0]
             calls = [c for c in router.consumers if c[0].rpartition(".")[0] == parent]
             if parent and calls:
                 blocks.setdefault((parent, router.call), router)
-        handed: list[tuple[Pair, Router]] = []
-        for p in pairs:
-            g = p[0]
-            router = blocks.get((g.module, g.call))
-            if (
-                router is not None
-                and g.phase == "backward"
-                and g.role == "input"
-                and is_float_dtype(g.dtype)
-                and g.shape
-                and rows_of(g.shape) == router.tokens
-                and g.key not in self.followers
-            ):
-                self.followers[g.key] = Follower(router, p, "rows", passes_on_all=True)
-                handed.append((p, router))
+        return blocks
+
+    def _follow_read_gradient(self, handed: list[tuple[Pair, Router]], pairs: list[Pair]) -> None:
+        """The same gradient where the module before the block reads it."""
         if not handed:
             return
         for p in pairs:
@@ -295,3 +305,30 @@ class RouterFinder:
                 if g.shape == block[0].shape and self._same_tensor(p, block):
                     self.followers[g.key] = Follower(router, p, "rows", passes_on_all=True)
                     break
+
+
+def _consumer_record(router: Router, p: Pair) -> Follower | None:
+    """How a record of the call that consumed the indices follows the routing, if it does:
+    indices, one value per chosen expert (the router's top-k order), or token rows."""
+    g = p[0]
+    if g.role == "param":
+        return None
+    if is_index_dtype(g.dtype) and g.shape == router.index[0].shape:
+        return Follower(router, p, "index")
+    if is_float_dtype(g.dtype) and g.shape == router.index[0].shape:
+        return Follower(router, p, "weights")
+    if is_float_dtype(g.dtype) and g.shape and rows_of(g.shape) == router.tokens:
+        return Follower(router, p, "rows", passes_on_all=g.role == "output")
+    return None
+
+
+def _hands_back(g: Record, router: Router) -> bool:
+    """Whether ``g`` is the gradient a router's block hands back: a float gradient of its
+    input, one row per token."""
+    return (
+        g.phase == "backward"
+        and g.role == "input"
+        and is_float_dtype(g.dtype)
+        and bool(g.shape)
+        and rows_of(g.shape) == router.tokens
+    )

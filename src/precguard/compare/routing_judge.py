@@ -76,40 +76,45 @@ class RouterJudge(RouterFinder):
         judged ``scores`` record, the margins the re-routed tokens crossed against what
         the scores' expected error lets rounding cross."""
         scores_ok = scores is None or scores.status == "pass"
-        n = router.tokens
         if router.same is not None and bool(router.same.all()):
             # the same experts for every token: identical routing is never a finding (its
             # scores are judged as floats at their own record)
-            note = f"every one of {n} tokens routed alike (the same experts)"
+            note = f"every one of {router.tokens} tokens routed alike (the same experts)"
             return "pass", idx.model_copy(update={"note": note, "rerouted": 0})
         if router.same is not None and not router.ranked:
-            moved_n = int((~router.same).sum())
-            note = (
-                f"{moved_n} of {n} tokens re-routed; no output of {router.module} ranks its "
-                "indices (a learned bias or a group-limited top-k), so the margins they crossed "
-                "are not measured: judged from its scores "
-                + ("(they pass)" if scores_ok else "(they fail)")
-            )
-            return ("pass" if scores_ok else "fail"), idx.model_copy(
-                update={"note": note, "rerouted": moved_n}
-            )
+            return _unranked_verdict(router, idx, scores_ok)
         if router.same is None or router.g_scores is None:
-            # statistics only (or no ranking scores): the choice follows from the scores
-            note = (
-                f"top-k indices of {router.module}: judged from its scores "
-                + ("(they pass)" if scores_ok else "(they fail)")
-                + "; which tokens re-routed needs full tensors of the router (--tensors "
-                f"'{router.module}')"
-            )
-            ok = scores_ok and (router.scores is not None)
-            beyond = self._beyond_near_ties(router, scores)
-            if beyond is not None:
-                ok, note = False, beyond
-            return ("pass" if ok else "fail"), idx.model_copy(update={"note": note, "rerouted": -1})
+            return self._stats_verdict(router, idx, scores, scores_ok)
+        return self._margin_verdict(router, idx, scores, scores_ok)
+
+    def _stats_verdict(
+        self, router: Router, idx: Metrics, scores: RecordResult | None, scores_ok: bool
+    ) -> tuple[str, Metrics]:
+        """Statistics only (or no ranking scores): the choice follows from the scores,
+        unless more indices differ than the near-ties can account for."""
+        note = (
+            f"top-k indices of {router.module}: judged from its scores "
+            + ("(they pass)" if scores_ok else "(they fail)")
+            + "; which tokens re-routed needs full tensors of the router (--tensors "
+            f"'{router.module}')"
+        )
+        ok = scores_ok and (router.scores is not None)
+        beyond = self._beyond_near_ties(router, scores)
+        if beyond is not None:
+            ok, note = False, beyond
+        return ("pass" if ok else "fail"), idx.model_copy(update={"note": note, "rerouted": -1})
+
+    def _margin_verdict(
+        self, router: Router, idx: Metrics, scores: RecordResult | None, scores_ok: bool
+    ) -> tuple[str, Metrics]:
+        """Full tensors and ranking scores: each re-routed token's golden margin crossed
+        against what the scores' expected error lets rounding cross."""
+        assert router.same is not None and router.g_scores is not None
+        assert router.g_idx is not None and router.a_idx is not None
+        n = router.tokens
         moved = (~router.same).nonzero().flatten()
         tol = self._tolerance(router, scores)
         worst, beyond = 0.0, 0
-        assert router.g_idx is not None and router.a_idx is not None
         for t in moved.tolist():
             m = crossed(router.g_scores[t], router.g_idx[t], router.a_idx[t])
             worst = max(worst, m)
@@ -175,3 +180,19 @@ class RouterJudge(RouterFinder):
             f"scores' expected error lets rounding cross ({tol:.3g}) can account for: the top-k "
             "choice itself differs"
         )
+
+
+def _unranked_verdict(router: Router, idx: Metrics, scores_ok: bool) -> tuple[str, Metrics]:
+    """A router none of whose outputs ranks its indices: the re-routed tokens counted, the
+    choice judged from its scores (the margins crossed are not measured)."""
+    assert router.same is not None
+    moved_n = int((~router.same).sum())
+    note = (
+        f"{moved_n} of {router.tokens} tokens re-routed; no output of {router.module} ranks "
+        "its indices (a learned bias or a group-limited top-k), so the margins they crossed "
+        "are not measured: judged from its scores "
+        + ("(they pass)" if scores_ok else "(they fail)")
+    )
+    return ("pass" if scores_ok else "fail"), idx.model_copy(
+        update={"note": note, "rerouted": moved_n}
+    )
