@@ -214,27 +214,9 @@ def decide_calls(
     for key in settled:
         decisions[key] = Decision(True, None, None)
     for call in calls.call_records():
-        bad_params = [p for p in call.params if p.status in _BAD]
-        bad_params += [b for b in call.consumed if b.role == "buffer" and b.status in _BAD]
-        for p in bad_params:
-            floor = rounding_floor(p.metrics.dtype) if p.metrics else None
-            decisions[p.key] = Decision(True, None, floor)
-        for p in bad_params[:1]:
-            found.append(_param_candidate(call, p, names, cache_names))
-        bad = [o for o in call.produced if o.status in _BAD and o.key not in settled]
-        if not bad or bad_params:
-            continue
-        # gradients w.r.t. module inputs are recorded for the whole run or not at all; a
-        # module whose inputs need no gradient (an embedding's ids) produces parameter
-        # gradients only
-        if call.phase == "backward" and not (calls.input_grads and call.has_output_grads):
-            for o in bad:  # without input or output gradients the consumed side is incomplete
-                decisions[o.key] = Decision(None, None, None)
-            continue
-        candidate, decision = _classify(call, bad, profile, forward, names, cache_names)
-        decisions.update(dict.fromkeys((o.key for o in bad), decision))
-        if candidate is not None:
-            found.append(candidate)
+        found.extend(
+            _decide_call(call, calls, profile, forward, names, cache_names, settled, decisions)
+        )
     found.extend(settled.values())
     found.sort(key=lambda c: c.order)
     # a rule's finding is its own (the precision a loss was computed in): no submodule
@@ -243,6 +225,50 @@ def decide_calls(
     if fed_collective(calls.records):
         kept = [_fed_collective(c) for c in kept]
     return StepClassification(kept, decisions)
+
+
+def _decide_call(
+    call: CallRecords,
+    calls: StepCalls,
+    profile: Profile,
+    forward: list[RecordResult],
+    names: dict[str, str],
+    cache_names: dict[str, str],
+    settled: dict[str, Candidate],
+    decisions: dict[str, Decision],
+) -> list[Candidate]:
+    """One call of :func:`decide_calls`: its decisions (into ``decisions``) and its local
+    candidates (a wrong parameter or buffer first, else its failing produced records)."""
+    found = _decide_params(call, names, cache_names, decisions)
+    bad = [o for o in call.produced if o.status in _BAD and o.key not in settled]
+    if not bad or found:
+        return found
+    # gradients w.r.t. module inputs are recorded for the whole run or not at all; a
+    # module whose inputs need no gradient (an embedding's ids) produces parameter
+    # gradients only
+    if call.phase == "backward" and not (calls.input_grads and call.has_output_grads):
+        for o in bad:  # without input or output gradients the consumed side is incomplete
+            decisions[o.key] = Decision(None, None, None)
+        return []
+    candidate, decision = _classify(call, bad, profile, forward, names, cache_names)
+    decisions.update(dict.fromkeys((o.key for o in bad), decision))
+    return [] if candidate is None else [candidate]
+
+
+def _decide_params(
+    call: CallRecords,
+    names: dict[str, str],
+    cache_names: dict[str, str],
+    decisions: dict[str, Decision],
+) -> list[Candidate]:
+    """A call's failing parameters and buffers: each decided as made here (its floor the
+    dtype's rounding), the first one the call's candidate."""
+    bad_params = [p for p in call.params if p.status in _BAD]
+    bad_params += [b for b in call.consumed if b.role == "buffer" and b.status in _BAD]
+    for p in bad_params:
+        floor = rounding_floor(p.metrics.dtype) if p.metrics else None
+        decisions[p.key] = Decision(True, None, floor)
+    return [_param_candidate(call, p, names, cache_names) for p in bad_params[:1]]
 
 
 def _collective_call(r: RecordResult) -> tuple[int, str] | None:

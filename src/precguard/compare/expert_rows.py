@@ -72,7 +72,8 @@ def pair_layouts(idx: torch.Tensor, call_index: int, rows: int) -> dict[str, lis
     """The (token, expert) key of each row in the layouts experts implementations use, for
     those whose row count fits: ``token-major`` (batched: each token's k rows in turn),
     ``per-expert`` (the eager loop: one call per expert hit, in expert order, rows by
-    top-k slot then token). Rows sorted by expert are routing.py's ``Routing._grouped_rows``'."""
+    top-k slot then token). Rows sorted by expert are routing_rows.py's
+    ``RowsRemeasure._grouped_rows``'."""
     t, k = idx.shape
     flat = idx.reshape(-1)
     out: dict[str, list[tuple[int, int]]] = {}

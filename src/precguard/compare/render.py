@@ -11,7 +11,7 @@ from rich.text import Text
 
 from precguard.compare.coverage import headline, print_gaps
 from precguard.compare.levels import FullMetrics, MeasuredMetrics, StatsMetrics
-from precguard.compare.report import Comparison, Metrics, RecordResult
+from precguard.compare.report import Comparison, FirstDivergence, Metrics, RecordResult
 from precguard.text import shown
 
 _STATUS_STYLE = {
@@ -118,6 +118,32 @@ def judged_precision(result: Comparison) -> str | None:
 def render(result: Comparison, console: Console, *, top: int = 10) -> None:
     """Print the verdict, the first divergence, suspects, the top-N records and counts."""
     print_gaps(result.coverage, console)  # what was not compared comes first
+    console.print(_headline(result))
+    from precguard.compare.advice import swapped_sides
+
+    swapped = swapped_sides(result.devices, result.dtypes)
+    if swapped is not None:  # one line, before any advice (which would come out inverted)
+        console.print(Text(f"warning: {shown(swapped, 400)}", style="bold yellow"))
+    _print_within_floor(result, console)
+    fd = result.first_divergence
+    if fd is not None:
+        _print_first_divergence(result, fd, console)
+    _print_further_findings(result, console)
+    if result.suspects:
+        console.print(_suspects_table(result))
+    if top > 0:
+        _top_table(result.records, console, top)
+    _print_counts(result, console)
+    if result.fingerprint_diff:
+        _fingerprint_table(result, console)
+    for w in result.warnings:
+        if w == swapped:
+            continue
+        console.print(f"[yellow]warning:[/] {shown(w, 400, markup=True)}")
+
+
+def _headline(result: Comparison) -> Text:
+    """The verdict's first line: the verdict, its output impact, the two sides."""
     head = headline(result.verdict, result.coverage)
     if result.verdict == "match":
         within = judged_precision(result)
@@ -133,12 +159,11 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
         f"{shown(result.golden)} ({shown(g_dev)}, {shown(g_dt or '?')})  profile {result.profile}",
         style="default",
     )
-    console.print(head)
-    from precguard.compare.advice import swapped_sides
+    return head
 
-    swapped = swapped_sides(result.devices, result.dtypes)
-    if swapped is not None:  # one line, before any advice (which would come out inverted)
-        console.print(Text(f"warning: {shown(swapped, 400)}", style="bold yellow"))
+
+def _print_within_floor(result: Comparison, console: Console) -> None:
+    """A real divergence whose output stays within a correct run's floor, said once."""
     budget = result.impact
     if budget is not None and budget.within_floor:
         console.print(
@@ -149,87 +174,91 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
                 style="yellow",
             )
         )
-    fd = result.first_divergence
-    if fd is not None:
-        stats_only = fd.confidence == "statistics"
-        local = {
-            True: "likely: this module made the error (statistics only, not conclusive)"
-            if stats_only
-            else "yes: this module made the error",
-            False: "no: error came from upstream",
-            None: "undecided",
-        }[fd.local]
-        lines = [
-            Text.assemble(
-                ("module  ", "bold"), (shown(fd.module), "bold red"), f"  ({shown(fd.module_type)})"
-            ),
-            Text(f"record  {shown(fd.key)}   step {fd.step}  rank {fd.rank}  {fd.phase}"),
+
+
+def _print_first_divergence(result: Comparison, fd: FirstDivergence, console: Console) -> None:
+    """The first divergence's panel (module, record, local, error, expected, why, remedy),
+    then how to settle a statistics-only one and the replay hint."""
+    stats_only = fd.confidence == "statistics"
+    local = {
+        True: "likely: this module made the error (statistics only, not conclusive)"
+        if stats_only
+        else "yes: this module made the error",
+        False: "no: error came from upstream",
+        None: "undecided",
+    }[fd.local]
+    lines = [
+        Text.assemble(
+            ("module  ", "bold"), (shown(fd.module), "bold red"), f"  ({shown(fd.module_type)})"
+        ),
+        Text(f"record  {shown(fd.key)}   step {fd.step}  rank {fd.rank}  {fd.phase}"),
+        Text(
+            f"local   {local}"
+            + (
+                f"   amplification {format_number(fd.amplification)}x"
+                if fd.amplification and not nonfinite_text(fd.metrics)
+                else ""
+            )
+        ),
+        Text(f"error   {metric_line(fd.metrics)}"),
+    ]
+    if fd.expected_error is not None:
+        lines.append(
             Text(
-                f"local   {local}"
-                + (
-                    f"   amplification {format_number(fd.amplification)}x"
-                    if fd.amplification and not nonfinite_text(fd.metrics)
-                    else ""
-                )
-            ),
-            Text(f"error   {metric_line(fd.metrics)}"),
-        ]
-        if fd.expected_error is not None:
-            lines.append(
-                Text(
-                    f"expect  {format_number(fd.expected_error)} explained by {fd.metrics.dtype} "
-                    f"precision and the input error, measured {_measured(fd.metrics)}"
-                )
+                f"expect  {format_number(fd.expected_error)} explained by {fd.metrics.dtype} "
+                f"precision and the input error, measured {_measured(fd.metrics)}"
             )
-        lines.append(Text(f"why     {shown(fd.reason, 4000)}"))
-        remedy = remedy_line(result)
-        if remedy:
-            lines.append(Text(f"remedy  {remedy}"))
-        console.print(
-            Panel(Group(*lines), title="first divergence", border_style="red", expand=False)
         )
-        if fd.settle_with is not None:
-            glob = shown(fd.settle_with, markup=True)
-            console.print(
-                "[dim]judged on statistics only; to settle it, record both runs again with full "
-                f"tensors of this module: precguard record ... --tensors '{glob}'[/]",
-                soft_wrap=True,  # a command to copy: never broken over lines
-            )
-        _print_replay_hint(result, console)
-    _print_further_findings(result, console)
-    if result.suspects:
-        table = Table(title="other suspects (made error of their own)", title_justify="left")
-        for col in (
-            "module",
-            "type",
-            "phase",
-            "amplification",
-            "error",
-            "expected",
-            "scale",
-            "step",
-        ):
-            table.add_column(col, overflow="fold")  # a name wrapped, never cut
-        for s in result.suspects:
-            amp = (
-                ("weights differ" if s.role == "param" else "indices differ")
-                if s.amplification is None
-                else f"{format_number(s.amplification)}x"
-            )
-            table.add_row(
-                shown(s.module, markup=True)
-                + (" \\[stats]" if s.confidence == "statistics" else ""),
-                shown(s.module_type, markup=True),
-                s.phase,
-                amp,
-                format_number(s.error),
-                format_number(s.expected_error),
-                "-" if s.scale is None else f"{s.scale:.4f}",
-                str(s.step),
-            )
-        console.print(table)
-    if top > 0:
-        _top_table(result.records, console, top)
+    lines.append(Text(f"why     {shown(fd.reason, 4000)}"))
+    remedy = remedy_line(result)
+    if remedy:
+        lines.append(Text(f"remedy  {remedy}"))
+    console.print(Panel(Group(*lines), title="first divergence", border_style="red", expand=False))
+    if fd.settle_with is not None:
+        glob = shown(fd.settle_with, markup=True)
+        console.print(
+            "[dim]judged on statistics only; to settle it, record both runs again with full "
+            f"tensors of this module: precguard record ... --tensors '{glob}'[/]",
+            soft_wrap=True,  # a command to copy: never broken over lines
+        )
+    _print_replay_hint(result, console)
+
+
+def _suspects_table(result: Comparison) -> Table:
+    """The other suspects, each a module that made error of its own."""
+    table = Table(title="other suspects (made error of their own)", title_justify="left")
+    for col in (
+        "module",
+        "type",
+        "phase",
+        "amplification",
+        "error",
+        "expected",
+        "scale",
+        "step",
+    ):
+        table.add_column(col, overflow="fold")  # a name wrapped, never cut
+    for s in result.suspects:
+        amp = (
+            ("weights differ" if s.role == "param" else "indices differ")
+            if s.amplification is None
+            else f"{format_number(s.amplification)}x"
+        )
+        table.add_row(
+            shown(s.module, markup=True) + (" \\[stats]" if s.confidence == "statistics" else ""),
+            shown(s.module_type, markup=True),
+            s.phase,
+            amp,
+            format_number(s.error),
+            format_number(s.expected_error),
+            "-" if s.scale is None else f"{s.scale:.4f}",
+            str(s.step),
+        )
+    return table
+
+
+def _print_counts(result: Comparison, console: Console) -> None:
+    """The record counts, and what statistics-only pairs weigh."""
     c = result.counts
     console.print(
         f"records: [green]{c.passed} pass[/]  [red]{c.failed} fail[/]  "
@@ -243,12 +272,6 @@ def render(result: Comparison, console: Console, *, top: int = 10) -> None:
             "[dim]statistics-only pairs are a weaker test: record full tensors (--tensors) "
             "of the suspect modules for a conclusive one[/]"
         )
-    if result.fingerprint_diff:
-        _fingerprint_table(result, console)
-    for w in result.warnings:
-        if w == swapped:
-            continue
-        console.print(f"[yellow]warning:[/] {shown(w, 400, markup=True)}")
 
 
 #: further findings the terminal shows in full; the JSON holds every one

@@ -1,0 +1,334 @@
+"""Finding the routers of one rank and step, and the records that follow each.
+
+A router is a module call that returns integer top-k indices beside a float output
+wider than k (its scores); the records that follow its routing are its weights, the
+module that consumed the indices and every record inside that call, and in backward
+their gradients and the gradient the block hands back (routing.py's docstring: the
+rules; docs/compare.md, "Mixture of experts").
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+from precguard.compare.expert_rows import ranks, routed_alike, rows_of
+from precguard.compare.metrics import is_float_dtype
+from precguard.compare.tolerance import Profile
+from precguard.dump.schema import Record
+from precguard.dump.tensors import TensorStore
+
+Pair = tuple[Record, Record]
+
+
+def is_index_dtype(dtype: str) -> bool:
+    """Integer dtypes: compared as indices, never by a relative float error."""
+    return not is_float_dtype(dtype) and dtype not in ("bool", "complex64", "complex128")
+
+
+@dataclass
+class Router:
+    module: str
+    call: int
+    index: Pair
+    #: the float output the golden's indices are the top-k of, if any
+    scores: Pair | None = None
+    #: float outputs in top-k order (the routing weights), same shape as the indices
+    weights: list[Pair] = field(default_factory=list)
+    g_idx: torch.Tensor | None = None
+    a_idx: torch.Tensor | None = None
+    g_scores: torch.Tensor | None = None
+    a_scores: torch.Tensor | None = None
+    #: per token: the same experts chosen, in any order (full tensors on both sides)
+    same: torch.Tensor | None = None
+    #: whether an output of the router ranks its indices (False: judged from its scores only)
+    ranked: bool = True
+    consumers: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return math.prod(self.index[0].shape[:-1])
+
+    @property
+    def k(self) -> int:
+        return self.index[0].shape[-1]
+
+    def rerouted(self) -> int | None:
+        return None if self.same is None else int((~self.same).sum())
+
+
+@dataclass
+class Follower:
+    """A record that follows a router's routing, and how its rows map to tokens."""
+
+    router: Router
+    pair: Pair
+    kind: str  # "weights", "index", "rows" (token rows), "pairs" (token-expert rows), "inner"
+    passes_on_all: bool = False  # its error over every row feeds its consumers
+    call_index: int = 0  # among the calls of its module inside the consumer's call
+
+
+class RouterFinder:
+    """The routers of one rank and step and the records that follow them (found from
+    the aligned pairs: routing.py's ``Routing.of_step``)."""
+
+    def __init__(
+        self,
+        stores: tuple[TensorStore, TensorStore],
+        profile: Profile,
+        tol_mode: str,
+        computes: tuple[str | None, str | None],
+    ) -> None:
+        self.stores = stores
+        self.profile = profile
+        self.tol_mode = tol_mode
+        self.computes = computes
+        self.routers: list[Router] = []
+        self.followers: dict[str, Follower] = {}
+
+    # -- finding routers and their followers ----------------------------------------
+
+    def _full(self, pair: Pair) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
+        g, a = pair
+        if g.tensor is None or a.tensor is None:
+            return None, None
+        return self.stores[0].tensor(g), self.stores[1].tensor(a)
+
+    def _golden(self, rec: Record) -> torch.Tensor | None:
+        return self.stores[0].tensor(rec) if rec.tensor is not None else None
+
+    def _router(self, module: str, call: int, members: list[Pair]) -> Router | None:
+        outs = [p for p in members if p[0].role == "output"]
+        index = next((p for p in outs if is_index_dtype(p[0].dtype) and len(p[0].shape) >= 2), None)
+        if index is None or index[0].shape != index[1].shape:
+            return None
+        lead, k = list(index[0].shape[:-1]), index[0].shape[-1]
+        floats = [
+            p
+            for p in outs
+            if is_float_dtype(p[0].dtype) and list(p[0].shape[:-1]) == lead and p[0] is not index[0]
+        ]
+        candidates = [p for p in floats if p[0].shape[-1] > k]
+        if not candidates:
+            return None
+        router = Router(module, call, index)
+        router.weights = [p for p in floats if p[0].shape[-1] == k and p[0].shape == p[1].shape]
+        self._rank_scores(router, candidates)
+        self._actual_choice(router)
+        return router
+
+    def _rank_scores(self, router: Router, candidates: list[Pair]) -> None:
+        """The router's scores: the float output its golden indices are the top-k of, or
+        (none ranks them, or the golden's indices are statistics) the first candidate."""
+        g_idx = self._golden(router.index[0])
+        if g_idx is None:
+            router.scores = candidates[0]  # statistics only: the scores are judged as floats
+            return
+        g_idx = g_idx.reshape(-1, router.k).long()
+        router.g_idx = g_idx
+        for p in candidates:
+            scores = self._golden(p[0])
+            if scores is not None and ranks(scores.reshape(g_idx.shape[0], -1), g_idx):
+                router.scores, router.g_scores = p, scores.reshape(g_idx.shape[0], -1).double()
+                return
+        # no output ranks the indices (a learned bias, group-limited top-k)
+        router.scores, router.ranked = candidates[0], False
+
+    def _actual_choice(self, router: Router) -> None:
+        """The actual's indices and scores in full, and which tokens both runs routed alike."""
+        if router.g_idx is None:
+            return
+        a_idx = self._full(router.index)[1]
+        if a_idx is not None:
+            router.a_idx = a_idx.reshape(-1, router.k).long()
+            router.same = routed_alike(router.g_idx, router.a_idx)
+        if router.scores is not None and router.g_scores is not None:
+            a_scores = self._full(router.scores)[1]
+            if a_scores is not None:
+                router.a_scores = a_scores.reshape(router.g_idx.shape[0], -1).double()
+
+    def _follow(
+        self, router: Router, calls: dict[tuple[str, int], list[Pair]], pairs: list[Pair]
+    ) -> None:
+        self.followers[router.index[0].key] = Follower(router, router.index, "index")
+        for p in router.weights:
+            self.followers[p[0].key] = Follower(router, p, "weights", passes_on_all=True)
+        self._follow_weights(router, pairs)
+        for (module, call), members in calls.items():
+            if (module, call) == (router.module, router.call):
+                continue
+            fed = next(
+                (p for p in members if p[0].role == "input" and self._same_tensor(p, router.index)),
+                None,
+            )
+            if fed is None:
+                continue
+            router.consumers.append((module, call))
+            self._follow_consumer(router, module, members, pairs)
+
+    def _same_tensor(self, pair: Pair, index: Pair) -> bool:
+        """Whether ``pair`` holds the router's indices on both sides (the experts' input)."""
+        g, a = pair
+        if g.shape != index[0].shape or g.dtype != index[0].dtype or a.shape != index[1].shape:
+            return False
+        for one, other, store in ((g, index[0], self.stores[0]), (a, index[1], self.stores[1])):
+            if one.tensor is not None and other.tensor is not None:
+                if not torch.equal(store.tensor(one), store.tensor(other)):
+                    return False
+            elif one.stats != other.stats:
+                return False
+        return True
+
+    def _follow_consumer(
+        self, router: Router, module: str, members: list[Pair], pairs: list[Pair]
+    ) -> None:
+        for p in members:
+            if p[0].key not in self.followers:
+                follower = _consumer_record(router, p)
+                if follower is not None:
+                    self.followers[p[0].key] = follower
+        seqs = [p[0].seq for p in members]
+        self._follow_inner(router, module, (min(seqs), max(seqs)), pairs)
+
+    def _follow_inner(
+        self, router: Router, module: str, span: tuple[int, int], pairs: list[Pair]
+    ) -> None:
+        """The float records inside the consumer's call (captured between its first and
+        last record): rows of token-expert pairs, numbered by their module's call."""
+        first, last = span
+        inner_calls: dict[str, list[int]] = defaultdict(list)
+        inner = [
+            p
+            for p in pairs
+            if p[0].phase == "forward"
+            and p[0].module.startswith(module + ".")
+            and first < p[0].seq < last
+            and p[0].role != "param"
+            and is_float_dtype(p[0].dtype)
+        ]
+        for p in inner:
+            if p[0].call not in inner_calls[p[0].module]:
+                inner_calls[p[0].module].append(p[0].call)
+        for p in inner:
+            calls = sorted(inner_calls[p[0].module])
+            self.followers.setdefault(
+                p[0].key,
+                Follower(router, p, "pairs", call_index=calls.index(p[0].call)),
+            )
+
+    def _follow_weights(self, router: Router, pairs: list[Pair]) -> None:
+        """Records elsewhere that hold the router's weights on both sides (gpt-oss's block
+        returns them beside its hidden states): values per chosen expert, in top-k order."""
+        if not router.weights:
+            return
+        for p in pairs:
+            g = p[0]
+            if (
+                g.phase != "forward"
+                or g.role != "output"
+                or g.key in self.followers
+                or not is_float_dtype(g.dtype)
+                or g.shape != router.index[0].shape
+            ):
+                continue
+            if any(self._same_tensor(p, w) for w in router.weights):
+                self.followers[g.key] = Follower(router, p, "weights", passes_on_all=True)
+
+    def follow_backward(self, pairs: list[Pair]) -> None:
+        """Gradients follow the routing as the values they are gradients of: a backward
+        record of a follower's call and role pairs its rows as its forward twin does; the
+        router's own gradients (of its scores, of its input) differ on re-routed tokens by
+        the gradient of what those tokens' experts computed."""
+        twins = {
+            (f.pair[0].module, f.pair[0].call, f.pair[0].role, f.pair[0].index): f
+            for f in self.followers.values()
+        }
+        for p in pairs:
+            g = p[0]
+            if g.phase != "backward" or g.role not in ("input", "output"):
+                continue
+            if g.key in self.followers or not is_float_dtype(g.dtype):
+                continue
+            f = twins.get((g.module, g.call, g.role, g.index))
+            if f is not None and f.kind != "index":
+                self.followers[g.key] = Follower(
+                    f.router, p, f.kind, passes_on_all=f.kind != "pairs",
+                    call_index=f.call_index,
+                )  # fmt: skip
+                continue
+            for router in self.routers:
+                if (g.module, g.call) != (router.module, router.call) or not g.shape:
+                    continue
+                if g.shape == router.index[0].shape:
+                    self.followers[g.key] = Follower(router, p, "weights", passes_on_all=True)
+                elif rows_of(g.shape) == router.tokens:
+                    self.followers[g.key] = Follower(router, p, "rows", passes_on_all=True)
+        self._follow_block_gradient(pairs)
+
+    def _follow_block_gradient(self, pairs: list[Pair]) -> None:
+        """The gradient a mixture-of-experts block hands back (its input's, the sum of what
+        its router and its experts hand back) differs on re-routed tokens too, and so does
+        the same tensor where the module before the block reads it (the norm's incoming
+        gradient): both follow the routing as token rows."""
+        blocks = self._blocks()
+        handed: list[tuple[Pair, Router]] = []
+        for p in pairs:
+            g = p[0]
+            router = blocks.get((g.module, g.call))
+            if router is not None and g.key not in self.followers and _hands_back(g, router):
+                self.followers[g.key] = Follower(router, p, "rows", passes_on_all=True)
+                handed.append((p, router))
+        self._follow_read_gradient(handed, pairs)
+
+    def _blocks(self) -> dict[tuple[str, int], Router]:
+        """Per (block, call): the router whose consumer is its sibling in that block."""
+        blocks: dict[tuple[str, int], Router] = {}
+        for router in self.routers:
+            parent = router.module.rpartition(".")[0]
+            calls = [c for c in router.consumers if c[0].rpartition(".")[0] == parent]
+            if parent and calls:
+                blocks.setdefault((parent, router.call), router)
+        return blocks
+
+    def _follow_read_gradient(self, handed: list[tuple[Pair, Router]], pairs: list[Pair]) -> None:
+        """The same gradient where the module before the block reads it."""
+        if not handed:
+            return
+        for p in pairs:
+            g = p[0]
+            if g.phase != "backward" or g.role != "output" or g.key in self.followers:
+                continue
+            for block, router in handed:
+                if g.shape == block[0].shape and self._same_tensor(p, block):
+                    self.followers[g.key] = Follower(router, p, "rows", passes_on_all=True)
+                    break
+
+
+def _consumer_record(router: Router, p: Pair) -> Follower | None:
+    """How a record of the call that consumed the indices follows the routing, if it does:
+    indices, one value per chosen expert (the router's top-k order), or token rows."""
+    g = p[0]
+    if g.role == "param":
+        return None
+    if is_index_dtype(g.dtype) and g.shape == router.index[0].shape:
+        return Follower(router, p, "index")
+    if is_float_dtype(g.dtype) and g.shape == router.index[0].shape:
+        return Follower(router, p, "weights")
+    if is_float_dtype(g.dtype) and g.shape and rows_of(g.shape) == router.tokens:
+        return Follower(router, p, "rows", passes_on_all=g.role == "output")
+    return None
+
+
+def _hands_back(g: Record, router: Router) -> bool:
+    """Whether ``g`` is the gradient a router's block hands back: a float gradient of its
+    input, one row per token."""
+    return (
+        g.phase == "backward"
+        and g.role == "input"
+        and is_float_dtype(g.dtype)
+        and bool(g.shape)
+        and rows_of(g.shape) == router.tokens
+    )
