@@ -752,13 +752,19 @@ def fp8_stored_saturation_share(numel: int, below_share: float) -> float:
     from its own amax, the max holds every element within half a spacing below the
     amax (5 % of a uniform weight in e4m3fn). That band is half as wide as the band
     rounding maps to the value below the max (:func:`fp8_below_max`: half a spacing
-    either side), and a density that does not rise toward its own maximum puts at most
-    as many elements in each unit of width near the top, so a clean tensor holds at ±max
-    at most half the share it holds at the value below. A clip piles everything beyond
-    the range onto the max. Allowed: the share at the value below (twice the clean
-    bound, a factor 2 for the counts' sampling noise), and never less than one element.
+    either side), and a density that does not rise toward its own maximum puts no more
+    elements in each unit of width near the top, so a clean tensor expects at ±max at
+    most half the count it holds at the value below. A clip piles everything beyond the
+    range onto the max. Allowed: the count at the value below (twice the clean
+    expectation) plus :data:`Z_SCORE` standard deviations of a count (sqrt of it, plus
+    one for an empty neighbour), and never less than one element.
+
+    >>> fp8_stored_saturation_share(640, 0.0)  # nothing below: a few elements allowed
+    0.0046875
     """
-    return max(1.0 / max(numel, 1), below_share)
+    n = max(numel, 1)
+    below = below_share * n
+    return max(1.0, below + Z_SCORE * math.sqrt(below + 1.0)) / n
 
 
 def fp8_underflow_share(dtype: str) -> float:

@@ -155,7 +155,10 @@ def _where(entry: dict, operand: int) -> str:
 
 def _allowance(stats: dict) -> str:
     if "allowed_saturated" in stats:
-        return f"the {stats['below_max_share']:.2%} at the value below the max"
+        return (
+            f"the {stats['allowed_saturated']:.2%} allowed: the {stats['below_max_share']:.2%} "
+            "at the value below the max and its count's noise"
+        )
     return "one element"
 
 
