@@ -733,6 +733,40 @@ def fp8_saturation_bound(dtype: torch.dtype) -> float:
     return top + spacing / 2
 
 
+def fp8_below_max(dtype: torch.dtype) -> float:
+    """The largest finite value of an fp8 format below its max (416 in e4m3fn).
+
+    The format's spacing at its max is ``2^floor(log2 fmax) eps`` (see
+    :func:`fp8_saturation_bound`), so the value below the max is the max less that.
+    """
+    info = torch.finfo(dtype)
+    top = float(info.max)
+    return top - 2.0 ** math.floor(math.log2(top)) * float(info.eps)
+
+
+def fp8_stored_saturation_share(numel: int, below_share: float) -> float:
+    """The largest share at ±max a correctly scaled *stored* float8 tensor shows.
+
+    A stored tensor no longer tells a clipped element from one that rounding carried to
+    the max, so :func:`fp8_saturation_share`'s one element does not hold: with its scale
+    from its own amax, the max holds every element within half a spacing below the
+    amax (5 % of a uniform weight in e4m3fn). That band is half as wide as the band
+    rounding maps to the value below the max (:func:`fp8_below_max`: half a spacing
+    either side), and a density that does not rise toward its own maximum puts no more
+    elements in each unit of width near the top, so a clean tensor expects at ±max at
+    most half the count it holds at the value below. A clip piles everything beyond the
+    range onto the max. Allowed: the count at the value below (twice the clean
+    expectation) plus :data:`Z_SCORE` standard deviations of a count (sqrt of it, plus
+    one for an empty neighbour), and never less than one element.
+
+    >>> fp8_stored_saturation_share(640, 0.0)  # nothing below: a few elements allowed
+    0.0046875
+    """
+    n = max(numel, 1)
+    below = below_share * n
+    return max(1.0, below + Z_SCORE * math.sqrt(below + 1.0)) / n
+
+
 def fp8_underflow_share(dtype: str) -> float:
     """The flushed share above which a GEMM operand's scale is too coarse for its values.
 

@@ -293,11 +293,11 @@ def fp8_activation_spike() -> precguard.Target:
 
 
 class _Fp8Linear(nn.Module):
-    """A Linear whose weight is stored in float8_e4m3fn and upcast per call."""
+    """A Linear whose trainable weight (the optimizer's master copy) is float8_e4m3fn."""
 
     def __init__(self, inner: nn.Linear) -> None:
         super().__init__()
-        self.weight = nn.Parameter(inner.weight.detach().to(torch.float8_e4m3fn), False)
+        self.weight = nn.Parameter(inner.weight.detach().to(torch.float8_e4m3fn))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return nn.functional.linear(x, self.weight.to(x.dtype))
@@ -316,3 +316,50 @@ def fp8_master_weights() -> precguard.Target:
     t.model = _fp8_weights_model
     t.name = ""
     return t
+
+
+# -- real float8 tensors: a weight stored in float8_e4m3fn with a per-tensor scale ----------
+_E4M3_MAX = 448.0
+
+
+class _ScaledFp8Linear(nn.Module):
+    """A Linear whose weight is stored in float8_e4m3fn with a per-tensor scale (buffer),
+    dequantized in its forward, as fp8 checkpoints for serving hold it.
+
+    ``stale``: the scale was made from an amax this many times below the weight's own
+    (a stale amax), so the quantization clips the largest weights at ±448.
+    """
+
+    def __init__(self, inner: nn.Linear, stale: float = 1.0, trainable: bool = False) -> None:
+        super().__init__()
+        w = inner.weight.detach()
+        scale = w.abs().max() / _E4M3_MAX / stale
+        q = (w / scale).clamp(-_E4M3_MAX, _E4M3_MAX).to(torch.float8_e4m3fn)
+        self.weight = nn.Parameter(q, requires_grad=trainable)
+        self.register_buffer("weight_scale", scale.reshape(()))
+        self.bias = inner.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight.to(x.dtype) * self.weight_scale.to(x.dtype)
+        return nn.functional.linear(x, w, self.bias)
+
+
+def _fp8_mlp(stale: float = 1.0, trainable: bool = False) -> nn.Module:
+    model = _mlp()
+    model[2] = _ScaledFp8Linear(model[2], stale, trainable)
+    return model
+
+
+def fp8_scaled_weight() -> precguard.Target:
+    """An MLP whose second Linear holds a float8_e4m3fn weight scaled from its own amax."""
+    return precguard.Target(model=_fp8_mlp, batch=_mlp_batch, seed=0)
+
+
+def fp8_stale_weight_scale() -> precguard.Target:
+    """The same weight quantized with a scale from an amax 2x below its own (clips)."""
+    return precguard.Target(model=lambda: _fp8_mlp(stale=2.0), batch=_mlp_batch, seed=0)
+
+
+def fp8_trainable_weight() -> precguard.Target:
+    """The same float8 weight left trainable: the optimizer's master copy is fp8."""
+    return precguard.Target(model=lambda: _fp8_mlp(trainable=True), batch=_mlp_batch, seed=0)

@@ -7,7 +7,10 @@ master weights kept in fp8 (updates below half a spacing vanish). Like
 Transformer Engine's debug tools, the checks report per GEMM and name the
 layer. The GEMMs' operand statistics come from the device's fp8 kernels
 (the ``emu:fp8-*`` profiles collect them while they quantize, at no extra
-pass over the tensor); the thresholds are derived in ``numerics.py``.
+pass over the tensor) and, on any device, from the real float8 tensors the
+model's modules receive or hold (inputs, parameters, buffers), measured by
+capture's ``fp8_statistics`` as ``monitor`` records them; the thresholds are
+derived in ``numerics.py``.
 """
 
 from __future__ import annotations
@@ -28,17 +31,86 @@ _ROLES = ("activation", "weight")
 
 
 def _gemm_statistics(ctx: CheckContext, calls: int) -> tuple[list[dict], str]:
-    """Forward ``calls`` batches in one numerics context; per-GEMM operand statistics,
-    each entry with the Linear it belongs to (``module``), and the fp8 dtype."""
-    bench = lab(ctx)
+    """Per fp8 GEMM (an emulator's) and per real float8 tensor, operand statistics,
+    each entry with the module it belongs to (``module``), and the fp8 dtype."""
     cached = ctx.cache.get(f"fp8_stats{calls}")  # the three fp8 checks share one run
     if cached is not None:
         return cached
+    emulated = _emulated_gemms(ctx, calls)
+    real = _float8_tensors(ctx, calls)
+    if emulated is None and not real:
+        raise NotApplicable(
+            f"{ctx.device} runs no fp8 GEMMs (an emu:fp8-* profile does) and the model's "
+            "modules receive and hold no float8 tensor"
+        )
+    log, dtype = emulated if emulated is not None else ([], real[0]["dtype"])
+    result = (log + real, dtype)
+    ctx.cache[f"fp8_stats{calls}"] = result
+    return result
+
+
+def _float8_tensors(ctx: CheckContext, calls: int) -> list[dict]:
+    """The float8 tensors each module receives (inputs) or holds (its own parameters and
+    buffers) in ``calls`` forwards of the model as the target builds it (the checks'
+    copies are cast to a float dtype), one entry per module call with their Stats.fp8."""
+    from precguard.capture import hooks
+    from precguard.capture.stats import StatsBuffer
+    from precguard.tree import map_tensors
+
+    bench: Lab = lab(ctx)
+    # a probe of the user's model: without one float8 tensor in it, nothing to read
+    model = bench.run.prepared(bench.build_fresh(bench.reference)).to(device=bench.dev).eval()
+    counts: dict[str, int] = {}
+    log: list[dict] = []
+
+    def observe(name: str, module: nn.Module, args: Any, kwargs: Any) -> None:
+        found: list[tuple[str, torch.Tensor]] = []
+        map_tensors((args, kwargs), lambda t: found.append(("input", t)) or t)
+        held = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+        found += [(f"{n} ({'parameter' if isinstance(t, nn.Parameter) else 'buffer'})", t)
+                  for n, t in held]  # fmt: skip
+        found = [(role, t) for role, t in found if t.dtype in _FP8_DTYPES]
+        if not found:
+            return
+        buffer = StatsBuffer()
+        for _role, t in found:
+            buffer.add(t.detach())
+        stats = buffer.materialize()
+        operands = []
+        for (_role, t), row in zip(found, stats, strict=True):
+            # the share at the value below the max: what a clean tensor's ±max share
+            # is judged against (numerics.fp8_stored_saturation_share)
+            below = numerics.fp8_below_max(t.dtype)
+            below_share = float((t.detach().float().abs() == below).sum()) / max(t.numel(), 1)
+            allowed = numerics.fp8_stored_saturation_share(t.numel(), below_share)
+            operands.append(
+                {**row["fp8"], "numel": t.numel(), "scale_amax_ratio": 1.0,
+                 "below_max_share": below_share, "allowed_saturated": allowed}
+            )  # fmt: skip
+        call = counts.get(name, 0)
+        counts[name] = call + 1
+        dtype = str(found[0][1].dtype).removeprefix("torch.")
+        log.append({"module": name, "call": call, "operands": operands, "dtype": dtype,
+                    "roles": [role for role, _ in found], "real": True})  # fmt: skip
+
+    with (
+        hooks.on_calls(model, pre=observe, root_name="model", errors="raise"),
+        torch.no_grad(),
+        bench.device.numerics(),
+    ):
+        for step in range(calls):
+            call_model(model, bench.run.move(bench.batch(step)))
+    return log
+
+
+def _emulated_gemms(ctx: CheckContext, calls: int) -> tuple[list[dict], str] | None:
+    """The emulator's per-GEMM operand statistics (None: the device runs no fp8 GEMM)."""
+    bench = lab(ctx)
     backend = bench.device
     profile = getattr(backend, "profile", None)
     fmt = getattr(profile, "fp8_format", "none")
     if fmt == "none":
-        raise NotApplicable(f"{ctx.device} runs no fp8 GEMMs (an emu:fp8-* profile does)")
+        return None
     from precguard.backends.emu import fp8
 
     model = bench.copy("device").eval()
@@ -56,22 +128,38 @@ def _gemm_statistics(ctx: CheckContext, calls: int) -> tuple[list[dict], str]:
         entry["module"] = name
         entry["call"] = counts.get(name, 0)
         counts[name] = entry["call"] + 1
-    result = (log, str(fp8.FORMATS[fmt]).removeprefix("torch."))
-    ctx.cache[f"fp8_stats{calls}"] = result
-    return result
+    return log, str(fp8.FORMATS[fmt]).removeprefix("torch.")
 
 
 def _worst(log: list[dict], key: str) -> tuple[dict, int, dict] | None:
     best = None
     for entry in log:
         for i, stats in enumerate(entry["operands"]):
-            if best is None or stats[key] > best[2][key]:
+            if best is None or _excess(stats, key) > _excess(best[2], key):
                 best = (entry, i, stats)
     return best
 
 
+def _excess(stats: dict, key: str) -> float:
+    # a stored float8 tensor's ±max share is judged against its own allowance
+    # (numerics.fp8_stored_saturation_share): rank by what exceeds it
+    if key == "saturated" and "allowed_saturated" in stats:
+        return stats[key] - stats["allowed_saturated"]
+    return stats[key]
+
+
 def _where(entry: dict, operand: int) -> str:
-    return f"{entry['module']} (call {entry['call']}, its {_ROLES[operand]})"
+    role = entry["roles"][operand] if "roles" in entry else _ROLES[operand]
+    return f"{entry['module']} (call {entry['call']}, its {role})"
+
+
+def _allowance(stats: dict) -> str:
+    if "allowed_saturated" in stats:
+        return (
+            f"the {stats['allowed_saturated']:.2%} allowed: the {stats['below_max_share']:.2%} "
+            "at the value below the max and its count's noise"
+        )
+    return "one element"
 
 
 def saturation(ctx: CheckContext, calls: int = 2) -> Finding:
@@ -82,7 +170,8 @@ def saturation(ctx: CheckContext, calls: int = 2) -> Finding:
     if worst is None:
         raise NotApplicable("the forward ran no fp8 GEMM")
     entry, operand, stats = worst
-    allowed = numerics.fp8_saturation_share(dtype, stats["numel"])
+    dtype = entry.get("dtype", dtype)
+    allowed = stats.get("allowed_saturated", numerics.fp8_saturation_share(dtype, stats["numel"]))
     evidence: dict[str, Any] = {
         "dtype": dtype,
         "gemms": len(log),
@@ -97,7 +186,7 @@ def saturation(ctx: CheckContext, calls: int = 2) -> Finding:
             cid,
             "fail",
             f"{_where(entry, operand)} saturates {stats['saturated']:.2%} of its elements "
-            f"at the {dtype} max (more than one element: its scale does not fit it)",
+            f"at the {dtype} max (more than {_allowance(stats)}: its scale does not fit it)",
             evidence,
             "Scale this operand from its own amax (current or block scaling), shorten the "
             "amax history or add margin; find what grew (a loss spike, an outlier channel).",
@@ -105,7 +194,8 @@ def saturation(ctx: CheckContext, calls: int = 2) -> Finding:
     return finding(
         cid,
         "pass",
-        f"no fp8 GEMM operand saturates more than one element ({len(log)} GEMMs, {dtype})",
+        f"no fp8 GEMM operand or float8 tensor saturates ({len(log)} GEMMs and module "
+        f"calls, {dtype})",
         evidence,
     )
 
@@ -118,6 +208,7 @@ def underflow(ctx: CheckContext, calls: int = 2) -> Finding:
     if worst is None:
         raise NotApplicable("the forward ran no fp8 GEMM")
     entry, operand, stats = worst
+    dtype = entry.get("dtype", dtype)
     allowed = numerics.fp8_underflow_share(dtype)
     evidence = {
         "dtype": dtype,
@@ -154,7 +245,9 @@ def stale_scale(ctx: CheckContext, calls: int = 2) -> Finding:
     if not log:
         raise NotApplicable("the forward ran no fp8 GEMM")
     # a scale made from this operand stands for its amax exactly (or above it: a power of
-    # two); below it by more than one rounding of the format, it was made from another
+    # two); below it by more than one rounding of the format, it was made from another.
+    # A real float8 tensor no longer holds the amax it was quantized from (what its scale
+    # clipped is gone): its entries carry ratio 1 and only fp8.saturation judges them
     tolerance = 1.0 - numerics.unit_roundoff(dtype)
     stale = [
         (e, i, s)
@@ -187,12 +280,17 @@ def stale_scale(ctx: CheckContext, calls: int = 2) -> Finding:
 
 
 def master_weights(ctx: CheckContext) -> Finding:
-    """Parameters stored in fp8: an optimizer's small updates round away."""
+    """Trainable parameters stored in fp8: an optimizer's small updates round away.
+
+    A frozen float8 parameter (inference weights stored in fp8 with a scale) is what
+    fp8 serving does and passes: only what an optimizer updates is a master weight."""
     cid = "fp8.master_weights"
     bench: Lab = lab(ctx)
     # the model as the target builds it: the checks' copies are cast to a float dtype
     built = bench.run.prepared(bench.build_fresh(bench.reference))
-    held = [(n, p) for n, p in built.named_parameters() if p.dtype in _FP8_DTYPES]
+    held = [
+        (n, p) for n, p in built.named_parameters() if p.dtype in _FP8_DTYPES and p.requires_grad
+    ]
     evidence: dict[str, Any] = {"fp8_parameters": sorted({n for n, _ in held})[:10]}
     if held:
         name, p = held[0]
@@ -200,13 +298,14 @@ def master_weights(ctx: CheckContext) -> Finding:
         return finding(
             cid,
             "fail",
-            f"{len({n for n, _ in held})} parameter(s) are stored in fp8 ({name}: {dtype}): an "
-            f"update below half a spacing ({numerics.unit_roundoff(dtype):.3g} relative) is lost",
+            f"{len({n for n, _ in held})} trainable parameter(s) are stored in fp8 "
+            f"({name}: {dtype}): an update below half a spacing "
+            f"({numerics.unit_roundoff(dtype):.3g} relative) is lost",
             evidence,
             "Keep master weights in fp32 (or bf16 with fp32 optimizer state) and cast to fp8 "
             "per GEMM, as Transformer Engine does.",
         )
-    return finding(cid, "pass", "no parameter is stored in fp8", evidence)
+    return finding(cid, "pass", "no trainable parameter is stored in fp8", evidence)
 
 
 CHECKS = [
