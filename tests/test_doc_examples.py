@@ -7,6 +7,21 @@ each shown line must appear in what it printed, whitespace and panel borders asi
 (rich wraps at the terminal's width); ``...`` inside a line elides part of it. So a
 verdict, a count or a remedy's numbers that drift fail here; wall times (``0.26 s``) are
 masked on both sides, so they are never checked (issue 39).
+
+Marked: newcomer.md (3), generate.md's five tiny-target runs, compare.md's rope-bug
+record and compare, bisect.md's overflow. Not marked, and why:
+
+- compare.md ``runs/cpu runs/emu-softmax-fp16``, ``--replay --target two_faults.py``,
+  ``runs/v1 runs/v2`` and ``--calibration``: their recordings are made by Python shown
+  elsewhere (or by hand), not by ``$ precguard`` lines; ``replay g ...`` comes before
+  the block that records ``g``.
+- generate.md ``--device emu:bf16 -n 8``: tiny-llama's four prompts on the emulator,
+  about 10 s more than the tiny targets for what the peaked example already checks.
+- impact.md ``generate-diff ... --verify`` and ``op-check ... --verify``: re-runs per
+  remedy (tens of seconds); the second shows no output.
+- op-check.md ``--module transformer.ln_f``: a sweep over every sequence length.
+- recording.md (a second process holding the lock), guard.md (a git worktree),
+  watch.md and distributed.md (runs written by a training script or torchrun).
 """
 
 from __future__ import annotations
