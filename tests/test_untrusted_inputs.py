@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -503,3 +504,94 @@ def test_bitwise_hashes_from_a_recording_are_cut_and_escaped() -> None:
         )
     )
     assert "\x1b" not in text and max(len(line) for line in text.splitlines()) < 300
+
+
+# -- every command on one hostile recording: no control character reaches the terminal -----
+
+#: ESC, BEL, a bidi override, a zero-width space and a C1 CSI: in names, device and paths
+EVIL = "\x1b[2J\x07\u202e\u200b\x9b"
+#: what no command may print raw: C0 and C1 controls (but newline and tab), DEL, bidi
+#: controls and zero-width characters
+RAW = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+MSPROBE = Path(__file__).parent / "interop" / "fixtures" / "msprobe" / "stats_fault"
+
+
+def _poison(run: Path) -> None:
+    """Put EVIL in the manifest's strings and in every name under ``model.layers.1``."""
+    _set = json.loads((run / "manifest.json").read_text(encoding="utf-8"))
+    _set.update(device=_set["device"] + EVIL, target="t" + EVIL, model="M" + EVIL)
+    (run / "manifest.json").write_text(json.dumps(_set), encoding="utf-8")
+    records = run / "rank0" / "records.jsonl"
+    lines = []
+    for line in records.read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        for field in ("module", "key"):  # the tensor pointers stay as saved
+            rec[field] = rec[field].replace("model.layers.1", "model.layers.1" + EVIL)
+        rec["module_type"] += EVIL
+        lines.append(json.dumps(rec))
+    records.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def hostile_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Golden and actual tiny-llama recordings in directories named EVIL, with EVIL names.
+
+    The actual's ``model.layers.1.mlp.down_proj`` is scaled, so compare names it.
+    """
+    import precguard
+
+    root = tmp_path_factory.mktemp("hostile")
+    kw = {"steps": 1, "tensors": ["model.layers.0.*"]}
+
+    def fault(model: nn.Module) -> None:
+        with torch.no_grad():
+            model.model.layers[1].mlp.down_proj.weight.mul_(1.5)
+
+    golden = precguard.record_target("tiny-llama", out=root / "g", **kw)
+    actual = precguard.record_target("tiny-llama", out=root / "a", prepare=fault, **kw)
+    pair = []
+    for run, name in ((golden, "golden"), (actual, "actual")):
+        _poison(run)
+        pair.append(run.rename(root / (name + EVIL)))
+    return pair[0], pair[1]
+
+
+def test_every_command_prints_no_raw_control_character_on_a_hostile_recording(
+    hostile_pair: tuple[Path, Path], saved_run: Path, tmp_path: Path
+) -> None:
+    golden, actual = (str(p) for p in hostile_pair)
+    out = tmp_path / ("out" + EVIL)
+    out.mkdir()
+    saved = _copy(saved_run, tmp_path / ("run" + EVIL))
+    _meta(saved, lambda m: m["side"].update(device="cpu" + EVIL))
+    dump = shutil.copytree(MSPROBE, tmp_path / ("dump" + EVIL))
+    commands = [
+        ["compare", golden, actual],
+        ["compare", golden, actual, "--json", str(out / "c.json"), "--csv",
+         str(out / "c.csv"), "--html", str(out / "c.html")],
+        ["compare", golden, actual, "--json", "-"],
+        ["compare", golden, str(out / "missing")],
+        ["report", str(out / "c.json"), "--html", str(out / "r.html"), "--csv", str(out / "r.csv")],
+        ["bitwise", golden, actual],
+        ["ranks", actual],
+        ["graph", "diff", golden, actual],
+        ["replay", golden, "-m", "model.layers.0.mlp", "-t", "tiny-llama"],
+        ["replay", golden, "-m", "model.layers.1" + EVIL, "-t", "tiny-llama"],
+        ["generate-diff", str(saved_run), str(saved), "--json", "-"],
+        ["import-msprobe", str(dump), "--out", str(out / "imported")],
+        ["compare", str(dump), str(out / "imported")],
+    ]  # fmt: skip
+    said = ""
+    for args in commands:
+        with warnings.catch_warnings(record=True) as caught:  # the CLI prints them on stderr
+            warnings.simplefilter("always")
+            code, stdout, stderr = cli(args)
+        stderr += "".join(f"{w.category.__name__}: {w.message}\n" for w in caught)
+        what = " ".join(a.replace(EVIL, "EVIL") for a in args[:2])
+        check_clean(code, stdout, stderr, what)
+        raw = sorted(set(RAW.findall(stdout + stderr)))
+        assert not raw, f"{what}: raw {raw} reached the terminal:\n{stdout}{stderr}"
+        said += stdout + stderr
+    # the names were shown (escaped), not dropped: the test saw what it guards
+    assert "model.layers.1\\x1b[2J\\x07\\u202e\\u200b\\x9b" in said
+    assert "wrote" in said and "out\\x1b[2J" in said

@@ -106,6 +106,15 @@ def safe_console(**kwargs: Any) -> Any:
 __all__ = ["LIMIT", "plain_text", "printable", "safe_console", "shown"]
 
 
+def _printable_formatter(inner: Any) -> Any:
+    """A tick formatter writing ``inner``'s labels through :func:`printable`."""
+    from matplotlib.ticker import FuncFormatter
+
+    fmt = FuncFormatter(lambda x, pos=None: printable(str(inner(x, pos))))
+    fmt.precguard_printable = True  # type: ignore[attr-defined]
+    return fmt
+
+
 def plain_text(fig: Any) -> None:
     """Make every label of ``fig`` that came from a recording plain text, never mathtext.
 
@@ -135,6 +144,11 @@ def plain_text(fig: Any) -> None:
                     keep.update(id(t) for t in labels)
                 elif isinstance(fmt, FixedFormatter):  # string labels are drawn from its seq
                     fmt.seq = [printable(str(s)) for s in fmt.seq]
+                elif not getattr(fmt, "precguard_printable", False):
+                    # a draw formats string labels again (set_xticks(xs, names)): escape there
+                    major = which == "major"
+                    setter = axis.set_major_formatter if major else axis.set_minor_formatter
+                    setter(_printable_formatter(fmt))
     for text in fig.findobj(Text):
         if id(text) not in keep:
             text.set_parse_math(False)

@@ -101,3 +101,42 @@ def test_inf_counted(tmp_path):
     assert rec.stats.inf == 2 and rec.stats.nan == 0
     assert rec.nonfinite_origin
     assert rec.stats.max == float("inf")
+
+
+def test_generate_diffs_replay_keeps_the_origin_as_a_debug_event_not_a_stray_line(
+    poisoned_llama, input_ids, tmp_path, caplog
+):
+    """generate-diff's replay records the origin; the terminal gets no warning line (issue 39)."""
+    from precguard.generation.layerwise import origin_events_at_debug
+
+    ORIGIN = "nonfinite_origin"
+
+    def replay(out: str) -> list:
+        caplog.clear()
+        with (
+            torch.no_grad(),
+            origin_events_at_debug(),
+            precguard.monitor(poisoned_llama, out=tmp_path / out),
+        ):
+            poisoned_llama(input_ids)
+        return [
+            r for r in caplog.records if getattr(r, "precguard_event", "") == "nonfinite_origin"
+        ]
+
+    with caplog.at_level("WARNING", logger="precguard"):
+        assert replay("quiet") == []
+    origins = [r for r in precguard.load_run(tmp_path / "quiet").records() if r.nonfinite_origin]
+    assert [r.module for r in origins] == ["model.layers.2.mlp.down_proj"]  # still marked
+    with caplog.at_level("DEBUG", logger="precguard"):
+        events = replay("debug")
+    assert [(e.levelname, e.precguard_data["module"]) for e in events] == [
+        ("DEBUG", "model.layers.2.mlp.down_proj")
+    ]
+    # outside the replay the capture warns as before
+    with (
+        caplog.at_level("WARNING", logger="precguard"),
+        torch.no_grad(),
+        precguard.monitor(poisoned_llama, out=tmp_path / "loud"),
+    ):
+        poisoned_llama(input_ids)
+    assert any(getattr(r, "precguard_event", "") == ORIGIN for r in caplog.records)

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from precguard.cli._app import app, show_progress
+from precguard.cli._out import print_json
 
 _HELP = (
     "Find the smallest set of modules that must run at reference precision on DEVICE.\n\n"
@@ -137,7 +138,7 @@ def bisect(
     if json_out is not None:
         payload = result.model_dump_json(indent=2)
         if to_stdout:
-            typer.echo(payload)
+            print_json(payload)
         else:
             from precguard.cli._out import write_json as _write
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from precguard.cli._app import app
+from precguard.cli._out import print_json
 
 
 @app.command()
@@ -49,7 +50,7 @@ def run_bitwise(
     result = with_names(compare_bitwise(g.run, a.run, rank=rank, step=step), g, a)
     payload = result.model_dump_json(indent=2)
     if json_out is not None and str(json_out) == "-":
-        typer.echo(payload)
+        print_json(payload)
     else:
         if json_out is not None:
             write_atomic(json_out, payload + "\n", what="--json")

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from precguard.cli._app import app, show_progress
-from precguard.cli._out import wrote
+from precguard.cli._out import print_json, wrote
 
 _HELP = """Run a checklist of known precision failure patterns on a target and diagnose.
 
@@ -136,7 +136,7 @@ def check(
         diagnosis = diagnosis.model_copy(update={"impact": budget})
     if json_out is not None:
         if str(json_out) == "-":
-            typer.echo(as_json(diagnosis))
+            print_json(as_json(diagnosis))
         else:
             from precguard.dump.atomic import write_atomic
 

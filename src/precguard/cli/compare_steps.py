@@ -7,7 +7,6 @@ The job (:func:`precguard.compare.job`) compares; what ``--replay`` and
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -118,8 +117,13 @@ def write_files(
         write_junit(junit, comparison_junit(result, allow_partial=allow_partial))
         wrote(junit)
     if json_out is not None and str(json_out) == "-":
-        write_comparison_json(result, sys.stdout)
-        sys.stdout.write("\n")
+        import io
+
+        from precguard.cli._out import print_json
+
+        buffer = io.StringIO()
+        write_comparison_json(result, buffer)
+        print_json(buffer.getvalue())
     elif json_out is not None:
         from precguard.dump.atomic import atomic_output
 

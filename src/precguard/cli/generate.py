@@ -190,7 +190,9 @@ def generate_diff_cmd(
         out.print(f"remedy: {shown(check.describe(), 4000, markup=True)}", soft_wrap=False)
     text = result.model_dump_json(indent=2)
     if to_stdout:
-        typer.echo(text)
+        from precguard.cli._out import print_json
+
+        print_json(text)
     elif json_out is not None:
         from precguard.report.page import write_page
 

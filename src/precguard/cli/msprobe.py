@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from precguard.cli._app import app
+from precguard.text import shown
 
 
 @app.command("import-msprobe")
@@ -39,6 +40,6 @@ def import_msprobe_cmd(
     records = sum(1 for _ in run.records())
     tensors = "yes" if run.manifest.options.get("tensors") else "no"
     typer.echo(
-        f"imported {src} -> {dest}: {records} records, ranks {run.ranks}, "
+        f"imported {shown(src, 400)} -> {shown(dest, 400)}: {records} records, ranks {run.ranks}, "
         f"{run.manifest.steps} step(s), tensors: {tensors}"
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from precguard.cli._app import app, show_progress
-from precguard.cli._out import wrote
+from precguard.cli._out import print_json, wrote
 
 _HELP = (
     "Sweep the ops that cause most cross-chip trouble on DEVICE against an fp64 oracle.\n\n"
@@ -132,7 +132,7 @@ def op_check(
             merged["impact"] = json.loads(budget.model_dump_json())
             payload = json.dumps(merged, indent=2)
         if to_stdout:
-            typer.echo(payload)
+            print_json(payload)
         else:
             from precguard.cli._out import write_json as _write
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from precguard.cli._app import app
+from precguard.cli._out import print_json
 
 _RANKS_HELP = """Check the ranks of one multi-rank recording against each other.
 
@@ -52,7 +53,7 @@ def ranks(
                             rtol=rtol)  # fmt: skip
     payload = report.model_dump_json(indent=2)
     if json_out is not None and str(json_out) == "-":
-        typer.echo(payload)
+        print_json(payload)
     else:
         if json_out is not None:
             _write(json_out, payload)

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from precguard.cli._app import app
+from precguard.text import shown
 
 _HELP = """Render a saved result as a self-contained HTML page (and a comparison as CSV).
 
@@ -77,4 +78,4 @@ def report(
         kind = "diagnosis"
     for what, path in (("HTML", html_out), ("CSV", csv_out)):
         if path is not None:
-            typer.echo(f"wrote the {kind} as {what} to {path}")
+            typer.echo(f"wrote the {kind} as {what} to {shown(path, 400)}")

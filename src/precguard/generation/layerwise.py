@@ -13,8 +13,10 @@ attention that reads it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -26,6 +28,40 @@ from precguard.generation.report import Layerwise
 from precguard.target import raised
 
 logger = get_logger(__name__)
+
+
+class _OriginAtDebug(logging.Filter):
+    """Turn the capture's ``nonfinite_origin`` warning into a debug event."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "precguard_event", None) != "nonfinite_origin":
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(_CAPTURE_LOGGER).isEnabledFor(logging.DEBUG)
+
+
+_CAPTURE_LOGGER = "precguard.capture.recording"
+
+
+@contextlib.contextmanager
+def origin_events_at_debug() -> Iterator[None]:
+    """Inside, the capture logs where NaN/Inf first appeared at debug level, not as a warning.
+
+    generate-diff's teacher-forced replay records under :func:`precguard.monitor`;
+    a NaN/Inf origin there (an fp16 overflow, a ``-inf`` mask a module returns)
+    is part of what the replay compares, and the comparison it reports (the
+    layer line, ``layerwise.comparison`` in ``--json``) already holds the
+    record's ``nonfinite_origin`` mark. The capture's own warning would be a
+    stray ``warning nonfinite_origin module=...`` line in the middle of
+    generate-diff's report (issue 39), so it is kept for ``--log-level debug``.
+    """
+    log = logging.getLogger(_CAPTURE_LOGGER)
+    demote = _OriginAtDebug()
+    log.addFilter(demote)
+    try:
+        yield
+    finally:
+        log.removeFilter(demote)
 
 
 def record_replay(side: DecodeSide, ids: torch.Tensor, out: Path, *, prefix: int) -> None:
@@ -48,7 +84,7 @@ def record_replay(side: DecodeSide, ids: torch.Tensor, out: Path, *, prefix: int
                 target=side.target.name,
                 compute_dtype=side.compute_dtype,
             )
-            with handle:
+            with origin_events_at_debug(), handle:  # the close flushes: inside the filter
                 step(side.to_device(ids[:, prefix:]), cache)
     except (Exception, SystemExit) as exc:
         if isinstance(exc, precguard.PrecguardError):
