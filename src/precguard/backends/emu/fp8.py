@@ -158,20 +158,6 @@ def operand_scales(
     )
 
 
-def quantize_operands(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    recipe: Fp8Recipe,
-    history: AmaxHistory | None = None,
-    *,
-    site: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both operands of ``a @ b`` as the fp8 values the GEMM multiplies
-    (:func:`operand_scales` says how they are scaled)."""
-    sa, sb = operand_scales(a, b, recipe, history, site=site)
-    return quantize(a, sa, recipe.dtype), quantize(b, sb, recipe.dtype)
-
-
 class Fp8Log:
     """Per-GEMM operand statistics, collected while :func:`collect` is active."""
 
@@ -232,7 +218,6 @@ __all__ = [
     "operand_scales",
     "operand_statistics",
     "quantize",
-    "quantize_operands",
     "scale_of",
     "site_of",
     "tensor_scale",
