@@ -18,13 +18,18 @@ import contextlib
 from collections.abc import Callable, Collection
 from typing import Any
 
+from torch import nn
+
 from precguard.checks._lab import Lab
 from precguard.graph.build import trace_graph
 from precguard.graph.diff import MANTISSA_BITS, diff_graphs
 
 
 def ops_below_reference(
-    bench: Lab, sensitive: Collection[str], device_context: Callable[[], Any] | None = None
+    bench: Lab,
+    sensitive: Collection[str],
+    device_context: Callable[[], Any] | None = None,
+    watch: Callable[[nn.Module], Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Ops of the device's forward that ran below the reference's precision, worst first.
 
@@ -32,9 +37,12 @@ def ops_below_reference(
     numerics (``torch.autocast``). Each entry: module, op, reference and device
     dtype, calls, and whether the op is one of ``sensitive`` (the amp checks'
     reductions and exponentials, what autocast keeps in fp32) and *ran* lower.
+    ``watch(model)``: a context (an op watcher) entered inside ``device_context``
+    around the device's traced forward, so a check that watches that forward
+    shares it instead of running one of its own.
     """
     golden = _traced(bench, "reference", None)
-    actual = _traced(bench, "device", device_context)
+    actual = _traced(bench, "device", device_context, watch)
     found = []
     for d in diff_graphs(golden, actual).differences:
         if d.kind not in ("dtype", "input_dtype") or d.golden is None or d.actual is None:
@@ -59,14 +67,29 @@ def ops_below_reference(
     return found
 
 
-def _traced(bench: Lab, on: Any, context: Callable[[], Any] | None) -> Any:
-    """The op graph of one forward of batch 0 on ``on``; cached unless in a ``context``."""
+def _traced(
+    bench: Lab,
+    on: Any,
+    context: Callable[[], Any] | None,
+    watch: Callable[[nn.Module], Any] | None = None,
+) -> Any:
+    """The op graph of one forward of batch 0 on ``on``; cached unless in a ``context``
+    or under a ``watch`` (whose callbacks must see the forward)."""
     key = f"op_graph:{on}"
-    if context is None and key in bench._cache:
+    shared = context is None and watch is None
+    if shared and key in bench._cache:
         return bench._cache[key]
     model = bench.copy(on)
-    inner = context or contextlib.nullcontext
+
+    def inner() -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        if context is not None:
+            stack.enter_context(context())
+        if watch is not None:
+            stack.enter_context(watch(model))
+        return stack
+
     graph = trace_graph(model, lambda: bench.forward(model, on, inner=inner()))
-    if context is None:
+    if shared:
         bench._cache[key] = graph
     return graph

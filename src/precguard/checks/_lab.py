@@ -22,6 +22,7 @@ from precguard import tree
 from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.capture.hooks import on_calls
+from precguard.checks._nonfinite import NonFiniteWatch, watch_nonfinite
 from precguard.checks.base import CheckContext, NotApplicable
 from precguard.devices import dtype_name, seed_everything
 from precguard.numerics import measure
@@ -270,10 +271,15 @@ class Lab:
             model = self.copy(on)
             model.eval()
             batch = self.place(self.batch(0), on)
-            with self.numerics(on):
+            # the device's unscaled backward is the one grads.nonfinite_origin reads: watched
+            watched = on == "device" and scale == 1.0
+            watch = watch_nonfinite(model) if watched else contextlib.nullcontext()
+            with self.numerics(on), watch as seen:
                 out = call_model(model, batch)
                 loss = self.target.loss(out, batch)
                 (loss * scale).backward()
+            if watched:
+                self._cache["nonfinite_watch"] = seen
             sample: dict[str, torch.Tensor] = {}
             norms: dict[str, float] = {}
             for name, p in model.named_parameters():
@@ -289,6 +295,15 @@ class Lab:
             self._cache[key] = Gradients(float(loss.detach()), sample, norms)
             del model
         return self._cache[key]
+
+    def nonfinite_watch(self) -> NonFiniteWatch:
+        """Where NaN/Inf first appeared in the device's unscaled forward and backward.
+
+        Seen by hooks on the very run :meth:`gradients` keeps for ``("device", 1.0)``:
+        one forward and backward serve the gradient checks and this one.
+        """
+        self.gradients("device")
+        return self._cache["nonfinite_watch"]
 
     def training_gradients(self, on: On) -> Gradients:
         """Gradients as the target's training computes them on ``on``.

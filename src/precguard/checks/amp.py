@@ -246,22 +246,23 @@ def autocast_ops(ctx: CheckContext, dtype: str | None = None) -> Finding:
         if torch.finfo(result.dtype).bits < torch.finfo(widest).bits:
             lowered.setdefault(op, set()).add(module)
 
-    model = bench.copy("device")
     device_type = bench.dev.type
     try:
-        autocast = torch.autocast(device_type=device_type, dtype=low)
+        torch.autocast(device_type=device_type, dtype=low)
     except RuntimeError as exc:
         raise NotApplicable(
             f"torch.autocast does not support {dtype_name(low)} on {device_type}: {exc}"
         ) from exc
-    with autocast:
-        bench.forward(model, "device", inner=watch_ops(model, None, seen))
-    sensitive = {op: sorted(mods) for op, mods in lowered.items() if op in SENSITIVE_OPS}
     from precguard.checks._graphs import ops_below_reference
 
+    # one forward under autocast serves both: the op watch rides on the traced graph's run
     below = ops_below_reference(
-        bench, SENSITIVE_OPS, lambda: torch.autocast(device_type=device_type, dtype=low)
+        bench,
+        SENSITIVE_OPS,
+        lambda: torch.autocast(device_type=device_type, dtype=low),
+        watch=lambda model: watch_ops(model, None, seen),
     )
+    sensitive = {op: sorted(mods) for op, mods in lowered.items() if op in SENSITIVE_OPS}
     evidence = {
         "autocast_dtype": low,
         "ops_lowered": {op: sorted(m)[:5] for op, m in lowered.items()},

@@ -11,12 +11,9 @@ import math
 from typing import Any
 
 import torch
-from torch import nn
 
-from precguard.capture.hooks import NonFiniteOrigin, has_nonfinite, on_calls, on_tensor_grad
-from precguard.checks._lab import Gradients, first_tensor, lab
+from precguard.checks._lab import Gradients, lab
 from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
-from precguard.target import call_model
 
 
 def _layer_of(param: str) -> str:
@@ -112,42 +109,14 @@ def nonfinite_origin(ctx: CheckContext) -> Finding:
     cid = "grads.nonfinite_origin"
     if bench.target.loss is None:
         raise NotApplicable("target gives no loss")
-    model = bench.copy("device")
-    model.eval()
-    origin = NonFiniteOrigin()
-    forward_origin: list[str] = []
-    backward_seen: list[tuple[str, bool]] = []
-
-    def post(name: str, _m: nn.Module, args: Any, out: Any) -> None:
-        if "forward" not in origin.found and origin.call(
-            name, not has_nonfinite(args), not has_nonfinite(out)
-        ):
-            forward_origin.append(name)
-        t = first_tensor(out)
-        if t is not None and t.requires_grad:
-            on_tensor_grad(
-                t,
-                lambda g, _q=name: backward_seen.append((_q, bool(torch.isfinite(g).all()))),
-                name=name,
-                errors="raise",
-            )
-
-    batch = bench.place(bench.batch(0), "device")
-    # a hook that fails is an error of the check: it would call an unwatched run finite
-    with (
-        on_calls(model, post=post, modules=lambda _n, _m: True, with_kwargs=False, errors="raise"),
-        bench.numerics("device"),
-    ):
-        out = call_model(model, batch)
-        loss = bench.target.loss(out, batch)
-        loss.backward()
-    bad_params = [
-        n
-        for n, p in model.named_parameters()
-        if p.grad is not None and not torch.isfinite(p.grad).all()
-    ]
+    # the device's unscaled forward and backward, run once for every gradient check
+    grads = bench.gradients("device")
+    seen = bench.nonfinite_watch()
+    forward_origin, backward_seen = seen.forward_origin, seen.backward_seen
+    # a norm is finite exactly when every element of the gradient is
+    bad_params = [n for n, norm in grads.norms.items() if not math.isfinite(norm)]
     evidence: dict[str, Any] = {
-        "loss": float(loss.detach()),
+        "loss": grads.loss,
         "nonfinite_params": bad_params[:10],
         "forward_origin": forward_origin[0] if forward_origin else None,
     }
