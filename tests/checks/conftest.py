@@ -93,3 +93,22 @@ def plugin_checklist(tmp_path: Path) -> Iterator[Callable[[Finding], Path]]:
     yield make
     for name in registered:
         plugins.load_plugins().unregister(name=name)
+
+
+@pytest.fixture
+def forward_passes() -> Iterator[Callable[[str], int]]:
+    """``forward_passes("ClassName")``: calls of modules of that class since the test began.
+
+    Counted with a global forward pre-hook (removed afterwards): fixed work, the same
+    on any machine, so a test of what checks share never depends on speed.
+    """
+    from collections import Counter
+
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    calls: Counter[str] = Counter()
+    handle = register_module_forward_pre_hook(lambda m, _a: calls.update([type(m).__name__]))
+    try:
+        yield lambda name: calls[name]
+    finally:
+        handle.remove()

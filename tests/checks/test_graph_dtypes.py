@@ -62,20 +62,11 @@ def test_autocast_ops_lists_the_ops_autocast_ran_below_the_reference():
     assert not any(e["op"] == "softmax" and e["what"] == "ran in" for e in below)
 
 
-def test_the_checks_share_one_trace_of_the_reference(monkeypatch):
+def test_the_checks_share_one_forward_per_side(forward_passes):
     # amp.autocast_ops and ops.graph_dtypes both diff the device's op graph against the
-    # reference's: the reference forward is traced once for both (issue 41: checks share
-    # the runs they need), the device's once plain and once under autocast
-    from precguard.checks import _graphs
-
-    traced = []
-    real = _graphs.trace_graph
-
-    def counting(model, run):
-        traced.append(model)
-        return real(model, run)
-
-    monkeypatch.setattr(_graphs, "trace_graph", counting)
+    # reference's (issue 41: checks share the runs they need). The reference's and the
+    # device's plain forwards are each run once, traced, and the device's forward under
+    # autocast once, watched and traced together: three forward passes, not five
     d = precguard.check(
         "llama-finetune",
         "tiny-llama",
@@ -84,4 +75,4 @@ def test_the_checks_share_one_trace_of_the_reference(monkeypatch):
     )
     assert sorted(f.id for f in d.findings) == ["amp.autocast_ops", "ops.graph_dtypes"]
     assert all(f.status != "error" for f in d.findings), [f.summary for f in d.findings]
-    assert len(traced) == 3
+    assert forward_passes("LlamaForCausalLM") == 3

@@ -77,8 +77,10 @@ def _traced(
     or under a ``watch`` (whose callbacks must see the forward)."""
     key = f"op_graph:{on}"
     shared = context is None and watch is None
-    if shared and key in bench._cache:
-        return bench._cache[key]
+    if shared:
+        bench.output(on)  # the side's shared forward is traced (Lab.output)
+        if key in bench._cache:
+            return bench._cache[key]
     model = bench.copy(on)
 
     def inner() -> contextlib.ExitStack:

@@ -15,8 +15,8 @@ import torch
 
 from precguard import tree
 from precguard._logging import get_logger
-from precguard.checks._lab import Lab, lab, logits_of, rel_error
-from precguard.checks._trace import watch_ops
+from precguard.checks._lab import SHARED_WATCHES, Lab, lab, logits_of, rel_error
+from precguard.checks._trace import OpCallback, watch_ops
 from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
 from precguard.numerics import DIFFERENCE_GROWTH, PRECISION_STEP, TOLERANCE_EPS
 from precguard.oracle import run_in_fp64
@@ -28,17 +28,8 @@ _SOFTMAX = {"softmax", "_softmax"}
 _MASK_FLOOR = -1e4  # scores below this are mask values, not data
 
 
-def _softmax_calls(
-    bench: Lab, on: str, batch: Any = None, pad: int = 0, seq: int | None = None
-) -> tuple[list[dict[str, Any]], Any]:
-    """Scalars about every softmax in one forward (no probabilities are kept).
-
-    ``on`` is ``device``, ``reference`` or ``oracle`` (the reference model under
-    the fp64 oracle: the scores the code means, whatever it casts them to).
-    With ``pad`` and ``seq``: the largest probability that real queries of
-    sample 0 put on its first ``pad`` (padded) key positions.
-    """
-    calls: list[dict[str, Any]] = []
+def _softmax_seen(calls: list[dict[str, Any]], pad: int = 0, seq: int | None = None) -> OpCallback:
+    """An op callback that appends scalars about each softmax call to ``calls``."""
 
     def seen(_op: str, args: tuple, _kwargs: dict, result: Any, module: str) -> None:
         x = args[0] if args and isinstance(args[0], torch.Tensor) else None
@@ -62,6 +53,25 @@ def _softmax_calls(
             }
         )
 
+    return seen
+
+
+#: the device's shared forward (Lab.output) records every softmax for softmax_overflow
+SHARED_WATCHES["softmax"] = (frozenset(_SOFTMAX), _softmax_seen)
+
+
+def _softmax_calls(
+    bench: Lab, on: str, batch: Any = None, pad: int = 0, seq: int | None = None
+) -> tuple[list[dict[str, Any]], Any]:
+    """Scalars about every softmax in one forward (no probabilities are kept).
+
+    ``on`` is ``device``, ``reference`` or ``oracle`` (the reference model under
+    the fp64 oracle: the scores the code means, whatever it casts them to).
+    With ``pad`` and ``seq``: the largest probability that real queries of
+    sample 0 put on its first ``pad`` (padded) key positions.
+    """
+    calls: list[dict[str, Any]] = []
+    seen = _softmax_seen(calls, pad, seq)
     if on == "oracle":
 
         def watched(m: torch.nn.Module, b: Any) -> Any:
@@ -96,7 +106,8 @@ def softmax_overflow(ctx: CheckContext) -> Finding:
         logger.warning("softmax_oracle_failed", error=f"{type(exc).__name__}: {exc}")
         ref_calls, _ = _softmax_calls(bench, "reference")
         scores_from = f"{ctx.reference} (the fp64 oracle failed: {type(exc).__name__})"
-    dev_calls, _ = _softmax_calls(bench, "device")
+    shared = bench.watched("softmax", "device")  # the device's plain forward, shared
+    dev_calls = shared if shared is not None else _softmax_calls(bench, "device")[0]
     if not ref_calls:
         raise NotApplicable("the model calls no softmax in its forward (fused attention?)")
     limit = float(torch.finfo(bench.compute_dtype).max)
