@@ -23,7 +23,7 @@ from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.capture.hooks import on_calls
 from precguard.checks._nonfinite import NonFiniteWatch, watch_nonfinite
-from precguard.checks._trace import OpCallback, watch_ops
+from precguard.checks._trace import shared_watch
 from precguard.checks.base import CheckContext, NotApplicable
 from precguard.devices import dtype_name, seed_everything
 from precguard.numerics import measure
@@ -253,33 +253,21 @@ class Lab:
         return self._cache[key]
 
     def _observed(self, on: On) -> Any:
-        """The plain forward of ``on``, traced into an op graph and under :data:`SHARED_WATCHES`.
+        """The plain forward of ``on``, traced into an op graph and under the shared watches.
 
-        The graph (``op_graph:ON``, :mod:`precguard.checks._graphs`) and each watch's
-        records (:meth:`watched`) come from this one run, so the checks that need them
-        share it. Instrumentation never changes what the model computes; if it
-        fails, the plain forward runs alone and those checks run their own.
+        The graph (``op_graph:ON``, :mod:`precguard.checks._graphs`) and each shared
+        watch's records (:meth:`watched`, :data:`~precguard.checks._trace.SHARED_WATCHES`)
+        come from this one run, so the checks that need them share it. Instrumentation
+        never changes what the model computes; if it fails, the plain forward runs
+        alone and those checks run their own.
         """
         from precguard.graph.build import trace_graph
 
-        records: dict[str, list[dict[str, Any]]] = {name: [] for name in SHARED_WATCHES}
-        callbacks = {name: make(records[name]) for name, (_, make) in SHARED_WATCHES.items()}
-        ops = {op for names, _ in SHARED_WATCHES.values() for op in names}
-
-        def seen(op: str, args: tuple, kwargs: dict, result: Any, module: str) -> None:
-            for name, (names, _) in SHARED_WATCHES.items():
-                if op in names:
-                    callbacks[name](op, args, kwargs, result, module)
-
         model = self.copy(on)
+        watch, records = shared_watch(model, on)  # type: ignore[arg-type]
         out: list[Any] = []
         try:
-            graph = trace_graph(
-                model,
-                lambda: out.append(
-                    self.forward(model, on, inner=watch_ops(model, ops, seen) if ops else None)
-                ),
-            )
+            graph = trace_graph(model, lambda: out.append(self.forward(model, on, inner=watch)))
         except Exception as exc:  # the checks that read the graph or a watch trace their own
             logger.info(
                 "shared_forward_not_observed", side=on, error=f"{type(exc).__name__}: {exc}"
@@ -290,13 +278,39 @@ class Lab:
             self._cache[f"watched:{name}:{on}"] = found
         return out[0]
 
-    def watched(self, name: str, on: On) -> list[dict[str, Any]] | None:
-        """What the shared watch ``name`` recorded in :meth:`output`'s run of ``on``, or None.
+    def watched(self, name: str, on: Literal["device", "reference", "oracle"]) -> list | None:
+        """What the shared watch ``name`` recorded in the shared forward of ``on``, or None.
 
-        None when that run could not be observed: the check runs its own watched forward.
+        ``device``/``reference``: :meth:`output`'s run; None when it could not be
+        observed (the check runs its own watched forward). ``oracle``: one forward
+        of batch 0 under the fp64 oracle (:func:`precguard.oracle.run_in_fp64`) on
+        the shared reference model; an oracle that fails raises its error to every
+        check that asks.
         """
-        self.output(on)
-        return self._cache.get(f"watched:{name}:{on}")
+        if on != "oracle":
+            self.output(on)
+            return self._cache.get(f"watched:{name}:{on}")
+        if "oracle_watched" not in self._cache:
+            from precguard.oracle import run_in_fp64
+
+            def run(model: nn.Module, batch: Any) -> Any:
+                watch, records = shared_watch(model, "oracle")
+                with watch or contextlib.nullcontext():
+                    call_model(model, batch)
+                return records
+
+            try:
+                # the shared CPU fp32 reference, not an fp64 copy: each op widens what it reads
+                found = run_in_fp64(
+                    run, self.batch(0), module=self.reference_model(), copy_module=False
+                )
+            except Exception as exc:
+                found = exc
+            self._cache["oracle_watched"] = found
+        found = self._cache["oracle_watched"]
+        if isinstance(found, Exception):
+            raise found
+        return found.get(name)
 
     def reference_logits(self) -> torch.Tensor:
         """Logits (main output) of the reference model on batch 0, fp32."""
@@ -449,11 +463,6 @@ class Lab:
             self._cache["tokenizer"] = self.target.tokenizer()
         return self._cache["tokenizer"]
 
-
-#: op watches that ride on each side's shared forward (:meth:`Lab.output`): name ->
-#: (op names, factory that takes the list to fill and returns the op callback). A check
-#: module registers its watch at import, before any checklist runs.
-SHARED_WATCHES: dict[str, tuple[frozenset[str], Callable[[list[dict[str, Any]]], OpCallback]]] = {}
 
 #: bytes of captured module inputs after which only one module per class is kept
 CAPTURE_BUDGET = 1 << 30

@@ -29,7 +29,7 @@ from torch import nn
 
 from precguard._logging import get_logger
 from precguard.checks._lab import Lab, flatten, run_module
-from precguard.checks._trace import watch_ops
+from precguard.checks._trace import SHARED_WATCHES, OpCallback, SharedWatch, watch_ops
 from precguard.opcheck.sweep import batch_of_length
 from precguard.oracle import run_in_fp64
 from precguard.target import call_model
@@ -82,26 +82,47 @@ def _position_axis(angles: torch.Tensor) -> int | None:
     return None
 
 
-def _watched_forward(model: nn.Module, batch: Any, keep_args: bool) -> dict[tuple, dict]:
-    """cos/sin calls of one forward by (module, op, occurrence); values fp64 on the CPU."""
-    calls: dict[tuple, dict] = {}
-    seen: Counter[tuple[str, str]] = Counter()
+def _trig_seen(found: list[dict[str, Any]], keep_args: bool = True) -> OpCallback:
+    """An op callback appending each cos/sin call (module, op, fp64 value, angles) to ``found``."""
 
     def record(op: str, args: tuple, _kwargs: dict, result: Any, module: str) -> None:
         x = args[0] if args and isinstance(args[0], torch.Tensor) else None
         if x is None or not x.is_floating_point() or not isinstance(result, torch.Tensor):
             return
-        key = (module, op, seen[(module, op)])
-        seen[(module, op)] += 1
-        calls[key] = {
-            "value": result.detach().to("cpu", torch.float64),
-            "angles": x.detach().to("cpu", torch.float64) if keep_args else None,
-            "where": _caller() if keep_args else "",
-        }
+        found.append(
+            {
+                "module": module,
+                "op": op,
+                "value": result.detach().to("cpu", torch.float64),
+                "angles": x.detach().to("cpu", torch.float64) if keep_args else None,
+                "where": _caller() if keep_args else "",
+            }
+        )
 
-    with watch_ops(model, _TRIG, record):
-        call_model(model, batch)
+    return record
+
+
+#: the oracle's forward of batch 0 that the lab runs once (Lab.watched) records cos/sin
+SHARED_WATCHES["rope_trig"] = SharedWatch(frozenset(_TRIG), _trig_seen, frozenset({"oracle"}))
+
+
+def _by_occurrence(found: list[dict[str, Any]]) -> dict[tuple, dict]:
+    """cos/sin calls keyed by (module, op, occurrence of that op in that module)."""
+    calls: dict[tuple, dict] = {}
+    seen: Counter[tuple[str, str]] = Counter()
+    for call in found:
+        module, op = call["module"], call["op"]
+        calls[(module, op, seen[(module, op)])] = call
+        seen[(module, op)] += 1
     return calls
+
+
+def _watched_forward(model: nn.Module, batch: Any, keep_args: bool) -> dict[tuple, dict]:
+    """cos/sin calls of one forward by (module, op, occurrence); values fp64 on the CPU."""
+    found: list[dict[str, Any]] = []
+    with watch_ops(model, _TRIG, _trig_seen(found, keep_args)):
+        call_model(model, batch)
+    return _by_occurrence(found)
 
 
 def longer_batch(batch: Any, length: int) -> Any:
@@ -162,7 +183,8 @@ def _rope_calls(exact: dict[tuple, dict], exclude: list[str]) -> dict[tuple, int
 def _find(bench: Lab, exclude: list[str], length: int) -> dict[str, TrigFound]:
     batch = bench.batch(0)
     try:
-        exact = _oracle_calls(bench, batch)
+        # batch 0 under the oracle: the forward the lab runs once for every oracle watch
+        exact = _by_occurrence(bench.watched("rope_trig", "oracle") or [])
     except Exception as exc:  # a model the oracle cannot run: say so, keep the name-found ones
         bench._cache["rope_by_behaviour_failed"] = f"{type(exc).__name__}: {exc}"
         logger.warning("rope_oracle_forward_failed", error=f"{type(exc).__name__}: {exc}")

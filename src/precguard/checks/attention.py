@@ -15,8 +15,8 @@ import torch
 
 from precguard import tree
 from precguard._logging import get_logger
-from precguard.checks._lab import SHARED_WATCHES, Lab, lab, logits_of, rel_error
-from precguard.checks._trace import OpCallback, watch_ops
+from precguard.checks._lab import Lab, lab, logits_of, rel_error
+from precguard.checks._trace import SHARED_WATCHES, OpCallback, SharedWatch, watch_ops
 from precguard.checks.base import Check, CheckContext, Finding, NotApplicable, finding
 from precguard.numerics import DIFFERENCE_GROWTH, PRECISION_STEP, TOLERANCE_EPS
 from precguard.oracle import run_in_fp64
@@ -56,8 +56,10 @@ def _softmax_seen(calls: list[dict[str, Any]], pad: int = 0, seq: int | None = N
     return seen
 
 
-#: the device's shared forward (Lab.output) records every softmax for softmax_overflow
-SHARED_WATCHES["softmax"] = (frozenset(_SOFTMAX), _softmax_seen)
+#: the device's shared forward (Lab.output) and the oracle's record every softmax
+SHARED_WATCHES["softmax"] = SharedWatch(
+    frozenset(_SOFTMAX), _softmax_seen, frozenset({"device", "oracle"})
+)
 
 
 def _softmax_calls(
@@ -72,6 +74,8 @@ def _softmax_calls(
     """
     calls: list[dict[str, Any]] = []
     seen = _softmax_seen(calls, pad, seq)
+    if on == "oracle" and batch is None and not pad and seq is None:
+        return bench.watched("softmax", "oracle") or [], None  # the shared oracle forward
     if on == "oracle":
 
         def watched(m: torch.nn.Module, b: Any) -> Any:
