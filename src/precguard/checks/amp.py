@@ -92,6 +92,15 @@ def loss_scaling(
             evidence,
             "Fix the non-finite backward first; then rerun this check.",
         )
+    if bench.compute_dtype == torch.bfloat16 and share_plain <= threshold:
+        # decided without a scaled backward: bf16 needs no loss scale
+        return finding(
+            cid,
+            "pass",
+            f"bf16 keeps fp32's exponent range: {share_plain:.2%} of gradient elements "
+            "underflow without scaling",
+            evidence,
+        )
     scaled, probe, skipped = bench.scaled_gradients(
         scale if scale is not None else 2.0**16, max_skips
     )
@@ -111,14 +120,6 @@ def loss_scaling(
         "scaler.scale(loss).backward(); scaler.unscale_(optimizer) before clipping; "
         "scaler.step(optimizer); scaler.update(). Or train in bf16, which has fp32's range."
     )
-    if bench.compute_dtype == torch.bfloat16 and share_plain <= threshold:
-        return finding(
-            cid,
-            "pass",
-            f"bf16 keeps fp32's exponent range: {share_plain:.2%} of gradient elements "
-            "underflow without scaling",
-            evidence,
-        )
     if mode == "none" and share_plain > threshold:
         return finding(
             cid,
