@@ -401,6 +401,24 @@ def test_an_op_as_coarse_as_fp8_is_below_bfloat16() -> None:
     assert numerics.precision_class(numerics.unit_roundoff("float8_e4m3fn")) == "below bfloat16"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_shortest_rope_sweep_shows_angles_computed_in_the_compute_dtype(dtype) -> None:
+    # the port bug at the sweep length numerics derives: angles in the compute dtype err
+    # beyond twice the allowance in the last eighth of the positions, and 4x the first
+    n = numerics.rope_sweep_positions(1.0)
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64)
+    p = torch.arange(n, dtype=torch.float64)
+    exact = (p[:, None] * inv_freq).cos()
+    low = (p.to(dtype)[:, None] * inv_freq.to(dtype)).double().cos()
+    per_position = (low - exact).abs().amax(dim=1)
+    first, last = (float(b.max()) for b in per_position.tensor_split(8)[::7])
+    allowed = numerics.rope_allowed(float(torch.finfo(dtype).eps), float(p[-1]))
+    assert last > 2 * allowed and last > 4 * max(first, float(torch.finfo(dtype).eps) / 2)
+    # an fp32 angle stays inside the allowance there
+    fp32 = (p.float()[:, None] * inv_freq.float()).double().cos()
+    assert float((fp32 - exact).abs().max()) < allowed
+
+
 def test_rope_allows_eight_roundings_of_its_compute_dtype_or_its_fp32_angles() -> None:
     eps = float(torch.finfo(torch.bfloat16).eps)
     assert numerics.rope_floor(eps) == numerics.PRECISION_STEP * numerics.unit_roundoff("bfloat16")

@@ -358,6 +358,32 @@ def rope_floor(eps: float) -> float:
     return PRECISION_STEP * (eps / 2)
 
 
+#: the largest angle (radians) a sweep for cos/sin found by behaviour must reach. Angles
+#: computed in the compute dtype itself (unit roundoff ``u``; the port bug) err by at most
+#: ``u·|theta|`` per rounding (the frequency, then the product); the check fails past
+#: :func:`rope_floor` ``= PRECISION_STEP·u``. The largest error over a bin of positions
+#: reaches only a fraction of that bound: integer positions times the fastest frequency,
+#: 1, are exact in bf16 below 256, so the error comes from the slower, rounded frequencies
+#: (handmade's bf16 RoPE: about ``u·|theta|/4`` at 32 positions). So a quarter of the
+#: bound must clear the allowance twice over (the last bin also has to be four times the
+#: first): ``u·theta/4 >= 2·2·PRECISION_STEP·u``, ``theta >= 16·PRECISION_STEP`` = 128
+#: radians. Coarser angle formats show sooner; fp32 angles never pass the allowance.
+ROPE_DETECT_ANGLE = 16 * PRECISION_STEP
+
+
+def rope_sweep_positions(max_frequency: float) -> int:
+    """Positions ``0..n-1`` that bring the fastest rotary frequency (radians per position)
+    to :data:`ROPE_DETECT_ANGLE`: the shortest sweep on which angles computed in the
+    compute dtype fail ``checks/rope.py``'s judgement: 129 for the usual ``inv_freq[0] = 1``.
+
+    >>> rope_sweep_positions(1.0)
+    129
+    """
+    if not max_frequency > 0:
+        raise ValueError(f"a rotary frequency must be positive, got {max_frequency}")
+    return math.ceil(ROPE_DETECT_ANGLE / max_frequency) + 1
+
+
 def rope_allowed(eps: float, max_angle: float) -> float:
     """Error allowed a rotary embedding's cos/sin at angles up to ``max_angle``: the
     larger of :func:`rope_floor` and what fp32 angles cost there

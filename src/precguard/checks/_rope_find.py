@@ -30,6 +30,7 @@ from torch import nn
 from precguard._logging import get_logger
 from precguard.checks._lab import Lab, flatten, run_module
 from precguard.checks._trace import SHARED_WATCHES, OpCallback, SharedWatch, watch_ops
+from precguard.numerics import rope_sweep_positions
 from precguard.opcheck.sweep import batch_of_length
 from precguard.oracle import run_in_fp64
 from precguard.target import call_model
@@ -189,17 +190,27 @@ def _find(bench: Lab, exclude: list[str], length: int) -> dict[str, TrigFound]:
         bench._cache["rope_by_behaviour_failed"] = f"{type(exc).__name__}: {exc}"
         logger.warning("rope_oracle_forward_failed", error=f"{type(exc).__name__}: {exc}")
         return {}
-    if not _rope_calls(exact, exclude):
+    rope = _rope_calls(exact, exclude)
+    if not rope:
         return {}
+    # the shortest sweep that decides (numerics.rope_sweep_positions), at most `length`
+    fastest = max(float(exact[k]["angles"].diff(dim=axis).abs().max()) for k, axis in rope.items())
+    longer = longer_batch(batch, min(length, rope_sweep_positions(fastest)))
+    if longer is batch:  # long enough already: judged on the shared oracle run's calls
+        return _judge_calls(bench, batch, exclude, exact)
     try:
-        return _judge_calls(bench, longer_batch(batch, length), exclude)
+        return _judge_calls(bench, longer, exclude)
     except Exception as exc:  # a model that cannot take more positions: its own length
         logger.info("rope_longer_batch_refused", error=f"{type(exc).__name__}: {exc}")
-        return _judge_calls(bench, batch, exclude)
+        return _judge_calls(bench, batch, exclude, exact)
 
 
-def _judge_calls(bench: Lab, batch: Any, exclude: list[str]) -> dict[str, TrigFound]:
-    exact = _oracle_calls(bench, batch)
+def _judge_calls(
+    bench: Lab, batch: Any, exclude: list[str], exact: dict[tuple, dict] | None = None
+) -> dict[str, TrigFound]:
+    """Per-position errors of the cos/sin calls on ``batch`` (``exact``: its oracle calls)."""
+    if exact is None:
+        exact = _oracle_calls(bench, batch)
     rope = _rope_calls(exact, exclude)
     runs = {}
     for on in ("device", "reference"):

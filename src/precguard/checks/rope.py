@@ -11,8 +11,10 @@ the HF convention ``forward(x, position_ids) -> (cos, sin)`` and are swept
 over positions; declare others that follow it with the checklist parameter
 ``modules: [glob, ...]``. Any other cos/sin of position × frequency (a plain
 function in a hand-written attention) is found by behaviour
-(:mod:`precguard.checks._rope_find`) and judged on a batch tiled to the
-sweep's length. The truth is always the fp64 oracle (:mod:`precguard.oracle`).
+(:mod:`precguard.checks._rope_find`) and judged on batch 0, tiled when
+shorter to the fewest positions that decide
+(:func:`precguard.numerics.rope_sweep_positions`). The truth is always the
+fp64 oracle (:mod:`precguard.oracle`).
 
 The rotary sweep itself (calling a module on any positions, on the device and
 under the oracle, the error per position, the angle allowance) is op-check's
@@ -135,8 +137,10 @@ def sweep(
     """Sweep positions 0..max_position on device and reference; fail when error grows.
 
     Rotary modules found by name are swept over positions; cos/sin computed by
-    plain functions (found by behaviour) are judged on forwards of batch 0 tiled
-    to ``min(points, max_position)`` positions.
+    plain functions (found by behaviour) are judged on forwards of batch 0, tiled
+    when shorter to the fewest positions that decide
+    (:func:`precguard.numerics.rope_sweep_positions`), at most
+    ``min(points, max_position)``.
     """
     bench = lab(ctx)
     found = rotary_modules(bench, modules)
