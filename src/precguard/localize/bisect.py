@@ -41,7 +41,7 @@ import contextlib
 import copy
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -52,6 +52,7 @@ from precguard import tree
 from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.capture.hooks import HookHandle, NonFiniteOrigin, on_calls, replace_forward
+from precguard.devices import dtype_name
 from precguard.errors import ExitCode, TargetError, UsageError
 from precguard.numerics import (
     CORRECT_RUN_GROWTH,
@@ -67,8 +68,6 @@ from precguard.target_run import Side, golden_side, one_side
 logger = get_logger(__name__)
 
 _FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
-
-MetricName = Literal["rel_l2", "max_abs", "mean_abs", "max_rel", "cosine"]
 
 
 def precision_eps(precision: torch.dtype | str) -> float:
@@ -118,6 +117,11 @@ def round_to_precision(t: torch.Tensor, precision: torch.dtype | str) -> torch.T
 
 
 ROOT = "root"
+
+
+def module_path(name: str) -> str:
+    """The ``get_submodule`` path of a qualified module name (the root is ``""``)."""
+    return "" if name == ROOT else name
 
 
 def output_error(actual: torch.Tensor, expected: torch.Tensor, metric: str = "rel_l2") -> float:
@@ -338,9 +342,8 @@ class ReferencePrecision:
         # says why): the device module must not run at all
         try:
             for name in self.names:
-                path = "" if name == ROOT else name
-                module = self.model.get_submodule(path)
-                twin = self.reference_model.get_submodule(path)
+                module = self.model.get_submodule(module_path(name))
+                twin = self.reference_model.get_submodule(module_path(name))
                 self._swaps.append(replace_forward(module, self._wrapper(module, twin)))
         except BaseException:
             self._restore()
@@ -412,7 +415,7 @@ def call_order(model: nn.Module, run: Callable[[], Any]) -> dict[str, int]:
 
 def child_units(model: nn.Module, name: str, called: dict[str, int]) -> list[str]:
     """The called children of ``name`` in call order, containers opened into their members."""
-    module = model.get_submodule("" if name == ROOT else name)
+    module = model.get_submodule(module_path(name))
     prefix = "" if name == ROOT else f"{name}."
     units: list[str] = []
 
@@ -729,7 +732,7 @@ def bisect(
         note = (
             "no set of modules at reference precision fixes the output: with the whole model "
             f"at reference its output error is still {bisector.error([ROOT]):.3g}, so values "
-            f"beyond {_name(overflow_format(compute))}'s range reach the output; rescale them "
+            f"beyond {dtype_name(overflow_format(compute))}'s range reach the output; rescale them "
             f"(from {overflow.module} on) or keep them in a wider dtype"
         )
     probes = bisector.probes
@@ -744,9 +747,9 @@ def bisect(
     return BisectResult(
         target=target_obj.name,
         device=side.device,
-        dtype=_name(model_dtype),
+        dtype=dtype_name(model_dtype),
         reference=golden.device,
-        reference_dtype=_name(reference_run.dtype),
+        reference_dtype=dtype_name(reference_run.dtype),
         metric=metric,
         threshold=thresholds[decisive],
         thresholds=thresholds,
@@ -829,7 +832,7 @@ def find_overflow(
     return Overflow(
         module=name,
         module_type=type(module).__name__,
-        format=_name(fmt),
+        format=dtype_name(fmt),
         format_max=fmax,
         nonfinite=int(values["nonfinite"]),
         saturated=int(values["saturated"]),
@@ -849,7 +852,7 @@ def _reference_absmax(model: nn.Module, name: str, forward: Callable[[], Any]) -
             seen.append(max(tops, default=0.0))
 
     try:
-        module = model.get_submodule("" if name == ROOT else name)
+        module = model.get_submodule(module_path(name))
     except AttributeError:
         return None
     with on_calls(module, post=hook, modules=["root"], with_kwargs=False, errors="raise"):
@@ -870,10 +873,6 @@ def _ratio(err: float, threshold: float) -> float:
     if math.isnan(err) or math.isinf(err):
         return math.inf
     return err / threshold if threshold > 0 else (math.inf if err > 0 else 0.0)
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _cast_batch(batch: Any, dtype: torch.dtype) -> Any:

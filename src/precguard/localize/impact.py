@@ -47,7 +47,7 @@ from precguard.compare.levels import FullMetrics
 from precguard.compare.metrics import tensor_metrics
 from precguard.compare.report import Comparison
 from precguard.compare.tolerance import get_profile
-from precguard.devices import resolve_backend
+from precguard.devices import dtype_name, resolve_backend
 from precguard.errors import PrecguardError, TargetError, UsageError
 from precguard.localize.bisect import (
     ROOT,
@@ -55,6 +55,7 @@ from precguard.localize.bisect import (
     ReferencePrecision,
     _cast_batch,
     main_output,
+    module_path,
 )
 from precguard.numerics import FLOOR_SLACK, HELP_SHARE, REPRODUCED
 from precguard.opcheck.sweep import OpCheckResult
@@ -72,10 +73,6 @@ logger = get_logger(__name__)
 
 #: a context applied around one forward of the actual side: (actual model) -> context manager
 Change = Callable[[nn.Module], contextlib.AbstractContextManager[Any]]
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 class ActualSide:
@@ -214,14 +211,14 @@ class ActualSide:
     def has_module(self, name: str) -> bool:
         """True when ``name`` is a module of the target's model."""
         try:
-            self.model.get_submodule("" if name == ROOT else name)
+            self.model.get_submodule(module_path(name))
         except AttributeError:
             return False
         return True
 
     def module_type(self, name: str) -> str:
         """The class name of module ``name``."""
-        return type(self.model.get_submodule("" if name == ROOT else name)).__name__
+        return type(self.model.get_submodule(module_path(name))).__name__
 
     def correct_twin(self) -> nn.Module:
         """The reference copy with its parameters rounded to the actual dtype and back.
@@ -326,8 +323,8 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     metrics = tensor_metrics(
         expected,
         actual,
-        golden_dtype=_name(expected.dtype),
-        actual_dtype=_name(actual.dtype),
+        golden_dtype=dtype_name(expected.dtype),
+        actual_dtype=dtype_name(actual.dtype),
         profile=get_profile("default"),
     )
     if isinstance(metrics, FullMetrics) and metrics.rel_l2 is not None:
@@ -415,9 +412,9 @@ def error_budget(
         measured="target",
         target=run.name,
         device=run.device,
-        dtype=_name(run.dtype),
+        dtype=dtype_name(run.dtype),
         reference=side.golden.device,
-        reference_dtype=_name(side.golden.dtype),
+        reference_dtype=dtype_name(side.golden.dtype),
         output_error=before,
         impacts=impacts,
         together=together,

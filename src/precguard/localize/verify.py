@@ -47,8 +47,15 @@ from precguard.capture.hooks import replace_forward
 from precguard.compare import advice
 from precguard.compare.impact_report import ErrorBudget, Impact, RemedyCheck
 from precguard.compare.report import Comparison
+from precguard.devices import dtype_name
 from precguard.errors import PrecguardError, UsageError
-from precguard.localize.bisect import ROOT, ReferencePrecision, _cast_batch, main_output
+from precguard.localize.bisect import (
+    ROOT,
+    ReferencePrecision,
+    _cast_batch,
+    main_output,
+    module_path,
+)
 from precguard.localize.bisect import _outside_device as bisect_outside_device
 from precguard.localize.impact import (
     FLOOR_SLACK,
@@ -97,7 +104,7 @@ def _buffers_kept(module: nn.Module, values: dict[str, torch.Tensor]) -> Iterato
 
 def _rounded_buffers(side: ActualSide, name: str) -> dict[str, torch.Tensor]:
     """The floating buffers of module ``name`` a cast rounded, at their built float32 values."""
-    path = "" if name == ROOT else name
+    path = module_path(name)
     now = side.model.get_submodule(path)
     built = dict(side.constructed.get_submodule(path).named_buffers())
     found: dict[str, torch.Tensor] = {}
@@ -122,7 +129,7 @@ def module_remedies(
     before = impact.before
     if before is None or not side.has_module(name):
         return []
-    module = side.model.get_submodule("" if name == ROOT else name)
+    module = side.model.get_submodule(module_path(name))
     kind = _kind(module)
     if kind == "loss":  # the logits do not show a loss's error: judged on the loss itself
         return [loss_module_remedy(side, name, float32_twin)]
@@ -135,8 +142,8 @@ def module_remedies(
     # the candidates compare prints, in their order (compare/advice.py): one source of advice
     buffers = _rounded_buffers(side, name)
     if buffers:
-        built = _dtype_name(next(iter(buffers.values())).dtype)
-        text = advice.buffers_text(buffers, built, _dtype_name(side.run.dtype))
+        built = dtype_name(next(iter(buffers.values())).dtype)
+        text = advice.buffers_text(buffers, built, dtype_name(side.run.dtype))
         after = side.output_error(
             changes=[lambda model: _buffers_kept(model.get_submodule(module_path(name)), buffers)]
         )
@@ -155,18 +162,9 @@ def module_remedies(
     except PrecguardError as exc:
         checks.append(_not_run("float32-compute", label, before, floor, str(exc)))
     if impact.after is not None:
-        text = f"run {name} at reference precision ({_dtype_name(side.golden.dtype)})"
+        text = f"run {name} at reference precision ({dtype_name(side.golden.dtype)})"
         checks.append(result("reference-precision", text, impact.after))
     return checks
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def module_path(name: str) -> str:
-    """The ``get_submodule`` path of a qualified module name (the root is ``""``)."""
-    return "" if name == ROOT else name
 
 
 def _not_run(
