@@ -440,82 +440,59 @@ def child_units(model: nn.Module, name: str, called: dict[str, int]) -> list[str
 
 
 class Bisector:
-    """Find the culprits with ``probe(names) -> error`` over the module tree of ``model``.
+    """Find the culprits with ``probe(names) -> {output: error}`` over the module tree of ``model``.
 
-    ``probe`` runs the device forward with ``names`` at reference precision and
-    returns the output error, or the error of each output; ``threshold`` is one number,
-    or one per output (a probe passes when every output is within its own); ``called``
-    maps the modules a forward calls to their call order. ``on_probe`` sees every probe
-    as it completes.
+    ``probe`` runs the device forward with ``names`` at reference precision and returns
+    the error of each output; a probe passes when every output is within its own
+    ``thresholds`` entry. ``called`` maps the modules a forward calls to their call order.
+    ``on_probe`` sees every probe as it completes.
     """
 
     def __init__(
         self,
         model: nn.Module,
-        probe: Callable[[list[str]], float | dict[str, float]],
+        probe: Callable[[list[str]], dict[str, float]],
         called: dict[str, int],
-        threshold: float | dict[str, float],
+        thresholds: dict[str, float],
         on_probe: Callable[[Probe], None] | None = None,
     ) -> None:
         self.model = model
         self._probe = probe
         self.called = called
-        self.threshold = threshold
+        self.thresholds = thresholds
         self.on_probe = on_probe
         self.probes: list[Probe] = []
         #: each probe by the set it tested (its error and whether it passed, run once)
         self._cache: dict[frozenset[str], Probe] = {}
 
-    def threshold_of(self, output: str) -> float:
-        """The threshold of one output (the one number when there is one)."""
-        if isinstance(self.threshold, dict):
-            return self.threshold.get(output, math.inf)
-        return self.threshold
-
-    def error(self, names: Sequence[str]) -> float:
-        """The output error with ``names`` at reference (cached by the set)."""
+    def _run(self, names: Sequence[str]) -> Probe:
         key = frozenset(names)
         if key not in self._cache:
             ordered = sorted(key, key=lambda n: self.called.get(n, -1))
             found = self._probe(ordered)
-            per_output = found if isinstance(found, dict) else {}
-            err = worst(per_output) if isinstance(found, dict) else found
-            if per_output:
-                passed = all(self._within(e, self.threshold_of(k)) for k, e in per_output.items())
-            else:
-                passed = self.passes_error(err)
+            passed = all(
+                math.isfinite(e) and e <= self.thresholds.get(k, math.inf) for k, e in found.items()
+            )
             probe = Probe(
                 index=len(self.probes),
                 at_reference=ordered,
-                error=err,
+                error=worst(found),
                 passed=passed,
-                outputs=per_output,
+                outputs=found,
             )
             self.probes.append(probe)
             self._cache[key] = probe
             if self.on_probe is not None:
                 self.on_probe(probe)
-        return self._cache[key].error
+        return self._cache[key]
 
-    @property
-    def smallest_threshold(self) -> float:
-        """The threshold of one number, or the smallest of those per output."""
-        if isinstance(self.threshold, dict):
-            return min(self.threshold.values())
-        return self.threshold
-
-    def passes_error(self, err: float) -> bool:
-        """True when ``err`` is finite and within the (smallest) threshold."""
-        return self._within(err, self.smallest_threshold)
-
-    @staticmethod
-    def _within(err: float, threshold: float) -> bool:
-        return math.isfinite(err) and err <= threshold
+    def error(self, names: Sequence[str]) -> float:
+        """The output error (the worst output) with ``names`` at reference (cached by the set)."""
+        return self._run(names).error
 
     def passes(self, names: Sequence[str]) -> bool:
         """True when every output with ``names`` at reference is within its threshold."""
-        self.error(names)
-        return self._cache[frozenset(names)].passed
+        return self._run(names).passed
 
     def _quickxplain(self, background: list[str], delta: bool, units: list[str]) -> list[str]:
         """A minimal subset X of ``units`` passing with ``background`` (Junker's QuickXplain)."""
@@ -544,10 +521,10 @@ class Bisector:
         if found is None:  # the root's own code (outside every child) is needed
             if not self.passes([ROOT]):
                 raise TargetError(
-                    f"even with the whole model at reference precision the output error is "
-                    f"{self.error([ROOT]):.3g} (threshold {self.smallest_threshold:.3g}): the "
-                    "forward does not reproduce the reference (random ops or state it changes), "
-                    "so there is nothing to bisect"
+                    "even with the whole model at reference precision the output error is "
+                    f"{self.error([ROOT]):.3g} (threshold {min(self.thresholds.values()):.3g}): "
+                    "the forward does not reproduce the reference (random ops or state it "
+                    "changes), so there is nothing to bisect"
                 )
             return [ROOT]
         final: list[str] = []
