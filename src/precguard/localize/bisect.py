@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -260,6 +260,24 @@ class BisectResult(BaseModel):
         """0 when the device output is within the threshold, 1 when culprits or an overflow
         were found."""
         return ExitCode.FAIL if self.culprits or self.overflow is not None else ExitCode.PASS
+
+
+def forward_once(
+    backend: Backend,
+    model: nn.Module,
+    batch: Any,
+    contexts: Iterable[contextlib.AbstractContextManager[Any]] = (),
+) -> Any:
+    """``model`` called on ``batch`` without grad, inside ``contexts`` (entered in order, a
+    generator's made there) and then ``backend``'s numerics; synchronized before it returns."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        for context in contexts:
+            stack.enter_context(context)
+        stack.enter_context(backend.numerics())
+        out = call_model(model, batch)
+    backend.synchronize()
+    return out
 
 
 # -- swapping modules for their reference twins ----------------------------------------------
@@ -622,10 +640,7 @@ def bisect(
     dev_batch = _cast_batch(run.move(batch), model_dtype)
 
     def reference_forward() -> Any:
-        with torch.no_grad(), ref_backend.numerics():
-            out = call_model(reference_model, ref_batch)
-        ref_backend.synchronize()
-        return out
+        return forward_once(ref_backend, reference_model, ref_batch)
 
     expected = floating_outputs(user_code("the reference forward", reference_forward), "reference")
     for name, tensor in expected.items():
@@ -652,13 +667,10 @@ def bisect(
             else ReferencePrecision(model, reference_model, names, ref_backend, reference_run.dtype)
         )
 
-        def forward() -> Any:
-            with torch.no_grad(), swap, backend.numerics():
-                out = call_model(model, dev_batch)
-            backend.synchronize()
-            return out
-
-        out = floating_outputs(user_code("the device forward", forward), "device")
+        out = user_code(
+            "the device forward", lambda: forward_once(backend, model, dev_batch, [swap])
+        )
+        out = floating_outputs(out, "device")
         if out.keys() != expected.keys():
             raise TargetError(
                 f"the device forward returned the outputs {', '.join(out)}, the reference "

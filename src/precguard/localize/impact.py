@@ -54,12 +54,13 @@ from precguard.localize.bisect import (
     BisectResult,
     ReferencePrecision,
     _cast_batch,
+    forward_once,
     main_output,
     module_path,
 )
 from precguard.numerics import FLOOR_SLACK, HELP_SHARE, REPRODUCED
 from precguard.opcheck.sweep import OpCheckResult
-from precguard.target import Target, call_model
+from precguard.target import Target
 from precguard.target_run import (
     Side,
     TargetRun,
@@ -156,26 +157,16 @@ class ActualSide:
     # -- forwards ------------------------------------------------------------------------------
 
     def _reference_forward(self) -> Any:
-        with torch.no_grad(), self.reference.numerics():
-            out = call_model(self.reference_model, self.reference_batch)
-        self.reference.synchronize()
-        return out
+        return forward_once(self.reference, self.reference_model, self.reference_batch)
 
     def forward(self, changes: Sequence[Change] = ()) -> Any:
         """The actual side's output with ``changes`` applied around its forward."""
-        backend = self.run.backend
-
-        def forward() -> Any:
-            with contextlib.ExitStack() as stack:
-                stack.enter_context(torch.no_grad())
-                for change in changes:
-                    stack.enter_context(change(self.model))
-                stack.enter_context(backend.numerics())
-                out = call_model(self.model, self.device_batch)
-            backend.synchronize()
-            return out
-
-        return self.run.call("the actual forward", forward)
+        return self.run.call(
+            "the actual forward",
+            lambda: forward_once(
+                self.run.backend, self.model, self.device_batch, (c(self.model) for c in changes)
+            ),
+        )
 
     def at_reference(self, names: Sequence[str], twin: nn.Module | None = None) -> Change:
         """A change: ``names`` computed at reference precision (on ``twin``'s modules)."""

@@ -53,6 +53,7 @@ from precguard.localize.bisect import (
     ROOT,
     ReferencePrecision,
     _cast_batch,
+    forward_once,
     main_output,
     module_path,
 )
@@ -73,7 +74,6 @@ from precguard.localize.impact import (
 )
 from precguard.opcheck.sweep import OpCheckResult
 from precguard.oracle import map_tensors_keeping_types
-from precguard.target import call_model
 from precguard.target_run import Side, TargetRun, golden_side, spec_name
 
 if TYPE_CHECKING:
@@ -189,16 +189,7 @@ def switch_remedies(side: ActualSide, floor: float | None) -> list[RemedyCheck]:
             checks.append(_not_run(f"switch:{switch.name}", summary, before, floor, str(exc)))
             continue
         where = f": run on {switch.instead}" if switch.instead else ""
-        checks.append(
-            RemedyCheck(
-                remedy=f"switch:{switch.name}",
-                summary=summary + where,
-                before=before,
-                after=after,
-                floor=floor,
-                verdict=judge_remedy(before, after, floor),
-            )
-        )
+        checks.append(remedy_check(f"switch:{switch.name}", summary + where, before, after, floor))
     return checks
 
 
@@ -211,14 +202,9 @@ def _switched_error(side: ActualSide, switch: Switch) -> float:
     run = TargetRun.on(side.run.target, switch.instead, *_backend_and_dtype(side, switch.instead))
     model = copy.deepcopy(side.constructed).to(device=run.torch_device, dtype=run.dtype)
     batch = _cast_batch(run.move(side.batch), run.dtype)
-
-    def forward() -> Any:
-        with torch.no_grad(), run.backend.numerics():
-            out = call_model(model, batch)
-        run.backend.synchronize()
-        return out
-
-    out = run.call(f"the forward on {switch.instead}", forward)
+    out = run.call(
+        f"the forward on {switch.instead}", lambda: forward_once(run.backend, model, batch)
+    )
     return relative_error(main_output(out, "actual").detach().to("cpu"), side.expected)
 
 
@@ -336,16 +322,13 @@ def loss_remedy(side: ActualSide) -> RemedyCheck:
     loss = target.loss
     reference_out = side.run.call("the reference forward", side._reference_forward)
     expected = side.run.call("the loss", lambda: loss(reference_out, side.reference_batch)).detach()
+
+    def error(logits: Any) -> float:
+        got = side.run.call("the loss", lambda: loss(logits, side.device_batch)).detach()
+        return relative_error(got.to("cpu"), expected.to("cpu"))
+
     out = side.forward()
-    before = relative_error(
-        side.run.call("the loss", lambda: loss(out, side.device_batch)).detach().to("cpu"),
-        expected.to("cpu"),
-    )
-    upcast = _float32_logits(out)
-    after = relative_error(
-        side.run.call("the loss", lambda: loss(upcast, side.device_batch)).detach().to("cpu"),
-        expected.to("cpu"),
-    )
+    before, after = error(out), error(_float32_logits(out))
     return remedy_check(
         "float32-loss",
         summary,
