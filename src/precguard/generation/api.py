@@ -32,14 +32,7 @@ from precguard.generation.decode import (
     hidden_size,
     layer_count,
 )
-from precguard.generation.judge import (
-    explained_error,
-    judge_flip,
-    kl_divergence,
-    logits_dtype,
-    rel_l2,
-    top_k_overlap,
-)
+from precguard.generation.judge import judge_flip, kl_divergence, rel_l2, top_k_overlap
 from precguard.generation.kvcache import kv_cache_result
 from precguard.generation.prompts import Prompt, build_prompts, make_tokenizer, token_texts
 from precguard.generation.report import (
@@ -52,6 +45,7 @@ from precguard.generation.report import (
     Summary,
     TokenDivergence,
 )
+from precguard.numerics import less_precise, stacked_floor
 from precguard.target import Target, load_target
 from precguard.target_run import Side, one_side, refuse_beside
 
@@ -161,8 +155,9 @@ def judge_prompt(
             f"the reference ({golden.side.device}) computed non-finite logits for prompt "
             f"{index} at step {int(bad[0])}: it cannot serve as the golden"
         )
-    dtype = logits_dtype(golden.side.compute_dtype, actual.side.compute_dtype)
-    explained = explained_error(dtype, golden.hidden, golden.layers)
+    # the error a correct model explains in the less precise of the two compute dtypes
+    dtype = less_precise(golden.side.compute_dtype, actual.side.compute_dtype)
+    explained = stacked_floor(dtype, golden.hidden, golden.layers)
     vocab = g.scores.shape[-1]
     noise = opts.noise(index, vocab)
     # steps stay comparable while both sides were fed the same tokens
