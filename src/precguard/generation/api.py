@@ -391,30 +391,26 @@ def generate_diff(
         )
     result = assemble(golden_run.side, actual_run.side, opts, results, replay)
     cause = result.cause
-    if verify and first is not None and cause is not None and cause.kind == "kv-cache":
-        from precguard.generation.cache_remedy import verify_cache_remedy
+    if verify and first is not None:
+        if cause is not None and cause.kind == "kv-cache":
+            from precguard.generation.cache_remedy import verify_cache_remedy
 
-        check = verify_cache_remedy(
-            golden_side,
-            actual_side,
-            prompt_list[first.index].ids,
-            golden_run.fed[first.index],
-            where=cause.where,
-        )
-        result = result.model_copy(update={"remedies": [check]})
-    elif verify and first is not None and cause is not None and cause.kind == "layer":
-        from precguard.generation.layer_remedy import layer_remedies
+            prompt, fed = prompt_list[first.index].ids, golden_run.fed[first.index]
+            checks = [verify_cache_remedy(golden_side, actual_side, prompt, fed, where=cause.where)]
+        elif cause is not None and cause.kind == "layer":
+            from precguard.generation.layer_remedy import layer_remedies
 
-        checks = layer_remedies(actual, golden, cause.where)
+            checks = layer_remedies(actual, golden, cause.where)
+        else:  # say why, in one line, rather than nothing
+            why = "no cause was named" if cause is None else f"the cause is {cause.kind}"
+            if replay is None:
+                why = "the layerwise replay was not run (--no-layerwise), so no layer is named"
+            checks = [
+                RemedyCheck(
+                    remedy="none", summary="--verify", before=None, verdict="not run", note=why
+                )
+            ]
         result = result.model_copy(update={"remedies": checks})
-    elif verify and first is not None:  # say why, in one line, rather than nothing
-        why = "no cause was named" if cause is None else f"the cause is {cause.kind}"
-        if replay is None:
-            why = "the layerwise replay was not run (--no-layerwise), so no layer is named"
-        check = RemedyCheck(
-            remedy="none", summary="--verify", before=None, verdict="not run", note=why
-        )
-        result = result.model_copy(update={"remedies": [check]})
     return result
 
 
