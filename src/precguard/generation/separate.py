@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+import operator
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -165,11 +166,8 @@ def compare_generation_runs(
     a_meta, a_dec = load_run(actual)
     if [p.ids for p in g_meta.prompts] != [p.ids for p in a_meta.prompts]:
         raise UsageError(f"{golden} and {actual} decoded different prompts")
-    if (g_meta.sample, g_meta.seed, g_meta.temperature) != (
-        a_meta.sample,
-        a_meta.seed,
-        a_meta.temperature,
-    ):
+    options = operator.attrgetter("sample", "seed", "temperature")
+    if options(g_meta) != options(a_meta):
         raise UsageError(f"{golden} and {actual} decoded with different options (sampling, seed)")
     g = _decoded(g_meta, g_dec, Path(golden))
     a = _decoded(a_meta, a_dec, Path(actual))
