@@ -22,7 +22,6 @@ import torch
 from torch import nn
 
 from precguard._logging import get_logger
-from precguard.compare.impact_report import RemedyCheck
 from precguard.errors import UsageError
 from precguard.generation.decode import (
     DecodeSide,
@@ -402,14 +401,12 @@ def generate_diff(
 
             checks = layer_remedies(actual, golden, cause.where)
         else:  # say why, in one line, rather than nothing
+            from precguard.localize.impact import not_run
+
             why = "no cause was named" if cause is None else f"the cause is {cause.kind}"
             if replay is None:
                 why = "the layerwise replay was not run (--no-layerwise), so no layer is named"
-            checks = [
-                RemedyCheck(
-                    remedy="none", summary="--verify", before=None, verdict="not run", note=why
-                )
-            ]
+            checks = [not_run("none", "--verify", why)]
         result = result.model_copy(update={"remedies": checks})
     return result
 

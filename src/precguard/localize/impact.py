@@ -301,6 +301,15 @@ def remedy_check(
     )
 
 
+def not_run(
+    remedy: str, summary: str, why: str, before: float | None = None, floor: float | None = None
+) -> RemedyCheck:
+    """A remedy that could not be re-run, and ``why`` in one line."""
+    return RemedyCheck(
+        remedy=remedy, summary=summary, before=before, floor=floor, verdict="not run", note=why
+    )
+
+
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """``actual``'s relative L2 error against ``expected`` (compare's measure, whose
     ratio is :func:`precguard.numerics.relative_l2`); inf if not finite."""
@@ -630,6 +639,7 @@ __all__ = [
     "comparison_sides",
     "comparison_step",
     "error_budget",
+    "not_run",
     "opcheck_findings",
     "recorded_output_error",
     "recordings_only",

@@ -68,6 +68,7 @@ from precguard.localize.impact import (
     comparison_step,
     error_budget,
     judge_remedy,
+    not_run,
     opcheck_findings,
     relative_error,
     remedy_check,
@@ -160,19 +161,11 @@ def module_remedies(
         )
         checks.append(result("float32-compute", label, after))
     except PrecguardError as exc:
-        checks.append(_not_run("float32-compute", label, before, floor, str(exc)))
+        checks.append(not_run("float32-compute", label, str(exc), before, floor))
     if impact.after is not None:
         text = f"run {name} at reference precision ({dtype_name(side.golden.dtype)})"
         checks.append(result("reference-precision", text, impact.after))
     return checks
-
-
-def _not_run(
-    remedy: str, summary: str, before: float | None, floor: float | None, why: str
-) -> RemedyCheck:
-    return RemedyCheck(
-        remedy=remedy, summary=summary, before=before, floor=floor, verdict="not run", note=why
-    )
 
 
 def switch_remedies(side: ActualSide, floor: float | None) -> list[RemedyCheck]:
@@ -186,7 +179,7 @@ def switch_remedies(side: ActualSide, floor: float | None) -> list[RemedyCheck]:
         try:
             after = _switched_error(side, switch)
         except PrecguardError as exc:
-            checks.append(_not_run(f"switch:{switch.name}", summary, before, floor, str(exc)))
+            checks.append(not_run(f"switch:{switch.name}", summary, str(exc), before, floor))
             continue
         where = f": run on {switch.instead}" if switch.instead else ""
         checks.append(remedy_check(f"switch:{switch.name}", summary + where, before, after, floor))
@@ -303,7 +296,7 @@ def loss_module_remedy(side: ActualSide, name: str, float32_twin: nn.Module) -> 
         after = measured(_on_float32(twin, device, outside=False))
         floor = measured(_on_float32(reference, torch.device("cpu"), outside=True))
     except PrecguardError as exc:
-        return _not_run("float32-loss", summary, None, None, str(exc))
+        return not_run("float32-loss", summary, str(exc))
     note = "the loss's relative error on the device's own logits (the logits do not show it)"
     return remedy_check("float32-loss", summary, before, after, floor, note)
 
@@ -318,7 +311,7 @@ def loss_remedy(side: ActualSide) -> RemedyCheck:
     target = side.run.target
     summary = "the loss computed on float32 logits"
     if target.loss is None:
-        return _not_run("float32-loss", summary, None, None, "the target has no loss")
+        return not_run("float32-loss", summary, "the target has no loss")
     loss = target.loss
     reference_out = side.run.call("the reference forward", side._reference_forward)
     expected = side.run.call("the loss", lambda: loss(reference_out, side.reference_batch)).detach()
