@@ -239,11 +239,6 @@ class ActualSide:
         return self.measure(self.forward([self.at_reference(known, self.correct_twin())]))
 
 
-#: FLOOR_SLACK (a remedy is verified within 1.25x the floor) and HELP_SHARE (one that
-#: removes less than a tenth of the excess did not help) are defined, with their
-#: derivations, in precguard.numerics
-
-
 def judge_remedy(before: float, after: float, floor: float | None) -> RemedyVerdict:
     """verified, not needed, partial or did not help, for an output error ``before`` ->
     ``after`` against the ``floor`` of a correct run.

@@ -22,9 +22,10 @@ its output error measured again:
 
 Each result is judged against the floor of a correct run at the actual
 precision (:meth:`~precguard.localize.impact.ActualSide.floor`): *verified*
-when the error falls to within :data:`FLOOR_SLACK` of it, *not needed* when it
-was within it already, *did not help* when it removes under :data:`HELP_SHARE` of
-the excess over it, else *partial*. The remedies are those of
+when the error falls to within :data:`~precguard.numerics.FLOOR_SLACK` of it,
+*not needed* when it was within it already, *did not help* when it removes
+under :data:`~precguard.numerics.HELP_SHARE` of the excess over it, else
+*partial*. The remedies are those of
 :func:`precguard.compare.advice.candidates`, in its order (the smallest change
 first), and :func:`~precguard.compare.advice.chosen` names the one compare prints.
 """
@@ -59,15 +60,12 @@ from precguard.localize.bisect import (
 )
 from precguard.localize.bisect import _outside_device as bisect_outside_device
 from precguard.localize.impact import (
-    FLOOR_SLACK,
-    HELP_SHARE,
     ActualSide,
     comparison_findings,
     comparison_impact,
     comparison_sides,
     comparison_step,
     error_budget,
-    judge_remedy,
     not_run,
     opcheck_findings,
     relative_error,
@@ -540,10 +538,7 @@ def with_chosen_remedy(result: Comparison) -> Comparison:
 
 
 __all__ = [
-    "FLOOR_SLACK",
-    "HELP_SHARE",
     "finding_modules",
-    "judge_remedy",
     "loss_module_remedy",
     "loss_modules",
     "loss_remedy",
