@@ -63,7 +63,7 @@ from precguard.numerics import (
 )
 from precguard.oracle import map_tensors_keeping_types
 from precguard.target import Target, call_model
-from precguard.target_run import Side, golden_side, one_side
+from precguard.target_run import Side, TargetRun, golden_side, one_side
 
 logger = get_logger(__name__)
 
@@ -278,6 +278,40 @@ def forward_once(
         out = call_model(model, batch)
     backend.synchronize()
     return out
+
+
+class Twins:
+    """The target built once from its seed, on both sides: ``model`` on the actual's device
+    and dtype, ``reference_model`` on the golden's, and batch ``step`` cast for each.
+
+    ``run``'s ``prepare`` (its Side's) alters the built model before it is copied, so both
+    copies carry it (tests plant faults with it). ``keep_constructed`` also keeps the built
+    model in float32 on the CPU, before any cast (``constructed``: buffers as constructed).
+    """
+
+    def __init__(
+        self, run: TargetRun, golden: TargetRun, *, step: int = 0, keep_constructed: bool = False
+    ) -> None:
+        self.run, self.golden, self.step = run, golden, step
+        built = run.prepared(run.construct())  # before the copy: both models carry it
+        built.eval()
+        self.constructed = copy.deepcopy(built) if keep_constructed else None
+        self.reference_model = copy.deepcopy(built).to(
+            device=golden.torch_device, dtype=golden.dtype
+        )
+        self.model = built.to(device=run.torch_device, dtype=run.dtype)
+        self.batch = run.batch(step)
+        self.reference_batch = _cast_batch(run.move(self.batch, golden.torch_device), golden.dtype)
+        self.device_batch = _cast_batch(run.move(self.batch), run.dtype)
+
+    @property
+    def reference(self) -> Backend:
+        """The golden's backend (where the reference copy runs)."""
+        return self.golden.backend
+
+    def forward_reference(self) -> Any:
+        """The reference copy's output on its batch."""
+        return forward_once(self.reference, self.reference_model, self.reference_batch)
 
 
 # -- swapping modules for their reference twins ----------------------------------------------
@@ -626,21 +660,9 @@ def bisect(
     # computes in and what the model is stored in
     storage = max(compute, model_dtype, key=precision_eps)
 
-    built = run.prepared(run.construct())  # before the copy: both sides carry it
-    built.eval()
-    reference_model = copy.deepcopy(built).to(
-        device=reference_run.torch_device, dtype=reference_run.dtype
-    )
-    model = built.to(device=backend.torch_device(), dtype=model_dtype)
-
-    user_code = run.call
-    batch = run.batch(step)
-
-    ref_batch = _cast_batch(run.move(batch, reference_run.torch_device), reference_run.dtype)
-    dev_batch = _cast_batch(run.move(batch), model_dtype)
-
-    def reference_forward() -> Any:
-        return forward_once(ref_backend, reference_model, ref_batch)
+    twins = Twins(run, reference_run, step=step)
+    model, reference_model, dev_batch = twins.model, twins.reference_model, twins.device_batch
+    reference_forward, user_code = twins.forward_reference, run.call
 
     expected = floating_outputs(user_code("the reference forward", reference_forward), "reference")
     for name, tensor in expected.items():

@@ -41,7 +41,6 @@ import torch
 from torch import nn
 
 from precguard._logging import get_logger
-from precguard.backend import Backend
 from precguard.compare.impact_report import ErrorBudget, Impact, RemedyCheck, RemedyVerdict
 from precguard.compare.levels import FullMetrics
 from precguard.compare.metrics import tensor_metrics
@@ -53,7 +52,7 @@ from precguard.localize.bisect import (
     ROOT,
     BisectResult,
     ReferencePrecision,
-    _cast_batch,
+    Twins,
     forward_once,
     main_output,
     module_path,
@@ -76,7 +75,7 @@ logger = get_logger(__name__)
 Change = Callable[[nn.Module], contextlib.AbstractContextManager[Any]]
 
 
-class ActualSide:
+class ActualSide(Twins):
     """The target built once: its actual side re-run with changes, its output error measured.
 
     :param run: the target set up on the actual's device and dtype.
@@ -84,27 +83,12 @@ class ActualSide:
         the golden's device, backend and dtype, one object.
     :param step: the batch the forwards run on.
 
-    ``run``'s ``prepare`` (its Side's) alters the built model before it is copied, so both
-    copies carry it (tests plant faults with it).
+    Built as :class:`~precguard.localize.bisect.Twins` (``constructed`` kept).
     """
 
     def __init__(self, run: TargetRun, golden: TargetRun, *, step: int = 0) -> None:
-        self.run = run
-        self.golden = golden
-        self.step = step
-        built = run.prepared(run.construct())  # before the copy: both models carry it
-        built.eval()
-        #: the built model in float32 on the CPU, before any cast: buffers as constructed
-        self.constructed = copy.deepcopy(built)
-        self.reference_model = copy.deepcopy(built).to(
-            device=golden.torch_device, dtype=golden.dtype
-        )
-        self.model = built.to(device=run.torch_device, dtype=run.dtype)
-        batch = run.batch(step)
-        self.batch = batch
-        self.reference_batch = _cast_batch(run.move(batch, golden.torch_device), golden.dtype)
-        self.device_batch = _cast_batch(run.move(batch), run.dtype)
-        reference_out = run.call("the reference forward", self._reference_forward)
+        super().__init__(run, golden, step=step, keep_constructed=True)
+        reference_out = run.call("the reference forward", self.forward_reference)
         self.expected = main_output(reference_out, "reference").detach().to("cpu")
         if not bool(torch.isfinite(self.expected).all()):
             raise TargetError(
@@ -145,19 +129,11 @@ class ActualSide:
         return cls(run, golden.open_beside(run), step=step)
 
     @property
-    def reference(self) -> Backend:
-        """The golden's backend (where the reference copy runs)."""
-        return self.golden.backend
-
-    @property
     def reference_dtype(self) -> torch.dtype:
         """The golden's model dtype."""
         return self.golden.dtype
 
     # -- forwards ------------------------------------------------------------------------------
-
-    def _reference_forward(self) -> Any:
-        return forward_once(self.reference, self.reference_model, self.reference_batch)
 
     def forward(self, changes: Sequence[Change] = ()) -> Any:
         """The actual side's output with ``changes`` applied around its forward."""

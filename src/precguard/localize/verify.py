@@ -311,7 +311,7 @@ def loss_remedy(side: ActualSide) -> RemedyCheck:
     if target.loss is None:
         return not_run("float32-loss", summary, "the target has no loss")
     loss = target.loss
-    reference_out = side.run.call("the reference forward", side._reference_forward)
+    reference_out = side.run.call("the reference forward", side.forward_reference)
     expected = side.run.call("the loss", lambda: loss(reference_out, side.reference_batch)).detach()
 
     def error(logits: Any) -> float:
