@@ -57,6 +57,7 @@ from precguard.errors import ExitCode, TargetError, UsageError
 from precguard.numerics import (
     CORRECT_RUN_GROWTH,
     SIGNIFICAND_BITS,
+    cosine_distance,
     measure,
     rounding_floor,
     unit_roundoff,
@@ -129,7 +130,7 @@ def output_error(actual: torch.Tensor, expected: torch.Tensor, metric: str = "re
 
     ``rel_l2`` ||a-e||/||e||, ``max_abs`` max|a-e|, ``mean_abs`` mean|a-e|,
     ``max_rel`` max|a-e|/max|e| (the error figures of :func:`precguard.numerics.measure`,
-    the one measure), ``cosine`` 1 - cos(a, e).
+    the one measure), ``cosine`` 1 - cos(a, e) (:func:`~precguard.numerics.cosine_distance`).
     """
     a = actual.detach().to("cpu", torch.float64).flatten()
     e = expected.detach().to("cpu", torch.float64).flatten()
@@ -143,10 +144,7 @@ def output_error(actual: torch.Tensor, expected: torch.Tensor, metric: str = "re
     if metric in ("rel_l2", "max_abs", "mean_abs", "max_rel"):
         return float(getattr(measure(a, e), metric))
     if metric == "cosine":
-        na, ne = float(a.norm()), float(e.norm())
-        if not na or not ne:
-            return 0.0 if na == ne else 1.0
-        return max(0.0, 1.0 - float(a @ e) / (na * ne))
+        return cosine_distance(a, e)
     raise UsageError(f"unknown metric {metric!r}; expected one of: {', '.join(METRICS)}")
 
 
