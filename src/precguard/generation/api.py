@@ -81,17 +81,6 @@ class DecodingOptions:
         return gumbel_noise(self.seed, prompt, self.steps, vocab) if self.sample else None
 
 
-def side_info(side: DecodeSide, saved: str | None = None) -> SideReport:
-    """The report's description of a built side."""
-    return SideReport(
-        device=side.device,
-        dtype=side.dtype,
-        compute_dtype=side.compute_dtype,
-        target=side.target.name,
-        saved=saved,
-    )
-
-
 def decode_side(
     side: DecodeSide,
     prompts: Sequence[Prompt],
@@ -130,7 +119,13 @@ def decode_side(
         seconds = time.perf_counter() - start
         if out is None:
             vocab = d.scores.shape[-1]
-            out = Decoded(side_info(side), hidden_size(side.model, vocab), layer_count(side.model))
+            info = SideReport(
+                device=side.device,
+                dtype=side.dtype,
+                compute_dtype=side.compute_dtype,
+                target=side.target.name,
+            )
+            out = Decoded(info, hidden_size(side.model, vocab), layer_count(side.model))
         out.decodings.append(d)
         out.fed.append(list(fed if fed is not None else d.chosen)[: opts.steps])
         out.seconds.append(seconds)
