@@ -318,10 +318,8 @@ def error_budget(
 ) -> ErrorBudget:
     """The output error split over ``findings`` ((module, found by) pairs), largest share first."""
     found_by: dict[str, list[str]] = {}
-    for module, source in findings:
-        found_by.setdefault(module, [])
-        if source not in found_by[module]:
-            found_by[module].append(source)
+    for module, source in dict.fromkeys(findings):  # each (module, source) once, in order
+        found_by.setdefault(module, []).append(source)
     before = side.output_error()
     impacts: list[Impact] = []
     measured: list[str] = []
@@ -438,12 +436,8 @@ def bisect_findings(result: BisectResult) -> list[tuple[str, str]]:
 def opcheck_findings(result: OpCheckResult) -> list[tuple[str, str]]:
     """The modules an ``op-check --module`` sweep failed (a point over its tolerance or not
     finite) as findings for :func:`error_budget`; built-in ops name no module of a model."""
-    found: list[tuple[str, str]] = []
-    for point in result.results:
-        finding = (point.module, "op-check")
-        if point.module is not None and point.status != "pass" and finding not in found:
-            found.append((point.module, "op-check"))
-    return found
+    failed = (p.module for p in result.results if p.module is not None and p.status != "pass")
+    return [(module, "op-check") for module in dict.fromkeys(failed)]
 
 
 def recordings_only(result: Comparison, *, reason: str) -> ErrorBudget:
@@ -582,15 +576,9 @@ def comparison_impact(
 def recorded_output_error(result: Comparison, step: int, numel: int) -> float | None:
     """The root module's first forward output error at ``step`` in ``result`` (full tensors
     of ``numel`` elements only; None when the recordings do not hold it)."""
+    root_output = (ROOT, "forward", "output", 0, step, 0)
     for rec in result.records:
-        if (rec.module, rec.phase, rec.role, rec.index, rec.step, rec.call) != (
-            ROOT,
-            "forward",
-            "output",
-            0,
-            step,
-            0,
-        ):
+        if (rec.module, rec.phase, rec.role, rec.index, rec.step, rec.call) != root_output:
             continue
         metrics = rec.metrics
         size = math.prod(rec.shape) if rec.shape else 0
