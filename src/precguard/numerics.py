@@ -850,6 +850,7 @@ __all__ = [
     "Measurement",
     "Verdict",
     "accumulation_error",
+    "cosine_distance",
     "expected_error",
     "fp8_gemm_error",
     "fp8_saturation_bound",
@@ -872,3 +873,11 @@ __all__ = [
     "ulp",
     "unit_roundoff",
 ]
+
+
+def cosine_distance(actual: torch.Tensor, golden: torch.Tensor) -> float:
+    """``1 - cos(a, g)`` of two flat fp64 tensors (0 when both are zero, 1 when one is)."""
+    na, ng = float(actual.norm()), float(golden.norm())
+    if not na or not ng:
+        return 0.0 if na == ng else 1.0
+    return max(0.0, 1.0 - float(actual @ golden) / (na * ng))

@@ -10,13 +10,9 @@ import torch
 from precguard import generate_diff
 from precguard.compare.expected import rounding_floor
 from precguard.generation.decode import cache_tensors, gumbel_noise
-from precguard.generation.judge import (
-    Z,
-    explained_error,
-    judge_flip,
-    kl_divergence,
-    top_k_overlap,
-)
+from precguard.generation.judge import judge_flip, kl_divergence, top_k_overlap
+from precguard.numerics import Z_SCORE as Z
+from precguard.numerics import stacked_floor as explained_error
 from tests.generation import targets as T
 
 

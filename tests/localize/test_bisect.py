@@ -102,9 +102,9 @@ def test_the_search_is_minimal_on_a_synthetic_oracle():
 
     def probe(names):
         fixed = {c for c in culprits if any(c == n or c.startswith(f"{n}.") for n in names)}
-        return 0.0 if fixed == culprits else 1.0
+        return {"output": 0.0 if fixed == culprits else 1.0}
 
-    search = Bisector(model, probe, called, threshold=0.5)
+    search = Bisector(model, probe, called, thresholds={"output": 0.5})
     assert search.run() == ["blocks.5.norm", "blocks.40.mlp"]
     assert len(search.probes) < 2 * 2 * math.log2(66) + 12
 

@@ -22,7 +22,6 @@ import torch
 from torch import nn
 
 from precguard._logging import get_logger
-from precguard.compare.impact_report import RemedyCheck
 from precguard.errors import UsageError
 from precguard.generation.decode import (
     DecodeSide,
@@ -32,14 +31,7 @@ from precguard.generation.decode import (
     hidden_size,
     layer_count,
 )
-from precguard.generation.judge import (
-    explained_error,
-    judge_flip,
-    kl_divergence,
-    logits_dtype,
-    rel_l2,
-    top_k_overlap,
-)
+from precguard.generation.judge import judge_flip, kl_divergence, rel_l2, top_k_overlap
 from precguard.generation.kvcache import kv_cache_result
 from precguard.generation.prompts import Prompt, build_prompts, make_tokenizer, token_texts
 from precguard.generation.report import (
@@ -52,6 +44,7 @@ from precguard.generation.report import (
     Summary,
     TokenDivergence,
 )
+from precguard.numerics import less_precise, stacked_floor
 from precguard.target import Target, load_target
 from precguard.target_run import Side, one_side, refuse_beside
 
@@ -86,17 +79,6 @@ class DecodingOptions:
     def noise(self, prompt: int, vocab: int) -> torch.Tensor | None:
         """The shared Gumbel noise of prompt ``prompt`` (None when greedy)."""
         return gumbel_noise(self.seed, prompt, self.steps, vocab) if self.sample else None
-
-
-def side_info(side: DecodeSide, saved: str | None = None) -> SideReport:
-    """The report's description of a built side."""
-    return SideReport(
-        device=side.device,
-        dtype=side.dtype,
-        compute_dtype=side.compute_dtype,
-        target=side.target.name,
-        saved=saved,
-    )
 
 
 def decode_side(
@@ -137,7 +119,13 @@ def decode_side(
         seconds = time.perf_counter() - start
         if out is None:
             vocab = d.scores.shape[-1]
-            out = Decoded(side_info(side), hidden_size(side.model, vocab), layer_count(side.model))
+            info = SideReport(
+                device=side.device,
+                dtype=side.dtype,
+                compute_dtype=side.compute_dtype,
+                target=side.target.name,
+            )
+            out = Decoded(info, hidden_size(side.model, vocab), layer_count(side.model))
         out.decodings.append(d)
         out.fed.append(list(fed if fed is not None else d.chosen)[: opts.steps])
         out.seconds.append(seconds)
@@ -161,8 +149,9 @@ def judge_prompt(
             f"the reference ({golden.side.device}) computed non-finite logits for prompt "
             f"{index} at step {int(bad[0])}: it cannot serve as the golden"
         )
-    dtype = logits_dtype(golden.side.compute_dtype, actual.side.compute_dtype)
-    explained = explained_error(dtype, golden.hidden, golden.layers)
+    # the error a correct model explains in the less precise of the two compute dtypes
+    dtype = less_precise(golden.side.compute_dtype, actual.side.compute_dtype)
+    explained = stacked_floor(dtype, golden.hidden, golden.layers)
     vocab = g.scores.shape[-1]
     noise = opts.noise(index, vocab)
     # steps stay comparable while both sides were fed the same tokens
@@ -396,30 +385,24 @@ def generate_diff(
         )
     result = assemble(golden_run.side, actual_run.side, opts, results, replay)
     cause = result.cause
-    if verify and first is not None and cause is not None and cause.kind == "kv-cache":
-        from precguard.generation.cache_remedy import verify_cache_remedy
+    if verify and first is not None:
+        if cause is not None and cause.kind == "kv-cache":
+            from precguard.generation.cache_remedy import verify_cache_remedy
 
-        check = verify_cache_remedy(
-            golden_side,
-            actual_side,
-            prompt_list[first.index].ids,
-            golden_run.fed[first.index],
-            where=cause.where,
-        )
-        result = result.model_copy(update={"remedies": [check]})
-    elif verify and first is not None and cause is not None and cause.kind == "layer":
-        from precguard.generation.layer_remedy import layer_remedies
+            prompt, fed = prompt_list[first.index].ids, golden_run.fed[first.index]
+            checks = [verify_cache_remedy(golden_side, actual_side, prompt, fed, where=cause.where)]
+        elif cause is not None and cause.kind == "layer":
+            from precguard.generation.layer_remedy import layer_remedies
 
-        checks = layer_remedies(actual, golden, cause.where)
+            checks = layer_remedies(actual, golden, cause.where)
+        else:  # say why, in one line, rather than nothing
+            from precguard.localize.impact import not_run
+
+            why = "no cause was named" if cause is None else f"the cause is {cause.kind}"
+            if replay is None:
+                why = "the layerwise replay was not run (--no-layerwise), so no layer is named"
+            checks = [not_run("none", "--verify", why)]
         result = result.model_copy(update={"remedies": checks})
-    elif verify and first is not None:  # say why, in one line, rather than nothing
-        why = "no cause was named" if cause is None else f"the cause is {cause.kind}"
-        if replay is None:
-            why = "the layerwise replay was not run (--no-layerwise), so no layer is named"
-        check = RemedyCheck(
-            remedy="none", summary="--verify", before=None, verdict="not run", note=why
-        )
-        result = result.model_copy(update={"remedies": [check]})
     return result
 
 

@@ -112,10 +112,8 @@ class _KeptSide(DecodeSide):
 
     def model_dtype(self) -> torch.dtype:
         """The dtype of the model's floating parameters (its dtype as built)."""
-        for p in self.model.parameters():
-            if p.is_floating_point():
-                return p.dtype
-        return torch.float32
+        floating = (p.dtype for p in self.model.parameters() if p.is_floating_point())
+        return next(floating, torch.float32)
 
 
 def verify_cache_remedy(

@@ -69,9 +69,7 @@ class DecodeSide:
         model = run.prepared(run.build_model())
         model.eval()
         compute = run.backend.compute_dtype()
-        compute_name = (
-            str(compute).removeprefix("torch.") if compute is not None else dtype_name(run.dtype)
-        )
+        compute_name = str(compute if compute is not None else run.dtype).removeprefix("torch.")
         return cls(run.device, run.backend, model, dtype_name(run.dtype), compute_name, run.target)
 
     @contextlib.contextmanager
@@ -101,11 +99,9 @@ def step_callable(model: nn.Module) -> StepFn:
 
         from transformers import DynamicCache
 
-        # transformers 5.x renamed past_key_values to cache; pass whichever forward names
-        name = "cache" if "cache" in inspect.signature(model.forward).parameters else None
-        name = name or "past_key_values"
-
         params = inspect.signature(model.forward).parameters
+        # transformers 5.x renamed past_key_values to cache; pass whichever forward names
+        name = "cache" if "cache" in params else "past_key_values"
         trims = "logits_to_keep" in params
 
         def hf_step(ids: torch.Tensor, cache: Any, keep: int = 1) -> tuple[torch.Tensor, Any]:

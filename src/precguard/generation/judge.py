@@ -1,15 +1,13 @@
 """Judging two sides' next-token distributions: near-tie or divergence, KL, top-k overlap.
 
-A flip is a **near-tie** when the compute precision explains it: the two
-tokens' scores are within the error the logits carry on each side, and the
-logits as a whole are no further apart than that error. The explained error of
-a logit, relative to the logits' RMS, is the rounding floor of its last
-reduction (:func:`precguard.numerics.rounding_floor` with ``k`` = the
-hidden size) grown by the square root of the number of residual blocks: each
-block adds its own rounding to the residual stream, and roundings of random
-sign add in quadrature (Higham & Mary 2019). The difference of two logits
-carries ``sqrt(2)`` times that; :data:`Z` standard deviations of it is the
-tolerance.
+A flip is a **near-tie** when the compute precision explains it: the two tokens'
+scores are within the error the logits carry on each side, and the logits as a
+whole are no further apart than that error. The explained error of a logit,
+relative to the logits' RMS, is :func:`precguard.numerics.stacked_floor` (the
+rounding floor of a reduction over the hidden size, grown over the residual
+blocks) in the less precise side's compute dtype; the difference of two logits
+carries ``sqrt(2)`` times that, and :data:`~precguard.numerics.Z_SCORE` standard
+deviations of it is the tolerance.
 """
 
 from __future__ import annotations
@@ -18,22 +16,7 @@ import math
 
 import torch
 
-from precguard.numerics import (
-    LOGITS_SLACK,
-    Z_SCORE,
-    less_precise,
-    measure,
-    stacked_floor,
-)
-
-#: standard deviations of the explained error a margin may be within and still be a near-tie
-Z = Z_SCORE
-
-
-def explained_error(dtype: str, hidden: int | None, layers: int) -> float:
-    """Relative logit error a correct model computed in ``dtype`` explains
-    (:func:`precguard.numerics.stacked_floor`: ``layers`` blocks of width ``hidden``)."""
-    return stacked_floor(dtype, hidden, layers)
+from precguard.numerics import LOGITS_SLACK, Z_SCORE, measure
 
 
 def rms(x: torch.Tensor) -> float:
@@ -103,7 +86,7 @@ def judge_flip(
         return logits if golden_noise is None else logits / temperature + golden_noise
 
     scale = rms(golden) / (temperature if golden_noise is not None else 1.0)
-    tolerance = Z * math.sqrt(2.0) * explained * scale  # a difference of two: sqrt(2) x
+    tolerance = Z_SCORE * math.sqrt(2.0) * explained * scale  # a difference of two: sqrt(2) x
     g_margin = gap(scores(golden), golden_token, actual_token)
     a_margin = gap(scores(actual), actual_token, golden_token)
     error = rel_l2(actual, golden)
@@ -136,8 +119,3 @@ def judge_flip(
         "kind": kind,
         "reason": reason,
     }
-
-
-def logits_dtype(golden_compute: str, actual_compute: str) -> str:
-    """The dtype the near-tie bound is taken from (the less precise compute dtype)."""
-    return less_precise(golden_compute, actual_compute)

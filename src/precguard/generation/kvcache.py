@@ -164,45 +164,13 @@ def kv_cache_result(golden: Decoding, actual: Decoding, explained: float) -> KVC
             golden_consistent=g_err is not None and g_err <= threshold,
             actual_consistent=a_err is not None and a_err <= threshold,
         )
-    nonfinite = next(
-        ((s, e) for s in snapshots for e in s.entries if e.status == "nonfinite"),
-        None,
-    )
-    if nonfinite is not None:
-        snap, entry = nonfinite
-        where = (
-            f" from position {entry.first_nonfinite_position}"
-            if entry.first_nonfinite_position is not None
-            else ""
-        )
-        reason = (
-            f"after {snap.after}, the actual's {entry.name} ({entry.actual_dtype}) holds "
-            f"{entry.nonfinite} non-finite value(s){where} where the golden's "
-            f"({entry.golden_dtype}) holds finite ones up to {entry.golden_absmax:.4g}"
-        )
+    fault = _nonfinite_fault(snapshots) or _inconsistent_fault(snapshots, consistency, a_err)
+    if fault is not None:
+        where, reason = fault
         return KVCache(
             snapshots=snapshots,
             consistency=consistency,
-            where=entry.name,
-            verdict="cache",
-            reason=reason,
-        )
-    if (
-        consistency is not None
-        and consistency.golden_consistent
-        and not consistency.actual_consistent
-    ):
-        shown = "non-finite" if a_err is None or not math.isfinite(a_err) else f"{a_err:.3g}"
-        first = next((s.first_divergence for s in snapshots if s.first_divergence), None)
-        at = f"; the caches first differ at {first}" if first else ""
-        reason = (
-            f"the actual's cached decoding differs from its own cache-free forward by {shown} "
-            f"(relative L2; {threshold:.3g} explained), the golden's by {g_err:.3g}{at}"
-        )
-        return KVCache(
-            snapshots=snapshots,
-            consistency=consistency,
-            where=first,
+            where=where,
             verdict="cache",
             reason=reason,
         )
@@ -211,4 +179,36 @@ def kv_cache_result(golden: Decoding, actual: Decoding, explained: float) -> KVC
         reason = "no cache-free forward to check the cache path against; no non-finite entry"
     return KVCache(
         snapshots=snapshots, consistency=consistency, verdict="consistent", reason=reason
+    )
+
+
+def _nonfinite_fault(snapshots: list[CacheSnapshot]) -> tuple[str | None, str] | None:
+    """The first entry the actual holds non-finite where the golden does not, and why."""
+    for snap in snapshots:
+        for entry in snap.entries:
+            if entry.status != "nonfinite":
+                continue
+            position = entry.first_nonfinite_position
+            at = f" from position {position}" if position is not None else ""
+            return entry.name, (
+                f"after {snap.after}, the actual's {entry.name} ({entry.actual_dtype}) holds "
+                f"{entry.nonfinite} non-finite value(s){at} where the golden's "
+                f"({entry.golden_dtype}) holds finite ones up to {entry.golden_absmax:.4g}"
+            )
+    return None
+
+
+def _inconsistent_fault(
+    snapshots: list[CacheSnapshot], consistency: CacheConsistency | None, a_err: float | None
+) -> tuple[str | None, str] | None:
+    """The actual's cache path against its own cache-free forward, when only it disagrees."""
+    c = consistency
+    if c is None or not c.golden_consistent or c.actual_consistent:
+        return None
+    shown = "non-finite" if a_err is None or not math.isfinite(a_err) else f"{a_err:.3g}"
+    first = next((s.first_divergence for s in snapshots if s.first_divergence), None)
+    at = f"; the caches first differ at {first}" if first else ""
+    return first, (
+        f"the actual's cached decoding differs from its own cache-free forward by {shown} "
+        f"(relative L2; {c.threshold:.3g} explained), the golden's by {c.golden_error:.3g}{at}"
     )

@@ -21,25 +21,24 @@ def layer_remedies(actual: Side, golden: Side, module: str | None) -> list[Remed
     ``not run`` check saying in one line why they cannot be."""
     summary = f"the remedies of {module or 'the named layer'}"
 
-    def not_run(why: str) -> list[RemedyCheck]:
-        return [
-            RemedyCheck(remedy="none", summary=summary, before=None, verdict="not run", note=why)
-        ]
+    from precguard.localize.impact import ActualSide, error_budget, not_run
+    from precguard.localize.verify import verify_remedies
+
+    def why_not(why: str) -> list[RemedyCheck]:
+        return [not_run("none", summary, why)]
 
     if not module:
-        return not_run("the layerwise replay named no module")
-    from precguard.localize.impact import ActualSide, error_budget
-    from precguard.localize.verify import verify_remedies
+        return why_not("the layerwise replay named no module")
 
     try:
         side = ActualSide.open(actual, golden=golden.replace(target=actual.target))
         if not side.has_module(module):
-            return not_run(f"{module} is not a module of the target's model")
+            return why_not(f"{module} is not a module of the target's model")
         budget = verify_remedies(side, error_budget(side, [(module, "generate-diff")]))
     except PrecguardError as exc:
-        return not_run(f"the target's model could not be re-run on its batch: {exc}")
+        return why_not(f"the target's model could not be re-run on its batch: {exc}")
     checks = [c for impact in budget.impacts for c in impact.remedies]
-    return ordered(checks) or not_run(f"no mechanical remedy applies to {module}")
+    return ordered(checks) or why_not(f"no mechanical remedy applies to {module}")
 
 
 __all__ = ["layer_remedies"]

@@ -104,17 +104,6 @@ MAX_NAME_CHARS = 256
 _COMPUTE_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
 
 
-def _prompt_file_limit() -> int:
-    """Largest prompt file read: a quarter of the memory this process may use.
-
-    A prompt file is read whole (its logits for every step) and both runs are
-    held at once, with a float32 copy of each side's scores for the judgment:
-    a file larger than a quarter of the memory cannot be compared here, so it is
-    refused before a byte is read instead of failing with MemoryError halfway.
-    """
-    return memory_limit() // 4
-
-
 def load_run(path: str | os.PathLike[str]) -> tuple[SavedRun, list[Decoding]]:
     """Read a saved run; a missing, malformed or inconsistent file is a :class:`DumpFormatError`.
 
@@ -141,7 +130,9 @@ def load_run(path: str | os.PathLike[str]) -> tuple[SavedRun, list[Decoding]]:
         )
     meta = validated(SavedRun, raw, where=where)
     _check_meta(meta, where)
-    limit = _prompt_file_limit()
+    # a prompt file is read whole and both runs are held at once, with a float32 copy of
+    # each side's scores: one over a quarter of the memory is refused before it is read
+    limit = memory_limit() // 4
     decodings = []
     for i, p in enumerate(meta.prompts):
         name = f"prompt-{i}.safetensors"

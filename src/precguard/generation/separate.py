@@ -12,8 +12,8 @@
 from __future__ import annotations
 
 import math
+import operator
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from precguard.generation.api import (
     judge_prompt,
 )
 from precguard.generation.decode import DecodeSide
-from precguard.generation.layerwise import compare_replays, record_replay, replay_ids
+from precguard.generation.layerwise import record_replay, replay_ids, replay_layerwise
 from precguard.generation.prompts import Prompt, build_prompts, make_tokenizer
 from precguard.generation.report import GenerationDiff
 from precguard.generation.saved import SavedPrompt, SavedRun, load_run, save_run
@@ -165,11 +165,8 @@ def compare_generation_runs(
     a_meta, a_dec = load_run(actual)
     if [p.ids for p in g_meta.prompts] != [p.ids for p in a_meta.prompts]:
         raise UsageError(f"{golden} and {actual} decoded different prompts")
-    if (g_meta.sample, g_meta.seed, g_meta.temperature) != (
-        a_meta.sample,
-        a_meta.seed,
-        a_meta.temperature,
-    ):
+    options = operator.attrgetter("sample", "seed", "temperature")
+    if options(g_meta) != options(a_meta):
         raise UsageError(f"{golden} and {actual} decoded with different options (sampling, seed)")
     g = _decoded(g_meta, g_dec, Path(golden))
     a = _decoded(a_meta, a_dec, Path(actual))
@@ -195,16 +192,11 @@ def compare_generation_runs(
             )
         else:
             side = DecodeSide.build(load_target(target), reference, reference_dtype)
-            ids, prefix = replay_ids(prompt_list[first.index].ids, first.golden_tokens, step)
-            with tempfile.TemporaryDirectory(prefix="precguard-gen-") as tmp:
-                record_replay(side, ids, Path(tmp) / "golden", prefix=prefix)
-                replay = compare_replays(
-                    Path(tmp) / "golden",
-                    recorded,
-                    index=first.index,
-                    step=step,
-                    position=int(ids.shape[1]) - 1,
-                )
+            prompt = prompt_list[first.index].ids
+            # the golden's replay recorded here, compared with the actual's recorded one
+            replay = replay_layerwise(
+                side, recorded, prompt, first.golden_tokens, index=first.index, step=step
+            )
     if a_meta.against is None and any(r.flips for r in results):
         extra = (
             f"{actual} was not decoded --against {golden}: steps after each prompt's first "

@@ -40,8 +40,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -52,23 +52,23 @@ from precguard import tree
 from precguard._logging import get_logger
 from precguard.backend import Backend
 from precguard.capture.hooks import HookHandle, NonFiniteOrigin, on_calls, replace_forward
+from precguard.devices import dtype_name
 from precguard.errors import ExitCode, TargetError, UsageError
 from precguard.numerics import (
     CORRECT_RUN_GROWTH,
     SIGNIFICAND_BITS,
+    cosine_distance,
     measure,
     rounding_floor,
     unit_roundoff,
 )
 from precguard.oracle import map_tensors_keeping_types
 from precguard.target import Target, call_model
-from precguard.target_run import Side, golden_side, one_side
+from precguard.target_run import Side, TargetRun, golden_side, one_side
 
 logger = get_logger(__name__)
 
 _FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
-
-MetricName = Literal["rel_l2", "max_abs", "mean_abs", "max_rel", "cosine"]
 
 
 def precision_eps(precision: torch.dtype | str) -> float:
@@ -120,12 +120,17 @@ def round_to_precision(t: torch.Tensor, precision: torch.dtype | str) -> torch.T
 ROOT = "root"
 
 
+def module_path(name: str) -> str:
+    """The ``get_submodule`` path of a qualified module name (the root is ``""``)."""
+    return "" if name == ROOT else name
+
+
 def output_error(actual: torch.Tensor, expected: torch.Tensor, metric: str = "rel_l2") -> float:
     """The error of ``actual`` against ``expected`` (fp64): inf when ``actual`` is not finite.
 
     ``rel_l2`` ||a-e||/||e||, ``max_abs`` max|a-e|, ``mean_abs`` mean|a-e|,
     ``max_rel`` max|a-e|/max|e| (the error figures of :func:`precguard.numerics.measure`,
-    the one measure), ``cosine`` 1 - cos(a, e).
+    the one measure), ``cosine`` 1 - cos(a, e) (:func:`~precguard.numerics.cosine_distance`).
     """
     a = actual.detach().to("cpu", torch.float64).flatten()
     e = expected.detach().to("cpu", torch.float64).flatten()
@@ -139,10 +144,7 @@ def output_error(actual: torch.Tensor, expected: torch.Tensor, metric: str = "re
     if metric in ("rel_l2", "max_abs", "mean_abs", "max_rel"):
         return float(getattr(measure(a, e), metric))
     if metric == "cosine":
-        na, ne = float(a.norm()), float(e.norm())
-        if not na or not ne:
-            return 0.0 if na == ne else 1.0
-        return max(0.0, 1.0 - float(a @ e) / (na * ne))
+        return cosine_distance(a, e)
     raise UsageError(f"unknown metric {metric!r}; expected one of: {', '.join(METRICS)}")
 
 
@@ -258,6 +260,58 @@ class BisectResult(BaseModel):
         return ExitCode.FAIL if self.culprits or self.overflow is not None else ExitCode.PASS
 
 
+def forward_once(
+    backend: Backend,
+    model: nn.Module,
+    batch: Any,
+    contexts: Iterable[contextlib.AbstractContextManager[Any]] = (),
+) -> Any:
+    """``model`` called on ``batch`` without grad, inside ``contexts`` (entered in order, a
+    generator's made there) and then ``backend``'s numerics; synchronized before it returns."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        for context in contexts:
+            stack.enter_context(context)
+        stack.enter_context(backend.numerics())
+        out = call_model(model, batch)
+    backend.synchronize()
+    return out
+
+
+class Twins:
+    """The target built once from its seed, on both sides: ``model`` on the actual's device
+    and dtype, ``reference_model`` on the golden's, and batch ``step`` cast for each.
+
+    ``run``'s ``prepare`` (its Side's) alters the built model before it is copied, so both
+    copies carry it (tests plant faults with it). ``keep_constructed`` also keeps the built
+    model in float32 on the CPU, before any cast (``constructed``: buffers as constructed).
+    """
+
+    def __init__(
+        self, run: TargetRun, golden: TargetRun, *, step: int = 0, keep_constructed: bool = False
+    ) -> None:
+        self.run, self.golden, self.step = run, golden, step
+        built = run.prepared(run.construct())  # before the copy: both models carry it
+        built.eval()
+        self.constructed = copy.deepcopy(built) if keep_constructed else None
+        self.reference_model = copy.deepcopy(built).to(
+            device=golden.torch_device, dtype=golden.dtype
+        )
+        self.model = built.to(device=run.torch_device, dtype=run.dtype)
+        self.batch = run.batch(step)
+        self.reference_batch = _cast_batch(run.move(self.batch, golden.torch_device), golden.dtype)
+        self.device_batch = _cast_batch(run.move(self.batch), run.dtype)
+
+    @property
+    def reference(self) -> Backend:
+        """The golden's backend (where the reference copy runs)."""
+        return self.golden.backend
+
+    def forward_reference(self) -> Any:
+        """The reference copy's output on its batch."""
+        return forward_once(self.reference, self.reference_model, self.reference_batch)
+
+
 # -- swapping modules for their reference twins ----------------------------------------------
 
 
@@ -338,9 +392,8 @@ class ReferencePrecision:
         # says why): the device module must not run at all
         try:
             for name in self.names:
-                path = "" if name == ROOT else name
-                module = self.model.get_submodule(path)
-                twin = self.reference_model.get_submodule(path)
+                module = self.model.get_submodule(module_path(name))
+                twin = self.reference_model.get_submodule(module_path(name))
                 self._swaps.append(replace_forward(module, self._wrapper(module, twin)))
         except BaseException:
             self._restore()
@@ -412,7 +465,7 @@ def call_order(model: nn.Module, run: Callable[[], Any]) -> dict[str, int]:
 
 def child_units(model: nn.Module, name: str, called: dict[str, int]) -> list[str]:
     """The called children of ``name`` in call order, containers opened into their members."""
-    module = model.get_submodule("" if name == ROOT else name)
+    module = model.get_submodule(module_path(name))
     prefix = "" if name == ROOT else f"{name}."
     units: list[str] = []
 
@@ -437,82 +490,59 @@ def child_units(model: nn.Module, name: str, called: dict[str, int]) -> list[str
 
 
 class Bisector:
-    """Find the culprits with ``probe(names) -> error`` over the module tree of ``model``.
+    """Find the culprits with ``probe(names) -> {output: error}`` over the module tree of ``model``.
 
-    ``probe`` runs the device forward with ``names`` at reference precision and
-    returns the output error, or the error of each output; ``threshold`` is one number,
-    or one per output (a probe passes when every output is within its own); ``called``
-    maps the modules a forward calls to their call order. ``on_probe`` sees every probe
-    as it completes.
+    ``probe`` runs the device forward with ``names`` at reference precision and returns
+    the error of each output; a probe passes when every output is within its own
+    ``thresholds`` entry. ``called`` maps the modules a forward calls to their call order.
+    ``on_probe`` sees every probe as it completes.
     """
 
     def __init__(
         self,
         model: nn.Module,
-        probe: Callable[[list[str]], float | dict[str, float]],
+        probe: Callable[[list[str]], dict[str, float]],
         called: dict[str, int],
-        threshold: float | dict[str, float],
+        thresholds: dict[str, float],
         on_probe: Callable[[Probe], None] | None = None,
     ) -> None:
         self.model = model
         self._probe = probe
         self.called = called
-        self.threshold = threshold
+        self.thresholds = thresholds
         self.on_probe = on_probe
         self.probes: list[Probe] = []
         #: each probe by the set it tested (its error and whether it passed, run once)
         self._cache: dict[frozenset[str], Probe] = {}
 
-    def threshold_of(self, output: str) -> float:
-        """The threshold of one output (the one number when there is one)."""
-        if isinstance(self.threshold, dict):
-            return self.threshold.get(output, math.inf)
-        return self.threshold
-
-    def error(self, names: Sequence[str]) -> float:
-        """The output error with ``names`` at reference (cached by the set)."""
+    def _run(self, names: Sequence[str]) -> Probe:
         key = frozenset(names)
         if key not in self._cache:
             ordered = sorted(key, key=lambda n: self.called.get(n, -1))
             found = self._probe(ordered)
-            per_output = found if isinstance(found, dict) else {}
-            err = worst(per_output) if isinstance(found, dict) else found
-            if per_output:
-                passed = all(self._within(e, self.threshold_of(k)) for k, e in per_output.items())
-            else:
-                passed = self.passes_error(err)
+            passed = all(
+                math.isfinite(e) and e <= self.thresholds.get(k, math.inf) for k, e in found.items()
+            )
             probe = Probe(
                 index=len(self.probes),
                 at_reference=ordered,
-                error=err,
+                error=worst(found),
                 passed=passed,
-                outputs=per_output,
+                outputs=found,
             )
             self.probes.append(probe)
             self._cache[key] = probe
             if self.on_probe is not None:
                 self.on_probe(probe)
-        return self._cache[key].error
+        return self._cache[key]
 
-    @property
-    def smallest_threshold(self) -> float:
-        """The threshold of one number, or the smallest of those per output."""
-        if isinstance(self.threshold, dict):
-            return min(self.threshold.values())
-        return self.threshold
-
-    def passes_error(self, err: float) -> bool:
-        """True when ``err`` is finite and within the (smallest) threshold."""
-        return self._within(err, self.smallest_threshold)
-
-    @staticmethod
-    def _within(err: float, threshold: float) -> bool:
-        return math.isfinite(err) and err <= threshold
+    def error(self, names: Sequence[str]) -> float:
+        """The output error (the worst output) with ``names`` at reference (cached by the set)."""
+        return self._run(names).error
 
     def passes(self, names: Sequence[str]) -> bool:
         """True when every output with ``names`` at reference is within its threshold."""
-        self.error(names)
-        return self._cache[frozenset(names)].passed
+        return self._run(names).passed
 
     def _quickxplain(self, background: list[str], delta: bool, units: list[str]) -> list[str]:
         """A minimal subset X of ``units`` passing with ``background`` (Junker's QuickXplain)."""
@@ -541,10 +571,10 @@ class Bisector:
         if found is None:  # the root's own code (outside every child) is needed
             if not self.passes([ROOT]):
                 raise TargetError(
-                    f"even with the whole model at reference precision the output error is "
-                    f"{self.error([ROOT]):.3g} (threshold {self.smallest_threshold:.3g}): the "
-                    "forward does not reproduce the reference (random ops or state it changes), "
-                    "so there is nothing to bisect"
+                    "even with the whole model at reference precision the output error is "
+                    f"{self.error([ROOT]):.3g} (threshold {min(self.thresholds.values()):.3g}): "
+                    "the forward does not reproduce the reference (random ops or state it "
+                    "changes), so there is nothing to bisect"
                 )
             return [ROOT]
         final: list[str] = []
@@ -628,24 +658,9 @@ def bisect(
     # computes in and what the model is stored in
     storage = max(compute, model_dtype, key=precision_eps)
 
-    built = run.prepared(run.construct())  # before the copy: both sides carry it
-    built.eval()
-    reference_model = copy.deepcopy(built).to(
-        device=reference_run.torch_device, dtype=reference_run.dtype
-    )
-    model = built.to(device=backend.torch_device(), dtype=model_dtype)
-
-    user_code = run.call
-    batch = run.batch(step)
-
-    ref_batch = _cast_batch(run.move(batch, reference_run.torch_device), reference_run.dtype)
-    dev_batch = _cast_batch(run.move(batch), model_dtype)
-
-    def reference_forward() -> Any:
-        with torch.no_grad(), ref_backend.numerics():
-            out = call_model(reference_model, ref_batch)
-        ref_backend.synchronize()
-        return out
+    twins = Twins(run, reference_run, step=step)
+    model, reference_model, dev_batch = twins.model, twins.reference_model, twins.device_batch
+    reference_forward, user_code = twins.forward_reference, run.call
 
     expected = floating_outputs(user_code("the reference forward", reference_forward), "reference")
     for name, tensor in expected.items():
@@ -672,13 +687,10 @@ def bisect(
             else ReferencePrecision(model, reference_model, names, ref_backend, reference_run.dtype)
         )
 
-        def forward() -> Any:
-            with torch.no_grad(), swap, backend.numerics():
-                out = call_model(model, dev_batch)
-            backend.synchronize()
-            return out
-
-        out = floating_outputs(user_code("the device forward", forward), "device")
+        out = user_code(
+            "the device forward", lambda: forward_once(backend, model, dev_batch, [swap])
+        )
+        out = floating_outputs(out, "device")
         if out.keys() != expected.keys():
             raise TargetError(
                 f"the device forward returned the outputs {', '.join(out)}, the reference "
@@ -729,7 +741,7 @@ def bisect(
         note = (
             "no set of modules at reference precision fixes the output: with the whole model "
             f"at reference its output error is still {bisector.error([ROOT]):.3g}, so values "
-            f"beyond {_name(overflow_format(compute))}'s range reach the output; rescale them "
+            f"beyond {dtype_name(overflow_format(compute))}'s range reach the output; rescale them "
             f"(from {overflow.module} on) or keep them in a wider dtype"
         )
     probes = bisector.probes
@@ -744,9 +756,9 @@ def bisect(
     return BisectResult(
         target=target_obj.name,
         device=side.device,
-        dtype=_name(model_dtype),
+        dtype=dtype_name(model_dtype),
         reference=golden.device,
-        reference_dtype=_name(reference_run.dtype),
+        reference_dtype=dtype_name(reference_run.dtype),
         metric=metric,
         threshold=thresholds[decisive],
         thresholds=thresholds,
@@ -829,7 +841,7 @@ def find_overflow(
     return Overflow(
         module=name,
         module_type=type(module).__name__,
-        format=_name(fmt),
+        format=dtype_name(fmt),
         format_max=fmax,
         nonfinite=int(values["nonfinite"]),
         saturated=int(values["saturated"]),
@@ -849,7 +861,7 @@ def _reference_absmax(model: nn.Module, name: str, forward: Callable[[], Any]) -
             seen.append(max(tops, default=0.0))
 
     try:
-        module = model.get_submodule("" if name == ROOT else name)
+        module = model.get_submodule(module_path(name))
     except AttributeError:
         return None
     with on_calls(module, post=hook, modules=["root"], with_kwargs=False, errors="raise"):
@@ -870,10 +882,6 @@ def _ratio(err: float, threshold: float) -> float:
     if math.isnan(err) or math.isinf(err):
         return math.inf
     return err / threshold if threshold > 0 else (math.inf if err > 0 else 0.0)
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _cast_batch(batch: Any, dtype: torch.dtype) -> Any:

@@ -41,24 +41,25 @@ import torch
 from torch import nn
 
 from precguard._logging import get_logger
-from precguard.backend import Backend
 from precguard.compare.impact_report import ErrorBudget, Impact, RemedyCheck, RemedyVerdict
 from precguard.compare.levels import FullMetrics
 from precguard.compare.metrics import tensor_metrics
 from precguard.compare.report import Comparison
 from precguard.compare.tolerance import get_profile
-from precguard.devices import resolve_backend
+from precguard.devices import dtype_name, resolve_backend
 from precguard.errors import PrecguardError, TargetError, UsageError
 from precguard.localize.bisect import (
     ROOT,
     BisectResult,
     ReferencePrecision,
-    _cast_batch,
+    Twins,
+    forward_once,
     main_output,
+    module_path,
 )
 from precguard.numerics import FLOOR_SLACK, HELP_SHARE, REPRODUCED
 from precguard.opcheck.sweep import OpCheckResult
-from precguard.target import Target, call_model
+from precguard.target import Target
 from precguard.target_run import (
     Side,
     TargetRun,
@@ -74,11 +75,7 @@ logger = get_logger(__name__)
 Change = Callable[[nn.Module], contextlib.AbstractContextManager[Any]]
 
 
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-class ActualSide:
+class ActualSide(Twins):
     """The target built once: its actual side re-run with changes, its output error measured.
 
     :param run: the target set up on the actual's device and dtype.
@@ -86,27 +83,12 @@ class ActualSide:
         the golden's device, backend and dtype, one object.
     :param step: the batch the forwards run on.
 
-    ``run``'s ``prepare`` (its Side's) alters the built model before it is copied, so both
-    copies carry it (tests plant faults with it).
+    Built as :class:`~precguard.localize.bisect.Twins` (``constructed`` kept).
     """
 
     def __init__(self, run: TargetRun, golden: TargetRun, *, step: int = 0) -> None:
-        self.run = run
-        self.golden = golden
-        self.step = step
-        built = run.prepared(run.construct())  # before the copy: both models carry it
-        built.eval()
-        #: the built model in float32 on the CPU, before any cast: buffers as constructed
-        self.constructed = copy.deepcopy(built)
-        self.reference_model = copy.deepcopy(built).to(
-            device=golden.torch_device, dtype=golden.dtype
-        )
-        self.model = built.to(device=run.torch_device, dtype=run.dtype)
-        batch = run.batch(step)
-        self.batch = batch
-        self.reference_batch = _cast_batch(run.move(batch, golden.torch_device), golden.dtype)
-        self.device_batch = _cast_batch(run.move(batch), run.dtype)
-        reference_out = run.call("the reference forward", self._reference_forward)
+        super().__init__(run, golden, step=step, keep_constructed=True)
+        reference_out = run.call("the reference forward", self.forward_reference)
         self.expected = main_output(reference_out, "reference").detach().to("cpu")
         if not bool(torch.isfinite(self.expected).all()):
             raise TargetError(
@@ -147,38 +129,20 @@ class ActualSide:
         return cls(run, golden.open_beside(run), step=step)
 
     @property
-    def reference(self) -> Backend:
-        """The golden's backend (where the reference copy runs)."""
-        return self.golden.backend
-
-    @property
     def reference_dtype(self) -> torch.dtype:
         """The golden's model dtype."""
         return self.golden.dtype
 
     # -- forwards ------------------------------------------------------------------------------
 
-    def _reference_forward(self) -> Any:
-        with torch.no_grad(), self.reference.numerics():
-            out = call_model(self.reference_model, self.reference_batch)
-        self.reference.synchronize()
-        return out
-
     def forward(self, changes: Sequence[Change] = ()) -> Any:
         """The actual side's output with ``changes`` applied around its forward."""
-        backend = self.run.backend
-
-        def forward() -> Any:
-            with contextlib.ExitStack() as stack:
-                stack.enter_context(torch.no_grad())
-                for change in changes:
-                    stack.enter_context(change(self.model))
-                stack.enter_context(backend.numerics())
-                out = call_model(self.model, self.device_batch)
-            backend.synchronize()
-            return out
-
-        return self.run.call("the actual forward", forward)
+        return self.run.call(
+            "the actual forward",
+            lambda: forward_once(
+                self.run.backend, self.model, self.device_batch, (c(self.model) for c in changes)
+            ),
+        )
 
     def at_reference(self, names: Sequence[str], twin: nn.Module | None = None) -> Change:
         """A change: ``names`` computed at reference precision (on ``twin``'s modules)."""
@@ -214,14 +178,14 @@ class ActualSide:
     def has_module(self, name: str) -> bool:
         """True when ``name`` is a module of the target's model."""
         try:
-            self.model.get_submodule("" if name == ROOT else name)
+            self.model.get_submodule(module_path(name))
         except AttributeError:
             return False
         return True
 
     def module_type(self, name: str) -> str:
         """The class name of module ``name``."""
-        return type(self.model.get_submodule("" if name == ROOT else name)).__name__
+        return type(self.model.get_submodule(module_path(name))).__name__
 
     def correct_twin(self) -> nn.Module:
         """The reference copy with its parameters rounded to the actual dtype and back.
@@ -249,11 +213,6 @@ class ActualSide:
         if not known:
             return None
         return self.measure(self.forward([self.at_reference(known, self.correct_twin())]))
-
-
-#: FLOOR_SLACK (a remedy is verified within 1.25x the floor) and HELP_SHARE (one that
-#: removes less than a tenth of the excess did not help) are defined, with their
-#: derivations, in precguard.numerics
 
 
 def judge_remedy(before: float, after: float, floor: float | None) -> RemedyVerdict:
@@ -313,6 +272,15 @@ def remedy_check(
     )
 
 
+def not_run(
+    remedy: str, summary: str, why: str, before: float | None = None, floor: float | None = None
+) -> RemedyCheck:
+    """A remedy that could not be re-run, and ``why`` in one line."""
+    return RemedyCheck(
+        remedy=remedy, summary=summary, before=before, floor=floor, verdict="not run", note=why
+    )
+
+
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """``actual``'s relative L2 error against ``expected`` (compare's measure, whose
     ratio is :func:`precguard.numerics.relative_l2`); inf if not finite."""
@@ -326,8 +294,8 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     metrics = tensor_metrics(
         expected,
         actual,
-        golden_dtype=_name(expected.dtype),
-        actual_dtype=_name(actual.dtype),
+        golden_dtype=dtype_name(expected.dtype),
+        actual_dtype=dtype_name(actual.dtype),
         profile=get_profile("default"),
     )
     if isinstance(metrics, FullMetrics) and metrics.rel_l2 is not None:
@@ -350,10 +318,8 @@ def error_budget(
 ) -> ErrorBudget:
     """The output error split over ``findings`` ((module, found by) pairs), largest share first."""
     found_by: dict[str, list[str]] = {}
-    for module, source in findings:
-        found_by.setdefault(module, [])
-        if source not in found_by[module]:
-            found_by[module].append(source)
+    for module, source in dict.fromkeys(findings):  # each (module, source) once, in order
+        found_by.setdefault(module, []).append(source)
     before = side.output_error()
     impacts: list[Impact] = []
     measured: list[str] = []
@@ -415,9 +381,9 @@ def error_budget(
         measured="target",
         target=run.name,
         device=run.device,
-        dtype=_name(run.dtype),
+        dtype=dtype_name(run.dtype),
         reference=side.golden.device,
-        reference_dtype=_name(side.golden.dtype),
+        reference_dtype=dtype_name(side.golden.dtype),
         output_error=before,
         impacts=impacts,
         together=together,
@@ -470,12 +436,8 @@ def bisect_findings(result: BisectResult) -> list[tuple[str, str]]:
 def opcheck_findings(result: OpCheckResult) -> list[tuple[str, str]]:
     """The modules an ``op-check --module`` sweep failed (a point over its tolerance or not
     finite) as findings for :func:`error_budget`; built-in ops name no module of a model."""
-    found: list[tuple[str, str]] = []
-    for point in result.results:
-        finding = (point.module, "op-check")
-        if point.module is not None and point.status != "pass" and finding not in found:
-            found.append((point.module, "op-check"))
-    return found
+    failed = (p.module for p in result.results if p.module is not None and p.status != "pass")
+    return [(module, "op-check") for module in dict.fromkeys(failed)]
 
 
 def recordings_only(result: Comparison, *, reason: str) -> ErrorBudget:
@@ -614,15 +576,9 @@ def comparison_impact(
 def recorded_output_error(result: Comparison, step: int, numel: int) -> float | None:
     """The root module's first forward output error at ``step`` in ``result`` (full tensors
     of ``numel`` elements only; None when the recordings do not hold it)."""
+    root_output = (ROOT, "forward", "output", 0, step, 0)
     for rec in result.records:
-        if (rec.module, rec.phase, rec.role, rec.index, rec.step, rec.call) != (
-            ROOT,
-            "forward",
-            "output",
-            0,
-            step,
-            0,
-        ):
+        if (rec.module, rec.phase, rec.role, rec.index, rec.step, rec.call) != root_output:
             continue
         metrics = rec.metrics
         size = math.prod(rec.shape) if rec.shape else 0
@@ -642,6 +598,7 @@ __all__ = [
     "comparison_sides",
     "comparison_step",
     "error_budget",
+    "not_run",
     "opcheck_findings",
     "recorded_output_error",
     "recordings_only",

@@ -49,15 +49,9 @@ def render_budget(budget: ErrorBudget, console: Console) -> None:
             f"{impact.share:.0%}" if impact.share is not None else shown(impact.note, markup=True),
         )
     console.print(table)
-    parts = []
     if budget.together is not None and len(budget.impacts) > 1:
-        together = "all of them at reference"
-        if budget.output_error is not None:
-            verdict = judge_remedy(budget.output_error, budget.together, budget.floor)
-            together += f" ({verdict})"
-        parts.append(f"{together}: {budget.together:.3g}")
-    if parts:
-        console.print("  " + "; ".join(parts))
+        verdict = judge_remedy(budget.output_error, budget.together, budget.floor)
+        console.print(f"  all of them at reference ({verdict}): {budget.together:.3g}")
     # the floor is a correct run's error, its own line: never counted as unexplained
     if budget.floor is None:
         console.print("  floor of a correct run: unknown")

@@ -32,6 +32,7 @@ from precguard.compare.metrics import golden_rms, tensor_metrics
 from precguard.compare.render import format_cosine, format_number
 from precguard.compare.report import Metrics, Status
 from precguard.compare.tolerance import Profile, get_profile, judge
+from precguard.devices import dtype_name
 from precguard.dump.reader import Run, load_run
 from precguard.dump.schema import Record
 from precguard.dump.tensors import TensorStore
@@ -194,7 +195,7 @@ def replay_module(
         module=module,
         module_type=records[0].module_type,
         device=side.device,
-        dtype=str(torch_dtype).removeprefix("torch."),
+        dtype=dtype_name(torch_dtype),
         step=step,
         call=call,
         profile=prof.name if profile else "expected",
@@ -318,10 +319,8 @@ def _materialize(node: Any) -> Any:
 
 def replay_precision(dtype: torch.dtype, compute: torch.dtype | str | None) -> str:
     """The precision a replay computes in: its dtype, or the device's lower compute precision."""
-    name = str(dtype).removeprefix("torch.")
-    if compute is None:
-        return name
-    return less_precise(name, str(compute).removeprefix("torch."))
+    name = dtype_name(dtype)
+    return name if compute is None else less_precise(name, str(compute).removeprefix("torch."))
 
 
 def layer_reduction(module: torch.nn.Module) -> int | None:
@@ -383,7 +382,7 @@ def _judge_output(
         golden,
         actual,
         golden_dtype=rec.dtype,
-        actual_dtype=str(actual.dtype).removeprefix("torch."),
+        actual_dtype=dtype_name(actual.dtype),
         profile=profile,
         golden_rms=golden_rms(rec.stats),
     )

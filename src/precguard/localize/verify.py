@@ -22,9 +22,10 @@ its output error measured again:
 
 Each result is judged against the floor of a correct run at the actual
 precision (:meth:`~precguard.localize.impact.ActualSide.floor`): *verified*
-when the error falls to within :data:`FLOOR_SLACK` of it, *not needed* when it
-was within it already, *did not help* when it removes under :data:`HELP_SHARE` of
-the excess over it, else *partial*. The remedies are those of
+when the error falls to within :data:`~precguard.numerics.FLOOR_SLACK` of it,
+*not needed* when it was within it already, *did not help* when it removes
+under :data:`~precguard.numerics.HELP_SHARE` of the excess over it, else
+*partial*. The remedies are those of
 :func:`precguard.compare.advice.candidates`, in its order (the smallest change
 first), and :func:`~precguard.compare.advice.chosen` names the one compare prints.
 """
@@ -47,26 +48,31 @@ from precguard.capture.hooks import replace_forward
 from precguard.compare import advice
 from precguard.compare.impact_report import ErrorBudget, Impact, RemedyCheck
 from precguard.compare.report import Comparison
+from precguard.devices import dtype_name
 from precguard.errors import PrecguardError, UsageError
-from precguard.localize.bisect import ROOT, ReferencePrecision, _cast_batch, main_output
+from precguard.localize.bisect import (
+    ROOT,
+    ReferencePrecision,
+    _cast_batch,
+    forward_once,
+    main_output,
+    module_path,
+)
 from precguard.localize.bisect import _outside_device as bisect_outside_device
 from precguard.localize.impact import (
-    FLOOR_SLACK,
-    HELP_SHARE,
     ActualSide,
     comparison_findings,
     comparison_impact,
     comparison_sides,
     comparison_step,
     error_budget,
-    judge_remedy,
+    not_run,
     opcheck_findings,
     relative_error,
     remedy_check,
 )
 from precguard.opcheck.sweep import OpCheckResult
 from precguard.oracle import map_tensors_keeping_types
-from precguard.target import call_model
 from precguard.target_run import Side, TargetRun, golden_side, spec_name
 
 if TYPE_CHECKING:
@@ -97,7 +103,7 @@ def _buffers_kept(module: nn.Module, values: dict[str, torch.Tensor]) -> Iterato
 
 def _rounded_buffers(side: ActualSide, name: str) -> dict[str, torch.Tensor]:
     """The floating buffers of module ``name`` a cast rounded, at their built float32 values."""
-    path = "" if name == ROOT else name
+    path = module_path(name)
     now = side.model.get_submodule(path)
     built = dict(side.constructed.get_submodule(path).named_buffers())
     found: dict[str, torch.Tensor] = {}
@@ -122,7 +128,7 @@ def module_remedies(
     before = impact.before
     if before is None or not side.has_module(name):
         return []
-    module = side.model.get_submodule("" if name == ROOT else name)
+    module = side.model.get_submodule(module_path(name))
     kind = _kind(module)
     if kind == "loss":  # the logits do not show a loss's error: judged on the loss itself
         return [loss_module_remedy(side, name, float32_twin)]
@@ -135,8 +141,8 @@ def module_remedies(
     # the candidates compare prints, in their order (compare/advice.py): one source of advice
     buffers = _rounded_buffers(side, name)
     if buffers:
-        built = _dtype_name(next(iter(buffers.values())).dtype)
-        text = advice.buffers_text(buffers, built, _dtype_name(side.run.dtype))
+        built = dtype_name(next(iter(buffers.values())).dtype)
+        text = advice.buffers_text(buffers, built, dtype_name(side.run.dtype))
         after = side.output_error(
             changes=[lambda model: _buffers_kept(model.get_submodule(module_path(name)), buffers)]
         )
@@ -153,28 +159,11 @@ def module_remedies(
         )
         checks.append(result("float32-compute", label, after))
     except PrecguardError as exc:
-        checks.append(_not_run("float32-compute", label, before, floor, str(exc)))
+        checks.append(not_run("float32-compute", label, str(exc), before, floor))
     if impact.after is not None:
-        text = f"run {name} at reference precision ({_dtype_name(side.golden.dtype)})"
+        text = f"run {name} at reference precision ({dtype_name(side.golden.dtype)})"
         checks.append(result("reference-precision", text, impact.after))
     return checks
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def module_path(name: str) -> str:
-    """The ``get_submodule`` path of a qualified module name (the root is ``""``)."""
-    return "" if name == ROOT else name
-
-
-def _not_run(
-    remedy: str, summary: str, before: float | None, floor: float | None, why: str
-) -> RemedyCheck:
-    return RemedyCheck(
-        remedy=remedy, summary=summary, before=before, floor=floor, verdict="not run", note=why
-    )
 
 
 def switch_remedies(side: ActualSide, floor: float | None) -> list[RemedyCheck]:
@@ -188,19 +177,10 @@ def switch_remedies(side: ActualSide, floor: float | None) -> list[RemedyCheck]:
         try:
             after = _switched_error(side, switch)
         except PrecguardError as exc:
-            checks.append(_not_run(f"switch:{switch.name}", summary, before, floor, str(exc)))
+            checks.append(not_run(f"switch:{switch.name}", summary, str(exc), before, floor))
             continue
         where = f": run on {switch.instead}" if switch.instead else ""
-        checks.append(
-            RemedyCheck(
-                remedy=f"switch:{switch.name}",
-                summary=summary + where,
-                before=before,
-                after=after,
-                floor=floor,
-                verdict=judge_remedy(before, after, floor),
-            )
-        )
+        checks.append(remedy_check(f"switch:{switch.name}", summary + where, before, after, floor))
     return checks
 
 
@@ -213,14 +193,9 @@ def _switched_error(side: ActualSide, switch: Switch) -> float:
     run = TargetRun.on(side.run.target, switch.instead, *_backend_and_dtype(side, switch.instead))
     model = copy.deepcopy(side.constructed).to(device=run.torch_device, dtype=run.dtype)
     batch = _cast_batch(run.move(side.batch), run.dtype)
-
-    def forward() -> Any:
-        with torch.no_grad(), run.backend.numerics():
-            out = call_model(model, batch)
-        run.backend.synchronize()
-        return out
-
-    out = run.call(f"the forward on {switch.instead}", forward)
+    out = run.call(
+        f"the forward on {switch.instead}", lambda: forward_once(run.backend, model, batch)
+    )
     return relative_error(main_output(out, "actual").detach().to("cpu"), side.expected)
 
 
@@ -319,7 +294,7 @@ def loss_module_remedy(side: ActualSide, name: str, float32_twin: nn.Module) -> 
         after = measured(_on_float32(twin, device, outside=False))
         floor = measured(_on_float32(reference, torch.device("cpu"), outside=True))
     except PrecguardError as exc:
-        return _not_run("float32-loss", summary, None, None, str(exc))
+        return not_run("float32-loss", summary, str(exc))
     note = "the loss's relative error on the device's own logits (the logits do not show it)"
     return remedy_check("float32-loss", summary, before, after, floor, note)
 
@@ -334,20 +309,17 @@ def loss_remedy(side: ActualSide) -> RemedyCheck:
     target = side.run.target
     summary = "the loss computed on float32 logits"
     if target.loss is None:
-        return _not_run("float32-loss", summary, None, None, "the target has no loss")
+        return not_run("float32-loss", summary, "the target has no loss")
     loss = target.loss
-    reference_out = side.run.call("the reference forward", side._reference_forward)
+    reference_out = side.run.call("the reference forward", side.forward_reference)
     expected = side.run.call("the loss", lambda: loss(reference_out, side.reference_batch)).detach()
+
+    def error(logits: Any) -> float:
+        got = side.run.call("the loss", lambda: loss(logits, side.device_batch)).detach()
+        return relative_error(got.to("cpu"), expected.to("cpu"))
+
     out = side.forward()
-    before = relative_error(
-        side.run.call("the loss", lambda: loss(out, side.device_batch)).detach().to("cpu"),
-        expected.to("cpu"),
-    )
-    upcast = _float32_logits(out)
-    after = relative_error(
-        side.run.call("the loss", lambda: loss(upcast, side.device_batch)).detach().to("cpu"),
-        expected.to("cpu"),
-    )
+    before, after = error(out), error(_float32_logits(out))
     return remedy_check(
         "float32-loss",
         summary,
@@ -566,10 +538,7 @@ def with_chosen_remedy(result: Comparison) -> Comparison:
 
 
 __all__ = [
-    "FLOOR_SLACK",
-    "HELP_SHARE",
     "finding_modules",
-    "judge_remedy",
     "loss_module_remedy",
     "loss_modules",
     "loss_remedy",
