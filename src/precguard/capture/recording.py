@@ -315,7 +315,16 @@ class Recording:
         finiteness is checked at once (a host sync on accelerators), and with
         ``"save"`` the inputs are kept until :meth:`leave`.
         """
-        frame = CallFrame(module, module_type, self.begin_call(obj, root=root), save, on_nonfinite)
+        key = id(obj)
+        if root and not self._explicit_steps:  # begin_call's step rule
+            call = self.begin_call(obj, root=root)
+        else:  # begin_call, inlined: once per module call
+            calls = self._calls
+            call = calls.get(key, 0)
+            calls[key] = call + 1
+            if self.steps_seen <= self.step_index:
+                self.steps_seen = self.step_index + 1
+        frame = CallFrame(module, module_type, call, save, on_nonfinite)
         frame.inputs_finite = self.add(
             module,
             module_type,
