@@ -398,6 +398,7 @@ class Recording:
             autocast = _gemm_dtype(module_type, phase, role) or autocast
         prefix = f"{module}.{call}.{phase}.{role}."
         stats_add = self._stats.add
+        reuse = self._stats.reuse
         step, rank = self.step_index, self.rank
         keep = save and self.writer is not None
         positions = role in ("input", "output")
@@ -409,7 +410,15 @@ class Recording:
             numel = t.numel()
             slot: int | None = None
             if info.has_stats and numel:
-                slot, finite = stats_add(t, need_finite=need_finite, positions=positions)
+                # StatsBuffer.add's reuse of a tensor seen unchanged (a module's input that
+                # is the previous module's output), inlined: no call for a hit
+                reused = (id(t), t._version)
+                hit = reuse.get(reused)
+                if hit is not None and hit[0]() is t and (hit[2] is not None or not need_finite):
+                    reuse.move_to_end(reused)
+                    slot, finite = hit[1], hit[2]
+                else:
+                    slot, finite = stats_add(t, need_finite=need_finite, positions=positions)
                 if finite is None:
                     all_finite = None
                 elif not finite and all_finite is not None:

@@ -140,7 +140,10 @@ class StatsBuffer:
         #: per device slot: the largest std and l2 its dtype holds (beyond: inf)
         self._dev_limit: list[float] = []
         self._numel: list[int] = []
-        self._cache: OrderedDict[
+        #: the reuse cache: ``(id(t), t._version)`` -> ``(weakref to t, slot, finite)``,
+        #: most recently used last; a caller may look a tensor up here itself (the
+        #: recording does, once per tensor) and call :meth:`add` only on a miss
+        self.reuse: OrderedDict[
             tuple[int, int], tuple[weakref.ref[torch.Tensor], int, bool | None]
         ] = OrderedDict()
         #: per float8 slot: its saturated share, scale and amax (fp8_statistics)
@@ -160,7 +163,7 @@ class StatsBuffer:
         inputs and outputs; not parameters).
         """
         cache_key = (id(t), t._version)
-        cache = self._cache
+        cache = self.reuse
         hit = cache.get(cache_key)
         if hit is not None and hit[0]() is t:
             cache.move_to_end(cache_key)
@@ -350,7 +353,7 @@ class StatsBuffer:
         self._dev_limit.clear()
         self._numel.clear()
         self._evidence.clear()
-        self._cache.clear()
+        self.reuse.clear()
         self._fp8.clear()
 
 
