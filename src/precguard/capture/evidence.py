@@ -216,7 +216,7 @@ def all_record_fields(
             out.append(fields)
             continue
         n = plan.host_index.size
-        dtype = "float64" if values.dtype == f64 else "float32"
+        dtype = "float64" if values.dtype == f64 else "float32"  # native order here
         fields = {
             "sample": {
                 "seed": plan.seed,
@@ -239,7 +239,8 @@ def all_record_fields(
 def _fields_swapped(plan: EvidencePlan, values: np.ndarray) -> dict[str, Any]:
     """:func:`record_fields` through :func:`encode` (which makes the bytes little-endian)."""
     n = plan.host_index.size
-    dtype = "float64" if values.dtype == np.float64 else "float32"
+    # itemsize, not == np.float64: a big-endian float64 array is one too
+    dtype = "float64" if values.dtype.itemsize == 8 else "float32"
     out: dict[str, Any] = {
         "sample": {"seed": plan.seed, "dtype": dtype, "values": encode(values[:n])}
     }
