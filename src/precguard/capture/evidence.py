@@ -192,8 +192,55 @@ def encode(values: np.ndarray) -> str:
 
 def record_fields(plan: EvidencePlan, values: np.ndarray) -> dict[str, Any]:
     """The record fields (``sample``, ``positions``) of one tensor's gathered evidence."""
+    return all_record_fields([(plan, values)])[0]
+
+
+def all_record_fields(
+    gathered: list[tuple[EvidencePlan, np.ndarray] | None],
+) -> list[dict[str, Any] | None]:
+    """:func:`record_fields` of each ``(plan, values)`` (None stays None), in one call.
+
+    A flush encodes the evidence of every tensor of a step (two per module call):
+    :func:`encode`'s body is inlined here, so the loop calls no Python function.
+    """
+    out: list[dict[str, Any] | None] = []
+    b64 = binascii.b2a_base64
+    f64 = np.float64
+    for item in gathered:
+        if item is None:
+            out.append(None)
+            continue
+        plan, values = item
+        if _BIG_ENDIAN or values.dtype.byteorder == ">":  # rare: encode() swaps the bytes
+            fields = _fields_swapped(plan, values)
+            out.append(fields)
+            continue
+        n = plan.host_index.size
+        dtype = "float64" if values.dtype == f64 else "float32"  # native order here
+        fields = {
+            "sample": {
+                "seed": plan.seed,
+                "dtype": dtype,
+                "values": b64(values[:n].tobytes(), newline=False).decode("ascii"),
+            }
+        }
+        if plan.seq_dim is not None:
+            fields["positions"] = {
+                "dim": plan.seq_dim,
+                "bin": plan.bin,
+                "length": plan.length,
+                "dtype": dtype,
+                "norms": b64(values[n:].tobytes(), newline=False).decode("ascii"),
+            }
+        out.append(fields)
+    return out
+
+
+def _fields_swapped(plan: EvidencePlan, values: np.ndarray) -> dict[str, Any]:
+    """:func:`record_fields` through :func:`encode` (which makes the bytes little-endian)."""
     n = plan.host_index.size
-    dtype = "float64" if values.dtype == np.float64 else "float32"
+    # itemsize, not == np.float64: a big-endian float64 array is one too
+    dtype = "float64" if values.dtype.itemsize == 8 else "float32"
     out: dict[str, Any] = {
         "sample": {"seed": plan.seed, "dtype": dtype, "values": encode(values[:n])}
     }

@@ -349,6 +349,9 @@ class Monitor:
                 if self._caches is not None:  # cache tensors this call wrote
                     found = caches_in(args, kwargs) + caches_out(output)
                     sink.leave(frame, items + self._caches.unseen(found))
+                elif frame.on_nonfinite == "record":
+                    # Recording.leave, inlined: with "record" it only adds the outputs
+                    sink.add(name, mtype, frame.call, "forward", "output", items, save=frame.save)
                 else:
                     sink.leave(frame, items)
             if self._backward and torch.is_grad_enabled():

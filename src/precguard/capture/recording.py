@@ -315,7 +315,16 @@ class Recording:
         finiteness is checked at once (a host sync on accelerators), and with
         ``"save"`` the inputs are kept until :meth:`leave`.
         """
-        frame = CallFrame(module, module_type, self.begin_call(obj, root=root), save, on_nonfinite)
+        key = id(obj)
+        if root and not self._explicit_steps:  # begin_call's step rule
+            call = self.begin_call(obj, root=root)
+        else:  # begin_call, inlined: once per module call
+            calls = self._calls
+            call = calls.get(key, 0)
+            calls[key] = call + 1
+            if self.steps_seen <= self.step_index:
+                self.steps_seen = self.step_index + 1
+        frame = CallFrame(module, module_type, call, save, on_nonfinite)
         frame.inputs_finite = self.add(
             module,
             module_type,
@@ -389,6 +398,7 @@ class Recording:
             autocast = _gemm_dtype(module_type, phase, role) or autocast
         prefix = f"{module}.{call}.{phase}.{role}."
         stats_add = self._stats.add
+        reuse = self._stats.reuse
         step, rank = self.step_index, self.rank
         keep = save and self.writer is not None
         positions = role in ("input", "output")
@@ -400,7 +410,15 @@ class Recording:
             numel = t.numel()
             slot: int | None = None
             if info.has_stats and numel:
-                slot, finite = stats_add(t, need_finite=need_finite, positions=positions)
+                # StatsBuffer.add's reuse of a tensor seen unchanged (a module's input that
+                # is the previous module's output), inlined: no call for a hit
+                reused = (id(t), t._version)
+                hit = reuse.get(reused)
+                if hit is not None and hit[0]() is t and (hit[2] is not None or not need_finite):
+                    reuse.move_to_end(reused)
+                    slot, finite = hit[1], hit[2]
+                else:
+                    slot, finite = stats_add(t, need_finite=need_finite, positions=positions)
                 if finite is None:
                     all_finite = None
                 elif not finite and all_finite is not None:

@@ -43,6 +43,7 @@ import torch
 from precguard.backend import CAPTURE_DEPTH as _STATE
 from precguard.backend import capture_scope, in_capture  # noqa: F401
 from precguard.capture import evidence as _evidence
+from precguard.capture.evidence import _PLANS
 
 try:  # the one-read kernel (capture/_fused.cpp), built when the package is installed
     from precguard.capture import _fused
@@ -139,7 +140,10 @@ class StatsBuffer:
         #: per device slot: the largest std and l2 its dtype holds (beyond: inf)
         self._dev_limit: list[float] = []
         self._numel: list[int] = []
-        self._cache: OrderedDict[
+        #: the reuse cache: ``(id(t), t._version)`` -> ``(weakref to t, slot, finite)``,
+        #: most recently used last; a caller may look a tensor up here itself (the
+        #: recording does, once per tensor) and call :meth:`add` only on a miss
+        self.reuse: OrderedDict[
             tuple[int, int], tuple[weakref.ref[torch.Tensor], int, bool | None]
         ] = OrderedDict()
         #: per float8 slot: its saturated share, scale and amax (fp8_statistics)
@@ -159,7 +163,7 @@ class StatsBuffer:
         inputs and outputs; not parameters).
         """
         cache_key = (id(t), t._version)
-        cache = self._cache
+        cache = self.reuse
         hit = cache.get(cache_key)
         if hit is not None and hit[0]() is t:
             cache.move_to_end(cache_key)
@@ -185,14 +189,27 @@ class StatsBuffer:
             ev: tuple[_evidence.EvidencePlan, Any] | None = None
             plan = None
             if self._evidence_on and t.is_floating_point():
-                plan = _evidence.plan_for(tuple(x.shape), x.device, positions)
+                shape = tuple(x.shape)
+                # plan_for's cache hit, inlined (once per tensor); the LRU order is kept
+                plan = _PLANS.get((shape, x.device, positions))
+                if plan is None:
+                    plan = _evidence.plan_for(shape, x.device, positions)
+                else:
+                    _PLANS.move_to_end((shape, x.device, positions))
             if deferred:
                 if plan is not None:
                     ev = (plan, _evidence.gather(x, plan))
                 finite = self._add_device(x, n, slot, need_finite)
             else:
                 if type(x) is torch.Tensor and not x.is_neg():
-                    row, values = _host_stats(x, n, plan)
+                    # _host_stats's first branch, inlined: the compiled kernel's one read
+                    fused = None
+                    if _fused is not None and x.is_contiguous():
+                        try:
+                            fused = _fused_stats(x, n, plan)
+                        except ValueError:  # a layout the kernel refuses: the passes
+                            fused = None
+                    row, values = fused if fused is not None else _host_stats(x, n, plan, False)
                 else:  # a subclass (or a lazily negated view): torch's own ops
                     row = _subclass_stats(x, n)
                     values = None if plan is None else _evidence.gather(x, plan).numpy()
@@ -320,10 +337,12 @@ class StatsBuffer:
                 chunk = flat[start : start + size]
                 host[slot] = chunk if part.dtype == torch.float64 else chunk.astype(np.float32)
                 start += size
-        return [
-            None if ev is None or values is None else _evidence.record_fields(ev[0], values)
-            for ev, values in zip(self._evidence, host, strict=True)
-        ]
+        return _evidence.all_record_fields(
+            [
+                None if ev is None or values is None else (ev[0], values)
+                for ev, values in zip(self._evidence, host, strict=True)
+            ]
+        )
 
     def clear(self) -> None:
         """Drop everything queued, including the reuse cache."""
@@ -334,7 +353,7 @@ class StatsBuffer:
         self._dev_limit.clear()
         self._numel.clear()
         self._evidence.clear()
-        self._cache.clear()
+        self.reuse.clear()
         self._fp8.clear()
 
 
@@ -387,12 +406,13 @@ PARALLEL = 1 << 17
 
 
 def _host_stats(
-    x: torch.Tensor, n: int, plan: _evidence.EvidencePlan | None
+    x: torch.Tensor, n: int, plan: _evidence.EvidencePlan | None, fused: bool = True
 ) -> tuple[tuple[float, ...], np.ndarray | None]:
     """``(min, max, mean, std, l2, nonzero, nan, inf)`` of a float32/float64 CPU tensor.
 
     Also the evidence values of ``plan`` (sampled elements, then per-position
-    norms), or None without a plan. ``x`` is a plain ``torch.Tensor``. A
+    norms), or None without a plan. ``x`` is a plain ``torch.Tensor``. ``fused``:
+    False when the caller already tried the compiled kernel. A
     contiguous one without NaN or Inf goes through the compiled kernel
     (:func:`_fused_stats`) when it is built; otherwise, the passes over the
     tensor, each a fast vectorized kernel:
@@ -420,7 +440,7 @@ def _host_stats(
     |mean|/std. NaN/Inf counts, ``vector_norm`` and ``std`` run only when min or
     max is not finite.
     """
-    if _fused is not None and x.is_contiguous():
+    if fused and _fused is not None and x.is_contiguous():  # False: the caller tried it
         try:
             fused = _fused_stats(x, n, plan)
         except ValueError:  # a layout the kernel refuses: the passes, never a lost record
@@ -514,7 +534,12 @@ def _fused_stats(
     bound = sumsq * _U64 * 3.0 * (min(row, _fused.BLOCK) / 16 + 22)
     if spread * _UNIT[x.dtype] < 4.0 * bound:
         spread = _fused.spread(address, n, double, mean)
-    return _row(x, n, mn, mx, mean, n - zeros, sumsq, spread), values
+    # _row, inlined (once per tensor): beyond float32's range it decides
+    std = math.sqrt(max(spread, 0.0) / (n - 1)) if n > 1 else 0.0
+    l2 = math.sqrt(sumsq)
+    if std > _F32_MAX or l2 > _F32_MAX:
+        return _row(x, n, mn, mx, mean, n - zeros, sumsq, spread), values
+    return (mn, mx, mean, std, l2, n - zeros, 0, 0), values
 
 
 def _row(
