@@ -680,6 +680,7 @@ def _routers(full: bool, lvl: str) -> list[Case]:
                     expect=experts,
                 ),
             ]
+    cases += _gates(full, lvl)
     if not full:  # 3 % on the shared expert is below what statistics tell (docs/realworld.md)
         return cases + _controls(full, lvl, faults=False)
     cases.append(
@@ -691,6 +692,65 @@ def _routers(full: bool, lvl: str) -> list[Case]:
         )
     )
     return cases + _controls(full, lvl, faults=True)
+
+
+def bf16_gate(model: nn.Module) -> None:
+    """Plant a gate computed in bf16 where its code keeps float32: every op of each layer's
+    router rounds to bf16 (an ``emu:bf16`` dispatch mode around its forward, as a device
+    whose float32 kernels compute in bf16), its outputs still stored as the code says."""
+    from precguard.backends.emu.mode import EmuMode
+
+    profile = resolve_backend("emu:bf16").profile
+    for layer in model.model.layers:
+        gate = layer.mlp.gate
+        original = gate.forward
+
+        def forward_in_bf16(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            with EmuMode(profile, None):
+                return _original(*args, **kwargs)
+
+        gate.forward = forward_in_bf16
+
+
+def mixed(kind: str, fault: Callable[[nn.Module], None] | None = None) -> Workload:
+    """One forward of a tiny HF model of ``kind`` stored in bf16 on the actual side (an
+    ``emu:bf16-mixed`` device keeps the code's float32 islands, the router's among them)."""
+
+    def run(side: Side) -> None:
+        model = hf_model(kind).eval()
+        if side.actual:
+            model = model.to(torch.bfloat16)
+        if side.fault and fault is not None:
+            fault(model)
+        with side.numerics(), side.monitor(model), torch.no_grad():
+            model(input_ids=batch()["input_ids"])
+
+    run.__doc__ = f"one forward of a tiny {kind} stored in bf16"
+    return run
+
+
+def _gates(full: bool, lvl: str) -> list[Case]:
+    """Issue 37: a router computed in bf16 where its code keeps float32 (DeepSeek-V3's
+    float32 logits and sigmoid, Mixtral's float32 softmax), on a mixed-precision device
+    that keeps the code's float32 islands: named at the gate from its weights, which its
+    own logits do not give in float32 (compare/router_precision.py). Full tensors only:
+    statistics do not hold the logits and weights whole."""
+    if not full:
+        return []
+    cases: list[Case] = []
+    for kind in ("deepseek-v3", "mixtral"):
+        cases += [
+            Case(f"{kind} bf16-mixed [{lvl}]", mixed(kind), full, device="emu:bf16-mixed"),
+            Case(
+                f"{kind} bf16-mixed, fault gate computed in bf16 [{lvl}]",
+                mixed(kind, bf16_gate),
+                full,
+                device="emu:bf16-mixed",
+                expect="layers.0.mlp.gate",
+                fast=kind == "deepseek-v3",
+            ),
+        ]
+    return cases
 
 
 def _controls(full: bool, lvl: str, faults: bool) -> list[Case]:
