@@ -712,20 +712,29 @@ def bf16_gate(model: nn.Module) -> None:
         gate.forward = forward_in_bf16
 
 
-def mixed(kind: str, fault: Callable[[nn.Module], None] | None = None) -> Workload:
-    """One forward of a tiny HF model of ``kind`` stored in bf16 on the actual side (an
-    ``emu:bf16-mixed`` device keeps the code's float32 islands, the router's among them)."""
+def mixed(
+    kind: str, fault: Callable[[nn.Module], None] | None = None, train: bool = False
+) -> Workload:
+    """One forward (``train``: a training step) of a tiny HF model of ``kind`` stored in
+    bf16 on the actual side (an ``emu:bf16-mixed`` device keeps the code's float32 islands,
+    the router's among them)."""
 
     def run(side: Side) -> None:
-        model = hf_model(kind).eval()
+        model = hf_model(kind)
+        model.train(train)
         if side.actual:
             model = model.to(torch.bfloat16)
         if side.fault and fault is not None:
             fault(model)
+        if train:
+            with side.numerics(), side.monitor(model, backward=True):
+                model(**batch()).loss.backward()
+            return
         with side.numerics(), side.monitor(model), torch.no_grad():
             model(input_ids=batch()["input_ids"])
 
-    run.__doc__ = f"one forward of a tiny {kind} stored in bf16"
+    what = "training step" if train else "forward"
+    run.__doc__ = f"one {what} of a tiny {kind} stored in bf16"
     return run
 
 
@@ -739,17 +748,28 @@ def _gates(full: bool, lvl: str) -> list[Case]:
         return []
     cases: list[Case] = []
     for kind in ("deepseek-v3", "mixtral"):
-        cases += [
-            Case(f"{kind} bf16-mixed [{lvl}]", mixed(kind), full, device="emu:bf16-mixed"),
-            Case(
-                f"{kind} bf16-mixed, fault gate computed in bf16 [{lvl}]",
-                mixed(kind, bf16_gate),
-                full,
-                device="emu:bf16-mixed",
-                expect="layers.0.mlp.gate",
-                fast=kind == "deepseek-v3",
-            ),
-        ]
+        for train in (False, True):
+            step = " training step" if train else ""
+            cases += [
+                Case(
+                    f"{kind}{step} bf16-mixed [{lvl}]",
+                    mixed(kind, train=train),
+                    full,
+                    device="emu:bf16-mixed",
+                ),
+                Case(
+                    f"{kind}{step} bf16-mixed, fault gate computed in bf16 [{lvl}]",
+                    mixed(kind, bf16_gate, train),
+                    full,
+                    device="emu:bf16-mixed",
+                    expect="layers.0.mlp.gate",
+                    fast=kind == "deepseek-v3" and not train,
+                ),
+            ]
+    # routers whose code computes in bf16 (their weights stored in bf16) or keeps float32
+    # elsewhere: clean on the mixed-precision device too
+    for kind in ("gpt-oss", "qwen3-moe", "mixtral-batched"):
+        cases.append(Case(f"{kind} bf16-mixed [{lvl}]", mixed(kind), full, device="emu:bf16-mixed"))
     return cases
 
 

@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import torch
 
-from precguard.numerics import precision_class, unit_roundoff
+from precguard.numerics import PRECISION_CLASSES, precision_class, unit_roundoff
 
 #: how the reason for a router computing below its precision begins (compare/routing.py
 #: tells its finding by it)
@@ -84,7 +84,7 @@ def fit_form(
 
 def coarser(found: str, asked: str) -> bool:
     """Whether the precision class ``found`` is coarser than the dtype ``asked``."""
-    if found not in ("float32", "float16", "bfloat16"):
+    if found not in PRECISION_CLASSES:
         return True  # below bfloat16
     return unit_roundoff(found) > unit_roundoff(asked)
 
@@ -121,7 +121,7 @@ def lowered_weights(
     found = precision_class(a_res)
     if not coarser(found, asked[1]):
         return ""
-    if found not in ("float32", "float16", "bfloat16"):
+    if found not in PRECISION_CLASSES:
         found = "less than bfloat16"
     return (
         f"{LOWERED} in {asked[1]}: recomputed "
