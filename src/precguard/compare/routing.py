@@ -49,6 +49,10 @@ the experts). The rules here (docs/compare.md, "Mixture of experts"):
   Records whose shapes differ there (an expert's token count) pass when the
   router's choice is explained, counted as shape mismatches.
 
+A router's own weights are also recomputed from its own logits and indices
+(router_precision.py): when they are not what those give at the precision its code
+asks for (a float32 island computed in bf16), that is a finding at the router.
+
 Only routers whose scores rank their indices are judged by margins (the golden's
 indices must be the top-k of one of its float outputs); another router (a
 learned bias added before the top-k, group-limited routing: DeepSeek-V3) is
@@ -150,7 +154,8 @@ class Routing(RowsRemeasure):
             s.explain_all()  # judged by the router's verdict, not by an error
             s.found = status == "fail"
             return r.model_copy(update={"metrics": metrics})
-        if f.kind == "weights" and f.router.lowered is not None and f.pair in f.router.weights:
+        own = any(f.pair is w for w in f.router.weights)
+        if f.kind == "weights" and f.router.lowered is not None and own:
             # the router's own weights, not what its own logits give at the precision its
             # code asks for (compare/router_precision.py): a finding at the router
             s.found = True
