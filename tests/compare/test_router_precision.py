@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 import precguard
 from precguard import resolve_backend
-from precguard.backends.emu.mode import EmuMode
+from tests.realstacks.corpus import Bf16Kernels
 
 TOKENS, HIDDEN, EXPERTS, K = 64, 32, 8, 2
 
@@ -40,7 +40,7 @@ class _Router(nn.Module):
         if not self.in_bf16:
             return self._forward(h)
         # the device computes this float32 code in bf16 (every op rounded to bf16)
-        with EmuMode(resolve_backend("emu:bf16").profile, None):
+        with Bf16Kernels():
             return self._forward(h)
 
 

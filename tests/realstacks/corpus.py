@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
 
 import precguard
 from precguard import resolve_backend
@@ -694,19 +696,40 @@ def _routers(full: bool, lvl: str) -> list[Case]:
     return cases + _controls(full, lvl, faults=True)
 
 
-def bf16_gate(model: nn.Module) -> None:
-    """Plant a gate computed in bf16 where its code keeps float32: every op of each layer's
-    router rounds to bf16 (an ``emu:bf16`` dispatch mode around its forward, as a device
-    whose float32 kernels compute in bf16), its outputs still stored as the code says."""
-    from precguard.backends.emu.mode import EmuMode
+class Bf16Kernels(TorchDispatchMode):
+    """A device whose float32 kernels compute in bf16: every float32 result an op writes is
+    rounded to bf16, still stored as float32 (views pass through: they hold what an op
+    wrote). Ops inside it run through the modes below it (the ``emu:`` profile's)."""
 
-    profile = resolve_backend("emu:bf16").profile
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func.is_view or torch.Tag.inplace_view in func.tags:
+            return out
+        if func._schema.is_mutable:  # written in place: round what it wrote, in place
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
+                    t.copy_(t.to(torch.bfloat16))
+            return out
+        return tree_map(_in_bf16, out)
+
+
+def _in_bf16(t: Any) -> Any:
+    if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
+        return t.to(torch.bfloat16).to(torch.float32)
+    return t
+
+
+def bf16_gate(model: nn.Module) -> None:
+    """Plant a gate computed in bf16 where its code keeps float32: each layer's router runs
+    under :class:`Bf16Kernels`, its outputs stored as its code says."""
     for layer in model.model.layers:
         gate = layer.mlp.gate
         original = gate.forward
 
         def forward_in_bf16(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
-            with EmuMode(profile, None):
+            with Bf16Kernels():
                 return _original(*args, **kwargs)
 
         gate.forward = forward_in_bf16
