@@ -124,11 +124,10 @@ def lowered_weights(
     if found not in PRECISION_CLASSES:
         found = "less than bfloat16"
     return (
-        f"{LOWERED} in {asked[1]}: recomputed "
-        f"(as the {name} of its logits x {scale:.4g}) on the {g_idx.shape[0]} tokens both "
-        f"runs routed alike they differ by {a_res:.3g}, one {found} rounding, where the "
-        f"golden's differ by {g_res:.3g}: the gate computed in {found} where its code keeps "
-        f"{asked[1]} (the reference keeps the router in {asked[1]}); compute it in {asked[1]}"
+        f"{LOWERED} in {asked[1]} (recomputed as the {name} of its logits, x {scale:.4g}, on "
+        f"the {g_idx.shape[0]} tokens both runs routed alike, they differ by {a_res:.3g}, a "
+        f"{found} rounding; the golden's by {g_res:.3g}): it computed in {found} where its "
+        f"code keeps {asked[1]}; compute the router in {asked[1]}"
     )
 
 
