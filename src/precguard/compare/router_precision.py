@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import torch
 
-from precguard.numerics import PRECISION_CLASSES, precision_class, unit_roundoff
+from precguard.numerics import PRECISION_CLASSES, precision_class, relative_l2, unit_roundoff
 
 #: how the reason for a router computing below its precision begins (compare/routing.py
 #: tells its finding by it)
@@ -59,8 +59,7 @@ FORMS: dict[str, Form] = {
 
 
 def _residual(weights: torch.Tensor, fitted: torch.Tensor) -> float:
-    norm = float(weights.norm())
-    return float((weights - fitted).norm()) / norm if norm > 0 else 0.0
+    return relative_l2(float((weights - fitted).norm()), float(weights.norm()))
 
 
 def fit_form(
