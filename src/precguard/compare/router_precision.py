@@ -31,11 +31,18 @@ precision (an ``emu:bf16`` device that rounds every op: bf16 weights are its num
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 
-from precguard.numerics import PRECISION_CLASSES, precision_class, relative_l2, unit_roundoff
+from precguard.numerics import (
+    PRECISION_CLASSES,
+    SIGNIFICAND_BITS,
+    precision_class,
+    relative_l2,
+    unit_roundoff,
+)
 
 #: how the reason for a router computing below its precision begins (compare/routing.py
 #: tells its finding by it)
@@ -102,6 +109,8 @@ def lowered_weights(
     were asked for; ``rows``: the tokens both runs routed alike (all when None). None
     when no form gives the golden's weights within its own precision.
     """
+    if any(p not in SIGNIFICAND_BITS for p in asked):
+        return None  # a precision with no unit roundoff to compare with
     g_lg, g_idx, g_w = (t.double() for t in golden)
     a_lg, a_idx, a_w = (t.double() for t in actual)
     if rows is not None:
@@ -117,6 +126,8 @@ def lowered_weights(
     if coarser(precision_class(g_res), asked[0]):
         return None  # not a form the golden computes (or its own precision is lower)
     a_res = _residual(a_w, scale * FORMS[name](a_lg, a_idx))
+    if not math.isfinite(a_res):
+        return None  # non-finite values: a finding of their own, not a precision
     found = precision_class(a_res)
     if not coarser(found, asked[1]):
         return ""
