@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
 
 import precguard
 from precguard import resolve_backend
@@ -680,6 +682,7 @@ def _routers(full: bool, lvl: str) -> list[Case]:
                     expect=experts,
                 ),
             ]
+    cases += _gates(full, lvl)
     if not full:  # 3 % on the shared expert is below what statistics tell (docs/realworld.md)
         return cases + _controls(full, lvl, faults=False)
     cases.append(
@@ -691,6 +694,106 @@ def _routers(full: bool, lvl: str) -> list[Case]:
         )
     )
     return cases + _controls(full, lvl, faults=True)
+
+
+class Bf16Kernels(TorchDispatchMode):
+    """A device whose float32 kernels compute in bf16: every float32 result an op writes is
+    rounded to bf16, still stored as float32 (views pass through: they hold what an op
+    wrote). Ops inside it run through the modes below it (the ``emu:`` profile's)."""
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func.is_view or torch.Tag.inplace_view in func.tags:
+            return out
+        if func._schema.is_mutable:  # written in place: round what it wrote, in place
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
+                    t.copy_(t.to(torch.bfloat16))
+            return out
+        return tree_map(_in_bf16, out)
+
+
+def _in_bf16(t: Any) -> Any:
+    if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
+        return t.to(torch.bfloat16).to(torch.float32)
+    return t
+
+
+def bf16_gate(model: nn.Module) -> None:
+    """Plant a gate computed in bf16 where its code keeps float32: each layer's router runs
+    under :class:`Bf16Kernels`, its outputs stored as its code says."""
+    for layer in model.model.layers:
+        gate = layer.mlp.gate
+        original = gate.forward
+
+        def forward_in_bf16(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            with Bf16Kernels():
+                return _original(*args, **kwargs)
+
+        gate.forward = forward_in_bf16
+
+
+def mixed(
+    kind: str, fault: Callable[[nn.Module], None] | None = None, train: bool = False
+) -> Workload:
+    """One forward (``train``: a training step) of a tiny HF model of ``kind`` stored in
+    bf16 on the actual side (an ``emu:bf16-mixed`` device keeps the code's float32 islands,
+    the router's among them)."""
+
+    def run(side: Side) -> None:
+        model = hf_model(kind)
+        model.train(train)
+        if side.actual:
+            model = model.to(torch.bfloat16)
+        if side.fault and fault is not None:
+            fault(model)
+        if train:
+            with side.numerics(), side.monitor(model, backward=True):
+                model(**batch()).loss.backward()
+            return
+        with side.numerics(), side.monitor(model), torch.no_grad():
+            model(input_ids=batch()["input_ids"])
+
+    what = "training step" if train else "forward"
+    run.__doc__ = f"one {what} of a tiny {kind} stored in bf16"
+    return run
+
+
+def _gates(full: bool, lvl: str) -> list[Case]:
+    """Issue 37: a router computed in bf16 where its code keeps float32 (DeepSeek-V3's
+    float32 logits and sigmoid, Mixtral's float32 softmax), on a mixed-precision device
+    that keeps the code's float32 islands: named at the gate from its weights, which its
+    own logits do not give in float32 (compare/router_precision.py). Full tensors only:
+    statistics do not hold the logits and weights whole."""
+    if not full:
+        return []
+    cases: list[Case] = []
+    for kind in ("deepseek-v3", "mixtral"):
+        for train in (False, True):
+            step = " training step" if train else ""
+            cases += [
+                Case(
+                    f"{kind}{step} bf16-mixed [{lvl}]",
+                    mixed(kind, train=train),
+                    full,
+                    device="emu:bf16-mixed",
+                ),
+                Case(
+                    f"{kind}{step} bf16-mixed, fault gate computed in bf16 [{lvl}]",
+                    mixed(kind, bf16_gate, train),
+                    full,
+                    device="emu:bf16-mixed",
+                    expect="layers.0.mlp.gate",
+                    fast=kind == "deepseek-v3" and not train,
+                ),
+            ]
+    # routers whose code computes in bf16 (their weights stored in bf16) or keeps float32
+    # elsewhere: clean on the mixed-precision device too
+    for kind in ("gpt-oss", "qwen3-moe", "mixtral-batched"):
+        cases.append(Case(f"{kind} bf16-mixed [{lvl}]", mixed(kind), full, device="emu:bf16-mixed"))
+    return cases
 
 
 def _controls(full: bool, lvl: str, faults: bool) -> list[Case]:

@@ -49,6 +49,10 @@ the experts). The rules here (docs/compare.md, "Mixture of experts"):
   Records whose shapes differ there (an expert's token count) pass when the
   router's choice is explained, counted as shape mismatches.
 
+A router's own weights are also recomputed from its own logits and indices
+(router_precision.py): when they are not what those give at the precision its code
+asks for (a float32 island computed in bf16), that is a finding at the router.
+
 Only routers whose scores rank their indices are judged by margins (the golden's
 indices must be the top-k of one of its float outputs); another router (a
 learned bias added before the top-k, group-limited routing: DeepSeek-V3) is
@@ -69,6 +73,7 @@ from collections.abc import Iterable
 
 from precguard.compare.levels import metrics_with
 from precguard.compare.report import Metrics, RecordResult
+from precguard.compare.router_precision import LOWERED
 from precguard.compare.routing_find import Follower, Pair, Router, is_index_dtype
 from precguard.compare.routing_judge import margin_tolerance
 from precguard.compare.routing_rows import RowsRemeasure
@@ -149,6 +154,13 @@ class Routing(RowsRemeasure):
             s.explain_all()  # judged by the router's verdict, not by an error
             s.found = status == "fail"
             return r.model_copy(update={"metrics": metrics})
+        own = any(f.pair is w for w in f.router.weights)
+        if f.kind == "weights" and f.router.lowered is not None and own:
+            # the router's own weights, not what its own logits give at the precision its
+            # code asks for (compare/router_precision.py): a finding at the router
+            s.found = True
+            note = f.router.lowered
+            return r.model_copy(update={"metrics": r.metrics.model_copy(update={"note": note})})
         if status == "fail":
             # it follows a routing that is itself wrong: the router is the finding
             if r.metrics.level == "none":
@@ -190,6 +202,8 @@ def index_reason(module: str, module_type: str, r: RecordResult, ins: str) -> st
     """The reason a failing integer record names its module: indices that differ, counted as
     indices (a router's re-routing beyond near-ties, with its own note), or None."""
     m = r.metrics
+    if m is not None and m.note and m.note.startswith(LOWERED):
+        return f"{module} ({module_type}): its {ins} match but {m.note}"
     if m is None or m.level not in ("exact", "stats") or not is_index_dtype(r.golden_dtype):
         return None
     if m.rerouted is not None and m.note:

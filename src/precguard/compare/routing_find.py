@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import torch
 
 from precguard.compare.expert_rows import ranks, routed_alike, rows_of
-from precguard.compare.metrics import is_float_dtype
+from precguard.compare.metrics import is_float_dtype, precision
+from precguard.compare.router_precision import lowered_weights
 from precguard.compare.tolerance import Profile
 from precguard.dump.schema import Record
 from precguard.dump.tensors import TensorStore
@@ -46,6 +47,9 @@ class Router:
     same: torch.Tensor | None = None
     #: whether an output of the router ranks its indices (False: judged from its scores only)
     ranked: bool = True
+    #: why the actual computed its weights below the precision its code asks for
+    #: (compare/router_precision.py), None when it did not or this cannot be told
+    lowered: str | None = None
     consumers: list[tuple[str, int]] = field(default_factory=list)
 
     @property
@@ -118,7 +122,44 @@ class RouterFinder:
         router.weights = [p for p in floats if p[0].shape[-1] == k and p[0].shape == p[1].shape]
         self._rank_scores(router, candidates)
         self._actual_choice(router)
+        router.lowered = self._lowered(router, candidates, members)
         return router
+
+    def _lowered(self, router: Router, candidates: list[Pair], members: list[Pair]) -> str | None:
+        """Why the actual computed its routing weights below the precision asked (full
+        tensors of logits, indices and weights on both sides; compare/router_precision.py)."""
+        if router.g_idx is None or router.a_idx is None or not router.weights:
+            return None
+        weights = router.weights[0]
+        g_w, a_w = self._full(weights)
+        if g_w is None or a_w is None:
+            return None
+        asked = (self._asked(weights[0], members, 0), self._asked(weights[1], members, 1))
+        rows = router.same
+        for p in candidates:
+            g_lg, a_lg = self._full(p)
+            if g_lg is None or a_lg is None or p[0].shape != p[1].shape:
+                continue
+            tokens = router.tokens
+            why = lowered_weights(
+                (g_lg.reshape(tokens, -1), router.g_idx, g_w.reshape(tokens, -1)),
+                (a_lg.reshape(tokens, -1), router.a_idx, a_w.reshape(tokens, -1)),
+                asked,
+                rows,
+            )
+            if why is not None:
+                return why or None
+        return None
+
+    def _asked(self, rec: Record, members: list[Pair], side: int) -> str:
+        """The precision a router's output was asked for on ``side``: its stored dtype when
+        the run's dtypes are the code's (no compute precision declared, or the router's
+        inputs stored in it), else the less precise of it and the declared compute one."""
+        compute = rec.compute_dtype or self.computes[side]
+        if compute is None:
+            return rec.dtype
+        code_dtypes = any(p[side].role == "input" and p[side].dtype == compute for p in members)
+        return rec.dtype if code_dtypes else precision(rec.dtype, compute)
 
     def _rank_scores(self, router: Router, candidates: list[Pair]) -> None:
         """The router's scores: the float output its golden indices are the top-k of, or

@@ -1,0 +1,144 @@
+"""A router's weights recomputed from its own logits: the precision the gate computed in.
+
+Reference mixture-of-experts code keeps the router's arithmetic in float32 inside a
+low-precision model (DeepSeek-V3's ``F.linear(h.float(), w.float())`` and sigmoid,
+Mixtral's ``softmax(logits.float())``): the routing weights it returns are stored in
+float32. A device that computes those float32 ops in bf16 (a precision mode for float32
+kernels) returns weights of the same dtype whose error is one bf16 rounding, which the
+error its inputs carry explains: judged by size, such a gate passes (docs/realworld.md).
+
+Its *own* arithmetic can be measured apart from what it was given, because the router
+records both ends of it: the logits (an output, shape ``[tokens, experts]``), the
+chosen experts (the indices) and the weights. The weights are a fixed function of the
+logits and indices, one of the forms routers use (:data:`FORMS`):
+``softmax(l)[idx]``, that normalized over the chosen experts (= the softmax of the
+chosen logits: Mixtral, Qwen3-MoE, gpt-oss), ``sigmoid(l)[idx]`` and that normalized
+(DeepSeek-V3), each times a constant scale (``routed_scaling_factor``). The form and
+the scale are the ones that reproduce the *golden's* weights from the golden's logits
+to float32 rounding; applied in float64 to the *actual's* logits and indices, the
+relative residual of the actual's weights is the rounding of the actual's own
+arithmetic alone, whatever error its logits carry. Its format is
+:func:`precguard.numerics.precision_class` (the nearest unit roundoff in bits); a
+class coarser than the precision the weights were asked for is the gate computing in
+lower precision than its code says: a finding at the router, on the tokens both runs
+routed alike.
+
+The precision asked for is the weights' stored dtype where the run's dtypes are the
+code's (no compute precision declared, or the router's inputs stored in it: an fp32
+output beside bf16 inputs is an island the code upcast to), else the declared compute
+precision (an ``emu:bf16`` device that rounds every op: bf16 weights are its numerics).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from precguard.numerics import (
+    PRECISION_CLASSES,
+    SIGNIFICAND_BITS,
+    precision_class,
+    relative_l2,
+    unit_roundoff,
+)
+
+#: how the reason for a router computing below its precision begins (compare/routing.py
+#: tells its finding by it)
+LOWERED = "its routing weights are not what its own logits give"
+
+#: a form: (logits as float64 [tokens, experts], indices [tokens, k]) -> unscaled weights
+Form = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _normalized(w: torch.Tensor) -> torch.Tensor:
+    return w / w.sum(dim=-1, keepdim=True)
+
+
+#: the routers' weight forms, by name (the name is said in the finding)
+FORMS: dict[str, Form] = {
+    "softmax over every expert": lambda lg, idx: torch.softmax(lg, dim=-1).gather(1, idx),
+    "softmax over the chosen": lambda lg, idx: torch.softmax(lg.gather(1, idx), dim=-1),
+    "sigmoid": lambda lg, idx: torch.sigmoid(lg).gather(1, idx),
+    "normalized sigmoid": lambda lg, idx: _normalized(torch.sigmoid(lg).gather(1, idx)),
+}
+
+
+def _residual(weights: torch.Tensor, fitted: torch.Tensor) -> float:
+    return relative_l2(float((weights - fitted).norm()), float(weights.norm()))
+
+
+def fit_form(
+    logits: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor
+) -> tuple[str, float, float] | None:
+    """The form and scale that give ``weights`` from ``logits`` and ``idx`` (float64, rows
+    of tokens), with the relative residual: the best of :data:`FORMS`, None when none is
+    defined (non-finite values, a zero candidate)."""
+    best: tuple[str, float, float] | None = None
+    for name, form in FORMS.items():
+        cand = form(logits, idx)
+        denom = float((cand * cand).sum())
+        if denom <= 0 or not torch.isfinite(cand).all():
+            continue
+        scale = float((weights * cand).sum()) / denom
+        res = _residual(weights, scale * cand)
+        if best is None or res < best[2]:
+            best = (name, scale, res)
+    return best
+
+
+def coarser(found: str, asked: str) -> bool:
+    """Whether the precision class ``found`` is coarser than the dtype ``asked``."""
+    if found not in PRECISION_CLASSES:
+        return True  # below bfloat16
+    return unit_roundoff(found) > unit_roundoff(asked)
+
+
+def lowered_weights(
+    golden: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    actual: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    asked: tuple[str, str],
+    rows: torch.Tensor | None = None,
+) -> str | None:
+    """Why the actual router computed its weights below the precision asked: "" when it
+    did not, None when this cannot be told.
+
+    ``golden`` and ``actual``: (logits ``[tokens, experts]``, indices ``[tokens, k]``,
+    weights ``[tokens, k]``) of each side; ``asked``: the precision each side's weights
+    were asked for; ``rows``: the tokens both runs routed alike (all when None). None
+    when no form gives the golden's weights within its own precision.
+    """
+    if any(p not in SIGNIFICAND_BITS for p in asked):
+        return None  # a precision with no unit roundoff to compare with
+    g_lg, g_idx, g_w = (t.double() for t in golden)
+    a_lg, a_idx, a_w = (t.double() for t in actual)
+    if rows is not None:
+        g_lg, g_idx, g_w = g_lg[rows], g_idx[rows], g_w[rows]
+        a_lg, a_idx, a_w = a_lg[rows], a_idx[rows], a_w[rows]
+    if g_idx.numel() == 0:
+        return None
+    g_idx, a_idx = g_idx.long(), a_idx.long()
+    fit = fit_form(g_lg, g_idx, g_w)
+    if fit is None:
+        return None
+    name, scale, g_res = fit
+    if coarser(precision_class(g_res), asked[0]):
+        return None  # not a form the golden computes (or its own precision is lower)
+    a_res = _residual(a_w, scale * FORMS[name](a_lg, a_idx))
+    if not math.isfinite(a_res):
+        return None  # non-finite values: a finding of their own, not a precision
+    found = precision_class(a_res)
+    if not coarser(found, asked[1]):
+        return ""
+    if found not in PRECISION_CLASSES:
+        found = "less than bfloat16"
+    return (
+        f"{LOWERED} in {asked[1]} (recomputed as the {name} of its logits, x {scale:.4g}, on "
+        f"the {g_idx.shape[0]} tokens both runs routed alike, they differ by {a_res:.3g}, a "
+        f"{found} rounding; the golden's by {g_res:.3g}): it computed in {found} where its "
+        f"code keeps {asked[1]}; compute the router in {asked[1]}"
+    )
+
+
+__all__ = ["FORMS", "LOWERED", "coarser", "fit_form", "lowered_weights"]
