@@ -32,6 +32,7 @@ from precguard.dump.paths import (
     resolve_member,
 )
 from precguard.dump.schema import SCHEMA_VERSION, Manifest, RankStatus, Record
+from precguard.dump.shared_fields import share_fields_set
 from precguard.dump.tensors import TensorStore
 from precguard.dump.untrusted import (
     MAX_DOCUMENT_BYTES,
@@ -177,6 +178,7 @@ class Run:
                     f"{shown_path} line {lineno}: {_line_problem(line, exc)}"
                 ) from None
             checker.check(rec, lineno)
+            share_fields_set(rec)  # a step's records are held at once: 1.4 KB less each
             yield rec
         checker.check_end(self.manifest)
 
