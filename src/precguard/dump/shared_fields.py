@@ -36,6 +36,8 @@ class SharedFieldsSet(set[str]):
         return set(self)
 
 
+#: whether a model class is frozen, by class
+_FROZEN: dict[type[BaseModel], bool] = {}
 #: each distinct set of names, kept once (a handful per model class)
 _SHARED: dict[frozenset[str], SharedFieldsSet] = {}
 
@@ -49,7 +51,11 @@ def share_fields_set(model: BaseModel, *, nested: bool = True) -> None:
     >>> rec = Record.model_validate_json(line)      # doctest: +SKIP
     >>> share_fields_set(rec)                       # doctest: +SKIP
     """
-    if not model.model_config.get("frozen"):
+    cls = type(model)
+    frozen = _FROZEN.get(cls)
+    if frozen is None:
+        frozen = _FROZEN[cls] = bool(model.model_config.get("frozen"))
+    if not frozen:
         return
     names = model.__pydantic_fields_set__
     if type(names) is not SharedFieldsSet:

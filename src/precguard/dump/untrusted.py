@@ -347,6 +347,7 @@ __all__ = [
     "file_size",
     "first_error",
     "iter_json_lines",
+    "iter_json_lines_at",
     "memory_limit",
     "open_regular",
     "parse_json",
