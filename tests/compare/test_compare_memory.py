@@ -14,11 +14,10 @@ import json
 import tracemalloc
 from pathlib import Path
 
+import torch
+
 import precguard
-from precguard.compare.options import CompareOptions
-from precguard.dump.paths import RECORDS_FILE, rank_dir
-from precguard.dump.schema import Record
-from precguard.dump.writer import RunWriter, prepare_run_dir
+from precguard import CompareOptions, Manifest, Record
 
 #: module calls in the one step: each records its input and its output
 CALLS = 1000
@@ -29,8 +28,17 @@ FAULTY = 617
 def _record_step(path: Path, *, fault: bool, calls: int = CALLS) -> Path:
     """A one-rank, one-step recording of statistics records: ``calls`` Linear calls, each
     recording its input and output, the actual's output of call FAULTY 1 % too large."""
-    prepare_run_dir(path)
-    RunWriter(path, rank=0, world_size=1, model="Synthetic").close(steps=1)
+    (path / "rank0").mkdir(parents=True)
+    manifest = Manifest(
+        precguard_version=precguard.__version__,
+        torch_version=torch.__version__,
+        device="cpu",
+        model="Synthetic",
+        world_size=1,
+        created="2026-12-04T00:00:00Z",
+        run_id=path.name,  # each side its own run: compare refuses one run with itself
+    )
+    (path / "manifest.json").write_text(manifest.model_dump_json(), encoding="utf-8")
     lines = []
     for seq in range(2 * calls):
         call, out = divmod(seq, 2)
@@ -69,13 +77,13 @@ def _record_step(path: Path, *, fault: bool, calls: int = CALLS) -> Path:
             }
         )
     text = "".join(json.dumps(line) + "\n" for line in lines)
-    (rank_dir(path, 0) / RECORDS_FILE).write_text(text, encoding="utf-8")
+    (path / "rank0" / "records.jsonl").write_text(text, encoding="utf-8")
     return path
 
 
 def _parsed_bytes(path: Path) -> float:
     """Bytes one record takes held as parsed (a Record model), measured here."""
-    lines = (rank_dir(path, 0) / RECORDS_FILE).read_bytes().splitlines()
+    lines = (path / "rank0" / "records.jsonl").read_bytes().splitlines()
     gc.collect()
     tracemalloc.start()
     try:
