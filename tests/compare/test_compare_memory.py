@@ -14,6 +14,7 @@ import json
 import tracemalloc
 from pathlib import Path
 
+import pytest
 import torch
 
 import precguard
@@ -142,6 +143,7 @@ def test_a_streamed_step_is_judged_as_one_aligned_in_memory(tmp_path: Path) -> N
 def test_a_steps_records_are_held_as_offsets(tmp_path: Path) -> None:
     golden = _record_step(tmp_path / "golden", fault=False)
     run = precguard.load_run(golden)
+    list(run.steps(0))  # what a first read caches (the rank folders), not measured
     gc.collect()
     tracemalloc.start()
     try:
@@ -155,3 +157,12 @@ def test_a_steps_records_are_held_as_offsets(tmp_path: Path) -> None:
     assert held < 3 * 8 * 1.125 * len(step) + 1024 + 4096, held
     assert [r.key for r in step] == [r.key for r in run.records(0)]
     assert step[FAULTY].key == next(r.key for r in run.records(0) if r.seq == FAULTY)
+
+
+def test_a_records_file_changed_under_a_streamed_step_is_refused(tmp_path: Path) -> None:
+    golden = _record_step(tmp_path / "golden", fault=False)
+    [step] = list(precguard.load_run(golden).steps(0))
+    records = golden / "rank0" / "records.jsonl"
+    records.write_bytes(records.read_bytes()[100:])  # cut while compare holds the step
+    with pytest.raises(precguard.DumpFormatError, match="changed while it was read"):
+        list(step)
