@@ -30,8 +30,9 @@ from __future__ import annotations
 import difflib
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 from precguard.dump.schema import Record
 from precguard.errors import UsageError
@@ -400,3 +401,48 @@ def _pick(golden: Record, candidates: list[Record]) -> Record | None:
         if c.dtype == golden.dtype:
             return c
     return same_shape[0] if same_shape else None
+
+
+class InOrder(Sequence[tuple[Record, Record]]):
+    """The pairs of two steps that recorded the same records in the same order: the i-th
+    golden record with the i-th actual one, read when used (``StepRecords`` keeps a big
+    step's records in their files, not in memory)."""
+
+    __slots__ = ("actual", "golden")
+
+    def __init__(self, golden: Sequence[Record], actual: Sequence[Record]) -> None:
+        self.golden = golden
+        self.actual = actual
+
+    def __len__(self) -> int:
+        return len(self.golden)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[Record, Record]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[Record, Record]]: ...
+
+    def __getitem__(
+        self, index: int | slice
+    ) -> tuple[Record, Record] | list[tuple[Record, Record]]:
+        if isinstance(index, slice):
+            return list(zip(self.golden[index], self.actual[index], strict=True))
+        return self.golden[index], self.actual[index]
+
+    def __iter__(self) -> Iterator[tuple[Record, Record]]:
+        return zip(self.golden, self.actual, strict=True)
+
+
+def pairs_in_order(golden: Record, actual: Record) -> bool:
+    """Whether :func:`align` pairs ``golden`` with ``actual`` as they stand when both steps
+    hold the same keys (and call names) once each, in the same order: the same key, module
+    and name, no wrapper's record, and no wrapper in the name (nothing to rename; the
+    renamer has no ``--map`` rules)."""
+    if golden.key != actual.key or golden.module != actual.module:
+        return False
+    if golden.role in _CALL_IO and golden.name != actual.name:
+        return False
+    if golden.module_type in WRAPPER_TYPES or actual.module_type in WRAPPER_TYPES:
+        return False
+    return not any(part in WRAPPER_SEGMENTS for part in golden.module.split("."))

@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator
-from itertools import groupby
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from precguard._logging import get_logger
 from precguard.compare import hints
-from precguard.compare.align import WRAPPER_TYPES, Renamer, align, fsdp2_class
+from precguard.compare.align import (
+    WRAPPER_TYPES,
+    InOrder,
+    Renamer,
+    align,
+    fsdp2_class,
+    pairs_in_order,
+)
 from precguard.compare.coverage import (
     Coverage,
     CoverageTracker,
@@ -56,6 +62,8 @@ from precguard.compare.report import (
     Status,
     Unmatched,
 )
+from precguard.compare.routing import Routing
+from precguard.compare.routing_find import is_index_dtype
 from precguard.compare.rule import Explanations, StepContext
 from precguard.compare.tolerance import Profile, with_bias
 from precguard.compare.units import OneSided, ShardResult, UnitResult
@@ -63,6 +71,7 @@ from precguard.compare.verdict import JudgeInputs, run_rules
 from precguard.dump.paths import RECORDS_FILE, rank_dir
 from precguard.dump.reader import Run, load_run
 from precguard.dump.schema import Record
+from precguard.dump.step_records import StepRecords
 from precguard.dump.tensors import TensorStore
 from precguard.errors import DumpFormatError, PrecguardError, UsageError
 from precguard.text import shown
@@ -192,8 +201,8 @@ def compare_unit(
     a_store: TensorStore,
     r: int,
     s: int,
-    g_recs: list[Record],
-    a_recs: list[Record],
+    g_recs: Sequence[Record],
+    a_recs: Sequence[Record],
 ) -> UnitResult:
     """Compare the records of one rank and step; every worker calls this per unit.
 
@@ -218,13 +227,18 @@ def compare_unit(
         plan=plan,
         rank=r,
         step=s,
-        pairs=step_results.pairs,
+        pairs=step_results.pairs,  # type: ignore[arg-type]  # a sequence, read when used
         stores=(g_store, a_store),
-        g_recs=g_recs,
-        a_recs=a_recs,
+        g_recs=g_recs,  # type: ignore[arg-type]
+        a_recs=a_recs,  # type: ignore[arg-type]
         inputs=JudgeInputs(calibrated=_calibrated(plan, g_store, r, s, g_recs)),
+        # no golden forward output is a router's top-k indices: no router to look for
+        # among the pairs (which would read every forward pair into memory at once)
+        routes=None if step_results.routers_possible else _no_routes(plan, g_store, a_store),
     )
-    buffers = Explanations(buffer_names={g.key: g.name for g in g_recs if g.role == "buffer"})
+    buffered = _counted(g_recs, "buffers") != 0
+    names = {g.key: g.name for g in g_recs if g.role == "buffer"} if buffered else {}
+    buffers = Explanations(buffer_names=names)
     # the rules in their phases; status, local and the why line of every record
     verdict = run_rules(ctx, buffers)
     logger.debug("step_compared", rank=r, step=s, records=len(verdict.results))
@@ -242,8 +256,13 @@ def compare_unit(
     )
 
 
+def _no_routes(plan: ComparePlan, g_store: TensorStore, a_store: TensorStore) -> Routing:
+    """The routing of a step without routers (what ``Routing.of_step`` finds there)."""
+    return Routing((g_store, a_store), plan.prof, plan.tolerance_dtype, plan.computes)
+
+
 def _calibrated(
-    plan: ComparePlan, g_store: TensorStore, rank: int, step: int, g_recs: list[Record]
+    plan: ComparePlan, g_store: TensorStore, rank: int, step: int, g_recs: Sequence[Record]
 ) -> dict[str, tuple[float, float]]:
     """Per golden record key: (error, concentrated error) of the calibration run on it
     (measured for the expected-error judge only)."""
@@ -274,13 +293,21 @@ def _calibrated(
     return out
 
 
+def _counted(records: Sequence[Record], what: str) -> int | None:
+    """How many records of a streamed step have ``what`` (StepRecords counts them as they
+    are read), so that a step with none is not read again to learn it; None: not counted."""
+    return getattr(records, what) if isinstance(records, StepRecords) else None
+
+
 def _is_collective(rec: Record) -> bool:
     return rec.collective is not None and rec.module.startswith("dist.")
 
 
 def _one_sided_collectives(
-    g_recs: list[Record], a_recs: list[Record]
-) -> tuple[list[Record], list[Record], tuple[int, int]]:
+    g_recs: Sequence[Record], a_recs: Sequence[Record]
+) -> tuple[Sequence[Record], Sequence[Record], tuple[int, int]]:
+    if _counted(g_recs, "collectives") == _counted(a_recs, "collectives") == 0:
+        return g_recs, a_recs, (0, 0)
     g_dist = sum(map(_is_collective, g_recs))
     a_dist = sum(map(_is_collective, a_recs))
     if g_dist and not a_dist:
@@ -522,17 +549,18 @@ def _ranks(g_run: Run, a_run: Run, rank: int | None, warnings: list[str]) -> lis
     return common
 
 
-def _steps(run: Run, rank: int, only: int | None) -> Iterator[tuple[int, list[Record]]]:
-    for s, group in groupby(run.records(rank), key=lambda rec: rec.step):
+def _steps(run: Run, rank: int, only: int | None) -> Iterator[tuple[int, StepRecords]]:
+    for records in run.steps(rank):  # each step kept as where its records lie in the file
+        s = records.step
         if only is None or s == only:
-            yield s, list(group)
+            yield s, records
         elif s > only:
             return
 
 
 def _paired_steps(
     g_run: Run, a_run: Run, rank: int, only: int | None, warnings: list[str]
-) -> Iterator[tuple[int, list[Record], list[Record]]]:
+) -> Iterator[tuple[int, StepRecords, StepRecords]]:
     """Yield (step, golden records, actual records) for steps both recorded, in order."""
     g_iter, a_iter = _steps(g_run, rank, only), _steps(a_run, rank, only)
     g_next, a_next = next(g_iter, None), next(a_iter, None)
@@ -558,14 +586,16 @@ class _StepResults:
         self.actual_only: list[str] = []
         self.one_sided: list[OneSided] = []
         #: the aligned (golden, actual) record pairs, for the routing rules (routing.py)
-        self.pairs: list[tuple[Record, Record]] = []
+        self.pairs: Sequence[tuple[Record, Record]] = []
         #: the padded positions left out of the metrics (padding.py)
         self.left_out = LeftOut()
+        #: whether a golden forward output could be a router's top-k indices (routing.py)
+        self.routers_possible = True
 
 
 def _compare_step(
-    g_recs: list[Record],
-    a_recs: list[Record],
+    g_recs: Sequence[Record],
+    a_recs: Sequence[Record],
     g_store: TensorStore,
     a_store: TensorStore,
     profile: Profile,
@@ -573,6 +603,12 @@ def _compare_step(
     computes: tuple[str | None, str | None] = (None, None),
     renamer: Renamer | None = None,
 ) -> _StepResults:
+    in_order = _compare_in_order(
+        g_recs, a_recs, g_store, a_store, profile, tol_mode, computes, renamer
+    )
+    if in_order is not None:
+        return in_order
+    g_recs, a_recs = list(g_recs), list(a_recs)  # aligned as a whole: read into memory
     out = _StepResults()
     g_store.validate(g_recs)  # a tensor file must agree with its record, read or not
     a_store.validate(a_recs)
@@ -595,6 +631,48 @@ def _compare_step(
         out.one_sided.append(OneSided.of(side, rec))
         out.results.append(_result(rec, None, "missing", None))
     out.results.sort(key=lambda x: (x.seq, x.status == "missing"))
+    return out
+
+
+def _compare_in_order(
+    g_recs: Sequence[Record],
+    a_recs: Sequence[Record],
+    g_store: TensorStore,
+    a_store: TensorStore,
+    profile: Profile,
+    tol_mode: str,
+    computes: tuple[str | None, str | None],
+    renamer: Renamer | None,
+) -> _StepResults | None:
+    """The step measured as it streams, when both sides recorded the same records in the
+    same order (each key once): the i-th golden record pairs with the i-th actual one, as
+    :func:`~precguard.compare.align.align` would pair them, and neither side's records are
+    ever all in memory (docs/compare.md, "Memory"). None when the step needs aligning."""
+    if not (isinstance(g_recs, StepRecords) and isinstance(a_recs, StepRecords)):
+        return None
+    if (renamer is not None and renamer.rules) or not g_recs.names_like(a_recs):
+        return None
+    out = _StepResults()
+    for recs, store in ((g_recs, g_store), (a_recs, a_store)):
+        if recs.tensors:  # a tensor file must agree with its record, read or not
+            store.validate(recs)
+    # the padding masks are the root's forward inputs: only those are read
+    padding = StepPadding.of_step(g_recs.forward_roots(), a_recs.forward_roots(), g_store, a_store)
+    routers = False
+    for g, a in zip(g_recs, a_recs, strict=True):
+        if not pairs_in_order(g, a):  # a hash agreed where names do not, or a wrapper
+            return None
+        routers = routers or (
+            g.phase == "forward"
+            and g.role == "output"
+            and is_index_dtype(g.dtype)
+            and len(g.shape) >= 2
+        )
+        metrics = pair_metrics(g, a, g_store, a_store, profile, tol_mode, computes, padding)
+        out.results.append(_result(g, a, "pass", metrics))  # settled by the one pass
+    out.left_out = padding.left_out()
+    out.pairs = InOrder(g_recs, a_recs)
+    out.routers_possible = routers
     return out
 
 

@@ -312,7 +312,9 @@ class StepTrail:
         ``errors``: the measured relative error of each compared record, by golden key;
         ``a_recs`` pair with ``g_recs`` by key.
         """
-        by_key = {r.key: r for r in a_recs}
+        # only gradients and updates are looked up (a key holds its phase and role): a big
+        # step's records stay in their files (dump/step_records.py)
+        by_key = {r.key: r for r in a_recs if r.role == "grad" or is_optimizer(r.phase, r.role)}
         stepped = explain_params(self.params, self.grads, g_recs, g_tensors, a_tensors)
         out = {
             rec.key: stepped[_pid(rec)]

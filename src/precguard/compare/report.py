@@ -8,7 +8,7 @@ and ``fingerprint_diff`` (environment facts that differ between the two runs).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, Literal, TextIO, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler
@@ -19,6 +19,7 @@ from precguard.compare.coverage import Coverage
 from precguard.compare.impact_report import ErrorBudget, RemedyCheck
 from precguard.compare.levels import Metrics
 from precguard.dump.schema import Phase, Role
+from precguard.dump.shared_fields import share_fields_set
 from precguard.errors import ExitCode
 
 COMPARISON_SCHEMA_VERSION = 1
@@ -102,6 +103,19 @@ class RecordResult(RecordIdentity):
         "None where no threshold applied (missing, exact, or a rule that judged it "
         "otherwise: a router's indices, a loss's precision).",
     )
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Hold the shared set of given field names (a comparison holds a step's results at
+        once: dump/shared_fields.py)."""
+        share_fields_set(self)
+
+    def model_copy(
+        self, *, update: Mapping[str, Any] | None = None, deep: bool = False
+    ) -> RecordResult:
+        """pydantic's ``model_copy``; the copy holds the shared set of given field names."""
+        copied = super().model_copy(update=update, deep=deep)
+        share_fields_set(copied, nested=False)
+        return copied
 
 
 def _level_code(r: RecordResult) -> int:

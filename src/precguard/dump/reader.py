@@ -32,12 +32,14 @@ from precguard.dump.paths import (
     resolve_member,
 )
 from precguard.dump.schema import SCHEMA_VERSION, Manifest, RankStatus, Record
+from precguard.dump.shared_fields import share_fields_set
+from precguard.dump.step_records import StepRecords
 from precguard.dump.tensors import TensorStore
 from precguard.dump.untrusted import (
     MAX_DOCUMENT_BYTES,
     MAX_LINE_BYTES,
     first_error,
-    iter_json_lines,
+    iter_json_lines_at,
     read_json_file,
 )
 from precguard.errors import DumpFormatError
@@ -155,16 +157,41 @@ class Run:
         for r in ranks:
             yield from self._read_rank(r)
 
-    def _read_rank(self, rank: int) -> Iterator[Record]:
+    def steps(self, rank: int) -> Iterator[StepRecords]:
+        """Stream one rank's records a step at a time, each step as a
+        :class:`~precguard.dump.step_records.StepRecords`: where its records lie in the
+        file, read again when used, so a step of millions of records costs megabytes to
+        hold. Every record is checked as :meth:`records` checks it."""
+        path, shown_path = self._records_file(rank)
+        current: StepRecords | None = None
+        for offset, rec in self._read_rank_at(rank):
+            if current is None or rec.step != current.step:
+                if current is not None:
+                    yield current
+                current = StepRecords(path, shown_path, rec.step)
+            current.add(offset, rec)
+        if current is not None:
+            yield current
+
+    def _records_file(self, rank: int) -> tuple[Path, str]:
         shown_path = shown(rank_dir(self.path, rank) / RECORDS_FILE)
         path = resolve_member(
             self.path, f"{rank_dir_name(rank)}/{RECORDS_FILE}", what=f"rank {rank}"
         )
         if not path.is_file():
             raise DumpFormatError(f"{shown_path}: missing")
+        return path, shown_path
+
+    def _read_rank(self, rank: int) -> Iterator[Record]:
+        for _offset, rec in self._read_rank_at(rank):
+            share_fields_set(rec)  # a caller may hold them all: 1.4 KB less each
+            yield rec
+
+    def _read_rank_at(self, rank: int) -> Iterator[tuple[int, Record]]:
+        path, shown_path = self._records_file(rank)
         checker = _Consistency(shown_path, rank)
         # one line at a time (memory flat in the file), each at most MAX_RECORD_LINE_BYTES
-        for lineno, line in iter_json_lines(
+        for lineno, offset, line in iter_json_lines_at(
             path, what="precguard record", max_line=MAX_RECORD_LINE_BYTES
         ):
             if line is None:  # only the last line can lack its newline: a write cut short
@@ -177,7 +204,7 @@ class Run:
                     f"{shown_path} line {lineno}: {_line_problem(line, exc)}"
                 ) from None
             checker.check(rec, lineno)
-            yield rec
+            yield offset, rec
         checker.check_end(self.manifest)
 
     def tensor(self, record: Record) -> torch.Tensor:

@@ -191,11 +191,28 @@ def iter_json_lines(
     with ``max_bytes``, a file larger than that is refused before its first line
     (for a reader that keeps every line).
     """
+    for lineno, _offset, line in iter_json_lines_at(
+        path, what=what, max_line=max_line, max_bytes=max_bytes, error=error
+    ):
+        yield lineno, line
+
+
+def iter_json_lines_at(
+    path: str | os.PathLike[str],
+    *,
+    what: str,
+    max_line: int = MAX_LINE_BYTES,
+    max_bytes: int | None = None,
+    error: type[PrecguardError] = DumpFormatError,
+) -> Iterator[tuple[int, int, bytes | None]]:
+    """:func:`iter_json_lines` with where each line starts: ``(lineno, byte offset, line)``,
+    so a reader can keep the offset (8 bytes) and read the line again when it needs it."""
     shown_path = shown(path)
     with open_regular(path, what=what, error=error) as fh:
         if max_bytes is not None:
             check_size(path, file_size(fh), max_bytes, what=f"file of {what}s", error=error)
         lineno = 0
+        offset = 0
         while True:
             try:
                 line = fh.readline(max_line + 1)
@@ -209,10 +226,11 @@ def iter_json_lines(
                     f"{shown_path} line {lineno}: longer than {max_line} bytes; not a {what}"
                 )
             if not line.endswith(b"\n"):
-                yield lineno, None
+                yield lineno, offset, None
                 return
             if line.strip():
-                yield lineno, line
+                yield lineno, offset, line
+            offset += len(line)
 
 
 def first_error(exc: ValidationError) -> str:
@@ -329,6 +347,7 @@ __all__ = [
     "file_size",
     "first_error",
     "iter_json_lines",
+    "iter_json_lines_at",
     "memory_limit",
     "open_regular",
     "parse_json",
