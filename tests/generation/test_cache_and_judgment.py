@@ -8,27 +8,25 @@ import pytest
 import torch
 
 from precguard import generate_diff
-from precguard.compare.expected import rounding_floor
 from precguard.generation.decode import cache_tensors, gumbel_noise
 from precguard.generation.judge import judge_flip, kl_divergence, top_k_overlap
-from precguard.numerics import Z_SCORE as Z
-from precguard.numerics import stacked_floor as explained_error
+from precguard.numerics import Z_SCORE, rounding_floor, stacked_floor
 from tests.generation import targets as T
 
 
 def test_the_explained_logit_error_is_the_rounding_floor_grown_over_the_layers() -> None:
-    assert explained_error("bfloat16", 64, 4) == pytest.approx(2 * rounding_floor("bfloat16", 64))
+    assert stacked_floor("bfloat16", 64, 4) == pytest.approx(2 * rounding_floor("bfloat16", 64))
     # fp32 is 2**16 times more precise than bf16 in its own rounding
-    assert explained_error("float32", 64, 1) < explained_error("bfloat16", 64, 1) / 1000
+    assert stacked_floor("float32", 64, 1) < stacked_floor("bfloat16", 64, 1) / 1000
 
 
 def test_a_flip_within_the_tolerance_is_a_near_tie_and_beyond_it_a_divergence() -> None:
     gen = torch.Generator().manual_seed(0)
     golden = torch.randn(256, generator=gen) * 4
     top2 = torch.topk(golden, 2).indices.tolist()
-    explained = explained_error("bfloat16", 64, 4)
+    explained = stacked_floor("bfloat16", 64, 4)
     scale = float(golden.pow(2).mean().sqrt())
-    tolerance = Z * math.sqrt(2) * explained * scale
+    tolerance = Z_SCORE * math.sqrt(2) * explained * scale
     # the actual swaps the top two by a hair: a near-tie if they were that close already
     tied = golden.clone()
     tied[top2[1]] = golden[top2[0]] - 0.1 * tolerance
@@ -37,7 +35,7 @@ def test_a_flip_within_the_tolerance_is_a_near_tie_and_beyond_it_a_divergence() 
     verdict = judge_flip(tied, actual, top2[0], top2[1], explained=explained)
     assert verdict["kind"] == "near-tie"
     # the tolerance is taken from the golden's own logits' RMS
-    own = Z * math.sqrt(2) * explained * float(tied.pow(2).mean().sqrt())
+    own = Z_SCORE * math.sqrt(2) * explained * float(tied.pow(2).mean().sqrt())
     assert verdict["tolerance"] == pytest.approx(own)
     # the same swap between tokens 10 tolerances apart is a divergence
     far = golden.clone()
