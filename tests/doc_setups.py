@@ -137,14 +137,6 @@ def lock_held(here: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def watch_run(here: Path) -> Iterator[None]:
-    """watch.md's report: ``examples/watch_training.py runs/watch`` (40 steps, a learning
-    rate jump planted at step 30)."""
-    _run(sys.executable, str(ROOT / "examples" / "watch_training.py"), "runs/watch", cwd=here)
-    yield
-
-
-@contextlib.contextmanager
 def bitwise_runs(here: Path) -> Iterator[None]:
     """watch.md's ``bitwise``: the same 3 training steps watched with ``hashes=True``
     twice (a, b), and once with the pooling's rows summed in reverse order (c)."""
@@ -158,36 +150,42 @@ def bitwise_runs(here: Path) -> Iterator[None]:
     yield
 
 
-TESTS = (ROOT / "tests" / "guard" / "test_plugin_project.py").read_text().split('TESTS = """\\\n')
-GUARD_TEST = TESTS[1].split('"""')[0]
+#: the test file of guard.md (and of tests/guard/test_plugin_project.py)
+GUARD_TEST = (
+    (ROOT / "tests" / "guard" / "test_plugin_project.py")
+    .read_text()
+    .split('TESTS = """\\\n')[1]
+    .split('"""')[0]
+)
 
 
 @contextlib.contextmanager
-def guard_refreshed(here: Path) -> Iterator[None]:
-    """guard.md's review: a git project whose committed goldens were written before a
-    0.1 % gain was planted on layer 1, refreshed after it (``pytest
-    --precguard-update-golden``), not yet committed."""
-    project = here
-    if (project / "tests").is_symlink():  # the project's own tests/, not the repository's
-        (project / "tests").unlink()
-    (project / "tests").mkdir()
-    (project / "pytest.ini").write_text("[pytest]\ntestpaths = tests\npythonpath = .\n")
-    source = (ROOT / "tests" / "guard" / "models.py").read_text()
-    (project / "model.py").write_text(source)
-    (project / "tests" / "test_precision.py").write_text(GUARD_TEST)
-    pytest = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider")
-    _run(*pytest, "--precguard-update-golden", cwd=project)
+def guard_project(here: Path) -> Iterator[None]:
+    """guard.md's story, before its first ``pytest``: a fresh project with the plugin's
+    test file, ``tests/guard/models.py`` as ``model.py``, and a ``pytest.ini`` that says
+    ``testpaths = tests`` and ``pythonpath = .``."""
+    if (here / "tests").is_symlink():  # the project's own tests/, not the repository's
+        (here / "tests").unlink()
+    (here / "tests").mkdir()
+    (here / "pytest.ini").write_text("[pytest]\ntestpaths = tests\npythonpath = .\n")
+    shutil.copy(ROOT / "tests" / "guard" / "models.py", here / "model.py")
+    (here / "tests" / "test_precision.py").write_text(GUARD_TEST)
+    yield
+
+
+@contextlib.contextmanager
+def guard_gain(here: Path) -> Iterator[None]:
+    """guard.md's step 4: the goldens committed with the code (``git add tests/goldens``),
+    then the 0.1 % gain planted on layer 1 (``GAINS = {1: 1.001}`` in ``model.py``)."""
     git = ("git", "-c", "user.name=doc", "-c", "user.email=doc@example.com")
-    _run("git", "init", "-q", cwd=project)
-    _run(*git, "add", "pytest.ini", "model.py", "tests", cwd=project)
-    _run(*git, "commit", "-qm", "goldens", cwd=project)
-    planted = "GAINS: dict[int, float] = {1: 1.001}"
-    (project / "model.py").write_text(source.replace("GAINS: dict[int, float] = {}", planted))
-    _run(*pytest, "--precguard-update-golden", cwd=project)
-    try:
-        yield
-    finally:
-        shutil.rmtree(here.parent / "before", ignore_errors=True)
+    _run("git", "init", "-q", cwd=here)
+    _run(*git, "add", "pytest.ini", "model.py", "tests", cwd=here)
+    _run(*git, "commit", "-qm", "goldens", cwd=here)
+    source = (here / "model.py").read_text()
+    planted = source.replace("GAINS: dict[int, float] = {}", "GAINS: dict[int, float] = {1: 1.001}")
+    assert planted != source
+    (here / "model.py").write_text(planted)
+    yield
 
 
 SETUPS: dict[str, Callable[[Path], contextlib.AbstractContextManager[None]]] = {
@@ -196,7 +194,7 @@ SETUPS: dict[str, Callable[[Path], contextlib.AbstractContextManager[None]]] = {
     "renamed-blocks": renamed_blocks,
     "ranks-nan": ranks_nan,
     "lock-held": lock_held,
-    "watch-run": watch_run,
     "bitwise-runs": bitwise_runs,
-    "guard-refreshed": guard_refreshed,
+    "guard-project": guard_project,
+    "guard-gain": guard_gain,
 }

@@ -1,29 +1,33 @@
 """Every doc example marked ``<!-- doc-example -->`` is run, and its shown output checked.
 
-A marked example is a fenced block of ``$ precguard ...`` commands (``$ git ...`` and
-``$ echo $?`` too), each followed by the output the docs show (``...`` leaves lines
-out; ``>>>`` lines are Python shown beside it). Each command runs in a scratch
+A marked example is a fenced block of ``$`` commands, each followed by the output the
+docs show (``...`` leaves lines out; ``>>>`` lines are Python shown beside it).
+``precguard``, ``pytest`` and ``python`` run as this interpreter's; ``echo $?`` says the
+exit code before it; anything else (``git``, ``find ... | xargs du -b``) runs in bash;
+leading ``NAME=value`` words set the environment. Each command runs in a scratch
 directory (``examples/`` reachable as in the repository) in an 80-column terminal;
-each shown line must appear in what it printed, whitespace and panel borders aside
-(rich wraps at the terminal's width); ``...`` inside a line elides part of it. So a
-verdict, a count or a remedy's numbers that drift fail here; wall times (``0.26 s``) are
-masked on both sides, so they are never checked (issue 39).
+each shown line must appear in what it printed, whitespace, panel borders and the
+length of pytest's ``===`` rules aside; ``...`` inside a line elides part of it. So a
+verdict, a count or a remedy's numbers that drift fail here; wall times (``0.26 s``,
+``8.82s``) are masked on both sides, so they are never checked (issue 39).
 
-An example whose runs a ``$ precguard`` line cannot make is marked
-``<!-- doc-example setup=NAME -->``: it runs in a directory of its own after
-``tests/doc_setups.py`` made them as the doc describes (a training script, a two-rank
-torchrun on gloo, a git history of goldens, a lock held by another process).
+``<!-- doc-example setup=NAME -->`` runs an example in a directory of its own after
+``tests/doc_setups.py`` made what a ``$`` line cannot (a Python snippet's runs, a
+two-rank torchrun on gloo, a lock held by another process); ``dir=NAME`` runs the
+examples of one story in one directory, in order (guard.md's project, watch.md's run).
 
-Run: every block in docs/ that shows what a ``$ precguard`` command printed: newcomer.md
-(3), generate.md (6), compare.md (5: the softmax-fp16 summary, replay, ``--replay``,
-``--map``, the rope bug), bisect.md, impact.md's ``generate-diff --verify``, op-check.md's
-length note, recording.md's lock, guard.md's review of a refreshed golden,
-distributed.md's ``ranks``, watch.md's ``watch-report`` and ``bitwise``. A block that
-shows output without running is marked ``<!-- illustrative: WHY -->`` in the doc, and
-the first test here fails on any block that is neither. None is, today. Not checked
-here: what ``pytest`` prints in guard.md (tests/guard/test_plugin_project.py runs that
-story), blocks that show only commands or only Python, and the README
-(tests/test_readme_commands.py).
+Run (31 examples): newcomer.md (3), generate.md (6), compare.md (5: the softmax-fp16
+summary, replay, ``--replay``, ``--map``, the rope bug), bisect.md, impact.md's
+``generate-diff --verify``, op-check.md's length note, recording.md's held lock,
+guard.md's whole story (7: goldens written, their sizes, pass, emu:bf16 margins, the
+planted gain failing, the refresh's ``git diff --stat``, the review in a ``git
+worktree``), distributed.md's ``ranks`` (torchrun), watch.md (3: the training
+script, ``watch-report``, ``bitwise``), plugins.md's hook trace.
+
+A block that shows output but is not run says why in the doc, ``<!-- illustrative:
+WHY -->``; the first test fails on any block that is neither. Illustrative today: the
+three benchmark transcripts (compare.md's calibration corpus, 911 s; watch.md's
+``watch_overhead.py`` twice): wall times of minutes of work on a loaded machine.
 """
 
 from __future__ import annotations
@@ -42,35 +46,35 @@ import pytest
 from tests import doc_setups
 
 ROOT = Path(__file__).resolve().parents[1]
-#: ``<!-- doc-example -->``, or ``<!-- doc-example setup=NAME -->``: run in a directory
-#: of its own that ``doc_setups.SETUPS[NAME]`` prepared (runs a script or torchrun wrote)
-MARK = re.compile(r"<!-- doc-example(?: setup=([\w-]+))? -->")
+#: ``<!-- doc-example -->``, ``<!-- doc-example setup=NAME -->`` (run in a directory of its
+#: own that ``doc_setups.SETUPS[NAME]`` prepared: runs a script or torchrun wrote) and
+#: ``dir=NAME`` (the directory ``NAME``, shared by the examples of one story, in order)
+MARK = re.compile(r"<!-- doc-example(?: dir=([\w-]+))?(?: setup=([\w-]+))? -->")
 #: a shown example the docs say is not run, and why: ``<!-- illustrative: WHY -->``
 ILLUSTRATIVE = re.compile(r"<!-- illustrative: [^>]+ -->")
 FENCE = re.compile(r"```[^\n]*\n(.*?)```", re.S)
 
 
-def examples() -> list[tuple[str, int, str, str | None]]:
-    """(doc, index, block, setup) of every marked example in docs/."""
+def examples() -> list[tuple[str, int, str, str | None, str | None]]:
+    """(doc, index, block, dir, setup) of every marked example in docs/."""
     found = []
     for doc in sorted((ROOT / "docs").glob("*.md")):
         text = doc.read_text()
         for i, mark in enumerate(MARK.finditer(text)):
             block = re.match(r"\s*```[^\n]*\n(.*?)```", text[mark.end() :], re.S)
             assert block, f"{doc.name}: {mark.group(0)} must be followed by a fenced block"
-            found.append((doc.name, i, block.group(1), mark.group(1)))
+            found.append((doc.name, i, block.group(1), mark.group(1), mark.group(2)))
     return found
 
 
 def _shows_output(block: str) -> bool:
-    """A block with a ``$ precguard`` command and at least one line it printed."""
-    steps = _steps(block)
-    return any(cmd.startswith("precguard") for cmd, _ in steps) and any(s for _, s in steps)
+    """A block with a ``$`` command and at least one line it printed."""
+    return any(shown for _, shown in _steps(block))
 
 
 def test_every_shown_precguard_output_in_the_docs_is_run_or_says_why_not() -> None:
-    """A block that shows what ``$ precguard ...`` printed is a doc example (checked
-    here) or says in the doc why it is only illustrative."""
+    """A block that shows what a ``$`` command printed is a doc example (checked here)
+    or says in the doc why it is only illustrative."""
     unchecked = []
     for doc in sorted((ROOT / "docs").glob("*.md")):
         text = doc.read_text()
@@ -85,11 +89,16 @@ def test_every_shown_precguard_output_in_the_docs_is_run_or_says_why_not() -> No
 
 
 #: a wall time (``0.26 s``, ``1.93 s per prompt``): never checked, it is the machine's
-TIME = re.compile(r"\b\d+(?:\.\d+)?(?:e[-+]?\d+)? s\b")
+TIME = re.compile(r"\b\d+(?:\.\d+)?(?:e[-+]?\d+)? ?s\b")
+
+
+#: pytest's rule of ``=`` around a summary: its length follows the time's width
+RULE = re.compile(r"={3,}")
 
 
 def _flat(text: str) -> str:
-    return " ".join(TIME.sub("<time> s", text.replace("│", " ").replace("┃", " ")).split())
+    text = RULE.sub("===", TIME.sub("<time> s", text.replace("│", " ").replace("┃", " ")))
+    return " ".join(text.split())
 
 
 def _appears(line: str, printed: str) -> bool:
@@ -135,22 +144,43 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _directory(tmp_path_factory.mktemp("docs"))
 
 
-def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """``precguard ...`` as a user types it (``git ...`` too, for guard.md's worktree)."""
-    assert argv[0] in ("precguard", "git"), f"only precguard and git commands run here: {argv}"
-    head = [sys.executable, "-m", "precguard"] if argv[0] == "precguard" else ["git"]
-    return subprocess.run([*head, *argv[1:]], capture_output=True, text=True, cwd=cwd, env=env,
-                          check=False)  # fmt: skip
+#: a command's leading ``NAME=value`` words: its environment
+ASSIGN = re.compile(r"^[A-Z_][A-Z0-9_]*=")
+#: how each program of an example runs here: this Python, its precguard and pytest
+PROGRAMS = {
+    "precguard": [sys.executable, "-m", "precguard"],
+    "pytest": [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"],
+    "python": [sys.executable],
+}
+
+
+def _run(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """One ``$`` line as a user types it: precguard, pytest and python as themselves, any
+    other (``git``, ``find ... | xargs du -b``) through bash."""
+    argv = shlex.split(command, comments=True)
+    while argv and ASSIGN.match(argv[0]):
+        name, _, value = argv.pop(0).partition("=")
+        env = {**env, name: value}
+    argv = [*PROGRAMS[argv[0]], *argv[1:]] if argv[0] in PROGRAMS else ["bash", "-c", command]
+    return subprocess.run(argv, capture_output=True, text=True, cwd=cwd, env=env, check=False)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("doc", "index", "block", "setup"), examples(), ids=lambda v: str(v)[:20])
+@pytest.mark.parametrize(("doc", "index", "block", "story", "setup"), examples(),
+                         ids=lambda v: str(v)[:20])  # fmt: skip
 def test_the_doc_example_prints_what_it_shows(
-    doc: str, index: int, block: str, setup: str | None, scratch: Path
+    doc: str, index: int, block: str, story: str | None, setup: str | None, scratch: Path
 ) -> None:
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}", "COLUMNS": "80"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env.pop("PRECGUARD_LOG_JSON", None)
-    here = scratch if setup is None else _directory(scratch / f"{doc}-{index}")
+    env.update(PYTHONPATH=f"{ROOT / 'src'}:{ROOT}", COLUMNS="80", NO_COLOR="1")
+    here = scratch
+    if story is not None:
+        here = scratch / story
+        if not here.exists():
+            _directory(here)
+    elif setup is not None:
+        here = _directory(scratch / f"{doc}-{index}")
     prepare: Callable[[Path], contextlib.AbstractContextManager[object]] = (
         doc_setups.SETUPS[setup] if setup else lambda _: contextlib.nullcontext()
     )
@@ -160,7 +190,7 @@ def test_the_doc_example_prints_what_it_shows(
             if command == "echo $?":  # the exit code of the command before
                 printed = str(last)
             else:
-                out = _run(shlex.split(command, comments=True), here, env)
+                out = _run(command, here, env)
                 last, printed = out.returncode, out.stdout + out.stderr
             missing = [line for line in shown if not _appears(line, _flat(printed))]
             assert not missing, f"{doc} example {index}: `{command}` printed\n{printed}"
