@@ -16,7 +16,7 @@ verdict, a count or a remedy's numbers that drift fail here; wall times (``0.26 
 two-rank torchrun on gloo, a lock held by another process); ``dir=NAME`` runs the
 examples of one story in one directory, in order (guard.md's project, watch.md's run).
 
-Run (31 examples): newcomer.md (3), generate.md (6), compare.md (5: the softmax-fp16
+Run (30 examples): newcomer.md (3), generate.md (6), compare.md (5: the softmax-fp16
 summary, replay, ``--replay``, ``--map``, the rope bug), bisect.md, impact.md's
 ``generate-diff --verify``, op-check.md's length note, recording.md's held lock,
 guard.md's whole story (7: goldens written, their sizes, pass, emu:bf16 margins, the
