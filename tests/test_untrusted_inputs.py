@@ -556,6 +556,38 @@ def hostile_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return pair[0], pair[1]
 
 
+def _run_clean(args: list[str]) -> str:
+    """Run one command; fail on a traceback, a refusal of more than one line, or a raw
+    control character. What it printed, for the caller's own checks."""
+    with warnings.catch_warnings(record=True) as caught:  # the CLI prints them on stderr
+        warnings.simplefilter("always")
+        code, stdout, stderr = cli(args)
+    stderr += "".join(f"{w.category.__name__}: {w.message}\n" for w in caught)
+    what = " ".join(a.replace(EVIL, "EVIL") for a in args[:2])
+    check_clean(code, stdout, stderr, what)
+    raw = sorted(set(RAW.findall(stdout + stderr)))
+    assert not raw, f"{what}: raw {raw} reached the terminal:\n{stdout}{stderr}"
+    return stdout + stderr
+
+
+def _commands() -> set[str]:
+    """Every command in the CLI's table (a group's subcommands as ``graph export``)."""
+    from typer.main import get_command
+
+    from precguard.cli import app
+
+    root = get_command(app)
+    names = set()
+    for name, command in root.commands.items():  # type: ignore[attr-defined]
+        subs = getattr(command, "commands", None)
+        names |= {f"{name} {sub}" for sub in subs} if subs else {name}
+    return names
+
+
+def _covers(commands: list[list[str]]) -> set[str]:
+    return {" ".join(a[:2]) if a[0] == "graph" else a[0] for a in commands}
+
+
 def test_every_command_prints_no_raw_control_character_on_a_hostile_recording(
     hostile_pair: tuple[Path, Path], saved_run: Path, tmp_path: Path
 ) -> None:
@@ -581,17 +613,57 @@ def test_every_command_prints_no_raw_control_character_on_a_hostile_recording(
         ["import-msprobe", str(dump), "--out", str(out / "imported")],
         ["compare", str(dump), str(out / "imported")],
     ]  # fmt: skip
-    said = ""
-    for args in commands:
-        with warnings.catch_warnings(record=True) as caught:  # the CLI prints them on stderr
-            warnings.simplefilter("always")
-            code, stdout, stderr = cli(args)
-        stderr += "".join(f"{w.category.__name__}: {w.message}\n" for w in caught)
-        what = " ".join(a.replace(EVIL, "EVIL") for a in args[:2])
-        check_clean(code, stdout, stderr, what)
-        raw = sorted(set(RAW.findall(stdout + stderr)))
-        assert not raw, f"{what}: raw {raw} reached the terminal:\n{stdout}{stderr}"
-        said += stdout + stderr
+    said = "".join(_run_clean(args) for args in commands)
     # the names were shown (escaped), not dropped: the test saw what it guards
     assert "model.layers.1\\x1b[2J\\x07\\u202e\\u200b\\x9b" in said
     assert "wrote" in said and "out\\x1b[2J" in said
+
+
+@pytest.fixture(scope="module")
+def hostile_golden_of_a_fault(hostile_pair: tuple[Path, Path], tmp_path_factory) -> Path:
+    """The faulty actual as a golden ``check`` can use: its model name back to the
+    target's, every other string still EVIL (a golden of another model is refused)."""
+    golden = _copy(hostile_pair[1], tmp_path_factory.mktemp("check") / ("golden" + EVIL))
+    manifest = json.loads((golden / "manifest.json").read_text(encoding="utf-8"))
+    manifest["model"] = "LlamaForCausalLM"
+    (golden / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    return golden
+
+
+def test_check_and_every_other_command_print_no_raw_control_character(
+    hostile_pair: tuple[Path, Path], hostile_golden_of_a_fault: Path, tmp_path: Path
+) -> None:
+    """``check`` against a hostile golden, and each command the test above does not run,
+    given hostile text where it takes it: a name, a device, a path, an unknown option."""
+    golden = str(hostile_golden_of_a_fault)
+    out = tmp_path / ("out" + EVIL)
+    out.mkdir()
+    (out / "checklist.yaml").write_text("name: " + json.dumps(EVIL) + "\nchecks: [nope]\n")
+    commands = [
+        ["check", "-t", "tiny-llama", "--golden", golden, "--only",
+         "layerwise.first_divergence", "--json", str(out / "d.json"), "--html",
+         str(out / "d.html"), "--junit-xml", str(out / "j.xml")],
+        ["check", "-t", "tiny-llama", "--only", "nosuch" + EVIL],
+        ["check", "-c", str(out / "checklist.yaml"), "-t", "tiny-llama"],
+        ["check", "-t", "tiny-llama" + EVIL],
+        ["check", "-t", "tiny-llama", "--fingerprints-out", str(out / "fp")],
+        ["record", "-t", "tiny-llama" + EVIL, "--out", str(out / "r")],
+        ["schema", "manifest" + EVIL],
+        ["plugins"],
+        ["env", "-d", "emu:bf16" + EVIL],
+        ["env", "-d", "emu:bf16" + EVIL, "--json"],
+        ["bisect", "-d", "emu:bf16", "-t", "tiny-llama" + EVIL],
+        ["bisect", golden, "-d", "emu:bf16", "-t", "tiny-llama"],  # an extra argument
+        ["op-check", "-d", "emu:bf16" + EVIL],
+        ["op-check", "-d", "emu:bf16", "-t", "tiny-llama", "-m", "model.layers.1" + EVIL],
+        ["watch-report", str(out / "no-watch")],
+        ["graph", "export", "-t", "tiny-llama" + EVIL, "--out", str(out / "g.json")],
+        ["compare", "--" + EVIL, golden, golden],  # an unknown option is quoted back
+    ]  # fmt: skip
+    said = "".join(_run_clean(args) for args in commands)
+    # check named the hostile layer (escaped) and announced its files in a hostile folder
+    assert "model.layers.1\\x1b[2J" in said and "wrote" in said and "out\\x1b[2J" in said
+    # with the test above, every command of the CLI's table is run on hostile text
+    above = {"compare", "report", "bitwise", "ranks", "graph diff", "replay", "generate-diff",
+             "import-msprobe"}  # fmt: skip
+    assert _commands() <= _covers(commands) | above, _commands() - _covers(commands) - above

@@ -41,14 +41,43 @@ for _name in COMMAND_MODULES:
     importlib.import_module(_name)
 
 
+def _click_error() -> type[Exception]:
+    """ClickException of the click that typer runs on: its own copy in recent typer
+    releases (``typer._click``), click itself in older ones."""
+    import typer.core
+
+    click = getattr(typer.core, "_click", None)
+    if click is None:
+        import click
+    return click.exceptions.ClickException
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
+    import typer
+
     from precguard.errors import ExitCode, PrecguardError
+
+    click_error = _click_error()
 
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args or os.environ.get("PRECGUARD_DEBUG", "") not in ("", "0")
     try:
-        app(args=args, prog_name="precguard", standalone_mode=True)
+        # not standalone: click's usage errors come here, to be said in one safe line
+        code = app(args=args, prog_name="precguard", standalone_mode=False)
+    except click_error as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # the help is printed already
+            sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+        # an unknown option or a missing argument quotes what the user typed, which may
+        # be a hostile file name: one line through the terminal-safe renderer, exit 2
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        message = shown(exc.format_message(), ERROR_LIMIT)  # type: ignore[attr-defined]
+        print(f"precguard: error: {message}{hint}", file=sys.stderr)
+        sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+    except typer.Abort:
+        print("precguard: interrupted", file=sys.stderr)
+        sys.exit(130)
     except PrecguardError as exc:
         if debug or state.debug:
             traceback.print_exc()
@@ -68,3 +97,4 @@ def main(argv: list[str] | None = None) -> None:
             file=sys.stderr,
         )
         sys.exit(ExitCode.USAGE)
+    sys.exit(code if isinstance(code, int) else 0)

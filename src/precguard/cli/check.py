@@ -8,6 +8,7 @@ import typer
 
 from precguard.cli._app import app, show_progress
 from precguard.cli._out import print_json, wrote
+from precguard.text import safe_console, shown
 
 _HELP = """Run a checklist of known precision failure patterns on a target and diagnose.
 
@@ -77,17 +78,17 @@ def check(
         False, "--list", help="List the registered checks and the shipped checklists, then exit."
     ),
 ) -> None:
-    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from precguard import checklist as cl
     from precguard.report.diagnosis import as_json, render_terminal, write_html
     from precguard.target_run import Side
 
-    out = Console(highlight=False, soft_wrap=False)
+    # a checklist's, a plugin's and a recording's text is printed: every string terminal-safe
+    out = safe_console(highlight=False, soft_wrap=False)
     if list_checks:
         for check_id, chk in sorted(cl.registered_checks().items()):
-            typer.echo(f"{check_id:36} {chk.description}")
+            typer.echo(f"{shown(check_id):36} {shown(chk.description, 600)}")
         typer.echo(f"\nchecklists: {', '.join(cl.builtin_checklists())}")
         return
     if fingerprints_out is not None:
@@ -95,7 +96,9 @@ def check(
         from precguard.target import load_target
 
         path = fingerprints.write(fingerprints_out, load_target(target))
-        typer.echo(f"wrote the data and tokenizer fingerprints of {target} to {path}")
+        typer.echo(
+            f"wrote the data and tokenizer fingerprints of {shown(target)} to {shown(path, 400)}"
+        )
         return
     from precguard.report.page import ensure_writable
 
@@ -104,7 +107,7 @@ def check(
     # in float32 (the checks' reference and the golden --verify re-runs against)
     actual = Side(target, device, dtype)
     reference_side = Side(target, reference, "float32")
-    err = Console(stderr=True)
+    err = safe_console(stderr=True)
     progress = Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
@@ -115,10 +118,12 @@ def check(
         disable=not show_progress(),
     )
     with progress:
-        task = progress.add_task(f"{checklist} on {device}", total=None)
+        task = progress.add_task(shown(f"{checklist} on {device}", markup=True), total=None)
 
         def on_progress(check_id: str, index: int, total: int) -> None:
-            progress.update(task, total=total, completed=index, description=check_id)
+            progress.update(
+                task, total=total, completed=index, description=shown(check_id, markup=True)
+            )
 
         diagnosis = cl.check(
             checklist,

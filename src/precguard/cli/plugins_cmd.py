@@ -8,6 +8,8 @@ from typing import Any
 import typer
 
 from precguard.cli._app import app
+from precguard.cli._out import ascii_json
+from precguard.text import shown
 
 
 def describe() -> dict[str, Any]:
@@ -67,17 +69,17 @@ def plugins(
     """
     info = describe()
     if as_json:
-        typer.echo(json.dumps(info, indent=2))
+        typer.echo(ascii_json(json.dumps(info, indent=2)))
         return
     rows = []
     for p in info["plugins"]:
         origin = "built-in" if p["builtin"] else (p["distribution"] or p["module"])
         rows.append(
             (
-                p["name"],
-                f"{origin} {p['version'] or ''}".strip(),
-                ", ".join(p["device_types"]) or "-",
-                ", ".join(h.removeprefix("precguard_") for h in p["hooks"]),
+                shown(p["name"]),
+                shown(f"{origin} {p['version'] or ''}".strip()),
+                shown(", ".join(p["device_types"]) or "-"),
+                shown(", ".join(h.removeprefix("precguard_") for h in p["hooks"]), 600),
             )
         )
     header = ("plugin", "from", "devices", "hooks")
@@ -88,9 +90,11 @@ def plugins(
         )
     for p in info["plugins"]:
         for warning in p["warnings"]:
-            typer.echo(f"warning: plugin {p['name']}: {warning}")
-    for err in info["load_errors"]:
-        typer.echo(f"failed: plugin {err['name']} could not be loaded: {err['cause']}")
+            typer.echo(f"warning: plugin {shown(p['name'])}: {shown(warning, 600)}")
+    for err in info["load_errors"]:  # a third party's text: terminal-safe
+        typer.echo(
+            f"failed: plugin {shown(err['name'])} could not be loaded: {shown(err['cause'], 600)}"
+        )
 
 
 @app.command()
@@ -118,10 +122,13 @@ def env(
             "reason": reason or None,
             "fingerprint": facts,
         }
-        typer.echo(json.dumps(doc, indent=2, default=str))
+        typer.echo(ascii_json(json.dumps(doc, indent=2, default=str)))
         return
-    typer.echo(f"device: {device} ({'available' if usable else 'unavailable: ' + reason})")
+    # the device name is what the user typed, and facts quote environment variables:
+    # both go through the terminal-safe renderer
+    said = "available" if usable else "unavailable: " + shown(reason, 600)
+    typer.echo(f"device: {shown(device)} ({said})")
     width = max((len(k) for k in facts), default=0)
     for key, value in facts.items():
-        shown = "(unset)" if value is None and key.startswith("env.") else value
-        typer.echo(f"{key.ljust(width)}  {shown}")
+        value = "(unset)" if value is None and key.startswith("env.") else value
+        typer.echo(f"{shown(key).ljust(width)}  {shown(value, 600)}")
