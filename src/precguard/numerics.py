@@ -21,7 +21,8 @@ correct computation explains?". They share here, defined once:
   for (a growth factor, a worst-case sum of roundings, a z-score, a triangle
   inequality) in its comment.
 
-It imports nothing of precguard: every package may ask it.
+It imports only :mod:`precguard.difference` (the chunked sums of :func:`measure`): every
+package may ask it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import torch
+
+from precguard.difference import Plan, accumulate, blocks, spacing
 
 #: significand bits (with the implicit one) of the precisions judged; besides torch's float
 #: dtypes, the reduced-precision fp32 matmul modes a backend can report as its compute
@@ -463,11 +466,7 @@ def relative_l2(diff_norm: float, golden_norm: float) -> float:
 
 def ulp(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The spacing of ``dtype`` at each of ``values`` (fp64; subnormal spacing below tiny)."""
-    info = torch.finfo(dtype)
-    bits = -round(math.log2(info.eps))  # significand bits after the point
-    _, exponent = torch.frexp(values.abs())
-    lowest = round(math.log2(info.tiny)) + 1
-    return torch.ldexp(torch.ones_like(values), exponent.clamp(min=lowest) - 1 - bits)
+    return torch.from_numpy(spacing(values.detach().to("cpu", torch.float64).numpy(), dtype))
 
 
 @dataclass(frozen=True)
@@ -522,42 +521,36 @@ def measure(
     """Measure ``actual`` against ``golden`` (any shapes of the same element count; fp64).
 
     ``dtype``: the precision ULPs are counted in (the compute dtype). Raises
-    ValueError when the element counts differ.
+    ValueError when the element counts differ. The sums are compare's
+    (:func:`precguard.difference.accumulate`, by chunks), so a norm measured here
+    equals compare's bit for bit.
     """
-    a = actual.detach().to("cpu", torch.float64).flatten()
-    g = golden.detach().to("cpu", torch.float64).flatten()
+    a, g = actual.detach().to("cpu"), golden.detach().to("cpu")
     if a.numel() != g.numel():
         raise ValueError(f"actual has {a.numel()} elements, golden {g.numel()}")
-    g_fin, a_fin = torch.isfinite(g), torch.isfinite(a)
-    g_nan, a_nan = torch.isnan(g), torch.isnan(a)
-    alike = (g_nan & a_nan) | (~g_fin & ~g_nan & (a == g))
-    both = g_fin & a_fin
-    mismatch = int((~both & ~alike).sum())
+    tiny = torch.finfo(torch.float64).tiny
+    s = accumulate(g, a, Plan(floor=tiny, spacing=dtype, **blocks(g.numel())))
     counts = {
-        "golden_nan": int(g_nan.sum()),
-        "golden_inf": int((~g_fin & ~g_nan).sum()),
-        "actual_nan": int(a_nan.sum()),
-        "actual_inf": int((~a_fin & ~a_nan).sum()),
+        "golden_nan": s.golden_nan,
+        "golden_inf": s.golden_inf,
+        "actual_nan": s.actual_nan,
+        "actual_inf": s.actual_inf,
     }
+    mismatch = s.nan_mismatch + s.inf_mismatch
     if mismatch:
         inf = math.inf
         return Measurement(a.numel(), inf, inf, inf, inf, inf, inf if dtype else None, None,
                            nonfinite_mismatch=mismatch, **counts)  # fmt: skip
-    a, g = a[both], g[both]
-    e = (a - g).abs()
-    n = e.numel()
-    top = float(e.max()) if n else 0.0
-    avg = float(e.mean()) if n else 0.0
-    gg = float(g @ g)
+    n = max(s.n - s.nonfinite, 1)
     return Measurement(
-        numel=int(actual.numel()),
-        rel_l2=relative_l2(float(e.norm()), math.sqrt(gg)),
-        max_abs=top,
-        mean_abs=avg,
-        max_rel=_ratio(top, float(g.abs().max()) if n else 0.0),
-        mean_rel=_ratio(avg, float(g.abs().mean()) if n else 0.0),
-        ulps=None if dtype is None else float((e / ulp(g, dtype)).max()) if n else 0.0,
-        scale=float(a @ g) / gg if gg > 0 else None,
+        numel=a.numel(),
+        rel_l2=relative_l2(math.sqrt(s.sum_sq), math.sqrt(s.gg)),
+        max_abs=s.max_abs,
+        mean_abs=s.sum_abs / n,
+        max_rel=_ratio(s.max_abs, s.g_absmax),
+        mean_rel=_ratio(s.sum_abs / n, s.sum_gabs / n),
+        ulps=None if dtype is None else s.max_spacing,
+        scale=s.ga / s.gg if s.gg > 0 else None,
         nonfinite_mismatch=0,
         **counts,
     )

@@ -163,10 +163,3 @@ class StepCalls:
                 )
             )
         return out
-
-    def forward_call(self, key: CallKey) -> list[RecordResult]:
-        """Every record of a forward call (consumed and produced), in capture order."""
-        call = self._forward.get(key)
-        if call is None:
-            return []
-        return [self.records[i] for i in sorted([*call.reads, *call.produced])]

@@ -16,12 +16,13 @@ both float levels measure, on :class:`MeasuredMetrics` (``isinstance`` narrows t
 **The JSON is the one it was** when one model held every field: each level writes every
 key of :data:`METRICS_JSON_FIELDS`, in that order, null where the level lacks it, so a
 reader of older reports (or one that ignores the level) sees the same keys. A level has
-fields only for what it measures; its serializer (:func:`_written_as_every_key`) is
-pydantic's own for a dict of all the keys, fed the model's fields laid over a null for
-every key (one dict merge per dump; compare writes millions, docs/compare.md has the
-alternatives measured). Reading accepts a null on a key the level lacks and refuses a
-value (``StatsMetrics(level="stats", cosine=0.99)`` is a validation error, never a value
-silently dropped); ``model_copy`` refuses one too.
+fields only for what it measures (its model is generated from the one table of fields,
+:data:`_FIELDS`, which says which levels have each); its serializer
+(:func:`_written_as_every_key`) is pydantic's own for a dict of all the keys, fed the
+model's fields laid over a null for every key (one dict merge per dump; compare writes
+millions, docs/compare.md has the alternatives measured). Reading accepts a null on a
+key the level lacks and refuses a value (``StatsMetrics(level="stats", cosine=0.99)`` is
+a validation error, never a value silently dropped); ``model_copy`` refuses one too.
 
 ``level`` has no default, so it is written even where defaults are left out (compare's
 rows, a worker's share) and a row is read back as its level's model.
@@ -42,326 +43,116 @@ from pydantic import (
     Field,
     GetCoreSchemaHandler,
     TypeAdapter,
+    create_model,
     model_validator,
 )
 from pydantic_core import CoreSchema, core_schema
 
 Level = Literal["full", "stats", "exact", "none"]
 
-#: every key a metrics object writes in JSON, in the order written (the order of the one
-#: model that held them all before the levels were told apart: byte-identical reports)
-METRICS_JSON_FIELDS: tuple[str, ...] = (
-    "level",
-    "dtype",
-    "error",
-    "max_abs_err",
-    "mean_abs_err",
-    "max_rel_err",
-    "rmse",
-    "rel_l2",
-    "cosine",
-    "max_ulp",
-    "rel_err_share",
-    "close_share",
-    "nan_mismatch",
-    "inf_mismatch",
-    "stat_rel_diff",
-    "mismatched",
-    "scale",
-    "scale_se",
-    "mean_rel_err",
-    "bias",
-    "peak_error",
-    "slice_error",
-    "slice_dim",
-    "slice_index",
-    "sample_size",
-    "sample_rel_l2",
-    "sample_max_abs",
-    "sample_rse",
-    "sample_peaks",
-    "pos_dim",
-    "pos_bin",
-    "pos_worst",
-    "pos_worst_err",
-    "pos_rel_l2",
-    "note",
-    "rerouted",
-    "reroute_margin",
-    "reroute_tolerance",
-    "routed_rows",
-    "error_all_rows",
-    "conc_all_rows",
-)
+#: every key a metrics object writes after ``level``, ``dtype`` and ``error``, in the order
+#: written (that of the one model that held them all before the levels were told apart:
+#: byte-identical reports): its type, default (``...``: required), the levels that have it
+#: (Full, Stats, Exact, None) and its description. Each level's model is generated from it.
+# fmt: off
+_FIELDS: dict[str, tuple[Any, Any, str, str]] = {
+    "max_abs_err": (float | None, None, "F", "max |actual - golden|."),
+    "mean_abs_err": (float | None, None, "F", "mean |actual - golden|."),
+    "max_rel_err": (float | None, None, "F",
+        "max |actual - golden| / max(|golden|, 1e-3 * rms(golden)); the floor keeps elements near "
+        "zero from dominating."),
+    "rmse": (float | None, None, "F", "Root mean square error."),
+    "rel_l2": (float | None, None, "F", "||actual - golden||_2 / ||golden||_2 (normalized RMSE)."),
+    "cosine": (float | None, None, "F", "Cosine similarity."),
+    "max_ulp": (float | None, None, "F",
+        "Largest distance in units in the last place of the actual dtype (golden rounded to that "
+        "dtype first)."),
+    "rel_err_share": (dict[str, float] | None, None, "F",
+        "Share of elements whose guarded relative error exceeds each band ('1e-2' = 1%, '1e-3' = "
+        "0.1%, '1e-4' = 0.01%)."),
+    "close_share": (float | None, None, "F",
+        "Share of elements outside |a-g| <= atol + rtol*|g| (assert_close's test) with atol "
+        "raised to rtol * rms(golden) for tensors of small scale."),
+    "nan_mismatch": (int, 0, "FSEN", "Elements NaN on exactly one side."),
+    "inf_mismatch": (int, 0, "FSEN", "Elements ±Inf on one side but not equal."),
+    "stat_rel_diff": (dict[str, float] | None, None, "S",
+        "Per statistic: |a - g| / max(|g|, rms(golden)) (stats level only)."),
+    "mismatched": (int, ..., "E", "Unequal elements."),
+    "scale": (float | None, None, "FS",
+        "Least-squares scale of actual on golden, <a,g>/<g,g> (full level): 1 within ~u/sqrt(n) "
+        "under random rounding; 1.01 for an output scaled by 1%."),
+    "scale_se": (float | None, None, "FS",
+        "Standard error of scale, from 64 contiguous blocks of the tensor (cluster-robust: errors "
+        "correlated within a row widen it)."),
+    "mean_rel_err": (float | None, None, "F",
+        "Mean signed relative error, mean((a-g)/g) with |g| floored at 1e-3 * rms(golden) (full "
+        "level): s-1 for a scale fault, ~0 for random rounding."),
+    "bias": (bool, False, "FSEN",
+        "True when |scale - 1| is significant: beyond bias_z standard errors plus bias_floor_ulps "
+        "unit roundoffs of the tolerance dtype (a systematic error)."),
+    "peak_error": (float | None, None, "FS",
+        "max |actual - golden| / max |golden| (full level): the largest element error against the "
+        "element-wise bound one rounding gives (u * max|golden|)."),
+    "slice_error": (float | None, None, "FS",
+        "Relative L2 error of the worst slice along any dimension (one position, one channel, one "
+        "head), each slice's golden norm floored at the typical slice's, rms(golden) per element "
+        "(full level): an error confined to a few slices shows here; a slice of small values is "
+        "judged by its share of the tensor's error."),
+    "slice_dim": (int | None, None, "FS", "Dimension of the worst slice."),
+    "slice_index": (int | None, None, "FS", "Index of the worst slice along slice_dim."),
+    "sample_size": (int | None, None, "S",
+        "Sampled elements compared (stats level, both records keep the same sample): the error is "
+        "then estimated from them."),
+    "sample_rel_l2": (float | None, None, "S",
+        "rms(actual - golden) over the sampled elements / rms(golden) over the whole tensor: an "
+        "estimate of rel_l2 (stats level)."),
+    "sample_max_abs": (float | None, None, "S", "max |actual - golden| over the sampled elements."),
+    "sample_rse": (float | None, None, "S",
+        "Relative standard error of the sampled mean squared error, from the sample's own spread "
+        "of squared errors (finite-population corrected: 0 when every element was sampled); the "
+        "judge holds sample_rel_l2 to the bounds it gives (docs/compare.md, 'Sampling "
+        "uncertainty')."),
+    "sample_peaks": (list[float] | None, None, "S",
+        "The largest sampled element errors over the sample's largest golden value, in decreasing "
+        "order (up to 16): how many sampled elements carry the peak error."),
+    "pos_dim": (int | None, None, "S", "Sequence dimension of the per-position norms compared."),
+    "pos_bin": (int | None, None, "S", "Consecutive positions per compared norm (1 up to 256)."),
+    "pos_worst": (int | None, None, "S",
+        "First position of the bin whose norm differs most (relatively): where an error "
+        "concentrated along the sequence sits."),
+    "pos_worst_err": (float | None, None, "S",
+        "|norm(actual) - norm(golden)| / norm(golden) at pos_worst (its norm floored at the "
+        "positions' rms, SLICE_FLOOR)."),
+    "pos_rel_l2": (float | None, None, "S",
+        "||norms(actual) - norms(golden)|| / ||norms(golden)|| over the positions: a lower bound "
+        "on the tensor's rel_l2 (triangle inequality per position)."),
+    "note": (str | None, None, "FSEN", "Why the level is weaker, if it is."),
+    "rerouted": (int | None, None, "FSEN",
+        "Mixture of experts (docs/compare.md): on a router's top-k indices and the records that "
+        "follow its routing, the tokens whose choice of experts differs between the runs (None: "
+        "no routing involved; -1: not known from statistics)."),
+    "reroute_margin": (float | None, None, "FSEN",
+        "On a router's indices: the largest golden score margin a re-routed token crossed (the "
+        "k-th against the (k+1)-th score, or the two it swapped)."),
+    "reroute_tolerance": (float | None, None, "FSEN",
+        "On a router's indices: the margin its scores' expected error lets rounding cross, 2 * "
+        "amplification * expected error * max|golden score|."),
+    "routed_rows": (int | None, None, "FSEN",
+        "On records that follow a routing, compared on full tensors: the rows (tokens, or "
+        "token-expert pairs) both runs routed alike, on which the metrics were measured."),
+    "error_all_rows": (float | None, None, "FSEN",
+        "On records compared on the rows routed alike: the error over every row, re-routed ones "
+        "included; what the record passes on to what consumes it."),
+    "conc_all_rows": (float | None, None, "FSEN",
+        "The concentrated error (worst slice, max-abs) over every row, likewise."),
+}
+# fmt: on
+
+#: every key a metrics object writes in JSON, in the order written
+METRICS_JSON_FIELDS: tuple[str, ...] = ("level", "dtype", "error", *_FIELDS)
 
 #: every key null: a level's fields are laid over it to write every key in order
 _NULLS: dict[str, None] = dict.fromkeys(METRICS_JSON_FIELDS)
-
-
-# -- every field's type and description, once (each level's class lists its own) --------
-
-_MaxAbsErr = Annotated[
-    float | None,
-    Field(description="max |actual - golden|."),
-]
-
-_MeanAbsErr = Annotated[
-    float | None,
-    Field(description="mean |actual - golden|."),
-]
-
-_MaxRelErr = Annotated[
-    float | None,
-    Field(
-        description="max |actual - golden| / max(|golden|, 1e-3 * rms(golden)); the floor "
-        "keeps elements near zero from dominating."
-    ),
-]
-
-_Rmse = Annotated[
-    float | None,
-    Field(description="Root mean square error."),
-]
-
-_RelL2 = Annotated[
-    float | None,
-    Field(description="||actual - golden||_2 / ||golden||_2 (normalized RMSE)."),
-]
-
-_Cosine = Annotated[
-    float | None,
-    Field(description="Cosine similarity."),
-]
-
-_MaxUlp = Annotated[
-    float | None,
-    Field(
-        description="Largest distance in units in the last place of the actual dtype "
-        "(golden rounded to that dtype first)."
-    ),
-]
-
-_RelErrShare = Annotated[
-    dict[str, float] | None,
-    Field(
-        description="Share of elements whose guarded relative error exceeds each band "
-        "('1e-2' = 1%, '1e-3' = 0.1%, '1e-4' = 0.01%)."
-    ),
-]
-
-_CloseShare = Annotated[
-    float | None,
-    Field(
-        description="Share of elements outside |a-g| <= atol + rtol*|g| (assert_close's test) "
-        "with atol raised to rtol * rms(golden) for tensors of small scale."
-    ),
-]
-
-_NanMismatch = Annotated[
-    int,
-    Field(description="Elements NaN on exactly one side."),
-]
-
-_InfMismatch = Annotated[
-    int,
-    Field(description="Elements ±Inf on one side but not equal."),
-]
-
-_StatRelDiff = Annotated[
-    dict[str, float] | None,
-    Field(description="Per statistic: |a - g| / max(|g|, rms(golden)) (stats level only)."),
-]
-
-_Mismatched = Annotated[
-    int,
-    Field(description="Unequal elements."),
-]
-
-_Scale = Annotated[
-    float | None,
-    Field(
-        description="Least-squares scale of actual on golden, <a,g>/<g,g> (full level): 1 "
-        "within ~u/sqrt(n) under random rounding; 1.01 for an output scaled by 1%."
-    ),
-]
-
-_ScaleSe = Annotated[
-    float | None,
-    Field(
-        description="Standard error of scale, from 64 contiguous blocks of the tensor "
-        "(cluster-robust: errors correlated within a row widen it)."
-    ),
-]
-
-_MeanRelErr = Annotated[
-    float | None,
-    Field(
-        description="Mean signed relative error, mean((a-g)/g) with |g| floored at 1e-3 * "
-        "rms(golden) (full level): s-1 for a scale fault, ~0 for random rounding."
-    ),
-]
-
-_Bias = Annotated[
-    bool,
-    Field(
-        description="True when |scale - 1| is significant: beyond bias_z standard errors "
-        "plus bias_floor_ulps unit roundoffs of the tolerance dtype (a systematic error)."
-    ),
-]
-
-_PeakError = Annotated[
-    float | None,
-    Field(
-        description="max |actual - golden| / max |golden| (full level): the largest element "
-        "error against the element-wise bound one rounding gives (u * max|golden|)."
-    ),
-]
-
-_SliceError = Annotated[
-    float | None,
-    Field(
-        description="Relative L2 error of the worst slice along any dimension (one position, "
-        "one channel, one head), each slice's golden norm floored at the typical slice's, "
-        "rms(golden) per element (full level): an error confined to a few slices shows "
-        "here; a slice of small values is judged by its share of the tensor's error."
-    ),
-]
-
-_SliceDim = Annotated[
-    int | None,
-    Field(description="Dimension of the worst slice."),
-]
-
-_SliceIndex = Annotated[
-    int | None,
-    Field(description="Index of the worst slice along slice_dim."),
-]
-
-_SampleSize = Annotated[
-    int | None,
-    Field(
-        description="Sampled elements compared (stats level, both records keep the same "
-        "sample): the error is then estimated from them."
-    ),
-]
-
-_SampleRelL2 = Annotated[
-    float | None,
-    Field(
-        description="rms(actual - golden) over the sampled elements / rms(golden) over the "
-        "whole tensor: an estimate of rel_l2 (stats level)."
-    ),
-]
-
-_SampleMaxAbs = Annotated[
-    float | None,
-    Field(description="max |actual - golden| over the sampled elements."),
-]
-
-_SampleRse = Annotated[
-    float | None,
-    Field(
-        description="Relative standard error of the sampled mean squared error, from the "
-        "sample's own spread of squared errors (finite-population corrected: 0 when every "
-        "element was sampled); the judge holds sample_rel_l2 to the bounds it gives "
-        "(docs/compare.md, 'Sampling uncertainty')."
-    ),
-]
-
-_SamplePeaks = Annotated[
-    list[float] | None,
-    Field(
-        description="The largest sampled element errors over the sample's largest golden "
-        "value, in decreasing order (up to 16): how many sampled elements carry the peak "
-        "error."
-    ),
-]
-
-_PosDim = Annotated[
-    int | None,
-    Field(description="Sequence dimension of the per-position norms compared."),
-]
-
-_PosBin = Annotated[
-    int | None,
-    Field(description="Consecutive positions per compared norm (1 up to 256)."),
-]
-
-_PosWorst = Annotated[
-    int | None,
-    Field(
-        description="First position of the bin whose norm differs most (relatively): where "
-        "an error concentrated along the sequence sits."
-    ),
-]
-
-_PosWorstErr = Annotated[
-    float | None,
-    Field(
-        description="|norm(actual) - norm(golden)| / norm(golden) at pos_worst (its norm "
-        "floored at the positions' rms, SLICE_FLOOR)."
-    ),
-]
-
-_PosRelL2 = Annotated[
-    float | None,
-    Field(
-        description="||norms(actual) - norms(golden)|| / ||norms(golden)|| over the positions: "
-        "a lower bound on the tensor's rel_l2 (triangle inequality per position)."
-    ),
-]
-
-_Note = Annotated[
-    str | None,
-    Field(description="Why the level is weaker, if it is."),
-]
-
-_Rerouted = Annotated[
-    int | None,
-    Field(
-        description="Mixture of experts (docs/compare.md): on a router's top-k indices and "
-        "the records that follow its routing, the tokens whose choice of experts differs "
-        "between the runs (None: no routing involved; -1: not known from statistics)."
-    ),
-]
-
-_RerouteMargin = Annotated[
-    float | None,
-    Field(
-        description="On a router's indices: the largest golden score margin a re-routed token "
-        "crossed (the k-th against the (k+1)-th score, or the two it swapped)."
-    ),
-]
-
-_RerouteTolerance = Annotated[
-    float | None,
-    Field(
-        description="On a router's indices: the margin its scores' expected error lets rounding "
-        "cross, 2 * amplification * expected error * max|golden score|."
-    ),
-]
-
-_RoutedRows = Annotated[
-    int | None,
-    Field(
-        description="On records that follow a routing, compared on full tensors: the rows "
-        "(tokens, or token-expert pairs) both runs routed alike, on which the metrics were "
-        "measured."
-    ),
-]
-
-_ErrorAllRows = Annotated[
-    float | None,
-    Field(
-        description="On records compared on the rows routed alike: the error over every row, "
-        "re-routed ones included; what the record passes on to what consumes it."
-    ),
-]
-
-_ConcAllRows = Annotated[
-    float | None,
-    Field(description="The concentrated error (worst slice, max-abs) over every row, likewise."),
-]
 
 
 def _written_as_every_key(
@@ -444,9 +235,9 @@ class MetricsBase(BaseModel):
     judge reads, non-finite mismatches, the note, and what the rules after the measurement
     set on any level (``bias``: tolerance.py; the routing fields: routing.py).
 
-    Only ``level``, ``dtype`` and ``error`` are declared here: the others are declared by
-    each level in the order of :data:`METRICS_JSON_FIELDS` (pydantic writes a base class's
-    fields first), and typed here for readers of any level.
+    Only ``level``, ``dtype`` and ``error`` are declared here: each level's others are
+    generated from :data:`_FIELDS` in the order of :data:`METRICS_JSON_FIELDS` (pydantic
+    writes a base class's fields first), and typed here for readers of any level.
     """
 
     model_config = ConfigDict(
@@ -540,108 +331,56 @@ class MeasuredMetrics(MetricsBase):
         slice_index: int | None
 
 
-class FullMetrics(MeasuredMetrics):
-    """Both full tensors compared: error norms, cosine, ULPs, the scale, the worst slice."""
-
-    level: Literal["full"] = Field(description="'full': both full tensors were compared.")
-    max_abs_err: _MaxAbsErr = None
-    mean_abs_err: _MeanAbsErr = None
-    max_rel_err: _MaxRelErr = None
-    rmse: _Rmse = None
-    rel_l2: _RelL2 = None
-    cosine: _Cosine = None
-    max_ulp: _MaxUlp = None
-    rel_err_share: _RelErrShare = None
-    close_share: _CloseShare = None
-    nan_mismatch: _NanMismatch = 0
-    inf_mismatch: _InfMismatch = 0
-    scale: _Scale = None
-    scale_se: _ScaleSe = None
-    mean_rel_err: _MeanRelErr = None
-    bias: _Bias = False
-    peak_error: _PeakError = None
-    slice_error: _SliceError = None
-    slice_dim: _SliceDim = None
-    slice_index: _SliceIndex = None
-    note: _Note = None
-    rerouted: _Rerouted = None
-    reroute_margin: _RerouteMargin = None
-    reroute_tolerance: _RerouteTolerance = None
-    routed_rows: _RoutedRows = None
-    error_all_rows: _ErrorAllRows = None
-    conc_all_rows: _ConcAllRows = None
-
-
-class StatsMetrics(MeasuredMetrics):
-    """Only the recorded statistics (and the sampled elements and per-position norms they
-    keep) compared: a weaker test, equal statistics do not prove equal tensors."""
-
-    level: Literal["stats"] = Field(
-        description="'stats': only the recorded statistics (a weaker test: equal statistics "
-        "do not prove equal tensors)."
+def _level(
+    name: str, base: type[MetricsBase], level: str, level_doc: str, doc: str
+) -> type[MetricsBase]:
+    """The model of one level: ``level`` and the fields of :data:`_FIELDS` it has, in order."""
+    code = level[0].upper()  # F, S, E, N
+    fields: dict[str, Any] = {
+        key: (kind, Field(default, description=text))
+        for key, (kind, default, levels, text) in _FIELDS.items()
+        if code in levels
+    }
+    return create_model(
+        name,
+        __base__=base,
+        __doc__=doc,
+        __module__=__name__,
+        level=(Literal[level], Field(description=level_doc)),
+        **fields,
     )
-    nan_mismatch: _NanMismatch = 0
-    inf_mismatch: _InfMismatch = 0
-    stat_rel_diff: _StatRelDiff = None
-    scale: _Scale = None
-    scale_se: _ScaleSe = None
-    bias: _Bias = False
-    peak_error: _PeakError = None
-    slice_error: _SliceError = None
-    slice_dim: _SliceDim = None
-    slice_index: _SliceIndex = None
-    sample_size: _SampleSize = None
-    sample_rel_l2: _SampleRelL2 = None
-    sample_max_abs: _SampleMaxAbs = None
-    sample_rse: _SampleRse = None
-    sample_peaks: _SamplePeaks = None
-    pos_dim: _PosDim = None
-    pos_bin: _PosBin = None
-    pos_worst: _PosWorst = None
-    pos_worst_err: _PosWorstErr = None
-    pos_rel_l2: _PosRelL2 = None
-    note: _Note = None
-    rerouted: _Rerouted = None
-    reroute_margin: _RerouteMargin = None
-    reroute_tolerance: _RerouteTolerance = None
-    routed_rows: _RoutedRows = None
-    error_all_rows: _ErrorAllRows = None
-    conc_all_rows: _ConcAllRows = None
 
 
-class ExactMetrics(MetricsBase):
-    """Integer or boolean tensors compared element by element for equality."""
-
-    level: Literal["exact"] = Field(
-        description="'exact': integer/bool tensors compared for equality."
-    )
-    nan_mismatch: _NanMismatch = 0
-    inf_mismatch: _InfMismatch = 0
-    mismatched: _Mismatched
-    bias: _Bias = False
-    note: _Note = None
-    rerouted: _Rerouted = None
-    reroute_margin: _RerouteMargin = None
-    reroute_tolerance: _RerouteTolerance = None
-    routed_rows: _RoutedRows = None
-    error_all_rows: _ErrorAllRows = None
-    conc_all_rows: _ConcAllRows = None
-
-
-class UnmeasuredMetrics(MetricsBase):
-    """Nothing comparable (shapes differ, no statistics recorded): the note says why."""
-
-    level: Literal["none"] = Field(description="'none': nothing comparable.")
-    nan_mismatch: _NanMismatch = 0
-    inf_mismatch: _InfMismatch = 0
-    bias: _Bias = False
-    note: _Note = None
-    rerouted: _Rerouted = None
-    reroute_margin: _RerouteMargin = None
-    reroute_tolerance: _RerouteTolerance = None
-    routed_rows: _RoutedRows = None
-    error_all_rows: _ErrorAllRows = None
-    conc_all_rows: _ConcAllRows = None
+FullMetrics = _level(
+    "FullMetrics",
+    MeasuredMetrics,
+    "full",
+    "'full': both full tensors were compared.",
+    "Both full tensors compared: error norms, cosine, ULPs, the scale, the worst slice.",
+)
+StatsMetrics = _level(
+    "StatsMetrics",
+    MeasuredMetrics,
+    "stats",
+    "'stats': only the recorded statistics (a weaker test: equal statistics do not prove "
+    "equal tensors).",
+    "Only the recorded statistics (and the sampled elements and per-position norms they\n"
+    "    keep) compared: a weaker test, equal statistics do not prove equal tensors.",
+)
+ExactMetrics = _level(
+    "ExactMetrics",
+    MetricsBase,
+    "exact",
+    "'exact': integer/bool tensors compared for equality.",
+    "Integer or boolean tensors compared element by element for equality.",
+)
+UnmeasuredMetrics = _level(
+    "UnmeasuredMetrics",
+    MetricsBase,
+    "none",
+    "'none': nothing comparable.",
+    "Nothing comparable (shapes differ, no statistics recorded): the note says why.",
+)
 
 
 #: what one pair's comparison measured: the model of its level (discriminated by ``level``)

@@ -1,28 +1,21 @@
-"""Error metrics for one pair of records, computed in bounded memory.
+"""Error metrics for one pair of records: compare's reading of the one measure.
 
-Full tensors are walked in chunks of :data:`CHUNK` elements: each chunk is
-upcast to float64 (exactly: every float16/bf16/float32 value is a float64),
-differenced and reduced, and only running sums survive between chunks. Every
-reduction accumulates in float64, so a metric does not depend on the chunk
-size, the thread count or the BLAS build beyond float64 rounding (~1e-16
-relative per term). The inputs are memory-mapped views, so the pages of a
-tensor are read once and memory stays bounded by the chunk.
-
-Besides the error norms, the chunks accumulate the systematic part of the
-error: the least-squares scale of actual on golden, ``s = <a,g>/<g,g>``, and
-its standard error, estimated from :data:`BIAS_BLOCKS` contiguous blocks of
-the flattened tensor (a cluster-robust estimate: rounding errors that are
-correlated within a row, such as a normalization's per-row scale, widen it
-instead of passing for a bias).
+Full tensors are measured by :func:`precguard.difference.accumulate` (the sums
+:func:`precguard.numerics.measure` reads too, chunk by chunk in bounded memory);
+this module turns the sums into :class:`~precguard.compare.levels.FullMetrics`:
+the error norms, the relative-error bands, the worst slice, and the least-squares
+scale of actual on golden, ``s = <a,g>/<g,g>``, with its standard error, estimated
+from :data:`~precguard.difference.BIAS_BLOCKS` contiguous blocks of the flattened
+tensor (a cluster-robust estimate: rounding errors that are correlated within a
+row, such as a normalization's per-row scale, widen it instead of passing for a
+bias). Statistics-only pairs are measured from their recorded statistics and
+sampled elements (:func:`stats_metrics`).
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -37,37 +30,32 @@ from precguard.compare.levels import (
 )
 from precguard.compare.sampled import position_evidence, sample_evidence
 from precguard.compare.tolerance import Profile
+from precguard.difference import (
+    CHUNK,
+    REL_BANDS,
+    Plan,
+    Sums,
+    accumulate,
+    blocks,
+    mask_floor,
+    raw,
+    sliced_dims,
+)
+from precguard.difference import rms as finite_rms
+from precguard.difference import ulp_dtype as ulp_precision
 from precguard.dump.schema import STAT_FIELDS, Record, Stats
 from precguard.numerics import SIGNIFICAND_BITS, SLICE_FLOOR, less_precise, relative_l2
 
-#: elements per chunk: 256 KiB of float32 keeps the working set in cache
-CHUNK = 1 << 16
-#: relative-error bands reported as shares (msprobe's 1% / 0.1% / 0.01%)
-REL_BANDS: tuple[float, ...] = (1e-2, 1e-3, 1e-4)
 #: guard for relative errors: the denominator is at least this share of rms(golden)
 REL_FLOOR = 1e-3
-#: contiguous blocks of the flattened tensor over which the scale's standard error is
-#: estimated (fewer when the tensor has fewer elements)
-BIAS_BLOCKS = 64
 #: a dimension with at least this many indices is also a clustering of the scale's
 #: standard error (each index one cluster: a channel's rounded weights, a repeated row)
 BIAS_MIN_CLUSTERS = 16
-#: dimensions longer than this are not sliced (one accumulator entry per index)
-MAX_SLICED = 1 << 18
 
 STATS_NOTE = (
     "statistics only, a weaker test: equal statistics do not prove equal tensors; record full "
     "tensors (--tensors) of this module for a conclusive test"
 )
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-# float dtype -> (same-size int dtype, wider numpy int for differences, bits below the sign)
-_BITS = {
-    torch.float32: (torch.int32, np.int64, 0x7FFFFFFF),
-    torch.float16: (torch.int16, np.int32, 0x7FFF),
-    torch.bfloat16: (torch.int16, np.int32, 0x7FFF),
-    torch.float64: (torch.int64, np.float64, 0x7FFFFFFFFFFFFFFF),
-}
-
 
 #: accepted values of ``tolerance_dtype`` besides a float dtype name
 TOLERANCE_MODES = ("auto", "actual", "golden")
@@ -149,108 +137,6 @@ def tensor_metrics(
 _ULP_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
-@dataclass
-class _Acc:
-    n: int = 0
-    sum_abs: float = 0.0
-    sum_sq: float = 0.0
-    gg: float = 0.0
-    aa: float = 0.0
-    ga: float = 0.0
-    max_abs: float = 0.0
-    max_rel: float = 0.0
-    max_ulp: int = 0
-    not_close: int = 0
-    nan_mismatch: int = 0
-    inf_mismatch: int = 0
-    #: elements NaN or Inf on either side (left out of every error metric)
-    nonfinite: int = 0
-    sum_signed_rel: float = 0.0
-    bands: list[int] = field(default_factory=lambda: [0] * len(REL_BANDS))
-    g_absmax: float = 0.0
-    #: per bias block: <g, a-g> and <g, g>
-    block_gd: np.ndarray | None = None
-    block_gg: np.ndarray | None = None
-    #: per sliced dimension: sum of (a-g)^2 and of g^2 over each index of that dimension
-    slice_dd: dict[int, np.ndarray] = field(default_factory=dict)
-    slice_gg: dict[int, np.ndarray] = field(default_factory=dict)
-    #: per sliced dimension: <g, a-g> over each index (the scale's clusters along it)
-    slice_gd: dict[int, np.ndarray] = field(default_factory=dict)
-
-    def merge(self, part: _Acc) -> None:
-        self.n += part.n
-        self.sum_abs += part.sum_abs
-        self.sum_sq += part.sum_sq
-        self.gg += part.gg
-        self.aa += part.aa
-        self.ga += part.ga
-        self.max_abs = max(self.max_abs, part.max_abs)
-        self.max_rel = max(self.max_rel, part.max_rel)
-        self.max_ulp = max(self.max_ulp, part.max_ulp)
-        self.not_close += part.not_close
-        self.nan_mismatch += part.nan_mismatch
-        self.inf_mismatch += part.inf_mismatch
-        self.nonfinite += part.nonfinite
-        self.sum_signed_rel += part.sum_signed_rel
-        self.bands = [x + y for x, y in zip(self.bands, part.bands, strict=True)]
-        self.g_absmax = max(self.g_absmax, part.g_absmax)
-        for dim, dd in part.slice_dd.items():
-            if dim in self.slice_dd:
-                self.slice_dd[dim] += dd
-                self.slice_gg[dim] += part.slice_gg[dim]
-                self.slice_gd[dim] += part.slice_gd[dim]
-            else:
-                self.slice_dd[dim] = dd.copy()
-                self.slice_gg[dim] = part.slice_gg[dim].copy()
-                self.slice_gd[dim] = part.slice_gd[dim].copy()
-        if part.block_gd is not None and part.block_gg is not None:
-            if self.block_gd is None or self.block_gg is None:
-                self.block_gd, self.block_gg = part.block_gd.copy(), part.block_gg.copy()
-            else:
-                self.block_gd += part.block_gd
-                self.block_gg += part.block_gg
-
-
-@dataclass(frozen=True)
-class _Params:
-    ulp_dtype: torch.dtype
-    floor: float
-    rtol: float
-    atol: float
-    block_size: int
-    blocks: int
-    #: (dimension, its size, its stride in the flattened tensor) for each sliced dimension
-    slices: tuple[tuple[int, int, int], ...] = ()
-    #: the most negative finite value of the actual's precision: an element at or below it
-    #: on both sides is each side's stand-in for -inf (a causal mask's finfo(dtype).min)
-    mask_floor: float = -math.inf
-
-
-def _pool() -> ThreadPoolExecutor | None:
-    """A thread pool when ``PRECGUARD_COMPARE_THREADS`` asks for more than one thread.
-
-    One thread is the default: each chunk is ~30 short numpy calls, and on a
-    busy machine a thread descheduled while it holds the GIL stalls the others
-    for a whole time slice (measured: 1.5 GB/s on one thread, 0.05-0.1 GB/s on
-    two threads of a loaded 2-core machine). On a quiet many-core host, threads
-    pay off.
-    """
-    global _POOL
-    try:
-        workers = int(os.environ.get("PRECGUARD_COMPARE_THREADS", "1"))
-    except ValueError:
-        workers = 1
-    workers = max(1, min(workers, 64))
-    if workers == 1:
-        return None
-    if _POOL is None or _POOL[0] != workers:
-        _POOL = (workers, ThreadPoolExecutor(workers, thread_name_prefix="precguard-compare"))
-    return _POOL[1]
-
-
-_POOL: tuple[int, ThreadPoolExecutor] | None = None
-
-
 def full_metrics(
     golden: torch.Tensor,
     actual: torch.Tensor,
@@ -270,10 +156,8 @@ def full_metrics(
     ULPs are counted in ``ulp_dtype`` (default: the actual tensor's float dtype,
     golden rounded to it first); ``rtol``/``atol`` define the element-wise
     closeness test reported as ``close_share``; ``golden_rms`` (from the recorded
-    statistics) sets the relative-error floor without an extra pass. Chunks run on
-    one thread, or on ``PRECGUARD_COMPARE_THREADS`` threads (numpy releases the GIL);
-    ``release(start, end)``, if given, is called once each chunk's elements
-    are no longer needed (the tensor store gives their pages back).
+    statistics) sets the relative-error floor without an extra pass; ``release`` is
+    :func:`~precguard.difference.accumulate`'s.
 
     Along each dimension of ``shape`` (default: the golden's), the chunks also
     accumulate the error of every slice (one position, one channel, one head when
@@ -281,259 +165,25 @@ def full_metrics(
     relative L2 error, so an error confined to late positions or a few channels is
     seen although the tensor's global ``rel_l2`` is small.
     """
-    g_flat = golden.reshape(-1)
-    a_flat = actual.reshape(-1)
-    numel = g_flat.numel()
+    numel = golden.numel()
     if golden_rms is None or not math.isfinite(golden_rms):
-        golden_rms = _rms(g_flat, chunk)
-    blocks = max(1, min(BIAS_BLOCKS, numel))
-    params = _Params(
-        ulp_dtype=_ulp_dtype(ulp_dtype, actual.dtype, golden.dtype),
+        golden_rms = finite_rms(golden.reshape(-1), chunk)
+    ulps = ulp_precision(ulp_dtype, actual.dtype, golden.dtype)
+    plan = Plan(
         floor=max(REL_FLOOR * golden_rms, torch.finfo(torch.float64).tiny),
         rtol=rtol,
         atol=max(atol, rtol * golden_rms),
-        block_size=-(-numel // blocks),
-        blocks=blocks,
-        slices=_sliced_dims(tuple(golden.shape) if shape is None else tuple(shape), numel),
-        mask_floor=_mask_floor(_ulp_dtype(ulp_dtype, actual.dtype, golden.dtype)),
+        ulp_dtype=ulps,
+        slices=sliced_dims(tuple(golden.shape) if shape is None else tuple(shape), numel),
+        mask_floor=mask_floor(ulps),
+        **blocks(numel),
     )
-    acc = _Acc()
-    starts = range(0, numel, chunk)
-    pool = _pool() if numel > 2 * chunk else None
-
-    def one(start: int) -> _Acc:
-        part = _chunk(g_flat[start : start + chunk], a_flat[start : start + chunk], start, params)
-        if release is not None:
-            release(start, min(start + chunk, numel))
-        return part
-
-    parts = map(one, starts) if pool is None else pool.map(one, starts)
-    for part in parts:
-        acc.merge(part)
-    return _finish(acc, dtype, numel, golden_rms, params.slices)
-
-
-def _mask_floor(dtype: torch.dtype) -> float:
-    """Values at or below this are a precision's stand-in for -inf (None: no such floor)."""
-    if dtype in (torch.float16, torch.bfloat16):
-        return float(torch.finfo(dtype).min)
-    return -math.inf
-
-
-def _sliced_dims(shape: tuple[int, ...], numel: int) -> tuple[tuple[int, int, int], ...]:
-    """The dimensions whose slices are measured: size > 1 and not one element per slice."""
-    if math.prod(shape) != numel or len(shape) < 2:
-        return ()
-    out = []
-    stride = 1
-    for dim in range(len(shape) - 1, -1, -1):
-        size = shape[dim]
-        if 1 < size <= MAX_SLICED and size < numel:
-            out.append((dim, size, stride))
-        stride *= size
-    return tuple(out)
-
-
-def _slice_sums(x: np.ndarray, start: int, size: int, stride: int) -> np.ndarray:
-    """Sum of ``x`` (elements ``start...`` of the flattened tensor) per index of one dim."""
-    n = x.size
-    if stride == 1 and start % size == 0 and n % size == 0:
-        summed: np.ndarray = x.reshape(-1, size).sum(axis=0)
-        return summed
-    first, last = start // stride, (start + n - 1) // stride
-    if last - first < 64:  # a few runs of consecutive elements share an index
-        edges = [0, *(i * stride - start for i in range(first + 1, last + 1))]
-        runs = np.add.reduceat(x, edges)
-        out = np.zeros(size, dtype=np.float64)
-        np.add.at(out, np.arange(first, last + 1) % size, runs)
-        return out
-    idx = (np.arange(start, start + n) // stride) % size
-    counted: np.ndarray = np.bincount(idx, weights=x, minlength=size)
-    return counted
-
-
-def _ulp_dtype(name: str | None, actual: torch.dtype, golden: torch.dtype) -> torch.dtype:
-    chosen = getattr(torch, name, None) if name is not None else None
-    if isinstance(chosen, torch.dtype):
-        return chosen
-    # a compute precision that is no storage dtype (tfloat32, hfloat32): ULPs of the
-    # stored values
-    return actual if actual in _FLOATS else (golden if golden in _FLOATS else torch.float32)
-
-
-# The hot loop stays in numpy: a torch kernel on a 64 Ki chunk wakes torch's
-# intra-op threads, which on a busy 2-core machine cost 20x more than the work.
-
-
-def _raw(t: torch.Tensor) -> np.ndarray:
-    """The elements of ``t`` as numpy without running a torch kernel (bf16 as uint16 bits)."""
-    if t.dtype is torch.bfloat16:
-        raw: np.ndarray = t.view(torch.int16).numpy().view(np.uint16)
-        return raw
-    if t.dtype.itemsize == 1 and t.dtype.is_floating_point:  # float8: numpy has none
-        return t.float().numpy()  # exact: every float8 value is a float32
-    return t.numpy()
-
-
-def _as_numpy(t: torch.Tensor, work: torch.dtype = torch.float64) -> np.ndarray:
-    """``t`` as a numpy array of ``work`` (float32 or float64), exact upcasts only."""
-    target = np.float64 if work is torch.float64 else np.float32
-    raw = _raw(t)
-    if t.dtype is torch.bfloat16:
-        raw = (raw.astype(np.uint32) << 16).view(np.float32)
-    return raw.astype(target, copy=False)
-
-
-def _rms(flat: torch.Tensor, chunk: int) -> float:
-    """Root mean square of the finite elements, in float64 (masks hold float32's min)."""
-    total = 0.0
-    for start in range(0, flat.numel(), chunk):
-        c = _as_numpy(flat[start : start + chunk], torch.float64)
-        # in place on a fresh upcast; copy when c still views the recording
-        c = np.nan_to_num(c, copy=c.base is not None, nan=0.0, posinf=0.0, neginf=0.0)
-        total += float(np.dot(c, c))
-    return math.sqrt(total / max(flat.numel(), 1))
-
-
-def _bits(x: np.ndarray, original: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
-    """Bit patterns of ``x`` rounded (to nearest even) to ``dtype``, as signed integers."""
-    if dtype is torch.bfloat16:
-        if original.dtype is torch.bfloat16:
-            bf: np.ndarray = _raw(original).view(np.int16)
-            return bf
-        f = x.astype(np.float32, copy=False).view(np.uint32)
-        rounded = (f + np.uint32(0x7FFF) + ((f >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-        out: np.ndarray = rounded.astype(np.uint16).view(np.int16)
-        return out
-    if dtype is torch.float16:
-        return x.astype(np.float16, copy=False).view(np.int16)
-    if dtype is torch.float64:
-        return x.astype(np.float64, copy=False).view(np.int64)
-    return x.astype(np.float32, copy=False).view(np.int32)
-
-
-def _ordered_bits(x: np.ndarray, original: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
-    """Map floats to integers whose differences count representable values between them.
-
-    The bit patterns are sign-magnitude; negating the magnitude of negative values
-    turns them into ordered integers on which -0.0 and +0.0 coincide.
-    """
-    _, np_int, mask = _BITS[dtype]
-    bits = _bits(x, original, dtype)
-    sign = bits >> (bits.itemsize * 8 - 1)  # -1 for negative values, 0 otherwise
-    ordered = ((bits & mask) ^ sign) - sign  # no overflow: |magnitude| < 2**(width-1)
-    wide: np.ndarray = ordered.astype(np_int)
-    return wide
-
-
-def _max_ulp(g: np.ndarray, a: np.ndarray, g_t: torch.Tensor, a_t: torch.Tensor, p: _Params) -> int:
-    if p.ulp_dtype is torch.float32 and g_t.dtype is torch.float32 is a_t.dtype:
-        # Same sign (the common case): the bit patterns are ordered like the values, so
-        # their int32 difference is the ULP distance and cannot overflow.
-        gi, ai = g_t.numpy().view(np.int32), a_t.numpy().view(np.int32)
-        if (gi ^ ai).min() >= 0:  # no sign bit differs
-            diff = ai.astype(np.int64) - gi
-            np.abs(diff, out=diff)
-            return int(diff.max())
-    ulp = _ordered_bits(a, a_t, p.ulp_dtype) - _ordered_bits(g, g_t, p.ulp_dtype)
-    return int(max(ulp.max(), -ulp.min()))
-
-
-def _block_dots(x: np.ndarray, y: np.ndarray, start: int, p: _Params) -> np.ndarray:
-    """``<x, y>`` per bias block over elements ``start...`` of the tensor, as a full array.
-
-    A chunk lies in one block for large tensors: one fp64 dot product, no temporary.
-    """
-    out = np.zeros(p.blocks, dtype=np.float64)
-    first = start // p.block_size
-    last = (start + x.size - 1) // p.block_size
-    if first == last:
-        out[first] = float(np.dot(x, y))
-        return out
-    edges = [0, *(b * p.block_size - start for b in range(first + 1, last + 1))]
-    out[first : last + 1] = np.add.reduceat(x * y, edges)
-    return out
-
-
-def _chunk(g_t: torch.Tensor, a_t: torch.Tensor, start: int, p: _Params) -> _Acc:
-    acc = _Acc()
-    g, a = _as_numpy(g_t), _as_numpy(a_t)
-    if g.size == 0:
-        return acc
-    with np.errstate(all="ignore"):
-        if p.mask_floor > -math.inf and float(g.min()) <= p.mask_floor:
-            # -inf stand-ins (finfo(dtype).min of each side's precision) are equal
-            masked = (g <= p.mask_floor) & (a <= p.mask_floor)
-            a = np.where(masked, g, a)
-        d = a - g  # exact in float64 for float32 and narrower inputs
-        acc.sum_sq = float(np.dot(d, d))
-        if not math.isfinite(acc.sum_sq):
-            # Slow path, only for chunks holding NaN/Inf (or overflowing):
-            # count mismatches, then measure the elements finite on both sides.
-            g_nan, a_nan = np.isnan(g), np.isnan(a)
-            acc.nan_mismatch = int(np.count_nonzero(g_nan != a_nan))
-            g_inf, a_inf = np.isinf(g), np.isinf(a)
-            acc.inf_mismatch = int(np.count_nonzero((g_inf | a_inf) & (g != a) & ~(g_nan | a_nan)))
-            both = np.isfinite(g) & np.isfinite(a)
-            acc.nonfinite = int(both.size - np.count_nonzero(both))
-            g = np.where(both, g, 0.0)
-            a = np.where(both, a, 0.0)
-            g_t = torch.from_numpy(g).to(g_t.dtype)
-            a_t = torch.from_numpy(a).to(a_t.dtype)
-            d = a - g
-            acc.sum_sq = float(np.dot(d, d))
-        acc.n = d.size
-        acc.g_absmax = float(np.abs(g).max())
-        acc.block_gg = _block_dots(g, g, start, p)
-        acc.gg = float(acc.block_gg.sum())
-        if acc.sum_sq == 0 and not np.any(d):
-            # Bitwise equal chunk (weights, exact layers): nothing else to measure.
-            acc.aa = acc.ga = acc.gg
-            acc.block_gd = np.zeros(p.blocks, dtype=np.float64)
-            if p.slices:
-                g2 = g * g
-                for dim, size, stride in p.slices:
-                    acc.slice_gg[dim] = _slice_sums(g2, start, size, stride)
-                    acc.slice_dd[dim] = np.zeros(size, dtype=np.float64)
-                    acc.slice_gd[dim] = np.zeros(size, dtype=np.float64)
-            return acc
-        acc.block_gd = _block_dots(g, d, start, p)
-        if p.slices:
-            g2, d2, gd2 = g * g, d * d, g * d
-            for dim, size, stride in p.slices:
-                acc.slice_dd[dim] = _slice_sums(d2, start, size, stride)
-                acc.slice_gg[dim] = _slice_sums(g2, start, size, stride)
-                acc.slice_gd[dim] = _slice_sums(gd2, start, size, stride)
-        gd = float(acc.block_gd.sum())
-        # <g,a> and <a,a> from <g,g>, <g,d>, <d,d>: a = g + d
-        acc.ga = acc.gg + gd
-        acc.aa = acc.gg + 2.0 * gd + acc.sum_sq
-        acc.max_ulp = _max_ulp(g, a, g_t, a_t, p)
-        gabs = np.abs(g)
-        rel = d / np.maximum(gabs, p.floor)
-        # signed relative error (a-g)/g, |g| floored: a scale fault s gives s-1 everywhere
-        acc.sum_signed_rel = float(np.dot(rel, np.sign(g)))
-        np.abs(rel, out=rel)
-        acc.max_rel = float(rel.max())
-        np.abs(d, out=d)
-        acc.max_abs = float(d.max())
-        acc.sum_abs = float(d.sum())
-        if acc.max_abs == 0:
-            return acc
-        if acc.max_abs > p.atol:  # otherwise every element is within atol: none is "not close"
-            gabs *= p.rtol
-            gabs += p.atol
-            acc.not_close = int(np.count_nonzero(d > gabs))
-        # bands are nested (1e-2 > 1e-3 > 1e-4): stop at the first that no element exceeds
-        for i, band in sorted(enumerate(REL_BANDS), key=lambda ib: ib[1]):
-            if acc.max_rel <= band:
-                break
-            acc.bands[i] = int(np.count_nonzero(rel > band))
-    return acc
+    sums = accumulate(golden, actual, plan, chunk=chunk, release=release)
+    return _finish(sums, dtype, numel, golden_rms, plan.slices)
 
 
 def _worst_slice(
-    acc: _Acc, rms: float, numel: int, slices: tuple[tuple[int, int, int], ...]
+    acc: Sums, rms: float, numel: int, slices: tuple[tuple[int, int, int], ...]
 ) -> tuple[float | None, int | None, int | None]:
     """The worst slice's relative L2 error, its dimension and index (None: not sliced).
 
@@ -560,7 +210,7 @@ def _worst_slice(
 
 
 def _finish(
-    acc: _Acc,
+    acc: Sums,
     dtype: str,
     numel: int,
     rms: float = 0.0,
@@ -622,16 +272,16 @@ def _finish(
 
 
 def _scale(
-    acc: _Acc, u: float = 0.0, channels: int | None = None, rows_per_block: float = 1.0
+    acc: Sums, u: float = 0.0, channels: int | None = None, rows_per_block: float = 1.0
 ) -> tuple[float | None, float | None]:
     """Least-squares scale of actual on golden and its cluster-robust standard error.
 
     ``s - 1 = sum_b c_b / sum_b q_b`` with ``c_b = <g_b, a_b - g_b>`` and
     ``q_b = <g_b, g_b>`` over clusters ``b``; the standard error linearizes that
     ratio: ``sqrt(B/(B-1) * sum_b (c_b - (s-1) q_b)^2) / sum_b q_b``. Two kinds of
-    clusters, the larger standard error wins: the :data:`BIAS_BLOCKS` contiguous
-    blocks of the flattened tensor (a row's shared rounding, such as a norm's rounded
-    per-row scale) and the indices of every dimension with at least
+    clusters, the larger standard error wins: the contiguous blocks of the flattened
+    tensor (:data:`~precguard.difference.BIAS_BLOCKS`: a row's shared rounding, such as a
+    norm's rounded per-row scale) and the indices of every dimension with at least
     :data:`BIAS_MIN_CLUSTERS` of them (a rounding shared across rows: a channel's
     rounded weights, rows that repeat one another), so an error pattern the rows
     share widens it instead of passing for a bias.
@@ -680,8 +330,8 @@ def exact_metrics(golden: torch.Tensor, actual: torch.Tensor, *, chunk: int = CH
     g_flat, a_flat = golden.reshape(-1), actual.reshape(-1)
     mismatched = 0
     for start in range(0, g_flat.numel(), chunk):
-        g = _raw(g_flat[start : start + chunk])
-        a = _raw(a_flat[start : start + chunk])
+        g = raw(g_flat[start : start + chunk])
+        a = raw(a_flat[start : start + chunk])
         mismatched += int(np.count_nonzero(g != a))
     total = max(g_flat.numel(), 1)
     return ExactMetrics(
@@ -709,7 +359,7 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
     # finfo.min where the actual has bf16's); the statistics they dominate say nothing,
     # the sample (stand-ins on both sides equal) and the max do
     chosen = getattr(torch, dtype, None)
-    floor = _mask_floor(chosen) if isinstance(chosen, torch.dtype) else -math.inf
+    floor = mask_floor(chosen) if isinstance(chosen, torch.dtype) else -math.inf
     masked = floor > -math.inf and gs.min is not None and gs.min <= floor
     compared = ("max",) if masked else ("min", "max", "mean", "std", "absmax", "l2")
     diffs = _stat_diffs(gs, as_, compared, rms)

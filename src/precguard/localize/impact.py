@@ -12,10 +12,9 @@ the actual Side's device in its dtype. A module is put at reference precision th
 ``bisect`` does it (:class:`~precguard.localize.bisect.ReferencePrecision`:
 its call goes to the same module of the reference copy, its output cast back
 to the actual's dtype), so no second hook layer exists. The error is the
-relative L2 error of the logits, measured by compare's own
-:func:`~precguard.compare.metrics.tensor_metrics` (not the in-memory
-:func:`precguard.numerics.measure`: the re-run must reproduce the recorded
-comparison's error bit for bit, and compare sums the squares by chunks).
+relative L2 error of the logits, measured by :func:`precguard.numerics.measure`,
+whose sums are compare's (:func:`precguard.difference.accumulate`): the re-run
+reproduces the recorded comparison's error bit for bit.
 
 A module's *share* is ``(before - after) / before``. The error budget lists
 each local module's share, the error with all of them at reference together,
@@ -42,10 +41,8 @@ from torch import nn
 
 from precguard._logging import get_logger
 from precguard.compare.impact_report import ErrorBudget, Impact, RemedyCheck, RemedyVerdict
-from precguard.compare.levels import FullMetrics
-from precguard.compare.metrics import tensor_metrics
+from precguard.compare.metrics import exact_metrics
 from precguard.compare.report import Comparison
-from precguard.compare.tolerance import get_profile
 from precguard.devices import dtype_name, resolve_backend
 from precguard.errors import PrecguardError, TargetError, UsageError
 from precguard.localize.bisect import (
@@ -57,7 +54,7 @@ from precguard.localize.bisect import (
     main_output,
     module_path,
 )
-from precguard.numerics import FLOOR_SLACK, HELP_SHARE, REPRODUCED
+from precguard.numerics import FLOOR_SLACK, HELP_SHARE, REPRODUCED, measure
 from precguard.opcheck.sweep import OpCheckResult
 from precguard.target import Target
 from precguard.target_run import (
@@ -155,7 +152,7 @@ class ActualSide(Twins):
 
     def measure(self, output: Any) -> float:
         """The relative L2 error of ``output``'s logits against the reference's (inf if not
-        finite), measured by compare's :func:`tensor_metrics`."""
+        finite), measured by :func:`precguard.numerics.measure`."""
         got = main_output(output, "actual").detach().to("cpu")
         return relative_error(got, self.expected)
 
@@ -282,8 +279,8 @@ def not_run(
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """``actual``'s relative L2 error against ``expected`` (compare's measure, whose
-    ratio is :func:`precguard.numerics.relative_l2`); inf if not finite."""
+    """``actual``'s relative L2 error against ``expected`` (:func:`precguard.numerics.measure`,
+    compare's sums); inf if not finite; the share of unequal elements for integer outputs."""
     if actual.numel() != expected.numel():
         raise UsageError(
             f"the actual output has {actual.numel()} elements, the reference "
@@ -291,16 +288,9 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
         )
     if not bool(torch.isfinite(actual).all()):
         return math.inf
-    metrics = tensor_metrics(
-        expected,
-        actual,
-        golden_dtype=dtype_name(expected.dtype),
-        actual_dtype=dtype_name(actual.dtype),
-        profile=get_profile("default"),
-    )
-    if isinstance(metrics, FullMetrics) and metrics.rel_l2 is not None:
-        return float(metrics.rel_l2)
-    return float(metrics.error)  # integer outputs: the share of unequal elements
+    if not (actual.is_floating_point() or expected.is_floating_point()):
+        return exact_metrics(expected, actual).error
+    return measure(actual, expected).rel_l2
 
 
 def share_of(before: float, after: float) -> float | None:
