@@ -95,10 +95,11 @@ class Sums:
     def merge(self, part: Sums) -> None:
         """Add the sums of the next chunk (chunks merge in order: the sums do not depend on
         the thread count)."""
+        own, other = vars(self), vars(part)  # the fields by name (plain data, no hook)
         for name in _SUMMED:
-            setattr(self, name, getattr(self, name) + getattr(part, name))
+            own[name] += other[name]
         for name in _MAXED:
-            setattr(self, name, max(getattr(self, name), getattr(part, name)))
+            own[name] = max(own[name], other[name])
         self.bands = [x + y for x, y in zip(self.bands, part.bands, strict=True)]
         for mine, theirs in (
             (self.slice_dd, part.slice_dd),
