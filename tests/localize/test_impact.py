@@ -13,7 +13,12 @@ import pytest
 
 import precguard
 from precguard import BisectResult, comparison_sides, verify
-from precguard.localize.impact import bisect_findings, error_budget, recordings_only
+from precguard.localize.impact import (
+    bisect_findings,
+    comparison_impact,
+    error_budget,
+    recordings_only,
+)
 from tests.localize.cli import precguard_cli
 from tests.localize.impact_corpus import DEVICE, side
 
@@ -81,6 +86,22 @@ def test_without_a_target_the_budget_says_what_the_recordings_allow(two_bugs_run
     assert budget.measured == "recordings" and "needs --target" in budget.note
     assert all(i.share is None for i in budget.impacts)
     assert {i.module for i in budget.impacts} >= {"model.rotary_emb"}
+
+
+def test_recordings_of_two_targets_are_not_re_run_from_one(two_bugs_runs) -> None:
+    # a golden recorded from one target and an actual from another: a re-run from either
+    # builds both sides alike and would read "output not affected" for what the two differ by
+    result = precguard.compare_runs(*two_bugs_runs)
+    recorded = result.targets[0]
+    assert recorded is not None and result.targets == [recorded, recorded]
+    budget = comparison_impact(result, CORPUS + "two_bugs")
+    assert budget.measured == "target"  # one target: re-run
+    elsewhere = result.model_copy(update={"targets": [recorded, "two_faults.py"]})
+    budget = comparison_impact(elsewhere, CORPUS + "two_bugs")
+    assert budget.measured == "recordings" and "two targets" in budget.note
+    # the same file named from another directory is one target
+    moved = result.model_copy(update={"targets": [recorded, "/x/impact_corpus.py:two_bugs"]})
+    assert comparison_impact(moved, CORPUS + "two_bugs").measured == "target"
 
 
 @pytest.mark.slow

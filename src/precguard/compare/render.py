@@ -304,6 +304,9 @@ def _print_further_findings(result: Comparison, console: Console) -> None:
 def output_impact(result: Comparison) -> tuple[str, str]:
     """Whether a divergence reaches the model's output, for the first line, and its style."""
     budget = result.impact
+    if budget is not None and budget.measured == "recordings" and budget.note.startswith("the "):
+        # a --target that could not re-run these recordings (two targets): say why, briefly
+        return f"output impact not measured: {budget.note.split(' (')[0]}", "default"
     if budget is None or budget.measured != "target" or budget.output_error is None:
         return "output impact not measured: --target re-runs it", "default"
     error = format_number(budget.output_error)

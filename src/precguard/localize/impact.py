@@ -34,6 +34,7 @@ import contextlib
 import copy
 import math
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -538,6 +539,16 @@ def comparison_impact(
     findings, left_out = comparison_findings(result)
     if side is None and target is None:
         return recordings_only(result, reason="no --target was given")
+    if golden is None and len({_target_identity(t) for t in result.targets if t}) > 1:
+        g_target, a_target = result.targets[:2]
+        return recordings_only(
+            result,
+            reason=(
+                f"the recordings were made from two targets (golden {g_target!r}, actual "
+                f"{a_target!r}): a re-run builds both sides from one, so it cannot measure "
+                "what the recordings differ by"
+            ),
+        )
     note = f"left out: {', '.join(left_out)}" if left_out else ""
     if not findings:
         return ErrorBudget(
@@ -561,6 +572,15 @@ def comparison_impact(
             f"{recorded:.3g}: the target or device may not be what the actual side ran"
         )
     return budget.model_copy(update={"recorded_output_error": recorded, "note": "; ".join(notes)})
+
+
+def _target_identity(spec: str) -> str:
+    """A manifest's target spec as the code it names: a file by its name (a run recorded
+    from another directory gives another path to the same file), a built-in by its name."""
+    file, sep, function = spec.partition(":")
+    if file.endswith(".py") or "/" in file:
+        return f"{Path(file).name}{sep}{function}"
+    return spec
 
 
 def recorded_output_error(result: Comparison, step: int, numel: int) -> float | None:
