@@ -1,47 +1,15 @@
 """Judge an optimizer step by the error its gradient explains, through the update rule.
 
-An optimizer turns a gradient into an update. SGD (with or without momentum) is
-linear in the gradient: a gradient that differs by rounding (relative error
-``e_g``) gives an update that differs by about as much. Adam (AdamW, Adam,
-Adafactor's first moment) is not: an update element is ``lr * m / (sqrt(v) + eps)``,
-and at the first step from zero state ``m / sqrt(v) = g / |g|``, a sign. Where a
-gradient element lies within its error of zero, bf16's rounding may flip its sign,
-and the update element goes from ``+lr`` to ``-lr``: a correct run, a 100 % error
-on that element. Two correct bf16 fine-tunes of a LoRA adapter (``B = 0`` at the
-start, so the first update *is* the weight) differ by ``2 sqrt(f)`` relative, with
-``f`` the share of near-zero gradient elements (measured 0.09-0.18 at f = 0.2-0.8 %),
-while their gradients are within bf16's error.
-
-So an update (or the parameter after it) is judged in two parts:
-
-* **explained elements**, bounded one by one (:func:`element_bound`): to first
-  order an update element moves by ``2 |u_i| |d_i / g_i|`` (its gradient element's
-  relative error, carried once by Adam's ``m`` and once by ``sqrt(v)``; SGD's step
-  carries it once), and where ``|d_i| >= |g_i|`` (the gradient within its error of
-  zero) its sign may flip; never more than ``2 U``, ``U`` the golden's largest
-  update element (Adam's step is bounded by ``lr`` times its bias-corrected factor,
-  which the golden's own step shows). Elements near Adam's ``eps`` are covered too
-  (``lr g / (|g| + eps)`` is sensitive there). The norm of those bounds is a worst
-  case already and is counted as is, not amplified by the gate.
-* **the rest**: ``2 e_g`` of the update, the gradient's global error, plus rounding:
-  the gate amplifies it like any consumed error.
-
-From statistics, the bound is taken on the sampled elements of the two gradients
-(:data:`precguard.capture.evidence.SAMPLE_SIZE` of them) and scaled to the tensor,
-plus the flips the sample may have missed: for ``h`` of ``N`` sampled elements
-within their error of zero, the share's upper confidence bound
-``(h + 3 sqrt(h) + 3) / N`` (the rule of three when none is: a share this sample
-could have missed with 5 % chance) less ``h / N``, each a step of ``2 U``. Without
-samples, ``f <= 6 e_g`` of the elements may flip: those within 3 error standard
-deviations (``e_g * rms(g)``) of zero, for a density at zero up to 1/rms(g) (2.5
-times a Gaussian's).
-
-The parameter after a step carries the step's explained error forward: its
-expected error is its error before the step plus the update's, relative to the
-parameter's norm (:func:`explain_params`). Optimizer records are the watch's
-``backward.param`` records (``optimizer.update.<param>``, ``optimizer.<state>.<param>``,
-see docs/watch.md); ``record --train`` keeps no update, so there the update is the
-golden's parameter at this step less the one before.
+Adam's first step is a sign: a gradient element within its error of zero may flip its
+update from ``+lr`` to ``-lr`` in a correct run. An update (or the parameter after it)
+is judged in two parts (docs/compare.md, "Optimizer steps judged through the update
+rule"): the elements a flip or the gradient's element error explains, bounded one by
+one (:func:`element_bound`) and counted as is; and the rest, ``2 e_g`` of the update
+(``e_g`` the gradient's error), which the gate amplifies like any consumed error.
+Optimizer records are the watch's ``backward.param`` records
+(``optimizer.update.<param>``, ``optimizer.<state>.<param>``, see docs/watch.md);
+``record --train`` keeps no update, so there the update is the golden's parameter at
+this step less the one before (:func:`explain_params`).
 """
 
 from __future__ import annotations
@@ -105,11 +73,15 @@ def _sampled(rec: Record | None, seed: int | None = None) -> np.ndarray | None:
     return values if values.size else None
 
 
-def _norm(rec: Record) -> tuple[float, float]:
-    """(l2, absmax) of a record from its statistics."""
+def _size(rec: Record, tensors: Tensors) -> tuple[torch.Tensor | None, float, float]:
+    """(full tensor or None, l2, absmax) of a record: from its full tensor where kept,
+    else from its statistics."""
+    t = _full(rec, tensors)
+    if t is not None:
+        return t, float(t.norm()), float(t.abs().max()) if t.numel() else 0.0
     if rec.stats is None:
-        return 0.0, 0.0
-    return float(rec.stats.l2 or 0.0), float(rec.stats.absmax or 0.0)
+        return None, 0.0, 0.0
+    return None, float(rec.stats.l2 or 0.0), float(rec.stats.absmax or 0.0)
 
 
 def element_bound(u: np.ndarray | float, g: np.ndarray, d: np.ndarray, top: float) -> np.ndarray:
@@ -199,10 +171,7 @@ def explain_update(
     rest = 2.0 * grad_error if math.isfinite(grad_error) else math.inf
     if grad is None:
         return Explained(0.0, rest, 0.0)
-    l2, top = _norm(update)
-    ug = _full(update, g_tensors)
-    if ug is not None:
-        l2, top = float(ug.norm()), float(ug.abs().max()) if ug.numel() else 0.0
+    ug, l2, top = _size(update, g_tensors)
     if l2 == 0.0 or top == 0.0:
         return Explained(0.0, rest, 0.0)
     n = math.prod(update.shape) or 1
@@ -233,14 +202,11 @@ def explain_params(
     for rec in now:
         if rec.role != "param" or rec.phase != "forward":
             continue
-        pid = f"{rec.module}.{rec.index}"
+        pid = _pid(rec)
         prev, grad = before.get(rec.key), grads.get(pid)
         if prev is None or grad is None or prev.shape != rec.shape or prev.step >= rec.step:
             continue
-        norm, peak = _norm(rec)
-        w_now = _full(rec, g_tensors)
-        if w_now is not None and w_now.numel():
-            norm, peak = float(w_now.norm()), float(w_now.abs().max())
+        _, norm, peak = _size(rec, g_tensors)
         delta, delta_sample, top, delta_l2 = _delta(prev, rec, g_tensors)
         if norm == 0.0 or delta_l2 is None:
             continue
@@ -316,38 +282,42 @@ class StepTrail:
         # step's records stay in their files (dump/step_records.py)
         by_key = {r.key: r for r in a_recs if r.role == "grad" or is_optimizer(r.phase, r.role)}
         stepped = explain_params(self.params, self.grads, g_recs, g_tensors, a_tensors)
-        out = {
-            rec.key: stepped[_pid(rec)]
-            for rec in g_recs
-            if rec.phase == "forward" and rec.role == "param" and _pid(rec) in stepped
-        }
-        grads: dict[tuple[str, str], Record] = {}
-        for rec in g_recs:
-            if rec.phase == "backward" and rec.role == "grad":
-                grads[(rec.module, rec.name)] = rec
-        for rec in g_recs:
-            if not is_update(rec):
-                continue
-            grad = grads.get((rec.module, rec.name[len(UPDATE_PREFIX) :]))
-            error = errors.get(grad.key, math.inf) if grad is not None else math.inf
-            out[rec.key] = explain_update(
-                rec,
-                by_key.get(rec.key),
-                grad,
-                by_key.get(grad.key) if grad is not None else None,
-                error,
-                g_tensors,
-                a_tensors,
-            )
-        self.params = {
-            r.key: r for r in g_recs if r.phase == "forward" and r.role == "param"
-        } or self.params
-        self.grads = {
-            _pid(r): (r, by_key.get(r.key), errors.get(r.key, math.inf))
-            for r in g_recs
-            if r.phase == "backward" and r.role == "grad"
-        }
+        params = [r for r in g_recs if r.phase == "forward" and r.role == "param"]
+        grads = [r for r in g_recs if r.phase == "backward" and r.role == "grad"]
+        out = {rec.key: stepped[_pid(rec)] for rec in params if _pid(rec) in stepped}
+        out |= _explain_updates(g_recs, grads, by_key, errors, g_tensors, a_tensors)
+        self.params = {r.key: r for r in params} or self.params
+        self.grads = {_pid(r): (r, by_key.get(r.key), errors.get(r.key, math.inf)) for r in grads}
         return out
+
+
+def _explain_updates(
+    g_recs: list[Record],
+    grads: list[Record],
+    by_key: dict[str, Record],
+    errors: dict[str, float],
+    g_tensors: Tensors,
+    a_tensors: Tensors,
+) -> dict[str, Explained]:
+    """Per update record's key: what the optimizer explains on it, given its gradient's
+    error (``by_key``: the actual's records)."""
+    grad_of = {(rec.module, rec.name): rec for rec in grads}
+    out: dict[str, Explained] = {}
+    for rec in g_recs:
+        if not is_update(rec):
+            continue
+        grad = grad_of.get((rec.module, rec.name[len(UPDATE_PREFIX) :]))
+        error = errors.get(grad.key, math.inf) if grad is not None else math.inf
+        out[rec.key] = explain_update(
+            rec,
+            by_key.get(rec.key),
+            grad,
+            by_key.get(grad.key) if grad is not None else None,
+            error,
+            g_tensors,
+            a_tensors,
+        )
+    return out
 
 
 def _pid(rec: Record) -> str:
@@ -378,7 +348,7 @@ def golden_updates(plan: Any, g_store: Any, rank: int, g_recs: list[Record]) -> 
         norm, peak = float(now.norm()), float(now.abs().max()) if now.numel() else 0.0
         rel = float(delta.norm()) / norm if norm > 0 else 0.0
         rel_peak = float(delta.abs().max()) / peak if peak > 0 else 0.0
-        out[f"{rec.module}.{rec.index}"] = max(rel, rel_peak)
+        out[_pid(rec)] = max(rel, rel_peak)
     return out
 
 
