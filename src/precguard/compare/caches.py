@@ -1,19 +1,12 @@
 """The KV cache a module read, named in the why line when it differs from golden.
 
 With ``kv_cache=True`` (:mod:`precguard.capture.kv_cache`) each cache tensor is
-recorded at the call that saw it: the attention whose ``cache.update`` wrote it,
-as an output named where the call held the cache
-(``kwargs.cache.layers.0.keys``). That state holds every position the call
-attended to: what earlier steps wrote, which it read, and its own new one. So
-when an attention whose inputs match makes an error, and its cache state
-differs from golden's, the cache is what it consumed besides its arguments and
-weights — as a buffer is (``inv_freq``, :mod:`precguard.compare.divergence`) —
-and the why line names it: the layer, keys or values, the error, and the dtype
-it was stored in where that is not golden's, with the remedy ("keep the KV
-cache in float32").
-
-A candidate whose failing record is itself a cache state wrote the cache wrong;
-its why line says that record is the cache it wrote.
+recorded at the call that saw it, as an output named where the call held the cache
+(``kwargs.cache.layers.0.keys``). When an attention whose inputs match makes an error
+and its cache state differs from golden's, the why line names the cache as what it
+consumed besides its arguments and weights: the layer, keys or values, the error, the
+dtype it was stored in where that is not golden's, and the remedy. A failing record
+that is itself a cache state wrote the cache wrong; its why line says so.
 """
 
 from __future__ import annotations

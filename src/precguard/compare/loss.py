@@ -1,36 +1,18 @@
 """A loss computed in low precision where golden computes it in float32: found by its dtype.
 
-A causal-LM loss is a log-softmax over the vocabulary, ``logits - logsumexp(logits)``,
-averaged over tokens. For a confident prediction the two terms are nearly equal
-and large (peaked logits span tens of units), so in a format with unit roundoff
-``u`` each token's log-probability carries an absolute error of about
-``u * |logsumexp|`` however small the loss is: in bfloat16, 2**-8 of a logsumexp of 32
-is 0.125 nats, where a trained model's loss per token is a few tenths. That is the
-classic port bug "cross-entropy on bf16 logits"; the remedy is to compute the loss
-on float32 logits (``logits.float()`` before ``log_softmax``/``cross_entropy``), as
-transformers' ``ForCausalLMLoss`` does.
-
-Its *value* cannot show it reliably (measured on ``parallel-decoder-loss-low-precision``,
-``emu:bf16-mixed`` against the cpu golden, docs/targets.md): the loss is a mean over
-254 tokens, whose per-token rounding errors average out, then one rounding of the
-scalar to bfloat16; the buggy loss was off by 6.3e-4 (relative) and its correct twin,
-the same logits in float32, by 7.2e-4. No expected error separates them. What
-separates them is the precision the loss was computed in, which the record keeps:
-``F.cross_entropy`` and a hand-written log-softmax return the dtype they computed
-in, so a loss whose output is bfloat16 or float16, where golden's is float32, was
-computed in that precision (its twin, which upcasts, returns float32).
+A log-softmax in bfloat16 loses about ``u * |logsumexp|`` nats per token however small
+the loss, yet the loss's *value*, a mean over tokens, stays within what bf16 explains
+(docs/compare.md, "A loss computed in low precision: judged by its dtype"). What
+separates the bug from its correct twin is the precision the loss was computed in,
+which its output dtype keeps: ``F.cross_entropy`` and a hand-written log-softmax
+return the dtype they computed in.
 
 A loss record is a forward output of one element (a scalar) of a module call that
 consumed a floating tensor of at least two dimensions (the logits, reduced over
-their last) and integer labels, or of a module whose type ends in ``Loss``
-(``nn.CrossEntropyLoss``, ``nn.KLDivLoss``). The root module's outputs are not
-judged here: a root that returns its loss computed it in a submodule (judged there)
-or in its own code, which consumed no floating tensor it recorded.
-
-On ``emu:bf16`` (every op rounded to bfloat16, float32 tensors kept) the bug and its
-twin are the same computation and the same dtype: there is nothing to find, and
-nothing is reported (docs/targets.md says where users meet the bug: a model cast to
-bfloat16, ``emu:bf16-mixed``).
+their last) and integer labels, or of a module whose type ends in ``Loss``. The root
+module's outputs are not judged here: a root that returns its loss computed it in a
+submodule (judged there) or in its own code, which consumed no floating tensor it
+recorded.
 
 The rule (:class:`LossRule`) is applied in compare's one pass at the loss record, after
 the judge (compare/verdict.py): its finding is the call's decision on that record, never

@@ -1,37 +1,13 @@
 """Padded positions and attention masks: what a batch's ``attention_mask`` says no one reads.
 
-A batch padded on the left or the right holds positions the model is told to
-ignore (``attention_mask == 0``). The hidden states computed at those query
-positions are undefined — eager attention softmaxes a row of ``finfo.min``
-into a uniform average of every value, SDPA into another average or NaN — and
-nothing downstream reads them: real queries never attend to padded keys, and a
-loss skips padded labels. Two correct runs may therefore differ there by
-anything, and comparing them judges that noise as the model's error.
-
-So compare learns the padding from the recording: the root call's
-``attention_mask`` keyword input, a 2-d ``[batch, seq]`` tensor recorded in
-full on either side. Every forward float record of that call whose leading
-dimensions are ``[batch, seq]`` (hidden states, attention and MLP outputs,
-logits), or ``[batch, heads, seq, ...]`` (per-head queries, attention
-weights, a 4-d mask), is measured over the real positions only:
-
-- full tensors: both sides are set to zero at padded positions before the
-  metrics (so the shape, and the worst slice's index, stay the tensor's);
-- statistics only: the evidence at padded positions (sampled elements, the
-  norms of positions padded in any batch row) and the overall statistics,
-  which mix padded and real positions, are taken from the golden, so the
-  error is estimated from the real positions' sample and norms alone.
-
-When the mask itself was recorded as statistics only, its zeros say how many
-positions are padded but not which: nothing is left out, and the comparison
-says so. Records of other shapes (a flattened ``[batch * seq, hidden]`` token
-list, the cache's keys) are judged as before.
-
-The same attention mask also reaches the layers in two representations: eager
-attention gets an additive float mask (0 where a query attends, ``finfo.min``
-where not), SDPA a boolean one (True where it attends). Compared as floats they
-differ by 100 %; :func:`mask_metrics` compares them as masks, position by
-position.
+What a model computes at a padded query position (``attention_mask == 0``) is undefined,
+and nothing downstream reads it, so compare learns the padding from the root call's 2-d
+``attention_mask`` keyword input (recorded in full on either side) and measures every
+forward float record of that call led by ``[batch, seq]`` or ``[batch, heads, seq, ...]``
+over the real positions only: full tensors zeroed at padded positions on both sides,
+statistics with the golden's evidence at padded positions. The same mask reaching the
+layers as an additive float mask on one side and a boolean one on the other is compared
+as masks (:func:`mask_metrics`). See docs/compare.md, "Padded positions".
 """
 
 from __future__ import annotations
@@ -82,12 +58,7 @@ class LeftOut(BaseModel):
     )
 
     def __add__(self, other: LeftOut) -> LeftOut:
-        return LeftOut(
-            positions=self.positions + other.positions,
-            records=self.records + other.records,
-            stats_records=self.stats_records + other.stats_records,
-            unknown=self.unknown + other.unknown,
-        )
+        return LeftOut(**{k: v + getattr(other, k) for k, v in self})
 
 
 def padding_note(left: LeftOut) -> str | None:
@@ -196,7 +167,8 @@ class StepPadding:
         return cls(_root_calls(g_recs, g_store), _root_calls(a_recs, a_store))
 
     def _keep(self, g: Record, a: Record) -> torch.Tensor | None:
-        """The mask of the root call ``g`` and ``a`` belong to, shaped for them."""
+        """The mask of the root call ``g`` and ``a`` belong to, shaped for them (None:
+        nothing to leave out)."""
         if g.phase != "forward" or (g.module == "root" and g.role == "input"):
             return None
         if not (is_float_dtype(g.dtype) or is_float_dtype(a.dtype)):
@@ -218,16 +190,16 @@ class StepPadding:
         if shaped is None:
             return None
         self._used[id(call)] = call.padded
-        return shaped
+        # no real position: zeroing every element would compare nothing and pass, so the
+        # record is compared as recorded
+        return None if keep.all() or not keep.any() else shaped
 
     def full(
         self, g: Record, a: Record, golden: torch.Tensor, actual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Both full tensors, zero at padded positions (None: nothing to leave out)."""
         keep = self._keep(g, a)
-        # no real position: zeroing every element would compare nothing and pass, so the
-        # record is compared as recorded
-        if keep is None or keep.all() or not keep.any():
+        if keep is None:
             return None
         if golden.shape != actual.shape:
             actual = actual.reshape(golden.shape)
@@ -246,7 +218,7 @@ class StepPadding:
         (its statistics are all there is).
         """
         keep = self._keep(g, a)
-        if keep is None or keep.all() or not keep.any() or g.stats is None or a.stats is None:
+        if keep is None or g.stats is None or a.stats is None:
             return measure(g, a)
         sample = _kept_sample(g, a, keep)
         positions = _kept_positions(g, a, keep)
@@ -381,7 +353,7 @@ def mask_stats_metrics(g: Record, a: Record) -> Metrics | None:
         boolean.zeros is None
         or additive.zeros is None
         or boolean.numel != additive.numel
-        or not (additive.max == 0 and additive.min < 0 and additive.absmax == -additive.min)
+        or not _is_additive(additive)
     ):
         return None
     attended = (boolean.numel - boolean.zeros, additive.zeros)

@@ -1,26 +1,14 @@
 """Compare at scale: (rank, step) units shared by worker processes or by a torchrun job.
 
 Comparing is independent per rank and step, so the units are dealt out and the
-results put back together in (rank, step) order by
-:func:`~precguard.compare.engine.merge_shards`, which makes the result the same
-JSON whatever the number of processes:
-
-* ``compare_runs(..., workers=N)`` / ``precguard compare --workers N``: this process
-  and N-1 more on this machine (``fork`` where available, else ``spawn``), each
-  rebuilding the comparison plan from its plain arguments;
-* ``torchrun --nnodes ... -m precguard.compare GOLDEN ACTUAL ...``: every process
-  of the job takes a share, sends it to rank 0 with ``gather_object`` and rank 0
-  merges and prints (see :mod:`precguard.compare.__main__`).
-
-A share travels as the JSON of its :class:`~precguard.compare.units.ShardResult`,
-never as a pickled object. Unit ``(i, s)`` (the i-th rank compared, step ``s``) belongs to process
-``(i + n_ranks * (s mod k)) mod N`` with ``k = ceil(N / n_ranks)``: whole ranks
-when there are at least as many ranks as processes (a process reads only its
-ranks' records), steps of a rank spread over processes when there are fewer.
-
-Workers keep the parent's torch thread count: full-tensor metrics reduce in
-fp64 on the CPU, and a different thread count could round their last bits
-differently from a single-process run.
+results merged in (rank, step) order (:func:`~precguard.compare.engine.merge_shards`):
+the same JSON whatever the number of processes. ``compare_runs(..., workers=N)`` runs
+this process and N-1 more on this machine; under ``torchrun ... -m precguard.compare``
+every process of the job takes a share and rank 0 gathers, merges and prints. A share
+travels as the JSON of its :class:`~precguard.compare.units.ShardResult`, never pickled.
+Unit ``(i, s)`` belongs to process :func:`owner` (whole ranks when there are at least
+as many ranks as processes). Workers keep the parent's torch thread count, so
+full-tensor metrics round their last bits as a single-process run does.
 """
 
 from __future__ import annotations

@@ -1,32 +1,14 @@
 """A router's weights recomputed from its own logits: the precision the gate computed in.
 
-Reference mixture-of-experts code keeps the router's arithmetic in float32 inside a
-low-precision model (DeepSeek-V3's ``F.linear(h.float(), w.float())`` and sigmoid,
-Mixtral's ``softmax(logits.float())``): the routing weights it returns are stored in
-float32. A device that computes those float32 ops in bf16 (a precision mode for float32
-kernels) returns weights of the same dtype whose error is one bf16 rounding, which the
-error its inputs carry explains: judged by size, such a gate passes (docs/realworld.md).
-
-Its *own* arithmetic can be measured apart from what it was given, because the router
-records both ends of it: the logits (an output, shape ``[tokens, experts]``), the
-chosen experts (the indices) and the weights. The weights are a fixed function of the
-logits and indices, one of the forms routers use (:data:`FORMS`):
-``softmax(l)[idx]``, that normalized over the chosen experts (= the softmax of the
-chosen logits: Mixtral, Qwen3-MoE, gpt-oss), ``sigmoid(l)[idx]`` and that normalized
-(DeepSeek-V3), each times a constant scale (``routed_scaling_factor``). The form and
-the scale are the ones that reproduce the *golden's* weights from the golden's logits
-to float32 rounding; applied in float64 to the *actual's* logits and indices, the
-relative residual of the actual's weights is the rounding of the actual's own
-arithmetic alone, whatever error its logits carry. Its format is
-:func:`precguard.numerics.precision_class` (the nearest unit roundoff in bits); a
-class coarser than the precision the weights were asked for is the gate computing in
-lower precision than its code says: a finding at the router, on the tokens both runs
-routed alike.
-
-The precision asked for is the weights' stored dtype where the run's dtypes are the
-code's (no compute precision declared, or the router's inputs stored in it: an fp32
-output beside bf16 inputs is an island the code upcast to), else the declared compute
-precision (an ``emu:bf16`` device that rounds every op: bf16 weights are its numerics).
+Reference code keeps a router's arithmetic in float32 inside a low-precision model; a
+device that computes those ops in bf16 errs by one bf16 rounding, which the error of
+its inputs explains. The router records its logits, its indices and its weights, and
+the weights are a fixed function of the other two (one of :data:`FORMS`, times a
+constant scale): the form and scale that give the golden's weights, applied in float64
+to the actual's logits and indices, leave a residual that is the rounding of the
+actual's own arithmetic alone. A precision class
+(:func:`precguard.numerics.precision_class`) coarser than the precision the weights
+were asked for is a finding at the router (docs/compare.md, "Mixture of experts").
 """
 
 from __future__ import annotations

@@ -1,75 +1,26 @@
 """Mixture of experts: a router's top-k choice, and the records that follow its routing.
 
-A router (Mixtral's ``MixtralTopKRouter``, Qwen2-MoE's, any module that returns
-integer top-k indices beside the float scores they were ranked by) makes a
-discrete choice: two correct runs whose scores differ by rounding send a token
-whose k-th and (k+1)-th scores nearly tie to different experts, and that
-token's row then differs by its whole size in everything the experts compute.
-Judged as floats this reads as a fault (an error of 1 in the indices, 20x in
-the experts). The rules here (docs/compare.md, "Mixture of experts"):
-
-- **Integer records are indices**: compared element by element for equality
-  (the share of differing elements), never by a relative float error; a
-  re-routing whose explanation is settled here adds no error to what the
-  judge carries (the records that follow it are compared on the rows routed
-  alike instead).
-- **A router's choice is judged from its scores**: a re-routed token crossed
-  the golden score margin ``m`` between the expert it lost and the one it won
-  (the k-th against the (k+1)-th score, or the two it swapped). Each score may
-  differ by what the judge accepts for the scores record, ``amplification *
-  expected_error * max|golden score|`` element by element, so rounding can
-  cross a margin of twice that (:func:`margin_tolerance`). A re-routing within it is
-  explained (reported as a count and the largest margin crossed); one beyond
-  is a finding at the router. compare's one pass (compare/verdict.py) takes this
-  verdict as soon as the scores record is judged, and settles every record that
-  follows the router with it (those met before the scores, as the verdict comes).
-- **A token's routing is the set of experts it reaches** (:func:`routed_alike`):
-  the order of a top-k row is the kernel's (an unsorted top-k, two chosen experts
-  swapped by a near-tie), so values per chosen expert (the routing weights wherever
-  recorded, and their gradients) are paired by (token, expert), never by column.
-  Identical routing is never a finding.
-- **Records that follow the routing** (the module that consumed the indices,
-  the experts, and everything inside its call; the router's own outputs in
-  top-k order; in backward, each of these records' gradients as its forward twin,
-  the router's own gradients and the gradient the block hands back) are compared,
-  when both sides hold full tensors, on the rows
-  both runs routed alike: tokens that reach the same experts, and for the rows of
-  token-expert pairs inside the experts (``grouped_mm``'s expert-sorted rows,
-  ``batched_mm``'s token-major rows, the eager loop's one call per expert) the
-  pairs both runs formed. What such a record passes on to its consumers (the
-  block around the experts) is its error over every row, re-routed ones
-  included (``Metrics.error_all_rows``).
-- Otherwise (statistics only) they are judged with the re-routing taken into
-  account: a re-routed row differs by at most its norm on both sides (triangle
-  inequality), so the expected error is widened by ``2 * ||golden rows that may
-  re-route|| / ||golden||``: the tokens whose golden margin rounding can cross,
-  when the golden recorded the router in full; every row otherwise (nothing
-  then tells which tokens re-routed). Rows inside the experts that shift with
-  the routing (sorted by expert, one call per expert) are widened by 2 too.
-  Records whose shapes differ there (an expert's token count) pass when the
-  router's choice is explained, counted as shape mismatches.
-
-A router's own weights are also recomputed from its own logits and indices
-(router_precision.py): when they are not what those give at the precision its code
-asks for (a float32 island computed in bf16), that is a finding at the router.
-
-Only routers whose scores rank their indices are judged by margins (the golden's
-indices must be the top-k of one of its float outputs); another router (a
-learned bias added before the top-k, group-limited routing: DeepSeek-V3) is
-judged by expert identity the same way, and its re-routed tokens from its scores
-record (the margins they crossed are not recorded).
+A router (any module that returns integer top-k indices beside the float scores they
+were ranked by) makes a discrete choice: two correct runs whose scores differ by
+rounding may send a near-tie token to different experts. The rules (docs/compare.md,
+"Mixture of experts"): integer records are indices, compared for equality; a router's
+choice is judged from its scores (a re-routing within the margin rounding can cross,
+:func:`margin_tolerance`, is explained); a token's routing is the set of experts it
+reaches (values per chosen expert are paired by (token, expert)); the records that
+follow the routing are compared on the rows both runs routed alike, or, with
+statistics only, with an expected error widened by the rows that may re-route.
 
 The concepts live in their modules: routing_find.py (the routers and their
 followers), routing_judge.py (a router's verdict from its scores, the widening),
-routing_rows.py (followers re-measured on the rows routed alike); this module holds
-the one-pass entry points the rules use.
+routing_rows.py (followers re-measured on the rows routed alike), router_precision.py
+(a router's weights recomputed from its own logits); this module holds the one-pass
+entry points the rules use.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
 
 from precguard.compare.levels import metrics_with
 from precguard.compare.report import Metrics, RecordResult
@@ -178,10 +129,6 @@ class Routing(RowsRemeasure):
             s.explain_all()
             return r.model_copy(update={"metrics": r.metrics.model_copy(update=update)})
         return r
-
-    def keys(self) -> Iterable[str]:
-        """Keys of every record that follows a routing (the routers' indices included)."""
-        return self.followers.keys()
 
 
 def is_routing_finding(r: RecordResult) -> bool:

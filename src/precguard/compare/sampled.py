@@ -1,30 +1,13 @@
 """What a statistics-only pair's sampled elements and per-position norms say, heavy tails included.
 
-A statistics-mode record keeps 128 elements at indices chosen from the shape
-and the L2 norm of every position (:mod:`precguard.capture.evidence`). A
-trained model's tensors are heavy-tailed — an attention-sink head whose value
-channel holds ~1e5 among values of ~1, a residual stream whose mean is several
-times its spread, peaked logits — so each measure here is taken against the
-scale of the elements it was measured on, never against a scale the sample did
-not see (docs/compare.md, "Evidence in statistics-mode records"):
-
-- **relative error** ``||a_s - g_s|| / max(||g_s||, sqrt(n_s) rms(g))``: the
-  sample's own norm when it over-represents the tail (one sampled outlier then
-  dominates numerator and denominator alike, and the ratio is the relative
-  error, not ``u * 1e5`` over the bulk's rms); the tensor's rms (from its
-  statistics) otherwise.
-- **peak error** ``max|a_s - g_s| / max|g_s|``: the sample's largest error
-  against the sample's own largest value, as the full level's ``max_abs /
-  max|g|`` is one tensor's (an outlier the sample missed does not make every
-  sampled error look small, nor a sampled outlier every error look large).
-- **worst position**: ``|n_a - n_g| / max(n_g, rms(n_g))``, the full level's
-  slice floor (:data:`SLICE_FLOOR`): a position whose norm is below the typical
-  position's (the sink's first token after a LayerNorm, a causal first
-  position) carries its share of the tensor's absolute error and is judged
-  against the typical norm, not its own smaller one.
-- **scale** ``s = <g_s, a_s> / <g_s, g_s>`` with its standard error
-  (:func:`sample_scale`), so a systematic error of a few percent is seen from
-  the sample alone.
+A statistics-mode record keeps 128 sampled elements and the L2 norm of every position
+(:mod:`precguard.capture.evidence`). A trained model's tensors are heavy-tailed, so each
+measure here is taken against the scale of the elements it was measured on, never
+against a scale the sample did not see: the relative error against the larger of the
+sample's norm and the tensor's rms, the peak error against the sample's largest value,
+a position's norm difference against the typical position's (:data:`SLICE_FLOOR`), and
+a scale with its standard error (:func:`sample_scale`). See docs/compare.md, "Evidence
+in statistics-mode records" and "Sampling uncertainty".
 """
 
 from __future__ import annotations
@@ -39,14 +22,9 @@ from precguard.dump.schema import Record
 from precguard.numerics import BIAS_Z, RARE_COUNT, SLICE_FLOOR
 
 #: a sample's scale is estimated only when more than this many of its elements carry
-#: its norm (effective count ``n_eff = (sum g^2)^2 / sum g^4``). The scale is a ratio
-#: ``<g, d> / <g, g>`` whose denominator, the sampled ``<g, g>``, estimates the
-#: tensor's with a relative standard error of ~``1 / sqrt(n_eff)``
-#: (:func:`mean_square_rse` of ``g``); the ratio is bounded at ``z`` standard errors
-#: only while its denominator is, ``1 - z / sqrt(n_eff) > 0``: ``n_eff > z^2``, 16 at
-#: the default ``bias_z`` of 4. A sample that one sampled outlier dominates says nothing
-#: about the rest of the tensor; what consumes such a record takes its scale error as
-#: at most its error (:func:`precguard.compare.expected.carried_bias`)
+#: its norm (effective count ``n_eff = (sum g^2)^2 / sum g^4``): the ratio
+#: ``<g, d> / <g, g>`` is bounded at ``z`` standard errors only while its denominator is,
+#: ``n_eff > z^2`` (docs/compare.md, "Systematic bias")
 MIN_EFFECTIVE = BIAS_Z * BIAS_Z
 #: sampled element errors kept in decreasing order (``sample_peaks``): enough to tell
 #: how many of them carry the peak (:data:`RARE_COUNT`)
@@ -73,23 +51,11 @@ def _pairs(
 def sample_scale(g: np.ndarray, a: np.ndarray) -> tuple[float, float] | None:
     """Least-squares scale of ``a`` on ``g`` over a sample, and its standard error.
 
-    ``s - 1 = sum g_i d_i / sum g_i^2`` (``d = a - g``). Its standard error is the
-    larger of two estimates:
-
-    - the heteroskedasticity-robust one, each element its own cluster:
-      ``sqrt(n/(n-1) sum (g_i (d_i - (s-1) g_i))^2) / sum g_i^2``;
-    - what independent errors of the sample's own residual size predict:
-      ``rho / sqrt(n_eff)`` with ``rho = ||d - (s-1) g|| / ||g||`` and ``n_eff =
-      (sum g^2)^2 / sum g^4``, the sample's effective count. With relative errors
-      ``delta_i`` of spread ``rho``, ``Var(s) = rho^2 sum g^4 / (sum g^2)^2``; with
-      absolute errors it is ``rho^2 / n``, smaller (``n_eff <= n``). The robust
-      estimate can fall below it when a few elements hold most of the norm.
-
-    For bf16 rounding alone (``delta`` uniform within ``u = 2^-8``, spread
-    ``u / sqrt(3)``) and 128 Gaussian values (``n_eff ~ n / 3 ~ 43``) the standard error
-    is ``0.00226 / 6.5 ~ 3.5e-4``; behind inputs that already differ by 2 % it is
-    ~0.003. A 3 % scale is then ten standard errors. None when fewer than
-    :data:`MIN_EFFECTIVE` elements carry the sample's norm.
+    The standard error is the larger of the heteroskedasticity-robust one (each element
+    its own cluster) and ``rho / sqrt(n_eff)``, what independent errors of the sample's
+    own residual size ``rho`` predict (the robust estimate can fall below it when a few
+    elements hold most of the norm). None when fewer than :data:`MIN_EFFECTIVE` elements
+    carry the sample's norm.
     """
     n = g.size
     if n < 2:
@@ -151,17 +117,9 @@ def sample_evidence(
 
 def mean_square_rse(d: np.ndarray, numel: int | None) -> float:
     """Relative standard error of a sample's mean squared error as an estimate of the
-    tensor's.
-
-    The sampled ``x_i = d_i^2`` estimate ``E[d^2]`` by their mean, whose standard error
-    is ``s / sqrt(n)`` with ``s^2`` their sample variance; relative to the mean that is
-    ``sqrt(n / (n - 1) * (1 / n_eff - 1 / n))`` with ``n_eff = (sum x)^2 / sum x^2``, the
-    number of sampled elements that effectively hold the sample's squared error (``n``
-    for equal errors, 1 for one element holding all of it). The indices are drawn
-    without replacement from ``numel`` elements: the finite-population factor ``1 - n /
-    numel`` makes a fully sampled tensor's estimate exact (0). Gaussian errors give
-    ``sqrt(2 / n)``, 0.125 at 128 elements; the rows a router sent elsewhere, a few
-    sampled elements holding most of the error, give ~0.6.
+    tensor's: ``sqrt(n / (n - 1) * (1 / n_eff - 1 / n) * (1 - n / numel))``, ``n_eff =
+    (sum x)^2 / sum x^2`` of the squared errors ``x`` (the finite-population factor makes
+    a fully sampled tensor's estimate exact, 0).
     """
     n = d.size
     x = d * d
