@@ -1,28 +1,14 @@
-"""Pair the records of two recordings.
+"""Pair the records of two recordings (docs/compare.md, "Alignment").
 
-Module names are first brought to one spelling on both sides
-(:class:`Renamer`): the prefixes that wrappers add are stripped (``module.``
-of DDP, ``_fsdp_wrapped_module.`` of FSDP, ``_orig_mod.`` of
-``torch.compile``, ``_checkpoint_wrapped_module.`` of activation
-checkpointing) and the wrappers' own records, copies of the module they
-wrap, are dropped; then the user's ``--map OLD=NEW`` rules rename modules.
-
-A module call's inputs and outputs are paired by **name** (``kwargs.attention_mask``,
-``args.0``, ``output.1``: where the tensor sat), not by position: an eager
-attention passes ``attention_mask`` where SDPA passes ``None``, which shifts
-every later input's index by one. Other records (parameters, gradients, and
-recordings without names) are paired by key; so is an input passed by
-position on one side and by keyword on the other (same index, ``args.0`` vs
-``kwargs.hidden_states``). An input or output that only one side has in a
-call both sides recorded (a keyword one side passes, a tuple element one side
-returns) is *one-sided*: never paired with another tensor, reported apart
-(``Alignment.one_sided``) with a note of its own.
-
-Records left over (a renamed module, re-ordered calls, a different number of
-calls) are paired by order within the same parent module, phase and role,
-preferring a partner of the same shape and dtype, then of the same shape. A
-record without a partner of the same shape stays unmatched: it is reported,
-never dropped.
+Module names are first brought to one spelling on both sides (:class:`Renamer`: the
+prefixes wrappers add stripped, the wrappers' own records dropped, then the user's
+``--map OLD=NEW`` rules). A module call's inputs and outputs are paired by **name**
+(``kwargs.attention_mask``, ``args.0``, ``output.1``), not by position; other records,
+and an input passed by position on one side and by keyword on the other, by key. An
+input or output only one side has in a call both recorded is *one-sided*
+(``Alignment.one_sided``). Records left over are paired by order within the same
+parent module, phase and role, preferring the same shape and dtype; a record without a
+partner of the same shape stays unmatched: it is reported, never dropped.
 """
 
 from __future__ import annotations
@@ -380,18 +366,11 @@ def align(golden: list[Record], actual: list[Record], renamer: Renamer | None = 
 def _pair_by_key(
     golden: list[Record], actual: list[Record], result: Alignment
 ) -> tuple[list[Record], list[Record]]:
-    """Pair records of the same key; return those left on each side."""
-    by_key = {r.key: r for r in actual}
-    left_golden: list[Record] = []
-    used: set[str] = set()
-    for g in golden:
-        a = by_key.get(g.key)
-        if a is not None and a.key not in used:
-            used.add(a.key)
-            result.pairs.append((g, a))
-        else:
-            left_golden.append(g)
-    return left_golden, [a for a in actual if a.key not in used]
+    """Pair records of the same key; return those left on each side (no names to
+    contradict: at least one side recorded none)."""
+    used: set[int] = set()
+    left_golden = _pair_keyed(golden, actual, result, used)
+    return left_golden, [a for a in actual if id(a) not in used]
 
 
 def _pick(golden: Record, candidates: list[Record]) -> Record | None:

@@ -1,24 +1,12 @@
 """What a comparison actually compared: steps, phases, ranks, and whether both runs finished.
 
-A comparison can only vouch for the records it paired. Compare a five-step
-training golden with a one-step eval run and the steps 1-4 and the whole
-backward pass were never looked at; compare a run that raised after one step
-and the rest of it does not exist; compare a recording with itself and nothing
-was measured at all. This module keeps the account, so the verdict says so
-first instead of printing a bare MATCH:
-
-* the same recording on both sides (same directory, or a copy: same
-  ``run_id``) is refused as unusable input (:class:`SameRecordingError`);
-* a run that did not finish (``complete: false``: it raised, or it was
-  killed) is named at the top, with the exception;
-* steps, phases (forward/backward) and ranks that only one side recorded
-  are excluded from pairing (a backward pass present on one side only is a
-  difference in what was run, not in the numbers) and counted.
-
-When any of that leaves part of the recordings uncompared, the coverage is
-*partial*: ``precguard compare`` prints PARTIAL MATCH instead of MATCH and
-exits 3, unless ``--allow-partial`` says the narrower comparison was meant.
-A divergence found in what was compared is still a divergence (exit 1).
+A comparison can only vouch for the records it paired, so the verdict says first what
+it did not compare (docs/compare.md, "What was compared (coverage)"): the same
+recording on both sides is refused (:class:`SameRecordingError`); a run that did not
+finish is named with its exception; steps, phases and ranks that only one side
+recorded are excluded from pairing and counted. A coverage left *partial* makes
+``precguard compare`` print PARTIAL MATCH instead of MATCH and exit 3, unless
+``--allow-partial`` says the narrower comparison was meant.
 """
 
 from __future__ import annotations

@@ -336,34 +336,39 @@ def mask_metrics(
 
 
 def mask_stats_metrics(g: Record, a: Record) -> Metrics | None:
-    """A boolean attention mask against an additive float one from their statistics (else None).
+    """A boolean attention mask against an additive float one, or two additive masks whose
+    fills differ, from their statistics (else None).
 
-    The float mask's zeros are the positions attended; the boolean's zeros those
-    masked. Equal counts are the evidence statistics can give; the padded query
-    rows cannot be told apart here.
+    A float mask's zeros are the positions attended, a boolean's zeros those masked:
+    equal counts of attended positions are the evidence statistics can give; the padded
+    query rows cannot be told apart here.
     """
-    if g.stats is None or a.stats is None:
+    gs, as_ = g.stats, a.stats
+    if gs is None or as_ is None or (g.dtype == "bool" and a.dtype == "bool"):
         return None
     if g.dtype != "bool" and a.dtype != "bool":
-        return _additive_stats_metrics(g, a)
-    if g.dtype == "bool" and a.dtype == "bool":
-        return None
-    boolean, additive = (g.stats, a.stats) if g.dtype == "bool" else (a.stats, g.stats)
-    if (
-        boolean.zeros is None
-        or additive.zeros is None
-        or boolean.numel != additive.numel
-        or not _is_additive(additive)
-    ):
-        return None
-    attended = (boolean.numel - boolean.zeros, additive.zeros)
-    differ = abs(attended[0] - attended[1])
+        if not _two_fills(gs, as_):
+            return None
+        assert gs.zeros is not None and as_.zeros is not None  # _two_fills checked them
+        attended, dtype = (gs.zeros, as_.zeros), g.dtype
+        kinds = (f"fill {gs.min:.3g}", f"fill {as_.min:.3g}")
+    else:
+        boolean, additive = (gs, as_) if g.dtype == "bool" else (as_, gs)
+        if (
+            boolean.zeros is None
+            or additive.zeros is None
+            or boolean.numel != additive.numel
+            or not _is_additive(additive)
+        ):
+            return None
+        attended, dtype = (boolean.numel - boolean.zeros, additive.zeros), "bool"
+        kinds = ("bool", "additive float")
     return StatsMetrics(
         level="stats",
-        dtype="bool",
-        error=differ / max(boolean.numel, 1),
+        dtype=dtype,
+        error=abs(attended[0] - attended[1]) / max(gs.numel, 1),
         note=f"compared as attention masks from their statistics: {attended[0]} attended "
-        f"positions (bool) against {attended[1]} (additive float); equal counts suggest "
+        f"positions ({kinds[0]}) against {attended[1]} ({kinds[1]}); equal counts suggest "
         "equal masks",
     )
 
@@ -392,22 +397,4 @@ def _two_fills(gs: Stats | None, as_: Stats | None) -> bool:
         and _is_additive(gs)
         and _is_additive(as_)
         and _fills_differ(gs.min, as_.min)
-    )
-
-
-def _additive_stats_metrics(g: Record, a: Record) -> Metrics | None:
-    """Two additive float masks whose fills differ, from their statistics (else None):
-    equal counts of attended positions (zeros) are the evidence statistics give."""
-    gs, as_ = g.stats, a.stats
-    if gs is None or as_ is None or not _two_fills(gs, as_):
-        return None
-    assert gs.zeros is not None and as_.zeros is not None  # _two_fills checked them
-    differ = abs(gs.zeros - as_.zeros)
-    return StatsMetrics(
-        level="stats",
-        dtype=g.dtype,
-        error=differ / max(gs.numel, 1),
-        note=f"compared as attention masks from their statistics: {gs.zeros} attended "
-        f"positions (fill {gs.min:.3g}) against {as_.zeros} (fill {as_.min:.3g}); equal "
-        "counts suggest equal masks",
     )

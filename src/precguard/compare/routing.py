@@ -25,7 +25,7 @@ from collections import defaultdict
 from precguard.compare.levels import metrics_with
 from precguard.compare.report import Metrics, RecordResult
 from precguard.compare.router_precision import LOWERED
-from precguard.compare.routing_find import Follower, Pair, Router, is_index_dtype
+from precguard.compare.routing_find import Pair, Router, is_index_dtype
 from precguard.compare.routing_judge import margin_tolerance
 from precguard.compare.routing_rows import RowsRemeasure
 from precguard.compare.rule import Settlement
@@ -80,12 +80,8 @@ class Routing(RowsRemeasure):
             out.append((router, idx.metrics, judged))
         return out
 
-    def follower(self, key: str) -> Follower | None:
-        """The routing the record ``key`` follows, if any."""
-        return self.followers.get(key)
-
     def follow(self, r: RecordResult, verdict: tuple[str, Metrics], s: Settlement) -> RecordResult:
-        """A record that follows a router (:meth:`follower`), settled with the router's
+        """A record that follows a router (in ``followers``), settled with the router's
         verdict (in ``s``; compare/rule.py): the indices judged from the scores, a follower
         of a wrong routing failing at the router's finding, one whose shapes differ
         explained when the re-routing is."""

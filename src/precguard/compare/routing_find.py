@@ -197,7 +197,9 @@ class RouterFinder:
         self.followers[router.index[0].key] = Follower(router, router.index, "index")
         for p in router.weights:
             self.followers[p[0].key] = Follower(router, p, "weights", passes_on_all=True)
-        self._follow_weights(router, pairs)
+        # records elsewhere that hold the router's weights (gpt-oss's block returns them
+        # beside its hidden states): values per chosen expert, in top-k order
+        self._follow_copies(pairs, "forward", [(w, router, "weights") for w in router.weights])
         for (module, call), members in calls.items():
             if (module, call) == (router.module, router.call):
                 continue
@@ -240,7 +242,7 @@ class RouterFinder:
         """The float records inside the consumer's call (captured between its first and
         last record): rows of token-expert pairs, numbered by their module's call."""
         first, last = span
-        inner_calls: dict[str, list[int]] = defaultdict(list)
+        inner_calls: dict[str, set[int]] = defaultdict(set)
         inner = [
             p
             for p in pairs
@@ -251,32 +253,26 @@ class RouterFinder:
             and is_float_dtype(p[0].dtype)
         ]
         for p in inner:
-            if p[0].call not in inner_calls[p[0].module]:
-                inner_calls[p[0].module].append(p[0].call)
+            inner_calls[p[0].module].add(p[0].call)
         for p in inner:
-            calls = sorted(inner_calls[p[0].module])
-            self.followers.setdefault(
-                p[0].key,
-                Follower(router, p, "pairs", call_index=calls.index(p[0].call)),
-            )
+            index = sorted(inner_calls[p[0].module]).index(p[0].call)
+            self.followers.setdefault(p[0].key, Follower(router, p, "pairs", call_index=index))
 
-    def _follow_weights(self, router: Router, pairs: list[Pair]) -> None:
-        """Records elsewhere that hold the router's weights on both sides (gpt-oss's block
-        returns them beside its hidden states): values per chosen expert, in top-k order."""
-        if not router.weights:
+    def _follow_copies(
+        self, pairs: list[Pair], phase: str, sources: list[tuple[Pair, Router, str]]
+    ) -> None:
+        """Float outputs of ``phase`` elsewhere that hold a source's tensor on both sides
+        follow its router as ``kind`` (the first source that matches)."""
+        if not sources:
             return
         for p in pairs:
             g = p[0]
-            if (
-                g.phase != "forward"
-                or g.role != "output"
-                or g.key in self.followers
-                or not is_float_dtype(g.dtype)
-                or g.shape != router.index[0].shape
-            ):
+            if g.phase != phase or g.role != "output" or g.key in self.followers:
                 continue
-            if any(self._same_tensor(p, w) for w in router.weights):
-                self.followers[g.key] = Follower(router, p, "weights", passes_on_all=True)
+            for source, router, kind in sources:
+                if self._same_tensor(p, source):
+                    self.followers[g.key] = Follower(router, p, kind, passes_on_all=True)
+                    break
 
     def follow_backward(self, pairs: list[Pair]) -> None:
         """Gradients follow the routing as the values they are gradients of: a backward
@@ -322,7 +318,8 @@ class RouterFinder:
             if router is not None and g.key not in self.followers and _hands_back(g, router):
                 self.followers[g.key] = Follower(router, p, "rows", passes_on_all=True)
                 handed.append((p, router))
-        self._follow_read_gradient(handed, pairs)
+        # the same gradient where the module before the block reads it
+        self._follow_copies(pairs, "backward", [(p, router, "rows") for p, router in handed])
 
     def _blocks(self) -> dict[tuple[str, int], Router]:
         """Per (block, call): the router whose consumer is its sibling in that block."""
@@ -333,19 +330,6 @@ class RouterFinder:
             if parent and calls:
                 blocks.setdefault((parent, router.call), router)
         return blocks
-
-    def _follow_read_gradient(self, handed: list[tuple[Pair, Router]], pairs: list[Pair]) -> None:
-        """The same gradient where the module before the block reads it."""
-        if not handed:
-            return
-        for p in pairs:
-            g = p[0]
-            if g.phase != "backward" or g.role != "output" or g.key in self.followers:
-                continue
-            for block, router in handed:
-                if g.shape == block[0].shape and self._same_tensor(p, block):
-                    self.followers[g.key] = Follower(router, p, "rows", passes_on_all=True)
-                    break
 
 
 def _consumer_record(router: Router, p: Pair) -> Follower | None:

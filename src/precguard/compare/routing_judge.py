@@ -61,11 +61,10 @@ class RouterJudge(RouterFinder):
         assert router.g_scores is not None
         m = scores.metrics if scores is not None else None
         dtype = m.dtype if m is not None else "float32"
-        k_in = None
         expected = scores.expected_error if scores is not None else None
         if expected is None:
             measured = m.error if m is not None and math.isfinite(m.error) else 0.0
-            expected = max(measured, rounding_floor(dtype, k_in))
+            expected = max(measured, rounding_floor(dtype))
         absmax = float(router.g_scores.abs().max()) if router.g_scores.numel() else 0.0
         return margin_tolerance(expected, self.profile.amplification, absmax)
 
@@ -128,14 +127,12 @@ class RouterJudge(RouterFinder):
                 f"(largest {worst:.3g}) beyond what the scores' expected error lets rounding "
                 f"cross ({tol:.3g}): the top-k choice itself differs, not only its scores"
             )
-        elif moved.numel():
+        else:  # some token moved: routing alike everywhere is settled in verdict()
             note = (
                 f"{moved.numel()} of {n} tokens re-routed, each a near-tie: the largest score "
                 f"margin crossed {worst:.3g} is within what the scores' expected error lets "
                 f"rounding cross ({tol:.3g})"
             )
-        else:
-            note = f"every one of {n} tokens routed alike"
         status = "pass" if not beyond and scores_ok else "fail"
         update = {
             "note": note,

@@ -1,16 +1,11 @@
 """Mixture-of-experts routing as a rule of compare's one pass (compare/rules.py).
 
-The rule's knowledge is in routing.py (:class:`~precguard.compare.routing.Routing`:
-which records are routers and which follow them, what the rows routed alike measure,
-what a router's verdict is); this module puts it in the phases of compare/rule.py:
-
-- **re-measure**: the routers of the step found among the aligned pairs, and their
-  followers measured on the rows both runs routed alike;
-- **adjust expected**: a follower compared on statistics only has its expected error
-  widened by what a re-routing may explain (merged with a calibration's, the larger);
-- **settle**: a follower met after its router's verdict is settled with it; one met
-  before waits, and the router's verdict is taken as soon as its scores record is
-  written, settling (and writing again) the followers that came first.
+The rule's knowledge is in routing.py (:class:`~precguard.compare.routing.Routing`);
+this module puts it in the phases of compare/rule.py: re-measure (the routers found,
+their followers measured on the rows routed alike), adjust expected (a statistics-only
+follower's expected error widened by what a re-routing may explain), settle (a follower
+met before its router's verdict waits, and is settled and written again once the
+router's scores record is written).
 """
 
 from __future__ import annotations
@@ -74,7 +69,7 @@ class RoutingRule(BaseRule):
             return r
         if not self.started:
             self._start()
-        follower = self.routes.follower(r.key)
+        follower = self.routes.followers.get(r.key)
         if follower is None:
             return r
         verdict = self.verdicts.get(id(follower.router))
