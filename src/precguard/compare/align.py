@@ -269,7 +269,9 @@ def _not_one_sided(
     ``partners`` can be it."""
     calls = {_call_of(o) for o in other}
     names = {(_call_of(o), o.name) for o in other}
-    positional = _positional_calls(partners)
+    # a keyword input whose call holds an unpaired positional input (``args.N``) among
+    # ``partners`` is that input passed by position there (the by-order pass pairs them)
+    positional = {_call_of(r) for r in partners if r.name.startswith("args.")}
     out = []
     for rec in left:
         alone = (
@@ -279,7 +281,7 @@ def _not_one_sided(
             and (_call_of(rec), rec.name) not in names
             and (_kwarg(rec.name) is not None or rec.name.startswith("output"))
         )
-        if alone and not _positional_partner(rec, positional):
+        if alone and not (_kwarg(rec.name) is not None and _call_of(rec) in positional):
             result.one_sided.append((side, rec))
         else:
             out.append(rec)
@@ -296,20 +298,6 @@ def _contradict(g: Record, a: Record) -> bool:
         return False
     gk, ak = _kwarg(g.name), _kwarg(a.name)
     return gk is not None and ak is not None and gk != ak
-
-
-def _positional_calls(records: list[Record]) -> set[tuple[str, int, str, str]]:
-    """The calls among ``records`` that hold an unpaired positional input (``args.N``)."""
-    return {_call_of(r) for r in records if r.name.startswith("args.")}
-
-
-def _positional_partner(rec: Record, positional: set[tuple[str, int, str, str]]) -> bool:
-    """A keyword input whose call has an unpaired positional input on the other side.
-
-    The same input passed by keyword on one side and by position on the other
-    (the by-order pass below pairs them), not a one-sided input.
-    """
-    return _kwarg(rec.name) is not None and _call_of(rec) in positional
 
 
 def parent_module(module: str) -> str:

@@ -66,10 +66,6 @@ def _cast(r: RecordResult) -> bool:
     return r.actual_dtype is not None and r.actual_dtype != r.golden_dtype
 
 
-def _differs(r: RecordResult) -> bool:
-    return _cast(r) or _error(r) > 0
-
-
 def _what(entries: list[RecordResult], names: dict[str, str]) -> str:
     """``layer 0 keys (error 0.000201, stored as float16 where golden has float32), ...``."""
     parts = []
@@ -106,7 +102,7 @@ def cache_read(
     if not names or first.key in names:
         return None
     differ = sorted(
-        (e for e in records if e.key in names and _differs(e)),
+        (e for e in records if e.key in names and (_cast(e) or _error(e) > 0)),
         key=lambda e: (not _cast(e), -_error(e)),
     )
     if not differ:

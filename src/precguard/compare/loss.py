@@ -40,13 +40,9 @@ def _floating(dtype: str | None) -> bool:
     return dtype is not None and dtype in SIGNIFICAND_BITS
 
 
-def _scalar(shape: list[int]) -> bool:
-    return math.prod(shape) == 1
-
-
 def is_loss(output: RecordResult, call: list[RecordResult]) -> bool:
     """Whether ``output`` is the loss its module call computed (module doc)."""
-    if output.module == "root" or output.role != "output" or not _scalar(output.shape):
+    if output.module == "root" or output.role != "output" or math.prod(output.shape) != 1:
         return False
     if not _floating(output.golden_dtype):
         return False
@@ -91,11 +87,9 @@ def low_precision_loss(
     """The rule at one judged record: a loss the actual computed in a less precise dtype
     than golden fails, local, with the why line of :func:`reason`; None for any other.
 
-    ``calls``: the step's calls as settled so far, which hold what ``r``'s forward call
-    read before it (its inputs); they are looked at only for a low-precision output.
-    No expected error or amplification is claimed: the finding is the precision, not a
-    magnitude (the value may well be within bf16's rounding). Returns the record with
-    those figures, the why line and the error of the logits it read.
+    ``calls``: the step's calls as settled so far (``r``'s call's inputs). Returns the
+    record without an expected error or amplification (the finding is the precision,
+    not a magnitude), the why line and the error of the logits it read.
     """
     m = r.metrics
     if not (

@@ -112,13 +112,9 @@ def _explained(
     grad_error: float,
     n: int,
 ) -> tuple[float, float, float]:
-    """(l2, largest element, share of flippable elements) of what the step may differ by.
-
-    Element by element where both gradients are full tensors; on the sampled elements
-    (an estimate of the l2, plus the flips the sample may have missed: an upper
-    confidence bound on their share) where only statistics were kept; from the
-    gradient's global error where not even samples are (see the module doc).
-    """
+    """(l2, largest element, share of flippable elements) of what the step may differ by:
+    element by element on full gradients, else on their sampled elements plus the flips
+    the sample may have missed, else from the gradient's global error."""
     gg, ga = _full(grad, g_tensors), _full(actual_grad, a_tensors)
     if gg is not None and ga is not None and gg.shape == ga.shape and gg.numel() == n:
         u: np.ndarray | float = top
@@ -194,9 +190,8 @@ def explain_params(
     ``before``: the golden's parameter records of the last step compared, by key;
     ``grads``: per parameter id, that step's (golden gradient, actual gradient,
     measured error); ``now``: this step's golden parameter records. The golden's
-    update is ``now - before``, from full tensors or from the two samples (the same
-    indices: the same shape). A parameter whose step's gradient was not recorded is
-    left out (the gate's older rule, twice the update, holds there).
+    update is ``now - before`` (:func:`_delta`); a parameter whose step's gradient was
+    not recorded is left out.
     """
     out: dict[str, Explained] = {}
     for rec in now:
@@ -244,12 +239,9 @@ def update_allowance(
     explained: Explained, expected_rest: float, amplification: float, error: float = 0.0
 ) -> tuple[float, float, float]:
     """(allowed error, expected error, amplification of ``error``) of a record an
-    optimizer step explains.
-
-    It is allowed the explained elements' error plus ``amplification`` times
-    ``expected_rest`` (the propagated part, already floored at rounding by the caller).
-    The expected error reported is the sum of the two.
-    """
+    optimizer step explains: the explained elements' error plus ``amplification`` times
+    ``expected_rest`` (the propagated part, floored at rounding by the caller) is
+    allowed; the expected error is their sum."""
     expected = explained.flipped + expected_rest
     allowed = explained.flipped + amplification * expected_rest
     return allowed, expected, (error / expected if expected > 0 else math.inf)
@@ -328,10 +320,7 @@ def golden_updates(plan: Any, g_store: Any, rank: int, g_recs: list[Record]) -> 
     """Per parameter: the golden optimizer step's relative size since the last step compared.
 
     ``max(||w_s - w_{s-1}|| / ||w_s||, max|w_s - w_{s-1}| / max|w_s|)``, from the
-    golden's full tensors of both steps (held as memory-mapped records between
-    units, by ``plan.golden_params``). Two correct runs fed gradients that differ by
-    rounding take updates that differ by at most about twice that (AdamW's first step
-    is a sign).
+    golden's full tensors of both steps (held between units by ``plan.golden_params``).
     """
     out: dict[str, float] = {}
     held = plan.golden_params.setdefault(rank, {})

@@ -209,13 +209,9 @@ class StepPadding:
 
     def stats(self, g: Record, a: Record, measure: Callable[[Record, Record], Metrics]) -> Metrics:
         """``measure(g, a)``, or, when padding applies, of ``a`` with the golden's evidence
-        at padded positions and the golden's overall statistics.
-
-        The overall statistics mix padded and real positions, so they are not judged;
-        the sampled elements at real positions and the norms of positions no batch
-        row pads are. The non-finite counts stay the actual's: a NaN is never hidden.
-        A pair that keeps neither a sample nor position norms is measured as before
-        (its statistics are all there is).
+        at padded positions and the golden's overall statistics (they mix padded and real
+        positions: not judged). The non-finite counts stay the actual's: a NaN is never
+        hidden. A pair that keeps neither a sample nor position norms is measured as is.
         """
         keep = self._keep(g, a)
         if keep is None or g.stats is None or a.stats is None:
@@ -301,13 +297,8 @@ def mask_metrics(
     g: Record, a: Record, golden: torch.Tensor, actual: torch.Tensor, padding: StepPadding
 ) -> Metrics | None:
     """Compare a boolean attention mask with an additive float one as masks (else None),
-    or two additive masks whose fills differ (:func:`_fills_differ`: fp16's -65504 against
-    fp32's ``finfo.min``, one mask in two formats).
-
-    Eager attention gets 0 / ``finfo.min``, SDPA True / False for the same mask; they
-    are equal when every position is attended on both sides or on neither. Query rows
-    at padded positions (fully masked on one side, unmasked on the other by SDPA's
-    kernels' needs) are left out like every padded position.
+    or two additive masks whose fills differ (:func:`_fills_differ`), position by
+    position; query rows at padded positions are left out like every padded position.
     """
     both_float = golden.dtype != torch.bool and actual.dtype != torch.bool
     if (golden.dtype == torch.bool) == (actual.dtype == torch.bool) and not (

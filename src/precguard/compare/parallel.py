@@ -84,12 +84,19 @@ def shard_json(arguments: dict[str, Any], me: int, count: int) -> str:
     A :class:`PrecguardError` is returned inside the share (:func:`failed_share`),
     so the coordinator raises it as a single process would.
     """
+    return _share(lambda: plan_from_arguments(arguments), me, count)[1]
+
+
+def _share(
+    make_plan: Callable[[], ComparePlan], me: int, count: int
+) -> tuple[ComparePlan | None, str, PrecguardError | None]:
+    """(the plan, process ``me``'s share as JSON, the error met making or comparing it)."""
     try:
-        plan = plan_from_arguments(arguments)
+        plan = make_plan()
         shard = compare_shard(plan, owns_fn(plan, me, count))
     except PrecguardError as exc:
-        shard = failed_share(exc)
-    return shard.model_dump_json(exclude_defaults=True)
+        return None, failed_share(exc).model_dump_json(exclude_defaults=True), exc
+    return plan, shard.model_dump_json(exclude_defaults=True), None
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -120,12 +127,9 @@ def compare_shards(
 
 
 class ShareSent(BaseException):
-    """Raised by ``compare`` on a torchrun job's ranks other than 0 once their share is sent.
-
-    Not an error: rank 0 merges and reports. ``python -m precguard.compare`` catches
-    it; like ``SystemExit`` it is a ``BaseException`` so no ``except Exception`` in
-    between swallows it.
-    """
+    """Raised by ``compare`` on a torchrun job's ranks other than 0 once their share is
+    sent: not an error (rank 0 reports), a ``BaseException`` so no ``except Exception``
+    swallows it before ``python -m precguard.compare`` catches it."""
 
 
 def job_active() -> bool:
@@ -136,28 +140,17 @@ def job_active() -> bool:
 def compare_in_job(
     make_plan: Callable[[], ComparePlan],
 ) -> tuple[ComparePlan, list[ShardResult]]:
-    """Compare this process's share and gather every share on rank 0.
-
-    Every rank reaches the gather, also when its plan failed (a recording it
-    cannot read): the error travels in its share and rank 0 raises it, so no
-    rank waits for one that gave up.
+    """Compare this process's share and gather every share on rank 0 (every rank reaches
+    the gather, also when its plan failed: rank 0 raises the error its share carries).
 
     :raises ShareSent: on ranks other than 0, once their share is sent.
     """
     import torch.distributed as dist
 
     me, count = dist.get_rank(), dist.get_world_size()
-    plan: ComparePlan | None = None
-    try:
-        plan = make_plan()
-        shard = compare_shard(plan, owns_fn(plan, me, count))
-    except PrecguardError as exc:
-        failure: PrecguardError | None = exc
-        shard = failed_share(exc)
-    else:
-        failure = None
+    plan, shard, failure = _share(make_plan, me, count)
     gathered: list[Any] | None = [None] * count if me == 0 else None
-    dist.gather_object(shard.model_dump_json(exclude_defaults=True), gathered, dst=0)
+    dist.gather_object(shard, gathered, dst=0)
     if me != 0:
         raise ShareSent
     if failure is not None:

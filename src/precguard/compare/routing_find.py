@@ -42,7 +42,6 @@ class Router:
     g_idx: torch.Tensor | None = None
     a_idx: torch.Tensor | None = None
     g_scores: torch.Tensor | None = None
-    a_scores: torch.Tensor | None = None
     #: per token: the same experts chosen, in any order (full tensors on both sides)
     same: torch.Tensor | None = None
     #: whether an output of the router ranks its indices (False: judged from its scores only)
@@ -75,23 +74,17 @@ class Follower:
     call_index: int = 0  # among the calls of its module inside the consumer's call
 
 
+@dataclass(eq=False)
 class RouterFinder:
     """The routers of one rank and step and the records that follow them (found from
     the aligned pairs: routing.py's ``Routing.of_step``)."""
 
-    def __init__(
-        self,
-        stores: tuple[TensorStore, TensorStore],
-        profile: Profile,
-        tol_mode: str,
-        computes: tuple[str | None, str | None],
-    ) -> None:
-        self.stores = stores
-        self.profile = profile
-        self.tol_mode = tol_mode
-        self.computes = computes
-        self.routers: list[Router] = []
-        self.followers: dict[str, Follower] = {}
+    stores: tuple[TensorStore, TensorStore]
+    profile: Profile
+    tol_mode: str
+    computes: tuple[str | None, str | None]
+    routers: list[Router] = field(default_factory=list)
+    followers: dict[str, Follower] = field(default_factory=dict)
 
     # -- finding routers and their followers ----------------------------------------
 
@@ -179,17 +172,13 @@ class RouterFinder:
         router.scores, router.ranked = candidates[0], False
 
     def _actual_choice(self, router: Router) -> None:
-        """The actual's indices and scores in full, and which tokens both runs routed alike."""
+        """The actual's indices in full, and which tokens both runs routed alike."""
         if router.g_idx is None:
             return
         a_idx = self._full(router.index)[1]
         if a_idx is not None:
             router.a_idx = a_idx.reshape(-1, router.k).long()
             router.same = routed_alike(router.g_idx, router.a_idx)
-        if router.scores is not None and router.g_scores is not None:
-            a_scores = self._full(router.scores)[1]
-            if a_scores is not None:
-                router.a_scores = a_scores.reshape(router.g_idx.shape[0], -1).double()
 
     def _follow(
         self, router: Router, calls: dict[tuple[str, int], list[Pair]], pairs: list[Pair]
@@ -315,7 +304,11 @@ class RouterFinder:
         for p in pairs:
             g = p[0]
             router = blocks.get((g.module, g.call))
-            if router is not None and g.key not in self.followers and _hands_back(g, router):
+            if router is None or g.key in self.followers or g.phase != "backward":
+                continue
+            # a float gradient of the block's input, one row per token
+            rows = rows_of(g.shape) if g.shape else -1
+            if g.role == "input" and is_float_dtype(g.dtype) and rows == router.tokens:
                 self.followers[g.key] = Follower(router, p, "rows", passes_on_all=True)
                 handed.append((p, router))
         # the same gradient where the module before the block reads it
@@ -345,15 +338,3 @@ def _consumer_record(router: Router, p: Pair) -> Follower | None:
     if is_float_dtype(g.dtype) and g.shape and rows_of(g.shape) == router.tokens:
         return Follower(router, p, "rows", passes_on_all=g.role == "output")
     return None
-
-
-def _hands_back(g: Record, router: Router) -> bool:
-    """Whether ``g`` is the gradient a router's block hands back: a float gradient of its
-    input, one row per token."""
-    return (
-        g.phase == "backward"
-        and g.role == "input"
-        and is_float_dtype(g.dtype)
-        and bool(g.shape)
-        and rows_of(g.shape) == router.tokens
-    )

@@ -113,14 +113,12 @@ class RouterJudge(RouterFinder):
         n = router.tokens
         moved = (~router.same).nonzero().flatten()
         tol = self._tolerance(router, scores)
-        worst, beyond = 0.0, 0
-        for t in moved.tolist():
-            m = crossed(router.g_scores[t], router.g_idx[t], router.a_idx[t])
-            worst = max(worst, m)
-            # the actual's own scores are not a bound: a router that ranks scores rounded
-            # to bf16 (Qwen2-MoE's probabilities) ties where its logits did not
-            if m > tol:
-                beyond += 1
+        g_scores, g_idx, a_idx = router.g_scores, router.g_idx, router.a_idx
+        margins = [crossed(g_scores[t], g_idx[t], a_idx[t]) for t in moved.tolist()]
+        worst = max(margins, default=0.0)
+        # the actual's own scores are not a bound: a router that ranks scores rounded to
+        # bf16 (Qwen2-MoE's probabilities) ties where its logits did not
+        beyond = sum(m > tol for m in margins)
         if beyond:
             note = (
                 f"{moved.numel()} of {n} tokens re-routed, {beyond} of them across a score margin "
@@ -182,8 +180,7 @@ class RouterJudge(RouterFinder):
 def _unranked_verdict(router: Router, idx: Metrics, scores_ok: bool) -> tuple[str, Metrics]:
     """A router none of whose outputs ranks its indices: the re-routed tokens counted, the
     choice judged from its scores (the margins crossed are not measured)."""
-    assert router.same is not None
-    moved_n = int((~router.same).sum())
+    moved_n = router.rerouted()
     note = (
         f"{moved_n} of {router.tokens} tokens re-routed; no output of {router.module} ranks "
         "its indices (a learned bias or a group-limited top-k), so the margins they crossed "

@@ -64,11 +64,9 @@ class RowsRemeasure(RouterJudge):
                 update |= {"error_all_rows": whole, "conc_all_rows": whole}
             return r.model_copy(update={"metrics": m.model_copy(update=update)})
         rows = self._rows_for(f)
-        if rows is None:
+        if rows is None or rows[0].numel() == 0:
             return r
         g_rows, a_rows = rows
-        if g_rows.numel() == 0:
-            return r
         cols = self._expert_columns(f, a_rows) if f.kind == "weights" else None
         masked = self._metrics(f.pair, g_rows, a_rows, cols)
         note, compared = None, int(g_rows.numel())

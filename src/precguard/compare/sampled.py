@@ -137,13 +137,10 @@ def sampled_bounds(m: Metrics, z: float) -> tuple[tuple[float, float], tuple[flo
     """A statistics-only record's (global, concentrated) error, as lower and upper bounds.
 
     ``((low, low_conc), (high, high_conc))`` at ``z`` standard errors of the sample
-    (:func:`mean_square_rse`): the sampled mean squared error ``e^2`` lies within
-    ``e^2 (1 +- z rse)``; what the norms prove (``pos_rel_l2``, the l2 statistic's
-    difference) holds without sampling and bounds both from below. The concentrated
-    error's lower bound takes the worst position's norm difference (every position
-    measured) and the :data:`RARE_COUNT`-th largest sampled element error, its upper
-    bound the largest. The judge holds a record to its lower bounds and passes
-    its upper bounds on to what consumes it. Any other record: its measured errors.
+    (:func:`mean_square_rse`), never below what the norms prove; the concentrated
+    lower bound takes the :data:`RARE_COUNT`-th largest sampled element error, the
+    upper the largest (docs/compare.md, "Sampling uncertainty"). Any other record:
+    its measured errors.
     """
     e = m.error if math.isfinite(m.error) else math.inf
     conc = max(x for x in (e, *concentrated(m)) if x is not None)
@@ -167,13 +164,10 @@ def sampled_bounds(m: Metrics, z: float) -> tuple[tuple[float, float], tuple[flo
 
 
 def position_evidence(golden: Record, actual: Record) -> dict[str, float | int]:
-    """The ``pos_*`` metrics of two records' per-position norms (else nothing).
-
-    Per bin of positions ``|n_a - n_g| / max(n_g, SLICE_FLOOR rms(n_g))``; its
-    largest names where an error concentrated along the sequence sits. ``pos_rel_l2 =
-    ||n_a - n_g|| / ||n_g||`` bounds the tensor's rel_l2 from below, since
-    ``|‖a_t‖ - ‖g_t‖| <= ‖a_t - g_t‖`` for every position.
-    """
+    """The ``pos_*`` metrics of two records' per-position norms (else nothing): per bin
+    ``|n_a - n_g| / max(n_g, SLICE_FLOOR rms(n_g))``, its largest where an error along
+    the sequence sits, and ``pos_rel_l2 = ||n_a - n_g|| / ||n_g||``, a lower bound of the
+    tensor's rel_l2."""
     gp, ap = golden.positions, actual.positions
     if gp is None or ap is None or (gp.dim, gp.bin, gp.length) != (ap.dim, ap.bin, ap.length):
         return {}
