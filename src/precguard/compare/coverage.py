@@ -61,20 +61,20 @@ class RunState(BaseModel):
 
     def describe(self) -> str:
         """One line: which side, and how it ended."""
-        where = f"{self.side} {self.path}"
-        if self.error is not None and self.steps_run is not None and self.steps is not None:
+        where = f"{self.side} {self.path} is incomplete"
+        if self.error is None:
+            return f"{where}: the run did not close (killed, or still running)"
+        if self.steps is None:
+            return f"{where}: the run raised {self.error}"
+        if self.steps_run is not None:
             return (
-                f"{where} is incomplete: the recording stopped at {self.error} after "
-                f"{self.steps} of the run's {self.steps_run} step(s)"
+                f"{where}: the recording stopped at {self.error} after {self.steps} of the "
+                f"run's {self.steps_run} step(s)"
             )
-        if self.error is not None:
-            after = (
-                f" ({self.steps} step(s) recorded, the last possibly cut short)"
-                if self.steps is not None
-                else ""
-            )
-            return f"{where} is incomplete: the run raised {self.error}{after}"
-        return f"{where} is incomplete: the run did not close (killed, or still running)"
+        return (
+            f"{where}: the run raised {self.error} ({self.steps} step(s) recorded, the last "
+            "possibly cut short)"
+        )
 
 
 class Coverage(BaseModel):
@@ -124,11 +124,8 @@ def ensure_distinct(golden: Run, actual: Run) -> None:
 
 
 def _same_records(golden: Run, actual: Run) -> bool:
-    """True when every rank's records file is byte-identical on both sides.
-
-    A copy whose records were since replaced (a test that plants one rank's
-    fault into a copied golden) is a different recording.
-    """
+    """True when every rank's records file is byte-identical on both sides (a copy whose
+    records were since replaced is a different recording)."""
     if golden.ranks != actual.ranks:
         return False
     files = [(rank_dir(golden.path, r), rank_dir(actual.path, r)) for r in golden.ranks]
@@ -176,11 +173,8 @@ def incomplete_note(golden: Run, actual: Run) -> str:
 
 
 def last_step(run: Run, rank: int) -> int | None:
-    """The step of the last readable record of ``rank`` (None when it has none).
-
-    Records are written in step order, so the last line tells how many steps
-    the rank recorded without reading the whole file; a line cut short by a
-    kill is skipped.
+    """The step of the last readable record of ``rank`` (None when it has none), from the
+    file's tail: records are written in step order (a line cut short by a kill is skipped).
     """
     path = rank_dir(run.path, rank) / RECORDS_FILE
     try:
@@ -202,11 +196,8 @@ def last_step(run: Run, rank: int) -> int | None:
 
 
 def recorded_steps(run: Run, rank: int) -> set[int]:
-    """Every step ``rank`` recorded: a sampled recording (the watch's ``every=N``)
-    holds steps 0, N, 2N, ... only, so the last step does not tell how many it holds.
-
-    Read only when the steps compared leave a gap below the last step (one pass over
-    the records file, reading the step fields alone).
+    """Every step ``rank`` recorded (a sampled recording, the watch's ``every=N``, holds
+    steps 0, N, 2N, ... only), in one pass over the records file reading the step fields.
     """
     path = rank_dir(run.path, rank) / RECORDS_FILE
     steps: set[int] = set()
@@ -225,12 +216,8 @@ def recorded_steps(run: Run, rank: int) -> set[int]:
 
 
 class CoverageTracker:
-    """Keeps the account while :func:`precguard.compare_runs` walks the steps.
-
-    Call :meth:`pair` with each step both sides recorded (it returns the
-    records to align: those of the phases both sides have in that step), then
-    :meth:`result` once at the end.
-    """
+    """Keeps the account while :func:`precguard.compare_runs` walks the steps: :meth:`pair`
+    with each step both sides recorded, then :meth:`result` once at the end."""
 
     def __init__(self, golden: Run, actual: Run, *, rank: int | None, step: int | None) -> None:
         self.golden = golden
@@ -245,11 +232,8 @@ class CoverageTracker:
     def pair(
         self, rank: int, step: int, g_recs: list[Record], a_recs: list[Record]
     ) -> tuple[list[Record], list[Record]]:
-        """Note that (rank, step) is compared; keep only the phases both sides recorded.
-
-        Buffer records that only one side holds (a recording made before buffers
-        were recorded, against a newer one) are set aside as well: a difference in
-        what the recorder kept, not in the numbers.
+        """Note that (rank, step) is compared; keep only the phases both sides recorded, and
+        buffer records only when both sides recorded buffers (an older recorder kept none).
         """
         self.compared.add((rank, step))
         g_buf = any(r.role == "buffer" for r in g_recs)

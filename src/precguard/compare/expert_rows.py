@@ -93,10 +93,6 @@ def common_rows(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Row numbers of the keys both sides hold, in the golden's order."""
     where = {key: i for i, key in enumerate(a_keys)}
-    g_rows, a_rows = [], []
-    for i, key in enumerate(g_keys):
-        j = where.get(key)
-        if j is not None:
-            g_rows.append(i)
-            a_rows.append(j)
+    g_rows = [i for i, key in enumerate(g_keys) if key in where]
+    a_rows = [where[g_keys[i]] for i in g_rows]
     return torch.tensor(g_rows, dtype=torch.long), torch.tensor(a_rows, dtype=torch.long)

@@ -32,13 +32,11 @@ from precguard.numerics import MASK_FILL_MAX
 #: transformers model and most hand-written ones take)
 MASK_NAME = "attention_mask"
 
-_MODEL = ConfigDict(frozen=True, extra="forbid")
-
 
 class LeftOut(BaseModel):
     """What padding left out of one comparison's metrics (summed over its units)."""
 
-    model_config = _MODEL
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     positions: int = Field(
         default=0, description="Padded (batch, position) pairs of the root calls left out."

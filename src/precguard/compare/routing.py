@@ -90,14 +90,8 @@ class Routing(RowsRemeasure):
         status, judged = verdict
         if f.kind == "index":
             # the index record's own level (exact, or statistics) with the router's verdict
-            metrics = metrics_with(
-                judged,
-                {
-                    k: v
-                    for k, v in r.metrics.model_dump().items()
-                    if k in ("level", "dtype", "error", "mismatched", "stat_rel_diff")
-                },
-            )
+            own_level = {"level", "dtype", "error", "mismatched", "stat_rel_diff"}
+            metrics = metrics_with(judged, r.metrics.model_dump(include=own_level))
             s.explain_all()  # judged by the router's verdict, not by an error
             s.found = status == "fail"
             return r.model_copy(update={"metrics": metrics})

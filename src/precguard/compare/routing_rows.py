@@ -152,18 +152,15 @@ class RowsRemeasure(RouterJudge):
         g_rows: list[torch.Tensor] = []
         a_rows: list[torch.Tensor] = []
         g_start = a_start = 0
-        experts = sorted(
-            set(router.g_idx.flatten().tolist()) | set(router.a_idx.flatten().tolist())
-        )
-        for e in experts:
+        for e in torch.cat([router.g_idx.flatten(), router.a_idx.flatten()]).unique().tolist():
             g_tok = set(torch.where(router.g_idx.eq(e))[0].tolist())
             a_tok = set(torch.where(router.a_idx.eq(e))[0].tolist())
-            gs, as_ = range(g_start, g_start + len(g_tok)), range(a_start, a_start + len(a_tok))
-            g_start, a_start = gs.stop, as_.stop
+            gi = torch.arange(g_start, g_start + len(g_tok))
+            ai = torch.arange(a_start, a_start + len(a_tok))
+            g_start, a_start = g_start + len(g_tok), a_start + len(a_tok)
             common = len(g_tok & a_tok)
             if not common:
                 continue
-            gi, ai = torch.tensor(list(gs)), torch.tensor(list(as_))
             dist = torch.cdist(gm[gi], am[ai])
             to_a, to_g = dist.argmin(dim=1), dist.argmin(dim=0)
             mutual = [i for i in range(len(gi)) if int(to_g[to_a[i]]) == i]
