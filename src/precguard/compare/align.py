@@ -16,7 +16,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import overload
 
@@ -218,47 +218,43 @@ def _pair_by_name(
     ``result.one_sided``).
     """
     used: set[int] = set()
-    left_golden = _pair_named(golden, actual, result, used)
+    left_golden = _pair_on(golden, actual, result, used, _named)
     left_actual = [a for a in actual if id(a) not in used]
-    still = _pair_keyed(left_golden, left_actual, result, used)
+    # by key: parameters, gradients, an input passed by position on one side and by
+    # keyword on the other
+    still = _pair_on(left_golden, left_actual, result, used, lambda r: r.key)
     left_actual = [a for a in left_actual if id(a) not in used]
     out_golden = _not_one_sided(still, actual, left_actual, "golden", result)
     out_actual = _not_one_sided(left_actual, golden, out_golden, "actual", result)
     return out_golden, out_actual
 
 
-def _pair_named(
-    golden: list[Record], actual: list[Record], result: Alignment, used: set[int]
+def _named(rec: Record) -> tuple[tuple[str, int, str, str], str] | None:
+    """A call input's or output's (call, name), None for any other record."""
+    return (_call_of(rec), rec.name) if rec.role in _CALL_IO and rec.name else None
+
+
+def _pair_on(
+    golden: list[Record],
+    actual: list[Record],
+    result: Alignment,
+    used: set[int],
+    key: Callable[[Record], object],
 ) -> list[Record]:
-    """Pair call inputs/outputs by (call, name); return the golden records left."""
-    by_name = {(_call_of(a), a.name): a for a in actual if a.role in _CALL_IO and a.name}
+    """Pair each golden record with the unused actual one of the same ``key`` (None: no
+    key); never two different keywords under one key (two different inputs). Return the
+    golden records left."""
+    by_key = {k: a for a in actual if (k := key(a)) is not None}
     left: list[Record] = []
     for g in golden:
-        a = by_name.get((_call_of(g), g.name)) if g.role in _CALL_IO and g.name else None
-        if a is not None and id(a) not in used:
-            used.add(id(a))
-            result.pairs.append((g, a))
-        else:
-            left.append(g)
-    return left
-
-
-def _pair_keyed(
-    golden: list[Record], actual: list[Record], result: Alignment, used: set[int]
-) -> list[Record]:
-    """Pair by key: parameters, gradients, and an input passed by position on one side and
-    by keyword on the other; never two different keywords (two different inputs). Return
-    the golden records left."""
-    by_key = {a.key: a for a in actual}
-    still: list[Record] = []
-    for g in golden:
-        a = by_key.get(g.key)
+        k = key(g)
+        a = by_key.get(k) if k is not None else None
         if a is None or id(a) in used or _contradict(g, a):
-            still.append(g)
+            left.append(g)
             continue
         used.add(id(a))
         result.pairs.append((g, a))
-    return still
+    return left
 
 
 def _not_one_sided(
@@ -314,9 +310,8 @@ def _group(rec: Record) -> tuple[str, str, str]:
 def align(golden: list[Record], actual: list[Record], renamer: Renamer | None = None) -> Alignment:
     """Pair ``golden`` and ``actual`` records of one rank and step.
 
-    Module names are first brought to one spelling by ``renamer`` (default:
-    wrapper prefixes stripped, no rename rules). Pairs come back in golden
-    execution order (``seq``).
+    Module names are first brought to one spelling by ``renamer`` (default: wrapper
+    prefixes stripped). Pairs come back in golden execution order (``seq``).
 
     >>> a = align(golden_records, actual_records)     # doctest: +SKIP
     >>> [(g.key, x.key) for g, x in a.pairs][:1]       # doctest: +SKIP
@@ -357,7 +352,7 @@ def _pair_by_key(
     """Pair records of the same key; return those left on each side (no names to
     contradict: at least one side recorded none)."""
     used: set[int] = set()
-    left_golden = _pair_keyed(golden, actual, result, used)
+    left_golden = _pair_on(golden, actual, result, used, lambda r: r.key)
     return left_golden, [a for a in actual if id(a) not in used]
 
 

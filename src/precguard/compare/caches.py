@@ -95,9 +95,8 @@ def cache_read(
 
     ``records``: the call's records; ``first``: its failing record (a cache itself:
     :func:`cache_written` tells it instead); ``names``: :func:`cache_names` of the golden's
-    records. Returns ``(inline, alone, remedy)``: the clause told inside "its inputs match
-    (error e) but ...", the clause where the line has no such phrase, and the remedy
-    (``"; keep the KV cache ..."``, or empty when no cache was stored in another dtype).
+    records. Returns ``(inline, alone, remedy)``: the clause inside "its inputs match
+    (error e) but ...", the clause for a line without it, and the remedy (or empty).
     """
     if not names or first.key in names:
         return None

@@ -1,9 +1,5 @@
-"""Which rows of two runs' records belong to the same (token, expert): the arithmetic of
-routing.py's rules on index tensors (docs/compare.md, "Mixture of experts").
-
-A token's routing is the set of experts it reaches; a row inside the experts is keyed by
-(token, expert) in the layout its kernel uses; a router's margins are the gaps of its
-golden scores.
+"""Which rows of two runs' records belong to the same (token, expert), on index tensors
+(docs/compare.md, "Mixture of experts"); a router's margins are the gaps of its scores.
 """
 
 from __future__ import annotations
@@ -15,9 +11,7 @@ import torch
 
 def routed_alike(golden: torch.Tensor, actual: torch.Tensor) -> torch.Tensor:
     """Per token (row of top-k indices): whether both runs chose the same experts, in any
-    order. A token's routing is the set of experts it reaches; their order in the top-k is
-    how a kernel lists them (DeepSeek-V3's unsorted top-k, a near-tie between two chosen
-    experts), and every value per chosen expert is paired by the expert.
+    order (the order is how a kernel lists them: an unsorted top-k, a near-tie).
 
     >>> routed_alike(torch.tensor([[2, 0], [1, 3]]), torch.tensor([[0, 2], [1, 2]])).tolist()
     [True, False]

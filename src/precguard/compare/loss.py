@@ -1,22 +1,14 @@
 """A loss computed in low precision where golden computes it in float32: found by its dtype.
 
-A log-softmax in bfloat16 loses about ``u * |logsumexp|`` nats per token however small
-the loss, yet the loss's *value*, a mean over tokens, stays within what bf16 explains
-(docs/compare.md, "A loss computed in low precision: judged by its dtype"). What
-separates the bug from its correct twin is the precision the loss was computed in,
-which its output dtype keeps: ``F.cross_entropy`` and a hand-written log-softmax
-return the dtype they computed in.
-
-A loss record is a forward output of one element (a scalar) of a module call that
-consumed a floating tensor of at least two dimensions (the logits, reduced over
-their last) and integer labels, or of a module whose type ends in ``Loss``. The root
-module's outputs are not judged here: a root that returns its loss computed it in a
-submodule (judged there) or in its own code, which consumed no floating tensor it
-recorded.
-
-The rule (:class:`LossRule`) is applied in compare's one pass at the loss record, after
-the judge (compare/verdict.py): its finding is the call's decision on that record, never
-explained by a submodule, and it explains the calls around it as any local call does.
+A log-softmax in bfloat16 loses about ``u * |logsumexp|`` nats per token, yet the loss's
+value, a mean over tokens, stays within what bf16 explains; what tells the bug is the
+precision the loss was computed in, which its output dtype keeps (docs/compare.md, "A
+loss computed in low precision: judged by its dtype"). A loss record is a forward
+scalar output of a module call that consumed floating logits of at least two
+dimensions and integer labels, or of a module whose type ends in ``Loss``; the root's
+outputs are not judged here. The rule (:class:`LossRule`) applies in compare's one
+pass after the judge: its finding is the call's decision on that record, never
+explained by a submodule.
 """
 
 from __future__ import annotations

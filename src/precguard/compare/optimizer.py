@@ -88,11 +88,9 @@ def element_bound(u: np.ndarray | float, g: np.ndarray, d: np.ndarray, top: floa
     """Per element, the most a correct optimizer's step may differ by, given its gradient's.
 
     ``u``: the golden's update elements (or their largest, ``top``, where unknown),
-    ``g``: the golden's gradient elements, ``d``: their errors (actual - golden).
-    First order, an update element moves by ``|u| * 2 |d / g|`` (Adam's ``m`` and
-    ``sqrt(v)`` each carry the gradient's relative error once; SGD's step carries it
-    once); where ``|d| >= |g|`` the sign may flip. Never more than ``2 * top``: the
-    step from ``+U`` to ``-U``. An element zero on both sides takes no step on either.
+    ``g``: the golden's gradient elements, ``d``: their errors (actual - golden). First
+    order ``|u| * 2 |d / g|``; where ``|d| >= |g|`` the sign may flip; never more than
+    ``2 * top``. An element zero on both sides takes no step on either.
     """
     g, d = np.abs(g), np.abs(d)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -116,36 +114,33 @@ def _explained(
     element by element on full gradients, else on their sampled elements plus the flips
     the sample may have missed, else from the gradient's global error."""
     gg, ga = _full(grad, g_tensors), _full(actual_grad, a_tensors)
+    gs = _sampled(grad)
+    as_ = _sampled(actual_grad, grad.sample.seed if grad.sample is not None else None)
+    u: np.ndarray | float = top
     if gg is not None and ga is not None and gg.shape == ga.shape and gg.numel() == n:
-        u: np.ndarray | float = top
         if u_full is not None and u_full.numel() == n:
             u = u_full.abs().numpy()
         g, d = gg.numpy(), (ga - gg).numpy()
-        b = element_bound(u, g, d, top)
-        flips = float(((np.abs(d) >= np.abs(g)) & (np.abs(d) > 0)).mean()) if n else 0.0
-        return float(np.sqrt(np.sum(b * b))), float(b.max()) if b.size else 0.0, flips
-    gs = _sampled(grad)
-    as_ = _sampled(actual_grad, grad.sample.seed if grad.sample is not None else None)
-    if gs is not None and as_ is not None and gs.size == as_.size:
-        d = as_ - gs
-        us: np.ndarray | float = (
-            u_sample if u_sample is not None and u_sample.size == gs.size else top
-        )
-        b = element_bound(us, gs, d, top)
-        h = int(((np.abs(d) >= np.abs(gs)) & (np.abs(d) > 0)).sum())
-        if gs.size >= n:  # the sample is the whole tensor
-            return float(np.sqrt(np.sum(b * b))), float(b.max()), h / max(n, 1)
-        # flips the sample may have missed: the upper bound less those it saw
-        f_up = min(1.0, (h + 3.0 * math.sqrt(h) + 3.0) / gs.size)
-        unseen = max(0.0, f_up - h / gs.size) * n * (2.0 * top) ** 2
-        l2 = math.sqrt(float(np.mean(b * b)) * n + unseen)
-        return l2, 2.0 * top, f_up
-    if not math.isfinite(grad_error):
+    elif gs is not None and as_ is not None and gs.size == as_.size:
+        if u_sample is not None and u_sample.size == gs.size:
+            u = u_sample
+        g, d = gs, as_ - gs
+    elif not math.isfinite(grad_error):
         return 2.0 * top * math.sqrt(n), 2.0 * top, 1.0
-    # within Z_SCORE error standard deviations (e_g * rms(g)) of zero, for a density at zero
-    # up to ZERO_DENSITY / rms(g) (precguard.numerics): f <= 2 * 3 * 1 * e_g
-    f = min(1.0, 2.0 * Z_SCORE * ZERO_DENSITY * grad_error)
-    return 2.0 * top * math.sqrt(f * n), (2.0 * top if f > 0 else 0.0), f
+    else:
+        # within Z_SCORE error standard deviations (e_g * rms(g)) of zero, for a density at
+        # zero up to ZERO_DENSITY / rms(g) (precguard.numerics): f <= 2 * 3 * 1 * e_g
+        f = min(1.0, 2.0 * Z_SCORE * ZERO_DENSITY * grad_error)
+        return 2.0 * top * math.sqrt(f * n), (2.0 * top if f > 0 else 0.0), f
+    b = element_bound(u, g, d, top)
+    h = int(((np.abs(d) >= np.abs(g)) & (np.abs(d) > 0)).sum())
+    if g.size >= n:  # every element: full tensors, or a sample of the whole tensor
+        return float(np.sqrt(np.sum(b * b))), float(b.max()), h / n
+    # flips the sample may have missed: the upper bound less those it saw
+    f_up = min(1.0, (h + 3.0 * math.sqrt(h) + 3.0) / g.size)
+    unseen = max(0.0, f_up - h / g.size) * n * (2.0 * top) ** 2
+    l2 = math.sqrt(float(np.mean(b * b)) * n + unseen)
+    return l2, 2.0 * top, f_up
 
 
 def explain_update(

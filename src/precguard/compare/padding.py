@@ -124,18 +124,13 @@ def _root_calls(records: list[Record], store: TensorStore) -> list[_Call]:
 
 
 def _call_of(calls: list[_Call], seq: int) -> _Call | None:
-    for c in calls:
-        if c.start <= seq <= c.end:
-            return c
-    return None
+    return next((c for c in calls if c.start <= seq <= c.end), None)
 
 
 def _layout(shape: list[int], keep: torch.Tensor) -> torch.Tensor | None:
-    """``keep`` shaped to broadcast over a record of ``shape`` (None: not [batch, seq]-led).
-
-    ``[batch, seq, ...]`` first; else ``[batch, heads, seq, ...]`` (4-d), the
-    per-head layout of queries, attention weights and a 4-d mask.
-    """
+    """``keep`` shaped to broadcast over a record of ``shape``: ``[batch, seq, ...]``, else
+    ``[batch, heads, seq, ...]`` (4-d: per-head queries, attention weights, a 4-d mask);
+    None when neither."""
     batch, seq = keep.shape
     if len(shape) >= 2 and shape[0] == batch and shape[1] == seq:
         return keep.reshape(batch, seq, *([1] * (len(shape) - 2)))

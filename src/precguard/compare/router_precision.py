@@ -84,12 +84,10 @@ def lowered_weights(
     rows: torch.Tensor | None = None,
 ) -> str | None:
     """Why the actual router computed its weights below the precision asked: "" when it
-    did not, None when this cannot be told.
-
-    ``golden`` and ``actual``: (logits ``[tokens, experts]``, indices ``[tokens, k]``,
-    weights ``[tokens, k]``) of each side; ``asked``: the precision each side's weights
-    were asked for; ``rows``: the tokens both runs routed alike (all when None). None
-    when no form gives the golden's weights within its own precision.
+    did not, None when this cannot be told (no form gives the golden's weights within its
+    own precision). ``golden`` and ``actual``: (logits ``[tokens, experts]``, indices and
+    weights ``[tokens, k]``); ``asked``: the precision each side's weights were asked for;
+    ``rows``: the tokens both runs routed alike (all when None).
     """
     if any(p not in SIGNIFICAND_BITS for p in asked):
         return None  # a precision with no unit roundoff to compare with

@@ -2,19 +2,14 @@
 
 A router (any module that returns integer top-k indices beside the float scores they
 were ranked by) makes a discrete choice: two correct runs whose scores differ by
-rounding may send a near-tie token to different experts. The rules (docs/compare.md,
-"Mixture of experts"): integer records are indices, compared for equality; a router's
-choice is judged from its scores (a re-routing within the margin rounding can cross,
-:func:`margin_tolerance`, is explained); a token's routing is the set of experts it
-reaches (values per chosen expert are paired by (token, expert)); the records that
-follow the routing are compared on the rows both runs routed alike, or, with
-statistics only, with an expected error widened by the rows that may re-route.
-
-The concepts live in their modules: routing_find.py (the routers and their
-followers), routing_judge.py (a router's verdict from its scores, the widening),
-routing_rows.py (followers re-measured on the rows routed alike), router_precision.py
-(a router's weights recomputed from its own logits); this module holds the one-pass
-entry points the rules use.
+rounding may send a near-tie token to different experts. The rules are in
+docs/compare.md, "Mixture of experts". Their concepts live in routing_find.py (the
+routers and their followers: the weights, the module fed the indices and everything
+inside its call, their gradients), routing_judge.py (a router's verdict from its
+scores, :func:`margin_tolerance`, and the widening of statistics-only followers),
+routing_rows.py (followers re-measured on the rows routed alike) and
+router_precision.py (a router's weights recomputed from its own logits); this module
+holds the one-pass entry points the rules use.
 """
 
 from __future__ import annotations
@@ -59,16 +54,10 @@ class Routing(RowsRemeasure):
         out.follow_backward(pairs)
         return out
 
-    # -- the routers' verdicts --------------------------------------------------
-
     def awaited(self, results: list[RecordResult]) -> list[tuple[Router, Metrics, str | None]]:
         """Every router whose indices were measured: (the router, its indices' metrics, the
-        key of the scores record its verdict waits for, None when nothing is judged there).
-
-        The one pass (compare/verdict.py) takes each router's verdict
-        (:meth:`verdict`) as soon as its scores are judged, and settles every record
-        that follows the router (:meth:`follow`) with it.
-        """
+        key of the scores record its verdict (:meth:`verdict`) waits for, None when nothing
+        is judged there)."""
         by_key = {r.key: r for r in results}
         out = []
         for router in self.routers:

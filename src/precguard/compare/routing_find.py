@@ -1,10 +1,6 @@
-"""Finding the routers of one rank and step, and the records that follow each.
-
-A router is a module call that returns integer top-k indices beside a float output
-wider than k (its scores); the records that follow its routing are its weights, the
-module that consumed the indices and every record inside that call, and in backward
-their gradients and the gradient the block hands back (routing.py's docstring: the
-rules; docs/compare.md, "Mixture of experts").
+"""Finding the routers of one rank and step, and the records that follow each: a router
+is a module call that returns integer top-k indices beside a float output wider than k
+(its scores); its followers are listed in routing.py's docstring.
 """
 
 from __future__ import annotations
@@ -69,7 +65,7 @@ class Follower:
 
     router: Router
     pair: Pair
-    kind: str  # "weights", "index", "rows" (token rows), "pairs" (token-expert rows), "inner"
+    kind: str  # "weights", "index", "rows" (token rows), "pairs" (token-expert rows)
     passes_on_all: bool = False  # its error over every row feeds its consumers
     call_index: int = 0  # among the calls of its module inside the consumer's call
 
@@ -85,8 +81,6 @@ class RouterFinder:
     computes: tuple[str | None, str | None]
     routers: list[Router] = field(default_factory=list)
     followers: dict[str, Follower] = field(default_factory=dict)
-
-    # -- finding routers and their followers ----------------------------------------
 
     def _full(self, pair: Pair) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
         g, a = pair
@@ -128,17 +122,16 @@ class RouterFinder:
         if g_w is None or a_w is None:
             return None
         asked = (self._asked(weights[0], members, 0), self._asked(weights[1], members, 1))
-        rows = router.same
+        tokens = router.tokens
         for p in candidates:
             g_lg, a_lg = self._full(p)
             if g_lg is None or a_lg is None or p[0].shape != p[1].shape:
                 continue
-            tokens = router.tokens
             why = lowered_weights(
                 (g_lg.reshape(tokens, -1), router.g_idx, g_w.reshape(tokens, -1)),
                 (a_lg.reshape(tokens, -1), router.a_idx, a_w.reshape(tokens, -1)),
                 asked,
-                rows,
+                router.same,
             )
             if why is not None:
                 return why or None
@@ -295,10 +288,9 @@ class RouterFinder:
         self._follow_block_gradient(pairs)
 
     def _follow_block_gradient(self, pairs: list[Pair]) -> None:
-        """The gradient a mixture-of-experts block hands back (its input's, the sum of what
-        its router and its experts hand back) differs on re-routed tokens too, and so does
-        the same tensor where the module before the block reads it (the norm's incoming
-        gradient): both follow the routing as token rows."""
+        """The gradient a mixture-of-experts block hands back (its input's) differs on
+        re-routed tokens too, and so does the same tensor where the module before the block
+        reads it: both follow the routing as token rows."""
         blocks = self._blocks()
         handed: list[tuple[Pair, Router]] = []
         for p in pairs:

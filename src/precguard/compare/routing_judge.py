@@ -1,9 +1,7 @@
-"""A router's top-k choice judged from its scores, and the widening a re-routing explains.
-
-A re-routed token crossed the golden score margin between the expert it lost and the
-one it won; rounding can cross a margin of twice what the judge accepts for each score
-(:func:`margin_tolerance`). Followers compared on statistics only are widened by the
-rows that may re-route (routing.py's docstring: the rules).
+"""A router's top-k choice judged from its scores (a re-routed token crossed a golden
+score margin; rounding can cross twice what the judge accepts for each score:
+:func:`margin_tolerance`), and the widening a re-routing explains in the followers
+compared on statistics only.
 """
 
 from __future__ import annotations
@@ -26,8 +24,6 @@ class RouterJudge(RouterFinder):
     """The routers' verdicts from their scores, and the widened expected error of the
     followers compared on statistics only."""
 
-    # -- statistics only: the widened expected error ------------------------------
-
     def widened(self, results: list[RecordResult]) -> dict[str, tuple[float, float]]:
         """Per key: the error a re-routing may explain in a follower compared on statistics
         only (merged into its expected error by the judge, as a calibration is)."""
@@ -35,12 +31,10 @@ class RouterJudge(RouterFinder):
         by_key = {r.key: r for r in results if r.metrics is not None}
         for key, f in self.followers.items():
             r = by_key.get(key)
-            if r is None or r.metrics is None or f.kind == "index":
-                continue
-            if r.metrics.level not in ("stats", "none"):
-                continue
-            w = self._widening(f, by_key)
-            out[key] = (w, w)
+            m = r.metrics if r is not None else None
+            if m is not None and f.kind != "index" and m.level in ("stats", "none"):
+                w = self._widening(f, by_key)
+                out[key] = (w, w)
         return out
 
     def _widening(self, f: Follower, by_key: dict[str, RecordResult]) -> float:
@@ -60,11 +54,10 @@ class RouterJudge(RouterFinder):
     def _tolerance(self, router: Router, scores: RecordResult | None) -> float:
         assert router.g_scores is not None
         m = scores.metrics if scores is not None else None
-        dtype = m.dtype if m is not None else "float32"
         expected = scores.expected_error if scores is not None else None
         if expected is None:
             measured = m.error if m is not None and math.isfinite(m.error) else 0.0
-            expected = max(measured, rounding_floor(dtype))
+            expected = max(measured, rounding_floor(m.dtype if m is not None else "float32"))
         absmax = float(router.g_scores.abs().max()) if router.g_scores.numel() else 0.0
         return margin_tolerance(expected, self.profile.amplification, absmax)
 

@@ -1,9 +1,7 @@
-"""A router's followers measured on the rows both runs routed alike.
-
-Token rows and values per chosen expert are paired by token (and by expert, never by
-top-k column); rows of token-expert pairs inside the experts by the layout both runs
-formed (expert_rows.py); a follower whose error feeds its consumers keeps its error
-over every row beside (routing.py's docstring: the rules).
+"""A router's followers measured on the rows both runs routed alike: token rows and values
+per chosen expert paired by token and expert, rows inside the experts by the layout both
+runs formed (expert_rows.py); a follower whose error feeds its consumers keeps its error
+over every row beside.
 """
 
 from __future__ import annotations
@@ -31,8 +29,6 @@ def _excess(m: Metrics, profile: Profile) -> float:
 
 class RowsRemeasure(RouterJudge):
     """Re-measuring the followers of each router on the rows routed alike."""
-
-    # -- measuring on the rows routed alike ----------------------------------------
 
     def remeasure(self, results: list[RecordResult]) -> list[RecordResult]:
         """Results with the followers' metrics measured on the rows both runs routed alike

@@ -22,9 +22,8 @@ from precguard.dump.schema import Record
 from precguard.numerics import BIAS_Z, RARE_COUNT, SLICE_FLOOR
 
 #: a sample's scale is estimated only when more than this many of its elements carry
-#: its norm (effective count ``n_eff = (sum g^2)^2 / sum g^4``): the ratio
-#: ``<g, d> / <g, g>`` is bounded at ``z`` standard errors only while its denominator is,
-#: ``n_eff > z^2`` (docs/compare.md, "Systematic bias")
+#: its norm (``n_eff = (sum g^2)^2 / sum g^4``): the ratio ``<g, d> / <g, g>`` is bounded
+#: at ``z`` standard errors only while its denominator is (docs/compare.md)
 MIN_EFFECTIVE = BIAS_Z * BIAS_Z
 #: sampled element errors kept in decreasing order (``sample_peaks``): enough to tell
 #: how many of them carry the peak (:data:`RARE_COUNT`)
