@@ -106,6 +106,7 @@ class Routing(RowsRemeasure):
                 out.routers.append(router)
                 out._follow(router, calls, pairs)
         out.follow_backward(pairs)
+        out.mark_decisions()
         return out
 
     # -- the routers' verdicts --------------------------------------------------

@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from precguard.compare.expert_rows import crossed, gaps
 from precguard.compare.report import Metrics, RecordResult
-from precguard.compare.routing_find import Follower, Router, RouterFinder
-from precguard.numerics import REROUTED_ROW_ERROR, SCORE_PAIR, rounding_floor
-
-
-def margin_tolerance(expected: float, amplification: float, absmax: float) -> float:
-    """The golden score margin rounding can cross: both scores of the pair moving apart by
-    the largest element error the judge accepts for the scores record."""
-    return SCORE_PAIR * amplification * expected * absmax
+from precguard.compare.routing_find import Follower, Router, RouterFinder, margin_tolerance
+from precguard.numerics import REROUTED_ROW_ERROR, rounding_floor
 
 
 class RouterJudge(RouterFinder):
@@ -115,22 +111,29 @@ class RouterJudge(RouterFinder):
         moved = (~router.same).nonzero().flatten()
         tol = self._tolerance(router, scores)
         worst, beyond = 0.0, 0
+        jumped = router.jumped if router.jumped is not None else torch.zeros_like(router.same)
         for t in moved.tolist():
-            m = crossed(router.g_scores[t], router.g_idx[t], router.a_idx[t])
+            if jumped[t]:
+                # the same experts, a decision inside the router flipped: it sat at the
+                # token's closest pair of scores among its top k + 1
+                m = float(gaps(router.g_scores[t : t + 1], router.k)[0])
+            else:
+                m = crossed(router.g_scores[t], router.g_idx[t], router.a_idx[t])
             worst = max(worst, m)
             # the actual's own scores are not a bound: a router that ranks scores rounded
             # to bf16 (Qwen2-MoE's probabilities) ties where its logits did not
             if m > tol:
                 beyond += 1
+        moved_text = _moved(router, int(moved.numel()))
         if beyond:
             note = (
-                f"{moved.numel()} of {n} tokens re-routed, {beyond} of them across a score margin "
+                f"{moved_text}, {beyond} of them across a score margin "
                 f"(largest {worst:.3g}) beyond what the scores' expected error lets rounding "
                 f"cross ({tol:.3g}): the top-k choice itself differs, not only its scores"
             )
         elif moved.numel():
             note = (
-                f"{moved.numel()} of {n} tokens re-routed, each a near-tie: the largest score "
+                f"{moved_text}, each a near-tie: the largest score "
                 f"margin crossed {worst:.3g} is within what the scores' expected error lets "
                 f"rounding cross ({tol:.3g})"
             )
@@ -182,15 +185,25 @@ class RouterJudge(RouterFinder):
         )
 
 
+def _moved(router: Router, moved: int) -> str:
+    """ "N of T tokens re-routed", with how many of them kept their experts while a decision
+    inside the router flipped (routing_find.py's ``mark_decisions``)."""
+    text = f"{moved} of {router.tokens} tokens re-routed"
+    jumped = 0 if router.jumped is None else int(router.jumped.sum())
+    if jumped:
+        text += f" ({jumped} to the same experts, at a decision inside the router that flipped)"
+    return text
+
+
 def _unranked_verdict(router: Router, idx: Metrics, scores_ok: bool) -> tuple[str, Metrics]:
     """A router none of whose outputs ranks its indices: the re-routed tokens counted, the
     choice judged from its scores (the margins crossed are not measured)."""
     assert router.same is not None
     moved_n = int((~router.same).sum())
     note = (
-        f"{moved_n} of {router.tokens} tokens re-routed; no output of {router.module} ranks "
-        "its indices (a learned bias or a group-limited top-k), so the margins they crossed "
-        "are not measured: judged from its scores "
+        f"{_moved(router, moved_n)}; no output of {router.module} ranks "
+        "its indices (a learned bias, a group-limited top-k, a sampled choice), so the margins "
+        "they crossed are not measured: judged from its scores "
         + ("(they pass)" if scores_ok else "(they fail)")
     )
     return ("pass" if scores_ok else "fail"), idx.model_copy(
