@@ -108,3 +108,16 @@ def test_metrics_dump_benchmark():
     assert lines.keys() == {"full", "stats"}
     assert all("json" in line and "row" in line and "validate" in line for line in lines.values())
     assert all(int(line.split()[-1]) < 41 for line in lines.values())
+
+
+def test_heldout_moe_refuses_an_unknown_family():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/heldout_moe.py"), "mixtral"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "unknown family 'mixtral'; one of olmoe, granitemoe, glm4-moe, ernie-moe"
+    ]

@@ -54,6 +54,14 @@ SIGNIFICAND_BITS: dict[str, int] = {
     "float8_e5m2fnuz": 3,
 }
 
+#: a complex tensor is measured as its real view: each of its two parts in this float dtype
+#: (``torch.view_as_real``; Llama 4's rotary embedding returns ``complex64`` frequencies)
+COMPLEX_PARTS: dict[str, str] = {
+    "complex32": "float16",
+    "complex64": "float32",
+    "complex128": "float64",
+}
+
 # -- the thresholds, as multiples of the floor ----------------------------------------------
 
 #: the factor by which a correct module may grow the relative error of what it consumed.

@@ -175,7 +175,8 @@ def hf_model(kind: str) -> nn.Module:
 
 def _more_models(kind: str, common: dict[str, Any], llama_like: dict[str, Any]) -> nn.Module:
     """The stacks of issue 37: more routers (gpt-oss, DeepSeek-V3, Qwen3-MoE, Mixtral's
-    batched experts kernel) and controls without one (Gemma2, Qwen3, llama3 rope scaling)."""
+    batched experts kernel, Llama 4, PhiMoE) and controls without one (Gemma2, Qwen3, llama3
+    rope scaling)."""
     import transformers as tf
 
     if kind == "gpt-oss":
@@ -219,6 +220,19 @@ def _more_models(kind: str, common: dict[str, Any], llama_like: dict[str, Any]) 
         )
         config._experts_implementation = "batched_mm"
         return tf.MixtralForCausalLM(config)
+    if kind == "llama4":
+        # complex64 rotary frequencies (torch.polar), a sigmoid top-1 router, a shared expert
+        config = tf.Llama4TextConfig(
+            **common, **llama_like, intermediate_size_mlp=176, num_local_experts=4,
+            num_experts_per_tok=1, head_dim=16, interleave_moe_layer_step=1,
+            no_rope_layers=[1, 1],
+        )  # fmt: skip
+        return tf.Llama4ForCausalLM(config)
+    if kind == "phimoe":
+        # sparsemixer: each choice's weight a softmax over the scores within 2 * jitter of
+        # the best one (a mask that flips on a near-tie while the experts stay)
+        config = tf.PhimoeConfig(**common, **llama_like, num_local_experts=4, num_experts_per_tok=2)
+        return tf.PhimoeForCausalLM(config)
     if kind == "gemma2":
         config = tf.Gemma2Config(
             **common, **llama_like, head_dim=16, attn_logit_softcapping=50.0,
@@ -391,9 +405,15 @@ def vision_language(fault: float | None = None) -> Workload:
     return run
 
 
+def routed_experts(model: nn.Module) -> nn.Module:
+    """Layer 1's routed experts (``mlp.experts``; Llama 4's ``feed_forward.experts``)."""
+    layer = model.model.layers[1]
+    return layer.feed_forward.experts if hasattr(layer, "feed_forward") else layer.mlp.experts
+
+
 def expert_fault(model: nn.Module) -> None:
     """Scale expert 1's output projection in layer 1 by 1.03."""
-    experts = model.model.layers[1].mlp.experts
+    experts = routed_experts(model)
     with torch.no_grad():
         weight = getattr(experts, "down_proj", None)
         if isinstance(weight, torch.Tensor | nn.Parameter) and weight.dim() == 3:
@@ -638,7 +658,7 @@ def _cases() -> list[Case]:
 def experts_fault(model: nn.Module) -> None:
     """Scale layer 1's experts' output by 1.03 (a forward hook: the parameters stay equal,
     so the fault is found from the numbers the experts compute, not from their weights)."""
-    scale_output(model.model.layers[1].mlp.experts, 1.03)
+    scale_output(routed_experts(model), 1.03)
 
 
 def shared_expert_fault(model: nn.Module) -> None:
@@ -646,16 +666,30 @@ def shared_expert_fault(model: nn.Module) -> None:
     scale_output(model.model.layers[1].mlp.shared_experts.down_proj, 1.03)
 
 
+#: issue 37's routers; Llama 4 (complex rotary frequencies, top-1 sigmoid router, a shared
+#: expert) and PhiMoE (sparsemixer: scores masked near the best one) were tried as stacks
+#: outside the corpus after it, and false-alarmed until complex tensors were measured as
+#: floats and a weight that jumps while the experts stay was judged as a re-routing
+_ROUTED = ("gpt-oss", "deepseek-v3", "qwen3-moe", "mixtral-batched", "mixtral")
+
+
+def unmasked_router(model: nn.Module) -> None:
+    """PhiMoE's routers weigh every expert (a fused router kernel that drops sparsemixer's
+    mask: jitter 1 keeps every score within 200 % of the best one), the experts unchanged."""
+    for layer in model.model.layers:
+        layer.mlp.router.router_jitter_noise = 1.0
+
+
 def _routers(full: bool, lvl: str) -> list[Case]:
     """Issue 37: routers judged by expert identity (each clean, each with a planted fault,
     forward and one training step), and stacks without a router as controls."""
     cases: list[Case] = []
-    experts = "layers.1.mlp.experts"
     # with full tensors the experts compute 3 % too much (their weights equal); with
     # statistics only one expert's weights are 3 % off: a few-percent scale of what the
     # experts compute is below what statistics can tell on re-routed rows (docs/realworld.md)
     fault, what = (experts_fault, "experts") if full else (expert_fault, "expert 1 weights")
-    for kind in ("gpt-oss", "deepseek-v3", "qwen3-moe", "mixtral-batched", "mixtral"):
+    for kind in (*_ROUTED, "llama4", "phimoe"):
+        experts = "layers.1.feed_forward.experts" if kind == "llama4" else "layers.1.mlp.experts"
         cases += [
             Case(
                 f"{kind} training step bf16 [{lvl}]",
@@ -673,7 +707,10 @@ def _routers(full: bool, lvl: str) -> list[Case]:
         if kind != "mixtral":  # its forward cases are above
             cases += [
                 Case(
-                    f"{kind} bf16 [{lvl}]", forward(kind), full, fast=full and kind == "deepseek-v3"
+                    f"{kind} bf16 [{lvl}]",
+                    forward(kind),
+                    full,
+                    fast=full and kind in ("deepseek-v3", "llama4", "phimoe"),
                 ),
                 Case(
                     f"{kind} fault 3% {what} [{lvl}]",
@@ -691,6 +728,14 @@ def _routers(full: bool, lvl: str) -> list[Case]:
             forward("deepseek-v3", shared_expert_fault),
             full,
             expect="layers.1.mlp.shared_experts",
+        )
+    )
+    cases.append(
+        Case(
+            f"phimoe fault router without its mask [{lvl}]",
+            forward("phimoe", unmasked_router),
+            full,
+            expect="layers.0.mlp.router",
         )
     )
     return cases + _controls(full, lvl, faults=True)

@@ -44,7 +44,13 @@ from precguard.difference import (
 from precguard.difference import rms as finite_rms
 from precguard.difference import ulp_dtype as ulp_precision
 from precguard.dump.schema import STAT_FIELDS, Record, Stats
-from precguard.numerics import SIGNIFICAND_BITS, SLICE_FLOOR, less_precise, relative_l2
+from precguard.numerics import (
+    COMPLEX_PARTS,
+    SIGNIFICAND_BITS,
+    SLICE_FLOOR,
+    less_precise,
+    relative_l2,
+)
 
 #: guard for relative errors: the denominator is at least this share of rms(golden)
 REL_FLOOR = 1e-3
@@ -118,6 +124,11 @@ def tensor_metrics(
     replay in another dtype to the golden's precision). ``golden_rms`` and ``release``
     are passed on to :func:`full_metrics`.
     """
+    if golden.is_complex() and actual.is_complex():
+        # each part measured as a float of the part's precision, not equality of the pairs
+        golden, actual = torch.view_as_real(golden), torch.view_as_real(actual)
+        golden_dtype = COMPLEX_PARTS.get(golden_dtype, golden_dtype)
+        actual_dtype = COMPLEX_PARTS.get(actual_dtype, actual_dtype)
     if not (is_float_dtype(golden_dtype) or is_float_dtype(actual_dtype)):
         return exact_metrics(golden, actual)
     dtype = tolerance_dtype(golden_dtype, actual_dtype, tol_mode)

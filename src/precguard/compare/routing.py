@@ -20,8 +20,7 @@ from collections import defaultdict
 from precguard.compare.levels import metrics_with
 from precguard.compare.report import Metrics, RecordResult
 from precguard.compare.router_precision import LOWERED
-from precguard.compare.routing_find import Pair, Router, is_index_dtype
-from precguard.compare.routing_judge import margin_tolerance
+from precguard.compare.routing_find import Pair, Router, is_index_dtype, margin_tolerance
 from precguard.compare.routing_rows import RowsRemeasure
 from precguard.compare.rule import Settlement
 from precguard.compare.tolerance import Profile
@@ -52,6 +51,7 @@ class Routing(RowsRemeasure):
                 out.routers.append(router)
                 out._follow(router, calls, pairs)
         out.follow_backward(pairs)
+        out.mark_decisions()
         return out
 
     def awaited(self, results: list[RecordResult]) -> list[tuple[Router, Metrics, str | None]]:

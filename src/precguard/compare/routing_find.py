@@ -11,14 +11,21 @@ from dataclasses import dataclass, field
 
 import torch
 
-from precguard.compare.expert_rows import ranks, routed_alike, rows_of
-from precguard.compare.metrics import is_float_dtype, precision
+from precguard.compare.expert_rows import gaps, ranks, routed_alike, rows_of
+from precguard.compare.metrics import is_float_dtype, precision, tolerance_dtype
 from precguard.compare.router_precision import lowered_weights
 from precguard.compare.tolerance import Profile
 from precguard.dump.schema import Record
 from precguard.dump.tensors import TensorStore
+from precguard.numerics import SCORE_PAIR, rounding_floor
 
 Pair = tuple[Record, Record]
+
+
+def margin_tolerance(expected: float, amplification: float, absmax: float) -> float:
+    """The golden score margin rounding can cross: both scores of the pair moving apart by
+    the largest element error the judge accepts for the scores record."""
+    return SCORE_PAIR * amplification * expected * absmax
 
 
 def is_index_dtype(dtype: str) -> bool:
@@ -38,8 +45,13 @@ class Router:
     g_idx: torch.Tensor | None = None
     a_idx: torch.Tensor | None = None
     g_scores: torch.Tensor | None = None
-    #: per token: the same experts chosen, in any order (full tensors on both sides)
+    #: per token: routed alike, the same experts chosen in any order and their weights
+    #: within rounding (full tensors on both sides)
     same: torch.Tensor | None = None
+    #: per token: the same experts chosen, but a decision inside the router flipped at a
+    #: near-tie (its own weights or gradients jump: ``RouterFinder.mark_decisions``); these
+    #: tokens are not in ``same``
+    jumped: torch.Tensor | None = None
     #: whether an output of the router ranks its indices (False: judged from its scores only)
     ranked: bool = True
     #: why the actual computed its weights below the precision its code asks for
@@ -172,6 +184,81 @@ class RouterFinder:
         if a_idx is not None:
             router.a_idx = a_idx.reshape(-1, router.k).long()
             router.same = routed_alike(router.g_idx, router.a_idx)
+
+    def mark_decisions(self) -> None:
+        """Take out of each router's tokens routed alike those whose decision flipped
+        inside the router while their experts stayed (``Router.jumped``).
+
+        A router is continuous in its scores except at its decisions, and not every
+        decision is the top-k: PhiMoE's sparsemixer weighs a choice by a softmax over the
+        scores near the best one (a mask), and its backward asks whether the sampled expert
+        is the best one. A token whose row of the router's own weights or gradients (paired
+        by expert) differs by more than the judge accepts for one element (``amplification``
+        times the record's rounding floor, relative to its largest element), and whose
+        golden scores nearly tie (:meth:`near_ties`), crossed such a decision: it is
+        counted as re-routed and left out of the rows routed alike. A row that jumps away
+        from any near-tie stays, and is judged where it is recorded.
+        """
+        for router in self.routers:
+            if router.same is None:
+                continue
+            own = [
+                f.pair
+                for f in self.followers.values()
+                if f.router is router
+                and f.kind in ("weights", "rows")
+                and (f.pair[0].module, f.pair[0].call) == (router.module, router.call)
+            ]
+            jumped = torch.zeros_like(router.same)
+            for pair in own:
+                jumped |= self._jumps(router, pair)
+            jumped &= router.same
+            if bool(jumped.any()):
+                jumped &= self.near_ties(router)
+            if bool(jumped.any()):
+                router.jumped = jumped
+                router.same = router.same & ~jumped
+
+    def _jumps(self, router: Router, pair: Pair) -> torch.Tensor:
+        """Per token: whether its row of ``pair`` differs by more than one element's accepted
+        error (values per chosen expert paired by expert)."""
+        none = torch.zeros(router.tokens, dtype=torch.bool)
+        g_t, a_t = self._full(pair)
+        if g_t is None or a_t is None or pair[0].shape != pair[1].shape:
+            return none
+        g_t = g_t.reshape(router.tokens, -1).double()
+        a_t = a_t.reshape(router.tokens, -1).double()
+        if list(pair[0].shape) == list(router.index[0].shape):
+            assert router.g_idx is not None and router.a_idx is not None
+            g_t = g_t.gather(1, router.g_idx.argsort(dim=1))
+            a_t = a_t.gather(1, router.a_idx.argsort(dim=1))
+        absmax = float(g_t.abs().max()) if g_t.numel() else 0.0
+        bound = self.profile.amplification * rounding_floor(self._judged_in(pair)) * absmax
+        return (g_t - a_t).abs().amax(dim=1) > bound
+
+    def near_ties(self, router: Router) -> torch.Tensor:
+        """Per token: whether two of its golden scores among the top k + 1 lie within the
+        margin rounding of the scores alone can cross (:func:`margin_tolerance` at their
+        rounding floor; the router's verdict allows at least that)."""
+        scores = router.g_scores
+        if scores is None and router.scores is not None:
+            golden = self._golden(router.scores[0])
+            scores = None if golden is None else golden.reshape(router.tokens, -1).double()
+        if scores is None or router.scores is None:
+            return torch.zeros(router.tokens, dtype=torch.bool)
+        absmax = float(scores.abs().max()) if scores.numel() else 0.0
+        floor = rounding_floor(self._judged_in(router.scores))
+        return gaps(scores, router.k) <= margin_tolerance(floor, self.profile.amplification, absmax)
+
+    def _judged_in(self, pair: Pair) -> str:
+        """The dtype whose tolerance judges ``pair``: each side's compute precision, as
+        compare's measure takes it (metrics.tolerance_dtype)."""
+        g, a = pair
+        return tolerance_dtype(
+            precision(g.dtype, g.compute_dtype or self.computes[0]),
+            precision(a.dtype, a.compute_dtype or self.computes[1]),
+            self.tol_mode,
+        )
 
     def _follow(
         self, router: Router, calls: dict[tuple[str, int], list[Pair]], pairs: list[Pair]

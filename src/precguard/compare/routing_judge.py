@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from precguard.compare.expert_rows import crossed, gaps
 from precguard.compare.report import Metrics, RecordResult
-from precguard.compare.routing_find import Follower, Router, RouterFinder
-from precguard.numerics import REROUTED_ROW_ERROR, SCORE_PAIR, rounding_floor
-
-
-def margin_tolerance(expected: float, amplification: float, absmax: float) -> float:
-    """The golden score margin rounding can cross: both scores of the pair moving apart by
-    the largest element error the judge accepts for the scores record."""
-    return SCORE_PAIR * amplification * expected * absmax
+from precguard.compare.routing_find import Follower, Router, RouterFinder, margin_tolerance
+from precguard.numerics import REROUTED_ROW_ERROR, rounding_floor
 
 
 class RouterJudge(RouterFinder):
@@ -103,24 +99,33 @@ class RouterJudge(RouterFinder):
         against what the scores' expected error lets rounding cross."""
         assert router.same is not None and router.g_scores is not None
         assert router.g_idx is not None and router.a_idx is not None
-        n = router.tokens
         moved = (~router.same).nonzero().flatten()
         tol = self._tolerance(router, scores)
         g_scores, g_idx, a_idx = router.g_scores, router.g_idx, router.a_idx
-        margins = [crossed(g_scores[t], g_idx[t], a_idx[t]) for t in moved.tolist()]
+        jumped = router.jumped if router.jumped is not None else torch.zeros_like(router.same)
+        # a token that kept its experts while a decision inside the router flipped sat at its
+        # closest pair of scores among its top k + 1; a re-routed one crossed the margin
+        # between the experts it swapped
+        margins = [
+            float(gaps(g_scores[t : t + 1], router.k)[0])
+            if jumped[t]
+            else crossed(g_scores[t], g_idx[t], a_idx[t])
+            for t in moved.tolist()
+        ]
         worst = max(margins, default=0.0)
         # the actual's own scores are not a bound: a router that ranks scores rounded to
         # bf16 (Qwen2-MoE's probabilities) ties where its logits did not
         beyond = sum(m > tol for m in margins)
+        moved_text = _moved(router, int(moved.numel()))
         if beyond:
             note = (
-                f"{moved.numel()} of {n} tokens re-routed, {beyond} of them across a score margin "
+                f"{moved_text}, {beyond} of them across a score margin "
                 f"(largest {worst:.3g}) beyond what the scores' expected error lets rounding "
                 f"cross ({tol:.3g}): the top-k choice itself differs, not only its scores"
             )
         else:  # some token moved: routing alike everywhere is settled in verdict()
             note = (
-                f"{moved.numel()} of {n} tokens re-routed, each a near-tie: the largest score "
+                f"{moved_text}, each a near-tie: the largest score "
                 f"margin crossed {worst:.3g} is within what the scores' expected error lets "
                 f"rounding cross ({tol:.3g})"
             )
@@ -170,14 +175,24 @@ class RouterJudge(RouterFinder):
         )
 
 
+def _moved(router: Router, moved: int) -> str:
+    """ "N of T tokens re-routed", with how many of them kept their experts while a decision
+    inside the router flipped (routing_find.py's ``mark_decisions``)."""
+    text = f"{moved} of {router.tokens} tokens re-routed"
+    jumped = 0 if router.jumped is None else int(router.jumped.sum())
+    if jumped:
+        text += f" ({jumped} to the same experts, at a decision inside the router that flipped)"
+    return text
+
+
 def _unranked_verdict(router: Router, idx: Metrics, scores_ok: bool) -> tuple[str, Metrics]:
     """A router none of whose outputs ranks its indices: the re-routed tokens counted, the
     choice judged from its scores (the margins crossed are not measured)."""
     moved_n = router.rerouted()
     note = (
-        f"{moved_n} of {router.tokens} tokens re-routed; no output of {router.module} ranks "
-        "its indices (a learned bias or a group-limited top-k), so the margins they crossed "
-        "are not measured: judged from its scores "
+        f"{_moved(router, moved_n)}; no output of {router.module} ranks "
+        "its indices (a learned bias, a group-limited top-k, a sampled choice), so the margins "
+        "they crossed are not measured: judged from its scores "
         + ("(they pass)" if scores_ok else "(they fail)")
     )
     return ("pass" if scores_ok else "fail"), idx.model_copy(
