@@ -2,14 +2,10 @@
 
 Full tensors are measured by :func:`precguard.difference.accumulate` (the sums
 :func:`precguard.numerics.measure` reads too, chunk by chunk in bounded memory);
-this module turns the sums into :class:`~precguard.compare.levels.FullMetrics`:
-the error norms, the relative-error bands, the worst slice, and the least-squares
-scale of actual on golden, ``s = <a,g>/<g,g>``, with its standard error, estimated
-from :data:`~precguard.difference.BIAS_BLOCKS` contiguous blocks of the flattened
-tensor (a cluster-robust estimate: rounding errors that are correlated within a
-row, such as a normalization's per-row scale, widen it instead of passing for a
-bias). Statistics-only pairs are measured from their recorded statistics and
-sampled elements (:func:`stats_metrics`).
+this module turns the sums into :class:`~precguard.compare.levels.FullMetrics`: the
+error norms, the relative-error bands, the worst slice, and the least-squares scale of
+actual on golden with its cluster-robust standard error. Statistics-only pairs are
+measured from their recorded statistics and sampled elements (:func:`stats_metrics`).
 """
 
 from __future__ import annotations
@@ -62,14 +58,12 @@ TOLERANCE_MODES = ("auto", "actual", "golden")
 
 
 def tolerance_dtype(golden: str, actual: str, mode: str = "auto") -> str:
-    """The dtype whose tolerances judge a pair, from each side's compute precision.
+    """The dtype whose tolerances judge a pair, from each side's compute precision
+    (:func:`precision`).
 
-    ``golden`` and ``actual`` are the precisions the two values were computed in
-    (see :func:`precision`). ``mode="auto"`` (default, also spelled ``"actual"``):
-    the less precise of the two, since a value computed in bf16 cannot be asked to
-    match beyond bf16's rounding. ``mode="golden"``: the golden's precision, holding a
-    bf16 run to its fp32 reference. A float dtype name (``"bfloat16"``) judges every
-    pair by that dtype.
+    ``mode="auto"`` (default, also spelled ``"actual"``): the less precise of the two (a
+    value computed in bf16 cannot match beyond bf16's rounding); ``"golden"``: the
+    golden's, holding a bf16 run to its fp32 reference; a float dtype name: that dtype.
     """
     if is_float_dtype(mode):
         return mode
@@ -152,18 +146,13 @@ def full_metrics(
 ) -> Metrics:
     """Compare two full tensors of equal element count, chunk by chunk.
 
-    ``dtype`` names the dtype whose tolerances apply (reported on the metrics);
-    ULPs are counted in ``ulp_dtype`` (default: the actual tensor's float dtype,
-    golden rounded to it first); ``rtol``/``atol`` define the element-wise
-    closeness test reported as ``close_share``; ``golden_rms`` (from the recorded
+    ``dtype`` names the dtype whose tolerances apply; ULPs are counted in ``ulp_dtype``
+    (default: the actual's float dtype, golden rounded to it first); ``rtol``/``atol``
+    define the closeness test of ``close_share``; ``golden_rms`` (from the recorded
     statistics) sets the relative-error floor without an extra pass; ``release`` is
-    :func:`~precguard.difference.accumulate`'s.
-
-    Along each dimension of ``shape`` (default: the golden's), the chunks also
-    accumulate the error of every slice (one position, one channel, one head when
-    heads have a dimension of their own): ``slice_error`` is the worst slice's
-    relative L2 error, so an error confined to late positions or a few channels is
-    seen although the tensor's global ``rel_l2`` is small.
+    :func:`~precguard.difference.accumulate`'s. ``slice_error`` is the worst slice's
+    relative L2 error along any dimension of ``shape`` (default: the golden's), so an
+    error confined to late positions or a few channels is seen.
     """
     numel = golden.numel()
     if golden_rms is None or not math.isfinite(golden_rms):
@@ -274,25 +263,14 @@ def _finish(
 def _scale(
     acc: Sums, u: float = 0.0, channels: int | None = None, rows_per_block: float = 1.0
 ) -> tuple[float | None, float | None]:
-    """Least-squares scale of actual on golden and its cluster-robust standard error.
+    """Least-squares scale of actual on golden and its cluster-robust standard error
+    (docs/compare.md, "Systematic bias": the formula and why).
 
-    ``s - 1 = sum_b c_b / sum_b q_b`` with ``c_b = <g_b, a_b - g_b>`` and
-    ``q_b = <g_b, g_b>`` over clusters ``b``; the standard error linearizes that
-    ratio: ``sqrt(B/(B-1) * sum_b (c_b - (s-1) q_b)^2) / sum_b q_b``. Two kinds of
-    clusters, the larger standard error wins: the contiguous blocks of the flattened
-    tensor (:data:`~precguard.difference.BIAS_BLOCKS`: a row's shared rounding, such as a
-    norm's rounded per-row scale) and the indices of every dimension with at least
-    :data:`BIAS_MIN_CLUSTERS` of them (a rounding shared across rows: a channel's
-    rounded weights, rows that repeat one another), so an error pattern the rows
-    share widens it instead of passing for a bias.
-
-    Where a few clusters hold most of ``<g, g>`` (an outlier channel, a few long
-    rows) their spread says little, so the standard error is at least that of one
-    rounding of unit roundoff ``u`` (uniform: standard deviation ``u / sqrt(3)``)
-    shared within each row (a block holds ``rows_per_block`` of them), or within each
-    index of the ``channels`` dimension (the last one), averaged over the effective
-    number of such clusters ``n_eff = (sum_b q_b)^2 / sum_b q_b^2``:
-    ``u / sqrt(3 n_eff)``.
+    The clusters are the contiguous blocks of the flattened tensor and the indices of
+    every dimension with at least :data:`BIAS_MIN_CLUSTERS` of them, the larger standard
+    error winning; it is at least that of one rounding of unit roundoff ``u`` shared
+    within each row (``rows_per_block`` to a block) or each index of the ``channels``
+    dimension, over the effective number of such clusters: ``u / sqrt(3 n_eff)``.
     """
     if acc.block_gd is None or acc.block_gg is None or not acc.gg > 0:
         return None, None
@@ -427,15 +405,10 @@ SAMPLE_NOTE = (
 
 
 def concentrated_evidence(evidence: dict[str, Any], peak: float | None) -> dict[str, Any]:
-    """The full level's concentrated-error fields, as far as the sample and norms show them.
-
-    ``peak_error``: the sampled elements' largest error over their largest golden
-    value (:func:`precguard.compare.sampled.sample_evidence`), judged like the full
-    level's against ``u * max|golden|``; ``slice_error``: the worst position's norm
-    difference, a lower bound on that position's relative error. So the
-    expected-error judge sees an error confined to late positions in a
-    statistics-only actual too.
-    """
+    """The full level's concentrated-error fields, as far as the sample and norms show them:
+    ``peak_error`` the sampled elements' largest error over their largest golden value
+    (:func:`precguard.compare.sampled.sample_evidence`), ``slice_error`` the worst
+    position's norm difference (a lower bound on that position's relative error)."""
     out: dict[str, Any] = {}
     if peak is not None and math.isfinite(peak):
         out["peak_error"] = peak
