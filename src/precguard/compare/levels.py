@@ -379,15 +379,11 @@ def _refuse_values(level: str, values: Mapping[str, Any], lacked: Iterable[str])
     """ValueError when ``values`` has a value (not None) on a key ``level`` lacks."""
     for name in lacked:
         if values[name] is not None:
+            measured = [at for at, cls in METRICS_LEVELS.items() if name in cls._own]
             raise ValueError(
                 f"{level} metrics have no {name} (got {values[name]!r}); it is measured at "
-                f"level {' or '.join(_levels_of(name)) or 'none'}"
+                f"level {' or '.join(measured) or 'none'}"
             )
-
-
-def _levels_of(name: str) -> list[str]:
-    """The levels that measure ``name``."""
-    return [level for level, cls in METRICS_LEVELS.items() if name in cls._own]
 
 
 def concentrated(m: MetricsBase) -> tuple[float | None, float | None]:
