@@ -230,17 +230,45 @@ class StepJudge:
         self._taking = (fparent, failed, *passed_on(m, e, c))
         return judged
 
-    def take(self, written: RecordResult) -> None:
-        """The record :meth:`judge` judged, its status written: a failing submodule input
-        marks the enclosing module (whose own code between its submodules made it), and
-        what the record passes on joins its enclosing scopes."""
+    def take(self, r: RecordResult) -> None:
+        """The record :meth:`judge` judged, its status written: what it passes on joins its
+        enclosing scopes, and a failing submodule input marks the enclosing module (whose
+        own code between its submodules made it)."""
         fparent, failed, e, c = self._taking
-        if written.phase == "forward":
-            if written.role == "input" and failed and fparent is not None:
+        m = r.metrics
+        assert m is not None
+        if r.phase != "forward":
+            for name in _ancestors(r.module):
+                self.bwd[name].add(m, e, c, self.profile)
+            if r.role == "grad":
+                pid = _param_id(r)
+                self.carried[pid] = max(e, self.carried.get(pid, 0.0))
+            return
+        if r.role == "input" and fparent is not None:
+            self.sub_inputs[fparent].append(r)
+            if failed:
                 self.glue_bad.add(fparent)
-            self._take_forward(written, fparent, e, c)
-        else:
-            self._take_backward(written, e, c)
+        if r.role == "buffer":
+            ins = [
+                _bounds(x.metrics, self.profile)[1][0]
+                for x in self.calls.reads((r.module, r.call))
+                if x.metrics
+            ]
+            self.carried[_buffer_id(r)] = max([e, *ins])
+        # a module's outputs do not feed one another: they count for its ancestors
+        # (by name, and every call still open around it)
+        own = r.role != "output"
+        enclosing = {*_ancestors(r.module)[1:], *self.open_calls} - {r.module}
+        # a buffer's rounding is one rounding of a constant, often a short one (32
+        # frequencies): its scale's standard error says nothing of what reads it
+        scaled = r.role != "buffer"
+        for name in [r.module] * own + sorted(enclosing):
+            self.fwd[name].add(m, e, c, self.profile, scaled)
+        for name in {r.module, *enclosing}:
+            self.fwd_all[name].add(m, e, c, self.profile, scaled)
+        if r.role == "output" and r.module in self.open_calls:
+            while self.open_calls and self.open_calls.pop() != r.module:
+                pass
 
     def _enclosing(self, r: RecordResult) -> str | None:
         """The enclosing module of a forward record: the innermost call still open (a
@@ -302,42 +330,6 @@ class StepJudge:
             return _Scope(ex.rest, ex.rest, scope.dtype, scope.bias + ex.share), [], None
         consumed = [*self.calls.reads(call), *self.calls.output_grads(call)]
         return scope, consumed, self.calls.reduction(call, True)
-
-    def _take_forward(self, r: RecordResult, fparent: str | None, e: float, c: float) -> None:
-        m = r.metrics
-        assert m is not None
-        if r.role == "input" and fparent is not None:
-            self.sub_inputs[fparent].append(r)
-        if r.role == "buffer":
-            ins = [
-                _bounds(x.metrics, self.profile)[1][0]
-                for x in self.calls.reads((r.module, r.call))
-                if x.metrics
-            ]
-            self.carried[_buffer_id(r)] = max([e, *ins])
-        # a module's outputs do not feed one another: they count for its ancestors
-        # (by name, and every call still open around it)
-        own = r.role != "output"
-        enclosing = {*_ancestors(r.module)[1:], *self.open_calls} - {r.module}
-        # a buffer's rounding is one rounding of a constant, often a short one (32
-        # frequencies): its scale's standard error says nothing of what reads it
-        scaled = r.role != "buffer"
-        for name in [r.module] * own + sorted(enclosing):
-            self.fwd[name].add(m, e, c, self.profile, scaled)
-        for name in {r.module, *enclosing}:
-            self.fwd_all[name].add(m, e, c, self.profile, scaled)
-        if r.role == "output" and r.module in self.open_calls:
-            while self.open_calls and self.open_calls.pop() != r.module:
-                pass
-
-    def _take_backward(self, r: RecordResult, e: float, c: float) -> None:
-        m = r.metrics
-        assert m is not None
-        for name in _ancestors(r.module):
-            self.bwd[name].add(m, e, c, self.profile)
-        if r.role == "grad":
-            pid = _param_id(r)
-            self.carried[pid] = max(e, self.carried.get(pid, 0.0))
 
     def carried_on(self) -> dict[str, float]:
         """Per parameter and buffer: the error it carries into the next step (``previous``)."""
