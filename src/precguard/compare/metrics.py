@@ -104,14 +104,9 @@ def tensor_metrics(
     release: Callable[[int, int], None] | None = None,
 ) -> Metrics:
     """Compare two full tensors as compare and replay do: error metrics under the tolerance
-    of :func:`tolerance_dtype` when either side is a float, equality otherwise.
-
-    ``golden_dtype``/``actual_dtype`` are the precisions each side computed in
-    (:func:`precision`); ULPs are counted in the actual's. ``tol_mode`` is that of
-    :func:`tolerance_dtype` (compare passes ``"auto"``; the default ``"golden"`` holds a
-    replay in another dtype to the golden's precision). ``golden_rms`` and ``release``
-    are passed on to :func:`full_metrics`.
-    """
+    of :func:`tolerance_dtype` (``tol_mode``: compare passes ``"auto"``, replay the default
+    ``"golden"``) when either side is a float, equality otherwise; ULPs are counted in the
+    actual's precision (:func:`precision`)."""
     if not (is_float_dtype(golden_dtype) or is_float_dtype(actual_dtype)):
         return exact_metrics(golden, actual)
     dtype = tolerance_dtype(golden_dtype, actual_dtype, tol_mode)
@@ -142,7 +137,6 @@ def full_metrics(
     golden_rms: float | None = None,
     chunk: int = CHUNK,
     release: Callable[[int, int], None] | None = None,
-    shape: tuple[int, ...] | list[int] | None = None,
 ) -> Metrics:
     """Compare two full tensors of equal element count, chunk by chunk.
 
@@ -151,8 +145,8 @@ def full_metrics(
     define the closeness test of ``close_share``; ``golden_rms`` (from the recorded
     statistics) sets the relative-error floor without an extra pass; ``release`` is
     :func:`~precguard.difference.accumulate`'s. ``slice_error`` is the worst slice's
-    relative L2 error along any dimension of ``shape`` (default: the golden's), so an
-    error confined to late positions or a few channels is seen.
+    relative L2 error along any dimension, so an error confined to a few positions or
+    channels is seen.
     """
     numel = golden.numel()
     if golden_rms is None or not math.isfinite(golden_rms):
@@ -163,7 +157,7 @@ def full_metrics(
         rtol=rtol,
         atol=max(atol, rtol * golden_rms),
         ulp_dtype=ulps,
-        slices=sliced_dims(tuple(golden.shape) if shape is None else tuple(shape), numel),
+        slices=sliced_dims(tuple(golden.shape), numel),
         mask_floor=mask_floor(ulps),
         **blocks(numel),
     )
@@ -174,13 +168,8 @@ def full_metrics(
 def _worst_slice(
     acc: Sums, rms: float, numel: int, slices: tuple[tuple[int, int, int], ...]
 ) -> tuple[float | None, int | None, int | None]:
-    """The worst slice's relative L2 error, its dimension and index (None: not sliced).
-
-    A slice's golden norm is floored at :data:`SLICE_FLOOR` times the typical slice's
-    (rms(golden) per element: a slice below it is judged by its share of the tensor's
-    error, the constant's comment derives it); an exactly equal tensor has no slice
-    error.
-    """
+    """The worst slice's relative L2 error, its dimension and index (None: not sliced),
+    each slice's golden norm floored at :data:`SLICE_FLOOR` times the typical slice's."""
     if not slices or not acc.slice_dd:
         return (0.0, None, None) if slices and acc.sum_sq == 0 else (None, None, None)
     worst, where = 0.0, (None, None)
@@ -321,12 +310,9 @@ def exact_metrics(golden: torch.Tensor, actual: torch.Tensor, *, chunk: int = CH
 
 
 def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
-    """Compare the recorded statistics of two records (the weaker, stats-only test).
-
-    Each statistic's difference is divided by ``max(|golden value|, rms(golden))``
-    so that statistics near zero (a mean of a centred tensor) are judged against
-    the tensor's scale rather than blowing up.
-    """
+    """Compare the recorded statistics of two records (the weaker, stats-only test), each
+    statistic's difference over ``max(|golden value|, rms(golden))`` (:func:`_stat_diffs`)
+    and the sampled elements and per-position norms they keep."""
     gs, as_ = golden.stats, actual.stats
     if gs is None or as_ is None:
         return UnmeasuredMetrics(

@@ -26,12 +26,10 @@ from precguard.numerics import Verdict, status
 class Settlement:
     """What one record is allowed, as the rules settle it (written once, by the pass).
 
-    ``allowed``: the error the record is held to (None: no threshold applies: a rule
-    judged it otherwise); ``ratio``: where a rule holds more than ``Metrics.error`` to
-    its limit (the expected-error judge: global and concentrated errors), that figure
-    over its limit, failing above 1; ``found``: a rule found the error unexplained by
-    something besides its size (a scale of its own, a module's code between its
-    submodules, a loss's precision, a router's choice).
+    ``allowed``: the error the record is held to (None: no threshold applies); ``ratio``:
+    where a rule holds more than ``Metrics.error`` to its limit (global and concentrated
+    errors), that figure over its limit, failing above 1; ``found``: a rule found the
+    error unexplained by something besides its size (a scale of its own, a router's choice).
     """
 
     allowed: float | None = None

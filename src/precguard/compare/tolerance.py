@@ -222,11 +222,7 @@ def settle(metrics: Metrics, profile: Profile, s: Settlement) -> None:
 
 
 def judge(metrics: Metrics, profile: Profile) -> Status:
-    """Return ``pass``, ``fail`` or ``nonfinite`` for one compared pair (:func:`settle`).
-
-    The ladder of :func:`precguard.numerics.ladder` first (non-finite, exact, nothing
-    measurable), then the profile's rule.
-    """
+    """Return ``pass``, ``fail`` or ``nonfinite`` for one compared pair (:func:`settle`)."""
     s = Settlement()
     settle(metrics, profile, s)
     return s.verdict(metrics)
