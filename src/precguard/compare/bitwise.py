@@ -138,12 +138,9 @@ def compare_bitwise(
     for a in pending.values():
         diffs.append(_difference("actual_only", a, None, a.hash))
         unhashed += a.hash is None
-    if diffs:
-        verdict = "differs"
-    elif unhashed or compared == 0:
+    verdict = "differs" if diffs else "identical"
+    if not diffs and (unhashed or compared == 0):
         verdict = "inconclusive"
-    else:
-        verdict = "identical"
     return BitwiseComparison(
         golden=str(g_run.path),
         actual=str(a_run.path),

@@ -49,13 +49,9 @@ SCALE_INVARIANT_TYPES = frozenset(
 
 
 def carried_bias(inputs: list[Metrics], profile: Profile) -> float:
-    """The largest scale error the inputs may carry: |s - 1| plus ``bias_z`` standard errors.
-
-    An input whose scale was not measured carries at most its relative L2 error
-    (Cauchy-Schwarz; a sample's upper bound,
-    :func:`precguard.compare.sampled.sampled_bounds`); infinite when an input differs
-    and neither was measured (integer ids, a shape mismatch).
-    """
+    """The largest scale error the inputs may carry: |s - 1| plus ``bias_z`` standard errors,
+    at most the relative L2 error (Cauchy-Schwarz; a sample's upper bound) of one whose
+    scale was not measured, infinite when one differs and neither was measured."""
     carried = 0.0
     for m in inputs:
         if not isinstance(m, MeasuredMetrics) or m.scale is None or not math.isfinite(m.scale):

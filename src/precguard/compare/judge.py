@@ -59,10 +59,9 @@ class _Scope:
     def add(self, m: Metrics, e: float, c: float, profile: Profile, bias: bool = True) -> None:
         self.err = max(self.err, e)
         self.conc = max(self.conc, c)
-        # routing.py: a router's indices carry no scale (their followers are compared on
-        # the rows routed alike); a record compared on those rows passes on every row, and
-        # re-routed rows move a least-squares scale by up to their error: no bias is told.
-        # A buffer's (bias False) scale is not carried either, only its error
+        # no scale is carried from a router's indices (routing.py) nor from a buffer (bias
+        # False); a record compared on the rows routed alike passes on every row's error,
+        # which moves a least-squares scale by up to that error
         routed = m.level == "exact" and m.rerouted is not None
         own = 0.0 if routed or not bias else carried_bias([m], profile)
         self.bias = max(self.bias, own, m.error_all_rows or 0.0)
@@ -130,14 +129,12 @@ def _parent(module: str, called: set[str]) -> str | None:
 class JudgeInputs:
     """What the expected-error judge knows of a step besides its records (None: nothing).
 
-    ``previous``: per parameter (module and index), the error its gradient (or the
-    parameter) carried at the step before (:meth:`StepJudge.carried_on`). ``updates``:
-    per parameter, the relative size of the golden's optimizer step
-    (``optimizer.golden_updates``), twice which a rounding-different gradient may move it.
-    ``calibrated``: per record key, the (global, concentrated) error a calibration run
-    showed (:func:`precguard.compare.calibrate.perturb_inputs`). ``explained``: per record
-    key, what an optimizer step explains (:mod:`precguard.compare.optimizer`); it
-    replaces ``updates`` where both are known.
+    Per parameter (module and index): ``previous``, the error its gradient (or itself)
+    carried at the step before (:meth:`StepJudge.carried_on`); ``updates``, the relative
+    size of the golden's optimizer step (``optimizer.golden_updates``). Per record key:
+    ``calibrated``, the (global, concentrated) error a calibration run showed
+    (:mod:`precguard.compare.calibrate`); ``explained``, what an optimizer step explains
+    (:mod:`precguard.compare.optimizer`), in place of ``updates``.
     """
 
     previous: dict[str, float] | None = None
@@ -147,13 +144,9 @@ class JudgeInputs:
 
 
 class StepJudge:
-    """The expected-error judge of one rank and step: each record, in capture order, against
-    the error what it consumed explains (the module doc).
-
-    It keeps the running maxima of every module's subtree (forward in the current call
-    and in the whole step, backward so far) and reads what a call consumed and its K from
-    ``calls``, where the one pass (verdict.py) puts each record once settled.
-    """
+    """The expected-error judge of one rank and step (the module doc): it keeps the running
+    maxima of every module's subtree (forward in the current call and in the step, backward
+    so far) and reads what a call consumed, and its K, from ``calls``."""
 
     def __init__(
         self,
@@ -294,9 +287,8 @@ class StepJudge:
             scope = self.fwd[fparent] if fparent is not None else _Scope()
             return scope, ([] if fparent is None else self.sub_inputs[fparent]), None
         if r.role in ("buffer", "param"):
-            # one rounding (of a constant: rotary inv_freq); after the first step, what it
-            # carried out of the step before (state a forward updates: a norm's running
-            # statistics) and, for a parameter, what its optimizer step explains
+            # one rounding; after the first step, what it carried out of the step before (a
+            # norm's running statistics too) and, for a parameter, what its update explains
             pid = _param_id(r) if r.role == "param" else _buffer_id(r)
             prior = self.previous.get(pid)
             if prior is not None and r.role == "param":
@@ -311,9 +303,8 @@ class StepJudge:
         """What a backward record consumed: (its scope, the records, K)."""
         forward_scope = self.fwd_all[r.module]
         if r.role == "output":
-            # the gradient of a module's outputs is recorded before the enclosing
-            # modules' (hooks on one tensor fire inner first): it came from the
-            # innermost enclosing module whose backward has recorded something
+            # recorded before the enclosing modules' (hooks on one tensor fire inner first):
+            # it came from the innermost enclosing module whose backward recorded something
             parent = _parent(r.module, self.called)
             scope = self.fwd_all[parent if parent is not None else r.module]
             for name in _ancestors(r.module)[1:]:
@@ -381,13 +372,9 @@ class ExpectedRule(BaseRule):
 
 
 def _trained_apart(results: list[RecordResult], updates: dict[str, float]) -> bool:
-    """Whether the actual's parameters lost the golden's last optimizer step to rounding.
-
-    Where the golden's relative step (``updates``) is below a stored weight's unit
-    roundoff (pure bf16/fp16 training), the runs sit at different points of the loss
-    landscape and every gradient differs systematically: no module's own scale error, so
-    backward records are then judged by their amplification only (docs/compare.md).
-    """
+    """Whether the actual's parameters lost the golden's last optimizer step to rounding (a
+    step below a stored weight's unit roundoff): every gradient then differs systematically,
+    no module's own scale error, so backward records are judged by amplification only."""
     for r in results:
         m = r.metrics
         if r.role != "param" or m is None or m.level not in SCALED_LEVELS:
@@ -475,8 +462,7 @@ def _judge(
     """One record against what its scope explains (and, for an optimizer update or a
     parameter after a step, what the step explains: ``stepped``; ``scale_test``: and its
     own scale): its figures on the record, what it is allowed in ``s``."""
-    # non-finite, exact (a router's indices: routing.py judges them from the router's
-    # scores afterwards), nothing measurable (a follower of a routing whose shapes differ)
+    # non-finite, exact (a router's indices: routing.py), nothing measurable
     if ladder(m) is not None:
         return r
     dtype = _least(m.dtype, scope.dtype)
@@ -499,9 +485,8 @@ def _judge(
     if not over and scale_test and significant_scale(m, profile):
         s.found = _own_bias(r, m, scope, consumed, profile, k)
     if m.level == "stats" and m.error <= expected:
-        # statistics only: the sample's and the norms' concentrated evidence is an
-        # estimate, and an error no larger than what the inputs explain is never a finding
-        # (the sample's estimate: ``e`` is its lower bound, sampled.py)
+        # statistics only: the concentrated evidence is an estimate, and an error no larger
+        # than what the inputs explain is never a finding
         s.ratio, s.found = min(s.ratio, 1.0), False
     amp_or_none = amp if math.isfinite(amp) else None
     return r.model_copy(update={"expected_error": expected, "amplification": amp_or_none})

@@ -252,15 +252,10 @@ def _finish(
 def _scale(
     acc: Sums, u: float = 0.0, channels: int | None = None, rows_per_block: float = 1.0
 ) -> tuple[float | None, float | None]:
-    """Least-squares scale of actual on golden and its cluster-robust standard error
-    (docs/compare.md, "Systematic bias": the formula and why).
-
-    The clusters are the contiguous blocks of the flattened tensor and the indices of
-    every dimension with at least :data:`BIAS_MIN_CLUSTERS` of them, the larger standard
-    error winning; it is at least that of one rounding of unit roundoff ``u`` shared
-    within each row (``rows_per_block`` to a block) or each index of the ``channels``
-    dimension, over the effective number of such clusters: ``u / sqrt(3 n_eff)``.
-    """
+    """Least-squares scale of actual on golden and its cluster-robust standard error over
+    the tensor's blocks and the indices of every dimension with :data:`BIAS_MIN_CLUSTERS`,
+    at least ``u / sqrt(3 n_eff)`` (one rounding shared per row, ``rows_per_block`` to a
+    block, or per index of ``channels``): docs/compare.md, "Systematic bias"."""
     if acc.block_gd is None or acc.block_gg is None or not acc.gg > 0:
         return None, None
     total = float(acc.block_gg.sum())
@@ -340,10 +335,8 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
     if evidence.get("sample_rel_l2") is not None:
         # an estimate of rel_l2, never below what the norms prove: |l2_a - l2_g| / l2_g
         # and the per-position norms' difference are lower bounds on it
-        bounds = [evidence["sample_rel_l2"], evidence.get("pos_rel_l2") or 0.0]
-        if "l2" in diffs:
-            bounds.append(diffs["l2"])
-        error = max(bounds)
+        pos = evidence.get("pos_rel_l2") or 0.0
+        error = max(evidence["sample_rel_l2"], pos, diffs.get("l2", 0.0))
         level_note = SAMPLE_NOTE
     evidence |= concentrated_evidence(evidence, peak)
     nan = _count_mismatch(gs.nan, as_.nan, gs.has_nan, as_.has_nan)

@@ -48,12 +48,9 @@ class Settlement:
 
 @dataclass
 class StepContext:
-    """One rank and step as the rules see it: what engine measured and what it knows.
-
-    ``plan`` is the comparison's :class:`~precguard.compare.engine.ComparePlan` (None for
-    a step judged on its own, :func:`~precguard.compare.verdict.judge_unit`): its
-    profile, and what it carries from step to step (per rank).
-    """
+    """One rank and step as the rules see it: what engine measured and what it knows;
+    ``plan`` is the comparison's :class:`~precguard.compare.engine.ComparePlan`, with what
+    it carries from step to step per rank (None: a step judged on its own, ``judge_unit``)."""
 
     results: list[RecordResult]
     profile: Any
