@@ -67,15 +67,11 @@ def carried_bias(inputs: list[Metrics], profile: Profile) -> float:
 
 
 def scale_floor(dtype: str, k: int | None, profile: Profile, linear: bool = False) -> float:
-    """The scale error a correct module may carry beyond ``bias_z`` standard errors.
-
-    ``profile.bias_floor`` when set (``--rtol``). Otherwise the accumulation part of
-    :func:`rounding_floor`, ``sqrt(k) * u_acc`` (a reduction in another order may shift
-    every element alike), plus, unless the record is ``linear`` in what it consumed,
-    ``bias_floor_ulps`` unit roundoffs of ``dtype``: a broadcast statistic rounded to
-    ``dtype`` (a norm's ``rsqrt``, a softmax's normalizer) shifts every element alike,
-    which no standard error can tell from a fault (docs/compare.md, "Systematic bias").
-    """
+    """The scale error a correct module may carry beyond ``bias_z`` standard errors:
+    ``profile.bias_floor`` when set (``--rtol``), else the accumulation part of
+    :func:`rounding_floor` plus, unless the record is ``linear`` in what it consumed,
+    ``bias_floor_ulps`` unit roundoffs of ``dtype`` (a broadcast statistic rounded to
+    ``dtype`` shifts every element alike: docs/compare.md, "Systematic bias")."""
     if profile.bias_floor is not None:
         return profile.bias_floor
     acc = accumulation_error(k, dtype)
@@ -88,14 +84,12 @@ def linear_factors(
     """The consumed records (:class:`~precguard.compare.report.RecordResult`) a produced
     record is linear in, or None; its own scale is then ``s / prod(s_f)``.
 
-    A ``Linear``'s output ``W x`` is linear in its one input and its weight, its input
-    gradient ``g W`` in ``g`` and the weight, its weight gradient ``g^T x`` in ``g`` and
-    ``x``, its bias gradient in ``g``; a normalization (:data:`SCALE_INVARIANT_TYPES`)
-    with at most one parameter in its weight only. A weight counts by its scale, not its
-    standard error (the output's standard error measures its rounding). None when a
-    factor's error is beyond :data:`RATIO_MAX_ULPS` unit roundoffs (a structured error
-    moves the ratio: docs/compare.md, "Systematic bias") or its scale was not measured
-    and it is not exact.
+    A ``Linear``'s output ``W x`` is linear in its input and weight, its input gradient
+    ``g W`` in ``g`` and the weight, its weight gradient ``g^T x`` in ``g`` and ``x``, its
+    bias gradient in ``g``; a normalization (:data:`SCALE_INVARIANT_TYPES`) with at most
+    one parameter in its weight only. A weight counts by its scale alone. None when a
+    factor's error is beyond :data:`RATIO_MAX_ULPS` unit roundoffs (docs/compare.md,
+    "Systematic bias") or its scale was not measured and it is not exact.
     """
     kinds = (("forward", "input"), ("forward", "param"), ("backward", "output"))
     fin, params, gout = ([x for x in consumed if (x.phase, x.role) == kind] for kind in kinds)

@@ -211,13 +211,9 @@ def _picked(spec: Any, key: str, *, default: bool) -> bool:
 
 class MetricsBase(BaseModel):
     """What every level of :data:`Metrics` has: the level, the tolerance dtype, the error the
-    judge reads, non-finite mismatches, the note, and what the rules after the measurement
-    set on any level (``bias``: tolerance.py; the routing fields: routing.py).
-
-    Only ``level``, ``dtype`` and ``error`` are declared here (pydantic writes a base
-    class's fields first); the others are generated on each level from :data:`_FIELDS`
-    and typed here for readers of any level.
-    """
+    judge reads, non-finite mismatches, the note, ``bias`` and the routing fields. Only
+    ``level``, ``dtype`` and ``error`` are declared (written first); the others are
+    generated on each level from :data:`_FIELDS` and typed here for readers."""
 
     model_config = ConfigDict(
         frozen=True, ser_json_inf_nan="strings", serialize_by_alias=True, validate_by_alias=True
@@ -248,8 +244,7 @@ class MetricsBase(BaseModel):
         error_all_rows: float | None
         conc_all_rows: float | None
 
-    #: this level's fields (the keys of :data:`METRICS_JSON_FIELDS` it measures): set on
-    #: each level's class
+    #: this level's fields (the keys of :data:`METRICS_JSON_FIELDS` it measures)
     _own: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod

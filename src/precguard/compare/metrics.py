@@ -59,12 +59,9 @@ TOLERANCE_MODES = ("auto", "actual", "golden")
 
 def tolerance_dtype(golden: str, actual: str, mode: str = "auto") -> str:
     """The dtype whose tolerances judge a pair, from each side's compute precision
-    (:func:`precision`).
-
-    ``mode="auto"`` (default, also spelled ``"actual"``): the less precise of the two (a
-    value computed in bf16 cannot match beyond bf16's rounding); ``"golden"``: the
-    golden's, holding a bf16 run to its fp32 reference; a float dtype name: that dtype.
-    """
+    (:func:`precision`): with ``mode="auto"`` (also ``"actual"``) the less precise of the
+    two, with ``"golden"`` the golden's (a bf16 run held to its fp32 reference), with a
+    float dtype name that dtype."""
     if is_float_dtype(mode):
         return mode
     if mode == "golden" and is_float_dtype(golden):
@@ -141,12 +138,9 @@ def full_metrics(
     """Compare two full tensors of equal element count, chunk by chunk.
 
     ``dtype`` names the dtype whose tolerances apply; ULPs are counted in ``ulp_dtype``
-    (default: the actual's float dtype, golden rounded to it first); ``rtol``/``atol``
-    define the closeness test of ``close_share``; ``golden_rms`` (from the recorded
-    statistics) sets the relative-error floor without an extra pass; ``release`` is
-    :func:`~precguard.difference.accumulate`'s. ``slice_error`` is the worst slice's
-    relative L2 error along any dimension, so an error confined to a few positions or
-    channels is seen.
+    (default: the actual's float dtype); ``rtol``/``atol`` define ``close_share``'s test;
+    ``golden_rms`` (from the recorded statistics) spares a pass; ``release`` is
+    :func:`~precguard.difference.accumulate`'s.
     """
     numel = golden.numel()
     if golden_rms is None or not math.isfinite(golden_rms):
@@ -323,10 +317,9 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
     compared = ("max",) if masked else ("min", "max", "mean", "std", "absmax", "l2")
     diffs = _stat_diffs(gs, as_, compared, rms)
     error = max(diffs.values()) if diffs else 0.0
+    level_note = STATS_NOTE
     if not is_float_dtype(golden.dtype) and not is_float_dtype(actual.dtype):
         level_note = "statistics only (integer tensor): equal statistics suggest equal values"
-    else:
-        level_note = STATS_NOTE
     if masked:
         evidence, peak = sample_evidence(golden, actual, 0.0, mask_floor=floor)
     else:
