@@ -1,19 +1,12 @@
 """Bitwise comparison of two recordings by their tensor hashes (``precguard bitwise``).
 
-Two runs that should be bitwise identical (same code, seed, data and
-determinism flags, on the same kind of device) are compared record by record
-on the ``hash`` that ``hashes=True`` records (:mod:`precguard.capture.hashing`):
-no tolerance, no statistics. The first record in the golden's execution order
-whose hash, dtype or shape differs names the first tensor that stopped being
-reproducible: usually the output of the nondeterministic op's module (an
-``index_add_`` / ``scatter_add_`` with duplicate indices on a GPU, an atomic
-reduction), the one place to set a deterministic algorithm or fix an order.
-
-Records are paired by (rank, step, key, occurrence of the key in that step),
-so gradient accumulation's repeated keys pair in order. Verdicts: ``identical``
-(exit 0) when every record of both sides was paired and hashed and all hashes
-agree; ``differs`` (exit 1) when a pair differs or a record exists on one side
-only; ``inconclusive`` (exit 3) when nothing, or not everything, carried a hash.
+Two runs that should be bitwise identical are compared record by record on the ``hash``
+that ``hashes=True`` records (:mod:`precguard.capture.hashing`), with no tolerance: the
+first record in the golden's execution order whose hash, dtype or shape differs names
+the first tensor that stopped being reproducible (usually the nondeterministic op's
+module). Records pair by (rank, step, key, occurrence of the key in that step);
+verdicts and exit codes are :class:`BitwiseComparison`'s (docs/watch.md, "Bitwise
+determinism by hashes").
 """
 
 from __future__ import annotations
@@ -100,16 +93,8 @@ def _slots(run: Run, rank: int | None, step: int | None) -> Iterator[tuple[_Slot
 
 
 def _difference(reason: Reason, rec: Record, g: str | None, a: str | None) -> BitwiseDifference:
-    return BitwiseDifference(
-        key=rec.key,
-        module=rec.module,
-        module_type=rec.module_type,
-        step=rec.step,
-        rank=rec.rank,
-        reason=reason,
-        golden_hash=g,
-        actual_hash=a,
-    )
+    named = rec.model_dump(include={"key", "module", "module_type", "step", "rank"})
+    return BitwiseDifference(**named, reason=reason, golden_hash=g, actual_hash=a)
 
 
 def compare_bitwise(
@@ -153,12 +138,9 @@ def compare_bitwise(
     for a in pending.values():
         diffs.append(_difference("actual_only", a, None, a.hash))
         unhashed += a.hash is None
-    if diffs:
-        verdict = "differs"
-    elif unhashed or compared == 0:
+    verdict = "differs" if diffs else "identical"
+    if not diffs and (unhashed or compared == 0):
         verdict = "inconclusive"
-    else:
-        verdict = "identical"
     return BitwiseComparison(
         golden=str(g_run.path),
         actual=str(a_run.path),

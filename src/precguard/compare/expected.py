@@ -1,33 +1,13 @@
 """The error a module's precision explains, and the systematic error it cannot.
 
-Compare calls a module *local* only when its output error is significantly
-beyond what its compute precision explains given its inputs' error. Two
-sources (docs/compare.md cites them):
-
-- **Rounding floor.** With exact inputs, a correctly computed output in a
-  precision with unit roundoff ``u`` differs from the exact result by its own
-  rounding (at most ``u`` relative per element) plus the accumulation error of
-  its dot products. For a sum of ``K`` products accumulated with unit roundoff
-  ``u_acc`` the worst-case bound is ``gamma_K = K u_acc / (1 - K u_acc)``
-  (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §3.1);
-  the bound that holds with high probability for rounding errors of random
-  sign is ``~sqrt(K) u_acc`` (Higham & Mary, SIAM J. Sci. Comput. 41(5), 2019),
-  which is what two correct kernels differ by. Accelerators store bf16/fp16
-  and accumulate in fp32 (docs/emu.md), so ``u_acc`` is fp32's unless the
-  tolerance dtype is more precise. ``K`` is the last dimension of the call's
-  inputs (the reduced dimension of a Linear).
-- **Propagated error.** A correct module passes its inputs' relative error on,
-  grown by at most a small factor; the floor is the input error itself.
-
-The expected error is ``max(input error, rounding floor)``; a module is local
-when it at least doubles that with inputs in tolerance, or grows it by the
-profile's ``amplification`` otherwise (see :mod:`precguard.compare.divergence`).
-The floor, the expected error and the growth factor are defined once, in
-:mod:`precguard.numerics`, which every tool asks.
-
-A systematic (scale) error hides inside rounding noise element by element but
-not in aggregate: :func:`own_bias` is the part of an output's scale error that
-its inputs' scale errors cannot explain.
+The expected error of a record is ``max(input error, rounding floor)``: one rounding
+in its precision plus the accumulation error ``~sqrt(K) u_acc`` of its reductions
+(Higham & Mary, SIAM J. Sci. Comput. 41(5), 2019); the floor, the expected error and
+the growth factor are defined once, in :mod:`precguard.numerics` (docs/compare.md,
+"Rounding is not a fault: the expected error"). A systematic (scale) error hides
+inside rounding noise element by element but not in aggregate: :func:`own_bias` is
+the part of an output's scale error that its inputs' scale errors cannot explain
+(docs/compare.md, "Systematic bias").
 """
 
 from __future__ import annotations
@@ -53,10 +33,8 @@ from precguard.numerics import (
 #: the factor by which a correct module may grow the relative scale error of its inputs:
 #: a product of two inputs that each carry a scale 1+d (q.k, gate*up) carries ~1+2d
 BIAS_GROWTH = PRODUCT_GROWTH
-#: levels whose metrics carry a scale with its standard error: full tensors, and a
-#: statistics-only pair's 128 sampled elements (:func:`precguard.compare.sampled.sample_scale`);
-#: the levels of :class:`~precguard.compare.levels.MeasuredMetrics`, which an ``isinstance``
-#: also narrows to
+#: levels whose metrics carry a scale with its standard error (full tensors, a sample):
+#: those of :class:`~precguard.compare.levels.MeasuredMetrics`
 SCALED_LEVELS = frozenset(
     level for level, cls in METRICS_LEVELS.items() if issubclass(cls, MeasuredMetrics)
 )
@@ -71,15 +49,9 @@ SCALE_INVARIANT_TYPES = frozenset(
 
 
 def carried_bias(inputs: list[Metrics], profile: Profile) -> float:
-    """The largest scale error the inputs may carry: |s - 1| plus ``bias_z`` standard errors.
-
-    An input whose scale was not measured (a sample that a few elements dominate)
-    carries at most its relative L2 error: ``|s - 1| = |<g, d>| / <g, g> <= ||d|| /
-    ||g||`` (Cauchy-Schwarz), for a statistics-only record the upper bound of its
-    sampled error (:func:`precguard.compare.sampled.sampled_bounds`). Infinite when an
-    input differs and neither was measured (integer ids, a shape mismatch): nothing
-    can then be said to be the module's own.
-    """
+    """The largest scale error the inputs may carry: |s - 1| plus ``bias_z`` standard errors,
+    at most the relative L2 error (Cauchy-Schwarz; a sample's upper bound) of one whose
+    scale was not measured, infinite when one differs and neither was measured."""
     carried = 0.0
     for m in inputs:
         if not isinstance(m, MeasuredMetrics) or m.scale is None or not math.isfinite(m.scale):
@@ -95,20 +67,11 @@ def carried_bias(inputs: list[Metrics], profile: Profile) -> float:
 
 
 def scale_floor(dtype: str, k: int | None, profile: Profile, linear: bool = False) -> float:
-    """The scale error a correct module may carry beyond ``bias_z`` standard errors.
-
-    ``profile.bias_floor`` when set (``--rtol``). Otherwise the accumulation part of
-    :func:`rounding_floor`, ``sqrt(k) * u_acc`` (a reduction of length ``k`` in another
-    order, the same order for every row, may shift every element alike), plus, unless
-    the record is ``linear`` in what it consumed (:func:`linear_factors`: a
-    ``Linear``'s output and gradients), ``bias_floor_ulps`` unit roundoffs of
-    ``dtype``: any other module may broadcast a statistic rounded to ``dtype`` (a
-    norm's ``rsqrt`` of nearly equal variances, a softmax's normalizer, a constant),
-    one rounding shared by every element, which no standard error can tell from a
-    fault. A ``Linear`` broadcasts nothing: its output's own rounding is unbiased and
-    independent element by element, its weights' rounding shared along channels,
-    and the standard error measures both (docs/compare.md, "Systematic bias").
-    """
+    """The scale error a correct module may carry beyond ``bias_z`` standard errors:
+    ``profile.bias_floor`` when set (``--rtol``), else the accumulation part of
+    :func:`rounding_floor` plus, unless the record is ``linear`` in what it consumed,
+    ``bias_floor_ulps`` unit roundoffs of ``dtype`` (a broadcast statistic rounded to
+    ``dtype`` shifts every element alike: docs/compare.md, "Systematic bias")."""
     if profile.bias_floor is not None:
         return profile.bias_floor
     acc = accumulation_error(k, dtype)
@@ -118,29 +81,18 @@ def scale_floor(dtype: str, k: int | None, profile: Profile, linear: bool = Fals
 def linear_factors(
     module_type: str, phase: str, role: str, index: int, consumed: list[Any]
 ) -> list[MeasuredMetrics] | None:
-    """The consumed records a produced record is linear in, or None.
+    """The consumed records (:class:`~precguard.compare.report.RecordResult`) a produced
+    record is linear in, or None; its own scale is then ``s / prod(s_f)``.
 
-    Its own scale is then ``s / prod(s_f)``: a ``Linear``'s output ``W x`` is linear
-    in its one input and its weight, its input gradient ``g W`` in the gradient of its
-    output and the weight, its weight gradient ``g^T x`` in both ``g`` and ``x`` and its
-    bias gradient in ``g``; a weight counts by its scale, not its standard error (its
-    rounding shows in the output's channels, which the output's standard error
-    measures: :func:`precguard.compare.metrics.full_metrics`); a normalization
-    (:data:`SCALE_INVARIANT_TYPES`) with at most one parameter, ``w * x / rms(x)``, is
-    linear in its weight and does not pass its input's scale on at all. ``consumed`` are
-    :class:`~precguard.compare.report.RecordResult` objects (roles and phases told
-    apart); a factor whose scale was not measured counts only when it is exact.
-
-    Only while every factor's error is within :data:`RATIO_MAX_ULPS` unit roundoffs:
-    rounding error is random, and its projection on the output is what the standard
-    errors measure; a larger error (a fault upstream) may have a structure that a
-    linear map projects on its output differently than on its input, which moves
-    the ratio by up to its non-scale part (measured: a 1 % bias behind an input
-    error of 6.7 % reads 1.35 %; in fp32 the weight gradient of a Linear behind a
-    wrongly scaled residual branch read as a scale of its own), so the record goes
-    to the generic test instead.
+    A ``Linear``'s output ``W x`` is linear in its input and weight, its input gradient
+    ``g W`` in ``g`` and the weight, its weight gradient ``g^T x`` in ``g`` and ``x``, its
+    bias gradient in ``g``; a normalization (:data:`SCALE_INVARIANT_TYPES`) with at most
+    one parameter in its weight only. A weight counts by its scale alone. None when a
+    factor's error is beyond :data:`RATIO_MAX_ULPS` unit roundoffs (docs/compare.md,
+    "Systematic bias") or its scale was not measured and it is not exact.
     """
-    fin, params, gout = _consumed(consumed)
+    kinds = (("forward", "input"), ("forward", "param"), ("backward", "output"))
+    fin, params, gout = ([x for x in consumed if (x.phase, x.role) == kind] for kind in kinds)
     weight = [x for x in params if x.index == 0]
     if module_type in SCALE_INVARIANT_TYPES and phase == "forward" and role == "output":
         return _weights(params) if len(params) <= 1 else None
@@ -159,18 +111,6 @@ def linear_factors(
     if found is None or w is None:
         return None
     return [*found, *w]
-
-
-def _consumed(consumed: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
-    """(forward inputs, forward parameters, gradients of the outputs) among ``consumed``."""
-    by: dict[tuple[str, str], list[Any]] = {}
-    for x in consumed:
-        by.setdefault((x.phase, x.role), []).append(x)
-    return (
-        by.get(("forward", "input"), []),
-        by.get(("forward", "param"), []),
-        by.get(("backward", "output"), []),
-    )
 
 
 def _scaled(records: list[Any]) -> list[MeasuredMetrics] | None:
@@ -202,17 +142,13 @@ def own_scale(
     factors: list[MeasuredMetrics],
     profile: Profile,
     k: int | None = None,
-    carried: float = 0.0,
     linear: bool = True,
 ) -> float | None:
     """The scale error of its own that ``output``, linear in each of ``factors``, shows.
 
-    Its own scale is ``s_out / prod(s_f)``; it must differ from 1 by more than
-    ``bias_z`` standard errors (combined: the relative standard errors add in
-    quadrature) plus :func:`scale_floor` and ``carried``, the scale error whatever
-    else it consumed may carry (rounded weights); ``linear`` False (a normalization,
-    linear in its weight but broadcasting its rounded ``rsqrt``) keeps the one-ulp part
-    of the floor. Returns that excess, or None.
+    Its own scale ``s_out / prod(s_f)`` must differ from 1 by more than ``bias_z``
+    standard errors (added in quadrature) plus :func:`scale_floor`; ``linear`` False (a
+    normalization) keeps the one-ulp part of the floor. Returns that excess, or None.
     """
     if output.scale is None or output.scale_se is None:
         return None
@@ -224,16 +160,12 @@ def own_scale(
         var += (f.scale_se or 0.0) ** 2
     excess = scale_excess(ratio, math.sqrt(var), profile.bias_z)
     floor = scale_floor(output.dtype, k, profile, linear=linear)
-    return excess if excess > floor + carried else None
+    return excess if excess > floor else None
 
 
 def significant_scale(m: Metrics, profile: Profile) -> bool:
-    """Whether ``m``'s scale differs from 1 by more than ``bias_z`` standard errors.
-
-    The test before any floor: ``m.bias`` (the report's flag) adds one unit roundoff,
-    what a module that broadcasts a rounded statistic may carry; a ``Linear`` is held
-    to less (:func:`scale_floor`).
-    """
+    """Whether ``m``'s scale differs from 1 by more than ``bias_z`` standard errors (the
+    test before any floor, :func:`scale_floor`)."""
     if not isinstance(m, MeasuredMetrics):
         return False
     return scale_excess(m.scale, m.scale_se, profile.bias_z) > 0.0
@@ -252,18 +184,13 @@ def own_bias(
 ) -> float | None:
     """The scale error ``output`` shows beyond what it consumed explains, or None.
 
-    The one test of "this scale error is the module's own", for the judge (per
-    record, with what its scope consumed) and for divergence (per call). Only for an
-    output whose scale is significant (:func:`significant_scale`) and whose consumed
-    records are within :data:`BIAS_MAX_INPUT_ERROR` of golden (``input_error``, their
-    largest error). With ``factors`` (the records it is linear in,
-    :func:`linear_factors`), its own scale ``s_out / prod(s_f)`` must differ from 1
-    (:func:`own_scale`; a normalization, not in :data:`LINEAR_TYPES`, keeps the one-ulp
-    part of the floor). Otherwise its |s - 1| less ``bias_z`` standard errors must
-    exceed :func:`scale_floor` and :data:`BIAS_GROWTH` times ``carried``, the largest
-    scale error anything it consumed carries (:func:`carried_bias`). A ``param``'s is
-    its own only when nothing carried error into it (a cast rounds every weight once:
-    one ulp, as any module).
+    The one test of "this scale error is the module's own", for the judge (per record)
+    and for divergence (per call); only for a significant scale
+    (:func:`significant_scale`) whose consumed records are within
+    :data:`BIAS_MAX_INPUT_ERROR` (``input_error``, their largest error). With
+    ``factors`` (:func:`linear_factors`) by :func:`own_scale`; otherwise its excess must
+    pass :func:`scale_floor` and :data:`BIAS_GROWTH` times ``carried``
+    (:func:`carried_bias`). A ``param``'s is its own only when nothing carried error in.
     """
     if not isinstance(output, MeasuredMetrics) or not significant_scale(output, profile):
         return None

@@ -1,46 +1,19 @@
 """Judge every record by the error its module's precision explains (the default gate).
 
-A fixed tolerance per dtype is too loose for a module that should be nearly
-exact (rotary angles from exact positions) and too tight for a long reduction
-done in another order (tensor-parallel partial sums, backward accumulation).
-So each record of a step is judged against its **expected error**
-(:func:`precguard.compare.expected.expected_error`): one rounding in its
-precision, the accumulation error of its reduction length, and the errors of
-everything it consumed, with those records' own measured errors:
+Each record of a step is judged against its **expected error**
+(:func:`precguard.numerics.expected_error`): one rounding in its precision, the
+accumulation error of its reduction length, and the largest measured error of the
+records it consumed (docs/compare.md, "Rounding is not a fault: the expected error",
+tabulates what each kind of record consumed). A record stored in a wider dtype than
+what it consumed is judged by the least precise dtype among them. The global error and
+the concentrated error (worst slice, max-abs) are judged each against its consumed
+counterpart; a record fails beyond ``profile.amplification`` times its expected error,
+on a scale error its consumed records cannot explain
+(:func:`precguard.compare.expected.own_bias`), or when NaN/Inf differ.
 
-- a forward **output** of a module consumed the module's inputs, parameters and
-  everything its submodules recorded during the call (the loss a root computes
-  from bf16 logits is judged against the logits' error);
-- a forward **input** was produced by the code of the enclosing module before
-  it: the enclosing module's inputs and parameters and what its submodules
-  recorded so far in that call (a root's float input is judged by one rounding);
-- a **parameter** by one rounding to its precision; at a step after the first,
-  by its error at the step before plus what the gradient of that step carried
-  (an optimizer turns a different gradient into a different update);
-- in **backward**, the gradients a module computes (``backward.input``,
-  ``backward.grad``) consumed the earlier gradients in its subtree (its own
-  ``backward.output`` among them) and its forward call's records; the gradient
-  of its outputs (``backward.output``) the earlier gradients in the enclosing
-  module's subtree and that module's forward records.
-
-Records stored in a wider dtype than what they consumed (an fp32 loss of bf16
-logits, an fp32-upcast norm inside a bf16 model) are judged by the least
-precise dtype among them and their consumed records.
-
-Two numbers are judged: the global relative error (``error``) against the
-consumed records' largest global error, and the concentrated error (the worst
-slice along a dimension, and max-abs against the element-wise bound
-``u * max|golden|``) against the consumed records' largest concentrated error.
-A record fails when either exceeds ``profile.amplification`` times its
-expected error, or when it carries a systematic scale error that its consumed
-records cannot explain (:func:`precguard.compare.expected.own_bias`), or when
-NaN/Inf differ. Records compared on statistics only go through the same model
-(the statistic error is the measured error; their verdicts say "likely").
-
-:class:`StepJudge` is this judge as the first phase of compare's one pass over a
-step (compare/verdict.py): it takes the records one by one in capture order and
-reads what a call consumed, and its K, from the step's calls (compare/calls.py),
-which the pass fills with each record once settled.
+:class:`StepJudge` is the first phase of compare's one pass over a step
+(compare/verdict.py): it takes the records in capture order and reads what a call
+consumed, and its K, from the step's calls (compare/calls.py).
 """
 
 from __future__ import annotations
@@ -86,26 +59,29 @@ class _Scope:
     def add(self, m: Metrics, e: float, c: float, profile: Profile, bias: bool = True) -> None:
         self.err = max(self.err, e)
         self.conc = max(self.conc, c)
-        # routing.py: a router's indices carry no scale (their followers are compared on
-        # the rows routed alike); a record compared on those rows passes on every row, and
-        # re-routed rows move a least-squares scale by up to their error: no bias is told.
-        # A buffer's (bias False) scale is not carried either, only its error
+        # no scale is carried from a router's indices (routing.py) nor from a buffer (bias
+        # False); a record compared on the rows routed alike passes on every row's error,
+        # which moves a least-squares scale by up to that error
         routed = m.level == "exact" and m.rerouted is not None
         own = 0.0 if routed or not bias else carried_bias([m], profile)
         self.bias = max(self.bias, own, m.error_all_rows or 0.0)
         if m.level in ("full", "stats"):
-            self.dtype = m.dtype if self.dtype is None else less_precise(self.dtype, m.dtype)
+            self.dtype = _least(self.dtype, m.dtype)
 
     def merged(self, other: _Scope) -> _Scope:
-        out = _Scope(
+        return _Scope(
             max(self.err, other.err),
             max(self.conc, other.conc),
-            self.dtype,
+            _least(self.dtype, other.dtype),
             max(self.bias, other.bias),
         )
-        if other.dtype is not None:
-            out.dtype = other.dtype if out.dtype is None else less_precise(out.dtype, other.dtype)
-        return out
+
+
+def _least(first: str | None, second: str | None) -> str | None:
+    """The less precise of two dtypes (:func:`less_precise`), either None when unknown."""
+    if first is None or second is None:
+        return second if first is None else first
+    return less_precise(first, second)
 
 
 def measured_errors(m: Metrics) -> tuple[float, float]:
@@ -121,17 +97,12 @@ def measured_errors(m: Metrics) -> tuple[float, float]:
 
 
 def _bounds(m: Metrics, profile: Profile) -> tuple[tuple[float, float], tuple[float, float]]:
-    """(global, concentrated) errors at least and at most: a record's measured ones, or a
-    statistics-only record's sampled bounds (:func:`sampled_bounds`)."""
+    """(global, concentrated) errors at least and at most (what it may carry): a record's
+    measured ones, or a statistics-only record's sampled bounds (:func:`sampled_bounds`)."""
     if m.level == "stats":
         return sampled_bounds(m, profile.bias_z)
     measured = measured_errors(m)
     return measured, measured
-
-
-def _upper(m: Metrics, profile: Profile) -> tuple[float, float]:
-    """The errors a record may carry: its measured ones, the upper bounds of a sample's."""
-    return _bounds(m, profile)[1]
 
 
 def passed_on(m: Metrics, e: float, c: float) -> tuple[float, float]:
@@ -144,40 +115,26 @@ def passed_on(m: Metrics, e: float, c: float) -> tuple[float, float]:
 
 def _ancestors(module: str) -> list[str]:
     """``module`` and every module enclosing it, innermost first, ending with root."""
-    if module == "root":
-        return ["root"]
     parts = module.split(".")
     out = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
-    return [*out, "root"]
+    return out if module == "root" else [*out, "root"]
 
 
 def _parent(module: str, called: set[str]) -> str | None:
     """The innermost enclosing module that was called (a ModuleList never is)."""
-    for name in _ancestors(module)[1:]:
-        if name in called:
-            return name
-    return None
+    return next((name for name in _ancestors(module)[1:] if name in called), None)
 
 
 @dataclass
 class JudgeInputs:
     """What the expected-error judge knows of a step besides its records (None: nothing).
 
-    ``previous`` maps a parameter's module-and-index to the error its gradient (or,
-    failing that, the parameter itself) carried at the step before; :meth:`StepJudge.carried_on`
-    returns the one for the next step. ``updates`` maps a parameter to the relative size of
-    the golden's optimizer step that produced it (see ``optimizer.golden_updates``): a
-    correct optimizer fed a gradient that differs by rounding takes a step that differs
-    by at most about twice that, which the parameter's expected error then includes.
-    ``calibrated`` maps a record key to the (global, concentrated) error a calibration
-    run (the golden's code at its own precision, inputs perturbed by one unit roundoff:
-    :func:`precguard.compare.calibrate.perturb_inputs`) showed on it: measured, it
-    raises the expected error where the analytic model is too low.
-    ``explained`` maps a record key to what an optimizer step explains on it
-    (:mod:`precguard.compare.optimizer`): an update record (the watch's
-    ``optimizer.update.*``) and a parameter after a step are then judged through the
-    update rule, the elements whose gradient is within its error of zero counted as
-    is, the rest as propagated error; it replaces ``updates`` where both are known.
+    Per parameter (module and index): ``previous``, the error its gradient (or itself)
+    carried at the step before (:meth:`StepJudge.carried_on`); ``updates``, the relative
+    size of the golden's optimizer step (``optimizer.golden_updates``). Per record key:
+    ``calibrated``, the (global, concentrated) error a calibration run showed
+    (:mod:`precguard.compare.calibrate`); ``explained``, what an optimizer step explains
+    (:mod:`precguard.compare.optimizer`), in place of ``updates``.
     """
 
     previous: dict[str, float] | None = None
@@ -187,15 +144,9 @@ class JudgeInputs:
 
 
 class StepJudge:
-    """The expected-error judge of one rank and step: each record, in capture order, against
-    the error what it consumed explains (the module doc).
-
-    It keeps, as the records come, the running maxima of every module's subtree (forward
-    in the current call and in the whole step, backward so far) and reads what a call
-    consumed and its K from the step's calls (:class:`~precguard.compare.calls.StepCalls`),
-    where the one pass (verdict.py) puts each record once it is settled. ``inputs``: what
-    it knows of the step besides its records (:class:`JudgeInputs`).
-    """
+    """The expected-error judge of one rank and step (the module doc): it keeps the running
+    maxima of every module's subtree (forward in the current call and in the step, backward
+    so far) and reads what a call consumed, and its K, from ``calls``."""
 
     def __init__(
         self,
@@ -223,9 +174,8 @@ class StepJudge:
         self.stepped_errors: dict[str, float] = {}  # parameters' errors a step explains
         self.glue_bad: set[str] = set()  # modules whose code between submodules made error
         self.open_calls: list[str] = []  # forward calls whose outputs are not recorded yet
-        # only a call whose output is recorded can be seen to end: one that records inputs
-        # but no output (a module returning no tensor) would otherwise stay open for the
-        # rest of the step, taking in every later record (and quadratic time)
+        # only a call whose output is recorded is opened: one without (a module returning
+        # no tensor) would stay open for the rest of the step, taking in every later record
         self.closing = {
             (r.module, r.call)
             for r in results
@@ -273,17 +223,45 @@ class StepJudge:
         self._taking = (fparent, failed, *passed_on(m, e, c))
         return judged
 
-    def take(self, written: RecordResult) -> None:
-        """The record :meth:`judge` judged, its status written: a failing submodule input
-        marks the enclosing module (whose own code between its submodules made it), and
-        what the record passes on joins its enclosing scopes."""
+    def take(self, r: RecordResult) -> None:
+        """The record :meth:`judge` judged, its status written: what it passes on joins its
+        enclosing scopes, and a failing submodule input marks the enclosing module (whose
+        own code between its submodules made it)."""
         fparent, failed, e, c = self._taking
-        if written.phase == "forward":
-            if written.role == "input" and failed and fparent is not None:
+        m = r.metrics
+        assert m is not None
+        if r.phase != "forward":
+            for name in _ancestors(r.module):
+                self.bwd[name].add(m, e, c, self.profile)
+            if r.role == "grad":
+                pid = _param_id(r)
+                self.carried[pid] = max(e, self.carried.get(pid, 0.0))
+            return
+        if r.role == "input" and fparent is not None:
+            self.sub_inputs[fparent].append(r)
+            if failed:
                 self.glue_bad.add(fparent)
-            self._take_forward(written, fparent, e, c)
-        else:
-            self._take_backward(written, e, c)
+        if r.role == "buffer":
+            ins = [
+                _bounds(x.metrics, self.profile)[1][0]
+                for x in self.calls.reads((r.module, r.call))
+                if x.metrics
+            ]
+            self.carried[_buffer_id(r)] = max([e, *ins])
+        # a module's outputs do not feed one another: they count for its ancestors
+        # (by name, and every call still open around it)
+        own = r.role != "output"
+        enclosing = {*_ancestors(r.module)[1:], *self.open_calls} - {r.module}
+        # a buffer's rounding is one rounding of a constant, often a short one (32
+        # frequencies): its scale's standard error says nothing of what reads it
+        scaled = r.role != "buffer"
+        for name in [r.module] * own + sorted(enclosing):
+            self.fwd[name].add(m, e, c, self.profile, scaled)
+        for name in {r.module, *enclosing}:
+            self.fwd_all[name].add(m, e, c, self.profile, scaled)
+        if r.role == "output" and r.module in self.open_calls:
+            while self.open_calls and self.open_calls.pop() != r.module:
+                pass
 
     def _enclosing(self, r: RecordResult) -> str | None:
         """The enclosing module of a forward record: the innermost call still open (a
@@ -308,26 +286,16 @@ class StepJudge:
         if r.role == "input":
             scope = self.fwd[fparent] if fparent is not None else _Scope()
             return scope, ([] if fparent is None else self.sub_inputs[fparent]), None
-        if r.role == "buffer":
-            # one rounding of a constant (rotary inv_freq); state a forward updates
-            # (a norm's running statistics) carries its inputs' error of the step before
-            scope = _Scope()
-            prior = self.previous.get(_buffer_id(r))
-            if prior is not None:
-                scope.err = scope.conc = prior
-            return scope, [], None
-        if r.role == "param":
-            scope = _Scope()
-            prior = self.previous.get(_param_id(r))
-            if prior is not None:
+        if r.role in ("buffer", "param"):
+            # one rounding; after the first step, what it carried out of the step before (a
+            # norm's running statistics too) and, for a parameter, what its update explains
+            pid = _param_id(r) if r.role == "param" else _buffer_id(r)
+            prior = self.previous.get(pid)
+            if prior is not None and r.role == "param":
                 ex = self.explained.get(r.key)
-                step = (
-                    ex.rest
-                    if ex is not None
-                    else DIFFERENCE_GROWTH * self.updates.get(_param_id(r), 0.0)
-                )
-                scope.err = scope.conc = prior + step
-            return scope, [], None
+                prior += DIFFERENCE_GROWTH * self.updates.get(pid, 0.0) if ex is None else ex.rest
+            err = 0.0 if prior is None else prior
+            return _Scope(err, err), [], None
         call = (r.module, r.call)
         return self.fwd[r.module], self.calls.reads(call), self.calls.reduction(call, False)
 
@@ -335,9 +303,8 @@ class StepJudge:
         """What a backward record consumed: (its scope, the records, K)."""
         forward_scope = self.fwd_all[r.module]
         if r.role == "output":
-            # the gradient of a module's outputs is recorded before the enclosing
-            # modules' (hooks on one tensor fire inner first): it came from the
-            # innermost enclosing module whose backward has recorded something
+            # recorded before the enclosing modules' (hooks on one tensor fire inner first):
+            # it came from the innermost enclosing module whose backward recorded something
             parent = _parent(r.module, self.called)
             scope = self.fwd_all[parent if parent is not None else r.module]
             for name in _ancestors(r.module)[1:]:
@@ -355,49 +322,12 @@ class StepJudge:
         consumed = [*self.calls.reads(call), *self.calls.output_grads(call)]
         return scope, consumed, self.calls.reduction(call, True)
 
-    def _take_forward(self, judged: RecordResult, fparent: str | None, e: float, c: float) -> None:
-        m = judged.metrics
-        assert m is not None
-        r = judged
-        if r.role == "input" and fparent is not None:
-            self.sub_inputs[fparent].append(judged)
-        if r.role == "buffer":
-            ins = [
-                _upper(x.metrics, self.profile)[0]
-                for x in self.calls.reads((r.module, r.call))
-                if x.metrics
-            ]
-            self.carried[_buffer_id(r)] = max([e, *ins])
-        # a module's outputs do not feed one another: they count for its ancestors
-        # (by name, and every call still open around it)
-        own = r.role != "output"
-        enclosing = {*_ancestors(r.module)[1:], *self.open_calls} - {r.module}
-        # a buffer's rounding is one rounding of a constant, often a short one (32
-        # frequencies): its scale's standard error says nothing of what reads it
-        scaled = r.role != "buffer"
-        for name in [r.module] * own + sorted(enclosing):
-            self.fwd[name].add(m, e, c, self.profile, scaled)
-        for name in {r.module, *enclosing}:
-            self.fwd_all[name].add(m, e, c, self.profile, scaled)
-        if r.role == "output" and r.module in self.open_calls:
-            while self.open_calls and self.open_calls.pop() != r.module:
-                pass
-
-    def _take_backward(self, judged: RecordResult, e: float, c: float) -> None:
-        m = judged.metrics
-        assert m is not None
-        for name in _ancestors(judged.module):
-            self.bwd[name].add(m, e, c, self.profile)
-        if judged.role == "grad":
-            pid = _param_id(judged)
-            self.carried[pid] = max(e, self.carried.get(pid, 0.0))
-
     def carried_on(self) -> dict[str, float]:
         """Per parameter and buffer: the error it carries into the next step (``previous``)."""
         for r in self.params:
             if r.metrics is not None:
                 pid = _param_id(r)
-                own = max(_upper(r.metrics, self.profile)[0], self.stepped_errors.get(pid, 0.0))
+                own = max(_bounds(r.metrics, self.profile)[1][0], self.stepped_errors.get(pid, 0.0))
                 self.carried[pid] = max(self.carried.get(pid, 0.0), own)
         return self.carried
 
@@ -442,16 +372,9 @@ class ExpectedRule(BaseRule):
 
 
 def _trained_apart(results: list[RecordResult], updates: dict[str, float]) -> bool:
-    """Whether the actual's parameters lost the golden's last optimizer step to rounding.
-
-    Pure low-precision training (weights and optimizer state in bf16/fp16): an update
-    smaller than half a unit in the last place of a weight rounds away, so where the
-    golden's relative step (``updates``) is below the parameter's unit roundoff the two
-    runs are at different points of the loss landscape, and every gradient of this step
-    differs systematically (AdamW at lr 1e-4 on bf16 weights: gradients scaled by
-    ~1.006). That is no module's own scale error: backward records are then judged by
-    their amplification only.
-    """
+    """Whether the actual's parameters lost the golden's last optimizer step to rounding (a
+    step below a stored weight's unit roundoff): every gradient then differs systematically,
+    no module's own scale error, so backward records are judged by amplification only."""
     for r in results:
         m = r.metrics
         if r.role != "param" or m is None or m.level not in SCALED_LEVELS:
@@ -484,19 +407,16 @@ def _own_bias(
     k: int | None = None,
 ) -> bool:
     """Whether ``m``'s significant scale error is the record's own, not carried in
-    (:func:`~precguard.compare.expected.own_bias`, with what the record's scope consumed).
-
-    A record linear in what it consumed (:func:`linear_factors`: a ``Linear``'s output and
-    gradients, a normalization's output) is tested through its factors when nothing else
-    it consumed carries more error; any other by the largest error and scale error anything
-    in scope carried; a parameter's is its own unless its step's update carried error in.
+    (:func:`~precguard.compare.expected.own_bias`, with what the record's scope consumed):
+    through its factors when it is linear in what it consumed (:func:`linear_factors`)
+    and nothing else it consumed carries more error, else against its scope's errors.
     """
     factors = linear_factors(r.module_type, r.phase, r.role, r.index, consumed)
     if factors is not None and m.level in SCALED_LEVELS:
         known = [x.metrics for x in consumed if x.metrics is not None]
         # and nothing else it consumed (a collective it called) carries more error (a
         # statistics-only record counts by the upper bound it passed on to the scope)
-        worst = max((_upper(x, profile)[0] for x in known), default=0.0)
+        worst = max((_bounds(x, profile)[1][0] for x in known), default=0.0)
         alone = r.phase == "backward" or scope.err <= worst
         if alone and not any(x.error > BIAS_MAX_INPUT_ERROR for x in known):
             excess = own_bias(
@@ -504,10 +424,11 @@ def _own_bias(
                 module_type=r.module_type,
             )  # fmt: skip
             return excess is not None
-    excess = own_bias(
-        m, profile, input_error=scope.err, carried=scope.bias, k=k, param=r.role == "param"
+    param = r.role == "param"
+    return (
+        own_bias(m, profile, input_error=scope.err, carried=scope.bias, k=k, param=param)
+        is not None
     )
-    return excess is not None
 
 
 def _same_initial_weights(r: RecordResult, m: Metrics, stepped: Explained | None) -> bool:
@@ -541,15 +462,13 @@ def _judge(
     """One record against what its scope explains (and, for an optimizer update or a
     parameter after a step, what the step explains: ``stepped``; ``scale_test``: and its
     own scale): its figures on the record, what it is allowed in ``s``."""
-    # non-finite, exact (a router's indices: routing.py judges them from the router's
-    # scores afterwards), nothing measurable (a follower of a routing whose shapes differ)
+    # non-finite, exact (a router's indices: routing.py), nothing measurable
     if ladder(m) is not None:
         return r
-    dtype = m.dtype if scope.dtype is None else less_precise(m.dtype, scope.dtype)
+    dtype = _least(m.dtype, scope.dtype)
     if _same_initial_weights(r, m, stepped):
-        # two copies of the initial weights stored in one dtype: nothing computed them (an
-        # emu: profile or autocast rounds what reads them, not the weights), so they are
-        # judged at the precision they are stored in, not the compute precision
+        # nothing computed two copies of the initial weights stored in one dtype (an emu:
+        # profile or autocast rounds what reads them): judged at the dtype they are stored in
         dtype = r.golden_dtype
     expected = expected_error(scope.err, dtype, k)
     expected_conc = expected_error(scope.conc, dtype, k)
@@ -566,16 +485,11 @@ def _judge(
     if not over and scale_test and significant_scale(m, profile):
         s.found = _own_bias(r, m, scope, consumed, profile, k)
     if m.level == "stats" and m.error <= expected:
-        # statistics only: the sample's and the norms' concentrated evidence is an
-        # estimate, and an error no larger than what the inputs explain is never a finding
-        # (the sample's estimate: ``e`` is its lower bound, sampled.py)
+        # statistics only: the concentrated evidence is an estimate, and an error no larger
+        # than what the inputs explain is never a finding
         s.ratio, s.found = min(s.ratio, 1.0), False
-    return r.model_copy(
-        update={
-            "expected_error": expected,
-            "amplification": amp if math.isfinite(amp) else None,
-        }
-    )
+    amp_or_none = amp if math.isfinite(amp) else None
+    return r.model_copy(update={"expected_error": expected, "amplification": amp_or_none})
 
 
 def _over(error: float, allowed: float) -> float:

@@ -1,31 +1,19 @@
 """What was measured for one pair of records: one model per level, told apart by ``level``.
 
-A pair is compared at one of four levels, and each level measures different things:
-``full`` (both full tensors: error norms, cosine, ULPs, the scale and the worst slice),
-``stats`` (the recorded statistics, the sampled elements and the per-position norms),
-``exact`` (integer or boolean tensors compared for equality) and ``none`` (nothing
-comparable: a shape mismatch, no statistics). :data:`Metrics` is the union of
-:class:`FullMetrics`, :class:`StatsMetrics`, :class:`ExactMetrics` and
-:class:`UnmeasuredMetrics`, discriminated by ``level``: a field lives on the levels that
-compute it, so reading ``sample_rse`` off full metrics is an AttributeError (and a type
-error) rather than a silent None. What every level has (and what the rules after the
-measurement set on any level: ``bias`` from tolerance.py, the routing fields from
-routing.py) is typed on :class:`MetricsBase`; the scale and the concentrated error, which
-both float levels measure, on :class:`MeasuredMetrics` (``isinstance`` narrows to them).
+:data:`Metrics` is the union of :class:`FullMetrics` (both full tensors), :class:`StatsMetrics`
+(the recorded statistics, the sample, the per-position norms), :class:`ExactMetrics`
+(integer or boolean tensors compared for equality) and :class:`UnmeasuredMetrics`
+(nothing comparable), discriminated by ``level``: a field lives only on the levels that
+compute it, so reading ``sample_rse`` off full metrics is an AttributeError. What every
+level has is typed on :class:`MetricsBase`, what both float levels measure on
+:class:`MeasuredMetrics`. Each level's model is generated from the one table
+:data:`_FIELDS`.
 
-**The JSON is the one it was** when one model held every field: each level writes every
-key of :data:`METRICS_JSON_FIELDS`, in that order, null where the level lacks it, so a
-reader of older reports (or one that ignores the level) sees the same keys. A level has
-fields only for what it measures (its model is generated from the one table of fields,
-:data:`_FIELDS`, which says which levels have each); its serializer
-(:func:`_written_as_every_key`) is pydantic's own for a dict of all the keys, fed the
-model's fields laid over a null for every key (one dict merge per dump; compare writes
-millions, docs/compare.md has the alternatives measured). Reading accepts a null on a
-key the level lacks and refuses a value (``StatsMetrics(level="stats", cosine=0.99)`` is
-a validation error, never a value silently dropped); ``model_copy`` refuses one too.
-
-``level`` has no default, so it is written even where defaults are left out (compare's
-rows, a worker's share) and a row is read back as its level's model.
+**The JSON is the one it was**: each level writes every key of :data:`METRICS_JSON_FIELDS`,
+in that order, null where the level lacks it, without placeholder fields
+(docs/compare.md, "One model per level", says how and what it costs). Reading accepts
+a null on a key the level lacks and refuses a value. ``level`` has no default, so it
+is written even where defaults are left out and a row is read back as its level's model.
 
 >>> m = FullMetrics(level="full", dtype="bfloat16", error=3e-3, rel_l2=3e-3)
 >>> isinstance(m, MeasuredMetrics), m.rel_l2
@@ -51,9 +39,8 @@ from pydantic_core import CoreSchema, core_schema
 Level = Literal["full", "stats", "exact", "none"]
 
 #: every key a metrics object writes after ``level``, ``dtype`` and ``error``, in the order
-#: written (that of the one model that held them all before the levels were told apart:
-#: byte-identical reports): its type, default (``...``: required), the levels that have it
-#: (Full, Stats, Exact, None) and its description. Each level's model is generated from it.
+#: written: its type, default (``...``: required), the levels that have it (Full, Stats,
+#: Exact, None) and its description.
 # fmt: off
 _FIELDS: dict[str, tuple[Any, Any, str, str]] = {
     "max_abs_err": (float | None, None, "F", "max |actual - golden|."),
@@ -162,14 +149,10 @@ def _written_as_every_key(
     a field's value where the level has it, null where it does not (``schema`` is its
     model's core schema, ``fields`` its fields').
 
-    Pydantic writes a model's fields from its ``__dict__``, in its order, so a key with no
-    field would never be written. This is pydantic's serializer of a dict with every key
-    instead (each the field's own schema, its default included, so ``exclude_defaults``
-    and ``exclude_none`` leave out what they did; a null key is a default), fed
-    :func:`_every_key`: the model's values laid over a null for every key, in
-    :data:`METRICS_JSON_FIELDS`' order. The function is plain (a merge, a few hundred
-    nanoseconds): a wrap serializer, which would hand ``include``/``exclude`` on by
-    itself, costs microseconds per dump (docs/compare.md, 'One model per level').
+    Pydantic's serializer of a dict with every key (each the field's own schema, its
+    default included, so ``exclude_defaults`` and ``exclude_none`` act as on a model), fed
+    by the plain function :func:`_every_key` (a wrap serializer costs microseconds more
+    per dump: docs/compare.md, 'One model per level').
     """
     lacked = core_schema.typed_dict_field(
         core_schema.with_default_schema(core_schema.none_schema(), default=None),
@@ -196,13 +179,9 @@ def _written_as_every_key(
 
 
 def _every_key(fields: dict[str, Any], info: core_schema.SerializationInfo) -> dict[str, Any]:
-    """A level's fields (its model's ``__dict__``) laid over a null for every key.
-
-    ``include`` and ``exclude`` are applied here, key by key: pydantic hands them to a
-    plain serializer and not to its return schema. A metrics value is whole (a key is
-    written or not); a filter inside one (``exclude={"rel_err_share": {"1e-2"}}``) is
-    refused rather than ignored.
-    """
+    """A level's fields (its model's ``__dict__``) laid over a null for every key, with
+    ``include`` and ``exclude`` applied key by key (pydantic hands them to a plain
+    serializer, not to its return schema); a filter inside one key is refused."""
     # left out as defaults or as None, the nulls need not be laid down (a compact row)
     merged = fields if info.exclude_defaults or info.exclude_none else _NULLS | fields
     if info.include is None and info.exclude is None:
@@ -232,13 +211,9 @@ def _picked(spec: Any, key: str, *, default: bool) -> bool:
 
 class MetricsBase(BaseModel):
     """What every level of :data:`Metrics` has: the level, the tolerance dtype, the error the
-    judge reads, non-finite mismatches, the note, and what the rules after the measurement
-    set on any level (``bias``: tolerance.py; the routing fields: routing.py).
-
-    Only ``level``, ``dtype`` and ``error`` are declared here: each level's others are
-    generated from :data:`_FIELDS` in the order of :data:`METRICS_JSON_FIELDS` (pydantic
-    writes a base class's fields first), and typed here for readers of any level.
-    """
+    judge reads, non-finite mismatches, the note, ``bias`` and the routing fields. Only
+    ``level``, ``dtype`` and ``error`` are declared (written first); the others are
+    generated on each level from :data:`_FIELDS` and typed here for readers."""
 
     model_config = ConfigDict(
         frozen=True, ser_json_inf_nan="strings", serialize_by_alias=True, validate_by_alias=True
@@ -269,8 +244,7 @@ class MetricsBase(BaseModel):
         error_all_rows: float | None
         conc_all_rows: float | None
 
-    #: this level's fields (the keys of :data:`METRICS_JSON_FIELDS` it measures): set on
-    #: each level's class
+    #: this level's fields (the keys of :data:`METRICS_JSON_FIELDS` it measures)
     _own: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
@@ -400,15 +374,11 @@ def _refuse_values(level: str, values: Mapping[str, Any], lacked: Iterable[str])
     """ValueError when ``values`` has a value (not None) on a key ``level`` lacks."""
     for name in lacked:
         if values[name] is not None:
+            measured = [at for at, cls in METRICS_LEVELS.items() if name in cls._own]
             raise ValueError(
                 f"{level} metrics have no {name} (got {values[name]!r}); it is measured at "
-                f"level {' or '.join(_levels_of(name)) or 'none'}"
+                f"level {' or '.join(measured) or 'none'}"
             )
-
-
-def _levels_of(name: str) -> list[str]:
-    """The levels that measure ``name``."""
-    return [level for level, cls in METRICS_LEVELS.items() if name in cls._own]
 
 
 def concentrated(m: MetricsBase) -> tuple[float | None, float | None]:

@@ -2,14 +2,10 @@
 
 Full tensors are measured by :func:`precguard.difference.accumulate` (the sums
 :func:`precguard.numerics.measure` reads too, chunk by chunk in bounded memory);
-this module turns the sums into :class:`~precguard.compare.levels.FullMetrics`:
-the error norms, the relative-error bands, the worst slice, and the least-squares
-scale of actual on golden, ``s = <a,g>/<g,g>``, with its standard error, estimated
-from :data:`~precguard.difference.BIAS_BLOCKS` contiguous blocks of the flattened
-tensor (a cluster-robust estimate: rounding errors that are correlated within a
-row, such as a normalization's per-row scale, widen it instead of passing for a
-bias). Statistics-only pairs are measured from their recorded statistics and
-sampled elements (:func:`stats_metrics`).
+this module turns the sums into :class:`~precguard.compare.levels.FullMetrics`: the
+error norms, the relative-error bands, the worst slice, and the least-squares scale of
+actual on golden with its cluster-robust standard error. Statistics-only pairs are
+measured from their recorded statistics and sampled elements (:func:`stats_metrics`).
 """
 
 from __future__ import annotations
@@ -68,15 +64,10 @@ TOLERANCE_MODES = ("auto", "actual", "golden")
 
 
 def tolerance_dtype(golden: str, actual: str, mode: str = "auto") -> str:
-    """The dtype whose tolerances judge a pair, from each side's compute precision.
-
-    ``golden`` and ``actual`` are the precisions the two values were computed in
-    (see :func:`precision`). ``mode="auto"`` (default, also spelled ``"actual"``):
-    the less precise of the two, since a value computed in bf16 cannot be asked to
-    match beyond bf16's rounding. ``mode="golden"``: the golden's precision, holding a
-    bf16 run to its fp32 reference. A float dtype name (``"bfloat16"``) judges every
-    pair by that dtype.
-    """
+    """The dtype whose tolerances judge a pair, from each side's compute precision
+    (:func:`precision`): with ``mode="auto"`` (also ``"actual"``) the less precise of the
+    two, with ``"golden"`` the golden's (a bf16 run held to its fp32 reference), with a
+    float dtype name that dtype."""
     if is_float_dtype(mode):
         return mode
     if mode == "golden" and is_float_dtype(golden):
@@ -116,14 +107,9 @@ def tensor_metrics(
     release: Callable[[int, int], None] | None = None,
 ) -> Metrics:
     """Compare two full tensors as compare and replay do: error metrics under the tolerance
-    of :func:`tolerance_dtype` when either side is a float, equality otherwise.
-
-    ``golden_dtype``/``actual_dtype`` are the precisions each side computed in
-    (:func:`precision`); ULPs are counted in the actual's. ``tol_mode`` is that of
-    :func:`tolerance_dtype` (compare passes ``"auto"``; the default ``"golden"`` holds a
-    replay in another dtype to the golden's precision). ``golden_rms`` and ``release``
-    are passed on to :func:`full_metrics`.
-    """
+    of :func:`tolerance_dtype` (``tol_mode``: compare passes ``"auto"``, replay the default
+    ``"golden"``) when either side is a float, equality otherwise; ULPs are counted in the
+    actual's precision (:func:`precision`). A complex tensor is measured as its real view."""
     if golden.is_complex() and actual.is_complex():
         # each part measured as a float of the part's precision, not equality of the pairs
         golden, actual = torch.view_as_real(golden), torch.view_as_real(actual)
@@ -159,22 +145,13 @@ def full_metrics(
     golden_rms: float | None = None,
     chunk: int = CHUNK,
     release: Callable[[int, int], None] | None = None,
-    shape: tuple[int, ...] | list[int] | None = None,
 ) -> Metrics:
     """Compare two full tensors of equal element count, chunk by chunk.
 
-    ``dtype`` names the dtype whose tolerances apply (reported on the metrics);
-    ULPs are counted in ``ulp_dtype`` (default: the actual tensor's float dtype,
-    golden rounded to it first); ``rtol``/``atol`` define the element-wise
-    closeness test reported as ``close_share``; ``golden_rms`` (from the recorded
-    statistics) sets the relative-error floor without an extra pass; ``release`` is
+    ``dtype`` names the dtype whose tolerances apply; ULPs are counted in ``ulp_dtype``
+    (default: the actual's float dtype); ``rtol``/``atol`` define ``close_share``'s test;
+    ``golden_rms`` (from the recorded statistics) spares a pass; ``release`` is
     :func:`~precguard.difference.accumulate`'s.
-
-    Along each dimension of ``shape`` (default: the golden's), the chunks also
-    accumulate the error of every slice (one position, one channel, one head when
-    heads have a dimension of their own): ``slice_error`` is the worst slice's
-    relative L2 error, so an error confined to late positions or a few channels is
-    seen although the tensor's global ``rel_l2`` is small.
     """
     numel = golden.numel()
     if golden_rms is None or not math.isfinite(golden_rms):
@@ -185,7 +162,7 @@ def full_metrics(
         rtol=rtol,
         atol=max(atol, rtol * golden_rms),
         ulp_dtype=ulps,
-        slices=sliced_dims(tuple(golden.shape) if shape is None else tuple(shape), numel),
+        slices=sliced_dims(tuple(golden.shape), numel),
         mask_floor=mask_floor(ulps),
         **blocks(numel),
     )
@@ -196,13 +173,8 @@ def full_metrics(
 def _worst_slice(
     acc: Sums, rms: float, numel: int, slices: tuple[tuple[int, int, int], ...]
 ) -> tuple[float | None, int | None, int | None]:
-    """The worst slice's relative L2 error, its dimension and index (None: not sliced).
-
-    A slice's golden norm is floored at :data:`SLICE_FLOOR` times the typical slice's
-    (rms(golden) per element: a slice below it is judged by its share of the tensor's
-    error, the constant's comment derives it); an exactly equal tensor has no slice
-    error.
-    """
+    """The worst slice's relative L2 error, its dimension and index (None: not sliced),
+    each slice's golden norm floored at :data:`SLICE_FLOOR` times the typical slice's."""
     if not slices or not acc.slice_dd:
         return (0.0, None, None) if slices and acc.sum_sq == 0 else (None, None, None)
     worst, where = 0.0, (None, None)
@@ -285,26 +257,10 @@ def _finish(
 def _scale(
     acc: Sums, u: float = 0.0, channels: int | None = None, rows_per_block: float = 1.0
 ) -> tuple[float | None, float | None]:
-    """Least-squares scale of actual on golden and its cluster-robust standard error.
-
-    ``s - 1 = sum_b c_b / sum_b q_b`` with ``c_b = <g_b, a_b - g_b>`` and
-    ``q_b = <g_b, g_b>`` over clusters ``b``; the standard error linearizes that
-    ratio: ``sqrt(B/(B-1) * sum_b (c_b - (s-1) q_b)^2) / sum_b q_b``. Two kinds of
-    clusters, the larger standard error wins: the contiguous blocks of the flattened
-    tensor (:data:`~precguard.difference.BIAS_BLOCKS`: a row's shared rounding, such as a
-    norm's rounded per-row scale) and the indices of every dimension with at least
-    :data:`BIAS_MIN_CLUSTERS` of them (a rounding shared across rows: a channel's
-    rounded weights, rows that repeat one another), so an error pattern the rows
-    share widens it instead of passing for a bias.
-
-    Where a few clusters hold most of ``<g, g>`` (an outlier channel, a few long
-    rows) their spread says little, so the standard error is at least that of one
-    rounding of unit roundoff ``u`` (uniform: standard deviation ``u / sqrt(3)``)
-    shared within each row (a block holds ``rows_per_block`` of them), or within each
-    index of the ``channels`` dimension (the last one), averaged over the effective
-    number of such clusters ``n_eff = (sum_b q_b)^2 / sum_b q_b^2``:
-    ``u / sqrt(3 n_eff)``.
-    """
+    """Least-squares scale of actual on golden and its cluster-robust standard error over
+    the tensor's blocks and the indices of every dimension with :data:`BIAS_MIN_CLUSTERS`,
+    at least ``u / sqrt(3 n_eff)`` (one rounding shared per row, ``rows_per_block`` to a
+    block, or per index of ``channels``): docs/compare.md, "Systematic bias"."""
     if acc.block_gd is None or acc.block_gg is None or not acc.gg > 0:
         return None, None
     total = float(acc.block_gg.sum())
@@ -354,12 +310,9 @@ def exact_metrics(golden: torch.Tensor, actual: torch.Tensor, *, chunk: int = CH
 
 
 def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
-    """Compare the recorded statistics of two records (the weaker, stats-only test).
-
-    Each statistic's difference is divided by ``max(|golden value|, rms(golden))``
-    so that statistics near zero (a mean of a centred tensor) are judged against
-    the tensor's scale rather than blowing up.
-    """
+    """Compare the recorded statistics of two records (the weaker, stats-only test), each
+    statistic's difference over ``max(|golden value|, rms(golden))`` (:func:`_stat_diffs`)
+    and the sampled elements and per-position norms they keep."""
     gs, as_ = golden.stats, actual.stats
     if gs is None or as_ is None:
         return UnmeasuredMetrics(
@@ -375,10 +328,9 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
     compared = ("max",) if masked else ("min", "max", "mean", "std", "absmax", "l2")
     diffs = _stat_diffs(gs, as_, compared, rms)
     error = max(diffs.values()) if diffs else 0.0
+    level_note = STATS_NOTE
     if not is_float_dtype(golden.dtype) and not is_float_dtype(actual.dtype):
         level_note = "statistics only (integer tensor): equal statistics suggest equal values"
-    else:
-        level_note = STATS_NOTE
     if masked:
         evidence, peak = sample_evidence(golden, actual, 0.0, mask_floor=floor)
     else:
@@ -387,10 +339,8 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
     if evidence.get("sample_rel_l2") is not None:
         # an estimate of rel_l2, never below what the norms prove: |l2_a - l2_g| / l2_g
         # and the per-position norms' difference are lower bounds on it
-        bounds = [evidence["sample_rel_l2"], evidence.get("pos_rel_l2") or 0.0]
-        if "l2" in diffs:
-            bounds.append(diffs["l2"])
-        error = max(bounds)
+        pos = evidence.get("pos_rel_l2") or 0.0
+        error = max(evidence["sample_rel_l2"], pos, diffs.get("l2", 0.0))
         level_note = SAMPLE_NOTE
     evidence |= concentrated_evidence(evidence, peak)
     nan = _count_mismatch(gs.nan, as_.nan, gs.has_nan, as_.has_nan)
@@ -438,15 +388,10 @@ SAMPLE_NOTE = (
 
 
 def concentrated_evidence(evidence: dict[str, Any], peak: float | None) -> dict[str, Any]:
-    """The full level's concentrated-error fields, as far as the sample and norms show them.
-
-    ``peak_error``: the sampled elements' largest error over their largest golden
-    value (:func:`precguard.compare.sampled.sample_evidence`), judged like the full
-    level's against ``u * max|golden|``; ``slice_error``: the worst position's norm
-    difference, a lower bound on that position's relative error. So the
-    expected-error judge sees an error confined to late positions in a
-    statistics-only actual too.
-    """
+    """The full level's concentrated-error fields, as far as the sample and norms show them:
+    ``peak_error`` the sampled elements' largest error over their largest golden value
+    (:func:`precguard.compare.sampled.sample_evidence`), ``slice_error`` the worst
+    position's norm difference (a lower bound on that position's relative error)."""
     out: dict[str, Any] = {}
     if peak is not None and math.isfinite(peak):
         out["peak_error"] = peak

@@ -1,25 +1,13 @@
-"""What a rule of compare's verdict is: four phases, and the one record of what it allows.
+"""What a rule of compare's verdict is: its phases, and the one record of what it allows.
 
-compare measures every aligned pair (compare/engine.py) and hands the step to the
-rules (compare/rules.py lists them, in the order they run). Each rule takes part in
-four fixed phases, any of which it may leave as the protocol's no-op:
-
-1. **re-measure** (:meth:`Rule.remeasure`): change what a record is measured on (a
-   router's followers on the rows both runs routed alike);
-2. **adjust expected** (:meth:`Rule.adjust`): add what the expected-error judge must
-   know besides the records (an optimizer's update rule, a calibration, a re-routing's
-   widening) to :attr:`StepContext.inputs`;
-3. **settle** (:meth:`Rule.settle`): at each record, in capture order, after the
-   rules before it in the list, set what the record is allowed (:class:`Settlement`)
-   and the figures it reports (expected error, amplification);
-4. **explain** (:meth:`Rule.explain`): add to what the why lines name
-   (:class:`Explanations`: a KV cache read, a finding a rule decided itself).
-
-A rule never writes a record's ``status``: after the rules settle a record, the one
-pass (compare/verdict.py) writes it once, from the settlement, by
-:meth:`Settlement.verdict`, the one call of :func:`precguard.numerics.status`, and
-stores the allowed error on the record (``RecordResult.allowed_error``), which
-guard/margin.py and the reports read. docs/architecture.md, "Where to add a rule",
+compare measures every aligned pair (compare/engine.py) and hands the step to the rules
+(compare/rules.py lists them, in the order they run). A rule takes part in any of the
+fixed phases of :class:`Rule` (re-measure, adjust expected, settle each record in
+capture order, learn from it once written, explain) and leaves the others as
+:class:`BaseRule`'s no-ops. It never writes a record's ``status``: the one pass
+(compare/verdict.py) writes it once from the record's :class:`Settlement`
+(:meth:`Settlement.verdict`, the one call of :func:`precguard.numerics.status`) and
+stores the allowed error on the record. docs/architecture.md, "Where to add a rule",
 walks through a new one.
 """
 
@@ -38,12 +26,10 @@ from precguard.numerics import Verdict, status
 class Settlement:
     """What one record is allowed, as the rules settle it (written once, by the pass).
 
-    ``allowed``: the error the record is held to (None: no threshold applies: a rule
-    judged it otherwise); ``ratio``: where a rule holds more than ``Metrics.error`` to
-    its limit (the expected-error judge: global and concentrated errors), that figure
-    over its limit, failing above 1; ``found``: a rule found the error unexplained by
-    something besides its size (a scale of its own, a module's code between its
-    submodules, a loss's precision, a router's choice).
+    ``allowed``: the error the record is held to (None: no threshold applies); ``ratio``:
+    where a rule holds more than ``Metrics.error`` to its limit (global and concentrated
+    errors), that figure over its limit, failing above 1; ``found``: a rule found the
+    error unexplained by something besides its size (a scale of its own, a router's choice).
     """
 
     allowed: float | None = None
@@ -62,12 +48,9 @@ class Settlement:
 
 @dataclass
 class StepContext:
-    """One rank and step as the rules see it: what engine measured and what it knows.
-
-    ``plan`` is the comparison's :class:`~precguard.compare.engine.ComparePlan` (None for
-    a step judged on its own, :func:`~precguard.compare.verdict.judge_unit`): its
-    profile, and what it carries from step to step (per rank).
-    """
+    """One rank and step as the rules see it: what engine measured and what it knows;
+    ``plan`` is the comparison's :class:`~precguard.compare.engine.ComparePlan`, with what
+    it carries from step to step per rank (None: a step judged on its own, ``judge_unit``)."""
 
     results: list[RecordResult]
     profile: Any
@@ -121,14 +104,16 @@ class Rule(Protocol):
     compare/rules.py's list (:data:`RuleFactory`)."""
 
     def remeasure(self, ctx: StepContext) -> None:
-        """Change what records are measured on (``ctx.results``)."""
+        """Change what records are measured on (``ctx.results``: a router's followers on
+        the rows both runs routed alike)."""
 
     def adjust(self, ctx: StepContext) -> None:
-        """Add to what the expected-error judge knows (``ctx.inputs``)."""
+        """Add to what the expected-error judge knows (``ctx.inputs``: an optimizer's
+        update rule, a calibration)."""
 
     def settle(self, r: RecordResult, s: Settlement, step: Pass) -> RecordResult:
-        """At one measured record (capture order): update ``s`` and return the record with
-        the figures the rule reports (never its status)."""
+        """At one measured record (capture order, after the rules before it): update ``s``
+        and return the record with the figures the rule reports (never its status)."""
         ...
 
     def written(self, r: RecordResult, step: Pass) -> None:

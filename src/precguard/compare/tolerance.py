@@ -1,20 +1,10 @@
 """Named tolerance profiles, keyed by dtype, and the pass/fail test of one record.
 
-Every number here has a source; docs/compare.md repeats them in a table.
-
-- ``rtol``/``atol``: ``torch.testing.assert_close``'s defaults per dtype
-  (fp16 1e-3/1e-5, bf16 1.6e-2/1e-5, fp32 1.3e-6/1e-5, fp64 1e-7/1e-7).
-- ``min_cosine`` 0.99 and ``max_abs`` 1e-3: the NPU-vs-GPU accuracy rule of
-  Ascend's msprobe (a record fails when cosine < 0.99 and max-abs-err > 1e-3).
-- ``rel_l2``: the error a tensor may carry relative to its own norm. The
-  default profile takes it as ``k x rtol`` with k = 2 for fp32/fp64 and 3 for
-  fp16/bf16: torch dynamo's accuracy check allows a compiled run 2x (fp32) or
-  3x (fp16/bf16) the reference's own RMSE, and assert_close's rtol is the
-  error one correctly rounded computation in that dtype is allowed.
-- ``amplification`` 10: an output error at least ten times its input error
-  (an order of magnitude) counts as made by the module itself (precguard's
-  choice; it sits far above the 1-3x a correct layer amplifies rounding
-  error, and far below the 1e3-1e5x of a planted 0.1% fault in fp32).
+Every number here has a source (docs/compare.md, "Tolerance numbers"): ``rtol``/``atol``
+are ``torch.testing.assert_close``'s defaults per dtype; ``rel_l2`` is k x rtol with
+torch dynamo's accuracy factor k (2 for fp32/fp64, 3 for fp16/bf16); ``min_cosine``
+0.99 and ``max_abs`` 1e-3 are Ascend msprobe's rule; ``amplification`` 10 is
+precguard's choice, an order of magnitude.
 """
 
 from __future__ import annotations
@@ -119,46 +109,40 @@ class Profile(BaseModel):
         return self.model_copy(update=update)
 
 
-# assert_close's per-dtype (rtol, atol)
+#: per dtype: assert_close's (rtol, atol) and dynamo's k (a run may carry k times the
+#: reference's own error); tfloat32 and hfloat32, not in assert_close, have fp16's
+#: significand and one bit more
 _ASSERT_CLOSE = {
-    "float16": (1e-3, 1e-5),
-    # not in assert_close: fp16's significand (TF32) and one bit more (HF32), fp32's range
-    "tfloat32": (1e-3, 1e-5),
-    "hfloat32": (5e-4, 1e-5),
-    "bfloat16": (1.6e-2, 1e-5),
-    "float32": (1.3e-6, 1e-5),
-    "float64": (1e-7, 1e-7),
+    "float16": (1e-3, 1e-5, 3.0),
+    "tfloat32": (1e-3, 1e-5, 3.0),
+    "hfloat32": (5e-4, 1e-5, 3.0),
+    "bfloat16": (1.6e-2, 1e-5, 3.0),
+    "float32": (1.3e-6, 1e-5, 2.0),
+    "float64": (1e-7, 1e-7, 2.0),
 }
-# dynamo's k: a run may carry k times the reference's own error
-_DYNAMO_K = {
-    "float16": 3.0,
-    "bfloat16": 3.0,
-    "tfloat32": 3.0,
-    "hfloat32": 3.0,
-    "float32": 2.0,
-    "float64": 2.0,
-}
+
+
+def _dtypes(
+    dynamo_k: bool, max_abs: float | None = None, **update: float
+) -> dict[str, DtypeTolerance]:
+    """assert_close's rtol and atol per dtype, ``rel_l2`` and ``stats_rtol`` k x rtol
+    (dynamo's k, or 1), cosine 0.99; ``update`` replaces either bound."""
+    out = {}
+    for name, (rtol, atol, k) in _ASSERT_CLOSE.items():
+        bound = k * rtol if dynamo_k else rtol
+        fields = {"rel_l2": bound, "stats_rtol": bound, **update}
+        out[name] = DtypeTolerance(rtol=rtol, atol=atol, min_cosine=0.99, max_abs=max_abs, **fields)
+    return out
 
 
 def _fixed() -> Profile:
-    dtypes = {}
-    for name, (rtol, atol) in _ASSERT_CLOSE.items():
-        k = _DYNAMO_K[name]
-        dtypes[name] = DtypeTolerance(
-            rtol=rtol,
-            atol=atol,
-            rel_l2=k * rtol,
-            min_cosine=0.99,
-            max_abs=None,
-            stats_rtol=k * rtol,
-        )
     return Profile(
         name="fixed",
         description="Fail when ||a-g||/||g|| > k*rtol (rtol from torch.testing.assert_close, "
         "k from torch dynamo's accuracy check: 2 for fp32/fp64, 3 for fp16/bf16), when "
         "cosine < 0.99 (msprobe), or when NaN/Inf differ.",
         rule="rel_l2",
-        dtypes=dtypes,
+        dtypes=_dtypes(dynamo_k=True),
     )
 
 
@@ -177,34 +161,17 @@ def _expected() -> Profile:
 
 
 def _strict() -> Profile:
-    dtypes = {
-        name: DtypeTolerance(
-            rtol=rtol, atol=atol, rel_l2=rtol, min_cosine=0.99, max_abs=None, stats_rtol=rtol
-        )
-        for name, (rtol, atol) in _ASSERT_CLOSE.items()
-    }
     return Profile(
         name="strict",
         description="torch.testing.assert_close semantics: every element within "
         "atol + rtol*|golden| (atol raised to rtol*rms(golden) for small-scale tensors), and "
         "||a-g||/||g|| <= rtol.",
         rule="strict",
-        dtypes=dtypes,
+        dtypes=_dtypes(dynamo_k=False),
     )
 
 
 def _msprobe() -> Profile:
-    dtypes = {
-        name: DtypeTolerance(
-            rtol=rtol,
-            atol=atol,
-            rel_l2=math.inf,
-            min_cosine=0.99,
-            max_abs=1e-3,
-            stats_rtol=_DYNAMO_K[name] * rtol,
-        )
-        for name, (rtol, atol) in _ASSERT_CLOSE.items()
-    }
     return Profile(
         name="msprobe",
         bias_z=math.inf,
@@ -212,7 +179,7 @@ def _msprobe() -> Profile:
         "max-abs-err > 1e-3, or cosine < 0.9, or max-abs-err > 1, or NaN/Inf appear. Lax: "
         "it passes many real faults; use it to reproduce msprobe's result.",
         rule="msprobe",
-        dtypes=dtypes,
+        dtypes=_dtypes(dynamo_k=True, rel_l2=math.inf, max_abs=1e-3),
     )
 
 
@@ -255,11 +222,7 @@ def settle(metrics: Metrics, profile: Profile, s: Settlement) -> None:
 
 
 def judge(metrics: Metrics, profile: Profile) -> Status:
-    """Return ``pass``, ``fail`` or ``nonfinite`` for one compared pair (:func:`settle`).
-
-    The ladder of :func:`precguard.numerics.ladder` first (non-finite, exact, nothing
-    measurable), then the profile's rule.
-    """
+    """Return ``pass``, ``fail`` or ``nonfinite`` for one compared pair (:func:`settle`)."""
     s = Settlement()
     settle(metrics, profile, s)
     return s.verdict(metrics)
@@ -284,24 +247,17 @@ class ProfileRule(BaseRule):
         return r
 
 
-def bias_floor(metrics: Metrics, profile: Profile) -> float | None:
-    """The scale excess (:func:`precguard.numerics.scale_excess`, beyond ``bias_z`` standard
-    errors) above which ``metrics`` show a systematic error (None: untestable)."""
-    if not isinstance(metrics, MeasuredMetrics):
-        return None
-    if metrics.scale is None or metrics.scale_se is None or not math.isfinite(profile.bias_z):
-        return None
+def with_bias(metrics: Metrics, profile: Profile) -> Metrics:
+    """``metrics`` with ``bias`` set when its scale shows a significant systematic error: a
+    scale excess (:func:`precguard.numerics.scale_excess`, beyond ``bias_z`` standard
+    errors) above ``bias_floor``, or else ``bias_floor_ulps`` unit roundoffs."""
+    if not isinstance(metrics, MeasuredMetrics) or not math.isfinite(profile.bias_z):
+        return metrics
+    if metrics.scale is None or metrics.scale_se is None:
+        return metrics
     floor = profile.bias_floor
     if floor is None:
         floor = profile.bias_floor_ulps * unit_roundoff(metrics.dtype)
-    return floor
-
-
-def with_bias(metrics: Metrics, profile: Profile) -> Metrics:
-    """``metrics`` with ``bias`` set when its scale shows a significant systematic error."""
-    floor = bias_floor(metrics, profile)
-    if floor is None or not isinstance(metrics, MeasuredMetrics):
-        return metrics
     if not scale_excess(metrics.scale, metrics.scale_se, profile.bias_z) > floor:
         return metrics
     return metrics.model_copy(update={"bias": True})
@@ -313,7 +269,6 @@ __all__ = [
     "DtypeTolerance",
     "Profile",
     "ProfileRule",
-    "bias_floor",
     "get_profile",
     "judge",
     "settle",
