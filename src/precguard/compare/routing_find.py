@@ -58,6 +58,8 @@ class Router:
     #: (compare/router_precision.py), None when it did not or this cannot be told
     lowered: str | None = None
     consumers: list[tuple[str, int]] = field(default_factory=list)
+    #: its float inputs with one row per token (the hidden states it routes)
+    inputs: list[Pair] = field(default_factory=list)
 
     @property
     def tokens(self) -> int:
@@ -119,6 +121,14 @@ class RouterFinder:
             return None
         router = Router(module, call, index)
         router.weights = [p for p in floats if p[0].shape[-1] == k and p[0].shape == p[1].shape]
+        router.inputs = [
+            p
+            for p in members
+            if p[0].role == "input"
+            and is_float_dtype(p[0].dtype)
+            and p[0].shape == p[1].shape
+            and rows_of(p[0].shape) == router.tokens
+        ]
         self._rank_scores(router, candidates)
         self._actual_choice(router)
         router.lowered = self._lowered(router, candidates, members)
@@ -193,9 +203,9 @@ class RouterFinder:
         decision is the top-k: PhiMoE's sparsemixer weighs a choice by a softmax over the
         scores near the best one (a mask), and its backward asks whether the sampled expert
         is the best one. A token whose row of the router's own weights or gradients (paired
-        by expert) differs by more than the judge accepts for one element (``amplification``
-        times the record's rounding floor, relative to its largest element), and whose
-        golden scores nearly tie (:meth:`near_ties`), crossed such a decision: it is
+        by expert) differs by more than the judge accepts for one element given its input's
+        error (:meth:`_jumps`), and whose golden scores nearly tie (:meth:`near_ties`),
+        crossed such a decision: it is
         counted as re-routed and left out of the rows routed alike. A row that jumps away
         from any near-tie stays, and is judged where it is recorded.
         """
@@ -209,9 +219,12 @@ class RouterFinder:
                 and f.kind in ("weights", "rows")
                 and (f.pair[0].module, f.pair[0].call) == (router.module, router.call)
             ]
+            given = self._input_error(router)
+            if given is None:
+                continue  # what the router was given per token is not known in full
             jumped = torch.zeros_like(router.same)
             for pair in own:
-                jumped |= self._jumps(router, pair)
+                jumped |= self._jumps(router, pair, given)
             jumped &= router.same
             if bool(jumped.any()):
                 jumped &= self.near_ties(router)
@@ -219,9 +232,25 @@ class RouterFinder:
                 router.jumped = jumped
                 router.same = router.same & ~jumped
 
-    def _jumps(self, router: Router, pair: Pair) -> torch.Tensor:
-        """Per token: whether its row of ``pair`` differs by more than one element's accepted
-        error (values per chosen expert paired by expert)."""
+    def _input_error(self, router: Router) -> torch.Tensor | None:
+        """Per token: the relative error of what the router was given (the largest over its
+        inputs with a row per token), None when no input is held in full."""
+        errors = []
+        for pair in router.inputs:
+            g_t, a_t = self._full(pair)
+            if g_t is None or a_t is None:
+                continue
+            g_t = g_t.reshape(router.tokens, -1).double()
+            a_t = a_t.reshape(router.tokens, -1).double()
+            errors.append((g_t - a_t).norm(dim=1) / g_t.norm(dim=1).clamp_min(1e-300))
+        return torch.stack(errors).amax(dim=0) if errors else None
+
+    def _jumps(self, router: Router, pair: Pair, given: torch.Tensor) -> torch.Tensor:
+        """Per token: whether its row of ``pair`` differs by more than the judge accepts for
+        one element given that token's input error ``given`` (``amplification`` times the
+        rounding floor plus it, relative to the record's largest element; values per chosen
+        expert paired by expert). A token whose input already differs (re-routed upstream)
+        moves its router's outputs by its input's error, not by a decision."""
         none = torch.zeros(router.tokens, dtype=torch.bool)
         g_t, a_t = self._full(pair)
         if g_t is None or a_t is None or pair[0].shape != pair[1].shape:
@@ -233,7 +262,8 @@ class RouterFinder:
             g_t = g_t.gather(1, router.g_idx.argsort(dim=1))
             a_t = a_t.gather(1, router.a_idx.argsort(dim=1))
         absmax = float(g_t.abs().max()) if g_t.numel() else 0.0
-        bound = self.profile.amplification * rounding_floor(self._judged_in(pair)) * absmax
+        floor = rounding_floor(self._judged_in(pair))
+        bound = self.profile.amplification * (floor + given) * absmax
         return (g_t - a_t).abs().amax(dim=1) > bound
 
     def near_ties(self, router: Router) -> torch.Tensor:
