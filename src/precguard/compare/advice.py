@@ -1,19 +1,11 @@
 """The one source of advice: a local finding's candidate remedies, and the one chosen.
 
 compare's why line, ``--verify`` (localize/verify.py), ``check --verify`` and
-``op-check --verify`` all take a finding's remedies from :func:`candidates`, in
-one order: the smallest change first. ``--verify`` applies them in that order
-and :func:`chosen` picks the remedy it reports: the first one verified, else
-the one that removed most of the error. So the advice compare prints without a
-re-run is a list, in the order a re-run would try it, never one remedy a
-re-run could refute; with ``--verify`` it is the remedy the re-run chose.
-
-Decision (issue 39): the smallest change comes first because it is the one to
-apply when it works. With HF LLaMA cast by ``model.to(bfloat16)`` keeping
-``inv_freq`` in float32 is the whole fix (HF computes the angles in float32);
-with rotary angles computed in bf16 it does not help, and computing the
-angles in float32 is verified. From the recordings alone the two are the
-same finding, so both are listed.
+``op-check --verify`` all take a finding's remedies from :func:`candidates`, the
+smallest change first (the one to apply when it works: keeping ``inv_freq`` in float32
+fixes a cast HF LLaMA, not rotary angles computed in bf16, and the recordings cannot
+tell the two apart). ``--verify`` tries them in that order and :func:`chosen` picks the
+one it reports, so the advice printed without a re-run is never one a re-run could refute.
 """
 
 from __future__ import annotations
@@ -24,13 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from precguard.compare.impact_report import RemedyCheck
 
-_FROZEN = ConfigDict(frozen=True)
-
 
 class Advice(BaseModel):
     """One candidate remedy of a local finding, in the user's words."""
 
-    model_config = _FROZEN
+    model_config = ConfigDict(frozen=True)
 
     remedy: str = Field(
         description="The remedy id --verify applies: float32-buffers, float32-compute, "
@@ -92,22 +82,14 @@ def candidates(
     """
     found: list[Advice] = []
     if cast_buffers:
-        golden_dtype, actual_dtype = next(iter(cast_buffers.values()))
-        found.append(
-            Advice(
-                remedy="float32-buffers",
-                text=buffers_text(cast_buffers, golden_dtype, actual_dtype),
-            )
-        )
+        text = buffers_text(cast_buffers, *next(iter(cast_buffers.values())))
+        found.append(Advice(remedy="float32-buffers", text=text))
+    compute = compute_text(module, module_type)
     if kind(module_type) == "loss":
-        return [*found, Advice(remedy="float32-loss", text=compute_text(module, module_type))]
-    found.append(Advice(remedy="float32-compute", text=compute_text(module, module_type)))
-    found.append(
-        Advice(
-            remedy="reference-precision",
-            text=f"run {module} at reference precision ({reference_dtype})",
-        )
-    )
+        return [*found, Advice(remedy="float32-loss", text=compute)]
+    reference = f"run {module} at reference precision ({reference_dtype})"
+    found.append(Advice(remedy="float32-compute", text=compute))
+    found.append(Advice(remedy="reference-precision", text=reference))
     return found
 
 
@@ -158,11 +140,9 @@ _REFERENCE_DEVICES = ("cpu", "cuda")
 
 
 def swapped_sides(devices: Sequence[str], dtypes: Sequence[str | None]) -> str | None:
-    """One line when the golden looks like the run under test: its dtype less precise
-    than the actual's, or its device the non-reference one (``emu:``, a vendor chip)
-    where the actual's is the CPU or CUDA. The advice would come out inverted ("keep
-    inv_freq in bfloat16"); compare says so before it. None when the order looks right.
-    """
+    """One line when the golden looks like the run under test (its dtype less precise
+    than the actual's, or its device not the CPU or CUDA where the actual's is), whose
+    advice would come out inverted; None when the order looks right."""
     from precguard.numerics import unit_roundoff
 
     g_dev, a_dev = [*devices, "", ""][:2]

@@ -28,12 +28,7 @@ from precguard.compare.advice import Advice, candidates
 from precguard.compare.align import parent_module
 from precguard.compare.caches import cache_read, cache_written
 from precguard.compare.calls import CallRecords, StepCalls
-from precguard.compare.expected import (
-    LINEAR_TYPES,
-    carried_bias,
-    linear_factors,
-    own_bias,
-)
+from precguard.compare.expected import LINEAR_TYPES, carried_bias, linear_factors, own_bias
 from precguard.compare.levels import FullMetrics, MeasuredMetrics, Metrics
 from precguard.compare.optimizer import is_optimizer
 from precguard.compare.report import FirstDivergence, RecordResult, Suspect
@@ -46,12 +41,8 @@ _BAD = ("fail", "nonfinite")
 
 class Candidate(BaseModel):
     """A module call that introduced error (or, failing that, the first failing record).
-
-    One model, in this process and in a worker's JSON share alike
-    (:class:`precguard.compare.units.UnitResult`). Frozen: its why is written once, by
-    :func:`decide_calls` (the rank clause included); merging ranks only selects among
-    the candidates (:func:`decide_ranks`).
-    """
+    Frozen: its why is written once, by :func:`decide_calls`; merging ranks only selects
+    among the candidates (:func:`decide_ranks`)."""
 
     model_config = ConfigDict(ser_json_inf_nan="strings", frozen=True)
 
@@ -271,7 +262,14 @@ class _Step:
         out_err = max(_err(o) for o in call.produced)
         # the judge's K (calls.py): the forward call's inputs, parameters and buffers
         expected = expected_error(in_err, tol_dtype, call.k)
-        first, amp, expected, out_err = _gated(bad, first, out_err / expected, expected, out_err)
+        amp = out_err / expected
+        # the expected-error gate (judge.py) judged each record against everything it
+        # consumed, concentrated error included: its ratio, where larger, is the measure
+        gated = [o for o in bad if o.amplification is not None and o.expected_error is not None]
+        worst = max(gated, key=lambda o: o.amplification or 0.0, default=None)
+        if worst is not None and (worst.amplification or 0.0) > amp:
+            first, amp, out_err = worst, worst.amplification or 0.0, _err(worst)
+            expected = worst.expected_error or expected
         # what a forward call read besides its arguments and weights (a buffer, the KV cache),
         # where it differs: told in the why line, inside "its inputs match" when that is it
         buffer = cache = None
@@ -328,14 +326,9 @@ def _fed_collective(c: Candidate) -> Candidate:
 def decide_ranks(
     bad: Iterable[RecordResult], candidates: list[Candidate], firsts: list[Candidate]
 ) -> tuple[list[Candidate], list[Candidate]]:
-    """The comparison's candidates and each rank's first, across ranks: a collective named
-    on one rank is dropped when another rank's input to it was wrong.
-
-    Each rank is judged on its own records, so a collective whose output differs while
-    this rank's input matches looks local; when another rank fed that call (step, key) a
-    failing input, that rank's own candidate is the one to name, and a rank whose first
-    was the collective gets its next candidate. ``bad``: the comparison's failing records.
-    """
+    """The comparison's candidates and each rank's first, across ranks: a collective that
+    looks local on one rank is dropped when another rank fed that call (step, key) a
+    failing input (of ``bad``), and a rank whose first it was gets its next candidate."""
     wrong_inputs: dict[tuple[int, str], set[int]] = {}
     for r in bad:
         call = _collective_call(r)
@@ -367,20 +360,6 @@ def _scaled_by(m: Metrics | None) -> str:
     if isinstance(m, MeasuredMetrics) and m.bias and m.scale is not None and m.scale_se is not None:
         return f", scaled by {m.scale:.4g} ± {m.scale_se:.1g}"
     return ""
-
-
-def _gated(
-    bad: list[RecordResult], first: RecordResult, amp: float, expected: float, out_err: float
-) -> tuple[RecordResult, float, float, float]:
-    """(record, amplification, expected error, error) the call is told by: the expected-error
-    gate (judge.py) judged each record against everything it consumed, concentrated error
-    included, and its ratio, where larger than the call's, is the measure."""
-    gated = [o for o in bad if o.amplification is not None and o.expected_error is not None]
-    if gated:
-        worst = max(gated, key=lambda o: o.amplification or 0.0)
-        if (worst.amplification or 0.0) > amp:
-            return worst, worst.amplification or 0.0, worst.expected_error or expected, _err(worst)
-    return first, amp, expected, out_err
 
 
 def _local_reason(
@@ -552,20 +531,16 @@ def _bias_reason(call: CallRecords, bad: list[RecordResult], profile: Profile) -
             module_type=call.module_type,
         )
         if excess is not None:
-            return _bias_line(call, o, m, inputs)
+            return _bias_line(call, o, m, scaled_in)
     return None
 
 
 def _bias_line(
-    call: CallRecords, o: RecordResult, m: MeasuredMetrics, inputs: list[Metrics]
+    call: CallRecords, o: RecordResult, m: MeasuredMetrics, scaled_in: list[MeasuredMetrics]
 ) -> str:
     """The why line of a systematic error of ``call``'s own, shown on ``o``."""
     assert m.scale is not None
-    scaled = [
-        i
-        for i in inputs
-        if isinstance(i, MeasuredMetrics) and i.scale is not None and math.isfinite(i.scale)
-    ]
+    scaled = [i for i in scaled_in if i.scale is not None and math.isfinite(i.scale)]
     carried = max((abs(i.scale - 1.0) for i in scaled if i.scale is not None), default=0.0)
     what = "its output" if call.phase == "forward" else "a gradient it computed"
     if is_optimizer(o.phase, o.role):
@@ -593,22 +568,19 @@ def _glue_note(call: CallRecords, first: RecordResult, forward: list[RecordResul
     """Say so when the error first shows in a submodule's input: code between submodules
     made it, in the innermost module that holds that submodule."""
     start = min((r.seq for r in call.consumed), default=-1)
-    for r in forward:
-        if not start < r.seq < first.seq or r.status not in _BAD:
-            continue
-        if r.role == "input" and _contains(call.module, r.module):
-            owner = parent_module(r.module)
-            if owner == call.module:
-                return (
-                    f"; it first shows in the input of {r.module}, so {call.module}'s own code "
-                    "between its submodules made it"
-                )
-            return (
-                f"; it first shows in the input of {r.module}, so the code of {owner} between "
-                f"its submodules made it ({owner} is inside {call.module})"
-            )
+    r = next((r for r in forward if start < r.seq < first.seq and r.status in _BAD), None)
+    if r is None or r.role != "input" or not _contains(call.module, r.module):
         return ""
-    return ""
+    owner = parent_module(r.module)
+    if owner == call.module:
+        return (
+            f"; it first shows in the input of {r.module}, so {call.module}'s own code "
+            "between its submodules made it"
+        )
+    return (
+        f"; it first shows in the input of {r.module}, so the code of {owner} between "
+        f"its submodules made it ({owner} is inside {call.module})"
+    )
 
 
 def _contains(outer: str, inner: str) -> bool:
