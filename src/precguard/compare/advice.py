@@ -32,12 +32,9 @@ class Advice(BaseModel):
 def kind(module_type: str) -> str:
     """``loss``, ``norm``, ``rotary`` or ``module``: which float32 remedy fits a module class."""
     name = module_type.lower()
-    if "loss" in name:
-        return "loss"
-    if "norm" in name:
-        return "norm"
-    if "rotary" in name or "rope" in name:
-        return "rotary"
+    for found, words in (("loss", ("loss",)), ("norm", ("norm",)), ("rotary", ("rotary", "rope"))):
+        if any(w in name for w in words):
+            return found
     return "module"
 
 
@@ -153,11 +150,9 @@ def swapped_sides(devices: Sequence[str], dtypes: Sequence[str | None]) -> str |
             why = f"the golden is in {g_dt}, less precise than the actual's {a_dt}"
     except (KeyError, ValueError):
         pass
-    if not why and g_dev and a_dev:
-        g_ref = g_dev.split(":")[0] in _REFERENCE_DEVICES
-        a_ref = a_dev.split(":")[0] in _REFERENCE_DEVICES
-        if a_ref and not g_ref:
-            why = f"the golden ran on {g_dev}, the actual on the reference device {a_dev}"
+    reference = [d.split(":")[0] in _REFERENCE_DEVICES for d in (g_dev, a_dev)]
+    if not why and g_dev and a_dev and reference == [False, True]:
+        why = f"the golden ran on {g_dev}, the actual on the reference device {a_dev}"
     if not why:
         return None
     return f"the sides look swapped: {why}; compare takes GOLDEN first, then ACTUAL"

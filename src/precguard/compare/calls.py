@@ -1,8 +1,5 @@
 """A step's module calls, grouped once as the one pass (verdict.py) reads the records.
 
-A forward call consumes its inputs, buffers and parameters and produces its outputs; a
-backward call consumes the gradients w.r.t. its outputs (``backward.output``) and its
-forward call's records, and produces the gradients w.r.t. its inputs and parameters.
 :class:`StepCalls` is built as the records are settled one by one: the judge (judge.py)
 reads what a call consumed and its reduction length K, the local/propagated decision
 (divergence.py) every call once the step is settled. It holds the records themselves,

@@ -6,13 +6,11 @@ records all pass and the error is at least twice the expected error
 (:func:`precguard.numerics.expected_error`), or the error is at least
 ``profile.amplification`` times it, or it carries a scale error its inputs cannot
 explain (:func:`precguard.compare.expected.own_bias`), or it produced NaN/Inf from finite
-inputs; a failing parameter or buffer makes its module local by itself. Every local call
-is a suspect; the first divergence is the first in execution order, and a call that
-contains an earlier local call of the same phase is explained by it. When none is local
-the first failing record is named (:func:`fallback`). docs/compare.md, "Local or
-propagated", tells the rules in full. Each call is decided once, by :func:`decide_calls`,
-when every record of its step is settled (compare/verdict.py); this module also writes
-the why: the reasons, the buffers read, the glue note, the ranking of suspects.
+inputs; a failing parameter or buffer makes its module local by itself. The first
+divergence is the first local call in execution order; a call that contains an earlier
+local call of the same phase is explained by it; with none local, the first failing
+record is named (:func:`fallback`). docs/compare.md, "Local or propagated", tells it in
+full. This module also writes the why lines and ranks the suspects.
 """
 
 from __future__ import annotations
@@ -67,18 +65,14 @@ class Candidate(BaseModel):
         m = self.result.metrics
         return "statistics" if m is not None and m.level == "stats" else "full"
 
-    @property
-    def settle_with(self) -> str | None:
-        """The ``--tensors`` glob whose full tensors would settle a statistics-only verdict."""
-        if self.confidence != "statistics":
-            return None
-        module = self.result.module
-        return "*" if module == "root" else f"{module}.*"
-
     def divergence(self) -> FirstDivergence:
-        """As the report's first divergence."""
+        """As the report's first divergence (``settle_with``: the ``--tensors`` glob whose
+        full tensors would settle a statistics-only verdict)."""
         r = self.result
         assert r.metrics is not None
+        settle_with = None
+        if self.confidence == "statistics":
+            settle_with = "*" if r.module == "root" else f"{r.module}.*"
         return FirstDivergence(
             **r.identity_fields(),
             metrics=r.metrics,
@@ -87,7 +81,7 @@ class Candidate(BaseModel):
             input_error=self.input_error,
             expected_error=self.expected_error,
             confidence=self.confidence,
-            settle_with=self.settle_with,
+            settle_with=settle_with,
             reason=self.reason,
             remedies=self.remedies,
         )
@@ -208,9 +202,9 @@ class _Step:
         # module whose inputs need no gradient (an embedding's ids) produces parameter
         # gradients only: without input or output gradients the consumed side is incomplete
         if call.phase == "backward" and not (input_grads and call.has_output_grads):
-            self.decisions.update(dict.fromkeys((o.key for o in bad), Decision(None, None, None)))
-            return []
-        candidate, decision = self.classify(call, bad)
+            candidate, decision = None, Decision(None, None, None)
+        else:
+            candidate, decision = self.classify(call, bad)
         self.decisions.update(dict.fromkeys((o.key for o in bad), decision))
         return [] if candidate is None else [candidate]
 
@@ -339,10 +333,8 @@ def decide_ranks(
 
     def explained(c: Candidate) -> bool:
         r = c.result
-        if not r.module.startswith("dist."):
-            return False
         ranks = wrong_inputs.get((r.step, r.key.rsplit(".", 2)[0]), set())
-        return bool(ranks - {r.rank})
+        return r.module.startswith("dist.") and bool(ranks - {r.rank})
 
     kept = [c for c in candidates if not explained(c)]
     firsts_kept = [c for c in firsts if not explained(c)]
@@ -408,12 +400,6 @@ def _local_reason(
     return None, False
 
 
-def _differs(r: RecordResult) -> bool:
-    """Whether a consumed record is not bitwise golden's: another dtype, or any error."""
-    dtype = r.actual_dtype is not None and r.actual_dtype != r.golden_dtype
-    return dtype or _err(r) > 0
-
-
 def _cast(r: RecordResult) -> str:
     """``", stored as A where golden has G"`` when ``r``'s dtype differs, else empty."""
     if r.actual_dtype and r.actual_dtype != r.golden_dtype:
@@ -470,15 +456,16 @@ def _cache_read(call: CallRecords, first: RecordResult, names: dict[str, str]) -
 
 
 def _buffer_read(call: CallRecords, names: dict[str, str]) -> _Read | None:
-    """The first buffer ``call`` read that differs from golden (``inv_freq``), if any."""
-    b = next((b for b in call.consumed if b.role == "buffer" and _differs(b)), None)
-    if b is None:
-        return None
-    what = _buffer_what(b, names)
-    # a cast buffer's remedy is one of the call's candidates (compare/advice.py), not the
-    # line's only one: the angles may be computed in low precision too
-    cast = b.actual_dtype is not None and b.actual_dtype != b.golden_dtype
-    return _Read(f"{what}, and", what, "" if cast else f"; {_buffer_remedy(b, names)}")
+    """The first buffer ``call`` read that is not bitwise golden's (``inv_freq``): another
+    dtype, or any error."""
+    for b in call.consumed:
+        cast = b.actual_dtype is not None and b.actual_dtype != b.golden_dtype
+        if b.role == "buffer" and (cast or _err(b) > 0):
+            what = _buffer_what(b, names)
+            # a cast buffer's remedy is one of the call's candidates (compare/advice.py),
+            # not the line's only one: the angles may be computed in low precision too
+            return _Read(f"{what}, and", what, "" if cast else f"; {_buffer_remedy(b, names)}")
+    return None
 
 
 def _told(read: _Read | None, inlined: bool) -> str:
@@ -595,15 +582,14 @@ def _drop_explained(found: list[Candidate], keep: set[str]) -> list[Candidate]:
     Candidates whose record key is in ``keep`` are never dropped."""
     kept: list[Candidate] = []
     for c in found:
-        if c.result.key not in keep and any(
-            k.result.step == c.result.step
-            and k.result.rank == c.result.rank
-            and k.result.phase == c.result.phase
-            and _contains(c.result.module, k.result.module)
+        r = c.result
+        explained = any(
+            (k.result.step, k.result.rank, k.result.phase) == (r.step, r.rank, r.phase)
+            and _contains(r.module, k.result.module)
             for k in kept
-        ):
-            continue
-        kept.append(c)
+        )
+        if r.key in keep or not explained:
+            kept.append(c)
     return kept
 
 
@@ -673,14 +659,9 @@ def further_findings(cands: list[Candidate], first: Candidate | None) -> list[Su
 
 
 def decoding_divergence(units: list[UnitLike]) -> Candidate | None:
-    """The first step whose root integer inputs (token ids) differ after steps that agreed.
-
-    In a recording of ``generate()`` (one step per forward of the root) every step after
-    the two sides chose different tokens reads other tokens: its records differ because
-    its data differ. The step where the inputs parted is named instead, with ``precguard
-    generate-diff`` for the cause. Step 0's inputs differing is not decoding (the runs
-    were fed different prompts).
-    """
+    """The first step whose root integer inputs (token ids) differ after steps that agreed:
+    in a recording of ``generate()`` the steps after the two sides chose different tokens
+    differ because their data differ (docs/compare.md, "Decoding divergence")."""
     agreed = False
     for unit in sorted(units, key=lambda u: (u.step, u.rank)):
         ids = [

@@ -134,8 +134,8 @@ def target_problem(spec: str | None) -> str | None:
         )
     if spec in BUILTIN_TARGETS:
         return None
-    path = spec.split(":", 1)[0] if spec.split(":", 1)[0].endswith(".py") else None
-    if path is not None:
+    path = spec.split(":", 1)[0]
+    if path.endswith(".py"):
         return None if Path(path).is_file() else f"the actual's target file {path} is not found"
     if ":" in spec:
         return None  # package.module:function; importable or not, it is the user's to run
@@ -143,11 +143,8 @@ def target_problem(spec: str | None) -> str | None:
 
 
 def replay_hint(result: Comparison) -> ReplayHint | None:
-    """The ``precguard replay`` command confirming the first divergence; None if none applies.
-
-    None when there is no local first divergence to confirm (a backward one
-    gets a reason and no command).
-    """
+    """The ``precguard replay`` command confirming the first divergence, or why there is
+    none; None when there is no local first divergence to confirm."""
     spots = replay_spots(result, 1)
     fd = result.first_divergence
     if fd is not None and fd.phase == "backward" and fd.local:
@@ -159,13 +156,10 @@ def replay_hint(result: Comparison) -> ReplayHint | None:
     if not spots or fd is None or spots[0].key != fd.key:
         return None
     spot = spots[0]
-    why = unreplayable(result, spot)
+    target = result.targets[1] if len(result.targets) > 1 else None
+    why = unreplayable(result, spot) or target_problem(target)
     if why is not None:
         return ReplayHint(None, why)
-    target = result.targets[1] if len(result.targets) > 1 else None
-    problem = target_problem(target)
-    if problem is not None:
-        return ReplayHint(None, problem)
     assert target is not None
     device = result.devices[1] if len(result.devices) > 1 else "cpu"
     dtype = result.dtypes[1] if len(result.dtypes) > 1 else None

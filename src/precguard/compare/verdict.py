@@ -1,15 +1,12 @@
 """The one pass: every rule of compare's verdict, in its phases, and one writer of status.
 
-:func:`run_rules` takes one measured rank and step (compare/engine.py) through the rules
-of :data:`~precguard.compare.rules.RULES`, in their order and phases (compare/rule.py):
-**re-measure** (a router's followers), **adjust expected** (what the judge knows besides
-the records), **settle** one record at a time in capture order (each rule sets what the
-record is allowed, a :class:`~precguard.compare.rule.Settlement`, and this pass writes
-its status and ``allowed_error`` once, :meth:`_Walk.write`; the record joins its module
-call, calls.py), and **explain** (what the why lines name). Then each module call is
-decided once (:func:`~precguard.compare.divergence.decide_calls`) and the decisions are
-copied onto the failing records. Where a new rule goes: docs/architecture.md, "Where to
-add a rule".
+:func:`run_rules` takes one measured rank and step through the rules of
+:data:`~precguard.compare.rules.RULES` in their four phases (compare/rule.py; the map and
+"Where to add a rule" are in docs/architecture.md). In the settle phase each rule sets
+what a record is allowed (a :class:`~precguard.compare.rule.Settlement`) and this pass
+writes its status once (:meth:`_Walk.write`); then each module call is decided once
+(:func:`~precguard.compare.divergence.decide_calls`) and the decisions are copied onto
+the failing records.
 """
 
 from __future__ import annotations
@@ -122,11 +119,9 @@ def judge_unit(
     cache_names: dict[str, str] | None = None,
 ) -> StepVerdict:
     """Judge and decide one rank and step's measured records (:func:`run_rules`) without
-    a comparison around them: ``judging``, what the expected-error judge knows besides
-    the records (nothing of earlier steps when None); ``routes``, the step's routers
-    (:meth:`precguard.compare.routing.Routing.of_step`, its followers re-measured);
-    ``buffer_names`` and ``cache_names``: the recorded names of the buffer and KV-cache
-    records by key, which the why lines name."""
+    a comparison around them: ``judging``, what the expected-error judge knows besides the
+    records; ``routes``, the step's routers (``Routing.of_step``);
+    ``buffer_names`` and ``cache_names``, the names the why lines give records by key."""
     ctx = StepContext(results=list(results), profile=profile, inputs=judging, routes=routes)
     why = Explanations(buffer_names=buffer_names or {}, cache_names=cache_names or {})
     return run_rules(ctx, why)
