@@ -105,11 +105,9 @@ def chosen(checks: Sequence[RemedyCheck]) -> RemedyCheck | None:
     else the partial one that left the smallest error; None when none helped (or none
     was needed)."""
     checks = ordered(checks)
-    for check in checks:
-        if check.verdict == "verified":
-            return check
+    verified = [c for c in checks if c.verdict == "verified"]
     partial = [c for c in checks if c.verdict == "partial" and c.after is not None]
-    return min(partial, key=lambda c: c.after or 0.0) if partial else None
+    return verified[0] if verified else min(partial, key=lambda c: c.after or 0.0, default=None)
 
 
 def listed(advice: Sequence[Advice]) -> str:

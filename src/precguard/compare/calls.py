@@ -115,8 +115,7 @@ class StepCalls:
         out = []
         for backward, calls in ((False, self._forward), (True, self._backward)):
             for (module, n), call in calls.items():
-                forward = self._forward.get((module, n))
-                reads = [] if forward is None else [self.records[i] for i in forward.reads]
+                reads = self.reads((module, n))
                 inputs = [r for r in reads if r.role != "param"]
                 params = [r for r in reads if r.role == "param"]
                 grads = [self.records[i] for i in call.reads] if backward else []

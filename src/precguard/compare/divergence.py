@@ -152,11 +152,9 @@ def decide_calls(
     cache_names: dict[str, str] | None = None,
 ) -> StepClassification:
     """Decide every call of a step: its local candidates and a decision per failing record.
-
-    ``names`` and ``cache_names``: the recorded names of the buffer and KV-cache records by
-    key, which the why lines name. ``settled``: records a rule decided already (a loss
-    computed in low precision, loss.py), by key: their candidate is the rule's, never
-    explained by a submodule, and they take no part in their call's decision.
+    ``names`` and ``cache_names``: the names the why lines give buffer and KV-cache records,
+    by key. ``settled``: records a rule decided already (a loss computed in low precision,
+    loss.py), by key: never explained by a submodule, and no part of their call's decision.
     """
     settled = settled or {}
     step = _Step(profile, names or {}, cache_names or {}, calls.forward_records())
@@ -186,9 +184,8 @@ class _Step:
     def decide(
         self, call: CallRecords, bad: list[RecordResult], input_grads: bool
     ) -> list[Candidate]:
-        """Decide ``call``, whose produced records ``bad`` fail: its local candidate (a
-        wrong parameter or buffer first, decided as made here, its floor the dtype's
-        rounding), its decisions into :attr:`decisions`."""
+        """Decide ``call``, whose produced records ``bad`` fail, into :attr:`decisions`: its
+        local candidate (a wrong parameter or buffer first, decided as made here)."""
         own = [p for p in call.params if p.status in _BAD]
         own += [b for b in call.consumed if b.role == "buffer" and b.status in _BAD]
         for p in own:
@@ -278,9 +275,8 @@ class _Step:
             reason = _bias_reason(call, bad, self.profile)
         elif first.metrics is not None and first.metrics.level == "exact":
             amp, expected = None, None  # indices that differ have no float error to amplify
-        decision = Decision(reason is not None, amp, expected)
         if reason is None:
-            return None, decision
+            return None, Decision(False, amp, expected)
         remedies: list[Advice] = []
         if call.phase == "forward":
             reason += (
@@ -298,7 +294,7 @@ class _Step:
             reason=reason,
             expected_error=expected,
             remedies=remedies,
-        ), decision
+        ), Decision(True, amp, expected)
 
 
 def _collective_call(r: RecordResult) -> tuple[int, str] | None:
@@ -481,15 +477,12 @@ def _concentration(r: RecordResult) -> str:
     if m is None or m.level != "full":
         return ""
     parts = []
-    if (
-        m.slice_error is not None
-        and m.slice_dim is not None
-        and m.slice_error > CONCENTRATION * m.error
-    ):
+    limit = CONCENTRATION * m.error
+    if m.slice_error is not None and m.slice_dim is not None and m.slice_error > limit:
         parts.append(
             f"worst slice {_fmt(m.slice_error)} at index {m.slice_index} of dim {m.slice_dim}"
         )
-    if m.peak_error is not None and m.peak_error > CONCENTRATION * m.error:
+    if m.peak_error is not None and m.peak_error > limit:
         parts.append(f"max-abs {_fmt(m.peak_error)} of max|golden|")
     return f" ({', '.join(parts)})" if parts else ""
 
@@ -517,38 +510,30 @@ def _bias_reason(call: CallRecords, bad: list[RecordResult], profile: Profile) -
             factors=linear,
             module_type=call.module_type,
         )
-        if excess is not None:
-            return _bias_line(call, o, m, scaled_in)
-    return None
-
-
-def _bias_line(
-    call: CallRecords, o: RecordResult, m: MeasuredMetrics, scaled_in: list[MeasuredMetrics]
-) -> str:
-    """The why line of a systematic error of ``call``'s own, shown on ``o``."""
-    assert m.scale is not None
-    scaled = [i for i in scaled_in if i.scale is not None and math.isfinite(i.scale)]
-    carried = max((abs(i.scale - 1.0) for i in scaled if i.scale is not None), default=0.0)
-    what = "its output" if call.phase == "forward" else "a gradient it computed"
-    if is_optimizer(o.phase, o.role):
-        what = "the optimizer's update of its parameters"
-    if call.module_type in LINEAR_TYPES and len(scaled) == 1 and scaled[0].scale:
-        own = m.scale / scaled[0].scale
+        if excess is None:
+            continue
+        scaled = [i for i in scaled_in if i.scale is not None and math.isfinite(i.scale)]
+        carried = max((abs(i.scale - 1.0) for i in scaled if i.scale is not None), default=0.0)
+        what = "its output" if call.phase == "forward" else "a gradient it computed"
+        if is_optimizer(o.phase, o.role):
+            what = "the optimizer's update of its parameters"
+        if call.module_type in LINEAR_TYPES and len(scaled) == 1 and scaled[0].scale:
+            return (
+                f"{call.module} ({call.module_type}) scales what it computes by "
+                f"{m.scale / scaled[0].scale:.4g}: {what} is scaled by {m.scale:.4g} ± "
+                f"{m.scale_se or 0.0:.1g} relative to golden, its input by "
+                f"{scaled[0].scale:.4g}; a linear module passes its input's scale on "
+                f"unchanged, so this is a systematic error of its own, not {m.dtype} rounding"
+            )
+        # the mean signed relative error: full tensors only (0 where statistics cannot say)
+        mean_rel = (m.mean_rel_err if isinstance(m, FullMetrics) else None) or 0.0
         return (
-            f"{call.module} ({call.module_type}) scales what it computes by {own:.4g}: "
-            f"{what} is scaled by {m.scale:.4g} ± {m.scale_se or 0.0:.1g} relative to "
-            f"golden, its input by {scaled[0].scale:.4g}; a linear module passes its "
-            f"input's scale on unchanged, so this is a systematic error of its own, not "
-            f"{m.dtype} rounding"
+            f"{call.module} ({call.module_type}): {what} is scaled by {m.scale:.4g} "
+            f"± {m.scale_se or 0.0:.1g} relative to golden (mean relative error "
+            f"{mean_rel:+.2g}) while its inputs' scale differs from 1 by at most "
+            f"{_fmt(carried)}: a systematic error of its own, not {m.dtype} rounding"
         )
-    # the mean signed relative error: full tensors only (0 where statistics cannot say)
-    mean_rel = (m.mean_rel_err if isinstance(m, FullMetrics) else None) or 0.0
-    return (
-        f"{call.module} ({call.module_type}): {what} is scaled by {m.scale:.4g} "
-        f"± {m.scale_se or 0.0:.1g} relative to golden (mean relative error "
-        f"{mean_rel:+.2g}) while its inputs' scale differs from 1 by at most "
-        f"{_fmt(carried)}: a systematic error of its own, not {m.dtype} rounding"
-    )
+    return None
 
 
 def _glue_note(call: CallRecords, first: RecordResult, forward: list[RecordResult]) -> str:
@@ -646,12 +631,9 @@ def rank_suspects(
 
 
 def further_findings(cands: list[Candidate], first: Candidate | None) -> list[Suspect]:
-    """Every call after a local ``first`` that made error of its own, in execution order.
-
-    Each was decided as the first was (:func:`decide_calls`); none is dropped for a count
-    (``--suspects`` caps the ranked list only). Empty when the first divergence is not
-    local: nothing made error of its own.
-    """
+    """Every call after a local ``first`` that made error of its own, in execution order
+    (never capped: ``--suspects`` caps the ranked list only); empty when ``first`` is not
+    local."""
     if first is None or first.local is not True:
         return []
     later = [c for c in cands if c is not first and c.local is not False]

@@ -1,10 +1,9 @@
 """compare's messages: what it suggests next and how it explains what it found.
 
-The explanations beside :mod:`precguard.compare.engine` (a recording cut short, two
-recordings of different models, records with no counterpart, one-sided collectives, a
-shard, an msprobe L1 dump), and the ``precguard replay`` command that confirms a suspect:
-one that works when pasted, naming the target the actual's manifest names (compare only
-prints it), or why none can be given.
+The explanations beside :mod:`precguard.compare.engine` (a truncated recording, another
+model, unmatched records, one-sided collectives, a shard, an msprobe L1 dump), and the
+``precguard replay`` command that confirms a suspect (with the target the actual's
+manifest names, printed and never imported), or why none can be given.
 """
 
 from __future__ import annotations
@@ -226,16 +225,13 @@ def one_sided_notes(found: Sequence[OneSided], shown: int = 4) -> list[str]:
 def recomputation_notes(g_run: Run, a_run: Run) -> list[str]:
     """A line per side whose run recomputed module calls in backward (checkpointing):
     recognised at capture and not recorded as further calls, which the line says."""
-    notes = []
-    for side, run in (("golden", g_run), ("actual", a_run)):
-        n = run.manifest.recomputed_calls
-        if n:
-            notes.append(
-                f"the {side} recomputed {n} module call(s) during backward (activation "
-                "checkpointing): recognised as recomputation, not recorded or compared as "
-                "further calls"
-            )
-    return notes
+    return [
+        f"the {side} recomputed {run.manifest.recomputed_calls} module call(s) during "
+        "backward (activation checkpointing): recognised as recomputation, not recorded or "
+        "compared as further calls"
+        for side, run in (("golden", g_run), ("actual", a_run))
+        if run.manifest.recomputed_calls
+    ]
 
 
 def collectives_left_out(count: int, side: str) -> str:
