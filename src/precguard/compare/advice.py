@@ -1,19 +1,11 @@
 """The one source of advice: a local finding's candidate remedies, and the one chosen.
 
 compare's why line, ``--verify`` (localize/verify.py), ``check --verify`` and
-``op-check --verify`` all take a finding's remedies from :func:`candidates`, in
-one order: the smallest change first. ``--verify`` applies them in that order
-and :func:`chosen` picks the remedy it reports: the first one verified, else
-the one that removed most of the error. So the advice compare prints without a
-re-run is a list, in the order a re-run would try it, never one remedy a
-re-run could refute; with ``--verify`` it is the remedy the re-run chose.
-
-Decision (issue 39): the smallest change comes first because it is the one to
-apply when it works. With HF LLaMA cast by ``model.to(bfloat16)`` keeping
-``inv_freq`` in float32 is the whole fix (HF computes the angles in float32);
-with rotary angles computed in bf16 it does not help, and computing the
-angles in float32 is verified. From the recordings alone the two are the
-same finding, so both are listed.
+``op-check --verify`` all take a finding's remedies from :func:`candidates`, the
+smallest change first (the one to apply when it works: keeping ``inv_freq`` in float32
+fixes a cast HF LLaMA, not rotary angles computed in bf16, and the recordings cannot
+tell the two apart). ``--verify`` tries them in that order and :func:`chosen` picks the
+one it reports, so the advice printed without a re-run is never one a re-run could refute.
 """
 
 from __future__ import annotations
@@ -24,13 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from precguard.compare.impact_report import RemedyCheck
 
-_FROZEN = ConfigDict(frozen=True)
-
 
 class Advice(BaseModel):
     """One candidate remedy of a local finding, in the user's words."""
 
-    model_config = _FROZEN
+    model_config = ConfigDict(frozen=True)
 
     remedy: str = Field(
         description="The remedy id --verify applies: float32-buffers, float32-compute, "
@@ -42,12 +32,9 @@ class Advice(BaseModel):
 def kind(module_type: str) -> str:
     """``loss``, ``norm``, ``rotary`` or ``module``: which float32 remedy fits a module class."""
     name = module_type.lower()
-    if "loss" in name:
-        return "loss"
-    if "norm" in name:
-        return "norm"
-    if "rotary" in name or "rope" in name:
-        return "rotary"
+    for found, words in (("loss", ("loss",)), ("norm", ("norm",)), ("rotary", ("rotary", "rope"))):
+        if any(w in name for w in words):
+            return found
     return "module"
 
 
@@ -92,22 +79,14 @@ def candidates(
     """
     found: list[Advice] = []
     if cast_buffers:
-        golden_dtype, actual_dtype = next(iter(cast_buffers.values()))
-        found.append(
-            Advice(
-                remedy="float32-buffers",
-                text=buffers_text(cast_buffers, golden_dtype, actual_dtype),
-            )
-        )
+        text = buffers_text(cast_buffers, *next(iter(cast_buffers.values())))
+        found.append(Advice(remedy="float32-buffers", text=text))
+    compute = compute_text(module, module_type)
     if kind(module_type) == "loss":
-        return [*found, Advice(remedy="float32-loss", text=compute_text(module, module_type))]
-    found.append(Advice(remedy="float32-compute", text=compute_text(module, module_type)))
-    found.append(
-        Advice(
-            remedy="reference-precision",
-            text=f"run {module} at reference precision ({reference_dtype})",
-        )
-    )
+        return [*found, Advice(remedy="float32-loss", text=compute)]
+    reference = f"run {module} at reference precision ({reference_dtype})"
+    found.append(Advice(remedy="float32-compute", text=compute))
+    found.append(Advice(remedy="reference-precision", text=reference))
     return found
 
 
@@ -126,11 +105,9 @@ def chosen(checks: Sequence[RemedyCheck]) -> RemedyCheck | None:
     else the partial one that left the smallest error; None when none helped (or none
     was needed)."""
     checks = ordered(checks)
-    for check in checks:
-        if check.verdict == "verified":
-            return check
+    verified = [c for c in checks if c.verdict == "verified"]
     partial = [c for c in checks if c.verdict == "partial" and c.after is not None]
-    return min(partial, key=lambda c: c.after or 0.0) if partial else None
+    return verified[0] if verified else min(partial, key=lambda c: c.after or 0.0, default=None)
 
 
 def listed(advice: Sequence[Advice]) -> str:
@@ -158,11 +135,9 @@ _REFERENCE_DEVICES = ("cpu", "cuda")
 
 
 def swapped_sides(devices: Sequence[str], dtypes: Sequence[str | None]) -> str | None:
-    """One line when the golden looks like the run under test: its dtype less precise
-    than the actual's, or its device the non-reference one (``emu:``, a vendor chip)
-    where the actual's is the CPU or CUDA. The advice would come out inverted ("keep
-    inv_freq in bfloat16"); compare says so before it. None when the order looks right.
-    """
+    """One line when the golden looks like the run under test (its dtype less precise
+    than the actual's, or its device not the CPU or CUDA where the actual's is), whose
+    advice would come out inverted; None when the order looks right."""
     from precguard.numerics import unit_roundoff
 
     g_dev, a_dev = [*devices, "", ""][:2]
@@ -173,11 +148,9 @@ def swapped_sides(devices: Sequence[str], dtypes: Sequence[str | None]) -> str |
             why = f"the golden is in {g_dt}, less precise than the actual's {a_dt}"
     except (KeyError, ValueError):
         pass
-    if not why and g_dev and a_dev:
-        g_ref = g_dev.split(":")[0] in _REFERENCE_DEVICES
-        a_ref = a_dev.split(":")[0] in _REFERENCE_DEVICES
-        if a_ref and not g_ref:
-            why = f"the golden ran on {g_dev}, the actual on the reference device {a_dev}"
+    reference = [d.split(":")[0] in _REFERENCE_DEVICES for d in (g_dev, a_dev)]
+    if not why and g_dev and a_dev and reference == [False, True]:
+        why = f"the golden ran on {g_dev}, the actual on the reference device {a_dev}"
     if not why:
         return None
     return f"the sides look swapped: {why}; compare takes GOLDEN first, then ACTUAL"

@@ -1,18 +1,9 @@
 """A step's module calls, grouped once as the one pass (verdict.py) reads the records.
 
-Within one rank and step a module call *consumes* some records and *produces*
-others. In forward it consumes its inputs, buffers and parameters (captured
-before it runs) and produces its outputs; in backward it consumes the gradients
-w.r.t. its outputs (``backward.output``) and its forward call's records, and
-produces the gradients w.r.t. its inputs (``backward.input``) and parameters
-(``backward.grad``).
-
-:class:`StepCalls` is that grouping, built as the records are settled one by
-one: the judge (judge.py) reads from it what a call consumed and its reduction
-length K, the local/propagated decision (divergence.py) what each call consumed
-and produced once every record is settled. It holds the settled records
-themselves, so a record settled again later (a follower of a router whose
-verdict comes after it, routing.py) is seen by both in its final form.
+:class:`StepCalls` is built as the records are settled one by one: the judge (judge.py)
+reads what a call consumed and its reduction length K, the local/propagated decision
+(divergence.py) every call once the step is settled. It holds the records themselves,
+so one settled again later (a router's follower, routing.py) is seen in its final form.
 """
 
 from __future__ import annotations
@@ -88,10 +79,6 @@ class StepCalls:
             (call.reads if r.role == "output" else call.produced).append(pos)
         return pos
 
-    def replace(self, pos: int, r: RecordResult) -> None:
-        """Settle the record at ``pos`` again (same key, a later rule's verdict)."""
-        self.records[pos] = r
-
     def reads(self, key: CallKey) -> list[RecordResult]:
         """A forward call's inputs, buffers and parameters recorded so far, in capture order."""
         call = self._forward.get(key)
@@ -126,40 +113,23 @@ class StepCalls:
         """Every call's records as settled now: forward calls, then backward calls, each in
         the order of their first record."""
         out = []
-        for (module, n), call in self._forward.items():
-            reads = [self.records[i] for i in call.reads]
-            out.append(
-                CallRecords(
-                    module,
-                    call.module_type,
-                    "forward",
-                    n,
-                    consumed=[r for r in reads if r.role != "param"],
-                    params=[r for r in reads if r.role == "param"],
-                    produced=[self.records[i] for i in call.produced],
-                    has_output_grads=False,
-                    k=self.reduction((module, n), backward=False),
+        for backward, calls in ((False, self._forward), (True, self._backward)):
+            for (module, n), call in calls.items():
+                reads = self.reads((module, n))
+                inputs = [r for r in reads if r.role != "param"]
+                params = [r for r in reads if r.role == "param"]
+                grads = [self.records[i] for i in call.reads] if backward else []
+                out.append(
+                    CallRecords(
+                        module,
+                        call.module_type,
+                        call.phase,
+                        n,
+                        consumed=[*grads, *inputs, *params] if backward else inputs,
+                        params=[] if backward else params,
+                        produced=[self.records[i] for i in call.produced],
+                        has_output_grads=bool(grads),
+                        k=self.reduction((module, n), backward=backward),
+                    )
                 )
-            )
-        for (module, n), call in self._backward.items():
-            forward = self._forward.get((module, n))
-            reads = [] if forward is None else [self.records[i] for i in forward.reads]
-            grads = [self.records[i] for i in call.reads]
-            out.append(
-                CallRecords(
-                    module,
-                    call.module_type,
-                    "backward",
-                    n,
-                    consumed=[
-                        *grads,
-                        *(r for r in reads if r.role != "param"),
-                        *(r for r in reads if r.role == "param"),
-                    ],
-                    params=[],
-                    produced=[self.records[i] for i in call.produced],
-                    has_output_grads=bool(grads),
-                    k=self.reduction((module, n), backward=True),
-                )
-            )
         return out

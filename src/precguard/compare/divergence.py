@@ -1,52 +1,23 @@
 """Decide which module introduced an error: local versus propagated.
 
-Within one rank and step, a module call *consumes* some records and
-*produces* others. In forward it consumes its inputs and parameters
-(captured before it runs) and produces its outputs; in backward it consumes
-the gradients w.r.t. its outputs (``backward.output``, and its forward inputs,
-which its gradients also depend on) and produces the gradients w.r.t. its
-inputs (``backward.input``) and parameters (``backward.grad``). Both phases
-are classified the same way:
-
-A call is **local** when a produced record fails and
-
-- its consumed records all pass and the produced error is at least twice the
-  expected error (:func:`precguard.compare.expected.expected_error`: the input
-  error, floored at the rounding floor of the tolerance dtype, i.e. of the less
-  precise side's compute precision), or
-- the produced error is at least ``profile.amplification`` times the expected
-  error, or
-- the produced record carries a significant systematic (scale) error that its
-  consumed records' scale errors cannot explain
-  (:func:`precguard.compare.expected.own_bias`), or
-- it produced NaN/Inf from finite inputs.
-
-A failing parameter makes its module local by itself: the module's own state
-differs. A module whose inputs passed but which grew their error less than 2x
-is not local: error it received merely crossed the threshold at its output.
-
-Every local call is listed (``suspects``); the first divergence is the first in
-execution order, where a call's place is its first failing produced record
-(children finish before their parent in forward and start after it in
-backward). A local call that contains an earlier local call of the same step
-is explained by it and is not listed again. When nothing is local (the root's
-own inputs differ: the runs were fed different data) the first failing record
-is named with ``local=False``. A backward call of a recording without
-gradients w.r.t. module inputs cannot be classified (``local=None``).
-
-The calls are those compare's one pass grouped as it settled each record
-(compare/calls.py, compare/verdict.py), with the K the judge used; each is decided
-once, by :func:`decide_calls`, when every record of the step is settled (a backward
-call's parameter gradients may come after other modules' records, and a router's
-verdict may settle a record after it was met). This module also writes the why:
-the reasons, the buffers read, the glue note, the fallback, the ranking of suspects.
+Within one rank and step a module call consumes some records and produces others
+(compare/calls.py). A call is **local** when a produced record fails and its consumed
+records all pass and the error is at least twice the expected error
+(:func:`precguard.numerics.expected_error`), or the error is at least
+``profile.amplification`` times it, or it carries a scale error its inputs cannot
+explain (:func:`precguard.compare.expected.own_bias`), or it produced NaN/Inf from finite
+inputs; a failing parameter or buffer makes its module local by itself. The first
+divergence is the first local call in execution order; a call that contains an earlier
+local call of the same phase is explained by it; with none local, the first failing
+record is named (:func:`fallback`). docs/compare.md, "Local or propagated", tells it in
+full. This module also writes the why lines and ranks the suspects.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -55,12 +26,7 @@ from precguard.compare.advice import Advice, candidates
 from precguard.compare.align import parent_module
 from precguard.compare.caches import cache_read, cache_written
 from precguard.compare.calls import CallRecords, StepCalls
-from precguard.compare.expected import (
-    LINEAR_TYPES,
-    carried_bias,
-    linear_factors,
-    own_bias,
-)
+from precguard.compare.expected import LINEAR_TYPES, carried_bias, linear_factors, own_bias
 from precguard.compare.levels import FullMetrics, MeasuredMetrics, Metrics
 from precguard.compare.optimizer import is_optimizer
 from precguard.compare.report import FirstDivergence, RecordResult, Suspect
@@ -73,12 +39,8 @@ _BAD = ("fail", "nonfinite")
 
 class Candidate(BaseModel):
     """A module call that introduced error (or, failing that, the first failing record).
-
-    One model, in this process and in a worker's JSON share alike
-    (:class:`precguard.compare.units.UnitResult`). Frozen: its why is written once, by
-    :func:`decide_calls` (the rank clause included); merging ranks only selects among
-    the candidates (:func:`decide_ranks`).
-    """
+    Frozen: its why is written once, by :func:`decide_calls`; merging ranks only selects
+    among the candidates (:func:`decide_ranks`)."""
 
     model_config = ConfigDict(ser_json_inf_nan="strings", frozen=True)
 
@@ -103,18 +65,14 @@ class Candidate(BaseModel):
         m = self.result.metrics
         return "statistics" if m is not None and m.level == "stats" else "full"
 
-    @property
-    def settle_with(self) -> str | None:
-        """The ``--tensors`` glob whose full tensors would settle a statistics-only verdict."""
-        if self.confidence != "statistics":
-            return None
-        module = self.result.module
-        return "*" if module == "root" else f"{module}.*"
-
     def divergence(self) -> FirstDivergence:
-        """As the report's first divergence."""
+        """As the report's first divergence (``settle_with``: the ``--tensors`` glob whose
+        full tensors would settle a statistics-only verdict)."""
         r = self.result
         assert r.metrics is not None
+        settle_with = None
+        if self.confidence == "statistics":
+            settle_with = "*" if r.module == "root" else f"{r.module}.*"
         return FirstDivergence(
             **r.identity_fields(),
             metrics=r.metrics,
@@ -123,7 +81,7 @@ class Candidate(BaseModel):
             input_error=self.input_error,
             expected_error=self.expected_error,
             confidence=self.confidence,
-            settle_with=self.settle_with,
+            settle_with=settle_with,
             reason=self.reason,
             remedies=self.remedies,
         )
@@ -194,81 +152,149 @@ def decide_calls(
     cache_names: dict[str, str] | None = None,
 ) -> StepClassification:
     """Decide every call of a step: its local candidates and a decision per failing record.
-
-    The candidates are in execution order (see the module doc); the decisions
-    say, for every failing produced record and parameter, whether its module
-    made the error itself, the amplification and the expected error. ``names``:
-    the recorded name of a buffer record, by key (the why line names the buffer);
-    ``cache_names``: the KV-cache records' (caches.py: the why line names the cache a
-    call read where it differs). ``settled``: records a rule of the one pass decided
-    already (a loss computed in low precision, loss.py), by key: their candidate is the
-    rule's (never dropped as explained by a submodule), and they take no part in their
-    call's decision.
+    ``names`` and ``cache_names``: the names the why lines give buffer and KV-cache records,
+    by key. ``settled``: records a rule decided already (a loss computed in low precision,
+    loss.py), by key: never explained by a submodule, and no part of their call's decision.
     """
-    names = names or {}
     settled = settled or {}
-    cache_names = cache_names or {}
-    decisions: dict[str, Decision] = {}
-    forward = calls.forward_records()
+    step = _Step(profile, names or {}, cache_names or {}, calls.forward_records())
+    step.decisions.update(dict.fromkeys(settled, Decision(True, None, None)))
     found: list[Candidate] = []
-    for key in settled:
-        decisions[key] = Decision(True, None, None)
     for call in calls.call_records():
-        found.extend(
-            _decide_call(call, calls, profile, forward, names, cache_names, settled, decisions)
-        )
+        bad = [o for o in call.produced if o.status in _BAD and o.key not in settled]
+        found.extend(step.decide(call, bad, calls.input_grads))
     found.extend(settled.values())
     found.sort(key=lambda c: c.order)
-    # a rule's finding is its own (the precision a loss was computed in): no submodule
-    # explains it, while it explains the calls around it as any local call does
     kept = _drop_explained(found, keep=set(settled))
-    if fed_collective(calls.records):
+    if any(_collective_call(r) for r in calls.records):
         kept = [_fed_collective(c) for c in kept]
-    return StepClassification(kept, decisions)
+    return StepClassification(kept, step.decisions)
 
 
-def _decide_call(
-    call: CallRecords,
-    calls: StepCalls,
-    profile: Profile,
-    forward: list[RecordResult],
-    names: dict[str, str],
-    cache_names: dict[str, str],
-    settled: dict[str, Candidate],
-    decisions: dict[str, Decision],
-) -> list[Candidate]:
-    """One call of :func:`decide_calls`: its decisions (into ``decisions``) and its local
-    candidates (a wrong parameter or buffer first, else its failing produced records)."""
-    found = _decide_params(call, names, cache_names, decisions)
-    bad = [o for o in call.produced if o.status in _BAD and o.key not in settled]
-    if not bad or found:
-        return found
-    # gradients w.r.t. module inputs are recorded for the whole run or not at all; a
-    # module whose inputs need no gradient (an embedding's ids) produces parameter
-    # gradients only
-    if call.phase == "backward" and not (calls.input_grads and call.has_output_grads):
-        for o in bad:  # without input or output gradients the consumed side is incomplete
-            decisions[o.key] = Decision(None, None, None)
-        return []
-    candidate, decision = _classify(call, bad, profile, forward, names, cache_names)
-    decisions.update(dict.fromkeys((o.key for o in bad), decision))
-    return [] if candidate is None else [candidate]
+@dataclass
+class _Step:
+    """One step's calls being decided (:func:`decide_calls`)."""
 
+    profile: Profile
+    names: dict[str, str]
+    cache_names: dict[str, str]
+    forward: list[RecordResult]
+    decisions: dict[str, Decision] = field(default_factory=dict)
 
-def _decide_params(
-    call: CallRecords,
-    names: dict[str, str],
-    cache_names: dict[str, str],
-    decisions: dict[str, Decision],
-) -> list[Candidate]:
-    """A call's failing parameters and buffers: each decided as made here (its floor the
-    dtype's rounding), the first one the call's candidate."""
-    bad_params = [p for p in call.params if p.status in _BAD]
-    bad_params += [b for b in call.consumed if b.role == "buffer" and b.status in _BAD]
-    for p in bad_params:
-        floor = rounding_floor(p.metrics.dtype) if p.metrics else None
-        decisions[p.key] = Decision(True, None, floor)
-    return [_param_candidate(call, p, names, cache_names) for p in bad_params[:1]]
+    def decide(
+        self, call: CallRecords, bad: list[RecordResult], input_grads: bool
+    ) -> list[Candidate]:
+        """Decide ``call``, whose produced records ``bad`` fail, into :attr:`decisions`: its
+        local candidate (a wrong parameter or buffer first, decided as made here)."""
+        own = [p for p in call.params if p.status in _BAD]
+        own += [b for b in call.consumed if b.role == "buffer" and b.status in _BAD]
+        for p in own:
+            floor = rounding_floor(p.metrics.dtype) if p.metrics else None
+            self.decisions[p.key] = Decision(True, None, floor)
+        if own:
+            return [self.param_candidate(call, own[0])]
+        if not bad:
+            return []
+        # gradients w.r.t. module inputs are recorded for the whole run or not at all; a
+        # module whose inputs need no gradient (an embedding's ids) produces parameter
+        # gradients only: without input or output gradients the consumed side is incomplete
+        if call.phase == "backward" and not (input_grads and call.has_output_grads):
+            candidate, decision = None, Decision(None, None, None)
+        else:
+            candidate, decision = self.classify(call, bad)
+        self.decisions.update(dict.fromkeys((o.key for o in bad), decision))
+        return [] if candidate is None else [candidate]
+
+    def param_candidate(self, call: CallRecords, p: RecordResult) -> Candidate:
+        """The candidate of a call whose own parameter or buffer ``p`` differs."""
+        m = p.metrics
+        expected = p.expected_error
+        if p.role == "buffer":
+            reason = (
+                f"{call.module} ({call.module_type}) reads a buffer that differs from golden: "
+                f"{_buffer_what(p, self.names)}; {_buffer_remedy(p, self.names)}"
+            )
+        elif m is not None and (m.nan_mismatch or m.inf_mismatch):
+            # never a small error: the finite elements' norms say nothing next to NaN weights
+            reason = (
+                f"{call.module} ({call.module_type}): parameter {p.index} became non-finite by "
+                f"step {p.step}: {m.nan_mismatch} NaN and {m.inf_mismatch} Inf where golden has "
+                "none (or the reverse)"
+            )
+            if p.actual_dtype == "float16":  # AdamW's default eps rounds to 0 in float16
+                reason += (
+                    "; the parameters are stored in float16, where an optimizer's eps of 1e-8 "
+                    "rounds to 0 and a zero second moment divides by zero: keep the optimizer "
+                    "state and the master weights in float32 (mixed precision) or raise eps"
+                )
+        else:
+            reason = (
+                f"{call.module} ({call.module_type}) holds a parameter that differs from golden "
+                f"(error {_fmt(_err(p))}{_scaled_by(m)}{_cast(p)}): its weights, not its inputs, "
+                "differ"
+            )
+        if p.role != "buffer" and expected is None and m is not None:
+            # what the judge allowed it: a weight equal to golden's rounded to the tolerance
+            # dtype would have passed (nothing at all for two copies in one dtype)
+            expected = rounding_floor(m.dtype)
+        cache = _cache_read(call, p, self.cache_names)
+        return Candidate(
+            result=p, local=True, reason=reason + _told(cache, False), expected_error=expected
+        )
+
+    def classify(
+        self, call: CallRecords, bad: list[RecordResult]
+    ) -> tuple[Candidate | None, Decision]:
+        """Whether ``call``, whose produced records ``bad`` fail, made the error itself."""
+        # a router's failing top-k speaks for its call: its weights follow its choice (routing.py)
+        first = next((r for r in bad if is_routing_finding(r)), bad[0])
+        tol_dtype = first.metrics.dtype if first.metrics else "float32"
+        in_err = max((_err(r) for r in call.consumed), default=0.0)
+        out_err = max(_err(o) for o in call.produced)
+        # the judge's K (calls.py): the forward call's inputs, parameters and buffers
+        expected = expected_error(in_err, tol_dtype, call.k)
+        amp = out_err / expected
+        # the expected-error gate (judge.py) judged each record against everything it
+        # consumed, concentrated error included: its ratio, where larger, is the measure
+        gated = [o for o in bad if o.amplification is not None and o.expected_error is not None]
+        worst = max(gated, key=lambda o: o.amplification or 0.0, default=None)
+        if worst is not None and (worst.amplification or 0.0) > amp:
+            first, amp, out_err = worst, worst.amplification or 0.0, _err(worst)
+            expected = worst.expected_error or expected
+        # what a forward call read besides its arguments and weights (a buffer, the KV cache),
+        # where it differs: told in the why line, inside "its inputs match" when that is it
+        buffer = cache = None
+        if call.phase == "forward":
+            buffer = _buffer_read(call, self.names)
+            cache = _cache_read(call, first, self.cache_names)
+        read = " ".join(x.inline for x in (cache, buffer) if x is not None)
+        reason, inlined = _local_reason(
+            call, first, in_err, out_err, expected, amp, self.profile, read
+        )
+        if reason is None:
+            reason = _bias_reason(call, bad, self.profile)
+        elif first.metrics is not None and first.metrics.level == "exact":
+            amp, expected = None, None  # indices that differ have no float error to amplify
+        if reason is None:
+            return None, Decision(False, amp, expected)
+        remedies: list[Advice] = []
+        if call.phase == "forward":
+            reason += (
+                _told(buffer, inlined)
+                + _glue_note(call, first, self.forward)
+                + _told(cache, inlined)
+                + cache_written(first, self.cache_names)
+            )
+            remedies = _advice(call, self.names)
+        return Candidate(
+            result=first,
+            local=True,
+            amplification=amp,
+            input_error=in_err,
+            reason=reason,
+            expected_error=expected,
+            remedies=remedies,
+        ), Decision(True, amp, expected)
 
 
 def _collective_call(r: RecordResult) -> tuple[int, str] | None:
@@ -278,15 +304,8 @@ def _collective_call(r: RecordResult) -> tuple[int, str] | None:
     return None
 
 
-def fed_collective(records: Iterable[RecordResult]) -> bool:
-    """Whether a step's records (one rank's) hold a collective's failing input: what this
-    rank fed the collective differs, and every rank then received it."""
-    return any(_collective_call(r) is not None for r in records)
-
-
 def _fed_collective(c: Candidate) -> Candidate:
-    """The candidate of a step that fed a collective a wrong input, its why saying so
-    (built here, before the decision is returned: nothing adds to it later)."""
+    """The candidate of a rank that fed a collective a wrong input, its why saying so."""
     if "rank" in c.reason:
         return c
     r = c.result
@@ -297,18 +316,9 @@ def _fed_collective(c: Candidate) -> Candidate:
 def decide_ranks(
     bad: Iterable[RecordResult], candidates: list[Candidate], firsts: list[Candidate]
 ) -> tuple[list[Candidate], list[Candidate]]:
-    """The comparison's candidates and each rank's first, across ranks: a collective named
-    on one rank is dropped when another rank's input to it was wrong.
-
-    Each rank is judged on its own records (:func:`decide_calls`), so an all-reduce whose
-    output differs while this rank's input matches looks local to the collective; it
-    only summed what it was given. When the same collective call (step, key) received a
-    failing input on another rank, the module that produced that input on that rank (its
-    own candidate, whose why says it fed the collective) is the one to name, and the
-    collective is dropped; a rank whose first it was is represented by its next
-    candidate. ``bad``: the comparison's failing records (others are ignored). Only a
-    selection: no candidate is changed.
-    """
+    """The comparison's candidates and each rank's first, across ranks: a collective that
+    looks local on one rank is dropped when another rank fed that call (step, key) a
+    failing input (of ``bad``), and a rank whose first it was gets its next candidate."""
     wrong_inputs: dict[tuple[int, str], set[int]] = {}
     for r in bad:
         call = _collective_call(r)
@@ -319,10 +329,8 @@ def decide_ranks(
 
     def explained(c: Candidate) -> bool:
         r = c.result
-        if not r.module.startswith("dist."):
-            return False
         ranks = wrong_inputs.get((r.step, r.key.rsplit(".", 2)[0]), set())
-        return bool(ranks - {r.rank})
+        return r.module.startswith("dist.") and bool(ranks - {r.rank})
 
     kept = [c for c in candidates if not explained(c)]
     firsts_kept = [c for c in firsts if not explained(c)]
@@ -335,139 +343,11 @@ def decide_ranks(
     return kept, firsts_kept
 
 
-def nonfinite_param_reason(module: str, module_type: str, p: RecordResult) -> str:
-    """Why a parameter record with NaN/Inf where golden has none (or the reverse) failed.
-
-    Step, parameter and counts first (issue 29); in float16, where AdamW's default
-    ``eps`` of 1e-8 rounds to 0, what the optimizer state makes of a zero second moment.
-    """
-    m = p.metrics
-    nan, inf = (m.nan_mismatch, m.inf_mismatch) if m is not None else (0, 0)
-    text = (
-        f"{module} ({module_type}): parameter {p.index} became non-finite by step {p.step}: "
-        f"{nan} NaN and {inf} Inf where golden has none (or the reverse)"
-    )
-    if p.actual_dtype == "float16":
-        text += (
-            "; the parameters are stored in float16, where an optimizer's eps of 1e-8 rounds "
-            "to 0 and a zero second moment divides by zero: keep the optimizer state and "
-            "the master weights in float32 (mixed precision) or raise eps"
-        )
-    return text
-
-
 def _scaled_by(m: Metrics | None) -> str:
     """The why line's ", scaled by s ± se" clause: only where the scale bias is significant."""
     if isinstance(m, MeasuredMetrics) and m.bias and m.scale is not None and m.scale_se is not None:
         return f", scaled by {m.scale:.4g} ± {m.scale_se:.1g}"
     return ""
-
-
-def _param_candidate(
-    call: CallRecords, p: RecordResult, names: dict[str, str], cache_names: dict[str, str]
-) -> Candidate:
-    cache = _Read.of(cache_read(_records(call), p, cache_names))
-    if p.role == "buffer":
-        return Candidate(
-            result=p,
-            local=True,
-            reason=f"{call.module} ({call.module_type}) reads a buffer that differs from "
-            f"golden: {_buffer_what(p, names)}; {_buffer_remedy(p, names)}"
-            + _told(cache, inlined=False),
-            expected_error=p.expected_error,
-        )
-    cast = (
-        f", stored as {p.actual_dtype} where golden has {p.golden_dtype}"
-        if p.actual_dtype and p.actual_dtype != p.golden_dtype
-        else ""
-    )
-    m = p.metrics
-    reason = (
-        f"{call.module} ({call.module_type}) holds a parameter that differs from golden "
-        f"(error {_fmt(_err(p))}{_scaled_by(m)}{cast}): its weights, not its inputs, differ"
-    )
-    if m is not None and (m.nan_mismatch or m.inf_mismatch):
-        # never a small error: the finite elements' norms say nothing next to NaN weights
-        reason = nonfinite_param_reason(call.module, call.module_type, p)
-    return Candidate(
-        result=p,
-        local=True,
-        reason=reason + _told(cache, inlined=False),
-        # what the judge allowed it: a weight equal to golden's rounded to the tolerance
-        # dtype would have passed (nothing at all for two copies in one dtype)
-        expected_error=(
-            p.expected_error
-            if p.expected_error is not None
-            else rounding_floor(m.dtype)
-            if m is not None
-            else None
-        ),
-    )
-
-
-def _gated(
-    bad: list[RecordResult], first: RecordResult, amp: float, expected: float, out_err: float
-) -> tuple[RecordResult, float, float, float]:
-    """(record, amplification, expected error, error) the call is told by: the expected-error
-    gate (judge.py) judged each record against everything it consumed, concentrated error
-    included, and its ratio, where larger than the call's, is the measure."""
-    gated = [o for o in bad if o.amplification is not None and o.expected_error is not None]
-    if gated:
-        worst = max(gated, key=lambda o: o.amplification or 0.0)
-        if (worst.amplification or 0.0) > amp:
-            return worst, worst.amplification or 0.0, worst.expected_error or expected, _err(worst)
-    return first, amp, expected, out_err
-
-
-def _classify(
-    call: CallRecords,
-    bad: list[RecordResult],
-    profile: Profile,
-    forward: list[RecordResult],
-    names: dict[str, str],
-    cache_names: dict[str, str],
-) -> tuple[Candidate | None, Decision]:
-    """Whether ``call``, whose produced records ``bad`` fail, made the error itself."""
-    # a router's failing top-k speaks for its call: its weights follow its choice (routing.py)
-    first = next((r for r in bad if is_routing_finding(r)), bad[0])
-    tol_dtype = first.metrics.dtype if first.metrics else "float32"
-    in_err = max((_err(r) for r in call.consumed), default=0.0)
-    out_err = max(_err(o) for o in call.produced)
-    # the judge's K (calls.py): the forward call's inputs, parameters and buffers
-    expected = expected_error(in_err, tol_dtype, call.k)
-    first, amp, expected, out_err = _gated(bad, first, out_err / expected, expected, out_err)
-    # what a forward call read besides its arguments and weights (a buffer, the KV cache),
-    # where it differs: told in the why line, inside "its inputs match" when that is it
-    buffer = cache = None
-    if call.phase == "forward":
-        buffer = _buffer_read(call, names)
-        cache = _Read.of(cache_read(_records(call), first, cache_names))
-    read = " ".join(x.inline for x in (cache, buffer) if x is not None)
-    reason, inlined = _local_reason(call, first, in_err, out_err, expected, amp, profile, read)
-    if reason is None:
-        reason = _bias_reason(call, bad, profile)
-    elif first.metrics is not None and first.metrics.level == "exact":
-        amp, expected = None, None  # indices that differ have no float error to amplify
-    decision = Decision(reason is not None, amp, expected)
-    if reason is None:
-        return None, decision
-    if call.phase == "forward":
-        reason += (
-            _told(buffer, inlined)
-            + _glue_note(call, first, forward)
-            + _told(cache, inlined)
-            + cache_written(first, cache_names)
-        )
-    candidate = Candidate(
-        result=first,
-        local=True,
-        amplification=amp,
-        input_error=in_err,
-        reason=reason,
-        expected_error=expected,
-        remedies=_advice(call, names) if call.phase == "forward" else [],
-    )
-    return candidate, decision
 
 
 def _local_reason(
@@ -478,34 +358,33 @@ def _local_reason(
     expected: float,
     amp: float,
     profile: Profile,
-    read: str = "",
+    read: str,
 ) -> tuple[str | None, bool]:
     """Why ``call`` made error of its own, or None when it only passed error on; and
     whether ``read`` (what it read besides its arguments that differs, :class:`_Read`)
     is told in it, as the cause when its inputs match."""
-    what, differs = "its output", "does not"
-    if call.phase != "forward":
-        what, differs = "the gradients it computed", "do not"
-    ins = "inputs" if call.phase == "forward" else "incoming gradients and inputs"
     if is_optimizer(first.phase, first.role):
         what, differs, ins = "the optimizer's update of its parameters", "does not", "gradients"
+    elif call.phase == "forward":
+        what, differs, ins = "its output", "does not", "inputs"
+    else:
+        what, differs, ins = "the gradients it computed", "do not", "incoming gradients and inputs"
     if first.status == "nonfinite" and not any(r.status == "nonfinite" for r in call.consumed):
         return (
             f"{call.module} ({call.module_type}) produced NaN/Inf where golden has none "
             f"(or the reverse) from {ins} without such a mismatch"
         ), False
+    inputs_bad = any(r.status in _BAD for r in call.consumed)
     indices = index_reason(call.module, call.module_type, first, ins)
-    if indices is not None and not any(r.status in _BAD for r in call.consumed):
+    if indices is not None and not inputs_bad:
         return indices, False
     dtype = first.metrics.dtype if first.metrics else "float32"
-    inputs_bad = any(r.status in _BAD for r in call.consumed)
-    where = _concentration(first)
     if not inputs_bad and amp >= MIN_LOCAL_GROWTH:
-        scaled = _scaled_by(first.metrics)
         but = f"but {read} " if read else "but "
         return (
             f"{call.module} ({call.module_type}): its {ins} match (error {_fmt(in_err)}) {but}"
-            f"{what} {differs}: error {_fmt(out_err)}{scaled}{where} where {dtype} precision and "
+            f"{what} {differs}: error {_fmt(out_err)}{_scaled_by(first.metrics)}"
+            f"{_concentration(first)} where {dtype} precision and "
             f"the {ins}' error explain {_fmt(expected)} ({_fmt(amp)}x)"
         ), bool(read)
     if amp >= profile.amplification:
@@ -517,10 +396,11 @@ def _local_reason(
     return None, False
 
 
-def _differs(r: RecordResult) -> bool:
-    """Whether a consumed record is not bitwise golden's: another dtype, or any error."""
-    dtype = r.actual_dtype is not None and r.actual_dtype != r.golden_dtype
-    return dtype or _err(r) > 0
+def _cast(r: RecordResult) -> str:
+    """``", stored as A where golden has G"`` when ``r``'s dtype differs, else empty."""
+    if r.actual_dtype and r.actual_dtype != r.golden_dtype:
+        return f", stored as {r.actual_dtype} where golden has {r.golden_dtype}"
+    return ""
 
 
 def _buffer_name(b: RecordResult, names: dict[str, str]) -> str:
@@ -528,12 +408,7 @@ def _buffer_name(b: RecordResult, names: dict[str, str]) -> str:
 
 
 def _buffer_what(b: RecordResult, names: dict[str, str]) -> str:
-    cast = (
-        f", stored as {b.actual_dtype} where golden has {b.golden_dtype}"
-        if b.actual_dtype and b.actual_dtype != b.golden_dtype
-        else ""
-    )
-    return f"its buffer {_buffer_name(b, names)} differs (error {_fmt(_err(b))}{cast})"
+    return f"its buffer {_buffer_name(b, names)} differs (error {_fmt(_err(b))}{_cast(b)})"
 
 
 def _advice(call: CallRecords, names: dict[str, str]) -> list[Advice]:
@@ -542,14 +417,14 @@ def _advice(call: CallRecords, names: dict[str, str]) -> list[Advice]:
     cast = {
         _buffer_name(b, names): (b.golden_dtype, b.actual_dtype)
         for b in call.consumed
-        if b.role == "buffer" and b.actual_dtype and b.actual_dtype != b.golden_dtype
+        if b.role == "buffer" and _cast(b)
     }
     return candidates(call.module, call.module_type, cast)
 
 
 def _buffer_remedy(b: RecordResult, names: dict[str, str]) -> str:
     name = _buffer_name(b, names)
-    if b.actual_dtype and b.actual_dtype != b.golden_dtype:
+    if _cast(b):
         return (
             f"keep `{name}` in {b.golden_dtype} (model.to({b.actual_dtype}) casts float "
             f"buffers too: cast it back after the cast, or recompute it in {b.golden_dtype})"
@@ -568,22 +443,25 @@ class _Read(NamedTuple):
     #: its remedy, ``"; ..."`` (empty: none to give)
     remedy: str
 
-    @classmethod
-    def of(cls, told: tuple[str, str, str] | None) -> _Read | None:
-        return None if told is None else cls(*told)
+
+def _cache_read(call: CallRecords, first: RecordResult, names: dict[str, str]) -> _Read | None:
+    """The KV cache ``call`` read, where it differs from golden (caches.py), if any."""
+    records = sorted([*call.consumed, *call.params, *call.produced], key=lambda r: r.seq)
+    told = cache_read(records, first, names)
+    return None if told is None else _Read(*told)
 
 
 def _buffer_read(call: CallRecords, names: dict[str, str]) -> _Read | None:
-    """The first buffer ``call`` read that differs from golden (``inv_freq``), if any."""
-    differ = [b for b in call.consumed if b.role == "buffer" and _differs(b)]
-    if not differ:
-        return None
-    what = _buffer_what(differ[0], names)
-    b = differ[0]
-    # a cast buffer's remedy is one of the call's candidates (compare/advice.py), not the
-    # line's only one: the angles may be computed in low precision too
-    cast = b.actual_dtype is not None and b.actual_dtype != b.golden_dtype
-    return _Read(f"{what}, and", what, "" if cast else f"; {_buffer_remedy(b, names)}")
+    """The first buffer ``call`` read that is not bitwise golden's (``inv_freq``): another
+    dtype, or any error."""
+    for b in call.consumed:
+        cast = b.actual_dtype is not None and b.actual_dtype != b.golden_dtype
+        if b.role == "buffer" and (cast or _err(b) > 0):
+            what = _buffer_what(b, names)
+            # a cast buffer's remedy is one of the call's candidates (compare/advice.py),
+            # not the line's only one: the angles may be computed in low precision too
+            return _Read(f"{what}, and", what, "" if cast else f"; {_buffer_remedy(b, names)}")
+    return None
 
 
 def _told(read: _Read | None, inlined: bool) -> str:
@@ -593,148 +471,110 @@ def _told(read: _Read | None, inlined: bool) -> str:
     return ("" if inlined else f"; {read.alone}") + read.remedy
 
 
-def _records(call: CallRecords) -> list[RecordResult]:
-    """Every record of a call, consumed and produced, in capture order."""
-    return sorted([*call.consumed, *call.params, *call.produced], key=lambda r: r.seq)
-
-
 def _concentration(r: RecordResult) -> str:
     """', concentrated in ...' when the worst slice or element is what failed the record."""
     m = r.metrics
     if m is None or m.level != "full":
         return ""
     parts = []
-    if (
-        m.slice_error is not None
-        and m.slice_dim is not None
-        and m.slice_error > CONCENTRATION * m.error
-    ):
+    limit = CONCENTRATION * m.error
+    if m.slice_error is not None and m.slice_dim is not None and m.slice_error > limit:
         parts.append(
             f"worst slice {_fmt(m.slice_error)} at index {m.slice_index} of dim {m.slice_dim}"
         )
-    if m.peak_error is not None and m.peak_error > CONCENTRATION * m.error:
+    if m.peak_error is not None and m.peak_error > limit:
         parts.append(f"max-abs {_fmt(m.peak_error)} of max|golden|")
     return f" ({', '.join(parts)})" if parts else ""
 
 
 def _bias_reason(call: CallRecords, bad: list[RecordResult], profile: Profile) -> str | None:
-    """Why ``call``'s produced records carry a systematic error of its own, or None."""
+    """Why ``call``'s produced records carry a systematic error of its own
+    (expected.own_bias, with what the call read), or None."""
     inputs = [r.metrics for r in call.consumed if r.metrics is not None]
+    scaled_in = [i for i in inputs if isinstance(i, MeasuredMetrics) and i.scale is not None]
     for o in bad:
         m = o.metrics
-        if m is None or _own_excess(call, o, inputs, profile) is None:
-            continue
         if not isinstance(m, MeasuredMetrics) or m.scale is None:
             continue
-        return _bias_line(call, o, m, inputs)
-    return None
-
-
-def _own_excess(
-    call: CallRecords, o: RecordResult, inputs: list[Metrics], profile: Profile
-) -> float | None:
-    """The scale error ``o`` shows of its own (expected.own_bias), with what the call read."""
-    assert o.metrics is not None
-    linear = linear_factors(
-        call.module_type, o.phase, o.role, o.index, [*call.consumed, *call.params]
-    )
-    scaled_in = [i for i in inputs if isinstance(i, MeasuredMetrics) and i.scale is not None]
-    if linear is None and call.module_type in LINEAR_TYPES and len(scaled_in) == 1:
-        # a module linear in its one float input: its own scale is s_out / s_in
-        linear = scaled_in if scaled_in[0].scale else None
-    return own_bias(
-        o.metrics,
-        profile,
-        input_error=max((i.error for i in inputs), default=0.0),
-        carried=carried_bias(inputs, profile),
-        factors=linear,
-        module_type=call.module_type,
-    )
-
-
-def _bias_line(
-    call: CallRecords, o: RecordResult, m: MeasuredMetrics, inputs: list[Metrics]
-) -> str:
-    """The why line of a systematic error of ``call``'s own, shown on ``o``."""
-    assert m.scale is not None
-    scaled = [
-        i
-        for i in inputs
-        if isinstance(i, MeasuredMetrics) and i.scale is not None and math.isfinite(i.scale)
-    ]
-    carried = max((abs(i.scale - 1.0) for i in scaled if i.scale is not None), default=0.0)
-    what = "its output" if call.phase == "forward" else "a gradient it computed"
-    if is_optimizer(o.phase, o.role):
-        what = "the optimizer's update of its parameters"
-    if call.module_type in LINEAR_TYPES and len(scaled) == 1 and scaled[0].scale:
-        own = m.scale / scaled[0].scale
-        return (
-            f"{call.module} ({call.module_type}) scales what it computes by {own:.4g}: "
-            f"{what} is scaled by {m.scale:.4g} ± {m.scale_se or 0.0:.1g} relative to "
-            f"golden, its input by {scaled[0].scale:.4g}; a linear module passes its "
-            f"input's scale on unchanged, so this is a systematic error of its own, not "
-            f"{m.dtype} rounding"
+        linear = linear_factors(
+            call.module_type, o.phase, o.role, o.index, [*call.consumed, *call.params]
         )
-    return (
-        f"{call.module} ({call.module_type}): {what} is scaled by {m.scale:.4g} "
-        f"± {m.scale_se or 0.0:.1g} relative to golden (mean relative error "
-        f"{_mean_rel_err(m):+.2g}) while its inputs' scale differs from 1 by at most "
-        f"{_fmt(carried)}: a systematic error of its own, not {m.dtype} rounding"
-    )
-
-
-def _mean_rel_err(m: MeasuredMetrics) -> float:
-    """The mean signed relative error (full tensors; 0 where statistics cannot say)."""
-    return (m.mean_rel_err if isinstance(m, FullMetrics) else None) or 0.0
+        if linear is None and call.module_type in LINEAR_TYPES and len(scaled_in) == 1:
+            # a module linear in its one float input: its own scale is s_out / s_in
+            linear = scaled_in if scaled_in[0].scale else None
+        excess = own_bias(
+            m,
+            profile,
+            input_error=max((i.error for i in inputs), default=0.0),
+            carried=carried_bias(inputs, profile),
+            factors=linear,
+            module_type=call.module_type,
+        )
+        if excess is None:
+            continue
+        scaled = [i for i in scaled_in if i.scale is not None and math.isfinite(i.scale)]
+        carried = max((abs(i.scale - 1.0) for i in scaled if i.scale is not None), default=0.0)
+        what = "its output" if call.phase == "forward" else "a gradient it computed"
+        if is_optimizer(o.phase, o.role):
+            what = "the optimizer's update of its parameters"
+        if call.module_type in LINEAR_TYPES and len(scaled) == 1 and scaled[0].scale:
+            return (
+                f"{call.module} ({call.module_type}) scales what it computes by "
+                f"{m.scale / scaled[0].scale:.4g}: {what} is scaled by {m.scale:.4g} ± "
+                f"{m.scale_se or 0.0:.1g} relative to golden, its input by "
+                f"{scaled[0].scale:.4g}; a linear module passes its input's scale on "
+                f"unchanged, so this is a systematic error of its own, not {m.dtype} rounding"
+            )
+        # the mean signed relative error: full tensors only (0 where statistics cannot say)
+        mean_rel = (m.mean_rel_err if isinstance(m, FullMetrics) else None) or 0.0
+        return (
+            f"{call.module} ({call.module_type}): {what} is scaled by {m.scale:.4g} "
+            f"± {m.scale_se or 0.0:.1g} relative to golden (mean relative error "
+            f"{mean_rel:+.2g}) while its inputs' scale differs from 1 by at most "
+            f"{_fmt(carried)}: a systematic error of its own, not {m.dtype} rounding"
+        )
+    return None
 
 
 def _glue_note(call: CallRecords, first: RecordResult, forward: list[RecordResult]) -> str:
     """Say so when the error first shows in a submodule's input: code between submodules
     made it, in the innermost module that holds that submodule."""
     start = min((r.seq for r in call.consumed), default=-1)
-    for r in forward:
-        if not start < r.seq < first.seq or r.status not in _BAD:
-            continue
-        if r.role == "input" and _contains(call.module, r.module):
-            owner = parent_module(r.module)
-            if owner == call.module:
-                return (
-                    f"; it first shows in the input of {r.module}, so {call.module}'s own code "
-                    "between its submodules made it"
-                )
-            return (
-                f"; it first shows in the input of {r.module}, so the code of {owner} between "
-                f"its submodules made it ({owner} is inside {call.module})"
-            )
+    r = next((r for r in forward if start < r.seq < first.seq and r.status in _BAD), None)
+    if r is None or r.role != "input" or not _contains(call.module, r.module):
         return ""
-    return ""
+    owner = parent_module(r.module)
+    if owner == call.module:
+        return (
+            f"; it first shows in the input of {r.module}, so {call.module}'s own code "
+            "between its submodules made it"
+        )
+    return (
+        f"; it first shows in the input of {r.module}, so the code of {owner} between "
+        f"its submodules made it ({owner} is inside {call.module})"
+    )
 
 
 def _contains(outer: str, inner: str) -> bool:
-    """True when module ``inner`` lies inside ``outer``.
-
-    Keys write the root module as ``root``, not as the empty prefix of every
-    name, so it is the one module a prefix test alone would miss.
-    """
+    """True when module ``inner`` lies inside ``outer`` (keys write the root as ``root``,
+    not as the empty prefix of every name)."""
     return outer == "root" or inner.startswith(outer + ".")
 
 
-def _drop_explained(found: list[Candidate], keep: set[str] | None = None) -> list[Candidate]:
+def _drop_explained(found: list[Candidate], keep: set[str]) -> list[Candidate]:
     """Drop calls that contain an earlier candidate of the same phase: the submodule
     explains them (a forward fault in a child does not explain its parent's backward).
     Candidates whose record key is in ``keep`` are never dropped."""
-    keep = keep or set()
     kept: list[Candidate] = []
     for c in found:
-        if c.result.key not in keep and any(
-            k.result.step == c.result.step
-            and k.result.rank == c.result.rank
-            and k.result.phase == c.result.phase
-            and _contains(c.result.module, k.result.module)
+        r = c.result
+        explained = any(
+            (k.result.step, k.result.rank, k.result.phase) == (r.step, r.rank, r.phase)
+            and _contains(r.module, k.result.module)
             for k in kept
-        ):
-            continue
-        kept.append(c)
+        )
+        if r.key in keep or not explained:
+            kept.append(c)
     return kept
 
 
@@ -742,45 +582,42 @@ def fallback(results: list[RecordResult]) -> Candidate | None:
     """The first failing record when no module is local (or in backward)."""
     input_grads = any(r.phase == "backward" and r.role == "input" for r in results)
     for phase in ("forward", "backward"):
-        for r in results:
-            if r.phase != phase or r.status not in _BAD:
-                continue
-            if phase == "backward" and is_optimizer(r.phase, r.role):
-                reason = (
-                    f"first failing optimizer record, at {r.module} ({r.module_type}): the "
-                    "update (or state) its parameters took differs beyond what their "
-                    "gradients' error explains through the update rule"
-                )
-                local = None
-            elif phase == "backward" and not input_grads:
-                reason = (
-                    f"first failing gradient, at {r.module} ({r.module_type}); this recording "
-                    "has no gradients w.r.t. module inputs (backward.input records), so "
-                    "whether it made the error or passed it on is not decided"
-                )
-                local: bool | None = None
-            elif phase == "backward":
-                reason = (
-                    f"first failing gradient, at {r.module} ({r.module_type}); no module's "
-                    "backward made error of its own that the recorded gradients can show"
-                )
-                local = None
-            elif r.role == "input" and (
-                r.module == "root" or (r.metrics is not None and r.metrics.level == "exact")
-            ):
-                reason = (
-                    f"the input of {r.module} ({r.module_type}) already differs and no module "
-                    "made error of its own: the two runs were probably fed different data"
-                )
-                local = False
-            else:
-                reason = (
-                    f"error grew gradually: no module made error of its own (none amplified its "
-                    f"input error >= the threshold); {r.module} ({r.module_type}) is the first "
-                    "record outside tolerance"
-                )
-                local = False
-            return Candidate(result=r, local=local, reason=reason)
+        r = next((r for r in results if r.phase == phase and r.status in _BAD), None)
+        if r is None:
+            continue
+        at = f"{r.module} ({r.module_type})"
+        if (
+            phase == "forward"
+            and r.role == "input"
+            and (r.module == "root" or (r.metrics is not None and r.metrics.level == "exact"))
+        ):
+            reason = (
+                f"the input of {at} already differs and no module made error of its own: "
+                "the two runs were probably fed different data"
+            )
+        elif phase == "forward":
+            reason = (
+                "error grew gradually: no module made error of its own (none amplified its "
+                f"input error >= the threshold); {at} is the first record outside tolerance"
+            )
+        elif is_optimizer(r.phase, r.role):
+            reason = (
+                f"first failing optimizer record, at {at}: the update (or state) its "
+                "parameters took differs beyond what their gradients' error explains "
+                "through the update rule"
+            )
+        elif not input_grads:
+            reason = (
+                f"first failing gradient, at {at}; this recording has no gradients w.r.t. "
+                "module inputs (backward.input records), so whether it made the error or "
+                "passed it on is not decided"
+            )
+        else:
+            reason = (
+                f"first failing gradient, at {at}; no module's backward made error of its "
+                "own that the recorded gradients can show"
+            )
+        return Candidate(result=r, local=False if phase == "forward" else None, reason=reason)
     return None
 
 
@@ -794,13 +631,9 @@ def rank_suspects(
 
 
 def further_findings(cands: list[Candidate], first: Candidate | None) -> list[Suspect]:
-    """Every call after a local ``first`` that made error of its own, in execution order.
-
-    Each was decided as the first was (:func:`decide_calls`: its error against what its
-    precision and its inputs' error explain, its own scale, its weights); none is dropped
-    for a count (``--suspects`` caps the ranked list only). Empty when the first
-    divergence is not local: nothing made error of its own (issue 37).
-    """
+    """Every call after a local ``first`` that made error of its own, in execution order
+    (never capped: ``--suspects`` caps the ranked list only); empty when ``first`` is not
+    local."""
     if first is None or first.local is not True:
         return []
     later = [c for c in cands if c is not first and c.local is not False]
@@ -808,16 +641,9 @@ def further_findings(cands: list[Candidate], first: Candidate | None) -> list[Su
 
 
 def decoding_divergence(units: list[UnitLike]) -> Candidate | None:
-    """The first step whose root integer inputs (token ids) differ after steps that agreed.
-
-    A recording of ``generate()`` under :func:`precguard.monitor` holds one step per
-    forward of the root: the prefill, then one new token each. When the two sides
-    choose different tokens (a near-tie in the logits, or a real fault), every later
-    step reads other tokens (and a cache built from them): its records differ because
-    its data differ, not because a layer computed wrongly. The step where the inputs
-    parted is named instead, with ``precguard generate-diff`` for the cause. Step 0's
-    inputs differing is not decoding (the runs were fed different prompts).
-    """
+    """The first step whose root integer inputs (token ids) differ after steps that agreed:
+    in a recording of ``generate()`` the steps after the two sides chose different tokens
+    differ because their data differ (docs/compare.md, "Decoding divergence")."""
     agreed = False
     for unit in sorted(units, key=lambda u: (u.step, u.rank)):
         ids = [
@@ -828,7 +654,7 @@ def decoding_divergence(units: list[UnitLike]) -> Candidate | None:
             and r.role == "input"
             and r.call == 0
             and r.metrics is not None
-            and _is_integer(r.golden_dtype)
+            and (r.golden_dtype.startswith(("int", "uint")) or r.golden_dtype == "bool")
         ]
         if not ids:
             continue
@@ -849,7 +675,3 @@ def decoding_divergence(units: list[UnitLike]) -> Candidate | None:
             "logits or a real divergence, and which layer made it",
         )
     return None
-
-
-def _is_integer(dtype: str) -> bool:
-    return dtype.startswith(("int", "uint")) or dtype == "bool"

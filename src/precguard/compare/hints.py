@@ -1,17 +1,9 @@
 """compare's messages: what it suggests next and how it explains what it found.
 
-The explanations beside the algorithm in :mod:`precguard.compare.engine` live
-here: a recording cut short, two recordings of different models, records with
-no counterpart, collectives only one side recorded, a parameter that looks like
-a shard (a pointer to ``--layout``), and an msprobe L1 dump.
-
-And the ``precguard replay`` command that confirms a suspect. A printed
-command must work when pasted. It names the module's call, step and rank, the
-actual's device and dtype, and the target whose code ran on the actual's side
-(the fault may be in that code, not in the device): the target the actual's
-manifest names. compare never imports that target; it only prints it for the
-user to run. When a working command cannot be given (no target named, no full
-tensors, a decorated function), the hint says why instead.
+The explanations beside :mod:`precguard.compare.engine` (a truncated recording, another
+model, unmatched records, one-sided collectives, a shard, an msprobe L1 dump), and the
+``precguard replay`` command that confirms a suspect (with the target the actual's
+manifest names, printed and never imported), or why none can be given.
 """
 
 from __future__ import annotations
@@ -23,13 +15,10 @@ from pathlib import Path
 
 from precguard.compare.align import closest_unmatched
 from precguard.compare.coverage import incomplete_note
-from precguard.compare.report import Comparison, RecordResult
+from precguard.compare.report import Comparison, FirstDivergence, RecordResult, Suspect
 from precguard.compare.units import OneSided
 from precguard.dump.reader import Run
 from precguard.errors import PrecguardError
-
-#: metric levels at which both sides saved the tensor (replay needs the golden's)
-_SAVED = ("full", "exact")
 
 
 @dataclass(frozen=True)
@@ -61,41 +50,20 @@ def call_of(key: str) -> int:
     return int(parts[1]) if len(parts) == 5 and parts[1].isdigit() else 0
 
 
+def _spot(r: FirstDivergence | Suspect, local: bool | None, error: float) -> ReplaySpot:
+    at = (r.module, r.module_type, r.key, r.step, r.rank, call_of(r.key))
+    return ReplaySpot(*at, local, error, r.amplification)
+
+
 def replay_spots(result: Comparison, top: int) -> list[ReplaySpot]:
     """The first divergence and the suspects after it, forward and local, at most ``top``."""
     spots: list[ReplaySpot] = []
     fd = result.first_divergence
     if fd is not None and fd.phase == "forward" and fd.local:
-        spots.append(
-            ReplaySpot(
-                fd.module,
-                fd.module_type,
-                fd.key,
-                fd.step,
-                fd.rank,
-                call_of(fd.key),
-                fd.local,
-                fd.metrics.error,
-                fd.amplification,
-            )
-        )
-    forward = {r.key: r for r in result.records if r.phase == "forward"}
-    for s in result.suspects:
-        if s.key not in forward:
-            continue  # a backward suspect: replay runs forward only
-        spots.append(
-            ReplaySpot(
-                s.module,
-                s.module_type,
-                s.key,
-                s.step,
-                s.rank,
-                call_of(s.key),
-                True,
-                s.error,
-                s.amplification,
-            )
-        )
+        spots.append(_spot(fd, fd.local, fd.metrics.error))
+    forward = {r.key for r in result.records if r.phase == "forward"}
+    # a backward suspect is left out: replay runs forward only
+    spots += [_spot(s, True, s.error) for s in result.suspects if s.key in forward]
     return spots[:top]
 
 
@@ -126,22 +94,19 @@ def unreplayable(result: Comparison, spot: ReplaySpot) -> str | None:
             f"{spot.call}) at step {spot.step}, rank {spot.rank}: replay one rank's module from "
             "a recording made on that rank"
         )
-    unsaved = [r for r in needed if not _saved(r)]
+    # replay needs the golden's tensors; an actual with statistics only does not matter
+    unsaved = [r for r in needed if r.metrics is None or r.metrics.level not in ("full", "exact")]
     if unsaved and golden_lacks_tensors(result.golden, spot):
         return (
             f"the golden holds no full tensors of {spot.module}'s inputs and outputs; record "
             f"the golden with --tensors '{spot.module}' to replay it"
         )
-    # replay feeds the golden's tensors: an actual with statistics only does not matter
     return None
 
 
 def golden_lacks_tensors(golden: str, spot: ReplaySpot) -> bool:
-    """Whether the golden recording lacks a full tensor of ``spot``'s forward inputs/outputs.
-
-    A pair compared on statistics only may lack its tensors on either side; replay needs
-    only the golden's, so the golden's own records decide (True when they cannot be read).
-    """
+    """Whether the golden recording lacks a full tensor of ``spot``'s forward inputs/outputs
+    (True when its records cannot be read)."""
     from precguard.dump.reader import load_run
 
     try:
@@ -157,10 +122,6 @@ def golden_lacks_tensors(golden: str, spot: ReplaySpot) -> bool:
         return True
 
 
-def _saved(r: RecordResult) -> bool:
-    return r.metrics is not None and r.metrics.level in _SAVED
-
-
 def target_problem(spec: str | None) -> str | None:
     """Why ``spec`` (a manifest's target) cannot be passed to --target as is, or None."""
     from precguard.target import BUILTIN_TARGETS
@@ -172,8 +133,8 @@ def target_problem(spec: str | None) -> str | None:
         )
     if spec in BUILTIN_TARGETS:
         return None
-    path = spec.split(":", 1)[0] if spec.split(":", 1)[0].endswith(".py") else None
-    if path is not None:
+    path = spec.split(":", 1)[0]
+    if path.endswith(".py"):
         return None if Path(path).is_file() else f"the actual's target file {path} is not found"
     if ":" in spec:
         return None  # package.module:function; importable or not, it is the user's to run
@@ -181,11 +142,8 @@ def target_problem(spec: str | None) -> str | None:
 
 
 def replay_hint(result: Comparison) -> ReplayHint | None:
-    """The ``precguard replay`` command confirming the first divergence; None if none applies.
-
-    None when there is no local first divergence to confirm (a backward one
-    gets a reason and no command).
-    """
+    """The ``precguard replay`` command confirming the first divergence, or why there is
+    none; None when there is no local first divergence to confirm."""
     spots = replay_spots(result, 1)
     fd = result.first_divergence
     if fd is not None and fd.phase == "backward" and fd.local:
@@ -197,34 +155,16 @@ def replay_hint(result: Comparison) -> ReplayHint | None:
     if not spots or fd is None or spots[0].key != fd.key:
         return None
     spot = spots[0]
-    why = unreplayable(result, spot)
+    target = result.targets[1] if len(result.targets) > 1 else None
+    why = unreplayable(result, spot) or target_problem(target)
     if why is not None:
         return ReplayHint(None, why)
-    target = result.targets[1] if len(result.targets) > 1 else None
-    problem = target_problem(target)
-    if problem is not None:
-        return ReplayHint(None, problem)
     assert target is not None
     device = result.devices[1] if len(result.devices) > 1 else "cpu"
     dtype = result.dtypes[1] if len(result.dtypes) > 1 else None
-    args = [
-        "precguard",
-        "replay",
-        result.golden,
-        "--module",
-        spot.module,
-        "--target",
-        target,
-        "--device",
-        device,
-        *(["--dtype", dtype] if dtype else []),
-        "--call",
-        str(spot.call),
-        "--step",
-        str(spot.step),
-        "--rank",
-        str(spot.rank),
-    ]
+    args = ["precguard", "replay", result.golden, "--module", spot.module, "--target", target]
+    args += ["--device", device, *(["--dtype", dtype] if dtype else [])]
+    args += ["--call", str(spot.call), "--step", str(spot.step), "--rank", str(spot.rank)]
     return ReplayHint(shlex.join(args))
 
 
@@ -257,9 +197,7 @@ def one_sided_notes(found: Sequence[OneSided], shown: int = 4) -> list[str]:
     """One line per (side, phase, role, name): the modules that only one side passed it to.
 
     ``only golden passed kwargs.attention_mask to model.layers.0, model.layers.0.self_attn
-    (step 0): not compared``. An eager attention gets the causal mask that SDPA builds
-    inside; comparing it with the next input (the old pairing by position) was a false
-    divergence.
+    (step 0): not compared`` (an eager attention gets the causal mask SDPA builds inside).
     """
     groups: dict[tuple[str, str, str, str], dict[str, set[int]]] = {}
     for o in found:
@@ -285,22 +223,15 @@ def one_sided_notes(found: Sequence[OneSided], shown: int = 4) -> list[str]:
 
 
 def recomputation_notes(g_run: Run, a_run: Run) -> list[str]:
-    """A line per side whose run recomputed module calls in backward (checkpointing).
-
-    Recomputed forwards are recognised at capture and not recorded as further
-    calls (their gradients are keyed at the call they recompute), so a run with
-    activation checkpointing compares with one without; the line says it happened.
-    """
-    notes = []
-    for side, run in (("golden", g_run), ("actual", a_run)):
-        n = run.manifest.recomputed_calls
-        if n:
-            notes.append(
-                f"the {side} recomputed {n} module call(s) during backward (activation "
-                "checkpointing): recognised as recomputation, not recorded or compared as "
-                "further calls"
-            )
-    return notes
+    """A line per side whose run recomputed module calls in backward (checkpointing):
+    recognised at capture and not recorded as further calls, which the line says."""
+    return [
+        f"the {side} recomputed {run.manifest.recomputed_calls} module call(s) during "
+        "backward (activation checkpointing): recognised as recomputation, not recorded or "
+        "compared as further calls"
+        for side, run in (("golden", g_run), ("actual", a_run))
+        if run.manifest.recomputed_calls
+    ]
 
 
 def collectives_left_out(count: int, side: str) -> str:
@@ -333,10 +264,8 @@ def not_the_same_model(
     is_detail: Callable[[str], bool],
 ) -> str:
     """Why two recordings are taken to be of different models: too few records align.
-
-    The hint that fixes it comes before the list of names, which the CLI's one
-    line may cut: an msprobe L1 dump, then a run that did not finish.
-    """
+    The hints that fix it (an msprobe L1 dump, a run that did not finish) come before the
+    names, which the CLI's one line may cut."""
     return (
         f"{a_run.path} does not look like a recording of the same model as {g_run.path}: "
         f"only {matched} records align, {len(golden_only)} are only in golden and "
@@ -354,13 +283,9 @@ def truncation_note(
     golden_only: list[str],
     actual_only: list[str],
 ) -> str | None:
-    """Say which recording is cut short when its records are a prefix of the other's.
-
-    A records file cut at a line boundary (copied in part, a full disk) leaves
-    one side with a prefix of the other: every unmatched record is on the
-    longer side, and none is followed by a matched one. That is a truncated
-    recording, not a different model (a smaller model leaves gaps, not a tail).
-    """
+    """Say which recording is cut short when its records are a prefix of the other's:
+    every unmatched record on one side, none followed by a matched one (a smaller model
+    leaves gaps, not a tail)."""
     if golden_only and not actual_only:
         short, other, missing = a_run, g_run, len(golden_only)
     elif actual_only and not golden_only:
@@ -373,7 +298,6 @@ def truncation_note(
             gap = True
         elif gap:
             return None  # a matched record after the unmatched ones: not a cut
-
     return (
         f"{short.path}: truncated: it lacks {missing} records that {other.path} has and has "
         "none of its own; its records.jsonl was cut short (copy it again)"

@@ -1,25 +1,12 @@
 """The one pass: every rule of compare's verdict, in its phases, and one writer of status.
 
-``compare`` hands each rank and step, measured (compare/engine.py), to
-:func:`run_rules`. The rules (compare/rules.py: :data:`~precguard.compare.rules.RULES`,
-in the order they run) each take part in four phases (compare/rule.py):
-
-1. **re-measure**: a router's followers on the rows both runs routed alike (routing);
-2. **adjust expected**: what the judge knows besides the records: the error carried from
-   the step before and a calibration (the expected-error judge), an optimizer's update
-   rule (optimizer), a re-routing's widening (routing);
-3. **settle**, one record at a time in capture order: the expected-error judge (or a
-   fixed profile's tolerance), a router's top-k and the records that follow it, a loss
-   computed in low precision; each sets what the record is allowed (a
-   :class:`~precguard.compare.rule.Settlement`) and its figures, and then this pass
-   writes the record's status and ``allowed_error`` once (:meth:`_Walk.write`); the
-   record joins its module call (calls.py), where later records read what it consumed;
-4. **explain**: what the why lines name (a KV cache read, a finding a rule decided).
-
-Then each module call is decided once (divergence.py,
-:func:`~precguard.compare.divergence.decide_calls`): local or propagated, with its why
-line, and the decisions are copied onto the failing records. Where a new rule goes:
-docs/architecture.md, "Where to add a rule".
+:func:`run_rules` takes one measured rank and step through the rules of
+:data:`~precguard.compare.rules.RULES` in their four phases (compare/rule.py; the map and
+"Where to add a rule" are in docs/architecture.md). In the settle phase each rule sets
+what a record is allowed (a :class:`~precguard.compare.rule.Settlement`) and this pass
+writes its status once (:meth:`_Walk.write`); then each module call is decided once
+(:func:`~precguard.compare.divergence.decide_calls`) and the decisions are copied onto
+the failing records.
 """
 
 from __future__ import annotations
@@ -90,7 +77,7 @@ class _Walk:
 
     def rewrite(self, pos: int, r: RecordResult) -> None:
         """Write the record at ``pos`` again from its settlement (a later rule's verdict)."""
-        self.calls.replace(pos, self.write(r, self.settlement(pos)))
+        self.calls.records[pos] = self.write(r, self.settlement(pos))
 
 
 def run_rules(ctx: StepContext, why: Explanations | None = None) -> StepVerdict:
@@ -132,11 +119,9 @@ def judge_unit(
     cache_names: dict[str, str] | None = None,
 ) -> StepVerdict:
     """Judge and decide one rank and step's measured records (:func:`run_rules`) without
-    a comparison around them: ``judging``, what the expected-error judge knows besides
-    the records (nothing of earlier steps when None); ``routes``, the step's routers
-    (:meth:`precguard.compare.routing.Routing.of_step`, its followers re-measured);
-    ``buffer_names`` and ``cache_names``: the recorded names of the buffer and KV-cache
-    records by key, which the why lines name."""
+    a comparison around them: ``judging``, what the expected-error judge knows besides the
+    records; ``routes``, the step's routers (``Routing.of_step``);
+    ``buffer_names`` and ``cache_names``, the names the why lines give records by key."""
     ctx = StepContext(results=list(results), profile=profile, inputs=judging, routes=routes)
     why = Explanations(buffer_names=buffer_names or {}, cache_names=cache_names or {})
     return run_rules(ctx, why)
