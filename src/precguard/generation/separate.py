@@ -45,14 +45,8 @@ REPLAY_DIR = "layerwise"
 
 def _decoded(meta: SavedRun, decodings: list[Any], path: Path) -> Decoded:
     side = meta.side.model_copy(update={"saved": str(path)})
-    return Decoded(
-        side,
-        meta.hidden,
-        meta.layers,
-        decodings,
-        [p.fed for p in meta.prompts],
-        [p.seconds for p in meta.prompts],
-    )
+    fed, seconds = [p.fed for p in meta.prompts], [p.seconds for p in meta.prompts]
+    return Decoded(side, meta.hidden, meta.layers, decodings, fed, seconds)
 
 
 def _prompts(meta: SavedRun) -> list[Prompt]:
