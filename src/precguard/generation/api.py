@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,11 +99,9 @@ def decode_side(
             if on_progress is not None:
                 on_progress(side.device, i, step, opts.steps)
 
-        noise = None
-        if opts.sample:
-            if vocab is None:  # the vocabulary is known after the first prefill
-                vocab = decode(side, prompt.ids, 1, cache_free=False).scores.shape[-1]
-            noise = opts.noise(i, vocab)
+        if opts.sample and vocab is None:  # the vocabulary is known after the first prefill
+            vocab = decode(side, prompt.ids, 1, cache_free=False).scores.shape[-1]
+        noise = None if vocab is None else opts.noise(i, vocab)
         fed = None if forced is None else forced[i]
         start = time.perf_counter()
         d = decode(
@@ -221,7 +219,7 @@ def summarize(results: list[PromptResult], steps: int) -> Summary:
     )
 
 
-def first_divergent(results: list[PromptResult]) -> PromptResult | None:
+def first_divergent(results: Iterable[PromptResult]) -> PromptResult | None:
     """The first prompt whose first flip is a real divergence (not a near-tie), or None."""
     return next(
         (r for r in results if r.first_divergence and r.first_divergence.kind == "divergence"),
@@ -343,9 +341,8 @@ def generate_diff(
     opts = DecodingOptions(max_new_tokens, sample, seed, temperature, top_k)
     golden_side = DecodeSide.open(golden)
     actual_side = DecodeSide.open(actual)
-    actual_target = actual_side.target
-    prompt_list = build_prompts(actual_target, None if prompts is None else list(prompts))
-    tokenizer = make_tokenizer(actual_target)
+    prompt_list = build_prompts(actual_side.target, None if prompts is None else list(prompts))
+    tokenizer = make_tokenizer(actual_side.target)
     golden_run = decode_side(golden_side, prompt_list, opts, on_progress=on_progress)
     actual_run = decode_side(
         actual_side, prompt_list, opts, forced=golden_run.fed, on_progress=on_progress

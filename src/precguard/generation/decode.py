@@ -10,6 +10,7 @@ sequence again, and there is no cache to compare).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -79,8 +80,6 @@ class DecodeSide:
 def step_callable(model: nn.Module) -> StepFn:
     """``step(input_ids, cache) -> (logits, cache)`` for an HF model or a plain step module."""
     if hasattr(model, "generate") and hasattr(model, "config"):  # an HF causal LM
-        import inspect
-
         from transformers import DynamicCache
 
         params = inspect.signature(model.forward).parameters
@@ -125,8 +124,6 @@ class TokenHistory:
 
 def _takes_one_input(model: nn.Module) -> bool:
     """True when ``forward`` takes the input ids alone (no cache argument)."""
-    import inspect
-
     try:
         params = list(inspect.signature(model.forward).parameters.values())
     except (TypeError, ValueError):

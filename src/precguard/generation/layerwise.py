@@ -57,7 +57,6 @@ def record_replay(side: DecodeSide, ids: torch.Tensor, out: Path, *, prefix: int
     import precguard
 
     step = side.step_fn()
-    handle = None
     try:
         with side.running():
             cache = None
