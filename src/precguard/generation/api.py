@@ -1,12 +1,9 @@
 """``generate_diff``: decode the same prompts on two sides and find where and why they part.
 
-Per prompt the golden decodes freely (greedy, or seeded sampling through shared
-Gumbel noise) with a KV cache; the actual is fed the golden's tokens, so its
-choice at each step is its own free-running choice up to the first flip and a
-comparable next-token distribution after it. The first flip is judged a
-near-tie or a divergence (:mod:`precguard.generation.judge`); the first real
-divergence is replayed layer by layer (:mod:`precguard.generation.layerwise`);
-the caches are compared (:mod:`precguard.generation.kvcache`).
+The golden decodes freely (greedy, or seeded sampling through shared Gumbel noise); the
+actual is fed the golden's tokens. The first flip is judged (:mod:`.judge`), the first
+real divergence replayed layer by layer (:mod:`.layerwise`), the caches compared
+(:mod:`.kvcache`).
 """
 
 from __future__ import annotations
@@ -14,15 +11,15 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from precguard._logging import get_logger
-from precguard.errors import UsageError
+from precguard.compare.impact_report import RemedyCheck
+from precguard.errors import PrecguardError, UsageError
 from precguard.generation.decode import (
     DecodeSide,
     Decoding,
@@ -47,8 +44,6 @@ from precguard.generation.report import (
 from precguard.numerics import less_precise, stacked_floor
 from precguard.target import Target, load_target
 from precguard.target_run import Side, one_side, refuse_beside
-
-logger = get_logger(__name__)
 
 #: (device, prompt index, step, steps per prompt) after each decoded step of either side
 ProgressFn = Callable[[str, int, int, int], None]
@@ -90,23 +85,25 @@ def decode_side(
     on_progress: ProgressFn | None = None,
 ) -> Decoded:
     """Decode every prompt on ``side`` (fed ``forced[i]`` when given)."""
+    info = SideReport(
+        device=side.device,
+        dtype=side.dtype,
+        compute_dtype=side.compute_dtype,
+        target=side.target.name,
+    )
+    out = Decoded(info, None, layer_count(side.model))
     vocab = None
-    out: Decoded | None = None
     for i, prompt in enumerate(prompts):
-        counter = iter(range(opts.steps))
 
-        def tick(i: int = i, counter: Any = counter) -> None:
+        def tick(step: int, i: int = i) -> None:
             if on_progress is not None:
-                on_progress(side.device, i, next(counter, opts.steps - 1), opts.steps)
+                on_progress(side.device, i, step, opts.steps)
 
-        noise = None
-        if opts.sample:
-            if vocab is None:  # the vocabulary is known after the first prefill
-                probe = decode(side, prompt.ids, 1, cache_free=False)
-                vocab = probe.scores.shape[-1]
-            noise = opts.noise(i, vocab)
-        start = time.perf_counter()
+        if opts.sample and vocab is None:  # the vocabulary is known after the first prefill
+            vocab = decode(side, prompt.ids, 1, cache_free=False).scores.shape[-1]
+        noise = None if vocab is None else opts.noise(i, vocab)
         fed = None if forced is None else forced[i]
+        start = time.perf_counter()
         d = decode(
             side,
             prompt.ids,
@@ -116,20 +113,12 @@ def decode_side(
             temperature=opts.temperature,
             on_step=tick,
         )
-        seconds = time.perf_counter() - start
-        if out is None:
-            vocab = d.scores.shape[-1]
-            info = SideReport(
-                device=side.device,
-                dtype=side.dtype,
-                compute_dtype=side.compute_dtype,
-                target=side.target.name,
-            )
-            out = Decoded(info, hidden_size(side.model, vocab), layer_count(side.model))
+        out.seconds.append(time.perf_counter() - start)
+        vocab = d.scores.shape[-1]
         out.decodings.append(d)
         out.fed.append(list(fed if fed is not None else d.chosen)[: opts.steps])
-        out.seconds.append(seconds)
-    assert out is not None
+    assert vocab is not None
+    out.hidden = hidden_size(side.model, vocab)
     return out
 
 
@@ -152,51 +141,46 @@ def judge_prompt(
     # the error a correct model explains in the less precise of the two compute dtypes
     dtype = less_precise(golden.side.compute_dtype, actual.side.compute_dtype)
     explained = stacked_floor(dtype, golden.hidden, golden.layers)
-    vocab = g.scores.shape[-1]
-    noise = opts.noise(index, vocab)
+    noise = opts.noise(index, g.scores.shape[-1])
     # steps stay comparable while both sides were fed the same tokens
     fed_g, fed_a = golden.fed[index], actual.fed[index]
     comparable = next(
         (t + 1 for t, (x, y) in enumerate(zip(fed_g, fed_a, strict=False)) if x != y), opts.steps
     )
     comparable = min(comparable, len(g.chosen), len(a.chosen))
-    steps: list[StepPoint] = []
-    first: TokenDivergence | None = None
-    flips = 0
-    for t in range(comparable):
-        gs, as_ = g.scores[t], a.scores[t]
-        steps.append(
-            StepPoint(
-                step=t,
-                golden_token=g.chosen[t],
-                actual_token=a.chosen[t],
-                kl=kl_divergence(gs, as_, opts.temperature),
-                top_k_overlap=top_k_overlap(gs, as_, opts.top_k),
-                logits_error=rel_l2(as_, gs),
-            )
+    steps = [
+        StepPoint(
+            step=t,
+            golden_token=g.chosen[t],
+            actual_token=a.chosen[t],
+            kl=kl_divergence(g.scores[t], a.scores[t], opts.temperature),
+            top_k_overlap=top_k_overlap(g.scores[t], a.scores[t], opts.top_k),
+            logits_error=rel_l2(a.scores[t], g.scores[t]),
         )
-        if g.chosen[t] == a.chosen[t]:
-            continue
-        flips += 1
-        if first is None:
-            judged = judge_flip(
-                gs,
-                as_,
-                g.chosen[t],
-                a.chosen[t],
-                explained=explained,
-                temperature=opts.temperature,
-                golden_noise=None if noise is None else noise[t],
-            )
-            texts = token_texts(tokenizer, [g.chosen[t], a.chosen[t]]) or [None, None]
-            first = TokenDivergence(
-                step=t,
-                golden_token=g.chosen[t],
-                actual_token=a.chosen[t],
-                golden_text=texts[0],
-                actual_text=texts[1],
-                **judged,  # type: ignore[arg-type]
-            )
+        for t in range(comparable)
+    ]
+    flips = [s.step for s in steps if s.golden_token != s.actual_token]
+    first = None
+    if flips:  # the first flip is judged; later ones are counted
+        t = flips[0]
+        pair = [g.chosen[t], a.chosen[t]]
+        judged = judge_flip(
+            g.scores[t],
+            a.scores[t],
+            *pair,
+            explained=explained,
+            temperature=opts.temperature,
+            golden_noise=None if noise is None else noise[t],
+        )
+        texts = token_texts(tokenizer, pair) or [None, None]
+        first = TokenDivergence(
+            step=t,
+            golden_token=pair[0],
+            actual_token=pair[1],
+            golden_text=texts[0],
+            actual_text=texts[1],
+            **judged,  # type: ignore[arg-type]
+        )
     return PromptResult(
         index=index,
         text=prompt.text,
@@ -206,7 +190,7 @@ def judge_prompt(
         golden_texts=token_texts(tokenizer, g.chosen[:comparable]),
         actual_texts=token_texts(tokenizer, a.chosen[:comparable]),
         first_divergence=first,
-        flips=flips,
+        flips=len(flips),
         kl=[s.kl for s in steps],
         steps=steps,
         kv_cache=kv_cache_result(g, a, explained),
@@ -235,7 +219,7 @@ def summarize(results: list[PromptResult], steps: int) -> Summary:
     )
 
 
-def first_divergent(results: list[PromptResult]) -> PromptResult | None:
+def first_divergent(results: Iterable[PromptResult]) -> PromptResult | None:
     """The first prompt whose first flip is a real divergence (not a near-tie), or None."""
     return next(
         (r for r in results if r.first_divergence and r.first_divergence.kind == "divergence"),
@@ -310,8 +294,8 @@ def generate_diff(
     :param reference_target: another target for the golden side (default: ``target``).
     :param verify: a KV-cache cause's remedy (the cache kept in the model's dtype) applied to
         the first divergent prompt's decoding and verified; a layer cause's remedies re-run
-        as ``compare --verify`` does (generation/layer_remedy.py); else one ``not run``
-        check saying why (``GenerationDiff.remedies``).
+        as ``compare --verify`` does (:func:`verify_cause`); else one ``not run`` check
+        saying why (``GenerationDiff.remedies``).
     :returns: a :class:`GenerationDiff`; its ``exit_code`` is 1 for a real divergence.
 
     >>> result = precguard.generate_diff("tiny-llama", device="emu:bf16")   # doctest: +SKIP
@@ -357,9 +341,8 @@ def generate_diff(
     opts = DecodingOptions(max_new_tokens, sample, seed, temperature, top_k)
     golden_side = DecodeSide.open(golden)
     actual_side = DecodeSide.open(actual)
-    actual_target = actual_side.target
-    prompt_list = build_prompts(actual_target, None if prompts is None else list(prompts))
-    tokenizer = make_tokenizer(actual_target)
+    prompt_list = build_prompts(actual_side.target, None if prompts is None else list(prompts))
+    tokenizer = make_tokenizer(actual_side.target)
     golden_run = decode_side(golden_side, prompt_list, opts, on_progress=on_progress)
     actual_run = decode_side(
         actual_side, prompt_list, opts, forced=golden_run.fed, on_progress=on_progress
@@ -384,26 +367,59 @@ def generate_diff(
             keep=keep_recordings,
         )
     result = assemble(golden_run.side, actual_run.side, opts, results, replay)
-    cause = result.cause
     if verify and first is not None:
-        if cause is not None and cause.kind == "kv-cache":
-            from precguard.generation.cache_remedy import verify_cache_remedy
-
-            prompt, fed = prompt_list[first.index].ids, golden_run.fed[first.index]
-            checks = [verify_cache_remedy(golden_side, actual_side, prompt, fed, where=cause.where)]
-        elif cause is not None and cause.kind == "layer":
-            from precguard.generation.layer_remedy import layer_remedies
-
-            checks = layer_remedies(actual, golden, cause.where)
-        else:  # say why, in one line, rather than nothing
-            from precguard.localize.impact import not_run
-
-            why = "no cause was named" if cause is None else f"the cause is {cause.kind}"
-            if replay is None:
-                why = "the layerwise replay was not run (--no-layerwise), so no layer is named"
-            checks = [not_run("none", "--verify", why)]
+        decoded = (golden_side, actual_side, prompt_list[first.index].ids)
+        checks = verify_cause(result, (golden, actual), decoded, golden_run.fed[first.index])
         result = result.model_copy(update={"remedies": checks})
     return result
+
+
+def verify_cause(
+    result: GenerationDiff,
+    sides: tuple[Side, Side],
+    decoded: tuple[DecodeSide, DecodeSide, torch.Tensor],
+    fed: list[int],
+) -> list[RemedyCheck]:
+    """``--verify``: the remedy of ``result``'s cause applied and measured again, or one
+    ``not run`` check saying why in one line (never nothing).
+
+    A KV-cache cause: the first divergent prompt (``decoded``: both sides and the prompt;
+    ``fed``: the golden's tokens) decoded again with the actual's cache kept in the
+    model's dtype. A layer cause: the module's remedies (:func:`precguard.compare.candidates`,
+    in their order) applied to the actual's model (``sides``: golden, actual) and the
+    output error measured on the target's own batch, as ``compare --target --verify`` does.
+    """
+    from precguard.localize.impact import ActualSide, error_budget, not_run
+
+    cause = result.cause
+    if cause is not None and cause.kind == "kv-cache":
+        from precguard.generation.cache_remedy import verify_cache_remedy
+
+        return [verify_cache_remedy(*decoded, fed, where=cause.where)]
+    if cause is None or cause.kind != "layer":
+        why = "no cause was named" if cause is None else f"the cause is {cause.kind}"
+        if result.layerwise is None:
+            why = "the layerwise replay was not run (--no-layerwise), so no layer is named"
+        return [not_run("none", "--verify", why)]
+    from precguard.compare.advice import ordered
+    from precguard.localize.verify import verify_remedies
+
+    module, (golden, actual) = cause.where, sides
+    summary = f"the remedies of {module or 'the named layer'}"
+    if not module:
+        return [not_run("none", summary, "the layerwise replay named no module")]
+    try:
+        side = ActualSide.open(actual, golden=golden.replace(target=actual.target))
+        if not side.has_module(module):
+            return [not_run("none", summary, f"{module} is not a module of the target's model")]
+        budget = verify_remedies(side, error_budget(side, [(module, "generate-diff")]))
+    except PrecguardError as exc:
+        why = f"the target's model could not be re-run on its batch: {exc}"
+        return [not_run("none", summary, why)]
+    checks = [c for impact in budget.impacts for c in impact.remedies]
+    return ordered(checks) or [
+        not_run("none", summary, f"no mechanical remedy applies to {module}")
+    ]
 
 
 def assemble(

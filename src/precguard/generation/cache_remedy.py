@@ -1,27 +1,10 @@
 """A cache in the model's dtype: the remedy of a KV-cache finding, verified by decoding again.
 
-``generate-diff`` names a cache entry as the cause of a divergence when the
-actual's cache holds values its golden does not (a cache kept in float16 in a
-bf16 model: a massive activation overflows to inf where it is stored). The fix
-a user applies is to keep the cache in the model's dtype; this module applies
-it mechanically and decodes again.
-
-How it is applied: while the actual's model takes a step, every cast of a
-floating tensor to a dtype other than the model's and no wider than it (``k.half()``
-in a bf16 model, or in a float32 one) is noted with the tensor it was cast from;
-the cache the step returns has each such cast result replaced by its source, in
-the model's dtype. The step's own numbers are unchanged (it attends to what it
-computed); the next step reads the cache as the model's dtype holds it. Caches
-of tuples, lists, mappings and dataclasses (the plain ``step(ids, cache) -> (logits,
-cache)`` convention; the containers of :mod:`precguard.tree`) are rewritten; an HF
-``Cache`` object concatenates inside its ``update`` and is left as it is (the remedy
-then says it did not help).
-
-The error is the relative L2 error of the decoding's logits (every step, the
-golden's tokens fed to both sides) against the golden's. The floor is the
-actual's own cache-free forward over the same tokens: the same model at the
-same precision with no cache path, so a correct run's error
-(``generation/kvcache.py`` uses the same forward as the cache path's check).
+While the actual's model takes a step, each cast of a floating tensor to a narrower or
+equal dtype other than the model's (``k.half()`` in a bf16 model) is noted; in the cache
+the step returns each such cast result is replaced by its source in the model's dtype,
+and the decoding is measured again against the golden's, the actual's own cache-free
+forward its floor (docs/impact.md says how and why).
 """
 
 from __future__ import annotations
@@ -68,23 +51,6 @@ class _CastSources:
             self.sources[id(out)] = (out, src)
 
 
-def _in_model_dtype(cache: Any, sources: _CastSources) -> tuple[Any, int]:
-    """``cache`` with each noted cast result replaced by its source in the model's dtype,
-    and how many tensors were replaced (walked by :func:`precguard.tree.map_tensors`, so
-    each container keeps its type and a cache object stays as it is)."""
-    restored = 0
-
-    def keep(t: torch.Tensor) -> torch.Tensor:
-        nonlocal restored
-        hit = sources.sources.get(id(t))
-        if hit is None or hit[0] is not t:
-            return t
-        restored += 1
-        return hit[1].to(sources.dtype)
-
-    return tree.map_tensors(cache, keep), restored
-
-
 def cache_in_model_dtype(step: StepFn, dtype: torch.dtype, kept: list[int]) -> StepFn:
     """``step`` with the cache it returns kept in ``dtype`` (module docstring); each call
     appends to ``kept`` how many cache tensors it restored."""
@@ -93,9 +59,20 @@ def cache_in_model_dtype(step: StepFn, dtype: torch.dtype, kept: list[int]) -> S
         sources = _CastSources(dtype)
         with on_ops(sources, ops=_CASTS, errors="raise"):
             logits, new_cache = step(ids, cache, keep)
-        restored, count = _in_model_dtype(new_cache, sources)
-        kept.append(count)
-        return logits, restored
+        restored = 0
+
+        def source(t: torch.Tensor) -> torch.Tensor:
+            nonlocal restored
+            hit = sources.sources.get(id(t))
+            if hit is None or hit[0] is not t:
+                return t
+            restored += 1
+            return hit[1].to(dtype)
+
+        # each container keeps its type, and a cache object stays as it is
+        new_cache = tree.map_tensors(new_cache, source)
+        kept.append(restored)
+        return logits, new_cache
 
     return kept_step
 
@@ -134,9 +111,7 @@ def verify_cache_remedy(
     expected = decode(golden, prompt, steps, forced=forced, cache_free=False).scores
     as_is = decode(actual, prompt, steps, forced=forced, cache_free=True)
     before = relative_error(as_is.scores, expected)
-    floor = None
-    if as_is.free_scores is not None:
-        floor = relative_error(as_is.free_scores, expected)
+    floor = None if as_is.free_scores is None else relative_error(as_is.free_scores, expected)
     kept: list[int] = []
     side = _KeptSide(**{f: getattr(actual, f) for f in DecodeSide.__dataclass_fields__}, kept=kept)
     summary = "the KV cache kept in the model's dtype" + (f" ({where})" if where else "")
@@ -155,6 +130,3 @@ def verify_cache_remedy(
         )
     logger.info("cache_remedy_verified", verdict=check.verdict, restored=sum(kept))
     return check
-
-
-__all__ = ["cache_in_model_dtype", "verify_cache_remedy"]

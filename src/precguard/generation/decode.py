@@ -1,23 +1,16 @@
 """Decoding with a KV cache on one side: the model, its device, and a step callable.
 
-A model is driven one of two ways:
-
-- an HF ``generate``-capable model (``transformers`` ``PreTrainedModel``): each step
-  is ``model(input_ids=..., past_key_values=cache, use_cache=True)`` with a
-  ``DynamicCache``;
-- any other module whose ``forward`` is ``step(input_ids, cache) -> (logits, cache)``,
-  called with ``cache=None`` for the prefill (docs/generate.md shows one);
-- a module whose ``forward(input_ids)`` returns logits and keeps no cache: each step
-  runs the whole sequence again (there is then no cache to compare).
-
-Both sides feed the golden's tokens (teacher forcing): before the first flip
-this is each side's own free-running decoding, after it the next-token
-distributions stay comparable step by step.
+A model is driven one of three ways: an HF ``generate``-capable model with a
+``DynamicCache``; a module whose ``forward`` is ``step(input_ids, cache) -> (logits,
+cache)`` (``cache=None`` for the prefill, docs/generate.md shows one); a module whose
+``forward(input_ids)`` returns logits and keeps no cache (each step runs the whole
+sequence again, and there is no cache to compare).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -26,14 +19,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from precguard._logging import get_logger
 from precguard.backend import Backend, capture_scope
 from precguard.devices import dtype_name
 from precguard.errors import TargetError
 from precguard.target import Target, raised
 from precguard.target_run import Side
-
-logger = get_logger(__name__)
 
 #: ``step(input_ids, cache, keep=1) -> (logits, cache)``; ``keep``: how many last positions'
 #: logits are needed (a hint: a plain step module may return them all)
@@ -87,16 +77,9 @@ class DecodeSide:
         return ids.to(self.backend.torch_device())
 
 
-def is_hf_causal_lm(model: nn.Module) -> bool:
-    """True for a ``transformers`` model that can ``generate``."""
-    return hasattr(model, "generate") and hasattr(model, "config")
-
-
 def step_callable(model: nn.Module) -> StepFn:
     """``step(input_ids, cache) -> (logits, cache)`` for an HF model or a plain step module."""
-    if is_hf_causal_lm(model):
-        import inspect
-
+    if hasattr(model, "generate") and hasattr(model, "config"):  # an HF causal LM
         from transformers import DynamicCache
 
         params = inspect.signature(model.forward).parameters
@@ -141,8 +124,6 @@ class TokenHistory:
 
 def _takes_one_input(model: nn.Module) -> bool:
     """True when ``forward`` takes the input ids alone (no cache argument)."""
-    import inspect
-
     try:
         params = list(inspect.signature(model.forward).parameters.values())
     except (TypeError, ValueError):
@@ -176,11 +157,8 @@ def hidden_size(model: nn.Module, vocab: int) -> int | None:
     size = getattr(config, "hidden_size", None)
     if isinstance(size, int):
         return size
-    found = None
-    for module in model.modules():
-        if isinstance(module, nn.Linear) and module.out_features == vocab:
-            found = module.in_features
-    return found
+    heads = [m for m in model.modules() if isinstance(m, nn.Linear) and m.out_features == vocab]
+    return heads[-1].in_features if heads else None
 
 
 def layer_count(model: nn.Module) -> int:
@@ -199,23 +177,20 @@ def cache_tensors(cache: Any) -> dict[str, torch.Tensor]:
     Reads an HF ``Cache`` (``.layers[i].keys``/``.values``), the legacy tuple of
     ``(key, value)`` pairs, or any nesting of lists, tuples and dicts of tensors.
     """
-    found: dict[str, torch.Tensor] = {}
     layers = getattr(cache, "layers", None)
-    if layers is not None and not isinstance(cache, (list, tuple, dict)):
-        for i, layer in enumerate(layers):
-            for part in ("keys", "values"):
-                t = getattr(layer, part, None)
-                if isinstance(t, torch.Tensor) and t.numel():
-                    found[f"layers.{i}.{part}"] = _host(t)
-        return found
+    hf = layers is not None and not isinstance(cache, (list, tuple, dict))
+    if hf:  # an HF cache holds no empty tensor worth naming: a layer not yet written
+        cache = [(getattr(layer, "keys", None), getattr(layer, "values", None)) for layer in layers]
     if isinstance(cache, (list, tuple)) and all(
         isinstance(p, (list, tuple)) and len(p) == 2 for p in cache
     ):
-        for i, (k, v) in enumerate(cache):
-            for part, t in (("keys", k), ("values", v)):
-                if isinstance(t, torch.Tensor):
-                    found[f"layers.{i}.{part}"] = _host(t)
-        return found
+        return {
+            f"layers.{i}.{part}": _host(t)
+            for i, pair in enumerate(cache)
+            for part, t in zip(("keys", "values"), pair, strict=True)
+            if isinstance(t, torch.Tensor) and (t.numel() or not hf)
+        }
+    found: dict[str, torch.Tensor] = {}
     _walk(cache, "", found)
     return found
 
@@ -249,11 +224,9 @@ class Decoding:
 def choose(scores: torch.Tensor, noise: torch.Tensor | None, temperature: float) -> int:
     """Greedy: argmax of the logits; sampling: argmax of logits / T + Gumbel noise.
 
-    The choice is the host's work on the float32 logits the device handed over, as
-    on a real device (its logits reach the CPU, where the token is chosen), so it runs
-    outside the device's arithmetic: under ``emu:bf16`` ``logits / T + noise`` would
-    otherwise be rounded to bf16 (8 bits) and argmax would pick a token neither side's
-    logits prefer (issue 37: a correct bf16 model read as a divergence when sampling).
+    The host's work on the float32 logits, as on a real device, so outside the device's
+    arithmetic: under ``emu:bf16`` ``logits / T + noise`` would be rounded to bf16 and
+    argmax could pick a token neither side's logits prefer.
     """
     with capture_scope():
         if noise is None:
@@ -269,23 +242,21 @@ def decode(
     forced: list[int] | None = None,
     noise: torch.Tensor | None = None,
     temperature: float = 1.0,
-    snapshot_after: int | None = None,
     cache_free: bool = True,
-    on_step: Callable[[], None] | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> Decoding:
     """Decode ``steps`` tokens after ``prompt`` (``[1, P]`` ids) with a KV cache.
 
     Each step feeds ``forced[t]`` when given (the golden's tokens), else the
     token this side chose. The cache is copied to the host after the prefill and
-    after ``snapshot_after`` steps; with ``cache_free`` one forward without a
-    cache over the prompt and the fed tokens gives every step's logits again.
+    after the last token fed; with ``cache_free`` one forward without a cache over
+    the prompt and the fed tokens gives every step's logits again.
     """
     step = side.step_fn()
     rows: list[torch.Tensor] = []
     chosen: list[int] = []
     fed: list[int] = []
     caches: dict[str, dict[str, torch.Tensor]] = {}
-    last = steps - 1 if snapshot_after is None else min(snapshot_after, steps - 1)
     try:
         with side.running():
             logits, cache = step(side.to_device(prompt), None)
@@ -294,14 +265,14 @@ def decode(
             for t in range(steps):
                 chosen.append(choose(rows[-1], None if noise is None else noise[t], temperature))
                 if on_step is not None:
-                    on_step()
+                    on_step(t)
                 if t == steps - 1:
                     break
                 token = forced[t] if forced is not None else chosen[t]
                 fed.append(token)
                 logits, cache = step(side.to_device(torch.tensor([[token]])), cache)
                 rows.append(_row(logits))
-                if t + 1 == last:
+                if t + 1 == steps - 1:
                     caches[f"step {t + 1}"] = cache_tensors(cache)
             free = None
             if cache_free:

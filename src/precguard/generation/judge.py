@@ -1,13 +1,9 @@
 """Judging two sides' next-token distributions: near-tie or divergence, KL, top-k overlap.
 
-A flip is a **near-tie** when the compute precision explains it: the two tokens'
-scores are within the error the logits carry on each side, and the logits as a
-whole are no further apart than that error. The explained error of a logit,
-relative to the logits' RMS, is :func:`precguard.numerics.stacked_floor` (the
-rounding floor of a reduction over the hidden size, grown over the residual
-blocks) in the less precise side's compute dtype; the difference of two logits
-carries ``sqrt(2)`` times that, and :data:`~precguard.numerics.Z_SCORE` standard
-deviations of it is the tolerance.
+A flip is a **near-tie** when the compute precision explains it: both tokens' margins
+are within :data:`~precguard.numerics.Z_SCORE` standard deviations of the difference of
+two logits, and the logits as a whole within the explained error
+(:func:`precguard.numerics.stacked_floor`; docs/generate.md, "Near-tie or divergence").
 """
 
 from __future__ import annotations
@@ -37,10 +33,8 @@ def kl_divergence(
 ) -> float | None:
     """KL(p_golden || p_actual) of the softmax distributions, in nats.
 
-    Infinite when either side's logits are not finite: there is no distribution to
-    be near, and a step that ended in NaN/Inf must not drop out of a mean KL that
-    then reads as tiny (issue 29: "mean KL 9.55e-06 nats" when every prompt ended in
-    non-finite logits).
+    Infinite when either side's logits are not finite: such a step must not drop out
+    of a mean KL that would then read as tiny.
     """
     if not (torch.isfinite(golden).all() and torch.isfinite(actual).all()):
         return math.inf

@@ -1,18 +1,9 @@
 """KV-cache consistency: the caches compared across the sides, and cached vs cache-free.
 
-Two pieces of evidence, each able to name the cache as the cause:
-
-- **Across the sides**, after the prefill and after N steps: each layer's keys and
-  values, in order. A cache entry the golden holds finite and the actual does not
-  is a fault of its own (a cache stored in fp16 with a value past 65504). An entry
-  whose error at least doubles the largest error of the entries before it, or the
-  explained error at the first, is where the caches start to differ (compare's
-  local-error rule applied along the layers).
-- **On each side**, the logits of decoding with the cache against one forward over
-  the same tokens without it: two correct computations of the same numbers in the
-  same precision. A side that disagrees with itself beyond that computes something
-  in its cache path that its full forward does not (cache precision, RoPE applied
-  at the wrong position offset).
+Across the sides each layer's keys and values are compared in order (compare's
+local-error rule along the layers); on each side the cached decoding's logits are
+compared with one cache-free forward over the same tokens. Either can name the cache
+as the cause (docs/generate.md, "KV cache").
 """
 
 from __future__ import annotations
@@ -61,14 +52,17 @@ def compare_entry(
     """Measure one cache tensor across the sides: its report fields (all but the status,
     which the caller settles by :func:`entry_status`) and what the ladder reads (None:
     one side lacks it or the shapes differ)."""
+    ref = golden if golden is not None else actual
+    assert ref is not None
+    fields: dict[str, Any] = {
+        "name": name,
+        "golden_dtype": dtype_name(golden.dtype) if golden is not None else "-",
+        "actual_dtype": dtype_name(actual.dtype) if actual is not None else "-",
+        "shape": list(ref.shape),
+    }
     if golden is None or actual is None or golden.shape != actual.shape:
-        ref = golden if golden is not None else actual
-        assert ref is not None
         return {
-            "name": name,
-            "golden_dtype": dtype_name(golden.dtype) if golden is not None else "-",
-            "actual_dtype": dtype_name(actual.dtype) if actual is not None else "-",
-            "shape": list(ref.shape),
+            **fields,
             "rel_l2": None,
             "max_abs_err": None,
             "golden_absmax": 0.0,
@@ -87,11 +81,7 @@ def compare_entry(
     both = g_fin & torch.isfinite(a)
     err = rel_l2(a.where(both, 0), g.where(both, 0)) if count else rel_l2(a, g)
     diff = (a - g).abs()[both]
-    fields = {
-        "name": name,
-        "golden_dtype": dtype_name(golden.dtype),
-        "actual_dtype": dtype_name(actual.dtype),
-        "shape": list(golden.shape),
+    fields |= {
         "rel_l2": err,
         "max_abs_err": float(diff.max()) if diff.numel() else 0.0,
         "golden_absmax": float(g.abs()[g_fin].max()) if bool(g_fin.any()) else 0.0,
@@ -113,7 +103,6 @@ def compare_snapshot(
     names = list(golden) + [n for n in actual if n not in golden]
     entries: list[CacheEntry] = []
     worst = 0.0
-    first = None
     for name in names:
         fields, m = compare_entry(name, golden.get(name), actual.get(name))
         err = fields["rel_l2"]
@@ -121,12 +110,10 @@ def compare_snapshot(
         # MIN_LOCAL_GROWTH times the largest error of the entries before it
         scored = m is not None and not (m.nan_mismatch or m.inf_mismatch) and err is not None
         allowed = max(LOGITS_SLACK * explained, MIN_LOCAL_GROWTH * worst) if scored else None
-        entry = CacheEntry(**fields, status=entry_status(m, allowed))
+        entries.append(CacheEntry(**fields, status=entry_status(m, allowed)))
         if scored and err is not None:
             worst = max(worst, err)
-        if first is None and entry.status != "pass":
-            first = name
-        entries.append(entry)
+    first = next((e.name for e in entries if e.status != "pass"), None)
     return CacheSnapshot(after=after, entries=entries, first_divergence=first)
 
 
@@ -166,19 +153,14 @@ def kv_cache_result(golden: Decoding, actual: Decoding, explained: float) -> KVC
         )
     fault = _nonfinite_fault(snapshots) or _inconsistent_fault(snapshots, consistency, a_err)
     if fault is not None:
-        where, reason = fault
-        return KVCache(
-            snapshots=snapshots,
-            consistency=consistency,
-            where=where,
-            verdict="cache",
-            reason=reason,
-        )
-    reason = "both sides' cached decoding agrees with their cache-free forward"
-    if consistency is None:
-        reason = "no cache-free forward to check the cache path against; no non-finite entry"
+        (where, reason), verdict = fault, "cache"
+    else:
+        where, verdict = None, "consistent"
+        reason = "both sides' cached decoding agrees with their cache-free forward"
+        if consistency is None:
+            reason = "no cache-free forward to check the cache path against; no non-finite entry"
     return KVCache(
-        snapshots=snapshots, consistency=consistency, verdict="consistent", reason=reason
+        snapshots=snapshots, consistency=consistency, where=where, verdict=verdict, reason=reason
     )
 
 

@@ -1,13 +1,9 @@
 """Replay the first real divergence layer by layer: teacher-forced, under ``monitor``, compared.
 
-On each side the prompt and the golden's tokens before the divergent step are
-decoded into the cache without instrumentation; the one forward that produced
-the divergent step's logits (the prefill itself at step 0) then runs under
-:func:`precguard.monitor` with full tensors. The two recordings hold the same
-module calls on the same tokens, so :func:`precguard.compare_runs` names the
-first layer that diverges *at that token*, and, because the cache the forward
-reads was written by each side's own cache path, a cache fault shows in the
-attention that reads it.
+On each side the tokens before the divergent step go into the cache uninstrumented;
+the one forward that produced the divergent logits runs under :func:`precguard.monitor`,
+and :func:`precguard.compare_runs` names the first layer that diverges at that token
+(docs/generate.md, "Layerwise replay").
 """
 
 from __future__ import annotations
@@ -30,16 +26,6 @@ from precguard.target import raised
 logger = get_logger(__name__)
 
 
-class _OriginAtDebug(logging.Filter):
-    """Turn the capture's ``nonfinite_origin`` warning into a debug event."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if getattr(record, "precguard_event", None) != "nonfinite_origin":
-            return True
-        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-        return logging.getLogger(_CAPTURE_LOGGER).isEnabledFor(logging.DEBUG)
-
-
 _CAPTURE_LOGGER = "precguard.capture.recording"
 
 
@@ -47,16 +33,18 @@ _CAPTURE_LOGGER = "precguard.capture.recording"
 def origin_events_at_debug() -> Iterator[None]:
     """Inside, the capture logs where NaN/Inf first appeared at debug level, not as a warning.
 
-    generate-diff's teacher-forced replay records under :func:`precguard.monitor`;
-    a NaN/Inf origin there (an fp16 overflow, a ``-inf`` mask a module returns)
-    is part of what the replay compares, and the comparison it reports (the
-    layer line, ``layerwise.comparison`` in ``--json``) already holds the
-    record's ``nonfinite_origin`` mark. The capture's own warning would be a
-    stray ``warning nonfinite_origin module=...`` line in the middle of
-    generate-diff's report (issue 39), so it is kept for ``--log-level debug``.
+    The replay's comparison already holds the record's ``nonfinite_origin`` mark; the
+    capture's own warning would be a stray line in the middle of generate-diff's report,
+    so it is kept for ``--log-level debug``.
     """
     log = logging.getLogger(_CAPTURE_LOGGER)
-    demote = _OriginAtDebug()
+
+    def demote(record: logging.LogRecord) -> bool:
+        if getattr(record, "precguard_event", None) != "nonfinite_origin":
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return log.isEnabledFor(logging.DEBUG)
+
     log.addFilter(demote)
     try:
         yield
@@ -69,7 +57,6 @@ def record_replay(side: DecodeSide, ids: torch.Tensor, out: Path, *, prefix: int
     import precguard
 
     step = side.step_fn()
-    handle = None
     try:
         with side.running():
             cache = None
@@ -102,32 +89,6 @@ def replay_ids(
     return ids, (ids.shape[1] - 1 if step > 0 else 0)
 
 
-def compare_replays(
-    golden: Path, actual: Path, *, index: int, step: int, position: int, keep: bool = False
-) -> Layerwise:
-    """Compare two replay recordings with :func:`precguard.compare_runs`."""
-    from precguard import compare_runs
-
-    result = compare_runs(golden, actual)
-    dumped = result.model_dump(mode="json")
-    logger.info(
-        "layerwise_replayed",
-        prompt=index,
-        step=step,
-        verdict=result.verdict,
-        module=(dumped.get("first_divergence") or {}).get("module"),
-    )
-    return Layerwise(
-        prompt=index,
-        step=step,
-        position=position,
-        verdict=str(result.verdict),
-        first_divergence=dumped.get("first_divergence"),
-        comparison=dumped,
-        recordings=[str(golden), str(actual)] if keep else None,
-    )
-
-
 def replay_layerwise(
     golden: DecodeSide,
     actual: DecodeSide | Path,
@@ -138,12 +99,15 @@ def replay_layerwise(
     step: int,
     keep: str | os.PathLike[str] | None = None,
 ) -> Layerwise:
-    """Replay prompt ``index`` up to ``step`` on both sides and compare the recordings.
+    """Replay prompt ``index`` up to ``step`` on both sides and compare the recordings
+    (:func:`precguard.compare_runs`).
 
     ``actual`` may be a recording made earlier (a saved run's ``layerwise/``).
     ``keep`` is a directory to keep the recordings in (``golden/``, ``actual/``);
     by default they live in a temporary directory removed afterwards.
     """
+    from precguard import compare_runs
+
     ids, prefix = replay_ids(prompt, golden_tokens, step)
     with contextlib.ExitStack() as stack:
         if keep is None:
@@ -152,16 +116,22 @@ def replay_layerwise(
             root = Path(keep)
             root.mkdir(parents=True, exist_ok=True)
         record_replay(golden, ids, root / "golden", prefix=prefix)
-        if isinstance(actual, Path):
-            actual_path = actual
-        else:
-            actual_path = root / "actual"
-            record_replay(actual, ids, actual_path, prefix=prefix)
-        return compare_replays(
-            root / "golden",
-            actual_path,
-            index=index,
-            step=step,
-            position=int(ids.shape[1]) - 1,
-            keep=keep is not None,
-        )
+        if not isinstance(actual, Path):
+            record_replay(actual, ids, root / "actual", prefix=prefix)
+            actual = root / "actual"
+        result = compare_runs(root / "golden", actual)
+        dumped = result.model_dump(mode="json")
+    first = dumped.get("first_divergence")
+    module = (first or {}).get("module")
+    logger.info(
+        "layerwise_replayed", prompt=index, step=step, verdict=result.verdict, module=module
+    )
+    return Layerwise(
+        prompt=index,
+        step=step,
+        position=int(ids.shape[1]) - 1,
+        verdict=str(result.verdict),
+        first_divergence=first,
+        comparison=dumped,
+        recordings=[str(root / "golden"), str(actual)] if keep is not None else None,
+    )

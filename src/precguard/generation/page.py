@@ -37,9 +37,8 @@ def _strip(r: PromptResult) -> str:
     ):
         cells = []
         for t, token in enumerate(tokens):
-            other = r.actual_tokens[t] if label == "golden" else r.golden_tokens[t]
             cls = ""
-            if token != other:
+            if r.golden_tokens[t] != r.actual_tokens[t]:
                 first_tie = fd is not None and fd.step == t and fd.kind == "near-tie"
                 cls = " class='tie'" if first_tie else " class='diff'"
             text = texts[t] if texts else None

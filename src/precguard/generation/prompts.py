@@ -95,16 +95,14 @@ def build_prompts(target: Target, given: list[str | list[int]] | None) -> list[P
         raise UsageError("no prompts to decode: nothing would be compared")
     prompts = []
     for p in given:
-        if isinstance(p, str):
-            if tokenizer is None:
-                raise UsageError(
-                    f"target {target.name!r} has no tokenizer: give prompts as token ids "
-                    '({"input_ids": [...]} lines in a .jsonl file)'
-                )
-            ids = list(tokenizer.encode(p))
-            prompts.append(Prompt(torch.tensor([ids], dtype=torch.long), p))
-        else:
-            prompts.append(Prompt(torch.tensor([list(p)], dtype=torch.long)))
+        text = p if isinstance(p, str) else None
+        if text is not None and tokenizer is None:
+            raise UsageError(
+                f"target {target.name!r} has no tokenizer: give prompts as token ids "
+                '({"input_ids": [...]} lines in a .jsonl file)'
+            )
+        ids = list(tokenizer.encode(text) if text is not None else p)
+        prompts.append(Prompt(torch.tensor([ids], dtype=torch.long), text))
     if any(p.ids.shape[1] == 0 for p in prompts):
         raise UsageError("a prompt encodes to no tokens")
     return prompts

@@ -100,7 +100,5 @@ def _kl(result: GenerationDiff) -> str:
 
 def _cache_fault(result: GenerationDiff, prompt: int) -> str | None:
     """The KV-cache fault's reason on ``prompt``, or None when its cache is sound."""
-    for r in result.prompts:
-        if r.index == prompt and r.kv_cache is not None and r.kv_cache.verdict == "cache":
-            return r.kv_cache.reason
-    return None
+    kvs = (r.kv_cache for r in result.prompts if r.index == prompt)
+    return next((kv.reason for kv in kvs if kv is not None and kv.verdict == "cache"), None)

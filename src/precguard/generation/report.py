@@ -18,16 +18,19 @@ from precguard.errors import ExitCode
 
 GENERATION_SCHEMA_VERSION = 1
 
-_FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
+
+class _Frozen(BaseModel):
+    """A frozen report part; NaN/Inf written as strings."""
+
+    model_config = ConfigDict(frozen=True, ser_json_inf_nan="strings")
+
 
 FlipKind = Literal["near-tie", "divergence"]
 CacheStatus = Literal["pass", "fail", "nonfinite", "missing"]
 
 
-class SideReport(BaseModel):
+class SideReport(_Frozen):
     """The report's account of one side: where and how its model ran."""
-
-    model_config = _FROZEN
 
     device: str = Field(description="Device string (cpu, cuda:0, emu:bf16-mixed, ...).")
     dtype: str = Field(description="dtype the model's weights were stored in.")
@@ -41,10 +44,8 @@ class SideReport(BaseModel):
     )
 
 
-class TokenDivergence(BaseModel):
+class TokenDivergence(_Frozen):
     """The first decoding step where the two sides chose different tokens."""
-
-    model_config = _FROZEN
 
     step: int = Field(description="0-based index of the generated token (0: after the prefill).")
     golden_token: int = Field(description="Token id the golden side chose.")
@@ -78,10 +79,8 @@ class TokenDivergence(BaseModel):
     reason: str = Field(description="One sentence saying why it is that kind.")
 
 
-class StepPoint(BaseModel):
+class StepPoint(_Frozen):
     """The two next-token distributions at one decoding step."""
-
-    model_config = _FROZEN
 
     step: int = Field(description="0-based index of the generated token.")
     golden_token: int = Field(description="Token the golden chose (and both sides were fed).")
@@ -98,10 +97,8 @@ class StepPoint(BaseModel):
     )
 
 
-class CacheEntry(BaseModel):
+class CacheEntry(_Frozen):
     """One cache tensor (a layer's keys or values) compared across the sides."""
-
-    model_config = _FROZEN
 
     name: str = Field(description="Which tensor: 'layers.3.keys', 'layers.3.values', ...")
     golden_dtype: str = Field(description="dtype the golden's cache stored it in.")
@@ -121,10 +118,8 @@ class CacheEntry(BaseModel):
     )
 
 
-class CacheSnapshot(BaseModel):
+class CacheSnapshot(_Frozen):
     """The caches of both sides at one point of decoding."""
-
-    model_config = _FROZEN
 
     after: str = Field(description="'prefill' or 'step N' (after N generated tokens).")
     entries: list[CacheEntry] = Field(description="Per layer, keys then values.")
@@ -133,10 +128,8 @@ class CacheSnapshot(BaseModel):
     )
 
 
-class CacheConsistency(BaseModel):
+class CacheConsistency(_Frozen):
     """Decoding with the cache against one forward without it, on the same side."""
-
-    model_config = _FROZEN
 
     golden_error: float | None = Field(
         description="Largest relative L2 error over steps between the golden's cached "
@@ -151,10 +144,8 @@ class CacheConsistency(BaseModel):
     golden_consistent: bool = Field(description="The same for the golden.")
 
 
-class KVCache(BaseModel):
+class KVCache(_Frozen):
     """KV-cache evidence for one prompt."""
-
-    model_config = _FROZEN
 
     snapshots: list[CacheSnapshot] = Field(description="After the prefill and after N steps.")
     consistency: CacheConsistency | None = Field(
@@ -170,10 +161,8 @@ class KVCache(BaseModel):
     reason: str = Field(description="One sentence naming the evidence.")
 
 
-class PromptResult(BaseModel):
+class PromptResult(_Frozen):
     """Everything measured for one prompt."""
-
-    model_config = _FROZEN
 
     index: int = Field(description="0-based index of the prompt.")
     text: str | None = Field(description="The prompt's text, when it came as text.")
@@ -195,10 +184,8 @@ class PromptResult(BaseModel):
     seconds: float = Field(description="Wall time both sides spent on this prompt.")
 
 
-class Summary(BaseModel):
+class Summary(_Frozen):
     """Over all prompts."""
-
-    model_config = _FROZEN
 
     prompts: int = Field(description="Number of prompts.")
     steps: int = Field(description="Decoding steps compared per prompt (max-new-tokens).")
@@ -215,10 +202,8 @@ class Summary(BaseModel):
     seconds_per_prompt: float = Field(description="Mean wall time per prompt (both sides).")
 
 
-class Layerwise(BaseModel):
+class Layerwise(_Frozen):
     """The teacher-forced replay at the first real divergence, compared layer by layer."""
-
-    model_config = _FROZEN
 
     prompt: int = Field(description="Prompt replayed.")
     step: int = Field(description="Decoding step replayed (the divergent token's).")
@@ -234,20 +219,16 @@ class Layerwise(BaseModel):
     )
 
 
-class Cause(BaseModel):
+class Cause(_Frozen):
     """The most likely cause, from the evidence above."""
-
-    model_config = _FROZEN
 
     kind: Literal["layer", "kv-cache", "unknown"] = Field(description="What is at fault.")
     where: str | None = Field(description="The module, or the cache entry.")
     reason: str = Field(description="One sentence with the evidence.")
 
 
-class GenerationDiff(BaseModel):
+class GenerationDiff(_Frozen):
     """The result of ``precguard generate-diff``."""
-
-    model_config = _FROZEN
 
     schema_version: int = Field(default=GENERATION_SCHEMA_VERSION, description="Format version.")
     golden: SideReport = Field(description="The reference side.")

@@ -7,10 +7,8 @@
       prompt-{i}.safetensors   that prompt's logits per step (cached and cache-free)
                                and the KV-cache snapshots
 
-No pickle: tensors in safetensors, everything else JSON validated on load.
-``precguard generate-diff --save-run GOLDEN`` writes the reference; on the
-machine under test ``--save-run ACTUAL --against GOLDEN`` decodes the same
-prompts fed the golden's tokens; ``generate-diff GOLDEN ACTUAL`` compares them.
+No pickle: tensors in safetensors, everything else JSON validated on load
+(:mod:`precguard.generation.separate` writes and compares them).
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ from precguard.dump.untrusted import (
     read_json_file,
     validated,
 )
-from precguard.errors import DumpFormatError, OutputExistsError
+from precguard.errors import DumpFormatError
 from precguard.generation.decode import Decoding
 from precguard.generation.report import SideReport
 from precguard.text import shown
@@ -72,19 +70,12 @@ class SavedRun(BaseModel):
     prompts: list[SavedPrompt] = Field(description="Per prompt.")
 
 
-def save_run(
-    out: str | os.PathLike[str],
-    meta: SavedRun,
-    decodings: list[Decoding],
-    *,
-    overwrite: bool = False,
-) -> Path:
-    """Write ``meta`` and the tensors of ``decodings`` into the directory ``out``."""
+def save_run(out: str | os.PathLike[str], meta: SavedRun, decodings: list[Decoding]) -> Path:
+    """Write ``meta`` and the tensors of ``decodings`` into the directory ``out`` (which
+    :func:`~precguard.generation.separate.generate_run` found new or empty)."""
     from safetensors.torch import save_file
 
     path = Path(out)
-    if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
-        raise OutputExistsError(f"--save-run {path}: exists and is not empty")
     path.mkdir(parents=True, exist_ok=True)
     for i, d in enumerate(decodings):
         tensors: dict[str, torch.Tensor] = {"scores": d.scores.contiguous()}

@@ -45,14 +45,8 @@ REPLAY_DIR = "layerwise"
 
 def _decoded(meta: SavedRun, decodings: list[Any], path: Path) -> Decoded:
     side = meta.side.model_copy(update={"saved": str(path)})
-    return Decoded(
-        side,
-        meta.hidden,
-        meta.layers,
-        decodings,
-        [p.fed for p in meta.prompts],
-        [p.seconds for p in meta.prompts],
-    )
+    fed, seconds = [p.fed for p in meta.prompts], [p.seconds for p in meta.prompts]
+    return Decoded(side, meta.hidden, meta.layers, decodings, fed, seconds)
 
 
 def _prompts(meta: SavedRun) -> list[Prompt]:
@@ -137,16 +131,14 @@ def generate_run(
         ],
     )
     save_run(out_path, meta, decoded.decodings)
-    if golden is not None:
-        for i, p in enumerate(prompt_list):
-            r = judge_prompt(i, p, golden, decoded, opts)
-            fd = r.first_divergence
-            if fd is not None and fd.kind == "divergence":
-                ids, prefix = replay_ids(p.ids, r.golden_tokens, fd.step)
-                record_replay(
-                    side, ids, out_path / REPLAY_DIR / f"prompt-{i}-step-{fd.step}", prefix=prefix
-                )
-                break
+    if golden is not None:  # judged lazily: up to the first real divergence only
+        judged = (judge_prompt(i, p, golden, decoded, opts) for i, p in enumerate(prompt_list))
+        first = first_divergent(judged)
+        if first is not None and first.first_divergence is not None:
+            step = first.first_divergence.step
+            ids, prefix = replay_ids(prompt_list[first.index].ids, first.golden_tokens, step)
+            where = out_path / REPLAY_DIR / f"prompt-{first.index}-step-{step}"
+            record_replay(side, ids, where, prefix=prefix)
     return out_path
 
 
