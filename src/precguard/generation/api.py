@@ -292,10 +292,8 @@ def generate_diff(
     :param prepare: alter the actual's built model (tests plant faults with it);
         ``prepare_reference`` the golden's.
     :param reference_target: another target for the golden side (default: ``target``).
-    :param verify: a KV-cache cause's remedy (the cache kept in the model's dtype) applied to
-        the first divergent prompt's decoding and verified; a layer cause's remedies re-run
-        as ``compare --verify`` does (:func:`verify_cause`); else one ``not run`` check
-        saying why (``GenerationDiff.remedies``).
+    :param verify: apply the cause's remedy and measure again (:func:`verify_cause`), into
+        ``GenerationDiff.remedies``.
     :returns: a :class:`GenerationDiff`; its ``exit_code`` is 1 for a real divergence.
 
     >>> result = precguard.generate_diff("tiny-llama", device="emu:bf16")   # doctest: +SKIP

@@ -26,9 +26,6 @@ from precguard.target import raised
 logger = get_logger(__name__)
 
 
-_CAPTURE_LOGGER = "precguard.capture.recording"
-
-
 @contextlib.contextmanager
 def origin_events_at_debug() -> Iterator[None]:
     """Inside, the capture logs where NaN/Inf first appeared at debug level, not as a warning.
@@ -37,7 +34,7 @@ def origin_events_at_debug() -> Iterator[None]:
     capture's own warning would be a stray line in the middle of generate-diff's report,
     so it is kept for ``--log-level debug``.
     """
-    log = logging.getLogger(_CAPTURE_LOGGER)
+    log = logging.getLogger("precguard.capture.recording")  # the capture's own
 
     def demote(record: logging.LogRecord) -> bool:
         if getattr(record, "precguard_event", None) != "nonfinite_origin":

@@ -1,32 +1,13 @@
 """Bisect: which modules must run at reference precision for the output to be right?
 
-No golden recording is needed. The target's model runs twice from one seeded
-build: once on the reference (device and dtype, e.g. the CPU in fp32) for the
-trusted output, and once on the device under test. A *probe* reruns the device
-forward with a set of modules swapped for their reference twins: the module's
-``forward`` is replaced, for that forward only, by a call of the same module
-of the reference model (inputs moved and cast in, outputs cast back to the
-dtype of the module's input), run outside the device's numerics (on ``emu:``:
-outside the emulation) and without autocast. The output error of a probe says
-whether that set is enough.
-
-The search (:class:`Bisector`):
-
-1. the units are the top-level modules in call order, containers
-   (``ModuleList``/``ModuleDict``) opened, so a decoder's blocks are units;
-2. QuickXplain (Junker, 2004) finds a minimal subset of the units that brings
-   the error under the threshold: ``O(k log(n/k))`` probes for ``k`` culprits
-   among ``n`` units, not ``n``;
-3. each culprit is refined the same way into its children (the other
-   culprits stay at reference meanwhile); a module whose children all at
-   reference are not enough is kept whole (its own code is the problem);
-4. a linear pass drops each culprit whose removal still passes.
-
-When the device output is not finite, one more forward with hooks names the
-module whose output first leaves the format's range (:func:`find_overflow`:
-NaN/Inf or ±max while its inputs were in range) with its values on both sides,
-also when no set of modules at reference precision fixes the output (values
-that exceed the format where the model hands them on, or its output itself).
+No golden recording is needed. The target's model is built twice from one seed: on
+the reference (e.g. the CPU in fp32) for the trusted output, and on the device under
+test. A *probe* reruns the device forward with a set of modules swapped for their
+reference twins (:class:`ReferencePrecision`), and its output error says whether that
+set is enough. :class:`Bisector` searches the top-level units with QuickXplain, refines
+each culprit into its children and drops what a linear pass shows is not needed; a
+non-finite device output is traced to the module whose output first leaves the
+format's range (:func:`find_overflow`). docs/bisect.md says how and why.
 
 Probes are cached by the set they test. The user's model is never touched:
 both models are private builds, and every swapped ``forward`` is restored.
