@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from precguard._logging import get_logger
@@ -108,6 +109,13 @@ class ComparePlan:
         self.a_run = a_run
         self.options = options
         self.prof = options.resolved_profile()
+        #: the options' tolerance dtype (aliases resolved), and the only rank and step
+        #: compared when the options name them
+        self.tolerance_dtype, self.rank, self.step = (
+            options.tolerance_dtype,
+            options.rank,
+            options.step,
+        )
         self.computes = (g_run.manifest.compute_dtype, a_run.manifest.compute_dtype)
         self.renamer = renamer
         self.warnings = warnings
@@ -130,23 +138,8 @@ class ComparePlan:
         self.calibration: Run | None = None
         #: keys of another tool's extra detail (msprobe's API-level records: compare_runs
         #: sets it from precguard.interop): unmatched, no evidence of a different model
-        self.is_detail: Callable[[str], bool] = _no_detail
+        self.is_detail: Callable[[str], bool] = lambda _key: False
         self._calibration_records: dict[int, dict[tuple[int, str], Record]] = {}
-
-    @property
-    def tolerance_dtype(self) -> str:
-        """The options' tolerance dtype (aliases resolved)."""
-        return self.options.tolerance_dtype
-
-    @property
-    def rank(self) -> int | None:
-        """The only rank compared, if the options name one."""
-        return self.options.rank
-
-    @property
-    def step(self) -> int | None:
-        """The only step compared, if the options name one."""
-        return self.options.step
 
     def calibration_records(self, rank: int) -> dict[tuple[int, str], Record]:
         """The calibration run's records of ``rank`` by (step, key), read once."""
@@ -156,10 +149,6 @@ class ComparePlan:
             recs = self.calibration.records(rank) if rank in self.calibration.ranks else []
             self._calibration_records[rank] = {(r.step, r.key): r for r in recs}
         return self._calibration_records[rank]
-
-
-def _no_detail(_key: str) -> bool:
-    return False
 
 
 def plan_comparison(
@@ -211,16 +200,7 @@ def compare_unit(
     left out (counted, and said in a warning) rather than listed as unmatched.
     """
     g_recs, a_recs, dropped = _one_sided_collectives(g_recs, a_recs)
-    step_results = _compare_step(
-        g_recs,
-        a_recs,
-        g_store,
-        a_store,
-        plan.prof,
-        plan.tolerance_dtype,
-        plan.computes,
-        plan.renamer,
-    )
+    step_results = _compare_step(g_recs, a_recs, g_store, a_store, plan)
     ctx = StepContext(
         results=step_results.results,
         profile=plan.prof,
@@ -579,18 +559,18 @@ def _paired_steps(
             warnings.append(f"rank {rank}: steps from {rest[0]} on are only in {side}")
 
 
+@dataclass
 class _StepResults:
-    def __init__(self) -> None:
-        self.results: list[RecordResult] = []
-        self.golden_only: list[str] = []
-        self.actual_only: list[str] = []
-        self.one_sided: list[OneSided] = []
-        #: the aligned (golden, actual) record pairs, for the routing rules (routing.py)
-        self.pairs: Sequence[tuple[Record, Record]] = []
-        #: the padded positions left out of the metrics (padding.py)
-        self.left_out = LeftOut()
-        #: whether a golden forward output could be a router's top-k indices (routing.py)
-        self.routers_possible = True
+    results: list[RecordResult] = field(default_factory=list)
+    golden_only: list[str] = field(default_factory=list)
+    actual_only: list[str] = field(default_factory=list)
+    one_sided: list[OneSided] = field(default_factory=list)
+    #: the aligned (golden, actual) record pairs, for the routing rules (routing.py)
+    pairs: Sequence[tuple[Record, Record]] = ()
+    #: the padded positions left out of the metrics (padding.py)
+    left_out: LeftOut = field(default_factory=LeftOut)
+    #: whether a golden forward output could be a router's top-k indices (routing.py)
+    routers_possible: bool = True
 
 
 def _compare_step(
@@ -598,25 +578,20 @@ def _compare_step(
     a_recs: Sequence[Record],
     g_store: TensorStore,
     a_store: TensorStore,
-    profile: Profile,
-    tol_mode: str,
-    computes: tuple[str | None, str | None] = (None, None),
-    renamer: Renamer | None = None,
+    plan: ComparePlan,
 ) -> _StepResults:
-    in_order = _compare_in_order(
-        g_recs, a_recs, g_store, a_store, profile, tol_mode, computes, renamer
-    )
+    in_order = _compare_in_order(g_recs, a_recs, g_store, a_store, plan)
     if in_order is not None:
         return in_order
     g_recs, a_recs = list(g_recs), list(a_recs)  # aligned as a whole: read into memory
     out = _StepResults()
     g_store.validate(g_recs)  # a tensor file must agree with its record, read or not
     a_store.validate(a_recs)
-    alignment = align(g_recs, a_recs, renamer)
+    alignment = align(g_recs, a_recs, plan.renamer)
     out.pairs = list(alignment.pairs)
     padding = StepPadding.of_step(g_recs, a_recs, g_store, a_store)
     for g, a in alignment.pairs:
-        metrics = pair_metrics(g, a, g_store, a_store, profile, tol_mode, computes, padding)
+        metrics = _measured(g, a, g_store, a_store, plan, padding)
         # "pass" until the one pass settles it (compare/verdict.py writes every measured
         # record's status, once): engine only measures
         out.results.append(_result(g, a, "pass", metrics))
@@ -639,10 +614,7 @@ def _compare_in_order(
     a_recs: Sequence[Record],
     g_store: TensorStore,
     a_store: TensorStore,
-    profile: Profile,
-    tol_mode: str,
-    computes: tuple[str | None, str | None],
-    renamer: Renamer | None,
+    plan: ComparePlan,
 ) -> _StepResults | None:
     """The step measured as it streams, when both sides recorded the same records in the
     same order (each key once): the i-th golden record pairs with the i-th actual one, as
@@ -650,7 +622,7 @@ def _compare_in_order(
     ever all in memory (docs/compare.md, "Memory"). None when the step needs aligning."""
     if not (isinstance(g_recs, StepRecords) and isinstance(a_recs, StepRecords)):
         return None
-    if (renamer is not None and renamer.rules) or not g_recs.names_like(a_recs):
+    if plan.renamer.rules or not g_recs.names_like(a_recs):
         return None
     out = _StepResults()
     for recs, store in ((g_recs, g_store), (a_recs, a_store)):
@@ -668,12 +640,25 @@ def _compare_in_order(
             and is_index_dtype(g.dtype)
             and len(g.shape) >= 2
         )
-        metrics = pair_metrics(g, a, g_store, a_store, profile, tol_mode, computes, padding)
+        metrics = _measured(g, a, g_store, a_store, plan, padding)
         out.results.append(_result(g, a, "pass", metrics))  # settled by the one pass
     out.left_out = padding.left_out()
     out.pairs = InOrder(g_recs, a_recs)
     out.routers_possible = routers
     return out
+
+
+def _measured(
+    g: Record,
+    a: Record,
+    g_store: TensorStore,
+    a_store: TensorStore,
+    plan: ComparePlan,
+    padding: StepPadding,
+) -> Metrics:
+    return pair_metrics(
+        g, a, g_store, a_store, plan.prof, plan.tolerance_dtype, plan.computes, padding
+    )
 
 
 def _result(g: Record, a: Record | None, status: Status, metrics: Metrics | None) -> RecordResult:

@@ -1,13 +1,9 @@
 """``job``: the one compare job the API and the CLI both run.
 
-A compare job opens both sides once (:func:`~precguard.compare.runs.open_side`:
-the golden is read once, and the progress bar's total comes from that same
-reading), compares them (the plain way, or through a *gather* strategy: a
-tensor-/pipeline-parallel side gathered into whole tensors by the layer above,
-:func:`precguard.layout.compare.gathered`, passed in, never installed as a
-global), then hands the result through each ``then`` step in order (the CLI's
-``--replay`` and ``--target``/``--verify``, which live above compare in
-``localize/``).
+Both sides are opened once (the progress bar's total comes from that reading); a
+sharded side is gathered by a strategy passed in from the layer above
+(:func:`precguard.layout.compare.gathered`), never installed as a global; the CLI's
+``--replay`` and ``--target``/``--verify`` (in ``localize/``) are ``then`` steps.
 
 >>> from precguard.compare import CompareOptions                   # doctest: +SKIP
 >>> result = job(CompareOptions(), "runs/cpu", "runs/npu")          # doctest: +SKIP

@@ -196,19 +196,11 @@ class RouterFinder:
             router.same = routed_alike(router.g_idx, router.a_idx)
 
     def mark_decisions(self) -> None:
-        """Take out of each router's tokens routed alike those whose decision flipped
-        inside the router while their experts stayed (``Router.jumped``).
-
-        A router is continuous in its scores except at its decisions, and not every
-        decision is the top-k: PhiMoE's sparsemixer weighs a choice by a softmax over the
-        scores near the best one (a mask), and its backward asks whether the sampled expert
-        is the best one. A token whose row of the router's own weights or gradients (paired
-        by expert) differs by more than the judge accepts for one element given its input's
-        error (:meth:`_jumps`), and whose golden scores nearly tie (:meth:`near_ties`),
-        crossed such a decision: it is
-        counted as re-routed and left out of the rows routed alike. A row that jumps away
-        from any near-tie stays, and is judged where it is recorded.
-        """
+        """Take out of each router's tokens routed alike those that kept their experts
+        while a decision inside the router flipped (``Router.jumped``; docs/compare.md,
+        "Mixture of experts"): a row of the router's own weights or gradients that jumps
+        (:meth:`_jumps`) at a near-tie of the token's golden scores (:meth:`near_ties`).
+        A row that jumps away from any near-tie stays, judged where it is recorded."""
         for router in self.routers:
             if router.same is None:
                 continue

@@ -92,13 +92,9 @@ def compare_recordings(
     on the fly (docs/msprobe.md); the result names the directories given.
 
     How to compare is a :class:`~precguard.compare.options.CompareOptions`: pass one
-    as ``options``, or its fields as keyword arguments, which build it (with both,
-    the keywords win): ``profile`` (a name or a Profile), ``rtol``, ``atol``,
-    ``rank``, ``step``, ``suspects``, ``tolerance_dtype``, ``rename``, ``workers``,
-    ``calibration``; see :class:`CompareOptions` for what each means. An unknown
-    keyword is pydantic's ``ValidationError`` naming it. A tensor-/pipeline-
-    parallel recording is compared by :func:`precguard.compare_runs` with
-    ``layout=`` (:func:`precguard.layout.compare.compare_layout`), which calls this.
+    as ``options``, or its fields as keyword arguments (the keywords win; an unknown
+    one is a ``ValidationError`` naming it). A sharded recording is compared by
+    :func:`precguard.compare_runs` with ``layout=``, which calls this.
 
     :param on_step: called as ``on_step(rank, step)`` after each step is compared
         (the CLI's progress bar).
@@ -148,17 +144,9 @@ def compare_runs(
     on_step: Callable[[int, int], None] | None = None,
     **settings: Any,
 ) -> Comparison:
-    """:func:`compare_recordings`; ``layout=`` is :func:`precguard.compare_runs`'s.
-
-    ``precguard.compare_runs`` (:mod:`precguard.layout.compare`) takes ``layout`` (a
-    tensor-/pipeline-parallel side gathered first, docs/layouts.md) and passes the
-    gathering to :func:`precguard.compare.job` as a strategy; compare, below the
-    layout package, cannot gather, and says so.
-
-    >>> result = precguard.compare_runs("runs/cpu", "runs/npu")      # doctest: +SKIP
-    >>> result.verdict, result.first_divergence.module          # doctest: +SKIP
-    ('diverged', 'model.layers.3.mlp')
-    """
+    """:func:`compare_recordings`; ``layout=`` (a sharded side gathered first,
+    docs/layouts.md) is taken by ``precguard.compare_runs`` (:mod:`precguard.layout.compare`):
+    compare, below the layout package, cannot gather, and says so."""
     if layout is not None:
         raise UsageError(
             "layout= gathers through precguard.layout: call precguard.compare_runs "
