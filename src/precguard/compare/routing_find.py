@@ -28,6 +28,18 @@ def margin_tolerance(expected: float, amplification: float, absmax: float) -> fl
     return SCORE_PAIR * amplification * expected * absmax
 
 
+def _token_inputs(members: list[Pair], tokens: int) -> list[Pair]:
+    """A call's float inputs with one row per token, the same shape on both sides."""
+    return [
+        p
+        for p in members
+        if p[0].role == "input"
+        and is_float_dtype(p[0].dtype)
+        and p[0].shape == p[1].shape
+        and rows_of(p[0].shape) == tokens
+    ]
+
+
 def is_index_dtype(dtype: str) -> bool:
     """Integer dtypes: compared as indices, never by a relative float error."""
     return not is_float_dtype(dtype) and dtype not in ("bool", "complex64", "complex128")
@@ -121,14 +133,7 @@ class RouterFinder:
             return None
         router = Router(module, call, index)
         router.weights = [p for p in floats if p[0].shape[-1] == k and p[0].shape == p[1].shape]
-        router.inputs = [
-            p
-            for p in members
-            if p[0].role == "input"
-            and is_float_dtype(p[0].dtype)
-            and p[0].shape == p[1].shape
-            and rows_of(p[0].shape) == router.tokens
-        ]
+        router.inputs = _token_inputs(members, router.tokens)
         self._rank_scores(router, candidates)
         self._actual_choice(router)
         router.lowered = self._lowered(router, candidates, members)
