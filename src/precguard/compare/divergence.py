@@ -246,21 +246,7 @@ class _Step:
         self, call: CallRecords, bad: list[RecordResult]
     ) -> tuple[Candidate | None, Decision]:
         """Whether ``call``, whose produced records ``bad`` fail, made the error itself."""
-        # a router's failing top-k speaks for its call: its weights follow its choice (routing.py)
-        first = next((r for r in bad if is_routing_finding(r)), bad[0])
-        tol_dtype = first.metrics.dtype if first.metrics else "float32"
-        in_err = max((_err(r) for r in call.consumed), default=0.0)
-        out_err = max(_err(o) for o in call.produced)
-        # the judge's K (calls.py): the forward call's inputs, parameters and buffers
-        expected = expected_error(in_err, tol_dtype, call.k)
-        amp = out_err / expected
-        # the expected-error gate (judge.py) judged each record against everything it
-        # consumed, concentrated error included: its ratio, where larger, is the measure
-        gated = [o for o in bad if o.amplification is not None and o.expected_error is not None]
-        worst = max(gated, key=lambda o: o.amplification or 0.0, default=None)
-        if worst is not None and (worst.amplification or 0.0) > amp:
-            first, amp, out_err = worst, worst.amplification or 0.0, _err(worst)
-            expected = worst.expected_error or expected
+        first, in_err, out_err, expected, amp = _amplified(call, bad)
         # what a forward call read besides its arguments and weights (a buffer, the KV cache),
         # where it differs: told in the why line, inside "its inputs match" when that is it
         buffer = cache = None
@@ -295,6 +281,29 @@ class _Step:
             expected_error=expected,
             remedies=remedies,
         ), Decision(True, amp, expected)
+
+
+def _amplified(
+    call: CallRecords, bad: list[RecordResult]
+) -> tuple[RecordResult, float, float, float, float]:
+    """The record ``call`` is judged by, and (input error, output error, expected error,
+    their ratio): the largest the expected-error gate found, else the call's own."""
+    # a router's failing top-k speaks for its call: its weights follow its choice (routing.py)
+    first = next((r for r in bad if is_routing_finding(r)), bad[0])
+    tol_dtype = first.metrics.dtype if first.metrics else "float32"
+    in_err = max((_err(r) for r in call.consumed), default=0.0)
+    out_err = max(_err(o) for o in call.produced)
+    # the judge's K (calls.py): the forward call's inputs, parameters and buffers
+    expected = expected_error(in_err, tol_dtype, call.k)
+    amp = out_err / expected
+    # the expected-error gate (judge.py) judged each record against everything it
+    # consumed, concentrated error included: its ratio, where larger, is the measure
+    gated = [o for o in bad if o.amplification is not None and o.expected_error is not None]
+    worst = max(gated, key=lambda o: o.amplification or 0.0, default=None)
+    if worst is not None and (worst.amplification or 0.0) > amp:
+        first, amp, out_err = worst, worst.amplification or 0.0, _err(worst)
+        expected = worst.expected_error or expected
+    return first, in_err, out_err, expected, amp
 
 
 def _collective_call(r: RecordResult) -> tuple[int, str] | None:
@@ -510,30 +519,37 @@ def _bias_reason(call: CallRecords, bad: list[RecordResult], profile: Profile) -
             factors=linear,
             module_type=call.module_type,
         )
-        if excess is None:
-            continue
-        scaled = [i for i in scaled_in if i.scale is not None and math.isfinite(i.scale)]
-        carried = max((abs(i.scale - 1.0) for i in scaled if i.scale is not None), default=0.0)
-        what = "its output" if call.phase == "forward" else "a gradient it computed"
-        if is_optimizer(o.phase, o.role):
-            what = "the optimizer's update of its parameters"
-        if call.module_type in LINEAR_TYPES and len(scaled) == 1 and scaled[0].scale:
-            return (
-                f"{call.module} ({call.module_type}) scales what it computes by "
-                f"{m.scale / scaled[0].scale:.4g}: {what} is scaled by {m.scale:.4g} ± "
-                f"{m.scale_se or 0.0:.1g} relative to golden, its input by "
-                f"{scaled[0].scale:.4g}; a linear module passes its input's scale on "
-                f"unchanged, so this is a systematic error of its own, not {m.dtype} rounding"
-            )
-        # the mean signed relative error: full tensors only (0 where statistics cannot say)
-        mean_rel = (m.mean_rel_err if isinstance(m, FullMetrics) else None) or 0.0
-        return (
-            f"{call.module} ({call.module_type}): {what} is scaled by {m.scale:.4g} "
-            f"± {m.scale_se or 0.0:.1g} relative to golden (mean relative error "
-            f"{mean_rel:+.2g}) while its inputs' scale differs from 1 by at most "
-            f"{_fmt(carried)}: a systematic error of its own, not {m.dtype} rounding"
-        )
+        if excess is not None:
+            return _bias_text(call, o, m, scaled_in)
     return None
+
+
+def _bias_text(
+    call: CallRecords, o: RecordResult, m: MeasuredMetrics, scaled_in: list[MeasuredMetrics]
+) -> str:
+    """The why line of a systematic error of ``call``'s own, shown in its record ``o``."""
+    assert m.scale is not None
+    scaled = [i for i in scaled_in if i.scale is not None and math.isfinite(i.scale)]
+    carried = max((abs(i.scale - 1.0) for i in scaled if i.scale is not None), default=0.0)
+    what = "its output" if call.phase == "forward" else "a gradient it computed"
+    if is_optimizer(o.phase, o.role):
+        what = "the optimizer's update of its parameters"
+    if call.module_type in LINEAR_TYPES and len(scaled) == 1 and scaled[0].scale:
+        return (
+            f"{call.module} ({call.module_type}) scales what it computes by "
+            f"{m.scale / scaled[0].scale:.4g}: {what} is scaled by {m.scale:.4g} ± "
+            f"{m.scale_se or 0.0:.1g} relative to golden, its input by "
+            f"{scaled[0].scale:.4g}; a linear module passes its input's scale on "
+            f"unchanged, so this is a systematic error of its own, not {m.dtype} rounding"
+        )
+    # the mean signed relative error: full tensors only (0 where statistics cannot say)
+    mean_rel = (m.mean_rel_err if isinstance(m, FullMetrics) else None) or 0.0
+    return (
+        f"{call.module} ({call.module_type}): {what} is scaled by {m.scale:.4g} "
+        f"± {m.scale_se or 0.0:.1g} relative to golden (mean relative error "
+        f"{mean_rel:+.2g}) while its inputs' scale differs from 1 by at most "
+        f"{_fmt(carried)}: a systematic error of its own, not {m.dtype} rounding"
+    )
 
 
 def _glue_note(call: CallRecords, first: RecordResult, forward: list[RecordResult]) -> str:

@@ -98,19 +98,28 @@ def linear_factors(
         return _weights(params) if len(params) <= 1 else None
     if module_type not in LINEAR_TYPES:
         return None
-    w = _weights(weight)
-    if phase == "forward":
-        found = _scaled(fin) if role == "output" and len(fin) == 1 else None
-    elif len(gout) != 1 or role not in ("input", "grad"):
-        found = None
-    elif role == "input":
-        found = _scaled(gout)
-    else:  # a weight's gradient g^T x is linear in both; a bias's in g alone
-        both = index == 0 and len(fin) == 1
-        found, w = _scaled([*fin, *gout] if both else gout), []
+    found, w = _linear_in(phase, role, index, fin, gout), _weights(weight)
+    if role == "grad" and phase != "forward":
+        w = []  # a parameter's gradient is not linear in the parameter
     if found is None or w is None:
         return None
     return [*found, *w]
+
+
+def _linear_in(
+    phase: str, role: str, index: int, fin: list[Any], gout: list[Any]
+) -> list[MeasuredMetrics] | None:
+    """The factors of a ``Linear``'s record besides its weight: its one input (forward
+    output), its output gradient (input gradient), or for a weight's gradient ``g^T x``
+    both, a bias's ``g`` alone."""
+    if phase == "forward":
+        return _scaled(fin) if role == "output" and len(fin) == 1 else None
+    if len(gout) != 1 or role not in ("input", "grad"):
+        return None
+    if role == "input":
+        return _scaled(gout)
+    both = index == 0 and len(fin) == 1
+    return _scaled([*fin, *gout] if both else gout)
 
 
 def _scaled(records: list[Any]) -> list[MeasuredMetrics] | None:
