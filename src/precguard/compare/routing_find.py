@@ -17,7 +17,7 @@ from precguard.compare.router_precision import lowered_weights
 from precguard.compare.tolerance import Profile
 from precguard.dump.schema import Record
 from precguard.dump.tensors import TensorStore
-from precguard.numerics import SCORE_PAIR, rounding_floor
+from precguard.numerics import SCORE_PAIR, relative_l2, rounding_floor
 
 Pair = tuple[Record, Record]
 
@@ -239,7 +239,8 @@ class RouterFinder:
                 continue
             g_t = g_t.reshape(router.tokens, -1).double()
             a_t = a_t.reshape(router.tokens, -1).double()
-            errors.append((g_t - a_t).norm(dim=1) / g_t.norm(dim=1).clamp_min(1e-300))
+            rows = zip((g_t - a_t).norm(dim=1).tolist(), g_t.norm(dim=1).tolist(), strict=True)
+            errors.append(torch.tensor([relative_l2(d, n) for d, n in rows]))
         return torch.stack(errors).amax(dim=0) if errors else None
 
     def _jumps(self, router: Router, pair: Pair, given: torch.Tensor) -> torch.Tensor:
