@@ -58,6 +58,7 @@ from precguard.compare.report import (
     Comparison,
     Counts,
     Metrics,
+    RecordIdentity,
     RecordResult,
     RecordRows,
     Status,
@@ -492,15 +493,16 @@ def _check_models(g_run: Run, a_run: Run, *, renamed: bool = False) -> list[str]
     gm, am = g_run.manifest, a_run.manifest
     wrapped = gm.model in WRAPPER_TYPES or am.model in WRAPPER_TYPES
     wrapped = wrapped or fsdp2_class(gm.model) == am.model or fsdp2_class(am.model) == gm.model
-    if gm.model and am.model and gm.model != am.model and renamed and not wrapped:
-        warnings.append(
-            f"model classes differ (golden {gm.model}, actual {am.model}); compared "
-            "because --map rules were given"
-        )
-    elif gm.model and am.model and gm.model != am.model and not wrapped:
+    differ = gm.model and am.model and gm.model != am.model and not wrapped
+    if differ and not renamed:
         raise IncomparableRunsError(
             f"{a_run.path / 'manifest.json'}: recording of model {shown(repr(am.model))}, but "
             f"golden {g_run.path} recorded {shown(repr(gm.model))}"
+        )
+    if differ:
+        warnings.append(
+            f"model classes differ (golden {gm.model}, actual {am.model}); compared "
+            "because --map rules were given"
         )
     return warnings  # an incomplete run is told first by the coverage (coverage.py)
 
@@ -663,21 +665,12 @@ def _measured(
 
 def _result(g: Record, a: Record | None, status: Status, metrics: Metrics | None) -> RecordResult:
     return RecordResult(
-        key=g.key,
+        **{name: getattr(g, name) for name in (*RecordIdentity.model_fields, "seq")},
         actual_key=a.key if a is not None and a.key != g.key else None,
-        module=g.module,
-        module_type=g.module_type,
-        call=g.call,
-        index=g.index,
         golden_dtype=g.dtype,
         actual_dtype=a.dtype if a is not None else None,
         shape=list(g.shape),
         actual_shape=list(a.shape) if a is not None and list(a.shape) != list(g.shape) else None,
-        phase=g.phase,
-        role=g.role,
-        step=g.step,
-        rank=g.rank,
-        seq=g.seq,
         status=status,
         metrics=metrics,
     )

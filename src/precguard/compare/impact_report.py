@@ -46,22 +46,17 @@ class RemedyCheck(BaseModel):
         """One line: ``verified: output error 0.0561 -> 0.0238, the floor ... is 0.0238``."""
         if self.verdict == "not run" or self.after is None or self.before is None:
             return f"{self.summary}: not run ({self.note})" if self.note else self.summary
-        floor = (
-            f", the floor of a correct run is {self.floor:.3g}"
-            if self.floor is not None
-            else ", the floor of a correct run is unknown"
-        )
+        note = f" ({self.note})" if self.note else ""
         if self.verdict == "not needed":
+            floor = f" ({self.floor:.3g})" if self.floor is not None else ""
             line = f"{self.summary}: not needed: output error {self.before:.3g} is within "
-            line += (
-                f"the floor of a correct run ({self.floor:.3g})"
-                if self.floor is not None
-                else "the floor"
+            line += f"the floor{' of a correct run' if floor else ''}{floor}"
+            return (
+                line + (f"; with it {self.after:.3g}" if self.after != self.before else "") + note
             )
-            line += f"; with it {self.after:.3g}" if self.after != self.before else ""
-            return line + (f" ({self.note})" if self.note else "")
+        floor = f"{self.floor:.3g}" if self.floor is not None else "unknown"
         line = f"{self.summary}: {self.verdict}: output error {self.before:.3g} -> {self.after:.3g}"
-        return line + floor + (f" ({self.note})" if self.note else "")
+        return f"{line}, the floor of a correct run is {floor}{note}"
 
 
 class Impact(BaseModel):
