@@ -351,25 +351,18 @@ def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
     ]
     coverage = _merged_coverage(plan, shards)
     units = sorted((u for shard in shards for u in shard.units), key=lambda u: (u.rank, u.step))
-    results = RecordRows()  # compact: memory per record pair stays small (docs/compare.md)
-    golden_only: list[str] = []
-    actual_only: list[str] = []
-    candidates: list[Candidate] = []
-    firsts: list[Candidate] = []
     # a decoding divergence: from the step whose token ids part, each step reads other
     # tokens (and a cache built from them); its records differ because its data do, so
     # they are left out of the verdict, and the coverage says so (a partial match)
     parted = decoding_divergence(units)
-    parted_at = parted.result.step if parted is not None else None
-    for unit in units:
-        if parted_at is not None and unit.step >= parted_at:
-            continue
+    kept = [u for u in units if parted is None or u.step < parted.result.step]
+    results = RecordRows()  # compact: memory per record pair stays small (docs/compare.md)
+    for unit in kept:
         results.extend(unit.results)
-        golden_only.extend(unit.golden_only)
-        actual_only.extend(unit.actual_only)
-        candidates.extend(unit.candidates)
-        if unit.first is not None:
-            firsts.append(unit.first)
+    golden_only = [k for u in kept for k in u.golden_only]
+    actual_only = [k for u in kept for k in u.actual_only]
+    candidates = [c for u in kept for c in u.candidates]
+    firsts = [u.first for u in kept if u.first is not None]
     counts = Counts.of(results)
     _check_comparable(plan, len(units), results, counts, golden_only, actual_only)
     # across ranks: a collective explained by another rank's wrong input is dropped
