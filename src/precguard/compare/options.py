@@ -1,11 +1,7 @@
 """Compare options: the one object ``compare_runs``, the CLI, the workers and the guard share.
 
-As :class:`~precguard.capture.options.CaptureOptions` is for capture: every
-caller builds one :class:`CompareOptions` (the CLI from its flags, the public
-:func:`~precguard.compare.runs.compare_runs` from its keyword arguments, a
-worker process from the coordinator's JSON of it), and the comparison reads
-its settings from that object only. Unknown names are an error, so a typo is
-never a silent default.
+Every caller builds one :class:`CompareOptions` (a worker process from the
+coordinator's JSON of it), and the comparison reads its settings from it only.
 
 >>> options = CompareOptions(profile="strict", step=0)           # doctest: +SKIP
 >>> precguard.compare_runs("runs/cpu", "runs/npu", options)      # doctest: +SKIP

@@ -131,21 +131,12 @@ def _level_code(r: RecordResult) -> int:
 class RecordRows(Sequence[RecordResult]):
     """Every record of a comparison, each kept as one compact row (about 0.2-0.5 KB).
 
-    A :class:`RecordResult` model costs about 3 KB of memory (two pydantic
-    models with a field dict and a field set each, a dozen small objects);
-    a comparison of millions of records cannot keep one per pair. A row is what
-    pydantic dumps of the result, fields at their defaults left out
-    (``model_dump(mode="json", exclude_defaults=True)``: NaN and Infinity as the
-    strings the model config writes), as the JSON array of its values (floats
-    shortest-exact); the model is rebuilt when it is read (``model_validate``,
-    a few microseconds). What repeats from row to row is kept once per store
-    and numbered: the names of the fields a row has (a handful of sets per
-    comparison; in each row they would double its size) and the metrics' note
-    (the statistics-only one is on every such pair); a key spelled from its
-    fields is rebuilt from them. So ``comparison.records`` reads as before, a
-    sequence of RecordResult, and the written JSON is the same. Reading a row
-    twice gives two equal, separate models: change one with ``model_copy`` and
-    keep the copy.
+    A :class:`RecordResult` model costs about 3 KB; a comparison of millions of
+    records cannot keep one per pair. A row is the JSON array of the values
+    pydantic dumps (``exclude_defaults=True``); the field names and the metrics'
+    note, which repeat from row to row, are kept once per store and numbered, and
+    a key spelled from its fields is rebuilt from them. Reading a row gives a new,
+    equal RecordResult (``model_validate``): change one with ``model_copy``.
 
     >>> rows = RecordRows(results)                     # doctest: +SKIP
     >>> rows[0].status, len(rows)                      # doctest: +SKIP
