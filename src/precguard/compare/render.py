@@ -227,16 +227,7 @@ def _print_first_divergence(result: Comparison, fd: FirstDivergence, console: Co
 def _suspects_table(result: Comparison) -> Table:
     """The other suspects, each a module that made error of its own."""
     table = Table(title="other suspects (made error of their own)", title_justify="left")
-    for col in (
-        "module",
-        "type",
-        "phase",
-        "amplification",
-        "error",
-        "expected",
-        "scale",
-        "step",
-    ):
+    for col in ("module", "type", "phase", "amplification", "error", "expected", "scale", "step"):
         table.add_column(col, overflow="fold")  # a name wrapped, never cut
     for s in result.suspects:
         amp = (
