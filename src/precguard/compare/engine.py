@@ -345,10 +345,7 @@ def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
     depend on how many processes shared the work.
     """
     g_run, a_run = plan.g_run, plan.a_run
-    warnings = [
-        *plan.warnings,
-        *(w for r in plan.ranks for sh in shards for w in sh.warnings.get(r, [])),
-    ]
+    warnings = _shard_warnings(plan, shards)
     coverage = _merged_coverage(plan, shards)
     units = sorted((u for shard in shards for u in shard.units), key=lambda u: (u.rank, u.step))
     # a decoding divergence: from the step whose token ids part, each step reads other
@@ -392,6 +389,14 @@ def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
         warnings=warnings,
         coverage=_decoding_gap(coverage.result(), parted, units),
     )
+
+
+def _shard_warnings(plan: ComparePlan, shards: list[ShardResult]) -> list[str]:
+    """The plan's warnings, then each rank's from whichever shard kept them."""
+    return [
+        *plan.warnings,
+        *(w for r in plan.ranks for sh in shards for w in sh.warnings.get(r, [])),
+    ]
 
 
 def _merged_coverage(plan: ComparePlan, shards: list[ShardResult]) -> CoverageTracker:
