@@ -1,9 +1,7 @@
 """The report models of a finding's impact and of a remedy verified by re-running.
 
-compare, the checklist and their renderers carry them; ``localize/impact.py``
-measures them and ``localize/verify.py`` fills the remedies. They live here,
-below both, so that :class:`~precguard.compare.report.Comparison` and the
-checklist's Diagnosis can hold them (docs/impact.md).
+``localize/impact.py`` measures them and ``localize/verify.py`` fills the remedies;
+they live here so that Comparison and the checklist's Diagnosis can hold them.
 """
 
 from __future__ import annotations

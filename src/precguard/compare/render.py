@@ -45,23 +45,15 @@ def scale_text(m: Metrics) -> str:
 
 
 def nonfinite_text(m: Metrics) -> str:
-    """'non-finite: 32768 NaN, 0 Inf on one side only' when NaN/Inf differ, else ''.
-
-    A NaN/Inf mismatch is the record's error: the error metrics beside it are measured
-    over the elements finite on both sides only, and a panel must never read as zero
-    error where one side holds NaN (issue 29).
-    """
+    """'non-finite: 32768 NaN, 0 Inf on one side only' when NaN/Inf differ, else ''
+    (the other metrics cover only elements finite on both sides)."""
     if not (m.nan_mismatch or m.inf_mismatch):
         return ""
     return f"non-finite: {m.nan_mismatch} NaN, {m.inf_mismatch} Inf on one side only"
 
 
 def metric_line(m: Metrics) -> str:
-    """One line with the metrics that matter for a record.
-
-    With a NaN/Inf mismatch the line starts with it, and the metrics after it are
-    labelled as those of the finite elements.
-    """
+    """One line with the metrics that matter for a record (a NaN/Inf mismatch first)."""
     bad = nonfinite_text(m)
     if bad:
         finite = _metric_line(m, finite_only=True)

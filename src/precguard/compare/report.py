@@ -56,7 +56,7 @@ class RecordIdentity(BaseModel):
     index: int = Field(description="Position among the tensors of that role.")
 
     def identity(self) -> RecordIdentity:
-        """Just the identity fields, as a :class:`RecordIdentity` of its own."""
+        """Just the identity fields, as a :class:`RecordIdentity`."""
         return RecordIdentity(**self.identity_fields())
 
     def identity_fields(self) -> dict[str, Any]:
@@ -131,16 +131,11 @@ def _level_code(r: RecordResult) -> int:
 class RecordRows(Sequence[RecordResult]):
     """Every record of a comparison, each kept as one compact row (about 0.2-0.5 KB).
 
-    A :class:`RecordResult` model costs about 3 KB; a comparison of millions of
-    records cannot keep one per pair. A row is the JSON array of the values
-    pydantic dumps (``exclude_defaults=True``); the field names and the metrics'
-    note, which repeat from row to row, are kept once per store and numbered, and
-    a key spelled from its fields is rebuilt from them. Reading a row gives a new,
-    equal RecordResult (``model_validate``): change one with ``model_copy``.
-
-    >>> rows = RecordRows(results)                     # doctest: +SKIP
-    >>> rows[0].status, len(rows)                      # doctest: +SKIP
-    ('pass', 2)
+    A RecordResult model costs about 3 KB; millions cannot be kept. A row is the
+    JSON array of the result's ``model_dump(mode="json", exclude_defaults=True)``
+    values, rebuilt with ``model_validate`` when read. Field-name sets and metrics
+    notes are kept once per store and numbered; a key spelled from its fields is
+    rebuilt from them. Reading a row twice gives two equal, separate models.
     """
 
     __slots__ = ("_levels", "_names", "_notes", "_row_names", "_row_notes", "_rows", "_statuses")
@@ -261,11 +256,7 @@ class RecordRows(Sequence[RecordResult]):
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
-        """Kept as is when given; a list of results (read from JSON) becomes rows too.
-
-        JSON is written row by row (never a list of every model at once); the
-        Python form (``model_dump``) is a list of dicts as for a list.
-        """
+        """Kept as is when given; a list of results becomes rows. JSON is written row by row."""
         item = handler.generate_schema(RecordResult)
 
         def serialize(value: Sequence[RecordResult], info: core_schema.SerializationInfo) -> Any:
@@ -425,13 +416,8 @@ class Counts(BaseModel):
 
     @classmethod
     def of(cls, results: Sequence[RecordResult]) -> Counts:
-        """The counts of ``results``: the one place a comparison's counts are computed.
-
-        A record is counted under its status; a compared pair (not ``missing``) also
-        under the level it was measured at (full tensors or exact equality: ``full``;
-        statistics: ``stats_only``). A ``missing`` record counts at no level, even when
-        it carries metrics (compare --layout marks a pass it could not combine missing).
-        """
+        """The counts of ``results``: each under its status, and a compared (not
+        ``missing``) pair also under its level (full or exact: ``full``; stats: ``stats_only``)."""
         if isinstance(results, RecordRows):
             return results.counts()  # from its status and level bytes, no row read
         statuses = bytearray(_STATUS_CODES[r.status] for r in results)
@@ -582,12 +568,8 @@ class Comparison(BaseModel):
 
 
 def write_comparison_json(result: Comparison, out: TextIO, *, indent: int | None = 2) -> None:
-    """Write ``result.model_dump_json(indent=indent)`` to ``out`` a record at a time.
-
-    The same text as the one string, without ever holding it: a comparison of
-    millions of records writes gigabytes of JSON, which ``model_dump_json``
-    would build in memory first.
-    """
+    """Write ``result.model_dump_json(indent=indent)`` to ``out`` a record at a time,
+    without holding the whole (gigabytes for millions of records) in memory."""
     empty = result.model_copy(update={"records": RecordRows()})
     text = empty.model_dump_json(indent=indent)
     # a top-level key is the only place a raw newline and this spelling can occur
