@@ -425,3 +425,11 @@ def test_rope_allows_eight_roundings_of_its_compute_dtype_or_its_fp32_angles() -
     # far along the sequence, the fp32 angle's roundings dominate
     far = numerics.rope_allowed(float(torch.finfo(torch.float32).eps), 1e5)
     assert far == numerics.ROPE_ANGLE_ROUNDINGS * numerics.unit_roundoff("float32") * (1 + 1e5)
+
+
+def test_relative_l2_rows_is_relative_l2_per_row():
+    diffs = torch.tensor([0.0, 1.0, 2.0, math.inf, 1.0, 0.0, 3.0], dtype=torch.float64)
+    norms = torch.tensor([0.0, 0.0, 4.0, 1.0, math.nan, 3.0, math.inf], dtype=torch.float64)
+    rows = numerics.relative_l2_rows(diffs, norms).tolist()
+    each = [numerics.relative_l2(float(d), float(n)) for d, n in zip(diffs, norms, strict=True)]
+    assert rows == each == [0.0, math.inf, 0.5, math.inf, math.inf, 0.0, math.inf]

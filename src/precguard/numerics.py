@@ -472,6 +472,16 @@ def relative_l2(diff_norm: float, golden_norm: float) -> float:
     return 0.0 if diff_norm == 0 else math.inf
 
 
+def relative_l2_rows(diff_norms: torch.Tensor, golden_norms: torch.Tensor) -> torch.Tensor:
+    """:func:`relative_l2` of each row, vectorized: the same 0 for 0/0, inf for a
+    difference from an all-zero row, inf where either norm is not finite."""
+    finite = diff_norms.isfinite() & golden_norms.isfinite()
+    zero = golden_norms == 0
+    out = diff_norms / torch.where(zero, torch.ones_like(golden_norms), golden_norms)
+    out = torch.where(zero, torch.where(diff_norms == 0, 0.0, math.inf), out)
+    return torch.where(finite, out, math.inf)
+
+
 def ulp(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The spacing of ``dtype`` at each of ``values`` (fp64; subnormal spacing below tiny)."""
     return torch.from_numpy(spacing(values.detach().to("cpu", torch.float64).numpy(), dtype))

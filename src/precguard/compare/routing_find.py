@@ -17,7 +17,7 @@ from precguard.compare.router_precision import lowered_weights
 from precguard.compare.tolerance import Profile
 from precguard.dump.schema import Record
 from precguard.dump.tensors import TensorStore
-from precguard.numerics import SCORE_PAIR, relative_l2, rounding_floor
+from precguard.numerics import SCORE_PAIR, relative_l2_rows, rounding_floor
 
 Pair = tuple[Record, Record]
 
@@ -216,9 +216,9 @@ class RouterFinder:
                 and f.kind in ("weights", "rows")
                 and (f.pair[0].module, f.pair[0].call) == (router.module, router.call)
             ]
-            given = self._input_error(router)
+            given = self._input_error(router) if own else None
             if given is None:
-                continue  # what the router was given per token is not known in full
+                continue  # no own record to judge, or what it was given is not held in full
             jumped = torch.zeros_like(router.same)
             for pair in own:
                 jumped |= self._jumps(router, pair, given)
@@ -239,8 +239,7 @@ class RouterFinder:
                 continue
             g_t = g_t.reshape(router.tokens, -1).double()
             a_t = a_t.reshape(router.tokens, -1).double()
-            rows = zip((g_t - a_t).norm(dim=1).tolist(), g_t.norm(dim=1).tolist(), strict=True)
-            errors.append(torch.tensor([relative_l2(d, n) for d, n in rows]))
+            errors.append(relative_l2_rows((g_t - a_t).norm(dim=1), g_t.norm(dim=1)))
         return torch.stack(errors).amax(dim=0) if errors else None
 
     def _jumps(self, router: Router, pair: Pair, given: torch.Tensor) -> torch.Tensor:
