@@ -1,9 +1,5 @@
-"""The comparison report: pydantic models written as JSON by ``compare --json``.
-
-docs/compare.md ('Reading the verdict') describes each field: the verdict, the first
-divergence (with its ``rank``), the ``suspects`` after it, the ``profile`` used, counts,
-and ``fingerprint_diff`` (environment facts that differ between the two runs).
-"""
+"""The comparison report: pydantic models written as JSON by ``compare --json``
+(docs/compare.md, 'Reading the verdict', describes each field)."""
 
 from __future__ import annotations
 
@@ -35,9 +31,8 @@ T = TypeVar("T")
 class RecordIdentity(BaseModel):
     """Which record a result is about: the fields of its key, and where it was captured.
 
-    :class:`RecordResult`, :class:`FirstDivergence` and :class:`Suspect` all
-    are one (they extend it), so a record's identity is written once and read
-    the same way everywhere; in JSON its fields stay flat beside the others.
+    :class:`RecordResult`, :class:`FirstDivergence` and :class:`Suspect` extend it;
+    in JSON its fields stay flat beside theirs.
     """
 
     model_config = _FROZEN
@@ -168,7 +163,7 @@ class RecordRows(Sequence[RecordResult]):
         for r in results:
             fields = r.model_dump(
                 mode="json",
-                exclude=_NO_KEY if r.key == _key_of(r.__dict__) else None,
+                exclude={"key"} if r.key == _key_of(r.__dict__) else None,  # spelled from them
                 exclude_defaults=True,
             )
             metrics = fields.pop("metrics", None)
@@ -290,11 +285,6 @@ def _key_of(fields: dict[str, Any]) -> str:
     return (
         f"{fields['module']}.{fields['call']}.{fields['phase']}.{fields['role']}.{fields['index']}"
     )
-
-
-#: what a row leaves out: the key when it is spelled from the fields (the metrics' note,
-#: always: popped from the dumped metrics, cheaper than a filter through their serializer)
-_NO_KEY: dict[str, Any] = {"key": True}
 
 
 class _Numbered(Generic[T]):
@@ -551,11 +541,6 @@ class Comparison(BaseModel):
     )
 
     @property
-    def diverged(self) -> bool:
-        """True when the verdict is 'diverged'."""
-        return self.verdict == "diverged"
-
-    @property
     def exit_code(self) -> int:
         """The CLI's exit code (:class:`~precguard.errors.ExitCode`): 1 diverged; 3 a match
         that covers only part of the recordings (``coverage.complete`` false: steps or phases
@@ -567,29 +552,25 @@ class Comparison(BaseModel):
         return ExitCode.PASS
 
 
+#: per indent: the empty records as dumped (a top-level key is the only place a raw
+#: newline and this spelling can occur), then how written records open, part and close
+_RECORDS_JSON = {
+    None: ('"records":[],', '"records":[', ",", "],"),
+    2: ('\n  "records": [],\n', '\n  "records": [\n    ', ",\n    ", "\n  ],\n"),
+}
+
+
 def write_comparison_json(result: Comparison, out: TextIO, *, indent: int | None = 2) -> None:
     """Write ``result.model_dump_json(indent=indent)`` to ``out`` a record at a time,
     without holding the whole (gigabytes for millions of records) in memory."""
-    empty = result.model_copy(update={"records": RecordRows()})
-    text = empty.model_dump_json(indent=indent)
-    # a top-level key is the only place a raw newline and this spelling can occur
-    markers = {None: '"records":[],', 2: '\n  "records": [],\n'}
-    marker = markers.get(indent)
-    if marker is None or text.count(marker) != 1:  # another indent: the one string
-        out.write(result.model_dump_json(indent=indent))
+    text = result.model_copy(update={"records": RecordRows()}).model_dump_json(indent=indent)
+    marker, opening, between, closing = _RECORDS_JSON.get(indent, ("", "", "", ""))
+    if not marker or text.count(marker) != 1 or not len(result.records):
+        out.write(result.model_dump_json(indent=indent))  # another indent, or no records
         return
     head, tail = text.split(marker)
-    if not len(result.records):
-        out.write(text)
-        return
-    if indent is None:
-        out.write(head + '"records":[')
-        for i, r in enumerate(result.records):
-            out.write(("," if i else "") + r.model_dump_json())
-        out.write("]," + tail)
-        return
-    out.write(head + '\n  "records": [\n')
+    out.write(head + opening)
     for i, r in enumerate(result.records):
-        row = r.model_dump_json(indent=2).replace("\n", "\n    ")
-        out.write((",\n    " if i else "    ") + row)
-    out.write("\n  ],\n" + tail)
+        row = r.model_dump_json(indent=indent).replace("\n", "\n    ")
+        out.write((between if i else "") + row)
+    out.write(closing + tail)
