@@ -14,10 +14,10 @@ full-tensor metrics round their last bits as a single-process run does.
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_all_start_methods, get_context
 from typing import Any
 
 from precguard.compare.engine import ComparePlan, compare_shard, plan_from_arguments
@@ -28,32 +28,23 @@ from precguard.errors import PrecguardError
 _DISTRIBUTED: dict[str, Any] = {"active": False}
 
 
-def failed_share(exc: PrecguardError) -> ShardResult:
-    """A share that carries ``exc`` instead of units (:func:`raise_carried` raises it)."""
-    return ShardResult(error=type(exc).__name__, message=str(exc))
-
-
 def raise_carried(shard: ShardResult) -> ShardResult:
-    """``shard`` itself, or raise the error it carries as the process that met it did."""
-    if shard.error is not None:
-        raise error_class(shard.error)(shard.message)
-    return shard
-
-
-def _parse(text: str) -> ShardResult:
-    return raise_carried(ShardResult.model_validate_json(text))
-
-
-def error_class(name: str) -> type[PrecguardError]:
-    """The precguard error class named ``name`` (PrecguardError when unknown)."""
+    """``shard`` itself, or raise the error it carries as the process that met it did (a
+    PrecguardError when its class is not one of precguard's)."""
+    if shard.error is None:
+        return shard
     from precguard import errors
     from precguard.compare import coverage, engine
 
     for module in (errors, engine, coverage):
-        cls = getattr(module, name, None)
+        cls = getattr(module, shard.error, None)
         if isinstance(cls, type) and issubclass(cls, PrecguardError):
-            return cls
-    return PrecguardError
+            raise cls(shard.message)
+    raise PrecguardError(shard.message)
+
+
+def _parse(text: str) -> ShardResult:
+    return raise_carried(ShardResult.model_validate_json(text))
 
 
 def owner(index: int, step: int, n_ranks: int, count: int) -> int:
@@ -81,8 +72,8 @@ def owns_fn(plan: ComparePlan, me: int, count: int) -> Callable[[int, int], bool
 def shard_json(arguments: dict[str, Any], me: int, count: int) -> str:
     """Compare process ``me``'s share (the worker's entry point); its ShardResult as JSON.
 
-    A :class:`PrecguardError` is returned inside the share (:func:`failed_share`),
-    so the coordinator raises it as a single process would.
+    A :class:`PrecguardError` is returned inside the share, so the coordinator raises it
+    as a single process would (:func:`raise_carried`).
     """
     return _share(lambda: plan_from_arguments(arguments), me, count)[1]
 
@@ -95,13 +86,9 @@ def _share(
         plan = make_plan()
         shard = compare_shard(plan, owns_fn(plan, me, count))
     except PrecguardError as exc:
-        return None, failed_share(exc).model_dump_json(exclude_defaults=True), exc
+        failed = ShardResult(error=type(exc).__name__, message=str(exc))
+        return None, failed.model_dump_json(exclude_defaults=True), exc
     return plan, shard.model_dump_json(exclude_defaults=True), None
-
-
-def _context() -> multiprocessing.context.BaseContext:
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
 
 
 def compare_shards(
@@ -112,9 +99,10 @@ def compare_shards(
     if workers == 1:
         return [compare_shard(plan, lambda _r, _s: True, on_unit=on_step)]
     workers = min(workers, max(1, os.cpu_count() or 1) * 4)
+    context = get_context("fork" if "fork" in get_all_start_methods() else "spawn")
     # this process compares share 0 itself while the others run: one process fewer to
     # start, and one share less to send and parse
-    with ProcessPoolExecutor(max_workers=workers - 1, mp_context=_context()) as pool:
+    with ProcessPoolExecutor(max_workers=workers - 1, mp_context=context) as pool:
         futures = [pool.submit(shard_json, plan.arguments, me, workers) for me in range(1, workers)]
         shards = [compare_shard(plan, owns_fn(plan, 0, workers), on_unit=on_step)]
         for future in futures:

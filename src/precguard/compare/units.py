@@ -1,9 +1,7 @@
 """The results of comparing (rank, step) units: one pydantic model each, in memory and as JSON.
 
 A worker process (:mod:`precguard.compare.parallel`) sends its share as the JSON
-of the same :class:`ShardResult` the coordinating process merges
-(:func:`precguard.compare.engine.merge_shards`): no second representation, no
-converter, never a pickled object.
+of the :class:`ShardResult` the coordinator merges (never a pickled object).
 """
 
 from __future__ import annotations
@@ -16,6 +14,8 @@ from precguard.compare.report import RecordRows
 from precguard.dump.schema import Record
 
 _MODEL = ConfigDict(ser_json_inf_nan="strings")
+#: what a one-sided record's note needs of it
+_WHERE = {"module", "call", "phase", "role", "name", "step"}
 
 
 class OneSided(BaseModel):
@@ -39,15 +39,7 @@ class OneSided(BaseModel):
     @classmethod
     def of(cls, side: str, rec: Record) -> OneSided:
         """The one-sided record ``rec`` of ``side``."""
-        return cls(
-            side=side,
-            module=rec.module,
-            call=rec.call,
-            phase=rec.phase,
-            role=rec.role,
-            name=rec.name,
-            step=rec.step,
-        )
+        return cls(side=side, **rec.model_dump(include=_WHERE))
 
 
 class UnitResult(BaseModel):
