@@ -11,6 +11,7 @@ one it reports, so the advice printed without a re-run is never one a re-run cou
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import suppress
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -117,19 +118,6 @@ def listed(advice: Sequence[Advice]) -> str:
     return "try in order: " + "; ".join(f"{i}) {a.text}" for i, a in enumerate(advice, 1))
 
 
-__all__ = [
-    "ORDER",
-    "Advice",
-    "buffers_text",
-    "candidates",
-    "chosen",
-    "kind",
-    "listed",
-    "ordered",
-    "swapped_sides",
-]
-
-
 #: devices a comparison's golden is usually recorded on: the trusted reference
 _REFERENCE_DEVICES = ("cpu", "cuda")
 
@@ -143,11 +131,9 @@ def swapped_sides(devices: Sequence[str], dtypes: Sequence[str | None]) -> str |
     g_dev, a_dev = [*devices, "", ""][:2]
     g_dt, a_dt = [*dtypes, None, None][:2]
     why = ""
-    try:
+    with suppress(KeyError, ValueError):  # a dtype without a unit roundoff
         if g_dt and a_dt and unit_roundoff(g_dt) > unit_roundoff(a_dt):
             why = f"the golden is in {g_dt}, less precise than the actual's {a_dt}"
-    except (KeyError, ValueError):
-        pass
     reference = [d.split(":")[0] in _REFERENCE_DEVICES for d in (g_dev, a_dev)]
     if not why and g_dev and a_dev and reference == [False, True]:
         why = f"the golden ran on {g_dev}, the actual on the reference device {a_dev}"

@@ -1,9 +1,5 @@
-"""compare's messages: what it suggests next and how it explains what it found.
-
-The explanations beside :mod:`precguard.compare.engine` (a truncated recording, another
-model, unmatched records, one-sided collectives, a shard, an msprobe L1 dump), and the
-``precguard replay`` command that confirms a suspect (with the target the actual's
-manifest names, printed and never imported), or why none can be given.
+"""compare's messages: how it explains what it found, and the ``precguard replay`` command
+that confirms a suspect (the actual's target printed, never imported) or why none can be given.
 """
 
 from __future__ import annotations
@@ -242,19 +238,6 @@ def collectives_left_out(count: int, side: str) -> str:
     )
 
 
-def api_only_note(
-    golden_only: list[str], actual_only: list[str], is_detail: Callable[[str], bool]
-) -> str:
-    """A hint when one side holds msprobe API-level records only (an L1 dump)."""
-    for keys in (golden_only, actual_only):
-        if keys and all(is_detail(k) for k in keys):
-            return (
-                "; one side holds only msprobe API calls (an msprobe L1 dump), which "
-                "precguard's module records cannot pair with: dump with msprobe level L0 or mix"
-            )
-    return ""
-
-
 def not_the_same_model(
     g_run: Run,
     a_run: Run,
@@ -266,11 +249,18 @@ def not_the_same_model(
     """Why two recordings are taken to be of different models: too few records align.
     The hints that fix it (an msprobe L1 dump, a run that did not finish) come before the
     names, which the CLI's one line may cut."""
+    # one side with msprobe API-level records only: an L1 dump
+    api_only = any(keys and all(map(is_detail, keys)) for keys in (golden_only, actual_only))
     return (
         f"{a_run.path} does not look like a recording of the same model as {g_run.path}: "
         f"only {matched} records align, {len(golden_only)} are only in golden and "
         f"{len(actual_only)} only in actual"
-        + api_only_note(golden_only, actual_only, is_detail)
+        + (
+            "; one side holds only msprobe API calls (an msprobe L1 dump), which precguard's "
+            "module records cannot pair with: dump with msprobe level L0 or mix"
+            if api_only
+            else ""
+        )
         + incomplete_note(g_run, a_run)
         + closest(golden_only, actual_only)
     )

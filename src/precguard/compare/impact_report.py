@@ -46,12 +46,10 @@ class RemedyCheck(BaseModel):
             return f"{self.summary}: not run ({self.note})" if self.note else self.summary
         note = f" ({self.note})" if self.note else ""
         if self.verdict == "not needed":
-            floor = f" ({self.floor:.3g})" if self.floor is not None else ""
+            floor = f" of a correct run ({self.floor:.3g})" if self.floor is not None else ""
+            with_it = f"; with it {self.after:.3g}" if self.after != self.before else ""
             line = f"{self.summary}: not needed: output error {self.before:.3g} is within "
-            line += f"the floor{' of a correct run' if floor else ''}{floor}"
-            return (
-                line + (f"; with it {self.after:.3g}" if self.after != self.before else "") + note
-            )
+            return f"{line}the floor{floor}{with_it}{note}"
         floor = f"{self.floor:.3g}" if self.floor is not None else "unknown"
         line = f"{self.summary}: {self.verdict}: output error {self.before:.3g} -> {self.after:.3g}"
         return f"{line}, the floor of a correct run is {floor}{note}"
@@ -157,6 +155,3 @@ class ErrorBudget(BaseModel):
     def ranked(self) -> list[Impact]:
         """The measured impacts, the largest share first (unmeasured ones last)."""
         return sorted(self.impacts, key=lambda i: (i.share is None, -(i.share if i.share else 0.0)))
-
-
-__all__ = ["ErrorBudget", "Impact", "RemedyCheck", "RemedyVerdict"]

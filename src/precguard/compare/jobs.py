@@ -1,9 +1,8 @@
 """``job``: the one compare job the API and the CLI both run.
 
-Both sides are opened once (the progress bar's total comes from that reading); a
-sharded side is gathered by a strategy passed in from the layer above
-(:func:`precguard.layout.compare.gathered`), never installed as a global; the CLI's
-``--replay`` and ``--target``/``--verify`` (in ``localize/``) are ``then`` steps.
+Both sides are opened once; a sharded side is gathered by a strategy passed in from the
+layer above (:func:`precguard.layout.compare.gathered`); the CLI's ``--replay`` and
+``--target``/``--verify`` (in ``localize/``) are ``then`` steps.
 
 >>> from precguard.compare import CompareOptions                   # doctest: +SKIP
 >>> result = job(CompareOptions(), "runs/cpu", "runs/npu")          # doctest: +SKIP
@@ -71,13 +70,8 @@ def job(
     g, a = open_side(golden), open_side(actual)
     if on_total is not None:
         on_total(steps_in_scope(g.run, options))
-    if gather is not None:
-        result = gather(g, a, options, on_step=on_step)
-    else:
-        result = compare_opened(g, a, options, on_step=on_step)
+    compare = compare_opened if gather is None else gather
+    result = compare(g, a, options, on_step=on_step)
     for step in then:
         result = step(result)
     return result
-
-
-__all__ = ["Gather", "job", "steps_in_scope"]

@@ -262,9 +262,8 @@ SHOWN_FINDINGS = 10
 
 
 def _print_further_findings(result: Comparison, console: Console) -> None:
-    """Each module after the first divergence that made error of its own, named in full
-    with its why line, in execution order (issue 37: a second fault must be read, not
-    guessed from a narrow table's truncated name)."""
+    """Each module after the first divergence that made error of its own, in execution
+    order, named in full with its why line (a narrow table would cut the name)."""
     findings = result.further_findings
     if not findings:
         return
@@ -297,9 +296,8 @@ def output_impact(result: Comparison) -> tuple[str, str]:
         return f"output not affected: error {error} within a correct run's floor", "yellow"
     if budget.floor is None:
         return f"output error {error}, floor of a correct run unknown", "default"
-    return f"output affected: error {error}, a correct run's {format_number(budget.floor)}", (
-        "bold red"
-    )
+    floor = format_number(budget.floor)
+    return f"output affected: error {error}, a correct run's {floor}", "bold red"
 
 
 def remedy_line(result: Comparison) -> str:
@@ -362,9 +360,7 @@ def _fingerprint_table(result: Comparison, console: Console, limit: int = 8) -> 
     for col in ("key", "golden", "actual"):
         table.add_column(col)
     for key, (g, a) in items[:limit]:
-        table.add_row(
-            shown(key, markup=True), shown(repr(g), markup=True), shown(repr(a), markup=True)
-        )
+        table.add_row(*(shown(text, markup=True) for text in (key, repr(g), repr(a))))
     console.print(table)
     if len(items) > limit:
         console.print(f"[dim]... and {len(items) - limit} more (see --json)[/]")
