@@ -1,14 +1,9 @@
 """Compare two recordings: align records, measure error, name the layer that introduced it.
 
-A new judging rule (compare/rules.py) is written against :class:`Rule` (or :class:`BaseRule`),
-settles a record with a :class:`Settlement` and is exercised with :func:`judge_unit`
-(docs/architecture.md, "Where to add a rule").
-
-The function is :func:`compare_runs` (``precguard.compare_runs``); :func:`compare_recordings`
-is the same without ``layout=`` (the layout branch lives above, in
-:mod:`precguard.layout.compare`, passes its gathering to :func:`job` as a strategy).
-``precguard.compare`` is this subpackage, not a callable. How to
-compare is one :class:`CompareOptions`.
+The function is :func:`compare_runs` (``precguard.compare_runs``), told how to compare by one
+:class:`CompareOptions`. A new judging rule (compare/rules.py) is written against :class:`Rule`
+(or :class:`BaseRule`), settles a record with a :class:`Settlement` and is exercised with
+:func:`judge_unit` (docs/architecture.md, "Where to add a rule").
 
 >>> result = precguard.compare_runs("runs/golden", "runs/actual")   # doctest: +SKIP
 >>> result.verdict                                                   # doctest: +SKIP

@@ -1,12 +1,8 @@
 """Bitwise comparison of two recordings by their tensor hashes (``precguard bitwise``).
 
-Two runs that should be bitwise identical are compared record by record on the ``hash``
-that ``hashes=True`` records (:mod:`precguard.capture.hashing`), with no tolerance: the
-first record in the golden's execution order whose hash, dtype or shape differs names
-the first tensor that stopped being reproducible (usually the nondeterministic op's
-module). Records pair by (rank, step, key, occurrence of the key in that step);
-verdicts and exit codes are :class:`BitwiseComparison`'s (docs/watch.md, "Bitwise
-determinism by hashes").
+No tolerance: the first record in the golden's execution order whose ``hash``, dtype or
+shape differs names the first tensor that stopped being reproducible (docs/watch.md,
+"Bitwise determinism by hashes").
 """
 
 from __future__ import annotations

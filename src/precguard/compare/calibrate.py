@@ -1,13 +1,8 @@
 """A calibration pass in the spirit of TTrace (arXiv 2506.09280): the golden, perturbed.
 
-``perturb_inputs(model, "bfloat16")`` makes every module's floating-point inputs
-carry one unit roundoff of ``dtype`` of relative error (each element multiplied
-by ``1 ± u``, the sign seeded per module and call), so a recording of the golden
-code at the golden's precision with it shows each record's sensitivity to that
-rounding. Pass that recording to ``compare --calibration``: a record's error
-there raises its expected error where the analytic model is too low (an
-ill-conditioned module). Run it at the golden's precision: the same code run at
-the actual's precision would explain a precision bug of the code itself away.
+A recording of the golden code at the golden's precision with :func:`perturb_inputs`
+shows each record's sensitivity to one rounding; ``compare --calibration`` raises each
+record's expected error to it (docs/compare.md, "Calibrating on the model (TTrace)").
 
 >>> precguard.record_target("tiny-llama", out="runs/calibration", tensors=True,
 ...     prepare=lambda m: perturb_inputs(m, "bfloat16"))          # doctest: +SKIP

@@ -1,19 +1,10 @@
 """What was measured for one pair of records: one model per level, told apart by ``level``.
 
-:data:`Metrics` is the union of :class:`FullMetrics` (both full tensors), :class:`StatsMetrics`
-(the recorded statistics, the sample, the per-position norms), :class:`ExactMetrics`
-(integer or boolean tensors compared for equality) and :class:`UnmeasuredMetrics`
-(nothing comparable), discriminated by ``level``: a field lives only on the levels that
-compute it, so reading ``sample_rse`` off full metrics is an AttributeError. What every
-level has is typed on :class:`MetricsBase`, what both float levels measure on
-:class:`MeasuredMetrics`. Each level's model is generated from the one table
-:data:`_FIELDS`.
-
-**The JSON is the one it was**: each level writes every key of :data:`METRICS_JSON_FIELDS`,
-in that order, null where the level lacks it, without placeholder fields
-(docs/compare.md, "One model per level", says how and what it costs). Reading accepts
-a null on a key the level lacks and refuses a value. ``level`` has no default, so it
-is written even where defaults are left out and a row is read back as its level's model.
+:data:`Metrics` is the union of :class:`FullMetrics`, :class:`StatsMetrics`,
+:class:`ExactMetrics` and :class:`UnmeasuredMetrics`, each generated from the one table
+:data:`_FIELDS`: a field lives only on the levels that compute it. Each level still writes
+every key of :data:`METRICS_JSON_FIELDS`, in order, null where it lacks one, and reading
+refuses a value there (docs/compare.md, "One model per level").
 
 >>> m = FullMetrics(level="full", dtype="bfloat16", error=3e-3, rel_l2=3e-3)
 >>> isinstance(m, MeasuredMetrics), m.rel_l2
@@ -146,14 +137,9 @@ def _written_as_every_key(
     cls: type[BaseModel], schema: core_schema.ModelSchema, fields: Mapping[str, Any]
 ) -> core_schema.SerSchema:
     """How the level ``cls`` is written: every key of :data:`METRICS_JSON_FIELDS` in order,
-    a field's value where the level has it, null where it does not (``schema`` is its
-    model's core schema, ``fields`` its fields').
-
-    Pydantic's serializer of a dict with every key (each the field's own schema, its
-    default included, so ``exclude_defaults`` and ``exclude_none`` act as on a model), fed
-    by the plain function :func:`_every_key` (a wrap serializer costs microseconds more
-    per dump: docs/compare.md, 'One model per level').
-    """
+    null where the level lacks it (``schema`` is its model's core schema, ``fields`` its
+    fields'): pydantic's serializer of a dict with every key, fed by :func:`_every_key`
+    (docs/compare.md, 'One model per level')."""
     lacked = core_schema.typed_dict_field(
         core_schema.with_default_schema(core_schema.none_schema(), default=None),
         required=False,
@@ -408,20 +394,3 @@ def metrics_with(m: MetricsBase, update: Mapping[str, Any]) -> Metrics:
     # what ``m`` measured at its own level and the new one lacks is left behind
     kept = {name: getattr(m, name) for name in m.model_fields_set if name in own}
     return metrics_of({**kept, "level": m.level, **update})
-
-
-__all__ = [
-    "METRICS_JSON_FIELDS",
-    "METRICS_LEVELS",
-    "ExactMetrics",
-    "FullMetrics",
-    "Level",
-    "MeasuredMetrics",
-    "Metrics",
-    "MetricsBase",
-    "StatsMetrics",
-    "UnmeasuredMetrics",
-    "concentrated",
-    "metrics_of",
-    "metrics_with",
-]

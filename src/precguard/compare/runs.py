@@ -1,15 +1,8 @@
 """``compare_recordings``: compare two recordings (or msprobe dumps), on one process or many.
 
-The top of the compare package: it opens both sides (an msprobe dump is converted
-through :mod:`precguard.interop.msprobe`, the same way for the CLI and for
-Python), settles a plan (:mod:`precguard.compare.engine`), has its (rank, step)
-units compared here, by worker processes or by the processes of a torchrun job
-(:mod:`precguard.compare.parallel`), and merges them.
-
-:func:`compare_runs` is the public ``precguard.compare_runs``: the same, and with
-``layout=`` a tensor-/pipeline-parallel side gathered into whole tensors first by
-the layer above, :mod:`precguard.layout.compare`, which passes the gathering to
-:func:`precguard.compare.job` as a strategy (nothing is installed here).
+It opens both sides, settles a plan (:mod:`precguard.compare.engine`), has the (rank, step)
+units compared (:mod:`precguard.compare.parallel`) and merges them. ``layout=`` (a sharded
+side gathered first) is taken by the layer above, :mod:`precguard.layout.compare`.
 """
 
 from __future__ import annotations
