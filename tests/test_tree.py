@@ -94,3 +94,31 @@ def test_a_tokenizer_batch_records_end_to_end(tmp_path: Path) -> None:
     )
     root_inputs = {r.name for r in run.records() if r.module == "root" and r.role == "input"}
     assert {"kwargs.input_ids", "kwargs.attention_mask"} <= root_inputs
+
+
+class _Cache:
+    """A leaf that holds tensors (a KV cache): never walked."""
+
+    def __init__(self) -> None:
+        self.keys = [torch.ones(1)]
+
+
+@pytest.mark.parametrize("kind", sorted(_every_container()))
+def test_capture_names_exactly_the_tensors_the_reference_walker_finds(kind: str) -> None:
+    # named_tensors decides how to walk a value once per type (it runs in every hook);
+    # children(), which asks each value, is the reference: the same tensors, the same paths
+    value = _every_container()[kind]
+    nested = {
+        "x": value,
+        "deeper": [value, (value, None)],
+        "leaves": (Frame, _Cache(), True, None, 3, "s", torch.float16),
+    }
+    for v in (value, nested):
+        expected = [
+            (".".join(["kwargs", *map(str, keys)]), leaf)
+            for keys, leaf in tree.leaves(v, max_depth=6)
+            if isinstance(leaf, torch.Tensor)
+        ]
+        got = named_tensors(v, "kwargs")
+        assert [n for n, _ in got] == [n for n, _ in expected]
+        assert all(a is b for (_, a), (_, b) in zip(got, expected, strict=True))

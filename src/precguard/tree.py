@@ -90,28 +90,55 @@ def named_tensors(value: Any, prefix: str, *, max_depth: int = 6) -> list[tuple[
     if isinstance(value, torch.Tensor):  # most modules' output: nothing to walk
         return [(prefix, value)]
     out: list[tuple[str, torch.Tensor]] = []
-    _named(value, prefix, out, max_depth)
+    kind = _KINDS.get(type(value))
+    if kind is None:
+        kind = _kind(type(value))
+    if kind:
+        _named(value, kind, prefix, out, max_depth)
     return out
 
 
-def _named(value: Any, path: str, out: list[tuple[str, torch.Tensor]], depth: int) -> None:
-    # children() inlined: this runs in capture's hooks, for every module call
+#: how :func:`_named` walks a value of each type: a leaf (0), by position (1), by key (2),
+#: by dataclass field (3) — :func:`children`'s rules, decided once per type, since this
+#: runs in capture's hooks for every module call (an ABC's ``isinstance`` is a Python
+#: call). A class registered as a ``Mapping`` after its first walk stays what it was.
+_KINDS: dict[type, int] = {tuple: 1, list: 1, dict: 2, bool: 0, type(None): 0}
+
+
+def _kind(tp: type) -> int:
+    if issubclass(tp, _LEAVES) or issubclass(tp, type):
+        kind = 0
+    elif issubclass(tp, _SEQUENCES):
+        kind = 1
+    elif issubclass(tp, Mapping):
+        kind = 2
+    else:
+        kind = 3 if dataclasses.is_dataclass(tp) else 0
+    _KINDS[tp] = kind
+    return kind
+
+
+def _named(
+    value: Any, kind: int, path: str, out: list[tuple[str, torch.Tensor]], depth: int
+) -> None:
     if depth <= 0:
         return
     kids: Iterable[tuple[Key, Any]]
-    if isinstance(value, _SEQUENCES):
+    if kind == 1:
         kids = enumerate(value)
-    elif isinstance(value, Mapping):
+    elif kind == 2:
         kids = value.items()
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        kids = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
     else:
-        return
+        kids = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
     for key, item in kids:
         if isinstance(item, torch.Tensor):
             out.append((f"{path}.{key}", item))
-        elif not isinstance(item, _SCALARS):
-            _named(item, f"{path}.{key}", out, depth - 1)
+        elif item is not None:
+            sub = _KINDS.get(type(item))
+            if sub is None:
+                sub = _kind(type(item))
+            if sub:
+                _named(item, sub, f"{path}.{key}", out, depth - 1)
 
 
 def tensors(value: Any, *, sort_keys: bool = False) -> list[torch.Tensor]:

@@ -79,6 +79,38 @@ def test_keyword_arguments_reach_the_callback_and_a_chosen_module_only_is_hooked
     assert _no_hooks(m)
 
 
+def test_callbacks_without_the_name_are_torchs_hooks_themselves_after_a_set_up_per_module() -> None:
+    # name_first=False: what the Monitor uses, the cheapest hook (no frame of the layer
+    # between torch and the callback); bind runs once per module, its result not passed
+    m, x = model(), torch.randn(3, 4)
+    plain = m(x)
+    bound: list[str] = []
+    seen: list[tuple[str, nn.Module]] = []
+
+    def pre(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+        seen.append(("pre", mod))
+
+    def post(mod: nn.Module, args: tuple, kwargs: dict, out: object) -> None:
+        seen.append(("post", mod))
+
+    handle = on_calls(
+        m, pre, post, errors="raise", name_first=False, bind=lambda n, mod: bound.append(n)
+    )
+    with handle:
+        hooked = m(x)
+        assert m[0].up._forward_pre_hooks[next(iter(m[0].up._forward_pre_hooks))] is pre
+    assert torch.equal(hooked, plain)
+    assert bound == ["root", "0", "0.up", "0.act", "0.down", "1"]
+    assert [mod for kind, mod in seen if kind == "pre"] == [
+        m, m[0], m[0].up, m[0].act, m[0].down, m[1]
+    ]  # fmt: skip
+    assert pre._torchdynamo_disable  # kept out of dynamo's tracing, as every callback
+    assert _no_hooks(m)
+    with pytest.raises(ValueError, match="errors='raise'"):
+        on_calls(m, pre, name_first=False)
+    assert _no_hooks(m)
+
+
 def test_a_failing_callback_is_reported_once_and_the_forward_goes_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -11,14 +11,14 @@ tensors of that boundary.
 
 ``torch.compiler.disable`` does the same, but its first use imports
 ``torch._dynamo`` (1.5-4.5 s here), a price every ``monitor()`` would pay
-whether the user compiles or not. The wrapper below is its two parts: the
-``_torchdynamo_disable`` mark dynamo reads when it meets the call while
-tracing (graph break, call left to run eagerly), the wrapper's own frame
-marked as one dynamo's frame callback skips, and that callback switched off
-around the call, so that a hook called eagerly from inside a compiled region
-(the root's hooks of a ``torch.compile``'d model, which torch runs outside the
-graph) is not compiled as a frame of its own, nor anything it calls.
-``tests/capture/test_compile.py`` holds dynamo to both.
+whether the user compiles or not. :func:`outside_dynamo` does its two parts
+on the function itself, with no wrapper: the ``_torchdynamo_disable`` mark
+dynamo reads when it meets the call while tracing (graph break, call left to
+run eagerly), and the function's code marked as one dynamo's frame callback
+skips together with every frame it calls, so that a hook called eagerly from
+inside a compiled region (the root's hooks of a ``torch.compile``'d model,
+which torch runs outside the graph) is not compiled as a frame of its own, nor
+anything it calls. ``tests/capture/test_compile.py`` holds dynamo to both.
 
 A model compiled *before* ``monitor()`` cannot be recorded: its compiled
 code was traced without the hooks and dynamo does not recompile when hooks
@@ -40,9 +40,8 @@ from precguard.errors import UsageError
 try:  # the C half of dynamo: present in every torch build that has torch.compile
     from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy
     from torch._C._dynamo.eval_frame import set_code_exec_strategy as _set_code_exec_strategy
-    from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 except ImportError:  # pragma: no cover - a torch without dynamo: nothing to keep out
-    _set_eval_frame = None
+    _set_code_exec_strategy = None
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -52,41 +51,34 @@ _REASON = (
 
 
 def outside_dynamo(fn: F) -> F:
-    """``fn`` wrapped so that dynamo never traces it (a graph break where it is called).
+    """``fn`` itself (a function or a bound method), marked so that dynamo never traces it
+    (a graph break where it is called) nor anything it calls.
 
-    Costs ~0.4 µs per call in eager mode (two calls into torch's C code).
+    Costs nothing per call in eager mode: no wrapper frame, no call into torch.
     """
-    if _set_eval_frame is None:
+    if _set_code_exec_strategy is None:
         return fn
-    set_eval_frame = _set_eval_frame
-
-    @functools.wraps(fn)
-    def run_eagerly(*args: Any, **kwargs: Any) -> Any:
-        prior = set_eval_frame(None)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            set_eval_frame(prior)
-
+    target = getattr(fn, "__func__", fn)  # a bound method: its function
     # what torch.compiler.disable sets: dynamo graph-breaks at a call of a function
     # carrying it and leaves the call to run eagerly
-    run_eagerly._torchdynamo_disable = True  # type: ignore[attr-defined]
-    run_eagerly._torchdynamo_disable_msg = _REASON  # type: ignore[attr-defined]
-    run_eagerly._torchdynamo_disable_recursive = True  # type: ignore[attr-defined]
-    _skip_frame(run_eagerly.__code__)
-    return run_eagerly  # type: ignore[return-value]
+    target._torchdynamo_disable = True
+    target._torchdynamo_disable_msg = _REASON
+    target._torchdynamo_disable_recursive = True
+    _skip_frames(target.__code__)
+    return fn
 
 
 @functools.cache
-def _skip_frame(code: Any) -> None:
-    """Tell dynamo's frame callback never to compile a frame of ``code``.
+def _skip_frames(code: Any) -> None:
+    """Tell dynamo's frame callback never to compile a frame of ``code``, nor any frame
+    it calls.
 
-    What ``torch._dynamo.eval_frame.skip_code`` does. Without it a hook called
-    eagerly while a compiled model runs (the root's) is handed to dynamo as a
-    frame to compile before its first line can switch the callback off. One
-    code object is shared by every wrapper, so this runs once.
+    What ``torch._dynamo.eval_frame.skip_code`` does, recursively: dynamo's eval-frame
+    function runs such a frame with its callback off (and back on after), which is what
+    keeps a hook called eagerly while a compiled model runs (the root's) from being handed
+    to dynamo as a frame to compile, with everything it calls. Once per code object.
     """
-    _set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT))
+    _set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
 
 
 def compiled_modules(model: nn.Module) -> list[str]:

@@ -43,7 +43,6 @@ the callback sees real tensors.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
@@ -169,33 +168,33 @@ def _guard(
     where: str,
     errors: Errors,
     failures: _Failures,
-    eager: Callable[[Any], Any] = outside_dynamo,
+    eager: bool = True,
     first: Any = _NAME,
 ) -> Callable[..., Any]:
-    """``fn`` with ``first`` (default ``name``) bound first; with ``errors="report"`` a raise
+    """``fn`` with ``first`` (default ``name``) passed first; with ``errors="report"`` a raise
     is reported under ``name``, not raised.
 
-    ``eager``: how it is kept out of dynamo (forward hooks; gradient hooks run in
-    autograd's engine, outside dynamo's frames, and pass ``_as_is``).
+    ``eager``: kept out of dynamo (forward hooks; gradient hooks run in autograd's engine,
+    outside dynamo's frames, and pass False). One Python frame around ``fn``.
     """
-    bound = functools.partial(fn, name if first is _NAME else first)
+    bound = name if first is _NAME else first
     if errors == "raise":
-        return eager(bound)
 
-    def guarded(*args: Any) -> Any:
-        try:
-            return bound(*args)
-        except NonFiniteError:
-            raise
-        except Exception as exc:
-            failures.report(name, where, exc)
-            return None
+        def hook(*args: Any) -> Any:
+            return fn(bound, *args)
 
-    return eager(guarded)
+    else:
 
+        def hook(*args: Any) -> Any:
+            try:
+                return fn(bound, *args)
+            except NonFiniteError:
+                raise
+            except Exception as exc:
+                failures.report(name, where, exc)
+                return None
 
-def _as_is(fn: Any) -> Any:
-    return fn
+    return outside_dynamo(hook) if eager else hook
 
 
 def on_calls(
@@ -209,6 +208,7 @@ def on_calls(
     errors: Errors = "report",
     always_call: bool = False,
     bind: Callable[[str, nn.Module], Any] | None = None,
+    name_first: bool = True,
 ) -> HookHandle:
     """Call ``pre`` before and ``post`` after each call of the chosen modules under ``model``.
 
@@ -227,17 +227,33 @@ def on_calls(
     by ``pre``/``post`` stays balanced). ``bind(name, module)``: what the
     callbacks get first instead of the name, made once per module at
     registration (what a capture resolves once rather than per call).
+
+    ``name_first=False`` with ``errors="raise"``: torch calls ``pre`` and
+    ``post`` themselves, with torch's hook arguments alone (no name, nothing
+    bound; ``bind`` is then only a set-up run once per module) and no frame of
+    this layer between — the cheapest hook there is, for a capture that looks
+    its per-module state up itself and catches its own errors.
     """
+    if not name_first and errors != "raise":
+        raise ValueError("on_calls(name_first=False) needs errors='raise'")
     handle = HookHandle()
     failures = _Failures()
     try:
         for name, mod in _chosen(model, modules, root_name):
             first = bind(name, mod) if bind is not None else _NAME
             if pre is not None:
-                hook = _guard(pre, name, "forward_pre", errors, failures, first=first)
+                hook = (
+                    _guard(pre, name, "forward_pre", errors, failures, first=first)
+                    if name_first
+                    else outside_dynamo(pre)
+                )
                 handle._add(mod.register_forward_pre_hook(hook, with_kwargs=with_kwargs))
             if post is not None:
-                hook = _guard(post, name, "forward", errors, failures, first=first)
+                hook = (
+                    _guard(post, name, "forward", errors, failures, first=first)
+                    if name_first
+                    else outside_dynamo(post)
+                )
                 handle._add(
                     mod.register_forward_hook(
                         hook, with_kwargs=with_kwargs, always_call=always_call
@@ -264,7 +280,7 @@ def on_param_grads(
     failures = _Failures()
     for name, p in params:
         if p.requires_grad:
-            fn = _guard(hook, name, "param_grad", errors, failures, _as_is)
+            fn = _guard(hook, name, "param_grad", errors, failures, eager=False)
             handle._add(p.register_post_accumulate_grad_hook(fn))
     return handle
 
@@ -289,7 +305,9 @@ def on_tensor_grad(
             hook(grad)
 
     else:
-        guarded = _guard(lambda _name, g: hook(g), name, "tensor_grad", errors, _Failures(), _as_is)
+        guarded = _guard(
+            lambda _name, g: hook(g), name, "tensor_grad", errors, _Failures(), eager=False
+        )
 
         def observe(grad: torch.Tensor) -> None:
             guarded(grad)

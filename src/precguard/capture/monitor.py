@@ -186,14 +186,18 @@ class Monitor:
         #: the user keeps) never keeps a model alive
         self.names: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary(names)
         self._covered: list[int] = []
+        #: id(module) -> its site, for the hooks (a module's hooks are removed before it dies)
+        self._site_of: dict[int, _Site] = {}
         self._hooks = on_calls(
             root,
             self._pre,
             self._post,
             root_name=root_name,
             # the Monitor's hooks catch their own errors, per module and hook, and push a
-            # frame even when the pre-hook failed: no wrapper of the layer around them
+            # frame even when the pre-hook failed: no wrapper of the layer around them, and
+            # each looks its module's site up itself (a dict read, not a frame)
             errors="raise",
+            name_first=False,
             bind=functools.partial(self._site, root, covers),
         )
 
@@ -213,6 +217,7 @@ class Monitor:
             next(mod.children(), None) is None,
         )
         self._sites.append(site)
+        self._site_of[id(mod)] = site
         if options.backward:
             for index, named in enumerate(mod.named_parameters(recurse=False)):
                 hook = functools.partial(self._param_grad, name, mtype, index, site.save)
@@ -235,11 +240,10 @@ class Monitor:
             return None  # a monitor() on an enclosing model already records this module
         return sink
 
-    def _pre(
-        self, site: _Site, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> None:
+    def _pre(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self.removed:
             return
+        site = self._site_of[id(module)]
         opened: _Open | None = None
         recomputing = _GRAPH_TASK_ID() != -1  # _in_backward(), inlined: once per call
         frames = site.frames
@@ -326,13 +330,9 @@ class Monitor:
             )
 
     def _post(
-        self,
-        site: _Site,
-        module: nn.Module,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        output: Any,
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
     ) -> None:
+        site = self._site_of[id(module)]
         frames = site.frames
         opened = frames.pop() if frames else None
         if opened is None or self.removed:
