@@ -209,26 +209,6 @@ def _named_io(records: list[Record]) -> bool:
     return any(r.name for r in records if r.role in _CALL_IO)
 
 
-def _pair_by_name(
-    golden: list[Record], actual: list[Record], result: Alignment
-) -> tuple[list[Record], list[Record]]:
-    """Pair call inputs/outputs by (call, name); then by key where the names do not contradict.
-
-    Returns the records still unpaired, one-sided ones left out (they go to
-    ``result.one_sided``).
-    """
-    used: set[int] = set()
-    left_golden = _pair_on(golden, actual, result, used, _named)
-    left_actual = [a for a in actual if id(a) not in used]
-    # by key: parameters, gradients, an input passed by position on one side and by
-    # keyword on the other
-    still = _pair_on(left_golden, left_actual, result, used, lambda r: r.key)
-    left_actual = [a for a in left_actual if id(a) not in used]
-    out_golden = _not_one_sided(still, actual, left_actual, "golden", result)
-    out_actual = _not_one_sided(left_actual, golden, out_golden, "actual", result)
-    return out_golden, out_actual
-
-
 def _named(rec: Record) -> tuple[tuple[str, int, str, str], str] | None:
     """A call input's or output's (call, name), None for any other record."""
     return (_call_of(rec), rec.name) if rec.role in _CALL_IO and rec.name else None
@@ -320,10 +300,18 @@ def align(golden: list[Record], actual: list[Record], renamer: Renamer | None = 
     renamer = renamer or Renamer()
     golden, actual = renamer.records(golden), renamer.records(actual)
     result = Alignment()
-    if _named_io(golden) and _named_io(actual):
-        left_golden, left_actual = _pair_by_name(golden, actual, result)
-    else:
-        left_golden, left_actual = _pair_by_key(golden, actual, result)
+    used: set[int] = set()
+    # call inputs/outputs by (call, name) where both sides named them (older recordings
+    # did not); then by key where the names do not contradict: parameters, gradients, an
+    # input passed by position on one side and by keyword on the other
+    named = _named_io(golden) and _named_io(actual)
+    left_golden = _pair_on(golden, actual, result, used, _named) if named else golden
+    left_actual = [a for a in actual if id(a) not in used]
+    left_golden = _pair_on(left_golden, left_actual, result, used, lambda r: r.key)
+    left_actual = [a for a in left_actual if id(a) not in used]
+    if named:  # one-sided records go to result.one_sided
+        left_golden = _not_one_sided(left_golden, actual, left_actual, "golden", result)
+        left_actual = _not_one_sided(left_actual, golden, left_golden, "actual", result)
     if left_golden and left_actual:
         pending: dict[tuple[str, str, str], list[Record]] = defaultdict(list)
         for a in left_actual:
@@ -344,16 +332,6 @@ def align(golden: list[Record], actual: list[Record], renamer: Renamer | None = 
     result.actual_only = sorted(left_actual, key=lambda r: r.seq)
     result.one_sided.sort(key=lambda sr: (sr[0] != "golden", sr[1].seq))
     return result
-
-
-def _pair_by_key(
-    golden: list[Record], actual: list[Record], result: Alignment
-) -> tuple[list[Record], list[Record]]:
-    """Pair records of the same key; return those left on each side (no names to
-    contradict: at least one side recorded none)."""
-    used: set[int] = set()
-    left_golden = _pair_on(golden, actual, result, used, lambda r: r.key)
-    return left_golden, [a for a in actual if id(a) not in used]
 
 
 def _pick(golden: Record, candidates: list[Record]) -> Record | None:

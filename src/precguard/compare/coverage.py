@@ -16,6 +16,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
@@ -32,6 +33,8 @@ _FROZEN = ConfigDict(frozen=True)
 _TAIL_BYTES = 1 << 16
 #: bytes read at a time when listing the steps a records file holds
 _SCAN_BYTES = 1 << 22
+#: what a :class:`CoverageTracker` counts as it pairs steps, by attribute name
+_TALLIES = ("compared", "phases", "only_golden", "only_actual")
 #: a record's step field (module names are JSON strings: a quote inside one is escaped)
 _STEP_FIELD = re.compile(rb'"step":\s*(\d+)')
 
@@ -228,6 +231,17 @@ class CoverageTracker:
         self.phases: set[str] = set()
         self.only_golden: set[str] = set()
         self.only_actual: set[str] = set()
+
+    def tallies(self) -> dict[str, set[Any]]:
+        """What it counted so far, by name: the fields of the same names a shard's result
+        (:class:`~precguard.compare.units.ShardResult`) carries to the merge."""
+        return {name: getattr(self, name) for name in _TALLIES}
+
+    def add(self, *shards: Any) -> None:
+        """Take in what other processes counted (their shards' :meth:`tallies`)."""
+        for shard in shards:
+            for name in _TALLIES:
+                getattr(self, name).update(getattr(shard, name))
 
     def pair(
         self, rank: int, step: int, g_recs: list[Record], a_recs: list[Record]

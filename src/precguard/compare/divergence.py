@@ -134,24 +134,15 @@ class Decision:
     expected_error: float | None
 
 
-@dataclass
-class StepClassification:
-    """What :func:`decide_calls` found in one rank and step."""
-
-    #: module calls that introduced error, in execution order, explained ones dropped
-    candidates: list[Candidate]
-    #: record key -> the decision on every failing produced record and parameter
-    decisions: dict[str, Decision]
-
-
 def decide_calls(
     calls: StepCalls,
     profile: Profile,
     names: dict[str, str] | None = None,
     settled: dict[str, Candidate] | None = None,
     cache_names: dict[str, str] | None = None,
-) -> StepClassification:
-    """Decide every call of a step: its local candidates and a decision per failing record.
+) -> tuple[list[Candidate], dict[str, Decision]]:
+    """Decide every call of a step: its local candidates (in execution order, explained
+    ones dropped) and the decision on each failing produced record and parameter, by key.
     ``names`` and ``cache_names``: the names the why lines give buffer and KV-cache records,
     by key. ``settled``: records a rule decided already (a loss computed in low precision,
     loss.py), by key: never explained by a submodule, and no part of their call's decision.
@@ -168,7 +159,7 @@ def decide_calls(
     kept = _drop_explained(found, keep=set(settled))
     if any(_collective_call(r) for r in calls.records):
         kept = [_fed_collective(c) for c in kept]
-    return StepClassification(kept, step.decisions)
+    return kept, step.decisions
 
 
 @dataclass

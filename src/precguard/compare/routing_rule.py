@@ -99,6 +99,3 @@ def _wider(
         old = out.get(key, (0.0, 0.0))
         out[key] = (max(old[0], e), max(old[1], c))
     return out
-
-
-__all__ = ["RoutingRule"]
