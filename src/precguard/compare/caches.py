@@ -62,8 +62,11 @@ def _error(r: RecordResult) -> float:
     return m.error if math.isfinite(m.error) else math.inf
 
 
-def _cast(r: RecordResult) -> bool:
-    return r.actual_dtype is not None and r.actual_dtype != r.golden_dtype
+def stored_as(r: RecordResult) -> str:
+    """``", stored as A where golden has G"`` when ``r``'s dtype differs, else empty."""
+    if r.actual_dtype and r.actual_dtype != r.golden_dtype:
+        return f", stored as {r.actual_dtype} where golden has {r.golden_dtype}"
+    return ""
 
 
 def _what(entries: list[RecordResult], names: dict[str, str]) -> str:
@@ -71,14 +74,13 @@ def _what(entries: list[RecordResult], names: dict[str, str]) -> str:
     parts = []
     for r in entries[:2]:
         layer, state = cache_entry(names[r.key]) or (-1, "?")
-        cast = f", stored as {r.actual_dtype} where golden has {r.golden_dtype}" if _cast(r) else ""
-        parts.append(f"layer {layer} {state} (error {_error(r):.3g}{cast})")
+        parts.append(f"layer {layer} {state} (error {_error(r):.3g}{stored_as(r)})")
     more = f" and {len(entries) - 2} more" if len(entries) > 2 else ""
     return ", ".join(parts) + more
 
 
 def _remedy(entries: list[RecordResult]) -> str:
-    cast = next((r for r in entries if _cast(r)), None)
+    cast = next((r for r in entries if stored_as(r)), None)
     if cast is None:
         return ""
     return (
@@ -101,8 +103,8 @@ def cache_read(
     if not names or first.key in names:
         return None
     differ = sorted(
-        (e for e in records if e.key in names and (_cast(e) or _error(e) > 0)),
-        key=lambda e: (not _cast(e), -_error(e)),
+        (e for e in records if e.key in names and (stored_as(e) or _error(e) > 0)),
+        key=lambda e: (not stored_as(e), -_error(e)),
     )
     if not differ:
         return None

@@ -11,6 +11,7 @@ recorded are excluded from pairing and counted. A coverage left *partial* makes
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -116,7 +117,9 @@ def ensure_distinct(golden: Run, actual: Run) -> None:
 
     :raises SameRecordingError: same directory, or the same ``run_id`` (a copy).
     """
-    same_dir = _samefile(golden.path, actual.path)
+    same_dir = False
+    with contextlib.suppress(OSError):  # a side that cannot be read is not the other
+        same_dir = os.path.samefile(golden.path, actual.path)
     g_id, a_id = golden.manifest.run_id, actual.manifest.run_id
     if same_dir or (g_id and g_id == a_id and _same_records(golden, actual)):
         how = "the same directory" if same_dir else f"a copy of it: run_id {g_id}"
@@ -144,13 +147,6 @@ def _digest(path: Path) -> str:
         while chunk := fh.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _samefile(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 def run_states(golden: Run, actual: Run) -> list[RunState]:

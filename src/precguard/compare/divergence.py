@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from precguard.compare.advice import Advice, candidates
 from precguard.compare.align import parent_module
-from precguard.compare.caches import cache_read, cache_written
+from precguard.compare.caches import cache_read, cache_written, stored_as
 from precguard.compare.calls import CallRecords, StepCalls
 from precguard.compare.expected import LINEAR_TYPES, carried_bias, linear_factors, own_bias
 from precguard.compare.levels import FullMetrics, MeasuredMetrics, Metrics
@@ -221,8 +221,8 @@ class _Step:
         else:
             reason = (
                 f"{call.module} ({call.module_type}) holds a parameter that differs from golden "
-                f"(error {_fmt(_err(p))}{_scaled_by(m)}{_cast(p)}): its weights, not its inputs, "
-                "differ"
+                f"(error {_fmt(_err(p))}{_scaled_by(m)}{stored_as(p)}): its weights, not its "
+                "inputs, differ"
             )
         if p.role != "buffer" and expected is None and m is not None:
             # what the judge allowed it: a weight equal to golden's rounded to the tolerance
@@ -396,19 +396,12 @@ def _local_reason(
     return None, False
 
 
-def _cast(r: RecordResult) -> str:
-    """``", stored as A where golden has G"`` when ``r``'s dtype differs, else empty."""
-    if r.actual_dtype and r.actual_dtype != r.golden_dtype:
-        return f", stored as {r.actual_dtype} where golden has {r.golden_dtype}"
-    return ""
-
-
 def _buffer_name(b: RecordResult, names: dict[str, str]) -> str:
     return names.get(b.key) or f"buffer {b.index}"
 
 
 def _buffer_what(b: RecordResult, names: dict[str, str]) -> str:
-    return f"its buffer {_buffer_name(b, names)} differs (error {_fmt(_err(b))}{_cast(b)})"
+    return f"its buffer {_buffer_name(b, names)} differs (error {_fmt(_err(b))}{stored_as(b)})"
 
 
 def _advice(call: CallRecords, names: dict[str, str]) -> list[Advice]:
@@ -417,14 +410,14 @@ def _advice(call: CallRecords, names: dict[str, str]) -> list[Advice]:
     cast = {
         _buffer_name(b, names): (b.golden_dtype, b.actual_dtype)
         for b in call.consumed
-        if b.role == "buffer" and _cast(b)
+        if b.role == "buffer" and stored_as(b)
     }
     return candidates(call.module, call.module_type, cast)
 
 
 def _buffer_remedy(b: RecordResult, names: dict[str, str]) -> str:
     name = _buffer_name(b, names)
-    if _cast(b):
+    if stored_as(b):
         return (
             f"keep `{name}` in {b.golden_dtype} (model.to({b.actual_dtype}) casts float "
             f"buffers too: cast it back after the cast, or recompute it in {b.golden_dtype})"

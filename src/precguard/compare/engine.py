@@ -133,7 +133,7 @@ class ComparePlan:
         self.trails: dict[int, StepTrail] = {}
         #: a calibration recording (the golden's code at its own precision, inputs perturbed
         #: by one unit roundoff: calibrate.perturb_inputs), if any
-        self.calibration: Run | None = None
+        self.calibration = None if options.calibration is None else load_run(options.calibration)
         #: keys of another tool's extra detail (msprobe's API-level records: compare_runs
         #: sets it from precguard.interop): unmatched, no evidence of a different model
         self.is_detail: Callable[[str], bool] = lambda _key: False
@@ -162,14 +162,11 @@ def plan_comparison(
     a_run = actual if isinstance(actual, Run) else load_run(actual)
     if check_distinct:
         ensure_distinct(g_run, a_run)
-    renamer = Renamer.from_strings(options.rename)
+    renamer = Renamer.from_strings(options.rename)  # a malformed --map is told first
     warnings = _check_models(g_run, a_run, renamed=bool(options.rename))
     warnings.extend(hints.recomputation_notes(g_run, a_run))
     ranks = _ranks(g_run, a_run, options.rank, warnings)
-    plan = ComparePlan(g_run, a_run, options, renamer, warnings, ranks)
-    if options.calibration is not None:
-        plan.calibration = load_run(options.calibration)
-    return plan
+    return ComparePlan(g_run, a_run, options, renamer, warnings, ranks)
 
 
 def plan_from_arguments(arguments: dict[str, Any]) -> ComparePlan:
@@ -246,20 +243,13 @@ def _calibrated(
     cal = plan.calibration_records(rank)
     out: dict[str, tuple[float, float]] = {}
     c_store = TensorStore(plan.calibration.path)
+    computes = (plan.computes[0], plan.calibration.manifest.compute_dtype)
     try:
         for g in g_recs:
             c = cal.get((step, g.key))
             if c is None or c.role == "param":
                 continue
-            m = pair_metrics(
-                g,
-                c,
-                g_store,
-                c_store,
-                plan.prof,
-                plan.tolerance_dtype,
-                (plan.computes[0], plan.calibration.manifest.compute_dtype),
-            )
+            m = pair_metrics(g, c, g_store, c_store, plan.prof, plan.tolerance_dtype, computes)
             if m.level not in ("full", "stats") or not math.isfinite(m.error):
                 continue
             out[g.key] = measured_errors(m)

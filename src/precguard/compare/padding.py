@@ -306,17 +306,14 @@ def mask_metrics(
     kept = padding.full(g, a, g_attend, a_attend)
     if kept is not None:
         g_attend, a_attend = kept
-    metrics = exact_metrics(g_attend, a_attend)
     note = (
-        "compared as attention masks: True where a query attends (bool) against "
+        f"compared as attention masks: 0 where a query attends, fill {float(golden.min()):.3g}"
+        f" (golden) against {float(actual.min()):.3g} (actual), each masking a key outright"
+        if both_float
+        else "compared as attention masks: True where a query attends (bool) against "
         "0 where it attends (additive float)"
     )
-    if both_float:
-        note = (
-            f"compared as attention masks: 0 where a query attends, fill {float(golden.min()):.3g}"
-            f" (golden) against {float(actual.min()):.3g} (actual), each masking a key outright"
-        )
-    return metrics.model_copy(update={"note": note})
+    return exact_metrics(g_attend, a_attend).model_copy(update={"note": note})
 
 
 def mask_stats_metrics(g: Record, a: Record) -> Metrics | None:
