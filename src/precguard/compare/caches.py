@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from precguard.compare.report import RecordResult
 from precguard.compare.rule import BaseRule, Explanations, StepContext
@@ -90,15 +91,26 @@ def _remedy(entries: list[RecordResult]) -> str:
     )
 
 
+class Read(NamedTuple):
+    """What a call read besides its arguments and weights (a buffer, the KV cache) that
+    differs from golden, as its why line tells it."""
+
+    #: told inside "its inputs match (error e) but ...": the likely cause
+    inline: str
+    #: told as a clause of its own where the line has no such phrase
+    alone: str
+    #: its remedy, ``"; ..."`` (empty: none to give)
+    remedy: str
+
+
 def cache_read(
     records: list[RecordResult], first: RecordResult, names: dict[str, str]
-) -> tuple[str, str, str] | None:
+) -> Read | None:
     """How a why line tells the KV cache a call read, where it differs from golden.
 
     ``records``: the call's records; ``first``: its failing record (a cache itself:
     :func:`cache_written` tells it instead); ``names``: :func:`cache_names` of the golden's
-    records. Returns ``(inline, alone, remedy)``: the clause inside "its inputs match
-    (error e) but ...", the clause for a line without it, and the remedy (or empty).
+    records.
     """
     if not names or first.key in names:
         return None
@@ -109,7 +121,7 @@ def cache_read(
     if not differ:
         return None
     what = _what(differ, names)
-    return (
+    return Read(
         f"the KV cache it reads does not: {what}; and",
         f"the KV cache it reads differs: {what}",
         _remedy(differ),

@@ -18,13 +18,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from precguard.compare.advice import Advice, candidates
 from precguard.compare.align import parent_module
-from precguard.compare.caches import cache_read, cache_written, stored_as
+from precguard.compare.caches import Read, cache_read, cache_written, stored_as
 from precguard.compare.calls import CallRecords, StepCalls
 from precguard.compare.expected import LINEAR_TYPES, carried_bias, linear_factors, own_bias
 from precguard.compare.levels import FullMetrics, MeasuredMetrics, Metrics
@@ -361,7 +361,7 @@ def _local_reason(
     read: str,
 ) -> tuple[str | None, bool]:
     """Why ``call`` made error of its own, or None when it only passed error on; and
-    whether ``read`` (what it read besides its arguments that differs, :class:`_Read`)
+    whether ``read`` (what it read besides its arguments that differs, :class:`Read`)
     is told in it, as the cause when its inputs match."""
     if is_optimizer(first.phase, first.role):
         what, differs, ins = "the optimizer's update of its parameters", "does not", "gradients"
@@ -425,26 +425,13 @@ def _buffer_remedy(b: RecordResult, names: dict[str, str]) -> str:
     return f"compute `{name}` as golden does (its values, not the module's arithmetic, differ)"
 
 
-class _Read(NamedTuple):
-    """What a call read besides its arguments and weights (a buffer, the KV cache) that
-    differs from golden, as its why line tells it."""
-
-    #: told inside "its inputs match (error e) but ...": the likely cause
-    inline: str
-    #: told as a clause of its own where the line has no such phrase
-    alone: str
-    #: its remedy, ``"; ..."`` (empty: none to give)
-    remedy: str
-
-
-def _cache_read(call: CallRecords, first: RecordResult, names: dict[str, str]) -> _Read | None:
+def _cache_read(call: CallRecords, first: RecordResult, names: dict[str, str]) -> Read | None:
     """The KV cache ``call`` read, where it differs from golden (caches.py), if any."""
     records = sorted([*call.consumed, *call.params, *call.produced], key=lambda r: r.seq)
-    told = cache_read(records, first, names)
-    return None if told is None else _Read(*told)
+    return cache_read(records, first, names)
 
 
-def _buffer_read(call: CallRecords, names: dict[str, str]) -> _Read | None:
+def _buffer_read(call: CallRecords, names: dict[str, str]) -> Read | None:
     """The first buffer ``call`` read that is not bitwise golden's (``inv_freq``): another
     dtype, or any error."""
     for b in call.consumed:
@@ -453,11 +440,11 @@ def _buffer_read(call: CallRecords, names: dict[str, str]) -> _Read | None:
             what = _buffer_what(b, names)
             # a cast buffer's remedy is one of the call's candidates (compare/advice.py),
             # not the line's only one: the angles may be computed in low precision too
-            return _Read(f"{what}, and", what, "" if cast else f"; {_buffer_remedy(b, names)}")
+            return Read(f"{what}, and", what, "" if cast else f"; {_buffer_remedy(b, names)}")
     return None
 
 
-def _told(read: _Read | None, inlined: bool) -> str:
+def _told(read: Read | None, inlined: bool) -> str:
     """``read``'s clause (unless the line told it inline) and its remedy."""
     if read is None:
         return ""
