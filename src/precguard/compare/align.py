@@ -199,9 +199,7 @@ def _call_of(rec: Record) -> tuple[str, int, str, str]:
 
 def _kwarg(name: str) -> str | None:
     """The keyword of an input name (``kwargs.position_embeddings.0`` -> its keyword)."""
-    if not name.startswith("kwargs."):
-        return None
-    return name.split(".", 2)[1]
+    return name.split(".", 2)[1] if name.startswith("kwargs.") else None
 
 
 def _named_io(records: list[Record]) -> bool:
@@ -337,10 +335,8 @@ def align(golden: list[Record], actual: list[Record], renamer: Renamer | None = 
 def _pick(golden: Record, candidates: list[Record]) -> Record | None:
     """The first candidate (in execution order) of the same shape, same dtype preferred."""
     same_shape = [c for c in candidates if c.shape == golden.shape]
-    for c in same_shape:
-        if c.dtype == golden.dtype:
-            return c
-    return same_shape[0] if same_shape else None
+    same_dtype = [c for c in same_shape if c.dtype == golden.dtype]
+    return (same_dtype or same_shape or [None])[0]
 
 
 class InOrder(Sequence[tuple[Record, Record]]):

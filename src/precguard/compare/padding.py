@@ -167,10 +167,9 @@ class StepPadding:
         if not (is_float_dtype(g.dtype) or is_float_dtype(a.dtype)):
             return None
         gc, ac = _call_of(self._golden, g.seq), _call_of(self._actual, a.seq)
-        if gc is None and ac is None:
+        call = gc or ac
+        if call is None:
             return None
-        call = gc if gc is not None else ac
-        assert call is not None
         known = [c for c in (gc, ac) if c is not None and c.keep is not None]
         if not known:
             self._unknown[id(call)] = call.padded
