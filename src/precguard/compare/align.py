@@ -199,34 +199,12 @@ def _call_of(rec: Record) -> tuple[str, int, str, str]:
 
 def _kwarg(name: str) -> str | None:
     """The keyword of an input name (``kwargs.position_embeddings.0`` -> its keyword)."""
-    if not name.startswith("kwargs."):
-        return None
-    return name.split(".", 2)[1]
+    return name.split(".", 2)[1] if name.startswith("kwargs.") else None
 
 
 def _named_io(records: list[Record]) -> bool:
     """Whether the call inputs/outputs of ``records`` carry names (pre-name recordings do not)."""
     return any(r.name for r in records if r.role in _CALL_IO)
-
-
-def _pair_by_name(
-    golden: list[Record], actual: list[Record], result: Alignment
-) -> tuple[list[Record], list[Record]]:
-    """Pair call inputs/outputs by (call, name); then by key where the names do not contradict.
-
-    Returns the records still unpaired, one-sided ones left out (they go to
-    ``result.one_sided``).
-    """
-    used: set[int] = set()
-    left_golden = _pair_on(golden, actual, result, used, _named)
-    left_actual = [a for a in actual if id(a) not in used]
-    # by key: parameters, gradients, an input passed by position on one side and by
-    # keyword on the other
-    still = _pair_on(left_golden, left_actual, result, used, lambda r: r.key)
-    left_actual = [a for a in left_actual if id(a) not in used]
-    out_golden = _not_one_sided(still, actual, left_actual, "golden", result)
-    out_actual = _not_one_sided(left_actual, golden, out_golden, "actual", result)
-    return out_golden, out_actual
 
 
 def _named(rec: Record) -> tuple[tuple[str, int, str, str], str] | None:
@@ -320,10 +298,18 @@ def align(golden: list[Record], actual: list[Record], renamer: Renamer | None = 
     renamer = renamer or Renamer()
     golden, actual = renamer.records(golden), renamer.records(actual)
     result = Alignment()
-    if _named_io(golden) and _named_io(actual):
-        left_golden, left_actual = _pair_by_name(golden, actual, result)
-    else:
-        left_golden, left_actual = _pair_by_key(golden, actual, result)
+    used: set[int] = set()
+    # call inputs/outputs by (call, name) where both sides named them (older recordings
+    # did not); then by key where the names do not contradict: parameters, gradients, an
+    # input passed by position on one side and by keyword on the other
+    named = _named_io(golden) and _named_io(actual)
+    left_golden = _pair_on(golden, actual, result, used, _named) if named else golden
+    left_actual = [a for a in actual if id(a) not in used]
+    left_golden = _pair_on(left_golden, left_actual, result, used, lambda r: r.key)
+    left_actual = [a for a in left_actual if id(a) not in used]
+    if named:  # one-sided records go to result.one_sided
+        left_golden = _not_one_sided(left_golden, actual, left_actual, "golden", result)
+        left_actual = _not_one_sided(left_actual, golden, left_golden, "actual", result)
     if left_golden and left_actual:
         pending: dict[tuple[str, str, str], list[Record]] = defaultdict(list)
         for a in left_actual:
@@ -346,23 +332,11 @@ def align(golden: list[Record], actual: list[Record], renamer: Renamer | None = 
     return result
 
 
-def _pair_by_key(
-    golden: list[Record], actual: list[Record], result: Alignment
-) -> tuple[list[Record], list[Record]]:
-    """Pair records of the same key; return those left on each side (no names to
-    contradict: at least one side recorded none)."""
-    used: set[int] = set()
-    left_golden = _pair_on(golden, actual, result, used, lambda r: r.key)
-    return left_golden, [a for a in actual if id(a) not in used]
-
-
 def _pick(golden: Record, candidates: list[Record]) -> Record | None:
     """The first candidate (in execution order) of the same shape, same dtype preferred."""
     same_shape = [c for c in candidates if c.shape == golden.shape]
-    for c in same_shape:
-        if c.dtype == golden.dtype:
-            return c
-    return same_shape[0] if same_shape else None
+    same_dtype = [c for c in same_shape if c.dtype == golden.dtype]
+    return (same_dtype or same_shape or [None])[0]
 
 
 class InOrder(Sequence[tuple[Record, Record]]):

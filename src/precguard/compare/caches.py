@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from precguard.compare.report import RecordResult
 from precguard.compare.rule import BaseRule, Explanations, StepContext
@@ -62,8 +63,11 @@ def _error(r: RecordResult) -> float:
     return m.error if math.isfinite(m.error) else math.inf
 
 
-def _cast(r: RecordResult) -> bool:
-    return r.actual_dtype is not None and r.actual_dtype != r.golden_dtype
+def stored_as(r: RecordResult) -> str:
+    """``", stored as A where golden has G"`` when ``r``'s dtype differs, else empty."""
+    if r.actual_dtype and r.actual_dtype != r.golden_dtype:
+        return f", stored as {r.actual_dtype} where golden has {r.golden_dtype}"
+    return ""
 
 
 def _what(entries: list[RecordResult], names: dict[str, str]) -> str:
@@ -71,14 +75,13 @@ def _what(entries: list[RecordResult], names: dict[str, str]) -> str:
     parts = []
     for r in entries[:2]:
         layer, state = cache_entry(names[r.key]) or (-1, "?")
-        cast = f", stored as {r.actual_dtype} where golden has {r.golden_dtype}" if _cast(r) else ""
-        parts.append(f"layer {layer} {state} (error {_error(r):.3g}{cast})")
+        parts.append(f"layer {layer} {state} (error {_error(r):.3g}{stored_as(r)})")
     more = f" and {len(entries) - 2} more" if len(entries) > 2 else ""
     return ", ".join(parts) + more
 
 
 def _remedy(entries: list[RecordResult]) -> str:
-    cast = next((r for r in entries if _cast(r)), None)
+    cast = next((r for r in entries if stored_as(r)), None)
     if cast is None:
         return ""
     return (
@@ -88,26 +91,37 @@ def _remedy(entries: list[RecordResult]) -> str:
     )
 
 
+class Read(NamedTuple):
+    """What a call read besides its arguments and weights (a buffer, the KV cache) that
+    differs from golden, as its why line tells it."""
+
+    #: told inside "its inputs match (error e) but ...": the likely cause
+    inline: str
+    #: told as a clause of its own where the line has no such phrase
+    alone: str
+    #: its remedy, ``"; ..."`` (empty: none to give)
+    remedy: str
+
+
 def cache_read(
     records: list[RecordResult], first: RecordResult, names: dict[str, str]
-) -> tuple[str, str, str] | None:
+) -> Read | None:
     """How a why line tells the KV cache a call read, where it differs from golden.
 
     ``records``: the call's records; ``first``: its failing record (a cache itself:
     :func:`cache_written` tells it instead); ``names``: :func:`cache_names` of the golden's
-    records. Returns ``(inline, alone, remedy)``: the clause inside "its inputs match
-    (error e) but ...", the clause for a line without it, and the remedy (or empty).
+    records.
     """
     if not names or first.key in names:
         return None
     differ = sorted(
-        (e for e in records if e.key in names and (_cast(e) or _error(e) > 0)),
-        key=lambda e: (not _cast(e), -_error(e)),
+        (e for e in records if e.key in names and (stored_as(e) or _error(e) > 0)),
+        key=lambda e: (not stored_as(e), -_error(e)),
     )
     if not differ:
         return None
     what = _what(differ, names)
-    return (
+    return Read(
         f"the KV cache it reads does not: {what}; and",
         f"the KV cache it reads differs: {what}",
         _remedy(differ),

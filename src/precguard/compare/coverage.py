@@ -11,11 +11,13 @@ recorded are excluded from pairing and counted. A coverage left *partial* makes
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
@@ -32,6 +34,8 @@ _FROZEN = ConfigDict(frozen=True)
 _TAIL_BYTES = 1 << 16
 #: bytes read at a time when listing the steps a records file holds
 _SCAN_BYTES = 1 << 22
+#: what a :class:`CoverageTracker` counts as it pairs steps, by attribute name
+_TALLIES = ("compared", "phases", "only_golden", "only_actual")
 #: a record's step field (module names are JSON strings: a quote inside one is escaped)
 _STEP_FIELD = re.compile(rb'"step":\s*(\d+)')
 
@@ -113,7 +117,9 @@ def ensure_distinct(golden: Run, actual: Run) -> None:
 
     :raises SameRecordingError: same directory, or the same ``run_id`` (a copy).
     """
-    same_dir = _samefile(golden.path, actual.path)
+    same_dir = False
+    with contextlib.suppress(OSError):  # a side that cannot be read is not the other
+        same_dir = os.path.samefile(golden.path, actual.path)
     g_id, a_id = golden.manifest.run_id, actual.manifest.run_id
     if same_dir or (g_id and g_id == a_id and _same_records(golden, actual)):
         how = "the same directory" if same_dir else f"a copy of it: run_id {g_id}"
@@ -141,13 +147,6 @@ def _digest(path: Path) -> str:
         while chunk := fh.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _samefile(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 def run_states(golden: Run, actual: Run) -> list[RunState]:
@@ -228,6 +227,17 @@ class CoverageTracker:
         self.phases: set[str] = set()
         self.only_golden: set[str] = set()
         self.only_actual: set[str] = set()
+
+    def tallies(self) -> dict[str, set[Any]]:
+        """What it counted so far, by name: the fields of the same names a shard's result
+        (:class:`~precguard.compare.units.ShardResult`) carries to the merge."""
+        return {name: getattr(self, name) for name in _TALLIES}
+
+    def add(self, *shards: Any) -> None:
+        """Take in what other processes counted (their shards' :meth:`tallies`)."""
+        for shard in shards:
+            for name in _TALLIES:
+                getattr(self, name).update(getattr(shard, name))
 
     def pair(
         self, rank: int, step: int, g_recs: list[Record], a_recs: list[Record]

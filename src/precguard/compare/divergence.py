@@ -18,13 +18,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from precguard.compare.advice import Advice, candidates
 from precguard.compare.align import parent_module
-from precguard.compare.caches import cache_read, cache_written
+from precguard.compare.caches import Read, cache_read, cache_written, stored_as
 from precguard.compare.calls import CallRecords, StepCalls
 from precguard.compare.expected import LINEAR_TYPES, carried_bias, linear_factors, own_bias
 from precguard.compare.levels import FullMetrics, MeasuredMetrics, Metrics
@@ -134,24 +134,15 @@ class Decision:
     expected_error: float | None
 
 
-@dataclass
-class StepClassification:
-    """What :func:`decide_calls` found in one rank and step."""
-
-    #: module calls that introduced error, in execution order, explained ones dropped
-    candidates: list[Candidate]
-    #: record key -> the decision on every failing produced record and parameter
-    decisions: dict[str, Decision]
-
-
 def decide_calls(
     calls: StepCalls,
     profile: Profile,
     names: dict[str, str] | None = None,
     settled: dict[str, Candidate] | None = None,
     cache_names: dict[str, str] | None = None,
-) -> StepClassification:
-    """Decide every call of a step: its local candidates and a decision per failing record.
+) -> tuple[list[Candidate], dict[str, Decision]]:
+    """Decide every call of a step: its local candidates (in execution order, explained
+    ones dropped) and the decision on each failing produced record and parameter, by key.
     ``names`` and ``cache_names``: the names the why lines give buffer and KV-cache records,
     by key. ``settled``: records a rule decided already (a loss computed in low precision,
     loss.py), by key: never explained by a submodule, and no part of their call's decision.
@@ -168,7 +159,7 @@ def decide_calls(
     kept = _drop_explained(found, keep=set(settled))
     if any(_collective_call(r) for r in calls.records):
         kept = [_fed_collective(c) for c in kept]
-    return StepClassification(kept, step.decisions)
+    return kept, step.decisions
 
 
 @dataclass
@@ -230,8 +221,8 @@ class _Step:
         else:
             reason = (
                 f"{call.module} ({call.module_type}) holds a parameter that differs from golden "
-                f"(error {_fmt(_err(p))}{_scaled_by(m)}{_cast(p)}): its weights, not its inputs, "
-                "differ"
+                f"(error {_fmt(_err(p))}{_scaled_by(m)}{stored_as(p)}): its weights, not its "
+                "inputs, differ"
             )
         if p.role != "buffer" and expected is None and m is not None:
             # what the judge allowed it: a weight equal to golden's rounded to the tolerance
@@ -370,7 +361,7 @@ def _local_reason(
     read: str,
 ) -> tuple[str | None, bool]:
     """Why ``call`` made error of its own, or None when it only passed error on; and
-    whether ``read`` (what it read besides its arguments that differs, :class:`_Read`)
+    whether ``read`` (what it read besides its arguments that differs, :class:`Read`)
     is told in it, as the cause when its inputs match."""
     if is_optimizer(first.phase, first.role):
         what, differs, ins = "the optimizer's update of its parameters", "does not", "gradients"
@@ -405,19 +396,12 @@ def _local_reason(
     return None, False
 
 
-def _cast(r: RecordResult) -> str:
-    """``", stored as A where golden has G"`` when ``r``'s dtype differs, else empty."""
-    if r.actual_dtype and r.actual_dtype != r.golden_dtype:
-        return f", stored as {r.actual_dtype} where golden has {r.golden_dtype}"
-    return ""
-
-
 def _buffer_name(b: RecordResult, names: dict[str, str]) -> str:
     return names.get(b.key) or f"buffer {b.index}"
 
 
 def _buffer_what(b: RecordResult, names: dict[str, str]) -> str:
-    return f"its buffer {_buffer_name(b, names)} differs (error {_fmt(_err(b))}{_cast(b)})"
+    return f"its buffer {_buffer_name(b, names)} differs (error {_fmt(_err(b))}{stored_as(b)})"
 
 
 def _advice(call: CallRecords, names: dict[str, str]) -> list[Advice]:
@@ -426,14 +410,14 @@ def _advice(call: CallRecords, names: dict[str, str]) -> list[Advice]:
     cast = {
         _buffer_name(b, names): (b.golden_dtype, b.actual_dtype)
         for b in call.consumed
-        if b.role == "buffer" and _cast(b)
+        if b.role == "buffer" and stored_as(b)
     }
     return candidates(call.module, call.module_type, cast)
 
 
 def _buffer_remedy(b: RecordResult, names: dict[str, str]) -> str:
     name = _buffer_name(b, names)
-    if _cast(b):
+    if stored_as(b):
         return (
             f"keep `{name}` in {b.golden_dtype} (model.to({b.actual_dtype}) casts float "
             f"buffers too: cast it back after the cast, or recompute it in {b.golden_dtype})"
@@ -441,26 +425,13 @@ def _buffer_remedy(b: RecordResult, names: dict[str, str]) -> str:
     return f"compute `{name}` as golden does (its values, not the module's arithmetic, differ)"
 
 
-class _Read(NamedTuple):
-    """What a call read besides its arguments and weights (a buffer, the KV cache) that
-    differs from golden, as its why line tells it."""
-
-    #: told inside "its inputs match (error e) but ...": the likely cause
-    inline: str
-    #: told as a clause of its own where the line has no such phrase
-    alone: str
-    #: its remedy, ``"; ..."`` (empty: none to give)
-    remedy: str
-
-
-def _cache_read(call: CallRecords, first: RecordResult, names: dict[str, str]) -> _Read | None:
+def _cache_read(call: CallRecords, first: RecordResult, names: dict[str, str]) -> Read | None:
     """The KV cache ``call`` read, where it differs from golden (caches.py), if any."""
     records = sorted([*call.consumed, *call.params, *call.produced], key=lambda r: r.seq)
-    told = cache_read(records, first, names)
-    return None if told is None else _Read(*told)
+    return cache_read(records, first, names)
 
 
-def _buffer_read(call: CallRecords, names: dict[str, str]) -> _Read | None:
+def _buffer_read(call: CallRecords, names: dict[str, str]) -> Read | None:
     """The first buffer ``call`` read that is not bitwise golden's (``inv_freq``): another
     dtype, or any error."""
     for b in call.consumed:
@@ -469,11 +440,11 @@ def _buffer_read(call: CallRecords, names: dict[str, str]) -> _Read | None:
             what = _buffer_what(b, names)
             # a cast buffer's remedy is one of the call's candidates (compare/advice.py),
             # not the line's only one: the angles may be computed in low precision too
-            return _Read(f"{what}, and", what, "" if cast else f"; {_buffer_remedy(b, names)}")
+            return Read(f"{what}, and", what, "" if cast else f"; {_buffer_remedy(b, names)}")
     return None
 
 
-def _told(read: _Read | None, inlined: bool) -> str:
+def _told(read: Read | None, inlined: bool) -> str:
     """``read``'s clause (unless the line told it inline) and its remedy."""
     if read is None:
         return ""

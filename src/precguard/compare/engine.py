@@ -112,11 +112,8 @@ class ComparePlan:
         self.prof = options.resolved_profile()
         #: the options' tolerance dtype (aliases resolved), and the only rank and step
         #: compared when the options name them
-        self.tolerance_dtype, self.rank, self.step = (
-            options.tolerance_dtype,
-            options.rank,
-            options.step,
-        )
+        self.tolerance_dtype = options.tolerance_dtype
+        self.rank, self.step = options.rank, options.step
         self.computes = (g_run.manifest.compute_dtype, a_run.manifest.compute_dtype)
         self.renamer = renamer
         self.warnings = warnings
@@ -136,7 +133,7 @@ class ComparePlan:
         self.trails: dict[int, StepTrail] = {}
         #: a calibration recording (the golden's code at its own precision, inputs perturbed
         #: by one unit roundoff: calibrate.perturb_inputs), if any
-        self.calibration: Run | None = None
+        self.calibration = None if options.calibration is None else load_run(options.calibration)
         #: keys of another tool's extra detail (msprobe's API-level records: compare_runs
         #: sets it from precguard.interop): unmatched, no evidence of a different model
         self.is_detail: Callable[[str], bool] = lambda _key: False
@@ -165,14 +162,11 @@ def plan_comparison(
     a_run = actual if isinstance(actual, Run) else load_run(actual)
     if check_distinct:
         ensure_distinct(g_run, a_run)
-    renamer = Renamer.from_strings(options.rename)
+    renamer = Renamer.from_strings(options.rename)  # a malformed --map is told first
     warnings = _check_models(g_run, a_run, renamed=bool(options.rename))
     warnings.extend(hints.recomputation_notes(g_run, a_run))
     ranks = _ranks(g_run, a_run, options.rank, warnings)
-    plan = ComparePlan(g_run, a_run, options, renamer, warnings, ranks)
-    if options.calibration is not None:
-        plan.calibration = load_run(options.calibration)
-    return plan
+    return ComparePlan(g_run, a_run, options, renamer, warnings, ranks)
 
 
 def plan_from_arguments(arguments: dict[str, Any]) -> ComparePlan:
@@ -215,7 +209,9 @@ def compare_unit(
         inputs=JudgeInputs(calibrated=_calibrated(plan, g_store, r, s, g_recs)),
         # no golden forward output is a router's top-k indices: no router to look for
         # among the pairs (which would read every forward pair into memory at once)
-        routes=None if step_results.routers_possible else _no_routes(plan, g_store, a_store),
+        routes=None
+        if step_results.routers_possible
+        else Routing((g_store, a_store), plan.prof, plan.tolerance_dtype, plan.computes),
     )
     buffered = _counted(g_recs, "buffers") != 0
     names = {g.key: g.name for g in g_recs if g.role == "buffer"} if buffered else {}
@@ -237,11 +233,6 @@ def compare_unit(
     )
 
 
-def _no_routes(plan: ComparePlan, g_store: TensorStore, a_store: TensorStore) -> Routing:
-    """The routing of a step without routers (what ``Routing.of_step`` finds there)."""
-    return Routing((g_store, a_store), plan.prof, plan.tolerance_dtype, plan.computes)
-
-
 def _calibrated(
     plan: ComparePlan, g_store: TensorStore, rank: int, step: int, g_recs: Sequence[Record]
 ) -> dict[str, tuple[float, float]]:
@@ -252,20 +243,13 @@ def _calibrated(
     cal = plan.calibration_records(rank)
     out: dict[str, tuple[float, float]] = {}
     c_store = TensorStore(plan.calibration.path)
+    computes = (plan.computes[0], plan.calibration.manifest.compute_dtype)
     try:
         for g in g_recs:
             c = cal.get((step, g.key))
             if c is None or c.role == "param":
                 continue
-            m = pair_metrics(
-                g,
-                c,
-                g_store,
-                c_store,
-                plan.prof,
-                plan.tolerance_dtype,
-                (plan.computes[0], plan.calibration.manifest.compute_dtype),
-            )
+            m = pair_metrics(g, c, g_store, c_store, plan.prof, plan.tolerance_dtype, computes)
             if m.level not in ("full", "stats") or not math.isfinite(m.error):
                 continue
             out[g.key] = measured_errors(m)
@@ -310,7 +294,8 @@ def compare_shard(
     nothing of that rank (its records are then not read at all). ``on_unit(rank,
     step)`` is called after each unit.
     """
-    out = ShardResult()
+    units: list[UnitResult] = []
+    warned: dict[int, list[str]] = {}
     coverage = CoverageTracker(plan.g_run, plan.a_run, rank=plan.rank, step=plan.step)
     g_store, a_store = TensorStore(plan.g_run.path), TensorStore(plan.a_run.path)
     try:
@@ -323,19 +308,15 @@ def compare_shard(
                 if not owns(r, s):
                     continue
                 g_recs, a_recs = coverage.pair(r, s, g_recs, a_recs)
-                out.units.append(compare_unit(plan, g_store, a_store, r, s, g_recs, a_recs))
+                units.append(compare_unit(plan, g_store, a_store, r, s, g_recs, a_recs))
                 if on_unit is not None:
                     on_unit(r, s)
             if keeps_warnings and warnings:
-                out.warnings[r] = warnings
+                warned[r] = warnings
     finally:
         g_store.close()
         a_store.close()
-    out.compared = coverage.compared
-    out.phases = coverage.phases
-    out.only_golden = coverage.only_golden
-    out.only_actual = coverage.only_actual
-    return out
+    return ShardResult(units=units, warnings=warned, **coverage.tallies())
 
 
 def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
@@ -346,7 +327,8 @@ def merge_shards(plan: ComparePlan, shards: list[ShardResult]) -> Comparison:
     """
     g_run, a_run = plan.g_run, plan.a_run
     warnings = _shard_warnings(plan, shards)
-    coverage = _merged_coverage(plan, shards)
+    coverage = CoverageTracker(g_run, a_run, rank=plan.rank, step=plan.step)
+    coverage.add(*shards)
     units = sorted((u for shard in shards for u in shard.units), key=lambda u: (u.rank, u.step))
     # a decoding divergence: from the step whose token ids part, each step reads other
     # tokens (and a cache built from them); its records differ because its data do, so
@@ -399,17 +381,6 @@ def _shard_warnings(plan: ComparePlan, shards: list[ShardResult]) -> list[str]:
     ]
 
 
-def _merged_coverage(plan: ComparePlan, shards: list[ShardResult]) -> CoverageTracker:
-    """What the shards compared, put together."""
-    coverage = CoverageTracker(plan.g_run, plan.a_run, rank=plan.rank, step=plan.step)
-    for shard in shards:
-        coverage.compared |= shard.compared
-        coverage.phases |= shard.phases
-        coverage.only_golden |= shard.only_golden
-        coverage.only_actual |= shard.only_actual
-    return coverage
-
-
 def _check_comparable(
     plan: ComparePlan,
     steps_seen: int,
@@ -428,8 +399,10 @@ def _check_comparable(
             + incomplete_note(g_run, a_run)
         )
     matched = len(results) - counts.missing
+    # another tool's extra detail (msprobe's API-level records, a namespace precguard never
+    # records, docs/msprobe.md) is no evidence of a different model: only listed as unmatched
     unmatched_modules = max(
-        _module_level(golden_only, plan.is_detail), _module_level(actual_only, plan.is_detail)
+        sum(not plan.is_detail(k) for k in keys) for keys in (golden_only, actual_only)
     )
     if matched < MIN_ALIGNED_SHARE * unmatched_modules:
         truncated = hints.truncation_note(g_run, a_run, results, golden_only, actual_only)
@@ -469,21 +442,10 @@ def _decoding_gap(cov: Coverage, parted: Candidate | None, units: list[Any]) -> 
     return cov.model_copy(update={"complete": False, "gaps": [gap, *cov.gaps]})
 
 
-def _module_level(keys: list[str], is_detail: Callable[[str], bool]) -> int:
-    """How many of ``keys`` are module records: another tool's extra detail (msprobe's
-    API-level records, a namespace precguard never records, docs/msprobe.md) is no
-    evidence of a different model, and is only listed as unmatched."""
-    return sum(1 for k in keys if not is_detail(k))
-
-
 def fingerprint_diff(golden: dict[str, Any], actual: dict[str, Any]) -> dict[str, list[Any]]:
     """Keys whose values differ between two environment fingerprints: key -> [golden, actual]."""
-    out: dict[str, list[Any]] = {}
-    for key in sorted(set(golden) | set(actual)):
-        g, a = golden.get(key), actual.get(key)
-        if g != a:
-            out[key] = [g, a]
-    return out
+    keys = sorted(set(golden) | set(actual))
+    return {k: [golden.get(k), actual.get(k)] for k in keys if golden.get(k) != actual.get(k)}
 
 
 def _check_models(g_run: Run, a_run: Run, *, renamed: bool = False) -> list[str]:
@@ -591,19 +553,19 @@ def _compare_step(
     out.pairs = list(alignment.pairs)
     padding = StepPadding.of_step(g_recs, a_recs, g_store, a_store)
     for g, a in alignment.pairs:
-        metrics = _measured(g, a, g_store, a_store, plan, padding)
+        metrics = pair_metrics(
+            g, a, g_store, a_store, plan.prof, plan.tolerance_dtype, plan.computes, padding
+        )
         # "pass" until the one pass settles it (compare/verdict.py writes every measured
         # record's status, once): engine only measures
         out.results.append(_result(g, a, "pass", metrics))
     out.left_out = padding.left_out()
-    for g in alignment.golden_only:
-        out.golden_only.append(g.key)
-        out.results.append(_result(g, None, "missing", None))
-    for a in alignment.actual_only:
-        out.actual_only.append(a.key)
-        out.results.append(_result(a, None, "missing", None))
-    for side, rec in alignment.one_sided:  # counted missing, told apart in a note
-        out.one_sided.append(OneSided.of(side, rec))
+    out.golden_only = [g.key for g in alignment.golden_only]
+    out.actual_only = [a.key for a in alignment.actual_only]
+    # one-sided inputs and outputs are counted missing, told apart in a note
+    out.one_sided = [OneSided.of(side, rec) for side, rec in alignment.one_sided]
+    one_sided = [rec for _, rec in alignment.one_sided]
+    for rec in [*alignment.golden_only, *alignment.actual_only, *one_sided]:
         out.results.append(_result(rec, None, "missing", None))
     out.results.sort(key=lambda x: (x.seq, x.status == "missing"))
     return out
@@ -640,25 +602,14 @@ def _compare_in_order(
             and is_index_dtype(g.dtype)
             and len(g.shape) >= 2
         )
-        metrics = _measured(g, a, g_store, a_store, plan, padding)
+        metrics = pair_metrics(
+            g, a, g_store, a_store, plan.prof, plan.tolerance_dtype, plan.computes, padding
+        )
         out.results.append(_result(g, a, "pass", metrics))  # settled by the one pass
     out.left_out = padding.left_out()
     out.pairs = InOrder(g_recs, a_recs)
     out.routers_possible = routers
     return out
-
-
-def _measured(
-    g: Record,
-    a: Record,
-    g_store: TensorStore,
-    a_store: TensorStore,
-    plan: ComparePlan,
-    padding: StepPadding,
-) -> Metrics:
-    return pair_metrics(
-        g, a, g_store, a_store, plan.prof, plan.tolerance_dtype, plan.computes, padding
-    )
 
 
 def _result(g: Record, a: Record | None, status: Status, metrics: Metrics | None) -> RecordResult:

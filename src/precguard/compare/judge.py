@@ -32,7 +32,7 @@ from precguard.compare.expected import (
     significant_scale,
 )
 from precguard.compare.levels import concentrated
-from precguard.compare.optimizer import Explained, is_optimizer, update_allowance
+from precguard.compare.optimizer import Explained, is_optimizer, param_id, update_allowance
 from precguard.compare.report import Metrics, RecordResult
 from precguard.compare.rule import BaseRule, Explanations, Pass, Settlement, StepContext
 from precguard.compare.sampled import sampled_bounds
@@ -214,7 +214,7 @@ class StepJudge:
             # statistics cannot see which elements an optimizer step flipped: what
             # consumes this parameter consumes the error the step explains
             e, c = max(e, stepped.flipped + stepped.rest), max(c, stepped.peak)
-            self.stepped_errors[_param_id(r)] = e
+            self.stepped_errors[param_id(r)] = e
         if r.phase == "forward" and r.role == "output" and r.module in self.glue_bad:
             s.found = True  # the module's own code between its submodules made error
         # the judge's own verdict marks the enclosing module (a rule after it may settle
@@ -234,7 +234,7 @@ class StepJudge:
             for name in _ancestors(r.module):
                 self.bwd[name].add(m, e, c, self.profile)
             if r.role == "grad":
-                pid = _param_id(r)
+                pid = param_id(r)
                 self.carried[pid] = max(e, self.carried.get(pid, 0.0))
             return
         if r.role == "input" and fparent is not None:
@@ -289,7 +289,7 @@ class StepJudge:
         if r.role in ("buffer", "param"):
             # one rounding; after the first step, what it carried out of the step before (a
             # norm's running statistics too) and, for a parameter, what its update explains
-            pid = _param_id(r) if r.role == "param" else _buffer_id(r)
+            pid = param_id(r) if r.role == "param" else _buffer_id(r)
             prior = self.previous.get(pid)
             if prior is not None and r.role == "param":
                 ex = self.explained.get(r.key)
@@ -326,7 +326,7 @@ class StepJudge:
         """Per parameter and buffer: the error it carries into the next step (``previous``)."""
         for r in self.params:
             if r.metrics is not None:
-                pid = _param_id(r)
+                pid = param_id(r)
                 own = max(_bounds(r.metrics, self.profile)[1][0], self.stepped_errors.get(pid, 0.0))
                 self.carried[pid] = max(self.carried.get(pid, 0.0), own)
         return self.carried
@@ -384,14 +384,10 @@ def _trained_apart(results: list[RecordResult], updates: dict[str, float]) -> bo
         stored = r.actual_dtype or r.golden_dtype
         if stored not in SIGNIFICAND_BITS:
             continue
-        step = updates.get(_param_id(r))
+        step = updates.get(param_id(r))
         if step is not None and 0.0 < step < unit_roundoff(stored):
             return True
     return False
-
-
-def _param_id(r: RecordResult) -> str:
-    return f"{r.module}.{r.index}"
 
 
 def _buffer_id(r: RecordResult) -> str:

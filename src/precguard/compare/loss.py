@@ -109,8 +109,7 @@ class LossRule(BaseRule):
     calls around it as any local call does)."""
 
     def __init__(self) -> None:
-        self.found: dict[str, str] = {}  # why lines, by key
-        self.logits_error: dict[str, float | None] = {}
+        self.found: dict[str, tuple[str, float | None]] = {}  # why line, logits' error; by key
         self.candidates: dict[str, Candidate] = {}
 
     @classmethod
@@ -126,16 +125,16 @@ class LossRule(BaseRule):
         r, why, logits_error = found
         s.explain_all()
         s.found = True
-        self.found[r.key] = why
-        self.logits_error[r.key] = logits_error
+        self.found[r.key] = (why, logits_error)
         return r
 
     def written(self, r: RecordResult, step: Pass) -> None:
         """The finding, with the record as written (failing)."""
-        why = self.found.pop(r.key, None)
-        if why is not None:
+        found = self.found.pop(r.key, None)
+        if found is not None:
+            why, logits_error = found
             self.candidates[r.key] = Candidate(
-                result=r, local=True, input_error=self.logits_error.pop(r.key), reason=why
+                result=r, local=True, input_error=logits_error, reason=why
             )
 
     def explain(self, why: Explanations) -> None:

@@ -192,7 +192,7 @@ def explain_params(
     for rec in now:
         if rec.role != "param" or rec.phase != "forward":
             continue
-        pid = _pid(rec)
+        pid = param_id(rec)
         prev, grad = before.get(rec.key), grads.get(pid)
         if prev is None or grad is None or prev.shape != rec.shape or prev.step >= rec.step:
             continue
@@ -271,10 +271,12 @@ class StepTrail:
         stepped = explain_params(self.params, self.grads, g_recs, g_tensors, a_tensors)
         params = [r for r in g_recs if r.phase == "forward" and r.role == "param"]
         grads = [r for r in g_recs if r.phase == "backward" and r.role == "grad"]
-        out = {rec.key: stepped[_pid(rec)] for rec in params if _pid(rec) in stepped}
+        out = {rec.key: stepped[param_id(rec)] for rec in params if param_id(rec) in stepped}
         out |= _explain_updates(g_recs, grads, by_key, errors, g_tensors, a_tensors)
         self.params = {r.key: r for r in params} or self.params
-        self.grads = {_pid(r): (r, by_key.get(r.key), errors.get(r.key, math.inf)) for r in grads}
+        self.grads = {
+            param_id(r): (r, by_key.get(r.key), errors.get(r.key, math.inf)) for r in grads
+        }
         return out
 
 
@@ -294,20 +296,16 @@ def _explain_updates(
         if not is_update(rec):
             continue
         grad = grad_of.get((rec.module, rec.name[len(UPDATE_PREFIX) :]))
+        a_grad = by_key.get(grad.key) if grad is not None else None
         error = errors.get(grad.key, math.inf) if grad is not None else math.inf
         out[rec.key] = explain_update(
-            rec,
-            by_key.get(rec.key),
-            grad,
-            by_key.get(grad.key) if grad is not None else None,
-            error,
-            g_tensors,
-            a_tensors,
+            rec, by_key.get(rec.key), grad, a_grad, error, g_tensors, a_tensors
         )
     return out
 
 
-def _pid(rec: Record) -> str:
+def param_id(rec: Any) -> str:
+    """A parameter's id across steps, ``module.index`` (the judge's keys too)."""
     return f"{rec.module}.{rec.index}"
 
 
@@ -332,7 +330,7 @@ def golden_updates(plan: Any, g_store: Any, rank: int, g_recs: list[Record]) -> 
         norm, peak = float(now.norm()), float(now.abs().max()) if now.numel() else 0.0
         rel = float(delta.norm()) / norm if norm > 0 else 0.0
         rel_peak = float(delta.abs().max()) / peak if peak > 0 else 0.0
-        out[_pid(rec)] = max(rel, rel_peak)
+        out[param_id(rec)] = max(rel, rel_peak)
     return out
 
 

@@ -167,10 +167,9 @@ class StepPadding:
         if not (is_float_dtype(g.dtype) or is_float_dtype(a.dtype)):
             return None
         gc, ac = _call_of(self._golden, g.seq), _call_of(self._actual, a.seq)
-        if gc is None and ac is None:
+        call = gc or ac
+        if call is None:
             return None
-        call = gc if gc is not None else ac
-        assert call is not None
         known = [c for c in (gc, ac) if c is not None and c.keep is not None]
         if not known:
             self._unknown[id(call)] = call.padded
@@ -306,17 +305,14 @@ def mask_metrics(
     kept = padding.full(g, a, g_attend, a_attend)
     if kept is not None:
         g_attend, a_attend = kept
-    metrics = exact_metrics(g_attend, a_attend)
     note = (
-        "compared as attention masks: True where a query attends (bool) against "
+        f"compared as attention masks: 0 where a query attends, fill {float(golden.min()):.3g}"
+        f" (golden) against {float(actual.min()):.3g} (actual), each masking a key outright"
+        if both_float
+        else "compared as attention masks: True where a query attends (bool) against "
         "0 where it attends (additive float)"
     )
-    if both_float:
-        note = (
-            f"compared as attention masks: 0 where a query attends, fill {float(golden.min()):.3g}"
-            f" (golden) against {float(actual.min()):.3g} (actual), each masking a key outright"
-        )
-    return metrics.model_copy(update={"note": note})
+    return exact_metrics(g_attend, a_attend).model_copy(update={"note": note})
 
 
 def mask_stats_metrics(g: Record, a: Record) -> Metrics | None:

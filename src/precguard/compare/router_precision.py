@@ -119,6 +119,3 @@ def lowered_weights(
         f"{found} rounding; the golden's by {g_res:.3g}): it computed in {found} where its "
         f"code keeps {asked[1]}; compute the router in {asked[1]}"
     )
-
-
-__all__ = ["FORMS", "LOWERED", "coarser", "fit_form", "lowered_weights"]

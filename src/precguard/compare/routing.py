@@ -20,7 +20,7 @@ from collections import defaultdict
 from precguard.compare.levels import metrics_with
 from precguard.compare.report import Metrics, RecordResult
 from precguard.compare.router_precision import LOWERED
-from precguard.compare.routing_find import Pair, Router, is_index_dtype, margin_tolerance
+from precguard.compare.routing_find import Pair, Router, is_index_dtype
 from precguard.compare.routing_rows import RowsRemeasure
 from precguard.compare.rule import Settlement
 from precguard.compare.tolerance import Profile
@@ -141,13 +141,3 @@ def index_reason(module: str, module_type: str, r: RecordResult, ins: str) -> st
             f"{m.mismatched} of {numel} elements differ ({m.mismatched / max(numel, 1):.3g})"
         )
     return None
-
-
-__all__ = [
-    "Pair",
-    "Routing",
-    "index_reason",
-    "is_index_dtype",
-    "is_routing_finding",
-    "margin_tolerance",
-]

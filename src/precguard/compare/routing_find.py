@@ -325,10 +325,9 @@ class RouterFinder:
         self, router: Router, module: str, members: list[Pair], pairs: list[Pair]
     ) -> None:
         for p in members:
-            if p[0].key not in self.followers:
-                follower = _consumer_record(router, p)
-                if follower is not None:
-                    self.followers[p[0].key] = follower
+            follower = _consumer_record(router, p)
+            if follower is not None:
+                self.followers.setdefault(p[0].key, follower)
         seqs = [p[0].seq for p in members]
         self._follow_inner(router, module, (min(seqs), max(seqs)), pairs)
 

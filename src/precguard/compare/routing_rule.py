@@ -3,9 +3,9 @@
 The rule's knowledge is in routing.py (:class:`~precguard.compare.routing.Routing`);
 this module puts it in the phases of compare/rule.py: re-measure (the routers found,
 their followers measured on the rows routed alike), adjust expected (a statistics-only
-follower's expected error widened by what a re-routing may explain), settle (a follower
-met before its router's verdict waits, and is settled and written again once the
-router's scores record is written).
+follower's expected error widened by what a re-routing may explain; the verdicts that
+wait for no scores record), settle (a follower met before its router's verdict waits,
+and is settled and written again once the router's scores record is written).
 """
 
 from __future__ import annotations
@@ -22,12 +22,10 @@ class RoutingRule(BaseRule):
     """The routers of one step and the records that follow them (the module doc)."""
 
     def __init__(self, ctx: StepContext) -> None:
-        self.ctx = ctx
         self.routes: Routing | None = ctx.routes
         self.verdicts: dict[int, tuple[str, Metrics]] = {}  # by id of the router
         self.awaiting: dict[str, list[tuple[Any, Metrics]]] = defaultdict(list)  # scores key
         self.pending: dict[int, list[int]] = defaultdict(list)  # followers before the verdict
-        self.started = False
 
     @classmethod
     def for_step(cls, ctx: StepContext) -> RoutingRule:
@@ -45,19 +43,15 @@ class RoutingRule(BaseRule):
         ctx.results = self.routes.remeasure(ctx.results)
 
     def adjust(self, ctx: StepContext) -> None:
-        """Widen a statistics-only follower's expected error by what re-routing explains."""
-        if self.routes is None or ctx.plan is None or ctx.profile.rule != "expected":
-            return
-        ctx.inputs.calibrated = _wider(
-            ctx.inputs.calibrated or {}, self.routes.widened(ctx.results)
-        )
-
-    def _start(self) -> None:
-        """Every router's verdict that waits for nothing, and the scores the others wait for
+        """Widen a statistics-only follower's expected error by what re-routing explains;
+        every router's verdict that waits for nothing, and the scores the others wait for
         (the step's records as re-measured)."""
-        assert self.routes is not None
-        self.started = True
-        for router, idx, scores in self.routes.awaited(self.ctx.results):
+        if self.routes is None:
+            return
+        if ctx.plan is not None and ctx.profile.rule == "expected":
+            widened = self.routes.widened(ctx.results)
+            ctx.inputs.calibrated = _wider(ctx.inputs.calibrated or {}, widened)
+        for router, idx, scores in self.routes.awaited(ctx.results):
             if scores is None:  # nothing to wait for
                 self.verdicts[id(router)] = self.routes.verdict(router, idx, None)
             else:
@@ -67,8 +61,6 @@ class RoutingRule(BaseRule):
         """A follower with its router's verdict, or waiting for it."""
         if self.routes is None:
             return r
-        if not self.started:
-            self._start()
         follower = self.routes.followers.get(r.key)
         if follower is None:
             return r
@@ -99,6 +91,3 @@ def _wider(
         old = out.get(key, (0.0, 0.0))
         out[key] = (max(old[0], e), max(old[1], c))
     return out
-
-
-__all__ = ["RoutingRule"]

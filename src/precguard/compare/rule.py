@@ -149,14 +149,3 @@ class BaseRule:
 
     def explain(self, why: Explanations) -> None:
         """Nothing named."""
-
-
-__all__ = [
-    "BaseRule",
-    "Explanations",
-    "Pass",
-    "Rule",
-    "RuleFactory",
-    "Settlement",
-    "StepContext",
-]

@@ -2,9 +2,9 @@
 
 Each line is one rule's factory: it makes the rule for a step, or None when the rule has
 nothing to do there. Every phase runs the rules in this order; at a record, a rule sees
-what the rules before it settled. A new rule is one module (a :class:`BaseRule`
-subclass with a ``for_step`` factory) and one line here (docs/architecture.md, "Where
-to add a rule", walks through one).
+what the rules before it settled. A new rule is one module (a ``BaseRule`` subclass
+of compare/rule.py with a ``for_step`` factory) and one line here (docs/architecture.md,
+"Where to add a rule", walks through one).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from precguard.compare.judge import ExpectedRule
 from precguard.compare.loss import LossRule
 from precguard.compare.optimizer import OptimizerRule
 from precguard.compare.routing_rule import RoutingRule
-from precguard.compare.rule import BaseRule, RuleFactory
+from precguard.compare.rule import RuleFactory
 from precguard.compare.tolerance import ProfileRule
 
 RULES: tuple[RuleFactory, ...] = (
@@ -31,5 +31,3 @@ RULES: tuple[RuleFactory, ...] = (
     # the KV cache an attention read, named in its why line
     CacheRule.for_step,
 )
-
-__all__ = ["RULES", "BaseRule"]

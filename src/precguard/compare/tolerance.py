@@ -135,55 +135,44 @@ def _dtypes(
     return out
 
 
-def _fixed() -> Profile:
-    return Profile(
-        name="fixed",
-        description="Fail when ||a-g||/||g|| > k*rtol (rtol from torch.testing.assert_close, "
-        "k from torch dynamo's accuracy check: 2 for fp32/fp64, 3 for fp16/bf16), when "
-        "cosine < 0.99 (msprobe), or when NaN/Inf differ.",
-        rule="rel_l2",
-        dtypes=_dtypes(dynamo_k=True),
-    )
+_FIXED = Profile(
+    name="fixed",
+    description="Fail when ||a-g||/||g|| > k*rtol (rtol from torch.testing.assert_close, "
+    "k from torch dynamo's accuracy check: 2 for fp32/fp64, 3 for fp16/bf16), when "
+    "cosine < 0.99 (msprobe), or when NaN/Inf differ.",
+    rule="rel_l2",
+    dtypes=_dtypes(dynamo_k=True),
+)
+_EXPECTED = _FIXED.model_copy(
+    update={
+        "name": "default",
+        "rule": "expected",
+        "description": "Judge every record by the error its precision explains: one "
+        "rounding, the accumulation error of its reduction length and the errors of what "
+        "it consumed (inputs, parameters, submodules' outputs); fail beyond "
+        "amplification (10) times that, on a significant systematic scale error of its "
+        "own, or when NaN/Inf differ (docs/compare.md).",
+    }
+)
+_STRICT = Profile(
+    name="strict",
+    description="torch.testing.assert_close semantics: every element within "
+    "atol + rtol*|golden| (atol raised to rtol*rms(golden) for small-scale tensors), and "
+    "||a-g||/||g|| <= rtol.",
+    rule="strict",
+    dtypes=_dtypes(dynamo_k=False),
+)
+_MSPROBE = Profile(
+    name="msprobe",
+    bias_z=math.inf,
+    description="Ascend msprobe's compare verdict: fail when cosine < 0.99 and "
+    "max-abs-err > 1e-3, or cosine < 0.9, or max-abs-err > 1, or NaN/Inf appear. Lax: "
+    "it passes many real faults; use it to reproduce msprobe's result.",
+    rule="msprobe",
+    dtypes=_dtypes(dynamo_k=True, rel_l2=math.inf, max_abs=1e-3),
+)
 
-
-def _expected() -> Profile:
-    return _fixed().model_copy(
-        update={
-            "name": "default",
-            "rule": "expected",
-            "description": "Judge every record by the error its precision explains: one "
-            "rounding, the accumulation error of its reduction length and the errors of what "
-            "it consumed (inputs, parameters, submodules' outputs); fail beyond "
-            "amplification (10) times that, on a significant systematic scale error of its "
-            "own, or when NaN/Inf differ (docs/compare.md).",
-        }
-    )
-
-
-def _strict() -> Profile:
-    return Profile(
-        name="strict",
-        description="torch.testing.assert_close semantics: every element within "
-        "atol + rtol*|golden| (atol raised to rtol*rms(golden) for small-scale tensors), and "
-        "||a-g||/||g|| <= rtol.",
-        rule="strict",
-        dtypes=_dtypes(dynamo_k=False),
-    )
-
-
-def _msprobe() -> Profile:
-    return Profile(
-        name="msprobe",
-        bias_z=math.inf,
-        description="Ascend msprobe's compare verdict: fail when cosine < 0.99 and "
-        "max-abs-err > 1e-3, or cosine < 0.9, or max-abs-err > 1, or NaN/Inf appear. Lax: "
-        "it passes many real faults; use it to reproduce msprobe's result.",
-        rule="msprobe",
-        dtypes=_dtypes(dynamo_k=True, rel_l2=math.inf, max_abs=1e-3),
-    )
-
-
-PROFILES: dict[str, Profile] = {p.name: p for p in (_expected(), _fixed(), _strict(), _msprobe())}
+PROFILES: dict[str, Profile] = {p.name: p for p in (_EXPECTED, _FIXED, _STRICT, _MSPROBE)}
 
 
 def get_profile(name: str) -> Profile:

@@ -97,11 +97,10 @@ def run_rules(ctx: StepContext, why: Explanations | None = None) -> StepVerdict:
     why = why if why is not None else Explanations()
     for rule in rules:
         rule.explain(why)
-    classified = decide_calls(
+    found, decisions = decide_calls(
         walk.calls, ctx.profile, why.buffer_names, why.settled, why.cache_names
     )
-    found = classified.candidates
-    results = _annotate(walk.calls.records, classified.decisions)
+    results = _annotate(walk.calls.records, decisions)
     return StepVerdict(
         results=results,
         candidates=found,
