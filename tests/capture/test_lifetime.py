@@ -67,3 +67,26 @@ def test_decorated_instance_is_freed():
     ref = weakref.ref(model)
     del model
     assert freed(ref)
+
+
+def test_a_deep_copy_of_a_monitored_model_runs_unrecorded_and_the_original_still_records(
+    tmp_path,
+):
+    # deepcopy copies the modules' hook dicts: the copy's hooks must neither copy the
+    # monitor (its recording, its files) nor fail, nor be recorded as the original's calls
+    import copy
+
+    model = Stack()
+    x = torch.randn(4, 8)
+    plain = copy.deepcopy(model)(x)
+    with precguard.monitor(model, out=tmp_path / "run") as handle:
+        model(x)
+        twin = copy.deepcopy(model)
+        assert torch.equal(twin(x), plain)  # bitwise what the copy computes unmonitored
+        model(x)
+    records = list(precguard.load_run(handle.path).records())
+    keys = [(r.step, r.key) for r in records]
+    assert keys and len(keys) == len(set(keys))  # no call recorded twice under one key
+    assert {r.step for r in records} == {0, 1}  # the original's two forwards, the copy's none
+    calls = [{r.key for r in records if r.step == s and r.role != "param"} for s in (0, 1)]
+    assert calls[0] == calls[1]  # the same calls recorded in each, nothing of the copy's

@@ -122,16 +122,26 @@ _Open = tuple[Recording, CallFrame, list[tuple[int, str, torch.Tensor, int]]]
 class _Site:
     """One hooked module: what its hooks need, resolved once at registration.
 
-    It holds no reference to the module: hooks live on the module, so a
+    It holds no strong reference to the module: hooks live on the module, so a
     reference back would keep the model alive through C++-held parameter
     hooks that the garbage collector cannot see.
     """
 
-    __slots__ = ("frames", "leaf", "name", "root", "save", "skip_covered", "type")
+    __slots__ = ("frames", "leaf", "module", "name", "root", "save", "skip_covered", "type")
 
     def __init__(
-        self, name: str, mtype: str, save: bool, root: bool, skip_covered: bool, leaf: bool
+        self,
+        module: nn.Module,
+        name: str,
+        mtype: str,
+        save: bool,
+        root: bool,
+        skip_covered: bool,
+        leaf: bool,
     ) -> None:
+        #: the hooked module, weakly: a hook called with another module (a deep copy of the
+        #: model carries the hooks over) finds no site and records nothing
+        self.module = weakref.ref(module)
         self.name = name
         self.type = mtype
         self.save = save
@@ -201,6 +211,12 @@ class Monitor:
             bind=functools.partial(self._site, root, covers),
         )
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Monitor:
+        """The monitor itself: ``copy.deepcopy(model)`` copies the hooks' bound methods, and a
+        deep copy of the monitor (its recording, its files) is never what is meant; the
+        copy's modules are not this monitor's, so their calls are not recorded."""
+        return self
+
     def _site(self, root: nn.Module, covers: bool, name: str, mod: nn.Module) -> _Site:
         """Resolve once what the hooks of ``mod`` need; hook its parameters' gradients."""
         options = self.options
@@ -209,6 +225,7 @@ class Monitor:
             self._covered.append(id(mod))
         mtype = type(mod).__name__
         site = _Site(
+            mod,
             name,
             mtype,
             options.saves(name),
@@ -241,9 +258,9 @@ class Monitor:
         return sink
 
     def _pre(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self.removed:
-            return
-        site = self._site_of[id(module)]
+        site = self._site_of.get(id(module))
+        if site is None or site.module() is not module or self.removed:
+            return  # removed, or a module this monitor does not hook (a deep copy's)
         opened: _Open | None = None
         recomputing = _GRAPH_TASK_ID() != -1  # _in_backward(), inlined: once per call
         frames = site.frames
@@ -332,7 +349,9 @@ class Monitor:
     def _post(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
     ) -> None:
-        site = self._site_of[id(module)]
+        site = self._site_of.get(id(module))
+        if site is None or site.module() is not module:
+            return  # the pre-hook returned at once too
         frames = site.frames
         opened = frames.pop() if frames else None
         if opened is None or self.removed:
