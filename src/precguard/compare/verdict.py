@@ -92,8 +92,12 @@ def run_rules(ctx: StepContext, why: Explanations | None = None) -> StepVerdict:
     for rule in rules:
         rule.adjust(ctx)
     walk = _Walk(rules)
-    for r in ctx.results:
+    results = ctx.results
+    for i, r in enumerate(results):
         walk.settle(r)
+        # the settled form takes the measured one's place: one model per pair is held
+        # through the pass, not two (a later reader of the step's list sees it settled)
+        results[i] = walk.calls.records[i]
     why = why if why is not None else Explanations()
     for rule in rules:
         rule.explain(why)
