@@ -9,6 +9,7 @@ made it, not on the ones it flowed through.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import pytest
@@ -109,6 +110,15 @@ def test_callbacks_without_the_name_are_torchs_hooks_themselves_after_a_set_up_p
     with pytest.raises(ValueError, match="errors='raise'"):
         on_calls(m, pre, name_first=False)
     assert _no_hooks(m)
+    # a callable without code of its own (a partial) is marked through a function around it
+    tagged: list[str] = []
+    tag_x = functools.partial(lambda tag, *a: tagged.append(tag), "x")
+    partial_handle = on_calls(m, tag_x, errors="raise", name_first=False, modules=["0.up"])
+    with partial_handle:
+        m(x)
+        hook = next(iter(m[0].up._forward_pre_hooks.values()))
+        assert hook._torchdynamo_disable
+    assert tagged == ["x"] and partial_handle.removed and _no_hooks(m)
 
 
 def test_a_failing_callback_is_reported_once_and_the_forward_goes_on(

@@ -52,13 +52,22 @@ _REASON = (
 
 def outside_dynamo(fn: F) -> F:
     """``fn`` itself (a function or a bound method), marked so that dynamo never traces it
-    (a graph break where it is called) nor anything it calls.
+    (a graph break where it is called) nor anything it calls; another callable (a
+    ``functools.partial``, an object with ``__call__``) is marked through a function
+    around it.
 
     Costs nothing per call in eager mode: no wrapper frame, no call into torch.
     """
     if _set_code_exec_strategy is None:
         return fn
     target = getattr(fn, "__func__", fn)  # a bound method: its function
+    if not hasattr(target, "__code__"):
+        inner = fn
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return inner(*args, **kwargs)
+
+        fn = target = call  # type: ignore[assignment]
     # what torch.compiler.disable sets: dynamo graph-breaks at a call of a function
     # carrying it and leaves the call to run eagerly
     target._torchdynamo_disable = True

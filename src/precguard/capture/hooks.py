@@ -238,22 +238,20 @@ def on_calls(
         raise ValueError("on_calls(name_first=False) needs errors='raise'")
     handle = HookHandle()
     failures = _Failures()
+
+    def hook_of(fn: Callable[..., Any], name: str, where: str, first: Any) -> Callable[..., Any]:
+        if not name_first:
+            return outside_dynamo(fn)
+        return _guard(fn, name, where, errors, failures, first=first)
+
     try:
         for name, mod in _chosen(model, modules, root_name):
             first = bind(name, mod) if bind is not None else _NAME
             if pre is not None:
-                hook = (
-                    _guard(pre, name, "forward_pre", errors, failures, first=first)
-                    if name_first
-                    else outside_dynamo(pre)
-                )
+                hook = hook_of(pre, name, "forward_pre", first)
                 handle._add(mod.register_forward_pre_hook(hook, with_kwargs=with_kwargs))
             if post is not None:
-                hook = (
-                    _guard(post, name, "forward", errors, failures, first=first)
-                    if name_first
-                    else outside_dynamo(post)
-                )
+                hook = hook_of(post, name, "forward", first)
                 handle._add(
                     mod.register_forward_hook(
                         hook, with_kwargs=with_kwargs, always_call=always_call

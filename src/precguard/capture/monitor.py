@@ -178,7 +178,6 @@ class Monitor:
         self._fixed_sink = sink if isinstance(sink, Recording) else None
         #: the hooks that outlive a step: parameter gradients, leaf inputs' gradients
         self._grad_hooks = HookHandle()
-        self._sites: list[_Site] = []
         self._failed: set[tuple[str, str]] = set()
         # id(tensor) -> the input-gradient hook on that tensor, one per tensor however
         # many modules read it; entries leave when the gradient arrives or the tensor dies
@@ -196,7 +195,8 @@ class Monitor:
         #: the user keeps) never keeps a model alive
         self.names: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary(names)
         self._covered: list[int] = []
-        #: id(module) -> its site, for the hooks (a module's hooks are removed before it dies)
+        #: id(module) -> its site, for the hooks; a site's weak reference tells its module
+        #: from another that has the id now (a copy's, or one made after the module died)
         self._site_of: dict[int, _Site] = {}
         self._hooks = on_calls(
             root,
@@ -233,7 +233,6 @@ class Monitor:
             not covers,
             next(mod.children(), None) is None,
         )
-        self._sites.append(site)
         self._site_of[id(mod)] = site
         if options.backward:
             for index, named in enumerate(mod.named_parameters(recurse=False)):
@@ -590,7 +589,7 @@ class Monitor:
             self._hooks.remove()
         finally:
             self._grad_hooks.remove()
-        for site in self._sites:
+        for site in self._site_of.values():
             site.frames.clear()
         self._input_grads.clear()
         if self._fixed_sink is not None:
