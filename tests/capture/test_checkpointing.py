@@ -85,6 +85,6 @@ def test_recomputations_stopped_early_are_not_kept_from_step_to_step(tmp_path):
         open_frames = []
         for _ in range(3):
             _train_step(model)
-            open_frames.append(sum(len(site.frames) for site in handle.monitor._sites))
+            open_frames.append(sum(len(site.frames) for site in handle.monitor._site_of.values()))
     assert open_frames[0] > 0  # the last backward's, dropped at the next forward
     assert open_frames == [open_frames[0]] * 3
