@@ -14,7 +14,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-fast lint format bench clean
 
-$(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) Makefile
+# setup.py and the kernel: an editable install builds the extension only when installed
+$(STAMP): pyproject.toml setup.py src/precguard/capture/_fused.cpp src/precguard/capture/_fused_kernels.h $(wildcard plugins/*/pyproject.toml) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	@if $(PY) -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('$(TORCH_VERSION)') else 1)" 2>/dev/null; then \

@@ -59,6 +59,19 @@ def test_the_kernel_is_built():
     assert stats.FUSED_KERNELS in ("avx2", "baseline")
 
 
+@needs_kernel
+def test_a_split_scan_runs_on_torchs_own_openmp_threads():
+    # torch's CPU wheels bundle libgomp.so.1: the kernel built with OpenMP binds to it
+    # (one runtime in the process), so a split scan reuses torch's awake threads and
+    # splitting pays from 32 Ki elements; a second runtime would mean cold threads
+    # spinning beside torch's, and the old 1 Mi threshold
+    bundled = os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp.so.1")
+    if not fused.OPENMP or not os.path.exists(bundled):
+        pytest.skip("built without OpenMP, or a torch without its own libgomp")
+    assert stats._openmp_runtimes() == {os.path.realpath(bundled)}
+    assert stats.SHARED_POOL and stats.FUSED_SPLIT == 1 << 15
+
+
 def exact_sums(t: torch.Tensor) -> tuple[Fraction, Fraction]:
     """The sum and sum of squares of ``t``'s values, exactly."""
     values = [Fraction(v) for v in t.double().reshape(-1).tolist()]

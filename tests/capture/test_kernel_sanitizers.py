@@ -77,6 +77,7 @@ def sanitized_kernel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, st
         "-fsanitize=address,undefined",
         "-fno-sanitize-recover=all",
         "-fno-omit-frame-pointer",
+        "-fopenmp",  # as setup.py builds it: split scans on the OpenMP pool
         "-shared",
         "-fPIC",
         f"-I{sysconfig.get_paths()['include']}",

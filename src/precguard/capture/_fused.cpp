@@ -169,7 +169,12 @@ struct Buffer {
 
 // scan_rows over all rows, split into `threads` equal runs of rows on as many threads
 // (the caller's one of them), each with its own totals and positions, merged in order.
-// A thread that cannot be started leaves its run to the caller's thread.
+// Built with OpenMP, the runs go to the OpenMP thread pool: torch's own when torch
+// links the same runtime (its CPU wheels bundle libgomp.so.1, which this module then
+// binds to), whose threads are awake between torch's ops, so a split pays for itself
+// from tens of thousands of elements (stats.py decides). Without OpenMP each run gets
+// a std::thread of its own (~20 us to start); a thread that cannot be started leaves
+// its run to the caller's thread.
 template <typename T>
 void scan_all(const T *x, Py_ssize_t n_rows, Py_ssize_t row, double *pos, Py_ssize_t seq,
               int threads, Acc *acc) {
@@ -188,18 +193,23 @@ void scan_all(const T *x, Py_ssize_t n_rows, Py_ssize_t row, double *pos, Py_ssi
     }
     std::vector<Acc> parts(static_cast<size_t>(threads));
     std::vector<std::vector<double>> positions(static_cast<size_t>(threads));
-    std::vector<std::thread> running;
-    std::vector<int> inline_parts;
-    running.reserve(size_t(threads));  // no reallocation (nothing to throw) once threads run
-    inline_parts.reserve(size_t(threads));
+    for (int t = 0; t < threads; t++) {
+        if (seq) positions[size_t(t)].assign(size_t(seq), 0.0);
+    }
     auto run = [&](int t) {
         Py_ssize_t first = n_rows * t / threads, last = n_rows * (t + 1) / threads;
         double *own = seq ? positions[size_t(t)].data() : nullptr;
         scan(x, first, last - first, row, own, seq, &parts[size_t(t)]);
     };
-    for (int t = 0; t < threads; t++) {
-        if (seq) positions[size_t(t)].assign(size_t(seq), 0.0);
-    }
+#ifdef _OPENMP
+    // one run per thread of the team (a team smaller than asked runs the rest in turn)
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+    for (int t = 0; t < threads; t++) run(t);
+#else
+    std::vector<std::thread> running;
+    std::vector<int> inline_parts;
+    running.reserve(size_t(threads));  // no reallocation (nothing to throw) once threads run
+    inline_parts.reserve(size_t(threads));
     for (int t = 1; t < threads; t++) {
         try {
             running.emplace_back(run, t);
@@ -210,6 +220,7 @@ void scan_all(const T *x, Py_ssize_t n_rows, Py_ssize_t row, double *pos, Py_ssi
     run(0);
     for (int t : inline_parts) run(t);
     for (auto &thread : running) thread.join();
+#endif
     *acc = parts[0];
     for (int t = 1; t < threads; t++) {
         const Acc &p = parts[size_t(t)];
@@ -367,8 +378,15 @@ PyMODINIT_FUNC PyInit__fused(void) {
     PyObject *m = PyModule_Create(&module);
     // which kernels run here ("avx2" or "baseline"), for tests and the benchmarks
     // and the block its sums' rounding bound depends on (stats.py's one-pass rule)
+#ifdef _OPENMP
+    const long openmp = 1;
+#else
+    const long openmp = 0;
+#endif
+    // whether a split scan runs on the OpenMP thread pool (1) or on threads of its own
     if (m != nullptr && (PyModule_AddStringConstant(m, "kernels", kernels.name) < 0 ||
-                         PyModule_AddIntConstant(m, "BLOCK", long(BLOCK)) < 0)) {
+                         PyModule_AddIntConstant(m, "BLOCK", long(BLOCK)) < 0 ||
+                         PyModule_AddIntConstant(m, "OPENMP", openmp) < 0)) {
         Py_DECREF(m);
         return nullptr;
     }
