@@ -9,6 +9,7 @@ and records are appended one line each and flushed per step.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import shutil
@@ -19,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import orjson
 import torch
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import to_json
@@ -38,6 +40,41 @@ logger = get_logger(__name__)
 #: validates one flushed batch of records in a single call (pydantic-core, no per-record
 #: Python work); the hooks only queue plain dicts
 _RECORDS: TypeAdapter[list[Record]] = TypeAdapter(list[Record])
+
+
+def record_json(fields: dict[str, Any]) -> bytes:
+    """One record's line of records.jsonl: its JSON as the :class:`Record` model writes it.
+
+    pydantic-core's encoding (a model instance per record would cost ~5 us more):
+    non-finite floats as ``"NaN"``, ``"Infinity"``, ``"-Infinity"``, floats in their
+    shortest round-trip form, fields not given left out (readers default them).
+    orjson writes the same bytes for every other value a record holds (the same
+    shortest floats, the same string escapes: tests/dump/test_record_encoding.py) in
+    a third of the time (0.9 against 2.6 us for a record with evidence), but a
+    non-finite float as ``null``; a record's floats are its statistics, so a record
+    whose statistics are not plainly finite (:func:`_finite_stats`) is encoded by
+    pydantic-core, as is anything orjson refuses (an integer beyond 64 bits).
+    """
+    stats = fields.get("stats")
+    if stats is None or _finite_stats(stats):
+        try:
+            return orjson.dumps(fields)
+        except TypeError:  # orjson.JSONEncodeError is one
+            pass
+    return to_json(fields, inf_nan_mode="strings")
+
+
+def _finite_stats(stats: dict[str, Any]) -> bool:
+    """Whether every float of a record's ``stats`` is finite (and it has no fp8 part).
+
+    One sum, as it is asked for every record: finite floats whose sum overflows only
+    send their record to the slower encoder, and a missing field or a None does too.
+    """
+    try:
+        total = stats["min"] + stats["max"] + stats["mean"] + stats["std"] + stats["l2"]
+        return "fp8" not in stats and math.isfinite(total + stats["absmax"])
+    except (KeyError, TypeError):
+        return False
 
 
 def prepare_run_dir(path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
@@ -268,11 +305,9 @@ class RunWriter:
         The whole batch is validated at once, before anything is written: a
         record the format does not allow is a precguard bug, and raises
         ValueError naming it rather than leaving a line no reader accepts. The
-        lines are the model's own JSON, encoded by pydantic-core (non-finite
-        floats as ``"NaN"``, ``"Infinity"``, ``"-Infinity"``, floats in their
-        shortest round-trip form; fields the record did not set are left out,
-        as readers default them). This runs at the end of every monitored
-        forward: validation costs ~7 us per record (``benchmarks/record_write.py``).
+        lines are the model's own JSON (:func:`record_json`). This runs at the end
+        of every monitored forward: validation costs ~7 us per record
+        (``benchmarks/record_write.py``).
 
         ``trusted``: the records were built by capture's own code, which fixes each
         field's type by construction (:meth:`precguard.capture.recording.Recording.add`),
@@ -305,10 +340,8 @@ class RunWriter:
                 f"{'.'.join(str(p) for p in err['loc'][1:])}: {err['msg']}"
             ) from exc
         self._layouts.update(new)  # only once they passed
-        # the dicts just validated, encoded by pydantic-core as the model would encode
-        # them (a model instance per record costs ~5 us more to serialize)
         # (a list, not a generator: a generator is one Python frame resumed per record)
-        lines = b"\n".join([to_json(rec, inf_nan_mode="strings") for rec in records])
+        lines = b"\n".join([record_json(rec) for rec in records])
         self._append(lines + b"\n")
 
     def _append(self, data: bytes) -> None:
