@@ -212,13 +212,14 @@ class StatsBuffer:
             ev: tuple[_evidence.EvidencePlan, Any] | None = None
             plan = None
             if self._evidence_on and t.is_floating_point():
-                shape = tuple(x.shape)
                 # plan_for's cache hit, inlined (once per tensor); the LRU order is kept
-                plan = _PLANS.get((shape, x.device, positions))
+                # (a torch.Size is a tuple: the same key as plan_for's)
+                key = (x.shape, x.device, positions)
+                plan = _PLANS.get(key)
                 if plan is None:
-                    plan = _evidence.plan_for(shape, x.device, positions)
+                    plan = _evidence.plan_for(tuple(x.shape), x.device, positions)
                 else:
-                    _PLANS.move_to_end((shape, x.device, positions))
+                    _PLANS.move_to_end(key)
             if deferred:
                 if plan is not None:
                     ev = (plan, _evidence.gather(x, plan))
@@ -528,7 +529,8 @@ def _fused_stats(
     of the tensor dtype's unit roundoff of the spread; else (|mean| far above the
     std, and always for float64 tensors) from the spread about the mean, a second read.
     """
-    double = x.dtype is torch.float64
+    dtype = x.dtype
+    double = dtype is torch.float64
     row = x.shape[-1] if x.dim() else 1
     address = x.data_ptr()
     # each thread a run of at least 256 Ki elements (starting one costs ~20 us), and no
@@ -550,12 +552,12 @@ def _fused_stats(
     if not (math.isfinite(total) and math.isfinite(sumsq)):
         return None  # a NaN or an Inf (the passes count them), or float64 sums overflowed
     # _sums_in_range, inlined (once per tensor); total is finite here
-    if not n * _TINY[x.dtype] <= sumsq < math.inf:
+    if not n * _TINY[dtype] <= sumsq < math.inf:
         return _scaled_row(x, n, mn, mx, n - zeros), values
     mean = total / n
     spread = sumsq - total * mean
     bound = sumsq * _U64 * 3.0 * (min(row, _fused.BLOCK) / 16 + 22)
-    if spread * _UNIT[x.dtype] < 4.0 * bound:
+    if spread * _UNIT[dtype] < 4.0 * bound:
         spread = _fused.spread(address, n, double, mean)
     # _row, inlined (once per tensor): beyond float32's range it decides
     std = math.sqrt(max(spread, 0.0) / (n - 1)) if n > 1 else 0.0
