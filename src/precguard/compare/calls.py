@@ -2,18 +2,25 @@
 
 :class:`StepCalls` is built as the records are settled one by one: the judge (judge.py)
 reads what a call consumed and its reduction length K, the local/propagated decision
-(divergence.py) every call once the step is settled. It holds the records themselves,
-so one settled again later (a router's follower, routing.py) is seen in its final form.
+(divergence.py) the calls with a failing record once the step is settled. It holds the
+step's records as compact rows (:class:`~precguard.compare.report.RecordRows`), each settled
+one written in its measured form's place, and reads a record when it is used: a step may
+hold millions, and one settled again later (a router's follower, routing.py) is seen in
+its final form.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from precguard.compare.report import RecordResult
+from precguard.compare.report import RecordResult, RecordRows, Status
 from precguard.numerics import reduction_length
 
 CallKey = tuple[str, int]
+
+#: the statuses of a record in error
+BAD: tuple[Status, ...] = ("fail", "nonfinite")
 
 
 @dataclass
@@ -54,17 +61,21 @@ class CallRecords:
 class StepCalls:
     """The records of one rank and step, settled in capture order, grouped into calls."""
 
-    def __init__(self) -> None:
-        self.records: list[RecordResult] = []
+    def __init__(self, records: RecordRows) -> None:
+        #: the step's records, the first :attr:`settled` of them in their settled form
+        self.records = records
+        self.settled = 0
         self._forward: dict[CallKey, _Call] = {}
         self._backward: dict[CallKey, _Call] = {}
         #: gradients w.r.t. module inputs are recorded for the whole run or not at all
         self.input_grads = False
 
     def add(self, r: RecordResult) -> int:
-        """Take in one settled record (in capture order); return its position."""
-        pos = len(self.records)
-        self.records.append(r)
+        """Take in the next record settled (in capture order), in its measured form's place;
+        return its position."""
+        pos = self.settled
+        self.records[pos] = r
+        self.settled += 1
         if r.phase == "backward" and r.role == "input":
             self.input_grads = True
         if r.metrics is None:
@@ -105,31 +116,29 @@ class StepCalls:
     def _shapes(self, call: _Call) -> list[list[int]]:
         return [self.records[i].shape for i in call.reads]
 
-    def forward_records(self) -> list[RecordResult]:
-        """Every measured forward record, in capture order."""
-        return [r for r in self.records if r.phase == "forward" and r.metrics is not None]
-
-    def call_records(self) -> list[CallRecords]:
-        """Every call's records as settled now: forward calls, then backward calls, each in
-        the order of their first record."""
-        out = []
+    def failing_calls(self) -> Iterator[CallRecords]:
+        """The records of every call with a failing record (:data:`BAD`) among them, as
+        settled now: forward calls, then backward calls, each in the order of their first
+        record. A call without one has nothing to decide: its records are not read."""
+        failing = set(self.records.where(BAD))
         for backward, calls in ((False, self._forward), (True, self._backward)):
             for (module, n), call in calls.items():
+                forward = self._forward.get((module, n)) if backward else call
+                read = forward.reads if forward is not None else []
+                if failing.isdisjoint([*call.reads, *call.produced, *read]):
+                    continue
                 reads = self.reads((module, n))
                 inputs = [r for r in reads if r.role != "param"]
                 params = [r for r in reads if r.role == "param"]
                 grads = [self.records[i] for i in call.reads] if backward else []
-                out.append(
-                    CallRecords(
-                        module,
-                        call.module_type,
-                        call.phase,
-                        n,
-                        consumed=[*grads, *inputs, *params] if backward else inputs,
-                        params=[] if backward else params,
-                        produced=[self.records[i] for i in call.produced],
-                        has_output_grads=bool(grads),
-                        k=self.reduction((module, n), backward=backward),
-                    )
+                yield CallRecords(
+                    module,
+                    call.module_type,
+                    call.phase,
+                    n,
+                    consumed=[*grads, *inputs, *params] if backward else inputs,
+                    params=[] if backward else params,
+                    produced=[self.records[i] for i in call.produced],
+                    has_output_grads=bool(grads),
+                    k=self.reduction((module, n), backward=backward),
                 )
-        return out

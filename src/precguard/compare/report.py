@@ -130,7 +130,8 @@ class RecordRows(Sequence[RecordResult]):
     JSON array of the result's ``model_dump(mode="json", exclude_defaults=True)``
     values, rebuilt with ``model_validate`` when read. Field-name sets and metrics
     notes are kept once per store and numbered; a key spelled from its fields is
-    rebuilt from them. Reading a row twice gives two equal, separate models.
+    rebuilt from them. Reading a row twice gives two equal, separate models; a row is
+    replaced by assigning a result to its index.
     """
 
     __slots__ = ("_levels", "_names", "_notes", "_row_names", "_row_notes", "_rows", "_statuses")
@@ -161,25 +162,44 @@ class RecordRows(Sequence[RecordResult]):
             self._row_notes.extend(self._notes.renumber(results._notes, results._row_notes))
             return
         for r in results:
-            fields = r.model_dump(
-                mode="json",
-                exclude={"key"} if r.key == _key_of(r.__dict__) else None,  # spelled from them
-                exclude_defaults=True,
-            )
-            metrics = fields.pop("metrics", None)
-            values = list(fields.values())
-            if metrics is not None:
-                metrics.pop("note", None)  # kept apart, numbered
-                values.extend(metrics.values())
-            self._rows.append(to_json(values))
-            self._statuses.append(_STATUS_CODES[r.status])
-            self._levels.append(_level_code(r))
-            self._row_names.append(
-                self._names.number((tuple(fields), None if metrics is None else tuple(metrics)))
-            )
-            self._row_notes.append(
-                self._notes.number(None if r.metrics is None else r.metrics.note)
-            )
+            row, status, level, names, note = self._encode(r)
+            self._rows.append(row)
+            self._statuses.append(status)
+            self._levels.append(level)
+            self._row_names.append(names)
+            self._row_notes.append(note)
+
+    def __setitem__(self, i: int, result: RecordResult) -> None:
+        """Put ``result`` in row ``i``'s place (compare's one pass writes each record settled
+        where it was measured: compare/calls.py)."""
+        i = range(len(self._rows))[i]  # IndexError and negatives as a list
+        row, status, level, names, note = self._encode(result)
+        self._rows[i] = row
+        self._statuses[i] = status
+        self._levels[i] = level
+        self._row_names[i] = names
+        self._row_notes[i] = note
+
+    def _encode(self, r: RecordResult) -> tuple[bytes, int, int, int, int]:
+        """Row of ``r``: its JSON, status and level codes, number of its field names, of its
+        note."""
+        fields = r.model_dump(
+            mode="json",
+            exclude={"key"} if r.key == _key_of(r.__dict__) else None,  # spelled from them
+            exclude_defaults=True,
+        )
+        metrics = fields.pop("metrics", None)
+        values = list(fields.values())
+        if metrics is not None:
+            metrics.pop("note", None)  # kept apart, numbered
+            values.extend(metrics.values())
+        return (
+            to_json(values),
+            _STATUS_CODES[r.status],
+            _level_code(r),
+            self._names.number((tuple(fields), None if metrics is None else tuple(metrics))),
+            self._notes.number(None if r.metrics is None else r.metrics.note),
+        )
 
     def _read(self, i: int) -> RecordResult:
         """The RecordResult of row ``i``."""
@@ -202,10 +222,14 @@ class RecordRows(Sequence[RecordResult]):
 
     def having(self, statuses: Iterable[Status]) -> Iterator[RecordResult]:
         """The results whose status is one of ``statuses``, in order (no other row is read)."""
+        for i in self.where(statuses):
+            yield self._read(i)
+
+    def where(self, statuses: Iterable[Status]) -> list[int]:
+        """The positions of the rows whose status is one of ``statuses``, in order (no row
+        is read)."""
         wanted = {_STATUS_CODES[s] for s in statuses}
-        for i, code in enumerate(self._statuses):
-            if code in wanted:
-                yield self._read(i)
+        return [i for i, code in enumerate(self._statuses) if code in wanted]
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -268,7 +292,7 @@ class RecordRows(Sequence[RecordResult]):
         )
 
 
-_STATUS_CODES: dict[str, int] = {"pass": 1, "fail": 2, "missing": 3, "nonfinite": 4}
+_STATUS_CODES: dict[Status, int] = {"pass": 1, "fail": 2, "missing": 3, "nonfinite": 4}
 #: 0: no metrics (a missing record)
 _LEVEL_CODES: dict[str, int] = {"full": 1, "stats": 2, "exact": 3, "none": 4}
 #: a pair whose shapes differ, not compared (its own code, so the counts add up)

@@ -67,7 +67,7 @@ class RoutingRule(BaseRule):
         verdict = self.verdicts.get(id(follower.router))
         if verdict is not None:
             return self.routes.follow(r, verdict, s)
-        self.pending[id(follower.router)].append(len(step.calls.records))
+        self.pending[id(follower.router)].append(step.calls.settled)  # its position
         return r
 
     def written(self, r: RecordResult, step: Pass) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from precguard.compare.calls import StepCalls
-from precguard.compare.report import Metrics, RecordResult
+from precguard.compare.report import Metrics, RecordResult, RecordRows
 from precguard.numerics import Verdict, status
 
 
@@ -52,7 +52,8 @@ class StepContext:
     ``plan`` is the comparison's :class:`~precguard.compare.engine.ComparePlan`, with what
     it carries from step to step per rank (None: a step judged on its own, ``judge_unit``)."""
 
-    results: list[RecordResult]
+    #: every record, as compact rows (each read as a model when used)
+    results: RecordRows
     profile: Any
     plan: Any = None
     rank: int = 0
