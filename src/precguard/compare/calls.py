@@ -23,7 +23,7 @@ CallKey = tuple[str, int]
 BAD: tuple[Status, ...] = ("fail", "nonfinite")
 
 
-@dataclass
+@dataclass(slots=True)  # one per module call of a step (millions in a big one)
 class _Call:
     """One module call: positions of its records in :attr:`StepCalls.records`."""
 

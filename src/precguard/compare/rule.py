@@ -91,12 +91,9 @@ class Pass(Protocol):
     #: the records settled so far, grouped into module calls
     calls: StepCalls
 
-    def settlement(self, pos: int) -> Settlement:
-        """The settlement of the record at ``pos`` in ``calls``."""
-        ...
-
-    def rewrite(self, pos: int, r: RecordResult) -> None:
-        """Write the record at ``pos`` again, from its (changed) settlement."""
+    def rewrite(self, pos: int, r: RecordResult, s: Settlement) -> None:
+        """Write the record at ``pos`` in ``calls`` again, from its (changed) settlement
+        ``s`` (the rule that changes it keeps it: the pass keeps none)."""
         ...
 
 

@@ -47,20 +47,17 @@ class _Walk:
     def __init__(self, rules: list[Rule], records: RecordRows) -> None:
         self.rules = rules
         self.calls = StepCalls(records)
-        self.settlements: list[Settlement | None] = []  # by position in ``calls``
 
     def settle(self, r: RecordResult) -> None:
         """Every rule at one record, then its status written, then what the rules learn."""
         if r.metrics is None:  # missing: nothing to settle
             self.calls.add(r)
-            self.settlements.append(None)
             return
         s = Settlement()
         for rule in self.rules:
             r = rule.settle(r, s, self)
         written = self.write(r, s)
         self.calls.add(written)
-        self.settlements.append(s)
         for rule in self.rules:
             rule.written(written, self)
 
@@ -70,15 +67,10 @@ class _Walk:
         assert r.metrics is not None
         return r.model_copy(update={"status": s.verdict(r.metrics), "allowed_error": s.allowed})
 
-    def settlement(self, pos: int) -> Settlement:
-        """The settlement of the record at ``pos`` (a measured one)."""
-        s = self.settlements[pos]
-        assert s is not None
-        return s
-
-    def rewrite(self, pos: int, r: RecordResult) -> None:
-        """Write the record at ``pos`` again from its settlement (a later rule's verdict)."""
-        self.calls.records[pos] = self.write(r, self.settlement(pos))
+    def rewrite(self, pos: int, r: RecordResult, s: Settlement) -> None:
+        """Write the record at ``pos`` again from its settlement ``s`` (a later rule's
+        verdict)."""
+        self.calls.records[pos] = self.write(r, s)
 
 
 def run_rules(ctx: StepContext, why: Explanations | None = None) -> StepVerdict:
