@@ -34,8 +34,9 @@ class _Call:
     #: gradients w.r.t. its outputs
     reads: list[int] = field(default_factory=list)
     produced: list[int] = field(default_factory=list)
-    #: (how many records ``reads`` held, K then): K is computed once per call
-    k: tuple[int, int | None] | None = None
+    #: K, computed once per call: when ``reads`` held ``k_reads`` records
+    k: int | None = None
+    k_reads: int = -1
 
 
 @dataclass
@@ -90,6 +91,11 @@ class StepCalls:
             (call.reads if r.role == "output" else call.produced).append(pos)
         return pos
 
+    def opened(self, key: CallKey) -> bool:
+        """Whether an input, buffer or parameter of the forward call ``key`` was settled."""
+        call = self._forward.get(key)
+        return call is not None and len(call.reads) > 0
+
     def reads(self, key: CallKey) -> list[RecordResult]:
         """A forward call's inputs, buffers and parameters recorded so far, in capture order."""
         call = self._forward.get(key)
@@ -109,9 +115,10 @@ class StepCalls:
         owner = self._backward.get(key) if backward else call
         if owner is None:  # no backward record of the call yet: nothing to keep it on
             return reduction_length(self._shapes(call), backward=True)
-        if owner.k is None or owner.k[0] != len(call.reads):
-            owner.k = (len(call.reads), reduction_length(self._shapes(call), backward=backward))
-        return owner.k[1]
+        if owner.k_reads != len(call.reads):
+            owner.k = reduction_length(self._shapes(call), backward=backward)
+            owner.k_reads = len(call.reads)
+        return owner.k
 
     def _shapes(self, call: _Call) -> list[list[int]]:
         return [self.records[i].shape for i in call.reads]

@@ -169,7 +169,6 @@ class StepJudge:
         # the inputs of the submodules a module called so far in the step: what the code
         # between them consumed
         self.sub_inputs: dict[str, list[RecordResult]] = defaultdict(list)
-        self.started: set[tuple[str, int]] = set()
         self.carried: dict[str, float] = {}
         self.stepped_errors: dict[str, float] = {}  # parameters' errors a step explains
         self.glue_bad: set[str] = set()  # modules whose code between submodules made error
@@ -279,8 +278,7 @@ class StepJudge:
         if fparent is None:
             fparent = _parent(r.module, self.called)
         call = (r.module, r.call)
-        if r.role in ("input", "param", "buffer") and call not in self.started:
-            self.started.add(call)
+        if r.role in ("input", "param", "buffer") and not self.calls.opened(call):
             self.fwd[r.module] = _Scope()  # a new call of this module starts
             self.glue_bad.discard(r.module)
             if call in self.closing:
