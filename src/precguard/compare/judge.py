@@ -48,7 +48,7 @@ from precguard.numerics import (
 )
 
 
-@dataclass
+@dataclass(slots=True)  # one per module of a step and each module enclosing it
 class _Scope:
     """Running maxima of what a module's subtree recorded so far."""
 
