@@ -130,9 +130,10 @@ class StepCalls:
         failing = set(self.records.where(BAD))
         for backward, calls in ((False, self._forward), (True, self._backward)):
             for (module, n), call in calls.items():
-                forward = self._forward.get((module, n)) if backward else call
-                read = forward.reads if forward is not None else []
-                if failing.isdisjoint([*call.reads, *call.produced, *read]):
+                positions = [*call.reads, *call.produced]
+                if backward and (forward := self._forward.get((module, n))) is not None:
+                    positions += forward.reads  # a backward also reads its forward records
+                if failing.isdisjoint(positions):
                     continue
                 reads = self.reads((module, n))
                 inputs = [r for r in reads if r.role != "param"]

@@ -213,7 +213,7 @@ def compare_unit(
         if step_results.routers_possible
         else Routing((g_store, a_store), plan.prof, plan.tolerance_dtype, plan.computes),
     )
-    step_results.results = RecordRows()  # the step's rows are the context's now
+    step_results.results = RecordRows()  # the context's now (let go if re-measured)
     buffered = _counted(g_recs, "buffers") != 0
     names = {g.key: g.name for g in g_recs if g.role == "buffer"} if buffered else {}
     buffers = Explanations(buffer_names=names)

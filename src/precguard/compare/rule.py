@@ -88,7 +88,8 @@ class Explanations:
 class Pass(Protocol):
     """The one pass over a step as a rule sees it (compare/verdict.py)."""
 
-    #: the records settled so far, grouped into module calls
+    #: the step's records (the first ``calls.settled`` of them settled so far), grouped
+    #: into module calls
     calls: StepCalls
 
     def rewrite(self, pos: int, r: RecordResult, s: Settlement) -> None:
