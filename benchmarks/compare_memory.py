@@ -32,10 +32,9 @@ average 2-3):
                                  6.7 s, peak 257 MiB, 1,033 B/pair (after)
     one step of 60,000 records: 15.9 s, peak 441 MiB, 3,547 B/pair (before)
                                 20.3 s, peak 296 MiB, 1,017 B/pair (after)
-    one step of 200,000 records: 73.7 s, peak 430 MiB, 1,009 B/pair (after, --records 200000,
-                                 before the judge's scopes took slots)
+    one step of 200,000 records: 85.6 s, peak 415 MiB,   936 B/pair (after, --records 200000)
 
-2,000,000 records in one step were not run (~27 GiB projected at first, ~2.0 GB
+2,000,000 records in one step were not run (~27 GiB projected at first, ~1.9 GB
 now: issue 41's 1.5 GB is not met yet, docs/compare.md says what is left).
 """
 
