@@ -23,8 +23,19 @@ step"), on the shared 2-core machine (load average 11 and 18):
                                  369.8 s, peak 1,017 MiB,  4,081 B/pair (after)
     one step of 500,000 records: 847.5 s, peak 2,165 MiB,  4,042 B/pair (after)
 
-2,000,000 records in one step were not run (~27 GiB projected before, ~7.9 GiB after:
-issue 41's 1.5 GB needs the rules to stream too, docs/compare.md).
+Before and after the one pass kept compact rows instead of a model per pair (load
+average 2-3):
+
+    .venv/bin/python benchmarks/compare_memory.py --records 20000 60000 --per-step 2000000
+
+    one step of 20,000 records:  5.4 s, peak 305 MiB, 3,518 B/pair (before)
+                                 6.7 s, peak 257 MiB, 1,033 B/pair (after)
+    one step of 60,000 records: 15.9 s, peak 441 MiB, 3,547 B/pair (before)
+                                20.3 s, peak 296 MiB, 1,017 B/pair (after)
+    one step of 200,000 records: 85.6 s, peak 415 MiB,   936 B/pair (after, --records 200000)
+
+2,000,000 records in one step were not run (~27 GiB projected at first, ~1.9 GB
+now: issue 41's 1.5 GB is not met yet, docs/compare.md says what is left).
 """
 
 from __future__ import annotations

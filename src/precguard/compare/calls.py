@@ -2,21 +2,28 @@
 
 :class:`StepCalls` is built as the records are settled one by one: the judge (judge.py)
 reads what a call consumed and its reduction length K, the local/propagated decision
-(divergence.py) every call once the step is settled. It holds the records themselves,
-so one settled again later (a router's follower, routing.py) is seen in its final form.
+(divergence.py) the calls with a failing record once the step is settled. It holds the
+step's records as compact rows (:class:`~precguard.compare.report.RecordRows`), each settled
+one written in its measured form's place, and reads a record when it is used: a step may
+hold millions, and one settled again later (a router's follower, routing.py) is seen in
+its final form.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from precguard.compare.report import RecordResult
+from precguard.compare.report import RecordResult, RecordRows, Status
 from precguard.numerics import reduction_length
 
 CallKey = tuple[str, int]
 
+#: the statuses of a record in error
+BAD: tuple[Status, ...] = ("fail", "nonfinite")
 
-@dataclass
+
+@dataclass(slots=True)  # one per module call of a step (millions in a big one)
 class _Call:
     """One module call: positions of its records in :attr:`StepCalls.records`."""
 
@@ -27,8 +34,9 @@ class _Call:
     #: gradients w.r.t. its outputs
     reads: list[int] = field(default_factory=list)
     produced: list[int] = field(default_factory=list)
-    #: (how many records ``reads`` held, K then): K is computed once per call
-    k: tuple[int, int | None] | None = None
+    #: K, computed once per call: when ``reads`` held ``k_reads`` records
+    k: int | None = None
+    k_reads: int = -1
 
 
 @dataclass
@@ -54,17 +62,21 @@ class CallRecords:
 class StepCalls:
     """The records of one rank and step, settled in capture order, grouped into calls."""
 
-    def __init__(self) -> None:
-        self.records: list[RecordResult] = []
+    def __init__(self, records: RecordRows) -> None:
+        #: the step's records, the first :attr:`settled` of them in their settled form
+        self.records = records
+        self.settled = 0
         self._forward: dict[CallKey, _Call] = {}
         self._backward: dict[CallKey, _Call] = {}
         #: gradients w.r.t. module inputs are recorded for the whole run or not at all
         self.input_grads = False
 
     def add(self, r: RecordResult) -> int:
-        """Take in one settled record (in capture order); return its position."""
-        pos = len(self.records)
-        self.records.append(r)
+        """Take in the next record settled (in capture order), in its measured form's place;
+        return its position."""
+        pos = self.settled
+        self.records[pos] = r
+        self.settled += 1
         if r.phase == "backward" and r.role == "input":
             self.input_grads = True
         if r.metrics is None:
@@ -78,6 +90,11 @@ class StepCalls:
             # the gradient w.r.t. a forward output is what backward consumes
             (call.reads if r.role == "output" else call.produced).append(pos)
         return pos
+
+    def opened(self, key: CallKey) -> bool:
+        """Whether an input, buffer or parameter of the forward call ``key`` was settled."""
+        call = self._forward.get(key)
+        return call is not None and len(call.reads) > 0
 
     def reads(self, key: CallKey) -> list[RecordResult]:
         """A forward call's inputs, buffers and parameters recorded so far, in capture order."""
@@ -98,38 +115,38 @@ class StepCalls:
         owner = self._backward.get(key) if backward else call
         if owner is None:  # no backward record of the call yet: nothing to keep it on
             return reduction_length(self._shapes(call), backward=True)
-        if owner.k is None or owner.k[0] != len(call.reads):
-            owner.k = (len(call.reads), reduction_length(self._shapes(call), backward=backward))
-        return owner.k[1]
+        if owner.k_reads != len(call.reads):
+            owner.k = reduction_length(self._shapes(call), backward=backward)
+            owner.k_reads = len(call.reads)
+        return owner.k
 
     def _shapes(self, call: _Call) -> list[list[int]]:
         return [self.records[i].shape for i in call.reads]
 
-    def forward_records(self) -> list[RecordResult]:
-        """Every measured forward record, in capture order."""
-        return [r for r in self.records if r.phase == "forward" and r.metrics is not None]
-
-    def call_records(self) -> list[CallRecords]:
-        """Every call's records as settled now: forward calls, then backward calls, each in
-        the order of their first record."""
-        out = []
+    def failing_calls(self) -> Iterator[CallRecords]:
+        """The records of every call with a failing record (:data:`BAD`) among them, as
+        settled now: forward calls, then backward calls, each in the order of their first
+        record. A call without one has nothing to decide: its records are not read."""
+        failing = set(self.records.where(BAD))
         for backward, calls in ((False, self._forward), (True, self._backward)):
             for (module, n), call in calls.items():
+                positions = [*call.reads, *call.produced]
+                if backward and (forward := self._forward.get((module, n))) is not None:
+                    positions += forward.reads  # a backward also reads its forward records
+                if failing.isdisjoint(positions):
+                    continue
                 reads = self.reads((module, n))
                 inputs = [r for r in reads if r.role != "param"]
                 params = [r for r in reads if r.role == "param"]
                 grads = [self.records[i] for i in call.reads] if backward else []
-                out.append(
-                    CallRecords(
-                        module,
-                        call.module_type,
-                        call.phase,
-                        n,
-                        consumed=[*grads, *inputs, *params] if backward else inputs,
-                        params=[] if backward else params,
-                        produced=[self.records[i] for i in call.produced],
-                        has_output_grads=bool(grads),
-                        k=self.reduction((module, n), backward=backward),
-                    )
+                yield CallRecords(
+                    module,
+                    call.module_type,
+                    call.phase,
+                    n,
+                    consumed=[*grads, *inputs, *params] if backward else inputs,
+                    params=[] if backward else params,
+                    produced=[self.records[i] for i in call.produced],
+                    has_output_grads=bool(grads),
+                    k=self.reduction((module, n), backward=backward),
                 )
-        return out

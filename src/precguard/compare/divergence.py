@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from precguard.compare.advice import Advice, candidates
 from precguard.compare.align import parent_module
 from precguard.compare.caches import Read, cache_read, cache_written, stored_as
+from precguard.compare.calls import BAD as _BAD
 from precguard.compare.calls import CallRecords, StepCalls
 from precguard.compare.expected import LINEAR_TYPES, carried_bias, linear_factors, own_bias
 from precguard.compare.levels import FullMetrics, MeasuredMetrics, Metrics
@@ -33,8 +34,6 @@ from precguard.compare.report import FirstDivergence, RecordResult, Suspect
 from precguard.compare.routing import index_reason, is_routing_finding
 from precguard.compare.tolerance import Profile
 from precguard.numerics import CONCENTRATION, MIN_LOCAL_GROWTH, expected_error, rounding_floor
-
-_BAD = ("fail", "nonfinite")
 
 
 class Candidate(BaseModel):
@@ -148,16 +147,18 @@ def decide_calls(
     loss.py), by key: never explained by a submodule, and no part of their call's decision.
     """
     settled = settled or {}
-    step = _Step(profile, names or {}, cache_names or {}, calls.forward_records())
+    failing = list(calls.records.having(_BAD))
+    forward = [r for r in failing if r.phase == "forward"]
+    step = _Step(profile, names or {}, cache_names or {}, forward)
     step.decisions.update(dict.fromkeys(settled, Decision(True, None, None)))
     found: list[Candidate] = []
-    for call in calls.call_records():
+    for call in calls.failing_calls():
         bad = [o for o in call.produced if o.status in _BAD and o.key not in settled]
         found.extend(step.decide(call, bad, calls.input_grads))
     found.extend(settled.values())
     found.sort(key=lambda c: c.order)
     kept = _drop_explained(found, keep=set(settled))
-    if any(_collective_call(r) for r in calls.records):
+    if any(_collective_call(r) for r in failing):
         kept = [_fed_collective(c) for c in kept]
     return kept, step.decisions
 
@@ -169,6 +170,8 @@ class _Step:
     profile: Profile
     names: dict[str, str]
     cache_names: dict[str, str]
+    #: the step's failing forward records (the only ones the why lines read besides a
+    #: call's own)
     forward: list[RecordResult]
     decisions: dict[str, Decision] = field(default_factory=dict)
 
@@ -565,11 +568,11 @@ def _drop_explained(found: list[Candidate], keep: set[str]) -> list[Candidate]:
     return kept
 
 
-def fallback(results: list[RecordResult]) -> Candidate | None:
-    """The first failing record when no module is local (or in backward)."""
-    input_grads = any(r.phase == "backward" and r.role == "input" for r in results)
+def fallback(calls: StepCalls) -> Candidate | None:
+    """The first failing record of a settled step when no module is local (or in backward)."""
+    failing = list(calls.records.having(_BAD))
     for phase in ("forward", "backward"):
-        r = next((r for r in results if r.phase == phase and r.status in _BAD), None)
+        r = next((r for r in failing if r.phase == phase), None)
         if r is None:
             continue
         at = f"{r.module} ({r.module_type})"
@@ -593,7 +596,7 @@ def fallback(results: list[RecordResult]) -> Candidate | None:
                 "parameters took differs beyond what their gradients' error explains "
                 "through the update rule"
             )
-        elif not input_grads:
+        elif not calls.input_grads:
             reason = (
                 f"first failing gradient, at {at}; this recording has no gradients w.r.t. "
                 "module inputs (backward.input records), so whether it made the error or "

@@ -213,7 +213,7 @@ def compare_unit(
         if step_results.routers_possible
         else Routing((g_store, a_store), plan.prof, plan.tolerance_dtype, plan.computes),
     )
-    step_results.results = []  # the step's list is the context's now (the pass replaces it)
+    step_results.results = RecordRows()  # the context's now (let go if re-measured)
     buffered = _counted(g_recs, "buffers") != 0
     names = {g.key: g.name for g in g_recs if g.role == "buffer"} if buffered else {}
     buffers = Explanations(buffer_names=names)
@@ -223,7 +223,7 @@ def compare_unit(
     return UnitResult(
         rank=r,
         step=s,
-        results=RecordRows(verdict.results),
+        results=verdict.results,
         golden_only=step_results.golden_only,
         actual_only=step_results.actual_only,
         candidates=verdict.candidates,
@@ -524,7 +524,8 @@ def _paired_steps(
 
 @dataclass
 class _StepResults:
-    results: list[RecordResult] = field(default_factory=list)
+    #: every record measured (or missing), each kept as a compact row
+    results: RecordRows = field(default_factory=RecordRows)
     golden_only: list[str] = field(default_factory=list)
     actual_only: list[str] = field(default_factory=list)
     one_sided: list[OneSided] = field(default_factory=list)
@@ -553,13 +554,14 @@ def _compare_step(
     alignment = align(g_recs, a_recs, plan.renamer)
     out.pairs = list(alignment.pairs)
     padding = StepPadding.of_step(g_recs, a_recs, g_store, a_store)
+    results = []
     for g, a in alignment.pairs:
         metrics = pair_metrics(
             g, a, g_store, a_store, plan.prof, plan.tolerance_dtype, plan.computes, padding
         )
         # "pass" until the one pass settles it (compare/verdict.py writes every measured
         # record's status, once): engine only measures
-        out.results.append(_result(g, a, "pass", metrics))
+        results.append(_result(g, a, "pass", metrics))
     out.left_out = padding.left_out()
     out.golden_only = [g.key for g in alignment.golden_only]
     out.actual_only = [a.key for a in alignment.actual_only]
@@ -567,8 +569,8 @@ def _compare_step(
     out.one_sided = [OneSided.of(side, rec) for side, rec in alignment.one_sided]
     one_sided = [rec for _, rec in alignment.one_sided]
     for rec in [*alignment.golden_only, *alignment.actual_only, *one_sided]:
-        out.results.append(_result(rec, None, "missing", None))
-    out.results.sort(key=lambda x: (x.seq, x.status == "missing"))
+        results.append(_result(rec, None, "missing", None))
+    out.results = RecordRows(sorted(results, key=lambda x: (x.seq, x.status == "missing")))
     return out
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from precguard.compare.calls import StepCalls
@@ -47,7 +48,7 @@ from precguard.numerics import (
 )
 
 
-@dataclass
+@dataclass(slots=True)  # one per module of a step and each module enclosing it
 class _Scope:
     """Running maxima of what a module's subtree recorded so far."""
 
@@ -150,7 +151,7 @@ class StepJudge:
 
     def __init__(
         self,
-        results: list[RecordResult],
+        results: Iterable[RecordResult],
         profile: Profile,
         calls: StepCalls,
         inputs: JudgeInputs | None = None,
@@ -168,24 +169,30 @@ class StepJudge:
         # the inputs of the submodules a module called so far in the step: what the code
         # between them consumed
         self.sub_inputs: dict[str, list[RecordResult]] = defaultdict(list)
-        self.started: set[tuple[str, int]] = set()
-        self.called: set[str] = {r.module for r in results if r.metrics is not None}
         self.carried: dict[str, float] = {}
         self.stepped_errors: dict[str, float] = {}  # parameters' errors a step explains
         self.glue_bad: set[str] = set()  # modules whose code between submodules made error
         self.open_calls: list[str] = []  # forward calls whose outputs are not recorded yet
-        # only a call whose output is recorded is opened: one without (a module returning
-        # no tensor) would stay open for the rest of the step, taking in every later record
-        self.closing = {
-            (r.module, r.call)
-            for r in results
-            if r.phase == "forward" and r.role == "output" and r.metrics is not None
-        }
-        self.apart = _trained_apart(results, self.updates)
+        #: the modules measured; the calls whose output is: only those are opened (one
+        #: without, a module returning no tensor, would stay open for the rest of the step,
+        #: taking in every later record); per forward parameter measured, its id and the
+        #: error it passes on (:meth:`carried_on`); whether the actual was trained apart
+        self.called: set[str] = set()
+        self.closing: set[tuple[str, int]] = set()
+        self.params: list[tuple[str, float]] = []
+        self.apart = False
+        for r in results:  # read once (a step may hold millions)
+            if r.metrics is None:
+                continue
+            self.called.add(r.module)
+            if r.phase == "forward" and r.role == "output":
+                self.closing.add((r.module, r.call))
+            if r.phase == "forward" and r.role == "param":
+                self.params.append((param_id(r), _bounds(r.metrics, profile)[1][0]))
+            self.apart = self.apart or _trained_apart(r, self.updates)
         #: what :meth:`judge` leaves for :meth:`take`: the enclosing module, whether the
         #: judge failed the record, and the errors it passes on
         self._taking: tuple[str | None, bool, float, float] = (None, False, 0.0, 0.0)
-        self.params = [r for r in results if r.role == "param" and r.phase == "forward"]
 
     def judge(self, r: RecordResult, s: Settlement) -> RecordResult:
         """``r`` (measured, the next in capture order) with its expected error and
@@ -271,8 +278,7 @@ class StepJudge:
         if fparent is None:
             fparent = _parent(r.module, self.called)
         call = (r.module, r.call)
-        if r.role in ("input", "param", "buffer") and call not in self.started:
-            self.started.add(call)
+        if r.role in ("input", "param", "buffer") and not self.calls.opened(call):
             self.fwd[r.module] = _Scope()  # a new call of this module starts
             self.glue_bad.discard(r.module)
             if call in self.closing:
@@ -324,11 +330,9 @@ class StepJudge:
 
     def carried_on(self) -> dict[str, float]:
         """Per parameter and buffer: the error it carries into the next step (``previous``)."""
-        for r in self.params:
-            if r.metrics is not None:
-                pid = param_id(r)
-                own = max(_bounds(r.metrics, self.profile)[1][0], self.stepped_errors.get(pid, 0.0))
-                self.carried[pid] = max(self.carried.get(pid, 0.0), own)
+        for pid, passed in self.params:
+            own = max(passed, self.stepped_errors.get(pid, 0.0))
+            self.carried[pid] = max(self.carried.get(pid, 0.0), own)
         return self.carried
 
 
@@ -365,29 +369,28 @@ class ExpectedRule(BaseRule):
 
     def explain(self, why: Explanations) -> None:
         """What this step carries into the next (kept by the plan, per rank)."""
-        judge = self.judge or StepJudge(self.ctx.results, self.ctx.profile, StepCalls())
+        results = self.ctx.results
+        judge = self.judge or StepJudge(results, self.ctx.profile, StepCalls(results))
         why.carried = judge.carried_on()
         if self.ctx.plan is not None:
             self.ctx.plan.carried[self.ctx.rank] = why.carried
 
 
-def _trained_apart(results: list[RecordResult], updates: dict[str, float]) -> bool:
-    """Whether the actual's parameters lost the golden's last optimizer step to rounding (a
-    step below a stored weight's unit roundoff): every gradient then differs systematically,
-    no module's own scale error, so backward records are judged by amplification only."""
-    for r in results:
-        m = r.metrics
-        if r.role != "param" or m is None or m.level not in SCALED_LEVELS:
-            continue
-        # the dtype the actual *stores* its weights in: fp32 master weights under
-        # autocast take every step, whatever precision the forward computes in
-        stored = r.actual_dtype or r.golden_dtype
-        if stored not in SIGNIFICAND_BITS:
-            continue
-        step = updates.get(param_id(r))
-        if step is not None and 0.0 < step < unit_roundoff(stored):
-            return True
-    return False
+def _trained_apart(r: RecordResult, updates: dict[str, float]) -> bool:
+    """Whether the actual's parameter ``r`` lost the golden's last optimizer step to rounding
+    (a step below a stored weight's unit roundoff): every gradient then differs
+    systematically, no module's own scale error, so backward records are judged by
+    amplification only."""
+    m = r.metrics
+    if r.role != "param" or m is None or m.level not in SCALED_LEVELS:
+        return False
+    # the dtype the actual *stores* its weights in: fp32 master weights under
+    # autocast take every step, whatever precision the forward computes in
+    stored = r.actual_dtype or r.golden_dtype
+    if stored not in SIGNIFICAND_BITS:
+        return False
+    step = updates.get(param_id(r))
+    return step is not None and 0.0 < step < unit_roundoff(stored)
 
 
 def _buffer_id(r: RecordResult) -> str:

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import zlib
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Generic, Literal, TextIO, TypeVar, overload
+from typing import Any, Generic, Literal, TextIO, TypeVar, get_args, overload
 
 from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler
 from pydantic_core import CoreSchema, core_schema, from_json, to_json
@@ -13,10 +14,11 @@ from pydantic_core import CoreSchema, core_schema, from_json, to_json
 from precguard.compare.advice import Advice
 from precguard.compare.coverage import Coverage
 from precguard.compare.impact_report import ErrorBudget, RemedyCheck
-from precguard.compare.levels import Metrics
-from precguard.dump.schema import Phase, Role
+from precguard.compare.levels import METRICS_LEVELS, Metrics
+from precguard.dump.schema import Phase, Role, Stats
 from precguard.dump.shared_fields import share_fields_set
 from precguard.errors import ExitCode
+from precguard.numerics import SIGNIFICAND_BITS
 
 COMPARISON_SCHEMA_VERSION = 1
 
@@ -128,9 +130,11 @@ class RecordRows(Sequence[RecordResult]):
 
     A RecordResult model costs about 3 KB; millions cannot be kept. A row is the
     JSON array of the result's ``model_dump(mode="json", exclude_defaults=True)``
-    values, rebuilt with ``model_validate`` when read. Field-name sets and metrics
+    values, deflated against the words rows repeat (:data:`_ROW_WORDS`), rebuilt with
+    ``model_validate`` when read. Field-name sets and metrics
     notes are kept once per store and numbered; a key spelled from its fields is
-    rebuilt from them. Reading a row twice gives two equal, separate models.
+    rebuilt from them. Reading a row twice gives two equal, separate models; a row is
+    replaced by assigning a result to its index.
     """
 
     __slots__ = ("_levels", "_names", "_notes", "_row_names", "_row_notes", "_rows", "_statuses")
@@ -161,30 +165,49 @@ class RecordRows(Sequence[RecordResult]):
             self._row_notes.extend(self._notes.renumber(results._notes, results._row_notes))
             return
         for r in results:
-            fields = r.model_dump(
-                mode="json",
-                exclude={"key"} if r.key == _key_of(r.__dict__) else None,  # spelled from them
-                exclude_defaults=True,
-            )
-            metrics = fields.pop("metrics", None)
-            values = list(fields.values())
-            if metrics is not None:
-                metrics.pop("note", None)  # kept apart, numbered
-                values.extend(metrics.values())
-            self._rows.append(to_json(values))
-            self._statuses.append(_STATUS_CODES[r.status])
-            self._levels.append(_level_code(r))
-            self._row_names.append(
-                self._names.number((tuple(fields), None if metrics is None else tuple(metrics)))
-            )
-            self._row_notes.append(
-                self._notes.number(None if r.metrics is None else r.metrics.note)
-            )
+            row, status, level, names, note = self._encode(r)
+            self._rows.append(row)
+            self._statuses.append(status)
+            self._levels.append(level)
+            self._row_names.append(names)
+            self._row_notes.append(note)
+
+    def __setitem__(self, i: int, result: RecordResult) -> None:
+        """Put ``result`` in row ``i``'s place (compare's one pass writes each record settled
+        where it was measured: compare/calls.py)."""
+        i = range(len(self._rows))[i]  # IndexError and negatives as a list
+        row, status, level, names, note = self._encode(result)
+        self._rows[i] = row
+        self._statuses[i] = status
+        self._levels[i] = level
+        self._row_names[i] = names
+        self._row_notes[i] = note
+
+    def _encode(self, r: RecordResult) -> tuple[bytes, int, int, int, int]:
+        """Row of ``r``: its JSON, status and level codes, number of its field names, of its
+        note."""
+        fields = r.model_dump(
+            mode="json",
+            exclude={"key"} if r.key == _key_of(r.__dict__) else None,  # spelled from them
+            exclude_defaults=True,
+        )
+        metrics = fields.pop("metrics", None)
+        values = list(fields.values())
+        if metrics is not None:
+            metrics.pop("note", None)  # kept apart, numbered
+            values.extend(metrics.values())
+        return (
+            _deflate(to_json(values)),
+            _STATUS_CODES[r.status],
+            _level_code(r),
+            self._names.number((tuple(fields), None if metrics is None else tuple(metrics))),
+            self._notes.number(None if r.metrics is None else r.metrics.note),
+        )
 
     def _read(self, i: int) -> RecordResult:
         """The RecordResult of row ``i``."""
         names, metrics_names = self._names.values[self._row_names[i]]
-        values = from_json(self._rows[i])
+        values = from_json(_inflate(self._rows[i]))
         fields = dict(zip(names, values, strict=False))
         if metrics_names is not None:
             metrics = dict(zip(metrics_names, values[len(names) :], strict=True))
@@ -202,10 +225,14 @@ class RecordRows(Sequence[RecordResult]):
 
     def having(self, statuses: Iterable[Status]) -> Iterator[RecordResult]:
         """The results whose status is one of ``statuses``, in order (no other row is read)."""
+        for i in self.where(statuses):
+            yield self._read(i)
+
+    def where(self, statuses: Iterable[Status]) -> list[int]:
+        """The positions of the rows whose status is one of ``statuses``, in order (no row
+        is read)."""
         wanted = {_STATUS_CODES[s] for s in statuses}
-        for i, code in enumerate(self._statuses):
-            if code in wanted:
-                yield self._read(i)
+        return [i for i, code in enumerate(self._statuses) if code in wanted]
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -244,8 +271,8 @@ class RecordRows(Sequence[RecordResult]):
         return f"RecordRows({len(self)} records)"
 
     def nbytes(self) -> int:
-        """Bytes the rows' JSON and their numbers take (without the list and object headers;
-        the names and notes kept once are a few kilobytes per store)."""
+        """Bytes the rows' deflated JSON and their numbers take (without the list and object
+        headers; the names and notes kept once are a few kilobytes per store)."""
         numbers = self._row_names.itemsize * (len(self._row_names) + len(self._row_notes))
         return sum(map(len, self._rows)) + numbers
 
@@ -268,11 +295,37 @@ class RecordRows(Sequence[RecordResult]):
         )
 
 
-_STATUS_CODES: dict[str, int] = {"pass": 1, "fail": 2, "missing": 3, "nonfinite": 4}
+_STATUS_CODES: dict[Status, int] = {"pass": 1, "fail": 2, "missing": 3, "nonfinite": 4}
 #: 0: no metrics (a missing record)
 _LEVEL_CODES: dict[str, int] = {"full": 1, "stats": 2, "exact": 3, "none": 4}
 #: a pair whose shapes differ, not compared (its own code, so the counts add up)
 _SHAPE_CODE = 5
+
+
+#: what a row is deflated against (zlib's preset dictionary): the words rows repeat (the
+#: literal fields' values, the levels, float dtypes and statistics' names), so that a row
+#: of a few hundred bytes of JSON is kept in about half
+_ROW_WORDS = to_json(
+    [
+        *get_args(Phase),
+        *get_args(Role),
+        *get_args(Status),
+        *METRICS_LEVELS,
+        *SIGNIFICAND_BITS,
+        dict.fromkeys(Stats.model_fields, 0.0),
+    ]
+)
+
+
+def _deflate(row: bytes) -> bytes:
+    """``row`` deflated (raw: no header or checksum) against :data:`_ROW_WORDS`."""
+    deflate = zlib.compressobj(wbits=-zlib.MAX_WBITS, zdict=_ROW_WORDS)
+    return deflate.compress(row) + deflate.flush()
+
+
+def _inflate(row: bytes) -> bytes:
+    """The row :func:`_deflate` deflated."""
+    return zlib.decompressobj(wbits=-zlib.MAX_WBITS, zdict=_ROW_WORDS).decompress(row)
 
 
 def _keep_rows(value: Any, validate: core_schema.ValidatorFunctionWrapHandler) -> Any:

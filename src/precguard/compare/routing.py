@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 
 from precguard.compare.levels import metrics_with
 from precguard.compare.report import Metrics, RecordResult
 from precguard.compare.router_precision import LOWERED
 from precguard.compare.routing_find import Pair, Router, is_index_dtype
+from precguard.compare.routing_judge import by_keys
 from precguard.compare.routing_rows import RowsRemeasure
 from precguard.compare.rule import Settlement
 from precguard.compare.tolerance import Profile
@@ -54,11 +56,11 @@ class Routing(RowsRemeasure):
         out.mark_decisions()
         return out
 
-    def awaited(self, results: list[RecordResult]) -> list[tuple[Router, Metrics, str | None]]:
+    def awaited(self, results: Iterable[RecordResult]) -> list[tuple[Router, Metrics, str | None]]:
         """Every router whose indices were measured: (the router, its indices' metrics, the
         key of the scores record its verdict (:meth:`verdict`) waits for, None when nothing
         is judged there)."""
-        by_key = {r.key: r for r in results}
+        by_key = by_keys(results, self.verdict_keys(), measured=False)
         out = []
         for router in self.routers:
             idx = by_key.get(router.index[0].key)

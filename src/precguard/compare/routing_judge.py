@@ -7,6 +7,7 @@ compared on statistics only.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Iterable
 
 import torch
 
@@ -20,11 +21,20 @@ class RouterJudge(RouterFinder):
     """The routers' verdicts from their scores, and the widened expected error of the
     followers compared on statistics only."""
 
-    def widened(self, results: list[RecordResult]) -> dict[str, tuple[float, float]]:
+    def verdict_keys(self) -> set[str]:
+        """The keys of the records the routers' verdicts read: each one's indices and scores."""
+        return {
+            pair[0].key
+            for router in self.routers
+            for pair in (router.index, router.scores)
+            if pair is not None
+        }
+
+    def widened(self, results: Iterable[RecordResult]) -> dict[str, tuple[float, float]]:
         """Per key: the error a re-routing may explain in a follower compared on statistics
         only (merged into its expected error by the judge, as a calibration is)."""
         out: dict[str, tuple[float, float]] = {}
-        by_key = {r.key: r for r in results if r.metrics is not None}
+        by_key = by_keys(results, self.verdict_keys() | self.followers.keys())
         for key, f in self.followers.items():
             r = by_key.get(key)
             m = r.metrics if r is not None else None
@@ -198,3 +208,13 @@ def _unranked_verdict(router: Router, idx: Metrics, scores_ok: bool) -> tuple[st
     return ("pass" if scores_ok else "fail"), idx.model_copy(
         update={"note": note, "rerouted": moved_n}
     )
+
+
+def by_keys(
+    results: Iterable[RecordResult], keys: Collection[str], *, measured: bool = True
+) -> dict[str, RecordResult]:
+    """The records of ``results`` whose key is one of ``keys`` (with ``measured``, only those
+    with metrics), by key; the others are read and let go (a step may hold millions)."""
+    if not keys:
+        return {}
+    return {r.key: r for r in results if r.key in keys and (r.metrics is not None or not measured)}

@@ -13,9 +13,9 @@ import torch
 from precguard.compare.expert_rows import common_rows, pair_layouts, rows_of
 from precguard.compare.levels import MeasuredMetrics, concentrated
 from precguard.compare.metrics import precision, tensor_metrics
-from precguard.compare.report import Metrics, RecordResult
+from precguard.compare.report import Metrics, RecordResult, RecordRows
 from precguard.compare.routing_find import Follower, Pair
-from precguard.compare.routing_judge import RouterJudge
+from precguard.compare.routing_judge import RouterJudge, by_keys
 from precguard.compare.tolerance import Profile
 from precguard.numerics import scale_excess
 
@@ -30,11 +30,13 @@ def _excess(m: Metrics, profile: Profile) -> float:
 class RowsRemeasure(RouterJudge):
     """Re-measuring the followers of each router on the rows routed alike."""
 
-    def remeasure(self, results: list[RecordResult]) -> list[RecordResult]:
+    def remeasure(self, results: RecordRows) -> RecordRows:
         """Results with the followers' metrics measured on the rows both runs routed alike
         (full tensors), and the routers' indices marked as judged here."""
-        out = []
-        by_key = {r.key: r for r in results if r.metrics is not None}
+        if not self.followers:
+            return results
+        out = RecordRows()
+        by_key = by_keys(results, self.verdict_keys())
         for r in results:
             f = self.followers.get(r.key)
             if f is None or r.metrics is None or r.status == "missing":

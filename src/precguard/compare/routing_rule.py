@@ -25,7 +25,8 @@ class RoutingRule(BaseRule):
         self.routes: Routing | None = ctx.routes
         self.verdicts: dict[int, tuple[str, Metrics]] = {}  # by id of the router
         self.awaiting: dict[str, list[tuple[Any, Metrics]]] = defaultdict(list)  # scores key
-        self.pending: dict[int, list[int]] = defaultdict(list)  # followers before the verdict
+        # followers met before the verdict: their positions and settlements, by router id
+        self.pending: dict[int, list[tuple[int, Settlement]]] = defaultdict(list)
 
     @classmethod
     def for_step(cls, ctx: StepContext) -> RoutingRule:
@@ -67,7 +68,7 @@ class RoutingRule(BaseRule):
         verdict = self.verdicts.get(id(follower.router))
         if verdict is not None:
             return self.routes.follow(r, verdict, s)
-        self.pending[id(follower.router)].append(len(step.calls.records))
+        self.pending[id(follower.router)].append((step.calls.settled, s))  # its position
         return r
 
     def written(self, r: RecordResult, step: Pass) -> None:
@@ -77,9 +78,8 @@ class RoutingRule(BaseRule):
         for router, idx in self.awaiting.pop(r.key, []):
             verdict = self.routes.verdict(router, idx, r)
             self.verdicts[id(router)] = verdict
-            for pos in self.pending.pop(id(router), []):
-                record = step.calls.records[pos]
-                step.rewrite(pos, self.routes.follow(record, verdict, step.settlement(pos)))
+            for pos, s in self.pending.pop(id(router), []):
+                step.rewrite(pos, self.routes.follow(step.calls.records[pos], verdict, s), s)
 
 
 def _wider(

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from precguard.compare.calls import StepCalls
-from precguard.compare.report import Metrics, RecordResult
+from precguard.compare.report import Metrics, RecordResult, RecordRows
 from precguard.numerics import Verdict, status
 
 
@@ -52,7 +52,8 @@ class StepContext:
     ``plan`` is the comparison's :class:`~precguard.compare.engine.ComparePlan`, with what
     it carries from step to step per rank (None: a step judged on its own, ``judge_unit``)."""
 
-    results: list[RecordResult]
+    #: every record, as compact rows (each read as a model when used)
+    results: RecordRows
     profile: Any
     plan: Any = None
     rank: int = 0
@@ -87,15 +88,13 @@ class Explanations:
 class Pass(Protocol):
     """The one pass over a step as a rule sees it (compare/verdict.py)."""
 
-    #: the records settled so far, grouped into module calls
+    #: the step's records (the first ``calls.settled`` of them settled so far), grouped
+    #: into module calls
     calls: StepCalls
 
-    def settlement(self, pos: int) -> Settlement:
-        """The settlement of the record at ``pos`` in ``calls``."""
-        ...
-
-    def rewrite(self, pos: int, r: RecordResult) -> None:
-        """Write the record at ``pos`` again, from its (changed) settlement."""
+    def rewrite(self, pos: int, r: RecordResult, s: Settlement) -> None:
+        """Write the record at ``pos`` in ``calls`` again, from its (changed) settlement
+        ``s`` (the rule that changes it keeps it: the pass keeps none)."""
         ...
 
 

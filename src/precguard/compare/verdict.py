@@ -6,7 +6,8 @@
 what a record is allowed (a :class:`~precguard.compare.rule.Settlement`) and this pass
 writes its status once (:meth:`_Walk.write`); then each module call is decided once
 (:func:`~precguard.compare.divergence.decide_calls`) and the decisions are copied onto
-the failing records.
+the failing records. The step's records stay compact rows throughout (a step may hold
+millions: docs/compare.md, "One big step"); each is read as a model where it is used.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from precguard.compare import rules as listed
-from precguard.compare.calls import StepCalls
+from precguard.compare.calls import BAD, StepCalls
 from precguard.compare.divergence import Candidate, Decision, decide_calls, fallback
 from precguard.compare.judge import JudgeInputs
-from precguard.compare.report import RecordResult
+from precguard.compare.report import RecordResult, RecordRows
 from precguard.compare.routing import Routing
 from precguard.compare.rule import Explanations, Rule, Settlement, StepContext
 from precguard.compare.tolerance import Profile
@@ -30,7 +31,7 @@ class StepVerdict:
 
     #: every record with its status, allowed error, expected error, amplification and
     #: (failing) local
-    results: list[RecordResult]
+    results: RecordRows
     #: module calls that introduced error, in execution order, explained ones dropped
     candidates: list[Candidate]
     #: the first failing record, when no call is local
@@ -43,23 +44,20 @@ class StepVerdict:
 class _Walk:
     """The settle phase over one step: each record in capture order (the module doc)."""
 
-    def __init__(self, rules: list[Rule]) -> None:
+    def __init__(self, rules: list[Rule], records: RecordRows) -> None:
         self.rules = rules
-        self.calls = StepCalls()
-        self.settlements: list[Settlement | None] = []  # by position in ``calls``
+        self.calls = StepCalls(records)
 
     def settle(self, r: RecordResult) -> None:
         """Every rule at one record, then its status written, then what the rules learn."""
         if r.metrics is None:  # missing: nothing to settle
             self.calls.add(r)
-            self.settlements.append(None)
             return
         s = Settlement()
         for rule in self.rules:
             r = rule.settle(r, s, self)
-        self.calls.add(self.write(r, s))
-        self.settlements.append(s)
-        written = self.calls.records[-1]
+        written = self.write(r, s)
+        self.calls.add(written)
         for rule in self.rules:
             rule.written(written, self)
 
@@ -69,15 +67,10 @@ class _Walk:
         assert r.metrics is not None
         return r.model_copy(update={"status": s.verdict(r.metrics), "allowed_error": s.allowed})
 
-    def settlement(self, pos: int) -> Settlement:
-        """The settlement of the record at ``pos`` (a measured one)."""
-        s = self.settlements[pos]
-        assert s is not None
-        return s
-
-    def rewrite(self, pos: int, r: RecordResult) -> None:
-        """Write the record at ``pos`` again from its settlement (a later rule's verdict)."""
-        self.calls.records[pos] = self.write(r, self.settlement(pos))
+    def rewrite(self, pos: int, r: RecordResult, s: Settlement) -> None:
+        """Write the record at ``pos`` again from its settlement ``s`` (a later rule's
+        verdict)."""
+        self.calls.records[pos] = self.write(r, s)
 
 
 def run_rules(ctx: StepContext, why: Explanations | None = None) -> StepVerdict:
@@ -91,24 +84,21 @@ def run_rules(ctx: StepContext, why: Explanations | None = None) -> StepVerdict:
         ctx.inputs = JudgeInputs()
     for rule in rules:
         rule.adjust(ctx)
-    walk = _Walk(rules)
-    results = ctx.results
-    for i, r in enumerate(results):
+    # each record settled takes its measured form's place in the step's rows (calls.py)
+    walk = _Walk(rules, ctx.results)
+    for r in ctx.results:
         walk.settle(r)
-        # the settled form takes the measured one's place: one model per pair is held
-        # through the pass, not two (a later reader of the step's list sees it settled)
-        results[i] = walk.calls.records[i]
     why = why if why is not None else Explanations()
     for rule in rules:
         rule.explain(why)
     found, decisions = decide_calls(
         walk.calls, ctx.profile, why.buffer_names, why.settled, why.cache_names
     )
-    results = _annotate(walk.calls.records, decisions)
+    _annotate(walk.calls.records, decisions)
     return StepVerdict(
-        results=results,
+        results=walk.calls.records,
         candidates=found,
-        fallback=None if found else fallback(results),
+        fallback=None if found else fallback(walk.calls),
         carried=why.carried,
     )
 
@@ -125,21 +115,19 @@ def judge_unit(
     a comparison around them: ``judging``, what the expected-error judge knows besides the
     records; ``routes``, the step's routers (``Routing.of_step``);
     ``buffer_names`` and ``cache_names``, the names the why lines give records by key."""
-    ctx = StepContext(results=list(results), profile=profile, inputs=judging, routes=routes)
+    ctx = StepContext(results=RecordRows(results), profile=profile, inputs=judging, routes=routes)
     why = Explanations(buffer_names=buffer_names or {}, cache_names=cache_names or {})
     return run_rules(ctx, why)
 
 
-def _annotate(results: list[RecordResult], decisions: dict[str, Decision]) -> list[RecordResult]:
+def _annotate(records: RecordRows, decisions: dict[str, Decision]) -> None:
     """Copy the local/propagated decision onto the failing records it was made for."""
-    out = []
-    for r in results:
-        decision = decisions.get(r.key) if r.status in ("fail", "nonfinite") else None
+    for i in records.where(BAD):
+        r = records[i]
+        decision = decisions.get(r.key)
         if decision is not None:
             update: dict[str, Any] = {"local": decision.local}
             if r.expected_error is None:  # the expected-error gate's own figures stay
                 update["amplification"] = decision.amplification
                 update["expected_error"] = decision.expected_error
-            r = r.model_copy(update=update)
-        out.append(r)
-    return out
+            records[i] = r.model_copy(update=update)
