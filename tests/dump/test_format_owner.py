@@ -173,45 +173,20 @@ def test_a_session_writes_nothing_outside_its_recordings(tmp_path, monkeypatch):
 # -- the line encoding: orjson where it writes pydantic-core's bytes (record_json) --
 
 
-def _capture_record(stats: dict | None, **fields: object) -> dict:
-    return {
-        "key": "m.0.forward.output.0",
-        "module": "m",
-        "module_type": "Linear",
-        "call": 0,
-        "phase": "forward",
-        "role": "output",
-        "index": 0,
-        "name": "output",
-        "step": 0,
-        "rank": 0,
-        "seq": 0,
-        "dtype": "float32",
-        "shape": [2, 3],
-        "stats": stats,
-        **fields,
-    }
-
-
-def _stats(**values: float) -> dict:
-    row = {"min": -1.5, "max": 2.0, "mean": 1e-5, "std": 0.1, "absmax": 2.0, "l2": 3.25}
-    return {**row, **values, "nan": 0, "inf": 0, "zeros": 1, "numel": 6}
-
-
 @pytest.mark.parametrize(
     "rec",
     [
-        _capture_record(_stats()),
-        _capture_record(None),  # an integer tensor's record
-        _capture_record(_stats(min=-0.0, mean=5e-324, l2=1.7976931348623157e308, std=1e16)),
-        _capture_record(_stats(min=-math.inf, max=math.inf, mean=math.nan)),  # orjson: null
-        _capture_record(_stats(std=math.inf)),  # beyond float32's range
-        _capture_record(_stats(max=1e308, l2=1e308)),  # finite, but their sum overflows
-        _capture_record(_stats(mean=None)),  # not recorded (a converted dump)
-        _capture_record({**_stats(), "fp8": {"saturated": 0.0, "underflow": 0.5, "amax": 448.0}}),
-        _capture_record(_stats(), name='kwargs."quoted"\\\n\t\x00\x1f é中文🙂 \u2028</script>'),
-        _capture_record(_stats(), seq=2**63 - 1, call=2**64),  # beyond 64 bits: orjson refuses
-        _capture_record(_stats(), sample={"seed": 7, "dtype": "float32", "values": "AAAAPw=="}),
+        _record(0, mean=1e-5, std=0.1),
+        _record(0) | {"stats": None},  # an integer tensor's record
+        _record(0, min=-0.0, mean=5e-324, l2=1.7976931348623157e308, std=1e16),
+        _record(0, min=-math.inf, max=math.inf, mean=math.nan),  # orjson: null
+        _record(0, std=math.inf),  # beyond float32's range
+        _record(0, max=1e308, l2=1e308),  # finite, but their sum overflows
+        _record(0, mean=None),  # type: ignore[arg-type]  # not recorded (a converted dump)
+        _record(0, fp8={"saturated": 0.0, "underflow": 0.5, "amax": 448.0}),  # type: ignore[arg-type]
+        _record(0) | {"name": 'kwargs."quoted"\\\n\t\x00\x1f é中文🙂 \u2028</script>'},
+        _record(0) | {"seq": 2**63 - 1, "call": 2**64},  # beyond 64 bits: orjson refuses
+        _record(0) | {"sample": {"seed": 7, "dtype": "float32", "values": "AAAAPw=="}},
     ],
     ids=lambda rec: str(rec)[-60:],
 )
@@ -226,5 +201,5 @@ def test_finite_float_forms_are_pydantic_cores():
     values = rng.standard_normal(20_000) * 10.0 ** rng.integers(-300, 300, 20_000)
     tiny = np.float64(5e-324) * rng.integers(1, 2**20, 2_000)  # subnormals
     for v in [*values.tolist(), *tiny.tolist(), 0.1, 1e-7, 1e16, 1e21, 1e22, 123.0]:
-        rec = _capture_record(_stats(mean=v))
+        rec = _record(0, mean=v)
         assert record_json(rec) == to_json(rec, inf_nan_mode="strings"), v
