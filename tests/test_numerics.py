@@ -433,3 +433,12 @@ def test_relative_l2_rows_is_relative_l2_per_row():
     rows = numerics.relative_l2_rows(diffs, norms).tolist()
     each = [numerics.relative_l2(float(d), float(n)) for d, n in zip(diffs, norms, strict=True)]
     assert rows == each == [0.0, math.inf, 0.5, math.inf, math.inf, 0.0, math.inf]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_the_mask_floor_is_the_16_bit_floats_finfo_min_derived_from_their_bits(dtype) -> None:
+    # a mask's stand-in for -inf: fp16's and bf16's most negative finite value, from their
+    # exponent and significand bits (compare reads statistics without torch)
+    name = str(dtype).removeprefix("torch.")
+    want = float(torch.finfo(dtype).min) if dtype.itemsize == 2 else -math.inf
+    assert numerics.mask_floor(name) == want

@@ -22,14 +22,18 @@ It imports nothing of precguard: :mod:`precguard.numerics` asks it.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 #: elements per chunk: 256 KiB of float32 keeps the working set in cache
 CHUNK = 1 << 16
@@ -41,16 +45,30 @@ BIAS_BLOCKS = 64
 #: dimensions longer than this are not sliced (one accumulator entry per index)
 MAX_SLICED = 1 << 18
 
-#: the float dtypes whose ULPs are counted from their bit patterns
-FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+#: the float dtypes whose ULPs are counted from their bit patterns, by name
+FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 
-# float dtype -> (same-size int dtype, wider numpy int for differences, bits below the sign)
-_BITS = {
-    torch.float32: (torch.int32, np.int64, 0x7FFFFFFF),
-    torch.float16: (torch.int16, np.int32, 0x7FFF),
-    torch.bfloat16: (torch.int16, np.int32, 0x7FFF),
-    torch.float64: (torch.int64, np.float64, 0x7FFFFFFFFFFFFFFF),
-}
+
+@functools.cache
+def _floats() -> tuple[torch.dtype, ...]:
+    """The dtypes of :data:`FLOAT_NAMES` (torch imported when a tensor is measured)."""
+    import torch
+
+    return tuple(getattr(torch, name) for name in FLOAT_NAMES)
+
+
+@functools.cache
+def _int_views() -> dict[torch.dtype, tuple[torch.dtype, type, int]]:
+    """float dtype -> (same-size int dtype, wider numpy int for differences, bits below the
+    sign)."""
+    import torch
+
+    return {
+        torch.float32: (torch.int32, np.int64, 0x7FFFFFFF),
+        torch.float16: (torch.int16, np.int32, 0x7FFF),
+        torch.bfloat16: (torch.int16, np.int32, 0x7FFF),
+        torch.float64: (torch.int64, np.float64, 0x7FFFFFFFFFFFFFFF),
+    }
 
 
 @dataclass
@@ -209,13 +227,6 @@ def _pool() -> ThreadPoolExecutor | None:
 _POOL: tuple[int, ThreadPoolExecutor] | None = None
 
 
-def mask_floor(dtype: torch.dtype) -> float:
-    """Values at or below this are a precision's stand-in for -inf (None: no such floor)."""
-    if dtype in (torch.float16, torch.bfloat16):
-        return float(torch.finfo(dtype).min)
-    return -math.inf
-
-
 def sliced_dims(shape: tuple[int, ...], numel: int) -> tuple[tuple[int, int, int], ...]:
     """The dimensions whose slices are measured: size > 1 and not one element per slice."""
     if math.prod(shape) != numel or len(shape) < 2:
@@ -250,12 +261,14 @@ def _slice_sums(x: np.ndarray, start: int, size: int, stride: int) -> np.ndarray
 
 def ulp_dtype(name: str | None, actual: torch.dtype, golden: torch.dtype) -> torch.dtype:
     """The dtype named ``name``, else the stored dtype whose representable values count ULPs."""
+    import torch
+
     chosen = getattr(torch, name, None) if name is not None else None
     if isinstance(chosen, torch.dtype):
         return chosen
     # a compute precision that is no storage dtype (tfloat32, hfloat32): ULPs of the
     # stored values
-    return actual if actual in FLOATS else (golden if golden in FLOATS else torch.float32)
+    return actual if actual in _floats() else (golden if golden in _floats() else torch.float32)
 
 
 # The hot loop stays in numpy: a torch kernel on a 64 Ki chunk wakes torch's
@@ -264,6 +277,8 @@ def ulp_dtype(name: str | None, actual: torch.dtype, golden: torch.dtype) -> tor
 
 def raw(t: torch.Tensor) -> np.ndarray:
     """The elements of ``t`` as numpy without running a torch kernel (bf16 as uint16 bits)."""
+    import torch
+
     if t.dtype is torch.bfloat16:
         bits: np.ndarray = t.view(torch.int16).numpy().view(np.uint16)
         return bits
@@ -272,9 +287,12 @@ def raw(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def _as_numpy(t: torch.Tensor, work: torch.dtype = torch.float64) -> np.ndarray:
-    """``t`` as a numpy array of ``work`` (float32 or float64), exact upcasts only."""
-    target = np.float64 if work is torch.float64 else np.float32
+def _as_numpy(t: torch.Tensor, work: torch.dtype | None = None) -> np.ndarray:
+    """``t`` as a numpy array of ``work`` (float32, or float64 as by default), exact upcasts
+    only."""
+    import torch
+
+    target = np.float64 if work is None or work is torch.float64 else np.float32
     values = raw(t)
     if t.dtype is torch.bfloat16:
         values = (values.astype(np.uint32) << 16).view(np.float32)
@@ -283,6 +301,8 @@ def _as_numpy(t: torch.Tensor, work: torch.dtype = torch.float64) -> np.ndarray:
 
 def rms(flat: torch.Tensor, chunk: int) -> float:
     """Root mean square of the finite elements, in float64 (masks hold float32's min)."""
+    import torch
+
     total = 0.0
     for start in range(0, flat.numel(), chunk):
         c = _as_numpy(flat[start : start + chunk], torch.float64)
@@ -294,6 +314,8 @@ def rms(flat: torch.Tensor, chunk: int) -> float:
 
 def _bits(x: np.ndarray, original: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
     """Bit patterns of ``x`` rounded (to nearest even) to ``dtype``, as signed integers."""
+    import torch
+
     if dtype is torch.bfloat16:
         if original.dtype is torch.bfloat16:
             bf: np.ndarray = raw(original).view(np.int16)
@@ -315,7 +337,7 @@ def _ordered_bits(x: np.ndarray, original: torch.Tensor, dtype: torch.dtype) -> 
     The bit patterns are sign-magnitude; negating the magnitude of negative values
     turns them into ordered integers on which -0.0 and +0.0 coincide.
     """
-    _, np_int, mask = _BITS[dtype]
+    _, np_int, mask = _int_views()[dtype]
     bits = _bits(x, original, dtype)
     sign = bits >> (bits.itemsize * 8 - 1)  # -1 for negative values, 0 otherwise
     ordered = ((bits & mask) ^ sign) - sign  # no overflow: |magnitude| < 2**(width-1)
@@ -326,6 +348,8 @@ def _ordered_bits(x: np.ndarray, original: torch.Tensor, dtype: torch.dtype) -> 
 def _max_ulp(
     g: np.ndarray, a: np.ndarray, g_t: torch.Tensor, a_t: torch.Tensor, dtype: torch.dtype
 ) -> int:
+    import torch
+
     if dtype is torch.float32 and g_t.dtype is torch.float32 is a_t.dtype:
         # Same sign (the common case): the bit patterns are ordered like the values, so
         # their int32 difference is the ULP distance and cannot overflow.
@@ -340,6 +364,8 @@ def _max_ulp(
 
 def spacing(g: np.ndarray, dtype: torch.dtype) -> np.ndarray:
     """The spacing of ``dtype`` at each of ``g`` (float64; subnormal spacing below tiny)."""
+    import torch
+
     info = torch.finfo(dtype)
     bits = -round(math.log2(info.eps))  # significand bits after the point
     lowest = round(math.log2(info.tiny)) + 1
@@ -364,6 +390,8 @@ def _block_dots(x: np.ndarray, y: np.ndarray, start: int, p: Plan) -> np.ndarray
 
 
 def _chunk(g_t: torch.Tensor, a_t: torch.Tensor, start: int, p: Plan) -> Sums:
+    import torch
+
     acc = Sums()
     g, a = _as_numpy(g_t), _as_numpy(a_t)
     if g.size == 0:

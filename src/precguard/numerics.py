@@ -30,11 +30,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
-import torch
-
-from precguard.difference import Plan, accumulate, blocks, spacing
+if TYPE_CHECKING:
+    import torch
 
 #: significand bits (with the implicit one) of the precisions judged; besides torch's float
 #: dtypes, the reduced-precision fp32 matmul modes a backend can report as its compute
@@ -285,6 +284,27 @@ def unit_roundoff(dtype: str) -> float:
     return 2.0 ** -SIGNIFICAND_BITS.get(dtype, SIGNIFICAND_BITS["float32"])
 
 
+#: exponent bits of the 16-bit floats: their most negative finite value (``finfo.min``) is
+#: what models put in attention masks as a stand-in for -inf
+EXPONENT_BITS_16: dict[str, int] = {"float16": 5, "bfloat16": 8}
+
+
+def mask_floor(dtype: str) -> float:
+    """Values at or below this are ``dtype``'s stand-in for -inf (-inf: it has none).
+
+    For fp16 and bf16 their most negative finite value, ``-(2 - 2^(1-p)) 2^emax`` with ``p``
+    significand bits and ``emax = 2^(e-1) - 1`` for ``e`` exponent bits: -65504 and about
+    -3.39e38. Wider floats' masks use -inf itself or their own min, which no error reaches.
+
+    >>> mask_floor("float16")
+    -65504.0
+    """
+    e = EXPONENT_BITS_16.get(dtype)
+    if e is None:
+        return -math.inf
+    return -(2.0 - 2.0 ** (1 - SIGNIFICAND_BITS[dtype])) * 2.0 ** (2 ** (e - 1) - 1)
+
+
 def accumulation_error(k: int | None, dtype: str = "float32") -> float:
     """The probabilistic error ``sqrt(k) * u_acc`` of a reduction of length ``k``.
 
@@ -475,6 +495,8 @@ def relative_l2(diff_norm: float, golden_norm: float) -> float:
 def relative_l2_rows(diff_norms: torch.Tensor, golden_norms: torch.Tensor) -> torch.Tensor:
     """:func:`relative_l2` of each row, vectorized: the same 0 for 0/0, inf for a
     difference from an all-zero row, inf where either norm is not finite."""
+    import torch
+
     finite = diff_norms.isfinite() & golden_norms.isfinite()
     zero = golden_norms == 0
     out = diff_norms / torch.where(zero, torch.ones_like(golden_norms), golden_norms)
@@ -484,6 +506,10 @@ def relative_l2_rows(diff_norms: torch.Tensor, golden_norms: torch.Tensor) -> to
 
 def ulp(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The spacing of ``dtype`` at each of ``values`` (fp64; subnormal spacing below tiny)."""
+    import torch
+
+    from precguard.difference import spacing
+
     return torch.from_numpy(spacing(values.detach().to("cpu", torch.float64).numpy(), dtype))
 
 
@@ -543,6 +569,10 @@ def measure(
     (:func:`precguard.difference.accumulate`, by chunks), so a norm measured here
     equals compare's bit for bit.
     """
+    import torch
+
+    from precguard.difference import Plan, accumulate, blocks
+
     a, g = actual.detach().to("cpu"), golden.detach().to("cpu")
     if a.numel() != g.numel():
         raise ValueError(f"actual has {a.numel()} elements, golden {g.numel()}")
@@ -764,6 +794,8 @@ def fp8_saturation_bound(dtype: torch.dtype) -> float:
     goes to ``fmax``, its significand even). Beyond
     it the clamp, not the rounding, decides the value: a saturation.
     """
+    import torch
+
     info = torch.finfo(dtype)
     top = float(info.max)
     spacing = 2.0 ** math.floor(math.log2(top)) * float(info.eps)
@@ -776,6 +808,8 @@ def fp8_below_max(dtype: torch.dtype) -> float:
     The format's spacing at its max is ``2^floor(log2 fmax) eps`` (see
     :func:`fp8_saturation_bound`), so the value below the max is the max less that.
     """
+    import torch
+
     info = torch.finfo(dtype)
     top = float(info.max)
     return top - 2.0 ** math.floor(math.log2(top)) * float(info.eps)

@@ -33,11 +33,13 @@ import math
 import sys
 import zlib
 from collections import OrderedDict
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-import torch
 from pybase64 import b64encode_as_string
+
+if TYPE_CHECKING:
+    import torch
 
 #: elements sampled from every floating tensor (all of them when it has fewer)
 SAMPLE_SIZE = 128
@@ -118,6 +120,8 @@ _PLANS: OrderedDict[tuple[tuple[int, ...], torch.device, bool], EvidencePlan] = 
 
 def plan_for(shape: tuple[int, ...], device: torch.device, positions: bool) -> EvidencePlan:
     """The (cached) :class:`EvidencePlan` of ``shape`` on ``device``."""
+    import torch
+
     key = (shape, device, positions)
     plan = _PLANS.get(key)
     if plan is not None:
@@ -151,6 +155,8 @@ def gather(x: torch.Tensor, plan: EvidencePlan) -> torch.Tensor:
     ``x`` is float32 or float64, detached; ``torch.take`` reads the flat C-order
     indices of any strided layout without copying the tensor.
     """
+    import torch
+
     sample = torch.take(x, plan.index)
     if plan.seq_dim is None:
         return sample

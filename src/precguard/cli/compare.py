@@ -131,7 +131,7 @@ def _print(result: Comparison, *, top: int, replay: bool, layout: str | None) ->
 
         render_replays(result, console)
     if result.verdict != "match" and layout is None:
-        from precguard.localize.impact import recordings_only
+        from precguard.compare.findings import recordings_only
         from precguard.localize.impact_render import render_budget
 
         render_budget(result.impact or recordings_only(result, reason="no --target"), console)

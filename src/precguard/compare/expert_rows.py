@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def routed_alike(golden: torch.Tensor, actual: torch.Tensor) -> torch.Tensor:
@@ -68,6 +70,8 @@ def pair_layouts(idx: torch.Tensor, call_index: int, rows: int) -> dict[str, lis
     ``per-expert`` (the eager loop: one call per expert hit, in expert order, rows by
     top-k slot then token). Rows sorted by expert are routing_rows.py's
     ``RowsRemeasure._grouped_rows``'."""
+    import torch
+
     t, k = idx.shape
     flat = idx.reshape(-1)
     out: dict[str, list[tuple[int, int]]] = {}
@@ -86,6 +90,8 @@ def common_rows(
     g_keys: list[tuple[int, int]], a_keys: list[tuple[int, int]]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Row numbers of the keys both sides hold, in the golden's order."""
+    import torch
+
     where = {key: i for i, key in enumerate(a_keys)}
     g_rows = [i for i, key in enumerate(g_keys) if key in where]
     a_rows = [where[g_keys[i]] for i in g_rows]

@@ -1,14 +1,18 @@
 """The report models of a finding's impact and of a remedy verified by re-running.
 
 ``localize/impact.py`` measures them and ``localize/verify.py`` fills the remedies;
-they live here so that Comparison and the checklist's Diagnosis can hold them.
+they live here so that Comparison and the checklist's Diagnosis can hold them, with the
+judgement of a remedy's re-run (:func:`judge_remedy`: compare's report needs no torch).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from precguard.numerics import FLOOR_SLACK, HELP_SHARE
 
 _FROZEN = ConfigDict(frozen=True, ser_json_inf_nan="strings")
 
@@ -155,3 +159,27 @@ class ErrorBudget(BaseModel):
     def ranked(self) -> list[Impact]:
         """The measured impacts, the largest share first (unmeasured ones last)."""
         return sorted(self.impacts, key=lambda i: (i.share is None, -(i.share if i.share else 0.0)))
+
+
+def judge_remedy(before: float, after: float, floor: float | None) -> RemedyVerdict:
+    """verified, not needed, partial or did not help, for an output error ``before`` ->
+    ``after`` against the ``floor`` of a correct run.
+
+    *not needed* when ``before`` is within the floor already (there is nothing to fix:
+    "did not help" would read as a failed fix); *verified* when ``after`` is; *did not
+    help* only when the remedy removed under :data:`HELP_SHARE` of the excess over the
+    floor (or made it worse), so never for a remedy that reached the floor.
+    """
+    if not math.isfinite(after):
+        return "did not help"
+    if floor is not None and before <= FLOOR_SLACK * floor:
+        return "not needed"
+    if floor is not None and after <= FLOOR_SLACK * floor:
+        return "verified"
+    target = floor if floor is not None else 0.0
+    excess = before - target
+    if not math.isfinite(before):
+        return "partial"
+    if excess <= 0 or before - after < HELP_SHARE * excess:
+        return "did not help"
+    return "partial"

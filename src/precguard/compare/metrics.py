@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from precguard.compare.levels import (
     ExactMetrics,
@@ -33,7 +32,6 @@ from precguard.difference import (
     Sums,
     accumulate,
     blocks,
-    mask_floor,
     raw,
     sliced_dims,
 )
@@ -45,8 +43,12 @@ from precguard.numerics import (
     SIGNIFICAND_BITS,
     SLICE_FLOOR,
     less_precise,
+    mask_floor,
     relative_l2,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 #: guard for relative errors: the denominator is at least this share of rms(golden)
 REL_FLOOR = 1e-3
@@ -110,6 +112,8 @@ def tensor_metrics(
     of :func:`tolerance_dtype` (``tol_mode``: compare passes ``"auto"``, replay the default
     ``"golden"``) when either side is a float, equality otherwise; ULPs are counted in the
     actual's precision (:func:`precision`). A complex tensor is measured as its real view."""
+    import torch
+
     if golden.is_complex() and actual.is_complex():
         # each part measured as a float of the part's precision, not equality of the pairs
         golden, actual = torch.view_as_real(golden), torch.view_as_real(actual)
@@ -153,6 +157,8 @@ def full_metrics(
     ``golden_rms`` (from the recorded statistics) spares a pass; ``release`` is
     :func:`~precguard.difference.accumulate`'s.
     """
+    import torch
+
     numel = golden.numel()
     if golden_rms is None or not math.isfinite(golden_rms):
         golden_rms = finite_rms(golden.reshape(-1), chunk)
@@ -163,7 +169,7 @@ def full_metrics(
         atol=max(atol, rtol * golden_rms),
         ulp_dtype=ulps,
         slices=sliced_dims(tuple(golden.shape), numel),
-        mask_floor=mask_floor(ulps),
+        mask_floor=mask_floor(str(ulps).removeprefix("torch.")),
         **blocks(numel),
     )
     sums = accumulate(golden, actual, plan, chunk=chunk, release=release)
@@ -322,8 +328,7 @@ def stats_metrics(golden: Record, actual: Record, *, dtype: str) -> Metrics:
     # a causal mask: the golden holds another precision's stand-in for -inf (fp32's
     # finfo.min where the actual has bf16's); the statistics they dominate say nothing,
     # the sample (stand-ins on both sides equal) and the max do
-    chosen = getattr(torch, dtype, None)
-    floor = mask_floor(chosen) if isinstance(chosen, torch.dtype) else -math.inf
+    floor = mask_floor(dtype)
     masked = floor > -math.inf and gs.min is not None and gs.min <= floor
     compared = ("max",) if masked else ("min", "max", "mean", "std", "absmax", "l2")
     diffs = _stat_diffs(gs, as_, compared, rms)

@@ -17,19 +17,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from precguard.compare.rule import BaseRule, StepContext
 from precguard.dump.schema import Record
 from precguard.numerics import Z_SCORE, ZERO_DENSITY
 
+if TYPE_CHECKING:
+    import torch
+
+    #: where a record's saved tensor is read (None: not saved)
+    Tensors = Callable[[Record], torch.Tensor | None]
+
 #: name prefix of the watch's update records (training/handle.py ``_record_optimizer``)
 UPDATE_PREFIX = "optimizer.update."
-
-Tensors = Callable[[Record], torch.Tensor | None]
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from precguard.capture.evidence import encode, sample_indices
@@ -27,6 +27,9 @@ from precguard.compare.report import Metrics
 from precguard.dump.schema import PositionNorms, Record, Sample, Stats
 from precguard.dump.tensors import TensorStore
 from precguard.numerics import MASK_FILL_MAX
+
+if TYPE_CHECKING:
+    import torch
 
 #: the keyword input whose zeros mark padded positions (HF's name, which every
 #: transformers model and most hand-written ones take)
@@ -174,7 +177,7 @@ class StepPadding:
         if not known:
             self._unknown[id(call)] = call.padded
             return None
-        if len(known) == 2 and not torch.equal(known[0].keep, known[1].keep):
+        if len(known) == 2 and not known[0].keep.equal(known[1].keep):
             return None  # the two runs were fed other masks: compare names that input
         keep = known[0].keep
         assert keep is not None
@@ -190,6 +193,8 @@ class StepPadding:
         self, g: Record, a: Record, golden: torch.Tensor, actual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Both full tensors, zero at padded positions (None: nothing to leave out)."""
+        import torch
+
         keep = self._keep(g, a)
         if keep is None:
             return None
@@ -275,6 +280,8 @@ def _kept_positions(g: Record, a: Record, keep: torch.Tensor) -> PositionNorms |
 def _as_attend(t: torch.Tensor) -> torch.Tensor | None:
     """Where an attention mask lets a query attend: a bool mask itself; an additive float
     mask's zeros, when it holds nothing but 0 and one negative fill (``finfo.min``, -inf)."""
+    import torch
+
     if t.dtype == torch.bool:
         return t
     if not t.is_floating_point() or t.numel() == 0:
@@ -292,6 +299,8 @@ def mask_metrics(
     or two additive masks whose fills differ (:func:`_fills_differ`), position by
     position; query rows at padded positions are left out like every padded position.
     """
+    import torch
+
     both_float = golden.dtype != torch.bool and actual.dtype != torch.bool
     if (golden.dtype == torch.bool) == (actual.dtype == torch.bool) and not (
         both_float and _two_fills(g.stats, a.stats)  # the statistics say so before a pass

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-
-import torch
+from typing import TYPE_CHECKING
 
 from precguard.numerics import (
     PRECISION_CLASSES,
@@ -26,24 +25,28 @@ from precguard.numerics import (
     unit_roundoff,
 )
 
+if TYPE_CHECKING:
+    import torch
+
+    #: a form: (logits as float64 [tokens, experts], indices [tokens, k]) -> unscaled weights
+    Form = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
 #: how the reason for a router computing below its precision begins (compare/routing.py
 #: tells its finding by it)
 LOWERED = "its routing weights are not what its own logits give"
-
-#: a form: (logits as float64 [tokens, experts], indices [tokens, k]) -> unscaled weights
-Form = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _normalized(w: torch.Tensor) -> torch.Tensor:
     return w / w.sum(dim=-1, keepdim=True)
 
 
-#: the routers' weight forms, by name (the name is said in the finding)
+#: the routers' weight forms, by name (the name is said in the finding); tensor methods,
+#: the same kernels as torch.softmax and torch.sigmoid (this module imports no torch)
 FORMS: dict[str, Form] = {
-    "softmax over every expert": lambda lg, idx: torch.softmax(lg, dim=-1).gather(1, idx),
-    "softmax over the chosen": lambda lg, idx: torch.softmax(lg.gather(1, idx), dim=-1),
-    "sigmoid": lambda lg, idx: torch.sigmoid(lg).gather(1, idx),
-    "normalized sigmoid": lambda lg, idx: _normalized(torch.sigmoid(lg).gather(1, idx)),
+    "softmax over every expert": lambda lg, idx: lg.softmax(dim=-1).gather(1, idx),
+    "softmax over the chosen": lambda lg, idx: lg.gather(1, idx).softmax(dim=-1),
+    "sigmoid": lambda lg, idx: lg.sigmoid().gather(1, idx),
+    "normalized sigmoid": lambda lg, idx: _normalized(lg.sigmoid().gather(1, idx)),
 }
 
 
@@ -57,6 +60,8 @@ def fit_form(
     """The form and scale that give ``weights`` from ``logits`` and ``idx`` (float64, rows
     of tokens), with the relative residual: the best of :data:`FORMS`, None when none is
     defined (non-finite values, a zero candidate)."""
+    import torch
+
     best: tuple[str, float, float] | None = None
     for name, form in FORMS.items():
         cand = form(logits, idx)

@@ -8,8 +8,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from precguard.compare.expert_rows import gaps, ranks, routed_alike, rows_of
 from precguard.compare.metrics import is_float_dtype, precision, tolerance_dtype
@@ -18,6 +17,9 @@ from precguard.compare.tolerance import Profile
 from precguard.dump.schema import Record
 from precguard.dump.tensors import TensorStore
 from precguard.numerics import SCORE_PAIR, relative_l2_rows, rounding_floor
+
+if TYPE_CHECKING:
+    import torch
 
 Pair = tuple[Record, Record]
 
@@ -206,6 +208,8 @@ class RouterFinder:
         "Mixture of experts"): a row of the router's own weights or gradients that jumps
         (:meth:`_jumps`) at a near-tie of the token's golden scores (:meth:`near_ties`).
         A row that jumps away from any near-tie stays, judged where it is recorded."""
+        import torch
+
         for router in self.routers:
             if router.same is None:
                 continue
@@ -232,6 +236,8 @@ class RouterFinder:
     def _input_error(self, router: Router) -> torch.Tensor | None:
         """Per token: the relative error of what the router was given (the largest over its
         inputs with a row per token), None when no input is held in full."""
+        import torch
+
         errors = []
         for pair in router.inputs:
             g_t, a_t = self._full(pair)
@@ -248,6 +254,8 @@ class RouterFinder:
         rounding floor plus it, relative to the record's largest element; values per chosen
         expert paired by expert). A token whose input already differs (re-routed upstream)
         moves its router's outputs by its input's error, not by a decision."""
+        import torch
+
         none = torch.zeros(router.tokens, dtype=torch.bool)
         g_t, a_t = self._full(pair)
         if g_t is None or a_t is None or pair[0].shape != pair[1].shape:
@@ -267,6 +275,8 @@ class RouterFinder:
         """Per token: whether two of its golden scores among the top k + 1 lie within the
         margin rounding of the scores alone can cross (:func:`margin_tolerance` at their
         rounding floor; the router's verdict allows at least that)."""
+        import torch
+
         scores = router.g_scores
         if scores is None and router.scores is not None:
             golden = self._golden(router.scores[0])
@@ -310,6 +320,8 @@ class RouterFinder:
 
     def _same_tensor(self, pair: Pair, index: Pair) -> bool:
         """Whether ``pair`` holds the router's indices on both sides (the experts' input)."""
+        import torch
+
         g, a = pair
         if g.shape != index[0].shape or g.dtype != index[0].dtype or a.shape != index[1].shape:
             return False

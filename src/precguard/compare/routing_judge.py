@@ -9,8 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable
 
-import torch
-
 from precguard.compare.expert_rows import crossed, gaps
 from precguard.compare.report import Metrics, RecordResult
 from precguard.compare.routing_find import Follower, Router, RouterFinder, margin_tolerance
@@ -107,6 +105,8 @@ class RouterJudge(RouterFinder):
     ) -> tuple[str, Metrics]:
         """Full tensors and ranking scores: each re-routed token's golden margin crossed
         against what the scores' expected error lets rounding cross."""
+        import torch
+
         assert router.same is not None and router.g_scores is not None
         assert router.g_idx is not None and router.a_idx is not None
         moved = (~router.same).nonzero().flatten()

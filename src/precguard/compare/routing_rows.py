@@ -7,8 +7,7 @@ over every row beside.
 from __future__ import annotations
 
 import math
-
-import torch
+from typing import TYPE_CHECKING
 
 from precguard.compare.expert_rows import common_rows, pair_layouts, rows_of
 from precguard.compare.levels import MeasuredMetrics, concentrated
@@ -18,6 +17,9 @@ from precguard.compare.routing_find import Follower, Pair
 from precguard.compare.routing_judge import RouterJudge, by_keys
 from precguard.compare.tolerance import Profile
 from precguard.numerics import scale_excess
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _excess(m: Metrics, profile: Profile) -> float:
@@ -138,6 +140,8 @@ class RowsRemeasure(RouterJudge):
         does not fix: within each expert's group, the rows of the tokens both runs sent to
         it, paired by value (mutual nearest rows; one token's rows differ by rounding,
         two tokens' by their whole size)."""
+        import torch
+
         router = f.router
         assert router.g_idx is not None and router.a_idx is not None
         g, a = f.pair
@@ -174,6 +178,8 @@ class RowsRemeasure(RouterJudge):
     def _expert_columns(self, f: Follower, rows: torch.Tensor) -> torch.Tensor:
         """Per token routed alike: the actual's column of each golden column's expert (a
         value per chosen expert is paired by the expert, not by its place in the top-k)."""
+        import torch
+
         router = f.router
         assert router.g_idx is not None and router.a_idx is not None
         g_idx, a_idx = router.g_idx.index_select(0, rows), router.a_idx.index_select(0, rows)

@@ -18,8 +18,8 @@ import os
 from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from pydantic import ValidationError
 
 from precguard._logging import get_logger
@@ -44,6 +44,9 @@ from precguard.dump.untrusted import (
 )
 from precguard.errors import DumpFormatError
 from precguard.text import shown
+
+if TYPE_CHECKING:
+    import torch
 
 logger = get_logger(__name__)
 

@@ -21,15 +21,15 @@ must be what its record says, before a single byte is viewed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import mmap
 import struct
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-import torch
 from pydantic_core import from_json
 
 from precguard.dump.paths import rank_dir, rank_dir_name, rank_of, resolve_member
@@ -38,35 +38,47 @@ from precguard.dump.untrusted import check_size, file_size, open_regular
 from precguard.errors import DumpFormatError
 from precguard.text import shown
 
-#: safetensors' dtype codes -> torch dtypes: every code the format defines that this torch
-#: has (the unsigned ints need torch >= 2.3, float8 >= 2.1). Float4/6 codes pack several
+if TYPE_CHECKING:
+    import torch
+
+#: safetensors' dtype codes -> the names of torch's dtypes. Float4/6 codes pack several
 #: values per byte, which a record's shape does not describe; they are refused by name.
-_DTYPES: dict[str, torch.dtype] = {
-    code: dtype
-    for code, dtype in {
-        "F64": torch.float64,
-        "F32": torch.float32,
-        "F16": torch.float16,
-        "BF16": torch.bfloat16,
-        "I64": torch.int64,
-        "I32": torch.int32,
-        "I16": torch.int16,
-        "I8": torch.int8,
-        "U8": torch.uint8,
-        "BOOL": torch.bool,
-        "C64": torch.complex64,
-        "U64": getattr(torch, "uint64", None),
-        "U32": getattr(torch, "uint32", None),
-        "U16": getattr(torch, "uint16", None),
-        "F8_E4M3": getattr(torch, "float8_e4m3fn", None),
-        "F8_E4M3FNUZ": getattr(torch, "float8_e4m3fnuz", None),
-        "F8_E5M2": getattr(torch, "float8_e5m2", None),
-        "F8_E5M2FNUZ": getattr(torch, "float8_e5m2fnuz", None),
-        "F8_E8M0": getattr(torch, "float8_e8m0fnu", None),
-    }.items()
-    if dtype is not None
+_DTYPE_CODES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+    "C64": "complex64",
+    "U64": "uint64",
+    "U32": "uint32",
+    "U16": "uint16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    "F8_E8M0": "float8_e8m0fnu",
 }
-_DTYPE_NAMES = {code: str(dt).removeprefix("torch.") for code, dt in _DTYPES.items()}
+
+
+@functools.cache
+def _dtypes() -> dict[str, torch.dtype]:
+    """The codes of :data:`_DTYPE_CODES` this torch has (the unsigned ints need torch >= 2.3,
+    float8 >= 2.1), with their dtypes.
+
+    Built on first use: reading statistics records needs no torch, only a saved tensor does.
+    """
+    import torch
+
+    found = {code: getattr(torch, name, None) for code, name in _DTYPE_CODES.items()}
+    return {code: dtype for code, dtype in found.items() if dtype is not None}
+
+
 _MAX_HEADER = 100 * 1024 * 1024
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 
@@ -148,13 +160,15 @@ class _MappedFile:
             raise DumpFormatError(
                 f"{self.shown_path}: has no tensor {shown(name, 80)} (record {shown(record.key)})"
             )
-        check_tensor_matches(record, _DTYPE_NAMES[entry[0]], entry[1], self.shown_path)
+        check_tensor_matches(record, _DTYPE_CODES[entry[0]], entry[1], self.shown_path)
         return entry
 
     def tensor(self, record: Record) -> torch.Tensor:
         """A zero-copy view of ``record``'s tensor, once its dtype and shape are the record's."""
+        import torch
+
         dtype_code, shape, start, _ = self.check(record)
-        dtype = _DTYPES[dtype_code]
+        dtype = _dtypes()[dtype_code]
         numel = math.prod(shape)
         if numel == 0:
             return torch.empty(shape, dtype=dtype)
@@ -229,7 +243,7 @@ def _entry(name: str, info: Any, where: str) -> _Entry:
     if not isinstance(info, dict):
         raise bad("not a JSON object")
     code = info.get("dtype")
-    if not isinstance(code, str) or code not in _DTYPES:
+    if not isinstance(code, str) or code not in _dtypes():
         raise bad(f"unsupported dtype {shown(repr(code), 20)}")
     shape = info.get("shape")
     if not isinstance(shape, list) or not all(_is_size(s) for s in shape):
@@ -243,7 +257,7 @@ def _entry(name: str, info: Any, where: str) -> _Entry:
     ):
         raise bad("data_offsets is not [start, end] with 0 <= start <= end")
     start, stop = offsets
-    if math.prod(shape) * _DTYPES[code].itemsize != stop - start:
+    if math.prod(shape) * _dtypes()[code].itemsize != stop - start:
         raise bad(f"shape {shown(shape, 60)} of {code} does not fill {stop - start} bytes")
     return code, shape, start, stop
 
@@ -334,6 +348,8 @@ def load_safetensors(path: Path, *, shown_path: str, limit: int) -> dict[str, to
     strictly as a recording's (offsets that tile the data exactly, so a file
     padded past its tensors is refused) before a byte of data is viewed.
     """
+    import torch
+
     with open_regular(path, what="safetensors file") as fh:
         size = file_size(fh)
         check_size(shown_path, size, limit, what="safetensors file")
@@ -345,7 +361,7 @@ def load_safetensors(path: Path, *, shown_path: str, limit: int) -> dict[str, to
     out: dict[str, torch.Tensor] = {}
     try:
         for name, (code, shape, start, _) in entries.items():
-            dtype = _DTYPES[code]
+            dtype = _dtypes()[code]
             numel = math.prod(shape)
             if numel == 0:
                 out[name] = torch.empty(shape, dtype=dtype)

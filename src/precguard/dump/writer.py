@@ -18,14 +18,12 @@ import tempfile
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-import torch
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import to_json
 from safetensors import SafetensorError
-from safetensors.torch import save_file
 
 from precguard._logging import get_logger
 from precguard.dump.lock import hold_writer_lock, holds_writer_lock, release_writer_lock
@@ -33,6 +31,9 @@ from precguard.dump.paths import RECORDS_FILE, STATUS_FILE, rank_dir
 from precguard.dump.schema import SCHEMA_VERSION, Manifest, RankStatus, Record, RunError
 from precguard.errors import DumpFormatError, OutputExistsError, UsageError
 from precguard.text import shown
+
+if TYPE_CHECKING:
+    import torch
 
 logger = get_logger(__name__)
 
@@ -216,6 +217,14 @@ def write_json_or_in_place(path: Path, data: str) -> None:
             fh.write(data)
 
 
+def _torch_version() -> str:
+    """The version of the torch a recording is made with (imported here, not by every reader
+    of this module: compare writes its reports without torch)."""
+    import torch
+
+    return torch.__version__
+
+
 class RunWriter:
     """Writes one rank's part of a recording.
 
@@ -244,7 +253,7 @@ class RunWriter:
         self.manifest = Manifest(
             schema_version=SCHEMA_VERSION,
             precguard_version=__version__,
-            torch_version=torch.__version__,
+            torch_version=_torch_version(),
             device=device,
             dtype=dtype,
             model=model,
@@ -287,6 +296,8 @@ class RunWriter:
         name = f"tensors-{step:06d}-{self._chunk:04d}.safetensors"
         self._chunk += 1
         tmp = self.rank_dir / (name + ".tmp")
+        from safetensors.torch import save_file  # what saves a tensor has torch
+
         try:
             try:
                 save_file(tensors, str(tmp))

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-
-import torch
+from typing import TYPE_CHECKING
 
 from precguard.dump.schema import Stats
+
+if TYPE_CHECKING:
+    import torch
 
 
 def concat_stats(parts: Sequence[Stats]) -> Stats:
@@ -82,6 +84,8 @@ def tensor_stats(t: torch.Tensor) -> Stats:
     The combined tensor of partial sums needs them: its statistics cannot be
     combined from the shards'.
     """
+    import torch
+
     x = t.detach().to(torch.float64)
     n = x.numel()
     nan = int(torch.isnan(x).sum())
@@ -122,6 +126,8 @@ def concat_shape(shapes: Sequence[Sequence[int]], dim: int) -> list[int] | None:
 
 def sum_partials(parts: Sequence[torch.Tensor]) -> torch.Tensor:
     """The whole tensor of partial sums: added in fp64, rounded once to the shards' dtype."""
+    import torch
+
     acc = parts[0].to(torch.float64).clone()
     for p in parts[1:]:
         acc += p.to(torch.float64)

@@ -22,10 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import groupby
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors.torch import save_file
+from typing import TYPE_CHECKING, Any
 
 from precguard.compare.align import Renamer
 from precguard.dump.reader import Run, load_run
@@ -34,6 +31,9 @@ from precguard.errors import DumpFormatError, UsageError
 from precguard.layout.combine import concat_shape, concat_stats, sum_partials, tensor_stats
 from precguard.layout.spec import LayoutSpec, Placement, Shard
 from precguard.text import shown
+
+if TYPE_CHECKING:
+    import torch
 
 #: gathered tensors are written in files of about this many bytes
 CHUNK_BYTES = 256 * 1024 * 1024
@@ -215,6 +215,8 @@ def _gather_stage(
 
 
 def _combine(run: Run, ranks: list[int], parts: list[Record], placement: Placement) -> _Item:
+    import torch
+
     lead = parts[0]
     pname = placement_name(placement)
     dtypes = {p.dtype for p in parts}
@@ -329,6 +331,8 @@ class _Writer:
     def _flush(self, step: int) -> None:
         file = None
         if self.tensors:
+            from safetensors.torch import save_file  # gathered tensors: torch is loaded
+
             file = f"tensors-{step:06d}-{self.chunk:04d}.safetensors"
             self.chunk += 1
             save_file(self.tensors, str(self.dir / file))

@@ -41,7 +41,13 @@ import torch
 from torch import nn
 
 from precguard._logging import get_logger
-from precguard.compare.impact_report import ErrorBudget, Impact, RemedyCheck, RemedyVerdict
+from precguard.compare.findings import comparison_findings, recordings_only
+from precguard.compare.impact_report import (
+    ErrorBudget,
+    Impact,
+    RemedyCheck,
+    judge_remedy,
+)
 from precguard.compare.metrics import exact_metrics
 from precguard.compare.report import Comparison
 from precguard.devices import dtype_name, resolve_backend
@@ -213,30 +219,6 @@ class ActualSide(Twins):
         return self.measure(self.forward([self.at_reference(known, self.correct_twin())]))
 
 
-def judge_remedy(before: float, after: float, floor: float | None) -> RemedyVerdict:
-    """verified, not needed, partial or did not help, for an output error ``before`` ->
-    ``after`` against the ``floor`` of a correct run.
-
-    *not needed* when ``before`` is within the floor already (there is nothing to fix:
-    "did not help" would read as a failed fix); *verified* when ``after`` is; *did not
-    help* only when the remedy removed under :data:`HELP_SHARE` of the excess over the
-    floor (or made it worse), so never for a remedy that reached the floor.
-    """
-    if not math.isfinite(after):
-        return "did not help"
-    if floor is not None and before <= FLOOR_SLACK * floor:
-        return "not needed"
-    if floor is not None and after <= FLOOR_SLACK * floor:
-        return "verified"
-    target = floor if floor is not None else 0.0
-    excess = before - target
-    if not math.isfinite(before):
-        return "partial"
-    if excess <= 0 or before - after < HELP_SHARE * excess:
-        return "did not help"
-    return "partial"
-
-
 def within_floor(error: float | None, floor: float | None) -> bool | None:
     """Whether an output ``error`` is within the ``floor`` of a correct run (None: unknown)."""
     if error is None or floor is None or not math.isfinite(error):
@@ -397,27 +379,6 @@ def error_budget(
 # -- findings of a comparison ------------------------------------------------------------------
 
 
-def comparison_findings(result: Comparison) -> tuple[list[tuple[str, str]], list[str]]:
-    """The local forward findings of ``result`` as (module, found by), and what was left out."""
-    found: list[tuple[str, str]] = []
-    left_out: list[str] = []
-    first = result.first_divergence
-    if first is not None and first.local is not False:
-        if first.phase == "forward":
-            found.append((first.module, "first divergence"))
-        else:
-            left_out.append(f"{first.module} (in the backward: the logits do not show it)")
-    for suspect in result.suspects:
-        if suspect.phase == "forward":
-            found.append((suspect.module, "suspect"))
-        else:
-            left_out.append(f"{suspect.module} (in the backward)")
-    for replay in result.replays:
-        if replay.replayed and replay.verdict == "diverged":
-            found.append((replay.module, "replay"))
-    return found, left_out
-
-
 def bisect_findings(result: BisectResult) -> list[tuple[str, str]]:
     """``bisect``'s culprits as findings for :func:`error_budget` (the root left out: a
     whole model at reference precision is no finding)."""
@@ -429,22 +390,6 @@ def opcheck_findings(result: OpCheckResult) -> list[tuple[str, str]]:
     finite) as findings for :func:`error_budget`; built-in ops name no module of a model."""
     failed = (p.module for p in result.results if p.module is not None and p.status != "pass")
     return [(module, "op-check") for module in dict.fromkeys(failed)]
-
-
-def recordings_only(result: Comparison, *, reason: str) -> ErrorBudget:
-    """What the recordings allow without a target: the findings, no counterfactual shares."""
-    findings, left_out = comparison_findings(result)
-    impacts = [
-        Impact(module=m, found_by=[s], note="needs --target: a recording cannot re-run a module")
-        for m, s in dict(findings).items()
-    ]
-    note = (
-        f"{reason}; the recordings hold each finding's own error but not the output error with "
-        "the module fixed: impact needs --target (the code the actual side ran)"
-    )
-    if left_out:
-        note += f"; left out: {', '.join(left_out)}"
-    return ErrorBudget(measured="recordings", impacts=impacts, note=note)
 
 
 def comparison_sides(
@@ -608,6 +553,7 @@ __all__ = [
     "comparison_sides",
     "comparison_step",
     "error_budget",
+    "judge_remedy",
     "not_run",
     "opcheck_findings",
     "recorded_output_error",

@@ -10,9 +10,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from precguard.compare.impact_report import ErrorBudget, RemedyCheck
+from precguard.compare.impact_report import ErrorBudget, RemedyCheck, judge_remedy
 from precguard.compare.render import format_number
-from precguard.localize.impact import judge_remedy
 from precguard.text import shown
 
 

@@ -17,9 +17,7 @@ import shutil
 import tempfile
 import weakref
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from precguard._logging import get_logger
 from precguard.dump.lock import release_writer_lock
@@ -31,6 +29,9 @@ from precguard.interop.msprobe.dump import Converted, read_rank_dump
 from precguard.interop.msprobe.layout import RankDump, find_rank_dumps, is_msprobe_dump
 from precguard.interop.msprobe.tensors import load_tensor
 from precguard.text import shown
+
+if TYPE_CHECKING:
+    import torch
 
 logger = get_logger(__name__)
 

@@ -38,8 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from precguard._logging import get_logger
 from precguard.dump.untrusted import read_json_file
 from precguard.errors import DumpFormatError
@@ -388,6 +386,8 @@ def _leaves(obj: Any, path: str, depth: int) -> Iterator[tuple[str, Any]]:
 
 
 def _dtype(value: str, where: str) -> str:
+    import torch
+
     name = value.removeprefix("torch.")
     if not isinstance(getattr(torch, name, None), torch.dtype):
         raise DumpFormatError(f"{where}: unknown dtype {shown(repr(value), 40)}")

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from precguard.dump.untrusted import check_size, file_size, memory_limit, open_regular
 from precguard.errors import DumpFormatError
 from precguard.text import shown
+
+if TYPE_CHECKING:
+    import torch
 
 #: the suffixes msprobe writes and how each is read
 SUFFIXES = (".pt", ".npy")
@@ -32,6 +35,8 @@ ARCHIVE_SLACK_BYTES = 1 << 20
 
 def _expected_bytes(dtype: str, shape: list[int]) -> int:
     """The bytes a tensor of ``dtype`` and ``shape`` holds (dtype unknown: 8 per element)."""
+    import torch
+
     found = getattr(torch, dtype, None)
     size = found.itemsize if isinstance(found, torch.dtype) else 8
     numel = 1
@@ -72,6 +77,8 @@ def load_tensor(path: Path, *, shown_path: str, dtype: str, shape: list[int]) ->
     :param dtype: the torch dtype name its record gives (``float32``).
     :param shape: the shape its record gives.
     """
+    import torch
+
     if not path.exists():
         raise DumpFormatError(f"{shown_path}: missing")
     # a regular file (a FIFO would hang the load), no larger than its record's tensor and
