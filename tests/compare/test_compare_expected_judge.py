@@ -137,14 +137,14 @@ def test_a_call_that_records_no_output_does_not_stay_open_around_later_modules(
             _rec(f"fc{i}.0.forward.output.0", 3 * i + 2, 0.0),
         ]
     adds = 0
-    real_add = judge._Scope.add
+    real_add = judge._Scopes.add
 
     def counting(self, *args):
         nonlocal adds
         adds += 1
         return real_add(self, *args)
 
-    monkeypatch.setattr(judge._Scope, "add", counting)
+    monkeypatch.setattr(judge._Scopes, "add", counting)
     statuses = _statuses(records)
     assert statuses["fc0.0.forward.input.0"] == "fail"
     assert adds <= 4 * len(records)
