@@ -26,21 +26,75 @@ BAD: tuple[Status, ...] = ("fail", "nonfinite")
 _END = -1  # the end of a list of positions; no call; no K (reduction_length's None)
 
 
+_GOLDEN = 0x9E3779B97F4A7C15  # Fibonacci hashing: 2**64 / the golden ratio
+_MASK64 = (1 << 64) - 1
+
+
+class _Links:
+    """A hash table from a non-negative int key to an int, in two arrays (open addressing,
+    linear probing): 12 bytes a slot, 3-4 slots a key filled 1/4 to 2/3; a dict holds an
+    int object for each key and value besides its slot, ~100 bytes a key."""
+
+    def __init__(self) -> None:
+        self._bits = 3
+        self._keys = array("q", [_END]) * (1 << self._bits)
+        self._values = array("i", [0]) * (1 << self._bits)
+        self._filled = 0
+
+    def _slot(self, key: int) -> int:
+        keys = self._keys
+        mask = len(keys) - 1
+        i = ((key * _GOLDEN) & _MASK64) >> (64 - self._bits)
+        while True:
+            k = keys[i]
+            if k in (key, _END):
+                return i
+            i = (i + 1) & mask
+
+    def get(self, key: int) -> int:
+        """The value of ``key``, or _END."""
+        i = self._slot(key)
+        return self._values[i] if self._keys[i] == key else _END
+
+    def put(self, key: int, value: int) -> None:
+        """Set the value of ``key`` (a key not in the table)."""
+        if 3 * (self._filled + 1) > 2 * len(self._keys):
+            keys, values = self._keys, self._values
+            self._bits += 1
+            self._keys = array("q", [_END]) * (1 << self._bits)
+            self._values = array("i", [0]) * (1 << self._bits)
+            for k, v in zip(keys, values, strict=True):
+                if k != _END:
+                    i = self._slot(k)
+                    self._keys[i], self._values[i] = k, v
+        i = self._slot(key)
+        self._keys[i], self._values[i] = key, value
+        self._filled += 1
+
+    def __len__(self) -> int:
+        return self._filled
+
+
 class ModuleIds:
     """Numbers for module names: a module and every module enclosing it by name, each once.
 
     A name is numbered as the chain of its dotted parts (``a.b.c``: ``a``, then ``b`` in
-    ``a``, then ``c`` in ``a.b``), each link a pair of numbers, so a step's millions of
-    module names are held as a few ints each and not as strings (docs/compare.md, "One big
-    step"). Two names get the same number exactly when they are the same string.
+    ``a``, then ``c`` in ``a.b``), each link a pair of numbers in a table of arrays, so a
+    step's millions of module names are held as a few bytes each and not as strings
+    (docs/compare.md, "One big step"). Two names get the same number exactly when they are
+    the same string.
     """
 
     def __init__(self) -> None:
         self._parts: dict[str, int] = {}  # a dotted part's number (a handful per model)
-        self._links: dict[int, int] = {}  # (enclosing + 1) << 32 | part: the module's number
-        self.count = 0  # the modules numbered so far (0 .. count - 1)
+        self._links = _Links()  # (enclosing + 1) << 32 | part: the module's number
         self._last: tuple[str, list[int]] = ("", [])
         self.root = self.number("root")
+
+    @property
+    def count(self) -> int:
+        """How many modules are numbered (0 .. count - 1)."""
+        return len(self._links)
 
     def chain(self, module: str) -> list[int]:
         """The numbers of ``module`` and of every name enclosing it, innermost first (not
@@ -48,15 +102,16 @@ class ModuleIds:
         list: the last one is reused (a call's records come one after another)."""
         if module == self._last[0]:
             return self._last[1]
+        links = self._links
         ids: list[int] = []
         enclosing = 0  # the enclosing module's number + 1; 0: none
         for part in module.split("."):
             p = self._parts.setdefault(part, len(self._parts))
             link = enclosing << 32 | p
-            i = self._links.get(link)
-            if i is None:
-                i = self._links[link] = self.count
-                self.count += 1
+            i = links.get(link)
+            if i == _END:
+                i = len(links)
+                links.put(link, i)
             ids.append(i)
             enclosing = i + 1
         ids.reverse()

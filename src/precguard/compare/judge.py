@@ -148,10 +148,14 @@ class _Scopes:
         self.err[i] = max(self.err[i], p.err)
         self.conc[i] = max(self.conc[i], p.conc)
         self.bias[i] = max(self.bias[i], p.own_bias, p.rows_bias)
-        known = _DTYPES[self.dtype[i]]
+        d = self.dtype[i]
         if p.dtype is not None:
-            known = _least(known, p.dtype)
-        self.dtype[i] = _dtype_number(known)
+            known = _DTYPES[d]
+            if known != p.dtype:  # else the least precise of the two is the same
+                d = _dtype_number(_least(known, p.dtype))
+        elif d == 0:
+            d = 1  # used, no dtype yet
+        self.dtype[i] = d
 
 
 def _least(first: str | None, second: str | None) -> str | None:
