@@ -6,7 +6,9 @@ reads what a call consumed and its reduction length K, the local/propagated deci
 step's records as compact rows (:class:`~precguard.compare.report.RecordRows`), each settled
 one written in its measured form's place, and reads a record when it is used: a step may
 hold millions, and one settled again later (a router's follower, routing.py) is seen in
-its final form.
+its final form. For the same reason a call is no object: module names are numbered
+(:class:`ModuleIds`) and each call is a row of arrays (:class:`_Calls`) whose records are
+linked lists of positions (docs/compare.md, "One big step").
 """
 
 from __future__ import annotations
