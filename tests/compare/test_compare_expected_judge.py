@@ -137,14 +137,14 @@ def test_a_call_that_records_no_output_does_not_stay_open_around_later_modules(
             _rec(f"fc{i}.0.forward.output.0", 3 * i + 2, 0.0),
         ]
     adds = 0
-    real_add = judge._Scope.add
+    real_add = judge._Scopes.add
 
     def counting(self, *args):
         nonlocal adds
         adds += 1
         return real_add(self, *args)
 
-    monkeypatch.setattr(judge._Scope, "add", counting)
+    monkeypatch.setattr(judge._Scopes, "add", counting)
     statuses = _statuses(records)
     assert statuses["fc0.0.forward.input.0"] == "fail"
     assert adds <= 4 * len(records)
@@ -236,3 +236,80 @@ def test_the_verdict_stores_the_error_each_record_was_allowed() -> None:
     fixed = get_profile("fixed")
     judged = {r.key: r for r in judge_unit(records, fixed).results}
     assert judged["fc.0.forward.input.0"].allowed_error == fixed.for_dtype("float32").rel_l2
+
+
+# -- the step's calls and the judge's scopes, held by number (docs/compare.md, "One big step")
+
+
+def test_module_names_are_numbered_once_each_with_every_name_enclosing_them() -> None:
+    from precguard.compare import calls
+
+    ids = calls.ModuleIds()
+    fc = ids.chain("model.layers.0.mlp.fc0")
+    assert len(fc) == 5 and len(set(fc)) == 5  # fc0, mlp, 0, layers, model: innermost first
+    assert ids.chain("model.layers.0.mlp.fc1")[1:] == fc[1:]  # same enclosing modules
+    assert ids.number("model.layers.0") == fc[2] and ids.number("model") == fc[4]
+    assert ids.ancestors("model.layers.0.mlp.fc0") == [*fc, ids.root]
+    assert ids.ancestors("root") == [ids.root]
+    # names alike but not the same string are not the same module
+    names = ["a", "root.a", "a.root", "a..b", "a.", ".a", "a.b", "ab", "a.b.a"]
+    numbers = [ids.number(name) for name in names]
+    assert len(set(numbers)) == len(names) and ids.root not in numbers
+    # thousands of names: the table grows and every number stays the name's, dense from 0
+    many = [f"model.layers.{i // 8}.experts.{i % 8}.w{i % 3}" for i in range(5000)]
+    first = [ids.number(name) for name in many]
+    assert [ids.number(name) for name in reversed(many)] == first[::-1]
+    seen = [*many, *names, "model.layers.0.mlp.fc1", "root"]
+    every = {i for name in seen for i in ids.chain(name)}
+    assert sorted(every | set(fc)) == list(range(ids.count))
+
+
+def test_a_steps_calls_read_back_their_records_in_capture_order() -> None:
+    from precguard.compare import calls
+
+    records = [
+        _rec("fc.0.forward.input.0", 0, 0.0, shape=(4, 32)),
+        _rec("fc.0.forward.param.0", 1, 0.0, shape=(16, 32)),
+        _rec("act.0.forward.input.0", 2, 0.0),  # another call between fc's records
+        _rec("fc.0.forward.output.0", 3, 1e-3, status="fail"),
+        _rec("fc.1.forward.input.0", 4, 0.0, shape=(4, 8)),  # fc's second call
+        _rec("fc.0.backward.output.0", 5, 0.0),
+        _rec("fc.0.backward.input.0", 6, 0.0),
+    ]
+    step = calls.StepCalls(calls.RecordRows(records))  # the rows calls.py holds
+    assert not step.opened(("fc", 0))
+    for r in records:
+        step.add(r)
+    assert step.opened(("fc", 0)) and step.opened(("fc", 1)) and not step.opened(("fc", 2))
+    assert [r.seq for r in step.reads(("fc", 0))] == [0, 1]
+    assert [r.seq for r in step.reads(("fc", 1))] == [4]
+    assert [r.seq for r in step.output_grads(("fc", 0))] == [5]
+    assert step.reads(("nothing", 0)) == [] and step.output_grads(("act", 0)) == []
+    assert step.reduction(("fc", 0), backward=False) == 32
+    assert step.reduction(("fc", 1), backward=False) == 8
+    assert step.input_grads
+    # fc's forward call holds the failing output; its backward call reads its forward
+    # records, the failing one not among them (an output is not what backward consumes)
+    failing = list(step.failing_calls())
+    assert [(c.module, c.phase, c.call) for c in failing] == [("fc", "forward", 0)]
+    assert [r.seq for r in failing[0].consumed] == [0]
+    assert [r.seq for r in failing[0].params] == [1]
+    assert [r.seq for r in failing[0].produced] == [3]
+    assert failing[0].k == 32 and failing[0].module_type == "Module"
+
+
+def test_a_modules_scope_keeps_the_running_maxima_of_what_joined_it() -> None:
+    from precguard.compare import judge
+
+    scopes = judge._Scopes()
+    assert not scopes.used(3)
+    assert scopes.get(3) == judge._Scope() and scopes.used(3)  # read: used, as a defaultdict's
+    bf16 = judge._Passed(1e-3, 2e-3, 0.0, 0.0, "bfloat16")
+    f32 = judge._Passed(5e-3, 1e-4, 1e-5, 2e-5, "float32")
+    scopes.add(7, f32)
+    scopes.add(7, bf16)
+    scopes.add(7, judge._Passed(0.0, 0.0, 0.0, 0.0, None))  # no dtype: the least stays
+    assert scopes.get(7) == judge._Scope(5e-3, 2e-3, "bfloat16", 2e-5)
+    assert not scopes.used(5) and not scopes.used(10**6)
+    scopes.reset(7)
+    assert scopes.get(7) == judge._Scope() and scopes.used(7)

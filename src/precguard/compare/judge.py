@@ -19,6 +19,7 @@ consumed, and its K, from the step's calls (compare/calls.py).
 from __future__ import annotations
 
 import math
+from array import array
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -48,26 +49,15 @@ from precguard.numerics import (
 )
 
 
-@dataclass(slots=True)  # one per module of a step and each module enclosing it
+@dataclass(slots=True)
 class _Scope:
-    """Running maxima of what a module's subtree recorded so far."""
+    """Running maxima of what a module's subtree recorded so far (one module's, read out
+    of :class:`_Scopes`)."""
 
     err: float = 0.0  # global error
     conc: float = 0.0  # concentrated error
     dtype: str | None = None  # least precise float dtype seen
     bias: float = 0.0  # largest scale error a record carried (carried_bias)
-
-    def add(self, m: Metrics, e: float, c: float, profile: Profile, bias: bool = True) -> None:
-        self.err = max(self.err, e)
-        self.conc = max(self.conc, c)
-        # no scale is carried from a router's indices (routing.py) nor from a buffer (bias
-        # False); a record compared on the rows routed alike passes on every row's error,
-        # which moves a least-squares scale by up to that error
-        routed = m.level == "exact" and m.rerouted is not None
-        own = 0.0 if routed or not bias else carried_bias([m], profile)
-        self.bias = max(self.bias, own, m.error_all_rows or 0.0)
-        if m.level in ("full", "stats"):
-            self.dtype = _least(self.dtype, m.dtype)
 
     def merged(self, other: _Scope) -> _Scope:
         return _Scope(
@@ -76,6 +66,96 @@ class _Scope:
             _least(self.dtype, other.dtype),
             max(self.bias, other.bias),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _Passed:
+    """What one record passes on to each scope it joins (:meth:`_Scopes.add`)."""
+
+    err: float
+    conc: float
+    own_bias: float  # its own scale error (carried_bias; 0 for a router's or a buffer's)
+    rows_bias: float  # its error over every row (error_all_rows), 0 when none
+    dtype: str | None  # its dtype, when a float one measured (else no change)
+
+
+def _passed(m: Metrics, e: float, c: float, profile: Profile, bias: bool = True) -> _Passed:
+    """What ``m`` passes on, errors ``e`` and ``c``: no scale is carried from a router's
+    indices (routing.py) nor from a buffer (``bias`` False); a record compared on the rows
+    routed alike passes on every row's error, which moves a least-squares scale by up to
+    that error."""
+    routed = m.level == "exact" and m.rerouted is not None
+    own = 0.0 if routed or not bias else carried_bias([m], profile)
+    dtype = m.dtype if m.level in ("full", "stats") else None
+    return _Passed(e, c, own, m.error_all_rows or 0.0, dtype)
+
+
+#: dtype names by number in :class:`_Scopes` (0: a scope never used, 1: no dtype yet)
+_DTYPES: list[str | None] = [None, None]
+_DTYPE_NUMBERS: dict[str | None, int] = {None: 1}
+
+
+def _dtype_number(dtype: str | None) -> int:
+    n = _DTYPE_NUMBERS.get(dtype)
+    if n is None:
+        n = _DTYPE_NUMBERS[dtype] = len(_DTYPES)
+        _DTYPES.append(dtype)
+    return n
+
+
+class _Scopes:
+    """Running maxima of every module's subtree (:class:`_Scope`), in arrays by module
+    number (:class:`~precguard.compare.calls.ModuleIds`): a step may hold millions of
+    modules, each with its enclosing ones. A module's scope starts empty when first used,
+    as a ``defaultdict(_Scope)``'s would (:meth:`used` tells whether it was)."""
+
+    def __init__(self) -> None:
+        self.err = array("d")
+        self.conc = array("d")
+        self.bias = array("d")
+        self.dtype = array("H")  # _DTYPES' number; 0: never used
+
+    def _grow(self, i: int) -> None:
+        more = i + 1 - len(self.dtype)
+        if more > 0:
+            more = max(more, len(self.dtype) // 4)  # amortized, as a list grows
+            zeros = bytes(8 * more)  # 0.0
+            self.err.frombytes(zeros)
+            self.conc.frombytes(zeros)
+            self.bias.frombytes(zeros)
+            self.dtype.frombytes(bytes(2 * more))
+
+    def used(self, i: int) -> bool:
+        """Whether the scope of module ``i`` was read or added to."""
+        return i < len(self.dtype) and self.dtype[i] != 0
+
+    def get(self, i: int) -> _Scope:
+        """Module ``i``'s scope as it stands (a copy)."""
+        self._grow(i)
+        if self.dtype[i] == 0:
+            self.dtype[i] = 1
+        return _Scope(self.err[i], self.conc[i], _DTYPES[self.dtype[i]], self.bias[i])
+
+    def reset(self, i: int) -> None:
+        """Module ``i``'s scope starts again, empty (a new call of it)."""
+        self._grow(i)
+        self.err[i] = self.conc[i] = self.bias[i] = 0.0
+        self.dtype[i] = 1
+
+    def add(self, i: int, p: _Passed) -> None:
+        """What a record passes on joins module ``i``'s scope."""
+        self._grow(i)
+        self.err[i] = max(self.err[i], p.err)
+        self.conc[i] = max(self.conc[i], p.conc)
+        self.bias[i] = max(self.bias[i], p.own_bias, p.rows_bias)
+        d = self.dtype[i]
+        if p.dtype is not None:
+            known = _DTYPES[d]
+            if known != p.dtype:  # else the least precise of the two is the same
+                d = _dtype_number(_least(known, p.dtype))
+        elif d == 0:
+            d = 1  # used, no dtype yet
+        self.dtype[i] = d
 
 
 def _least(first: str | None, second: str | None) -> str | None:
@@ -112,18 +192,6 @@ def passed_on(m: Metrics, e: float, c: float) -> tuple[float, float]:
     if m.error_all_rows is None:
         return e, c
     return max(e, m.error_all_rows), max(c, m.conc_all_rows or m.error_all_rows)
-
-
-def _ancestors(module: str) -> list[str]:
-    """``module`` and every module enclosing it, innermost first, ending with root."""
-    parts = module.split(".")
-    out = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
-    return out if module == "root" else [*out, "root"]
-
-
-def _parent(module: str, called: set[str]) -> str | None:
-    """The innermost enclosing module that was called (a ModuleList never is)."""
-    return next((name for name in _ancestors(module)[1:] if name in called), None)
 
 
 @dataclass
@@ -163,36 +231,41 @@ class StepJudge:
         self.updates = inputs.updates or {}
         self.calibrated = inputs.calibrated or {}
         self.explained = inputs.explained or {}
-        self.fwd: dict[str, _Scope] = defaultdict(_Scope)  # subtree records of the current call
-        self.fwd_all: dict[str, _Scope] = defaultdict(_Scope)  # subtree records of the step
-        self.bwd: dict[str, _Scope] = defaultdict(_Scope)  # subtree backward records so far
+        # modules by their number in calls.modules (a step may hold millions of them)
+        self.modules = calls.modules
+        self.fwd = _Scopes()  # subtree records of the current call
+        self.fwd_all = _Scopes()  # subtree records of the step
+        self.bwd = _Scopes()  # subtree backward records so far
         # the inputs of the submodules a module called so far in the step: what the code
         # between them consumed
-        self.sub_inputs: dict[str, list[RecordResult]] = defaultdict(list)
+        self.sub_inputs: dict[int, list[RecordResult]] = defaultdict(list)
         self.carried: dict[str, float] = {}
         self.stepped_errors: dict[str, float] = {}  # parameters' errors a step explains
-        self.glue_bad: set[str] = set()  # modules whose code between submodules made error
-        self.open_calls: list[str] = []  # forward calls whose outputs are not recorded yet
-        #: the modules measured; the calls whose output is: only those are opened (one
-        #: without, a module returning no tensor, would stay open for the rest of the step,
-        #: taking in every later record); per forward parameter measured, its id and the
-        #: error it passes on (:meth:`carried_on`); whether the actual was trained apart
-        self.called: set[str] = set()
-        self.closing: set[tuple[str, int]] = set()
+        self.glue_bad: set[int] = set()  # modules whose code between submodules made error
+        self.open_calls: list[int] = []  # forward calls whose outputs are not recorded yet
+        #: the modules measured (a flag by number); the forward calls whose output is (by
+        #: calls' number): only those are opened (one without, a module returning no
+        #: tensor, would stay open for the rest of the step, taking in every later
+        #: record); per forward parameter measured, its id and the error it passes on
+        #: (:meth:`carried_on`); whether the actual was trained apart
+        self.called = bytearray()
+        self.closing = bytearray()
         self.params: list[tuple[str, float]] = []
         self.apart = False
         for r in results:  # read once (a step may hold millions)
             if r.metrics is None:
                 continue
-            self.called.add(r.module)
+            _flag(self.called, self.modules.number(r.module))
+            # numbers every call as calls.add would, in the same order (its first record)
+            n = calls.number(r)
             if r.phase == "forward" and r.role == "output":
-                self.closing.add((r.module, r.call))
+                _flag(self.closing, n)
             if r.phase == "forward" and r.role == "param":
                 self.params.append((param_id(r), _bounds(r.metrics, profile)[1][0]))
             self.apart = self.apart or _trained_apart(r, self.updates)
         #: what :meth:`judge` leaves for :meth:`take`: the enclosing module, whether the
         #: judge failed the record, and the errors it passes on
-        self._taking: tuple[str | None, bool, float, float] = (None, False, 0.0, 0.0)
+        self._taking: tuple[int | None, bool, float, float] = (None, False, 0.0, 0.0)
 
     def judge(self, r: RecordResult, s: Settlement) -> RecordResult:
         """``r`` (measured, the next in capture order) with its expected error and
@@ -203,7 +276,7 @@ class StepJudge:
         # statistics only: judged by the lower bounds of its sampled errors, and passing
         # their upper bounds on (sampled.py: a sample's estimate carries its uncertainty)
         (low_e, low_c), (e, c) = _bounds(m, self.profile)
-        fparent: str | None = None
+        fparent: int | None = None
         if r.phase == "forward":
             fparent = self._enclosing(r)
             scope, consumed, k = self._forward_scope(r, fparent)
@@ -222,7 +295,11 @@ class StepJudge:
             # consumes this parameter consumes the error the step explains
             e, c = max(e, stepped.flipped + stepped.rest), max(c, stepped.peak)
             self.stepped_errors[param_id(r)] = e
-        if r.phase == "forward" and r.role == "output" and r.module in self.glue_bad:
+        if (
+            r.phase == "forward"
+            and r.role == "output"
+            and self.modules.number(r.module) in self.glue_bad
+        ):
             s.found = True  # the module's own code between its submodules made error
         # the judge's own verdict marks the enclosing module (a rule after it may settle
         # the record otherwise: a router's follower, by the router's verdict)
@@ -237,9 +314,11 @@ class StepJudge:
         fparent, failed, e, c = self._taking
         m = r.metrics
         assert m is not None
+        ancestors = self.modules.ancestors(r.module)
         if r.phase != "forward":
-            for name in _ancestors(r.module):
-                self.bwd[name].add(m, e, c, self.profile)
+            passed = _passed(m, e, c, self.profile)
+            for i in ancestors:
+                self.bwd.add(i, passed)
             if r.role == "grad":
                 pid = param_id(r)
                 self.carried[pid] = max(e, self.carried.get(pid, 0.0))
@@ -257,40 +336,52 @@ class StepJudge:
             self.carried[_buffer_id(r)] = max([e, *ins])
         # a module's outputs do not feed one another: they count for its ancestors
         # (by name, and every call still open around it)
+        module = ancestors[0]
         own = r.role != "output"
-        enclosing = {*_ancestors(r.module)[1:], *self.open_calls} - {r.module}
+        enclosing = {*ancestors[1:], *self.open_calls} - {module}
         # a buffer's rounding is one rounding of a constant, often a short one (32
         # frequencies): its scale's standard error says nothing of what reads it
-        scaled = r.role != "buffer"
-        for name in [r.module] * own + sorted(enclosing):
-            self.fwd[name].add(m, e, c, self.profile, scaled)
-        for name in {r.module, *enclosing}:
-            self.fwd_all[name].add(m, e, c, self.profile, scaled)
-        if r.role == "output" and r.module in self.open_calls:
-            while self.open_calls and self.open_calls.pop() != r.module:
+        passed = _passed(m, e, c, self.profile, bias=r.role != "buffer")
+        for i in [module] * own + sorted(enclosing):
+            self.fwd.add(i, passed)
+        for i in {module, *enclosing}:
+            self.fwd_all.add(i, passed)
+        if r.role == "output" and module in self.open_calls:
+            while self.open_calls and self.open_calls.pop() != module:
                 pass
 
-    def _enclosing(self, r: RecordResult) -> str | None:
+    def _parent(self, module: str) -> int | None:
+        """The innermost module enclosing ``module`` that was called (a ModuleList never
+        is), by number."""
+        called = self.called
+        return next(
+            (i for i in self.modules.ancestors(module)[1:] if i < len(called) and called[i]),
+            None,
+        )
+
+    def _enclosing(self, r: RecordResult) -> int | None:
         """The enclosing module of a forward record: the innermost call still open (a
         collective's dist.<op> record sits inside the module that called it, whatever its
         name), else by name; a record opening a call of its module starts it."""
-        fparent = next((n for n in reversed(self.open_calls) if n != r.module), None)
+        module = self.modules.number(r.module)
+        fparent = next((n for n in reversed(self.open_calls) if n != module), None)
         if fparent is None:
-            fparent = _parent(r.module, self.called)
+            fparent = self._parent(r.module)
         call = (r.module, r.call)
         if r.role in ("input", "param", "buffer") and not self.calls.opened(call):
-            self.fwd[r.module] = _Scope()  # a new call of this module starts
-            self.glue_bad.discard(r.module)
-            if call in self.closing:
-                self.open_calls.append(r.module)
+            self.fwd.reset(module)  # a new call of this module starts
+            self.glue_bad.discard(module)
+            n = self.calls.forward_number(call)
+            if 0 <= n < len(self.closing) and self.closing[n]:
+                self.open_calls.append(module)
         return fparent
 
     def _forward_scope(
-        self, r: RecordResult, fparent: str | None
+        self, r: RecordResult, fparent: int | None
     ) -> tuple[_Scope, list[RecordResult], int | None]:
         """What a forward record consumed: (its scope, the records, K)."""
         if r.role == "input":
-            scope = self.fwd[fparent] if fparent is not None else _Scope()
+            scope = self.fwd.get(fparent) if fparent is not None else _Scope()
             return scope, ([] if fparent is None else self.sub_inputs[fparent]), None
         if r.role in ("buffer", "param"):
             # one rounding; after the first step, what it carried out of the step before (a
@@ -303,23 +394,25 @@ class StepJudge:
             err = 0.0 if prior is None else prior
             return _Scope(err, err), [], None
         call = (r.module, r.call)
-        return self.fwd[r.module], self.calls.reads(call), self.calls.reduction(call, False)
+        scope = self.fwd.get(self.modules.number(r.module))
+        return scope, self.calls.reads(call), self.calls.reduction(call, False)
 
     def _backward_scope(self, r: RecordResult) -> tuple[_Scope, list[RecordResult], int | None]:
         """What a backward record consumed: (its scope, the records, K)."""
-        forward_scope = self.fwd_all[r.module]
+        ancestors = self.modules.ancestors(r.module)
+        forward_scope = self.fwd_all.get(ancestors[0])
         if r.role == "output":
             # recorded before the enclosing modules' (hooks on one tensor fire inner first):
             # it came from the innermost enclosing module whose backward recorded something
-            parent = _parent(r.module, self.called)
-            scope = self.fwd_all[parent if parent is not None else r.module]
-            for name in _ancestors(r.module)[1:]:
-                if name in self.bwd:
-                    scope = scope.merged(self.bwd[name])
+            parent = self._parent(r.module)
+            scope = self.fwd_all.get(parent if parent is not None else ancestors[0])
+            for i in ancestors[1:]:
+                if self.bwd.used(i):
+                    scope = scope.merged(self.bwd.get(i))
                     break
             return scope, [], None
         call = (r.module, r.call)
-        scope = self.bwd[r.module].merged(forward_scope)
+        scope = self.bwd.get(ancestors[0]).merged(forward_scope)
         ex = self.explained.get(r.key)
         if is_optimizer(r.phase, r.role) and ex is not None:
             # an update consumed its gradient, through the update rule: the share of
@@ -391,6 +484,13 @@ def _trained_apart(r: RecordResult, updates: dict[str, float]) -> bool:
         return False
     step = updates.get(param_id(r))
     return step is not None and 0.0 < step < unit_roundoff(stored)
+
+
+def _flag(flags: bytearray, i: int) -> None:
+    """Set flag ``i``, growing ``flags`` to hold it."""
+    if i >= len(flags):
+        flags.extend(bytes(max(i + 1 - len(flags), len(flags) // 4)))
+    flags[i] = 1
 
 
 def _buffer_id(r: RecordResult) -> str:
