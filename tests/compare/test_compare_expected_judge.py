@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from precguard.compare import RecordResult, get_profile
+from precguard.compare import RecordResult, calls, get_profile, judge
 from precguard.compare.verdict import JudgeInputs, judge_unit
 from tests.compare.synthetic import full_record as _rec
 
@@ -127,8 +127,6 @@ def test_a_call_that_records_no_output_does_not_stay_open_around_later_modules(
     # never is. The modules after it are not inside it: fc's 1 % input error is not
     # explained by side's, and the judge's work stays linear in the records (calls left
     # open took in every later record: 8M scope updates for 4000 records in one step)
-    from precguard.compare import judge
-
     records = []
     for i in range(200):
         records += [
@@ -242,8 +240,6 @@ def test_the_verdict_stores_the_error_each_record_was_allowed() -> None:
 
 
 def test_module_names_are_numbered_once_each_with_every_name_enclosing_them() -> None:
-    from precguard.compare import calls
-
     ids = calls.ModuleIds()
     fc = ids.chain("model.layers.0.mlp.fc0")
     assert len(fc) == 5 and len(set(fc)) == 5  # fc0, mlp, 0, layers, model: innermost first
@@ -265,8 +261,6 @@ def test_module_names_are_numbered_once_each_with_every_name_enclosing_them() ->
 
 
 def test_a_steps_calls_read_back_their_records_in_capture_order() -> None:
-    from precguard.compare import calls
-
     records = [
         _rec("fc.0.forward.input.0", 0, 0.0, shape=(4, 32)),
         _rec("fc.0.forward.param.0", 1, 0.0, shape=(16, 32)),
@@ -299,8 +293,6 @@ def test_a_steps_calls_read_back_their_records_in_capture_order() -> None:
 
 
 def test_a_modules_scope_keeps_the_running_maxima_of_what_joined_it() -> None:
-    from precguard.compare import judge
-
     scopes = judge._Scopes()
     assert not scopes.used(3)
     assert scopes.get(3) == judge._Scope() and scopes.used(3)  # read: used, as a defaultdict's
