@@ -120,13 +120,13 @@ _PLANS: OrderedDict[tuple[tuple[int, ...], torch.device, bool], EvidencePlan] = 
 
 def plan_for(shape: tuple[int, ...], device: torch.device, positions: bool) -> EvidencePlan:
     """The (cached) :class:`EvidencePlan` of ``shape`` on ``device``."""
-    import torch
-
     key = (shape, device, positions)
     plan = _PLANS.get(key)
     if plan is not None:
         _PLANS.move_to_end(key)
         return plan
+    import torch  # a plan's index tensor; this module itself imports no torch (compare)
+
     host_index = sample_indices(shape)
     index = torch.from_numpy(host_index).to(device)
     seq = sequence_dim(shape) if positions else None

@@ -117,8 +117,7 @@ class _Scopes:
 
     def _grow(self, i: int) -> None:
         more = i + 1 - len(self.dtype)
-        if more > 0:
-            more = max(more, len(self.dtype) // 4)  # amortized, as a list grows
+        if more > 0:  # an array's own growth is amortized: no slack needed here
             zeros = bytes(8 * more)  # 0.0
             self.err.frombytes(zeros)
             self.conc.frombytes(zeros)
@@ -489,7 +488,7 @@ def _trained_apart(r: RecordResult, updates: dict[str, float]) -> bool:
 def _flag(flags: bytearray, i: int) -> None:
     """Set flag ``i``, growing ``flags`` to hold it."""
     if i >= len(flags):
-        flags.extend(bytes(max(i + 1 - len(flags), len(flags) // 4)))
+        flags.extend(bytes(i + 1 - len(flags)))
     flags[i] = 1
 
 
