@@ -271,3 +271,102 @@ def test_a_flushs_evidence_decodes_to_the_gathered_values(dtype, byteorder):
         else:
             assert got["positions"]["length"] == 300
             np.testing.assert_array_equal(_decoded(got["positions"]["norms"], name), values[n:])
+
+
+# -- the finished scan (stats()): the record's stats and evidence fields made in C --
+
+
+class _TailInPython:
+    """The kernel with its finished scan refused: ``StatsBuffer`` then takes the Python tail
+    (``_fused_stats`` on the same ``scan()``) and encodes the evidence in Python."""
+
+    def __getattr__(self, name: str):
+        return getattr(fused, name)
+
+    @staticmethod
+    def stats(*args):
+        raise ValueError("refused")
+
+
+def _buffered(tensors, positions: bool, evidence: bool):
+    """Each tensor's (stats, evidence fields) through a StatsBuffer, and which were dicts
+    (the finished scan's) before the flush."""
+    buf = stats.StatsBuffer(evidence=evidence)
+    slots = [buf.add(t, positions=positions)[0] for t in tensors]
+    made_in_c = [type(buf._host[s]) is dict for s in slots]
+    rows, fields = buf.materialize_with_evidence()
+    return [(rows[s], fields[s]) for s in slots], made_in_c
+
+
+FINISHED = {
+    **{
+        name: lambda shape=shape, dtype=dtype: torch.randn(shape, dtype=dtype)
+        for name, (shape, dtype) in SHAPES.items()
+    },
+    "three": lambda: torch.tensor([1.0, -2.0, 0.0]),  # 12 bytes of sample: no padding
+    "offset": lambda: torch.randn(4, 4096) * 1e-3 + 1e4,  # the spread's second read
+    "split": lambda: torch.randn(2, 64, 1024),  # >= FUSED_SPLIT: rows split among threads
+    "split_f64": lambda: torch.randn(2, 64, 512, dtype=torch.float64),
+}
+
+
+@needs_kernel
+@pytest.mark.parametrize("evidence", ["positions", "sample", "off"])
+def test_the_finished_scan_writes_what_the_python_tail_writes(monkeypatch, evidence):
+    # every dict and every base64 string equal, byte for byte: records.jsonl is the same
+    # whichever of the two made them (base64 of 4, 12, 150, 512, 600 and 1024 bytes: each
+    # remainder mod 3)
+    torch.manual_seed(0)
+    tensors = [make() for make in FINISHED.values()]
+    positions, on = evidence == "positions", evidence != "off"
+    got, made_in_c = _buffered(tensors, positions, on)
+    monkeypatch.setattr(stats, "_fused", _TailInPython())
+    want, tail_in_c = _buffered(tensors, positions, on)
+    assert all(made_in_c) and not any(tail_in_c)
+    for name, (g, w) in zip(FINISHED, zip(got, want, strict=True), strict=True):
+        assert g == w, name
+        assert json.dumps(g) == json.dumps(w), name  # the same key order too
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param(lambda: torch.tensor([1.0, float("nan")]), id="nan"),
+        pytest.param(lambda: torch.tensor([1.0, float("-inf")]), id="inf"),
+        pytest.param(lambda: torch.full((64,), 1e-40), id="subnormal"),
+        pytest.param(lambda: torch.zeros(3, 5, 7), id="zeros"),
+        pytest.param(lambda: torch.full((8,), 1e300, dtype=torch.float64), id="float64-huge"),
+        pytest.param(lambda: torch.full((4,), 3e38), id="l2-beyond-float32"),
+    ],
+)
+def test_the_finished_scan_leaves_the_edges_to_python(values):
+    # a NaN or an Inf, sums below the smallest normal (all zeros too) or beyond float32's
+    # range: None, and the StatsBuffer's Python tail computes them (test_stats_paths.py
+    # checks its values)
+    t = values()
+    plan = plan_for(tuple(t.shape), torch.device("cpu"), False)
+    double = t.dtype == torch.float64
+    args = (t.data_ptr(), t.numel(), t.shape[-1], double, plan, 1)
+    assert fused.stats(*args, stats._TINY[t.dtype], stats._UNIT[t.dtype]) is None
+    buf = stats.StatsBuffer()
+    slot, _ = buf.add(t)
+    assert type(buf._host[slot]) is tuple
+    assert buf.materialize()[slot]["numel"] == t.numel()
+
+
+@needs_kernel
+def test_the_finished_scan_refuses_what_it_cannot_read():
+    t = torch.randn(4, 8)
+    address = t.data_ptr()
+    with pytest.raises(ValueError, match="multiple of row"):
+        fused.stats(address, 32, 5, False, None, 1, 1e-38, 2**-24)
+    with pytest.raises(TypeError, match="EvidencePlan"):
+        fused.stats(address, 32, 8, False, (1, 2), 1, 1e-38, 2**-24)
+    with pytest.raises(TypeError):
+        fused.stats(address, 32, 8, False, None, 1)
+    with pytest.raises(ValueError):  # threads
+        fused.stats(address, 32, 8, False, None, 0, 1e-38, 2**-24)
+    shifted = plan_for((40,), torch.device("cpu"), False)  # indices past 32 elements
+    with pytest.raises(IndexError):
+        fused.stats(address, 32, 8, False, shifted, 1, 1e-38, 2**-24)

@@ -351,11 +351,247 @@ PyObject *spread(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     return PyFloat_FromDouble(t);
 }
 
+// --- a tensor's finished statistics and evidence record fields (stats.py's fast path) --
+
+// interned keys and dtype names, made once when the module loads
+struct Names {
+    PyObject *min, *max, *mean, *std, *absmax, *l2, *nan, *inf, *zeros, *numel;
+    PyObject *sample, *positions, *seed, *dtype, *values, *dim, *bin, *length, *norms;
+    PyObject *float32, *float64;
+} names;
+
+bool make_names() {
+    struct {
+        PyObject **slot;
+        const char *text;
+    } all[] = {
+        {&names.min, "min"},       {&names.max, "max"},         {&names.mean, "mean"},
+        {&names.std, "std"},       {&names.absmax, "absmax"},   {&names.l2, "l2"},
+        {&names.nan, "nan"},       {&names.inf, "inf"},         {&names.zeros, "zeros"},
+        {&names.numel, "numel"},   {&names.sample, "sample"},   {&names.positions, "positions"},
+        {&names.seed, "seed"},     {&names.dtype, "dtype"},     {&names.values, "values"},
+        {&names.dim, "dim"},       {&names.bin, "bin"},         {&names.length, "length"},
+        {&names.norms, "norms"},   {&names.float32, "float32"}, {&names.float64, "float64"},
+    };
+    for (auto &name : all) {
+        *name.slot = PyUnicode_InternFromString(name.text);
+        if (*name.slot == nullptr) return false;
+    }
+    return true;
+}
+
+// standard base64 (RFC 4648, with padding) of n bytes as a str: what pybase64's
+// b64encode_as_string writes, so a record's evidence is the same bytes on either path
+PyObject *base64(const unsigned char *data, Py_ssize_t n) {
+    static const char digits[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    PyObject *text = PyUnicode_New(4 * ((n + 2) / 3), 127);
+    if (text == nullptr) return nullptr;
+    Py_UCS1 *out = PyUnicode_1BYTE_DATA(text);
+    Py_ssize_t i = 0;
+    for (; i + 3 <= n; i += 3) {
+        unsigned v = unsigned(data[i]) << 16 | unsigned(data[i + 1]) << 8 | data[i + 2];
+        *out++ = Py_UCS1(digits[v >> 18]);
+        *out++ = Py_UCS1(digits[(v >> 12) & 63]);
+        *out++ = Py_UCS1(digits[(v >> 6) & 63]);
+        *out++ = Py_UCS1(digits[v & 63]);
+    }
+    if (i < n) {
+        unsigned v = unsigned(data[i]) << 16 | (i + 1 < n ? unsigned(data[i + 1]) << 8 : 0u);
+        *out++ = Py_UCS1(digits[v >> 18]);
+        *out++ = Py_UCS1(digits[(v >> 12) & 63]);
+        *out++ = Py_UCS1(i + 1 < n ? digits[(v >> 6) & 63] : '=');
+        *out++ = '=';
+    }
+    return text;
+}
+
+// a dict from keys and new references to values (stolen, also on failure); None if one is
+PyObject *dict_of(PyObject *const *keys, PyObject **values, int count) {
+    PyObject *d = PyDict_New();
+    bool ok = d != nullptr;
+    for (int i = 0; i < count; i++) {
+        if (values[i] == nullptr) ok = false;
+        if (ok && PyDict_SetItem(d, keys[i], values[i]) < 0) ok = false;
+        Py_XDECREF(values[i]);
+    }
+    if (!ok) {
+        Py_XDECREF(d);
+        return nullptr;
+    }
+    return d;
+}
+
+// The statistics row's tail (stats.py's _fused_stats after its scan, the same double
+// operations in the same order: no fused multiply-add may merge two of them, which
+// -std=c++17 keeps GCC from doing and the pragma clang). False: the Python path
+// decides (sums not in range, or a std or l2 beyond float32's range).
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+bool finish(const Acc &acc, const void *data, Py_ssize_t n, Py_ssize_t row, bool is_double,
+            double tiny, double unit, double stats[6]) {
+    const double total = acc.sum.value(), sumsq = acc.sum_sq.value();
+    const double inf = std::numeric_limits<double>::infinity();
+    if (!(double(n) * tiny <= sumsq && sumsq < inf)) return false;
+    const double mean = total / double(n);
+    double spread = sumsq - total * mean;
+    const double block = double(row < BLOCK ? row : BLOCK);
+    double bound = sumsq * 0x1p-53;
+    bound = bound * 3.0;
+    bound = bound * (block / 16.0 + 22.0);
+    if (spread * unit < 4.0 * bound) {
+        Py_BEGIN_ALLOW_THREADS;
+        spread = is_double ? kernels.spread_f64(static_cast<const double *>(data), n, mean)
+                           : kernels.spread_f32(static_cast<const float *>(data), n, mean);
+        Py_END_ALLOW_THREADS;
+    }
+    const double f32_max = double(std::numeric_limits<float>::max());
+    const double std_ = n > 1 ? std::sqrt((0.0 > spread ? 0.0 : spread) / double(n - 1)) : 0.0;
+    const double l2 = std::sqrt(sumsq);
+    if (std_ > f32_max || l2 > f32_max) return false;
+    const double amin = std::fabs(acc.min), amax = std::fabs(acc.max);
+    stats[0] = acc.min;
+    stats[1] = acc.max;
+    stats[2] = mean;
+    stats[3] = std_;
+    stats[4] = amax > amin ? amax : amin;
+    stats[5] = l2;
+    return true;
+}
+
+PyDoc_STRVAR(stats_doc,
+             "stats(address, n, row, is_double, plan, threads, tiny, unit)\n"
+             "    -> (stats, evidence) or None\n\n"
+             "scan() of a contiguous float32 (float64 if is_double) tensor, finished: its\n"
+             "record's stats dict, and with an evidence plan (stats.py's EvidencePlan, or None)\n"
+             "its record's sample and positions fields, their values base64-encoded. None\n"
+             "where the tensor holds a NaN or an Inf, or where its sums are out of the range\n"
+             "in which this tail decides (tiny: the smallest normal number of the precision\n"
+             "the dtype's elements are squared in; unit: the statistics' unit roundoff):\n"
+             "the caller's Python path then does.");
+
+PyObject *stats(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "stats() takes 8 arguments");
+        return nullptr;
+    }
+    void *data = PyLong_AsVoidPtr(args[0]);
+    const Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    const Py_ssize_t row = PyLong_AsSsize_t(args[2]);
+    const int is_double = PyObject_IsTrue(args[3]);
+    PyObject *plan = args[4];
+    const long threads = PyLong_AsLong(args[5]);
+    const double tiny = PyFloat_AsDouble(args[6]), unit = PyFloat_AsDouble(args[7]);
+    if (PyErr_Occurred()) return nullptr;
+    // the plan's fields, as evidence.EvidencePlan orders them
+    enum { SEED, INDEX, HOST_INDEX, SEQ_DIM, BIN, BINS, LENGTH, PLAN_FIELDS };
+    if (plan != Py_None && (!PyTuple_Check(plan) || PyTuple_GET_SIZE(plan) != PLAN_FIELDS)) {
+        PyErr_SetString(PyExc_TypeError, "stats(): plan must be an EvidencePlan or None");
+        return nullptr;
+    }
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    // a record's evidence is little-endian: evidence.py's encode() swaps the bytes here
+    if (plan != Py_None) Py_RETURN_NONE;
+#endif
+    Py_ssize_t seq = 0, bin = 1;
+    if (plan != Py_None && PyTuple_GET_ITEM(plan, SEQ_DIM) != Py_None) {
+        seq = PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, LENGTH));
+        bin = PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, BIN));
+        if (PyErr_Occurred()) return nullptr;
+    }
+    if (data == nullptr || n <= 0 || row <= 0 || n % row != 0 || seq < 0 || bin <= 0 ||
+        threads < 1 || threads > 1024 || (seq > 0 && (n / row) % seq != 0)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "stats(): needs a non-null address, n a multiple of row > 0, and the "
+                        "rows a multiple of seq, and 1 to 1024 threads");
+        return nullptr;
+    }
+    const Py_ssize_t item = is_double ? 8 : 4, n_rows = n / row;
+    Py_ssize_t k = 0;
+    Buffer index;
+    if (plan != Py_None) {
+        if (!index.get(PyTuple_GET_ITEM(plan, HOST_INDEX), false, 8, 0, "index")) return nullptr;
+        k = index.view.len / 8;
+        const int64_t *at = static_cast<const int64_t *>(index.view.buf);
+        for (Py_ssize_t j = 0; j < k; j++) {
+            if (at[j] < 0 || at[j] >= n) {
+                PyErr_SetString(PyExc_IndexError, "index: out of range");
+                return nullptr;
+            }
+        }
+    }
+    const Py_ssize_t bins = seq ? (seq + bin - 1) / bin : 0;
+    const int64_t *at = k ? static_cast<const int64_t *>(index.view.buf) : nullptr;
+    Acc acc;
+    bool failed = false;
+    std::vector<unsigned char> values;
+    Py_BEGIN_ALLOW_THREADS;
+    try {  // no C++ exception may reach Python (only allocation can throw here)
+        std::vector<double> pos(size_t(seq), 0.0);
+        double *p = seq ? pos.data() : nullptr;
+        values.resize(size_t((k + bins) * item));
+        if (is_double) {
+            const double *x = static_cast<const double *>(data);
+            scan_all(x, n_rows, row, p, seq, int(threads), &acc);
+            evidence(x, at, k, p, seq, bin, reinterpret_cast<double *>(values.data()));
+        } else {
+            const float *x = static_cast<const float *>(data);
+            scan_all(x, n_rows, row, p, seq, int(threads), &acc);
+            evidence(x, at, k, p, seq, bin, reinterpret_cast<float *>(values.data()));
+        }
+    } catch (...) {
+        failed = true;
+    }
+    Py_END_ALLOW_THREADS;
+    if (failed) return PyErr_NoMemory();
+    double row_stats[6];
+    if (!finish(acc, data, n, row, is_double, tiny, unit, row_stats)) Py_RETURN_NONE;
+    PyObject *const stats_keys[] = {names.min,    names.max, names.mean, names.std,   names.absmax,
+                                    names.l2,     names.nan, names.inf,  names.zeros, names.numel};
+    PyObject *stats_values[] = {
+        PyFloat_FromDouble(row_stats[0]), PyFloat_FromDouble(row_stats[1]),
+        PyFloat_FromDouble(row_stats[2]), PyFloat_FromDouble(row_stats[3]),
+        PyFloat_FromDouble(row_stats[4]), PyFloat_FromDouble(row_stats[5]),
+        PyLong_FromLong(0),               PyLong_FromLong(0),
+        PyLong_FromLongLong(acc.zeros),   PyLong_FromSsize_t(n)};
+    PyObject *stats_dict = dict_of(stats_keys, stats_values, 10);
+    if (stats_dict == nullptr) return nullptr;
+    if (plan == Py_None) return Py_BuildValue("(NO)", stats_dict, Py_None);
+    PyObject *dtype = is_double ? names.float64 : names.float32;
+    PyObject *const sample_keys[] = {names.seed, names.dtype, names.values};
+    PyObject *seed = PyTuple_GET_ITEM(plan, SEED);
+    Py_INCREF(seed);
+    Py_INCREF(dtype);
+    PyObject *sample_values[] = {seed, dtype, base64(values.data(), k * item)};
+    PyObject *fields[] = {dict_of(sample_keys, sample_values, 3), nullptr};
+    int count = 1;
+    PyObject *const field_keys[] = {names.sample, names.positions};
+    if (seq) {
+        PyObject *const position_keys[] = {names.dim, names.bin, names.length, names.dtype,
+                                           names.norms};
+        PyObject *position_values[] = {PyTuple_GET_ITEM(plan, SEQ_DIM), PyTuple_GET_ITEM(plan, BIN),
+                                       PyTuple_GET_ITEM(plan, LENGTH), dtype, nullptr};
+        for (int i = 0; i < 4; i++) Py_INCREF(position_values[i]);
+        position_values[4] = base64(values.data() + k * item, bins * item);
+        fields[1] = dict_of(position_keys, position_values, 5);
+        count = 2;
+    }
+    PyObject *evidence_dict = dict_of(field_keys, fields, count);
+    if (evidence_dict == nullptr) {
+        Py_DECREF(stats_dict);
+        return nullptr;
+    }
+    return Py_BuildValue("(NN)", stats_dict, evidence_dict);
+}
+
 PyMethodDef methods[] = {
     {"scan", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(scan)),
      METH_FASTCALL, scan_doc},
     {"spread", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(spread)),
      METH_FASTCALL, spread_doc},
+    {"stats", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(stats)),
+     METH_FASTCALL, stats_doc},
     {nullptr, nullptr, 0, nullptr},
 };
 
@@ -375,6 +611,7 @@ PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__fused(void) {
     choose_kernels();
+    if (!make_names()) return nullptr;
     PyObject *m = PyModule_Create(&module);
     // which kernels run here ("avx2" or "baseline"), for tests and the benchmarks
     // and the block its sums' rounding bound depends on (stats.py's one-pass rule)

@@ -397,11 +397,11 @@ class Recording:
         if GEMM_PRECISION.dtype is not None:
             autocast = _gemm_dtype(module_type, phase, role) or autocast
         prefix = f"{module}.{call}.{phase}.{role}."
-        stats_add = self._stats.add
+        positions = role in ("input", "output")
+        add_new = self._stats.add_new
         reuse = self._stats.reuse
         step, rank = self.step_index, self.rank
         keep = save and self.writer is not None
-        positions = role in ("input", "output")
         infos = _DTYPE_INFO
         hashes = self._hashes
         for index, (name, t) in enumerate(items, first_index):
@@ -414,11 +414,13 @@ class Recording:
                 # is the previous module's output), inlined: no call for a hit
                 reused = (id(t), t._version)
                 hit = reuse.get(reused)
-                if hit is not None and hit[0]() is t and (hit[2] is not None or not need_finite):
+                if hit is not None and hit[0]() is t:
                     reuse.move_to_end(reused)
                     slot, finite = hit[1], hit[2]
+                    if finite is None and need_finite:
+                        finite = self._stats.finite(slot)
                 else:
-                    slot, finite = stats_add(t, need_finite=need_finite, positions=positions)
+                    slot, finite = add_new(t, reused, need_finite, positions)
                 if finite is None:
                     all_finite = None
                 elif not finite and all_finite is not None:

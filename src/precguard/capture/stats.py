@@ -56,6 +56,8 @@ except ImportError:  # installed without a C++ compiler: NumPy's and torch's pas
 FUSED_KERNELS: str | None = None if _fused is None else _fused.kernels
 
 _FLOAT_TYPES = (torch.float32, torch.float64)
+_F32, _F64 = _FLOAT_TYPES
+_CPU = torch.device("cpu")
 _NUMPY_TYPES = {torch.float32: np.float32, torch.float64: np.float64}
 _F32_MAX = float(torch.finfo(torch.float32).max)
 #: unit roundoffs: of float64, and of the statistics' target (a float32 tensor's
@@ -152,10 +154,12 @@ class StatsBuffer:
     def __init__(self, *, defer: bool = False, evidence: bool = True) -> None:
         self._defer = defer
         self._evidence_on = evidence
-        # per slot: (plan, gathered values: numpy on the host, a tensor on devices) or None
-        self._evidence: list[tuple[_evidence.EvidencePlan, Any] | None] = []
-        # per slot: (min, max, mean, std, l2, nonzero, nan, inf) as numbers, or None
-        self._host: list[tuple[float, ...] | None] = []
+        # per slot: (plan, gathered values: numpy on the host, a tensor on devices), the
+        # record's evidence fields themselves (the compiled kernel's), or None
+        self._evidence: list[tuple[_evidence.EvidencePlan, Any] | dict[str, Any] | None] = []
+        # per slot: (min, max, mean, std, l2, nonzero, nan, inf) as numbers, the record's
+        # stats dict itself (the compiled kernel's), or None (a device slot)
+        self._host: list[tuple[float, ...] | dict[str, Any] | None] = []
         # per device slot: [min, max, mean, std, l2] and [nonzero, nan, inf]
         self._dev_floats: list[torch.Tensor] = []
         self._dev_counts: list[torch.Tensor] = []
@@ -186,14 +190,21 @@ class StatsBuffer:
         inputs and outputs; not parameters).
         """
         cache_key = (id(t), t._version)
-        cache = self.reuse
-        hit = cache.get(cache_key)
+        hit = self.reuse.get(cache_key)
         if hit is not None and hit[0]() is t:
-            cache.move_to_end(cache_key)
+            self.reuse.move_to_end(cache_key)
             slot, finite = hit[1], hit[2]
             if finite is None and need_finite:
                 finite = self.finite(slot)
             return slot, finite
+        return self.add_new(t, cache_key, need_finite, positions)
+
+    def add_new(
+        self, t: torch.Tensor, cache_key: tuple[int, int], need_finite: bool, positions: bool
+    ) -> tuple[int, bool | None]:
+        """:meth:`add` of a tensor the reuse cache does not hold; ``cache_key`` is
+        ``(id(t), t._version)``. The recording calls it after its own cache lookup."""
+        cache = self.reuse
         state = _STATE
         state.depth += 1  # also around detach and the dtype cast: emu lets them through
         try:
@@ -202,47 +213,76 @@ class StatsBuffer:
             # a Parameter is detached to a plain tensor, which takes the fast path)
             x = t if type(t) is torch.Tensor and not t.requires_grad else t.detach()
             fp8_max = None
-            if x.dtype not in _FLOAT_TYPES:
-                fp8_max = _FP8_MAX.get(x.dtype)  # fp8's own statistics (fp8_statistics)
+            dtype = x.dtype
+            if dtype is not _F32 and dtype is not _F64:
+                fp8_max = _FP8_MAX.get(dtype)  # fp8's own statistics (fp8_statistics)
                 # low-precision floats in fp32; integers and bools exactly in fp64
                 x = x.float() if x.is_floating_point() else x.double()
+                dtype = x.dtype
             n = x.numel()
             slot = len(self._numel)
             deferred = self._defer or not x.is_cpu
-            ev: tuple[_evidence.EvidencePlan, Any] | None = None
+            ev: tuple[_evidence.EvidencePlan, Any] | dict[str, Any] | None = None
             plan = None
             if self._evidence_on and t.is_floating_point():
                 # plan_for's cache hit, inlined (once per tensor); the LRU order is kept
                 # (a torch.Size is a tuple: the same key as plan_for's)
-                key = (x.shape, x.device, positions)
+                device = x.device if deferred else _CPU
+                key = (x.shape, device, positions)
                 plan = _PLANS.get(key)
                 if plan is None:
-                    plan = _evidence.plan_for(tuple(x.shape), x.device, positions)
+                    plan = _evidence.plan_for(tuple(x.shape), device, positions)
                 else:
                     _PLANS.move_to_end(key)
             if deferred:
                 if plan is not None:
                     ev = (plan, _evidence.gather(x, plan))
                 finite = self._add_device(x, n, slot, need_finite)
-            else:
-                if type(x) is torch.Tensor and not x.is_neg():
-                    # _host_stats's first branch, inlined: the compiled kernel's one read
-                    fused = None
-                    if _fused is not None and x.is_contiguous():
-                        try:
-                            fused = _fused_stats(x, n, plan)
-                        except ValueError:  # a layout the kernel refuses: the passes
-                            fused = None
-                    row, values = fused if fused is not None else _host_stats(x, n, plan, False)
-                else:  # a subclass (or a lazily negated view): torch's own ops
-                    row = _subclass_stats(x, n)
-                    values = None if plan is None else _evidence.gather(x, plan).numpy()
+            elif type(x) is torch.Tensor and not x.is_neg():
+                done = None
+                if _fused is not None and x.is_contiguous():
+                    # the compiled kernel's one read, finished in C: the record's stats
+                    # dict and evidence fields, or None where the Python tail decides (a
+                    # NaN or an Inf, sums out of the range the C tail decides in)
+                    threads = 1
+                    if n >= FUSED_SPLIT:
+                        threads = max(
+                            1, min(torch.get_num_threads(), n // _FUSED_MIN_RUN, FUSED_MAX_THREADS)
+                        )
+                    try:
+                        done = _fused.stats(
+                            x.data_ptr(),
+                            n,
+                            x.shape[-1] if x.dim() else 1,
+                            dtype is _F64,
+                            plan,
+                            threads,
+                            _TINY[dtype],
+                            _UNIT[dtype],
+                        )
+                    except ValueError:  # a layout the kernel refuses: the passes
+                        done = None
+                if done is not None:  # finite: the C tail returns None for a NaN or an Inf
+                    self._host.append(done[0])
+                    ev = done[1]
+                    finite = True
+                else:
+                    row, values = _host_stats(x, n, plan)
+                    if plan is not None:
+                        ev = (plan, values)
+                    self._host.append(row)
+                    finite = row[6] == 0 and row[7] == 0
+            else:  # a subclass (or a lazily negated view): torch's own ops
+                row = _subclass_stats(x, n)
                 if plan is not None:
-                    ev = (plan, values)
+                    ev = (plan, _evidence.gather(x, plan).numpy())
                 self._host.append(row)
                 finite = row[6] == 0 and row[7] == 0
             if fp8_max is not None:
-                extremes = None if deferred else self._host[-1][:2]  # type: ignore[index]
+                extremes = None
+                if not deferred:
+                    host = self._host[-1]
+                    extremes = (host["min"], host["max"]) if type(host) is dict else host[:2]  # type: ignore[index]
                 self._fp8[slot] = fp8_statistics(t, x, fp8_max, extremes)
         finally:
             state.depth -= 1
@@ -281,6 +321,8 @@ class StatsBuffer:
     def finite(self, slot: int) -> bool:
         """Return whether the tensor in ``slot`` was all finite (syncs on accelerators)."""
         host = self._host[slot]
+        if type(host) is dict:  # the compiled kernel's: finite
+            return True
         if host is not None:
             return host[6] == 0 and host[7] == 0
         counts = self._dev_counts[self._dev_slots.index(slot)]
@@ -319,6 +361,9 @@ class StatsBuffer:
         fp8 = self._fp8
         for row, numel in zip(rows, self._numel, strict=True):
             assert row is not None
+            if type(row) is dict:  # the compiled kernel's, ready
+                out.append(row)
+                continue
             mn, mx, mean, std, l2, nonzero, nan, inf = row
             out.append(
                 {
@@ -345,10 +390,13 @@ class StatsBuffer:
         """Each slot's evidence as record fields; device values fetched once per device."""
         host: list[np.ndarray | None] = [None] * len(self._evidence)
         groups: dict[torch.device, list[int]] = {}
+        ready: list[tuple[int, dict[str, Any]]] = []  # the compiled kernel's, by slot
         for slot, ev in enumerate(self._evidence):
             if ev is None:
                 continue
-            if isinstance(ev[1], np.ndarray):
+            if type(ev) is dict:  # the compiled kernel's record fields
+                ready.append((slot, ev))
+            elif isinstance(ev[1], np.ndarray):
                 host[slot] = ev[1]
             else:
                 groups.setdefault(ev[1].device, []).append(slot)
@@ -361,12 +409,20 @@ class StatsBuffer:
                 chunk = flat[start : start + size]
                 host[slot] = chunk if part.dtype == torch.float64 else chunk.astype(np.float32)
                 start += size
-        return _evidence.all_record_fields(
-            [
-                None if ev is None or values is None else (ev[0], values)
-                for ev, values in zip(self._evidence, host, strict=True)
-            ]
-        )
+        out: list[dict[str, Any] | None]
+        if not groups and len(ready) == len(self._evidence) - self._evidence.count(None):
+            # nothing to encode: the compiled kernel's fields, and slots without evidence
+            out = [None] * len(host)
+        else:
+            out = _evidence.all_record_fields(
+                [
+                    None if values is None else (ev[0], values)  # type: ignore[index]
+                    for ev, values in zip(self._evidence, host, strict=True)
+                ]
+            )
+        for slot, fields in ready:
+            out[slot] = fields
+        return out
 
     def clear(self) -> None:
         """Drop everything queued, including the reuse cache."""
