@@ -584,9 +584,13 @@ class Recording:
         stats, evidence = self._stats.materialize_with_evidence()
         records = []
         for rec, slot in self._pending:
-            rec["stats"] = stats[slot] if slot is not None else None
-            if slot is not None and evidence[slot] is not None:
-                rec.update(evidence[slot])
+            if slot is None:
+                rec["stats"] = None
+            else:
+                rec["stats"] = stats[slot]
+                fields = evidence[slot]
+                if fields is not None:
+                    rec.update(fields)
             records.append(rec)
         self._pending = []
         if self._hashes is not None:
@@ -602,8 +606,9 @@ class Recording:
         self._save_tensors()  # before the records that point at them
         if self.writer is None:  # writing them failed: the recording has stopped
             return
-        for rec in records:
-            file = self._tensor_files.pop(rec["key"], None)
+        files = self._tensor_files
+        for rec in records if files else ():  # most flushes saved no tensor
+            file = files.pop(rec["key"], None)
             if file is not None:
                 rec["tensor"] = {"file": file, "name": rec["key"]}
         self._guard_io(self.writer.write_records, records, trusted=True)
