@@ -280,9 +280,9 @@ class StatsBuffer:
                 finite = row[6] == 0 and row[7] == 0
             if fp8_max is not None:
                 extremes = None
-                if not deferred:
-                    host = self._host[-1]
-                    extremes = (host["min"], host["max"]) if type(host) is dict else host[:2]  # type: ignore[index]
+                if not deferred:  # the kernel's stats dict, or the Python tail's row
+                    last: Any = self._host[-1]
+                    extremes = (last["min"], last["max"]) if type(last) is dict else last[:2]
                 self._fp8[slot] = fp8_statistics(t, x, fp8_max, extremes)
         finally:
             state.depth -= 1
@@ -391,12 +391,15 @@ class StatsBuffer:
         host: list[np.ndarray | None] = [None] * len(self._evidence)
         groups: dict[torch.device, list[int]] = {}
         ready: list[tuple[int, dict[str, Any]]] = []  # the compiled kernel's, by slot
+        encode = False  # whether any slot holds values still to encode
         for slot, ev in enumerate(self._evidence):
             if ev is None:
                 continue
             if type(ev) is dict:  # the compiled kernel's record fields
                 ready.append((slot, ev))
-            elif isinstance(ev[1], np.ndarray):
+                continue
+            encode = True
+            if isinstance(ev[1], np.ndarray):
                 host[slot] = ev[1]
             else:
                 groups.setdefault(ev[1].device, []).append(slot)
@@ -410,8 +413,7 @@ class StatsBuffer:
                 host[slot] = chunk if part.dtype == torch.float64 else chunk.astype(np.float32)
                 start += size
         out: list[dict[str, Any] | None]
-        if not groups and len(ready) == len(self._evidence) - self._evidence.count(None):
-            # nothing to encode: the compiled kernel's fields, and slots without evidence
+        if not encode:  # the compiled kernel's fields, and slots without evidence
             out = [None] * len(host)
         else:
             out = _evidence.all_record_fields(
