@@ -252,6 +252,80 @@ void evidence(const T *x, const int64_t *at, Py_ssize_t k, const double *pos, Py
     }
 }
 
+// What scan() and stats() read: n contiguous float32 (float64 if is_double) elements at
+// data in rows of `row`, the rows `seq` positions (0: none) binned by `bin`, and the
+// sample's flat indices (`index`, k of them).
+struct Read {
+    void *data = nullptr;
+    Py_ssize_t n = 0, row = 0, seq = 0, bin = 1, k = 0;
+    int is_double = 0;
+    long threads = 1;
+    Buffer index;
+
+    // scan()'s and stats()'s first four arguments: address, n, row, is_double
+    explicit Read(PyObject *const *args)
+        : data(PyLong_AsVoidPtr(args[0])),
+          n(PyLong_AsSsize_t(args[1])),
+          row(PyLong_AsSsize_t(args[2])),
+          is_double(PyObject_IsTrue(args[3])) {}
+
+    Py_ssize_t item() const { return is_double ? 8 : 4; }
+    Py_ssize_t bins() const { return seq ? (seq + bin - 1) / bin : 0; }
+
+    // the arguments checked, and the indices (None: no sample) held and checked in
+    // range; false with an exception set
+    bool check(const char *who, PyObject *indices) {
+        if (PyErr_Occurred()) return false;
+        if (data == nullptr || n <= 0 || row <= 0 || n % row != 0 || seq < 0 || bin <= 0 ||
+            threads < 1 || threads > 1024 || (seq > 0 && (n / row) % seq != 0)) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s(): needs a non-null address, n a multiple of row > 0, and the "
+                         "rows a multiple of seq, and 1 to 1024 threads",
+                         who);
+            return false;
+        }
+        if (indices == Py_None) return true;
+        if (!index.get(indices, false, 8, 0, "index")) return false;
+        k = index.view.len / 8;
+        const int64_t *at = static_cast<const int64_t *>(index.view.buf);
+        for (Py_ssize_t j = 0; j < k; j++) {
+            if (at[j] < 0 || at[j] >= n) {
+                PyErr_SetString(PyExc_IndexError, "index: out of range");
+                return false;
+            }
+        }
+        return true;
+    }
+
+    // the one read without the GIL: the totals into acc, the sample and the binned norms
+    // into out (k + bins() items of the data's type; unused when both are 0); false with
+    // MemoryError set
+    bool run(void *out, Acc *acc) const {
+        const int64_t *at = k ? static_cast<const int64_t *>(index.view.buf) : nullptr;
+        bool failed = false;
+        Py_BEGIN_ALLOW_THREADS;
+        try {  // no C++ exception may reach Python (only allocation can throw here)
+            std::vector<double> pos(size_t(seq), 0.0);
+            double *p = seq ? pos.data() : nullptr;
+            const bool gather = k || bins();
+            if (is_double) {
+                const double *x = static_cast<const double *>(data);
+                scan_all(x, n / row, row, p, seq, int(threads), acc);
+                if (gather) evidence(x, at, k, p, seq, bin, static_cast<double *>(out));
+            } else {
+                const float *x = static_cast<const float *>(data);
+                scan_all(x, n / row, row, p, seq, int(threads), acc);
+                if (gather) evidence(x, at, k, p, seq, bin, static_cast<float *>(out));
+            }
+        } catch (...) {
+            failed = true;
+        }
+        Py_END_ALLOW_THREADS;
+        if (failed) PyErr_NoMemory();
+        return !failed;
+    }
+};
+
 PyDoc_STRVAR(scan_doc,
              "scan(address, n, row, is_double, index, out, seq, bin, threads)\n"
              "    -> (min, max, zeros, sum, sum_sq)\n\n"
@@ -267,59 +341,16 @@ PyObject *scan(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_TypeError, "scan() takes 9 arguments");
         return nullptr;
     }
-    void *data = PyLong_AsVoidPtr(args[0]);
-    const Py_ssize_t n = PyLong_AsSsize_t(args[1]);
-    const Py_ssize_t row = PyLong_AsSsize_t(args[2]);
-    const int is_double = PyObject_IsTrue(args[3]);
-    const Py_ssize_t seq = PyLong_AsSsize_t(args[6]);
-    const Py_ssize_t bin = PyLong_AsSsize_t(args[7]);
-    const long threads = PyLong_AsLong(args[8]);
-    if (PyErr_Occurred()) return nullptr;
-    if (data == nullptr || n <= 0 || row <= 0 || n % row != 0 || seq < 0 || bin <= 0 ||
-        threads < 1 || threads > 1024 ||
-        (seq > 0 && (n / row) % seq != 0)) {
-        PyErr_SetString(PyExc_ValueError,
-                        "scan(): needs a non-null address, n a multiple of row > 0, and the "
-                        "rows a multiple of seq, and 1 to 1024 threads");
-        return nullptr;
-    }
-    const Py_ssize_t item = is_double ? 8 : 4, n_rows = n / row;
-    Py_ssize_t k = 0;
-    Buffer index, out;
-    if (args[4] != Py_None) {
-        if (!index.get(args[4], false, 8, 0, "index")) return nullptr;
-        k = index.view.len / 8;
-        const int64_t *at = static_cast<const int64_t *>(index.view.buf);
-        for (Py_ssize_t j = 0; j < k; j++) {
-            if (at[j] < 0 || at[j] >= n) {
-                PyErr_SetString(PyExc_IndexError, "index: out of range");
-                return nullptr;
-            }
-        }
-    }
-    const Py_ssize_t bins = seq ? (seq + bin - 1) / bin : 0;
-    if ((k || bins) && !out.get(args[5], true, item, k + bins, "out")) return nullptr;
-    const int64_t *at = k ? static_cast<const int64_t *>(index.view.buf) : nullptr;
+    Read read(args);
+    read.seq = PyLong_AsSsize_t(args[6]);
+    read.bin = PyLong_AsSsize_t(args[7]);
+    read.threads = PyLong_AsLong(args[8]);
+    if (!read.check("scan", args[4])) return nullptr;
+    Buffer out;
+    const Py_ssize_t items = read.k + read.bins();
+    if (items && !out.get(args[5], true, read.item(), items, "out")) return nullptr;
     Acc acc;
-    bool failed = false;
-    Py_BEGIN_ALLOW_THREADS;
-    try {  // no C++ exception may reach Python (only allocation can throw here)
-        std::vector<double> pos(size_t(seq), 0.0);
-        double *p = seq ? pos.data() : nullptr;
-        if (is_double) {
-            const double *x = static_cast<const double *>(data);
-            scan_all(x, n_rows, row, p, seq, int(threads), &acc);
-            if (k || bins) evidence(x, at, k, p, seq, bin, static_cast<double *>(out.view.buf));
-        } else {
-            const float *x = static_cast<const float *>(data);
-            scan_all(x, n_rows, row, p, seq, int(threads), &acc);
-            if (k || bins) evidence(x, at, k, p, seq, bin, static_cast<float *>(out.view.buf));
-        }
-    } catch (...) {
-        failed = true;
-    }
-    Py_END_ALLOW_THREADS;
-    if (failed) return PyErr_NoMemory();
+    if (!read.run(items ? out.view.buf : nullptr, &acc)) return nullptr;
     return Py_BuildValue("(ddLdd)", acc.min, acc.max, static_cast<long long>(acc.zeros),
                          acc.sum.value(), acc.sum_sq.value());
 }
@@ -476,12 +507,9 @@ PyObject *stats(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_TypeError, "stats() takes 8 arguments");
         return nullptr;
     }
-    void *data = PyLong_AsVoidPtr(args[0]);
-    const Py_ssize_t n = PyLong_AsSsize_t(args[1]);
-    const Py_ssize_t row = PyLong_AsSsize_t(args[2]);
-    const int is_double = PyObject_IsTrue(args[3]);
     PyObject *plan = args[4];
-    const long threads = PyLong_AsLong(args[5]);
+    Read read(args);
+    read.threads = PyLong_AsLong(args[5]);
     const double tiny = PyFloat_AsDouble(args[6]), unit = PyFloat_AsDouble(args[7]);
     if (PyErr_Occurred()) return nullptr;
     // the plan's fields, as evidence.EvidencePlan orders them
@@ -494,59 +522,26 @@ PyObject *stats(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     // a record's evidence is little-endian: evidence.py's encode() swaps the bytes here
     if (plan != Py_None) Py_RETURN_NONE;
 #endif
-    Py_ssize_t seq = 0, bin = 1;
     if (plan != Py_None && PyTuple_GET_ITEM(plan, SEQ_DIM) != Py_None) {
-        seq = PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, LENGTH));
-        bin = PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, BIN));
-        if (PyErr_Occurred()) return nullptr;
+        read.seq = PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, LENGTH));
+        read.bin = PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, BIN));
     }
-    if (data == nullptr || n <= 0 || row <= 0 || n % row != 0 || seq < 0 || bin <= 0 ||
-        threads < 1 || threads > 1024 || (seq > 0 && (n / row) % seq != 0)) {
-        PyErr_SetString(PyExc_ValueError,
-                        "stats(): needs a non-null address, n a multiple of row > 0, and the "
-                        "rows a multiple of seq, and 1 to 1024 threads");
+    if (!read.check("stats", plan == Py_None ? Py_None : PyTuple_GET_ITEM(plan, HOST_INDEX))) {
         return nullptr;
     }
-    const Py_ssize_t item = is_double ? 8 : 4, n_rows = n / row;
-    Py_ssize_t k = 0;
-    Buffer index;
-    if (plan != Py_None) {
-        if (!index.get(PyTuple_GET_ITEM(plan, HOST_INDEX), false, 8, 0, "index")) return nullptr;
-        k = index.view.len / 8;
-        const int64_t *at = static_cast<const int64_t *>(index.view.buf);
-        for (Py_ssize_t j = 0; j < k; j++) {
-            if (at[j] < 0 || at[j] >= n) {
-                PyErr_SetString(PyExc_IndexError, "index: out of range");
-                return nullptr;
-            }
-        }
-    }
-    const Py_ssize_t bins = seq ? (seq + bin - 1) / bin : 0;
-    const int64_t *at = k ? static_cast<const int64_t *>(index.view.buf) : nullptr;
-    Acc acc;
-    bool failed = false;
+    const Py_ssize_t item = read.item(), k = read.k, bins = read.bins(), n = read.n;
     std::vector<unsigned char> values;
-    Py_BEGIN_ALLOW_THREADS;
-    try {  // no C++ exception may reach Python (only allocation can throw here)
-        std::vector<double> pos(size_t(seq), 0.0);
-        double *p = seq ? pos.data() : nullptr;
+    try {
         values.resize(size_t((k + bins) * item));
-        if (is_double) {
-            const double *x = static_cast<const double *>(data);
-            scan_all(x, n_rows, row, p, seq, int(threads), &acc);
-            evidence(x, at, k, p, seq, bin, reinterpret_cast<double *>(values.data()));
-        } else {
-            const float *x = static_cast<const float *>(data);
-            scan_all(x, n_rows, row, p, seq, int(threads), &acc);
-            evidence(x, at, k, p, seq, bin, reinterpret_cast<float *>(values.data()));
-        }
     } catch (...) {
-        failed = true;
+        return PyErr_NoMemory();
     }
-    Py_END_ALLOW_THREADS;
-    if (failed) return PyErr_NoMemory();
+    Acc acc;
+    if (!read.run(values.data(), &acc)) return nullptr;
     double row_stats[6];
-    if (!finish(acc, data, n, row, is_double, tiny, unit, row_stats)) Py_RETURN_NONE;
+    if (!finish(acc, read.data, n, read.row, read.is_double, tiny, unit, row_stats)) {
+        Py_RETURN_NONE;
+    }
     PyObject *const stats_keys[] = {names.min,    names.max, names.mean, names.std,   names.absmax,
                                     names.l2,     names.nan, names.inf,  names.zeros, names.numel};
     PyObject *stats_values[] = {
@@ -558,7 +553,7 @@ PyObject *stats(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *stats_dict = dict_of(stats_keys, stats_values, 10);
     if (stats_dict == nullptr) return nullptr;
     if (plan == Py_None) return Py_BuildValue("(NO)", stats_dict, Py_None);
-    PyObject *dtype = is_double ? names.float64 : names.float32;
+    PyObject *dtype = read.is_double ? names.float64 : names.float32;
     PyObject *const sample_keys[] = {names.seed, names.dtype, names.values};
     PyObject *seed = PyTuple_GET_ITEM(plan, SEED);
     Py_INCREF(seed);
@@ -567,7 +562,7 @@ PyObject *stats(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *fields[] = {dict_of(sample_keys, sample_values, 3), nullptr};
     int count = 1;
     PyObject *const field_keys[] = {names.sample, names.positions};
-    if (seq) {
+    if (read.seq) {
         PyObject *const position_keys[] = {names.dim, names.bin, names.length, names.dtype,
                                            names.norms};
         PyObject *position_values[] = {PyTuple_GET_ITEM(plan, SEQ_DIM), PyTuple_GET_ITEM(plan, BIN),
