@@ -19,6 +19,10 @@ A third forward, monitored without the evidence statistics-mode records keep
 runs in the same interleaved repeats, so the evidence's own cost is the ratio
 of the two monitored columns.
 
+``--split`` then splits each shape's added time by recordings that leave one part
+out (no records, no evidence, no flush), interleaved with the plain forward, in
+process CPU time and wall clock.
+
 ``--ops`` times op-level capture (``level="op"``/``"both"``, function and
 aten level) beside module level, interleaved, with the machine load.
 ``--backward`` then times a training step (forward, backward) plain and
@@ -38,7 +42,7 @@ beside it the Python functions called per module call, counted
 (``sys.setprofile``), which no machine load changes.
 
     .venv/bin/python benchmarks/overhead.py [--hidden 256 1024] [--vocab 32000 1000]
-        [--repeats 21] [--threads N] [--no-per-call]
+        [--repeats 21] [--threads N] [--no-per-call] [--split]
     .venv/bin/python benchmarks/overhead.py --hidden --per-call [--repeats 201]
 """
 
@@ -147,6 +151,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--no-per-call", action="store_true", help="Skip the per-module-call table."
+    )
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="Also split each shape's added time: hooks, statistics, evidence, the flush "
+        "(recordings that leave one part out, interleaved).",
     )
     args = parser.parse_args()
     if args.repeats < 15:
@@ -277,6 +287,82 @@ def main() -> None:
     if args.ops:
         for s, model in models.items():
             op_overhead(model, ids, args.repeats, s[0])
+    if args.split:
+        for s, model in models.items():
+            split_overhead(model, ids, args.repeats, s)
+
+
+def split_overhead(
+    model: torch.nn.Module, ids: torch.Tensor, repeats: int, shape: tuple[int, int]
+) -> None:
+    """Print where a monitored forward's added time goes, by what the recording leaves out.
+
+    Recordings that each leave one part out run interleaved with the plain forward (the
+    order reversed every other repeat): ``hooks`` adds no record (the hooks, frames and
+    call counts alone), ``no evidence`` computes statistics without samples and
+    per-position norms, ``no flush`` computes statistics and evidence and discards them
+    at the flush, ``full`` is capture as it is. Process CPU time (so other jobs' time is
+    left out; with more than one torch thread it sums the threads) and wall clock, the
+    median over the repeats, of the added time per forward.
+    """
+    from precguard.capture.monitor import Monitor
+    from precguard.capture.options import CaptureOptions
+    from precguard.capture.recording import Recording
+
+    class HooksOnly(Recording):
+        """Counts calls and opens frames; adds no record."""
+
+        def add(self, *args: object, **kwargs: object) -> bool:  # type: ignore[override]
+            return True
+
+    class NoFlush(Recording):
+        """Computes every record and its statistics; the flush discards them."""
+
+        def flush(self) -> None:
+            self._pending.clear()
+            self._stats.clear()
+
+    full, no_evidence = CaptureOptions(), CaptureOptions(evidence=False)
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        variants: dict[str, tuple[Recording, CaptureOptions] | None] = {
+            "plain": None,
+            "hooks": (HooksOnly(Path(tmp) / "hooks", full), full),
+            "no evidence": (Recording(Path(tmp) / "no_evidence", no_evidence), no_evidence),
+            "no flush": (NoFlush(Path(tmp) / "no_flush", full), full),
+            "full": (Recording(Path(tmp) / "full", full), full),
+        }
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+        for i in range(repeats + 2):  # two warm-ups: parameter records, plans, caches
+            names = list(variants) if i % 2 else list(reversed(variants))
+            for name in names:
+                variant = variants[name]
+                mon = Monitor(model, variant[0], variant[1]) if variant else None
+                t0, c0 = time.perf_counter(), time.process_time()
+                model(ids)
+                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                if mon is not None:
+                    mon.remove()
+                if i >= 2:
+                    times[name].append((cpu, wall))
+        for variant in variants.values():
+            if variant is not None:
+                variant[0].close()
+    plain_cpu = statistics.median(t[0] for t in times["plain"])
+    plain_wall = statistics.median(t[1] for t in times["plain"])
+    print(
+        f"\n-- where the added time goes: hidden={shape[0]} vocab={shape[1]}, "
+        f"threads={torch.get_num_threads()}, repeats={repeats} (interleaved); "
+        f"plain forward {plain_cpu * 1e3:.2f} ms CPU, {plain_wall * 1e3:.2f} ms wall --"
+    )
+    print(f"{'recording':12s} {'added CPU ms':>13s} {'added wall ms':>14s}  cpu ratio")
+    for name in list(variants)[1:]:
+        cpu = statistics.median(t[0] for t in times[name]) - plain_cpu
+        wall = statistics.median(t[1] for t in times[name]) - plain_wall
+        print(f"{name:12s} {cpu * 1e3:13.2f} {wall * 1e3:14.2f}  {1 + cpu / plain_cpu:8.3f}x")
+    print(
+        "hooks: no records; no evidence: statistics without samples and per-position norms; "
+        "no flush: statistics and evidence, discarded at the flush; full: capture as it is"
+    )
 
 
 def profile_forward(model: torch.nn.Module, ids: torch.Tensor, hidden: int, steps: int = 5) -> None:
