@@ -330,28 +330,34 @@ def test_the_finished_scan_writes_what_the_python_tail_writes(monkeypatch, evide
 
 @needs_kernel
 @pytest.mark.parametrize(
-    "values",
+    ("values", "answer"),
     [
-        pytest.param(lambda: torch.tensor([1.0, float("nan")]), id="nan"),
-        pytest.param(lambda: torch.tensor([1.0, float("-inf")]), id="inf"),
-        pytest.param(lambda: torch.full((64,), 1e-40), id="subnormal"),
-        pytest.param(lambda: torch.zeros(3, 5, 7), id="zeros"),
-        pytest.param(lambda: torch.full((8,), 1e300, dtype=torch.float64), id="float64-huge"),
-        pytest.param(lambda: torch.full((4,), 3e38), id="l2-beyond-float32"),
+        pytest.param(lambda: torch.tensor([1.0, float("nan")]), False, id="nan"),
+        pytest.param(lambda: torch.tensor([1.0, float("-inf")]), False, id="inf"),
+        pytest.param(
+            lambda: torch.full((8,), 1e300, dtype=torch.float64), False, id="float64-huge"
+        ),
+        pytest.param(lambda: torch.full((64,), 1e-40), None, id="subnormal"),
+        pytest.param(lambda: torch.zeros(3, 5, 7), None, id="zeros"),
+        pytest.param(lambda: torch.full((4,), 3e38), None, id="l2-beyond-float32"),
     ],
 )
-def test_the_finished_scan_leaves_the_edges_to_python(values):
-    # a NaN or an Inf, sums below the smallest normal (all zeros too) or beyond float32's
-    # range: None, and the StatsBuffer's Python tail computes them (test_stats_paths.py
-    # checks its values)
+def test_the_finished_scan_leaves_the_edges_to_python(values, answer, monkeypatch):
+    # a sum not finite (a NaN or an Inf, float64 squares beyond range): False, and the
+    # passes count them without a second read of the kernel; sums below the smallest
+    # normal (all zeros too) or a std/l2 beyond float32's range: None, and the Python tail
+    # decides on a read of its own (test_stats_paths.py checks both paths' values)
     t = values()
     plan = plan_for(tuple(t.shape), torch.device("cpu"), False)
     double = t.dtype == torch.float64
     args = (t.data_ptr(), t.numel(), t.shape[-1], double, plan, 1)
-    assert fused.stats(*args, stats._TINY[t.dtype], stats._UNIT[t.dtype]) is None
+    assert fused.stats(*args, stats._TINY[t.dtype], stats._UNIT[t.dtype]) is answer
+    tails = []
+    tail = stats._fused_stats
+    monkeypatch.setattr(stats, "_fused_stats", lambda *a: tails.append(1) or tail(*a))
     buf = stats.StatsBuffer()
     slot, _ = buf.add(t)
-    assert type(buf._host[slot]) is tuple
+    assert type(buf._host[slot]) is tuple and len(tails) == (answer is None)
     assert buf.materialize()[slot]["numel"] == t.numel()
 
 

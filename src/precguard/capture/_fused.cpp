@@ -455,16 +455,22 @@ PyObject *dict_of(PyObject *const *keys, PyObject **values, int count) {
 
 // The statistics row's tail (stats.py's _fused_stats after its scan, the same double
 // operations in the same order: no fused multiply-add may merge two of them, which
-// -std=c++17 keeps GCC from doing and the pragma clang). False: the Python path
-// decides (sums not in range, or a std or l2 beyond float32's range).
+// -std=c++17 keeps GCC from doing and the pragma clang).
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
 #endif
-bool finish(const Acc &acc, const void *data, Py_ssize_t n, Py_ssize_t row, bool is_double,
+enum Finished {
+    FINISHED,    // stats[] holds min, max, mean, std, absmax, l2
+    NONFINITE,   // a sum is not finite (a NaN or an Inf; float64 sums beyond range): the
+                 // passes count them, as after _fused_stats' None
+    PYTHON_TAIL  // sums below n tiny, a std or l2 beyond float32: _fused_stats decides
+};
+Finished finish(const Acc &acc, const void *data, Py_ssize_t n, Py_ssize_t row, bool is_double,
             double tiny, double unit, double stats[6]) {
     const double total = acc.sum.value(), sumsq = acc.sum_sq.value();
     const double inf = std::numeric_limits<double>::infinity();
-    if (!(double(n) * tiny <= sumsq && sumsq < inf)) return false;
+    if (!std::isfinite(total) || !std::isfinite(sumsq)) return NONFINITE;
+    if (!(double(n) * tiny <= sumsq && sumsq < inf)) return PYTHON_TAIL;
     const double mean = total / double(n);
     double spread = sumsq - total * mean;
     const double block = double(row < BLOCK ? row : BLOCK);
@@ -480,7 +486,7 @@ bool finish(const Acc &acc, const void *data, Py_ssize_t n, Py_ssize_t row, bool
     const double f32_max = double(std::numeric_limits<float>::max());
     const double std_ = n > 1 ? std::sqrt((0.0 > spread ? 0.0 : spread) / double(n - 1)) : 0.0;
     const double l2 = std::sqrt(sumsq);
-    if (std_ > f32_max || l2 > f32_max) return false;
+    if (std_ > f32_max || l2 > f32_max) return PYTHON_TAIL;
     const double amin = std::fabs(acc.min), amax = std::fabs(acc.max);
     stats[0] = acc.min;
     stats[1] = acc.max;
@@ -488,19 +494,19 @@ bool finish(const Acc &acc, const void *data, Py_ssize_t n, Py_ssize_t row, bool
     stats[3] = std_;
     stats[4] = amax > amin ? amax : amin;
     stats[5] = l2;
-    return true;
+    return FINISHED;
 }
 
 PyDoc_STRVAR(stats_doc,
              "stats(address, n, row, is_double, plan, threads, tiny, unit)\n"
-             "    -> (stats, evidence) or None\n\n"
+             "    -> (stats, evidence), False or None\n\n"
              "scan() of a contiguous float32 (float64 if is_double) tensor, finished: its\n"
              "record's stats dict, and with an evidence plan (stats.py's EvidencePlan, or None)\n"
-             "its record's sample and positions fields, their values base64-encoded. None\n"
-             "where the tensor holds a NaN or an Inf, or where its sums are out of the range\n"
-             "in which this tail decides (tiny: the smallest normal number of the precision\n"
-             "the dtype's elements are squared in; unit: the statistics' unit roundoff):\n"
-             "the caller's Python path then does.");
+             "its record's sample and positions fields, their values base64-encoded. False\n"
+             "where a sum is not finite (a NaN or an Inf: the caller's passes count them),\n"
+             "None where the sums are out of the range in which this tail decides (tiny: the\n"
+             "smallest normal number of the precision the dtype's elements are squared in;\n"
+             "unit: the statistics' unit roundoff): the caller's Python tail then does.");
 
 PyObject *stats(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8) {
@@ -539,8 +545,13 @@ PyObject *stats(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     Acc acc;
     if (!read.run(values.data(), &acc)) return nullptr;
     double row_stats[6];
-    if (!finish(acc, read.data, n, read.row, read.is_double, tiny, unit, row_stats)) {
-        Py_RETURN_NONE;
+    switch (finish(acc, read.data, n, read.row, read.is_double, tiny, unit, row_stats)) {
+        case NONFINITE:
+            Py_RETURN_FALSE;
+        case PYTHON_TAIL:
+            Py_RETURN_NONE;
+        case FINISHED:
+            break;
     }
     PyObject *const stats_keys[] = {names.min,    names.max, names.mean, names.std,   names.absmax,
                                     names.l2,     names.nan, names.inf,  names.zeros, names.numel};

@@ -242,8 +242,9 @@ class StatsBuffer:
                 done = None
                 if _fused is not None and x.is_contiguous():
                     # the compiled kernel's one read, finished in C: the record's stats
-                    # dict and evidence fields, or None where the Python tail decides (a
-                    # NaN or an Inf, sums out of the range the C tail decides in)
+                    # dict and evidence fields; False for a NaN or an Inf (the passes count
+                    # them: no second read), None where the Python tail decides (sums out
+                    # of the range the C tail decides in)
                     threads = 1
                     if n >= FUSED_SPLIT:
                         threads = max(
@@ -262,12 +263,12 @@ class StatsBuffer:
                         )
                     except ValueError:  # a layout the kernel refuses: the passes
                         done = None
-                if done is not None:  # finite: the C tail returns None for a NaN or an Inf
+                if done:  # finished, so finite
                     self._host.append(done[0])
                     ev = done[1]
                     finite = True
                 else:
-                    row, values = _host_stats(x, n, plan)
+                    row, values = _host_stats(x, n, plan, done is None)
                     if plan is not None:
                         ev = (plan, values)
                     self._host.append(row)
