@@ -245,11 +245,7 @@ class StatsBuffer:
                     # dict and evidence fields; False for a NaN or an Inf (the passes count
                     # them: no second read), None where the Python tail decides (sums out
                     # of the range the C tail decides in)
-                    threads = 1
-                    if n >= FUSED_SPLIT:
-                        threads = max(
-                            1, min(torch.get_num_threads(), n // _FUSED_MIN_RUN, FUSED_MAX_THREADS)
-                        )
+                    threads = 1 if n < FUSED_SPLIT else _scan_threads(n)
                     try:
                         done = _fused.stats(
                             x.data_ptr(),
@@ -572,6 +568,13 @@ def _host_stats(
     return _row(x, n, mn, mx, mean, nonzero, sumsq, spread), values
 
 
+def _scan_threads(n: int) -> int:
+    """The threads the kernel splits a scan of ``n`` >= :data:`FUSED_SPLIT` elements over:
+    torch's number, each a run of at least :data:`_FUSED_MIN_RUN` elements, and no more
+    than the kernel takes (``torch.set_num_threads(1100)`` is the user's to set)."""
+    return max(1, min(torch.get_num_threads(), n // _FUSED_MIN_RUN, FUSED_MAX_THREADS))
+
+
 def _fused_stats(
     x: torch.Tensor, n: int, plan: _evidence.EvidencePlan | None
 ) -> tuple[tuple[float, ...], np.ndarray | None] | None:
@@ -587,16 +590,16 @@ def _fused_stats(
     ``b = min(row, 4096)`` elements (the kernel's summation), is at most a quarter
     of the tensor dtype's unit roundoff of the spread; else (|mean| far above the
     std, and always for float64 tensors) from the spread about the mean, a second read.
+
+    ``_fused.stats()`` (``finish()`` in ``_fused.cpp``) is this tail in C, taken for
+    every tensor it can finish; this one is left the out-of-range sums it hands back.
+    Change the rule in both: tests/capture/test_fused_kernel.py holds their records equal.
     """
     dtype = x.dtype
     double = dtype is torch.float64
     row = x.shape[-1] if x.dim() else 1
     address = x.data_ptr()
-    # each thread a run of at least 256 Ki elements (starting one costs ~20 us), and no
-    # more threads than the kernel takes: torch.set_num_threads(1100) is the user's to set
-    threads = 1
-    if n >= FUSED_SPLIT:
-        threads = max(1, min(torch.get_num_threads(), n // _FUSED_MIN_RUN, FUSED_MAX_THREADS))
+    threads = 1 if n < FUSED_SPLIT else _scan_threads(n)
     if plan is None:
         mn, mx, zeros, total, sumsq = _fused.scan(
             address, n, row, double, None, None, 0, 1, threads
