@@ -59,8 +59,13 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from precguard.capture.options import CaptureOptions
+    from precguard.capture.recording import Recording
 
 #: the goals (issue 41, item 1): monitored / plain forward, per (hidden, vocabulary);
 #: None: any vocabulary
@@ -292,6 +297,18 @@ def main() -> None:
             split_overhead(model, ids, args.repeats, s)
 
 
+def bookkeeping(out: Path, options: CaptureOptions) -> Recording:
+    """A recording that counts calls and opens frames but adds, computes and writes no
+    record: what the hooks cost by themselves."""
+    from precguard.capture.recording import Recording
+
+    class Bookkeeping(Recording):
+        def add(self, *args: object, **kwargs: object) -> bool:  # type: ignore[override]
+            return True
+
+    return Bookkeeping(out, options)
+
+
 def split_overhead(
     model: torch.nn.Module, ids: torch.Tensor, repeats: int, shape: tuple[int, int]
 ) -> None:
@@ -309,12 +326,6 @@ def split_overhead(
     from precguard.capture.options import CaptureOptions
     from precguard.capture.recording import Recording
 
-    class HooksOnly(Recording):
-        """Counts calls and opens frames; adds no record."""
-
-        def add(self, *args: object, **kwargs: object) -> bool:  # type: ignore[override]
-            return True
-
     class NoFlush(Recording):
         """Computes every record and its statistics; the flush discards them."""
 
@@ -326,7 +337,7 @@ def split_overhead(
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         variants: dict[str, tuple[Recording, CaptureOptions] | None] = {
             "plain": None,
-            "hooks": (HooksOnly(Path(tmp) / "hooks", full), full),
+            "hooks": (bookkeeping(Path(tmp) / "hooks", full), full),
             "no evidence": (Recording(Path(tmp) / "no_evidence", no_evidence), no_evidence),
             "no flush": (NoFlush(Path(tmp) / "no_flush", full), full),
             "full": (Recording(Path(tmp) / "full", full), full),
@@ -504,17 +515,11 @@ def op_overhead(model: torch.nn.Module, ids: torch.Tensor, repeats: int, hidden:
 
 def per_call_overhead(repeats: int) -> None:
     """Print the µs per module call of hooks that compute no statistics (see the module doc)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     from precguard.capture.monitor import Monitor
     from precguard.capture.options import CaptureOptions
     from precguard.capture.recording import Recording
-
-    class Bookkeeping(Recording):
-        """A recording that counts calls and opens frames but computes and writes nothing."""
-
-        def add(self, *args: object, **kwargs: object) -> bool:  # type: ignore[override]
-            return True
-
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
         hidden_size=64,
@@ -565,7 +570,7 @@ def per_call_overhead(repeats: int) -> None:
     except ImportError:  # the code before the one hook layer
         pass
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
-        rec = Bookkeeping(Path(tmp) / "run", options)
+        rec = bookkeeping(Path(tmp) / "run", options)
 
         def monitor() -> object:
             return Monitor(model, rec, options).remove
