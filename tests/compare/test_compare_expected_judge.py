@@ -305,3 +305,20 @@ def test_a_modules_scope_keeps_the_running_maxima_of_what_joined_it() -> None:
     assert not scopes.used(5) and not scopes.used(10**6)
     scopes.reset(7)
     assert scopes.get(7) == judge._Scope() and scopes.used(7)
+
+
+def test_a_call_numbered_before_its_records_settle_is_not_read() -> None:
+    # the judge numbers every call of a step before its records settle (as calls.add
+    # will): a backward call with none of its own yet decides nothing, even where the
+    # forward records it would read hold a failing one
+    fc_in = _rec("fc.0.forward.input.0", 0, 1e-3, status="fail")
+    fc_out = _rec("fc.0.forward.output.0", 1, 0.0)
+    grad = _rec("fc.0.backward.output.0", 2, 0.0)
+    step = calls.StepCalls(calls.RecordRows([fc_in, fc_out, grad]))
+    step.number(grad)
+    step.add(fc_in)
+    step.add(fc_out)
+    failing = list(step.failing_calls())
+    assert [(c.module, c.phase, [r.seq for r in c.consumed]) for c in failing] == [
+        ("fc", "forward", [0])
+    ]

@@ -326,6 +326,8 @@ class StepCalls:
         for backward, calls in ((False, self._forward), (True, self._backward)):
             for n in range(len(calls)):
                 own = [*self._positions(calls.reads[n]), *self._positions(calls.produced[n])]
+                if not own:  # numbered (StepJudge numbers calls ahead), nothing settled yet
+                    continue
                 positions = own
                 fn = self._forward.find(calls.module[n], calls.index[n]) if backward else n
                 if backward and fn != _END:  # a backward also reads its forward records
