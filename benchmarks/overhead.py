@@ -33,9 +33,11 @@ time (cProfile, precguard's own functions and the torch ops they call).
 ``--per-call`` prints the Python cost of the hooks themselves, in µs per module
 call with statistics off: a small LLaMA (hidden 64, 8 tokens, so the forward is
 mostly Python) runs plain, with torch's own no-op forward hooks (the floor any
-hook layer pays), with no-op callbacks through ``capture.hooks.on_calls`` (where
-it exists), and monitored by a ``Monitor`` whose recording computes no
-statistics (capture doing nothing but the call bookkeeping: frames, call
+hook layer pays), with each module's forward replaced by a function that only
+passes the call on (the floor of a capture that wraps forward instead: torch's
+hook path skipped, one Python frame left), with no-op callbacks through
+``capture.hooks.on_calls`` (where it exists), and monitored by a ``Monitor`` whose
+recording computes no statistics (capture doing nothing but the call bookkeeping: frames, call
 counts, the named tensors of each call). Each figure is (median hooked −
 median plain forward) / module calls per forward, from interleaved repeats;
 beside it the Python functions called per module call, counted
@@ -558,8 +560,27 @@ def per_call_overhead(repeats: int) -> None:
         hs += [m.register_forward_hook(noop_post, with_kwargs=True) for m in modules]
         return lambda: [h.remove() for h in hs]
 
+    def forward_wrappers() -> object:
+        # each module's forward answered by a function that only passes the call on: the
+        # floor of a capture that wraps forward instead of hooking it (torch's hook path,
+        # `inner`, is skipped; one Python frame per call is left)
+        from precguard.capture.hooks import replace_forward
+
+        def passing(own: Callable[..., object]) -> Callable[..., object]:
+            def forward(*args: object, **kwargs: object) -> object:
+                return own(*args, **kwargs)
+
+            return forward
+
+        hs = [replace_forward(m, passing(m.forward)) for m in modules]
+        return lambda: [h.remove() for h in reversed(hs)]
+
     options = CaptureOptions(backward=False, params="never", evidence=False)
-    configs: dict[str, object] = {"plain": None, "torch no-op hooks": torch_hooks}
+    configs: dict[str, object] = {
+        "plain": None,
+        "torch no-op hooks": torch_hooks,
+        "forward wrappers": forward_wrappers,
+    }
     try:
         from precguard.capture.hooks import on_calls
 
