@@ -619,14 +619,14 @@ PyMODINIT_FUNC PyInit__fused(void) {
     choose_kernels();
     if (!make_names()) return nullptr;
     PyObject *m = PyModule_Create(&module);
-    // which kernels run here ("avx2" or "baseline"), for tests and the benchmarks
-    // and the block its sums' rounding bound depends on (stats.py's one-pass rule)
+    // whether a split scan runs on the OpenMP thread pool (1) or on threads of its own
 #ifdef _OPENMP
     const long openmp = 1;
 #else
     const long openmp = 0;
 #endif
-    // whether a split scan runs on the OpenMP thread pool (1) or on threads of its own
+    // which kernels run here ("avx2" or "baseline"), for tests and the benchmarks; the
+    // block its sums' rounding bound depends on (stats.py's one-pass rule); OPENMP above
     if (m != nullptr && (PyModule_AddStringConstant(m, "kernels", kernels.name) < 0 ||
                          PyModule_AddIntConstant(m, "BLOCK", long(BLOCK)) < 0 ||
                          PyModule_AddIntConstant(m, "OPENMP", openmp) < 0)) {
